@@ -1,0 +1,37 @@
+# gpu-pivot: `make` lists the targets. Every target installs what it needs first.
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+INVOKE  := $(VENV)/bin/invoke
+HOST    ?= sandbox
+SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+.DEFAULT_GOAL := help
+
+.PHONY: help
+help: ## list the targets
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+
+.PHONY: setup
+setup: $(VENV)/.installed ## create .venv with the pinned requirements
+$(VENV)/.installed: requirements.txt
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+
+.PHONY: system-deps
+system-deps: ## apt-get what the tests use (openssh-server, psmisc, util-linux) when missing
+	@command -v sshd >/dev/null 2>&1 && command -v fuser >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openssh-server openssh-client psmisc util-linux procps >/dev/null; }
+
+.PHONY: test
+test: setup system-deps ## run the test suite (GPU tests skip without a GPU)
+	$(PY) -m pytest -q
+
+.PHONY: test-gpu
+test-gpu: setup ## run only the GPU tests (on a machine with NVIDIA GPUs)
+	$(PY) -m pytest -q -m gpu -rs
+
+.PHONY: demo
+demo: setup ## the main job on the built-in SANDBOX host: show holders, tear down, verify
+	$(INVOKE) sandbox up
+	$(INVOKE) ping --host sandbox
+	$(INVOKE) run --host sandbox -- ps -o pid,ppid,stat,args --ppid 1 --sort pid

@@ -1,0 +1,1 @@
+"""gpu-pivot: the local side (config, routes, transport, rendering) and the agent package."""

@@ -1,0 +1,5 @@
+"""The gpu-pivot agent: runs on the GPU host, standard library only, Python >= 3.8.
+
+It is shipped over stdin (`python3 - SUBCOMMAND ...`) by scripts/bundle.py, or run as
+`python3 scripts/gpuagent.py SUBCOMMAND`. Modules use relative imports so both work.
+"""

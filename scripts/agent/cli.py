@@ -1,0 +1,78 @@
+"""Agent command line: parse, run one subcommand, print one JSON document.
+
+Each subcommand module exposes `add_arguments(parser)` and `run(args) -> (exit_code, doc)`.
+With `--marker NONCE` the document is framed by marker lines (the transport's contract);
+with `--json` it is printed bare; otherwise a short human summary is printed.
+Progress lines (`--progress`) go to stdout before the result, one JSON object per line,
+prefixed so the local side can show them while the agent works.
+"""
+import argparse
+import json
+import sys
+
+from . import markers, ping
+
+SUBCOMMANDS = {
+    "ping": ping,
+}
+PROGRESS_PREFIX = "gpu-pivot-progress "
+
+
+def progress(args, **fields):
+    """Emit one progress line when the caller asked for them; never fail on a closed pipe."""
+    if not getattr(args, "progress", False):
+        return
+    try:
+        sys.stdout.write(PROGRESS_PREFIX + json.dumps(fields, sort_keys=True) + "\n")
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        args.progress = False  # the connection dropped: keep working, stop talking
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(prog="gpuagent", description="gpu-pivot agent (runs on the GPU host)")
+    sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
+    sub.required = True
+    for name, module in SUBCOMMANDS.items():
+        p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
+        p.add_argument("--marker", help="frame the JSON result with marker lines carrying this nonce")
+        p.add_argument("--json", action="store_true", help="print the JSON result")
+        p.add_argument("--progress", action="store_true", help="print progress lines while working")
+        p.add_argument("--devices", default="/dev/nvidia*", help="glob of GPU device files")
+        module.add_arguments(p)
+    return parser
+
+
+def emit(args, doc):
+    text = json.dumps(doc, sort_keys=True, default=str)
+    if args.marker:
+        out = "\n".join([markers.begin(args.marker), text, markers.end(args.marker)]) + "\n"
+    elif args.json:
+        out = text + "\n"
+    else:
+        out = human(doc)
+    try:
+        sys.stdout.write(out)
+        sys.stdout.flush()
+    except (BrokenPipeError, OSError):
+        pass  # the result is also kept on the host where it matters (teardown)
+
+
+def human(doc):
+    lines = []
+    for key in sorted(doc):
+        value = doc[key]
+        if isinstance(value, (dict, list)):
+            value = json.dumps(value, sort_keys=True, default=str)
+        lines.append("%s: %s" % (key, value))
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    args.emit_progress = lambda **f: progress(args, **f)
+    code, doc = SUBCOMMANDS[args.command].run(args)
+    doc.setdefault("command", args.command)
+    doc.setdefault("exit_code", code)
+    emit(args, doc)
+    return code

@@ -1,0 +1,40 @@
+"""Say who and where the agent is, and which GPU tools this host has."""
+import glob
+import os
+import platform
+import shutil
+import socket
+import sys
+
+
+def add_arguments(parser):
+    pass
+
+
+def nvml_available():
+    """(importable, why-not). Import only: initialising NVML is scan's job, not ping's."""
+    try:
+        import pynvml  # noqa: F401
+    except Exception as exc:  # ImportError, or a broken install
+        return False, "%s: %s" % (type(exc).__name__, exc)
+    return True, None
+
+
+def run(args):
+    nvml, nvml_why = nvml_available()
+    doc = {
+        "hostname": socket.gethostname(),
+        "pid": os.getpid(),
+        "uid": os.getuid(),
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "kernel": platform.release(),
+        "nvml": nvml,
+        "nvml_error": nvml_why,
+        "nvidia_smi": shutil.which("nvidia-smi"),
+        "fuser": shutil.which("fuser"),
+        "pidfd": hasattr(os, "pidfd_open"),
+        "devices_glob": args.devices,
+        "devices": sorted(glob.glob(args.devices)),
+    }
+    return 0, doc

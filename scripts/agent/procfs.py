@@ -1,0 +1,76 @@
+"""/proc readers and identity-safe signalling.
+
+Why pid + start time: a pid is reused after its process dies, and a teardown that waits
+seconds between scan and kill could otherwise hit a stranger. A process is identified by
+(pid, start time in clock ticks since boot from /proc/PID/stat field 22). Signals go
+through a pidfd where the kernel and Python have one (the fd pins the process, so the
+check and the signal cannot race); elsewhere the start time is checked just before kill.
+"""
+import os
+import signal
+
+PROC = "/proc"
+
+
+def read_stat(pid, proc=PROC):
+    """Parsed /proc/PID/stat, or None when the process is gone. comm may hold ') ' itself,
+    so the fields are taken after the LAST ')'."""
+    try:
+        with open("%s/%d/stat" % (proc, pid), "rb") as f:
+            raw = f.read().decode("utf-8", "replace")
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+    lpar, rpar = raw.index("("), raw.rindex(")")
+    rest = raw[rpar + 2:].split()
+    return {
+        "pid": pid,
+        "comm": raw[lpar + 1:rpar],
+        "state": rest[0],
+        "ppid": int(rest[1]),
+        "pgid": int(rest[2]),
+        "sid": int(rest[3]),
+        "start_time": int(rest[19]),
+    }
+
+
+def start_time(pid, proc=PROC):
+    stat = read_stat(pid, proc)
+    return stat["start_time"] if stat else None
+
+
+def same_process(pid, start, proc=PROC):
+    """True while (pid, start) still names a live, non-zombie process."""
+    stat = read_stat(pid, proc)
+    return bool(stat) and stat["start_time"] == start and stat["state"] not in ("Z", "X")
+
+
+def signal_if_same(pid, start, sig):
+    """Send `sig` to pid only if it is still the process that started at `start`.
+
+    Returns 'sent', 'gone' (exited, or a zombie), or 'reused' (the pid now names another
+    process: nothing sent). PermissionError propagates: the caller reports it.
+    """
+    pidfd = None
+    if hasattr(os, "pidfd_open") and hasattr(signal, "pidfd_send_signal"):
+        try:
+            pidfd = os.pidfd_open(pid)
+        except ProcessLookupError:
+            return "gone"
+        except OSError:
+            pidfd = None  # ENOSYS on old kernels: fall back to the checked kill
+    try:
+        stat = read_stat(pid)
+        if stat is None or stat["state"] in ("Z", "X"):
+            return "gone"
+        if stat["start_time"] != start:
+            return "reused"
+        if pidfd is not None:
+            signal.pidfd_send_signal(pidfd, sig)
+        else:
+            os.kill(pid, sig)
+        return "sent"
+    except ProcessLookupError:
+        return "gone"
+    finally:
+        if pidfd is not None:
+            os.close(pidfd)

@@ -1,0 +1,29 @@
+"""Helpers for the thin Invoke tasks: the argv after `--`, and validated numbers.
+
+Why read sys.argv: Invoke keeps what follows `--` only as one space-joined string, which
+loses the argument boundaries that `invoke run --host H -- CMD ARGS...` must keep exact.
+"""
+from __future__ import annotations
+
+import sys
+
+from .hostconfig import ConfigError
+
+
+def remainder(argv: list | None = None) -> list:
+    """Arguments after the first `--` on the command line, exactly as the shell gave them."""
+    argv = sys.argv if argv is None else argv
+    if "--" not in argv:
+        return []
+    return argv[argv.index("--") + 1:]
+
+
+def seconds(name: str, value, minimum: float = 0.0) -> float:
+    """A non-negative number of seconds from a flag; ConfigError names the flag and value."""
+    try:
+        out = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--{name} {value!r}: not a number of seconds") from None
+    if out != out or out < minimum or out == float("inf"):
+        raise ConfigError(f"--{name} {value!r}: must be a finite number >= {minimum:g}")
+    return out

@@ -1,0 +1,165 @@
+"""Host configuration: read hosts.env, validate every value, and describe each host.
+
+Why this module exists: the seed one-liners hard-coded `root@10.1.2.6` and `pct exec 129`
+into hand-quoted strings. Here a host is data, checked before anything runs, so a typo
+gets one clear line (and exit 2) instead of an ssh to the wrong place.
+
+The file is read with `dotenv_values` and never copied into `os.environ`.
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+from .route import PctHop, Route, SshHop
+
+DEFAULT_DEVICES = "/dev/nvidia*"
+DEFAULT_PYTHON = "python3"
+HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
+
+# Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
+# alias "gpu1_ssh" + "OPTS".
+KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "CTID", "PYTHON", "DEVICES", "TARGETS", "PROTECT")
+
+_SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
+_PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+|[A-Za-z0-9._+-]+)$")
+_DEVICES = re.compile(r"^/[A-Za-z0-9._/*?\[\]+-]+$")
+_ALIAS = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+class ConfigError(ValueError):
+    """A bad value in hosts.env or on the command line; its text is one line for the user."""
+
+
+@dataclass(frozen=True)
+class Host:
+    """One configured host: where it is (the route) and how the agent runs there."""
+
+    alias: str
+    route: Route
+    python: str = DEFAULT_PYTHON
+    devices: str = DEFAULT_DEVICES
+    targets: tuple = ()
+    protect: tuple = ()
+    sandbox: bool = False
+    source: str = "built-in"
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def describe(self) -> str:
+        label = " [SANDBOX: fake GPUs on this machine]" if self.sandbox else ""
+        return f"{self.route.describe()}{label}"
+
+
+def hosts_file() -> Path:
+    return Path(os.environ.get(HOSTS_FILE_ENV) or "hosts.env")
+
+
+def _split_key(key: str):
+    for suffix in KNOWN_SUFFIXES:
+        tail = "_" + suffix
+        if key.endswith(tail) and len(key) > len(tail):
+            return key[: -len(tail)].lower(), suffix
+    return None, None
+
+
+def _check(key: str, value: str, pattern: re.Pattern, what: str) -> str:
+    if not pattern.match(value):
+        raise ConfigError(f"{key}={value!r}: not a valid {what}")
+    return value
+
+
+def _regex_list(key: str, value: str) -> tuple:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise ConfigError(f"{key}={value!r}: not a valid regular expression ({exc})") from None
+    return (value,)
+
+
+def build_host(alias: str, keys: dict, source: str) -> Host:
+    """Validate one alias's keys (suffix -> value) and build its Host."""
+    up = alias.upper()
+
+    def key(s):
+        return f"{up}_{s}"
+
+    ssh = keys.get("SSH")
+    opts: tuple = ()
+    if "SSH_OPTS" in keys:
+        try:
+            opts = tuple(shlex.split(keys["SSH_OPTS"]))
+        except ValueError as exc:
+            raise ConfigError(f"{key('SSH_OPTS')}={keys['SSH_OPTS']!r}: {exc}") from None
+        if not ssh:
+            raise ConfigError(f"{key('SSH_OPTS')} is set but {key('SSH')} is not")
+    hops = []
+    if ssh is not None:
+        if ssh == "":
+            raise ConfigError(f"{key('SSH')}='': empty ssh destination")
+        if ssh.startswith("-"):
+            raise ConfigError(f"{key('SSH')}={ssh!r}: an ssh destination may not start with '-'")
+        hops.append(SshHop(_check(key("SSH"), ssh, _SSH_DEST, "ssh destination (user@host or alias; no spaces or shell characters)"), opts))
+    if "CTID" in keys:
+        ctid = keys["CTID"]
+        if not ctid.isdigit() or not ctid.isascii() or int(ctid) < 100:
+            raise ConfigError(f"{key('CTID')}={ctid!r}: a Proxmox container id is a number of 100 or more")
+        hops.append(PctHop(ctid))
+    python = _check(key("PYTHON"), keys.get("PYTHON", DEFAULT_PYTHON), _PYTHON, "interpreter (a name or an absolute path)")
+    devices = _check(key("DEVICES"), keys.get("DEVICES", DEFAULT_DEVICES), _DEVICES, "device glob (an absolute path pattern)")
+    targets = _regex_list(key("TARGETS"), keys["TARGETS"]) if "TARGETS" in keys else ()
+    protect = _regex_list(key("PROTECT"), keys["PROTECT"]) if "PROTECT" in keys else ()
+    return Host(alias, Route(tuple(hops)), python, devices, targets, protect, source=source)
+
+
+def _group(values: dict, source: str) -> dict:
+    """hosts.env keys -> {alias: {suffix: value}}, rejecting keys we do not know."""
+    grouped: dict = {}
+    for k, v in values.items():
+        alias, suffix = _split_key(k)
+        if alias is None:
+            raise ConfigError(f"{source}: unknown key {k!r} (keys are ALIAS_" + "|ALIAS_".join(KNOWN_SUFFIXES) + ")")
+        if not _ALIAS.match(alias):
+            raise ConfigError(f"{source}: key {k!r}: alias {alias!r} must start with a letter")
+        if v is None:
+            raise ConfigError(f"{source}: key {k!r} has no value")
+        grouped.setdefault(alias, {})[suffix] = v
+    return grouped
+
+
+def load_hosts(path: Path | None = None) -> dict:
+    """All hosts: the built-in `local` and `sandbox`, then those of hosts.env. Validates all."""
+    from .sandbox import sandbox_host  # late: sandbox imports this module
+
+    path = path or hosts_file()
+    values: dict = {}
+    if path.exists():
+        values = dotenv_values(path, interpolate=False)
+    elif os.environ.get(HOSTS_FILE_ENV):
+        raise ConfigError(f"{HOSTS_FILE_ENV}={str(path)!r}: no such file")
+    grouped = _group(values, str(path))
+    if "sandbox" in grouped:
+        raise ConfigError(f"{path}: SANDBOX_* keys are not allowed; the sandbox host is built in")
+    local_keys = grouped.pop("local", {})
+    for forbidden in ("SSH", "SSH_OPTS", "CTID"):
+        if forbidden in local_keys:
+            raise ConfigError(f"{path}: LOCAL_{forbidden} is not allowed; `local` is always this machine")
+    hosts = {"local": build_host("local", local_keys, "built-in"), "sandbox": sandbox_host()}
+    for alias, keys in grouped.items():
+        hosts[alias] = build_host(alias, keys, str(path))
+    return hosts
+
+
+def select_hosts(spec: str, hosts: dict) -> list:
+    """'gpu1,gpu2' (or a node set such as 'gpu[1-4]') -> [Host]; unknown names are an error."""
+    from .nodeset import expand
+
+    names = expand(spec)
+    unknown = [n for n in names if n not in hosts]
+    if unknown:
+        raise ConfigError(f"--host {spec!r}: unknown host alias {unknown[0]!r} (known: {', '.join(sorted(hosts))})")
+    return [hosts[n] for n in names]

@@ -1,0 +1,144 @@
+"""The sandbox host: fake GPU device files on this machine and processes that hold them.
+
+Why: a fresh machine has no GPU host, and the main job (`make demo`) must still show a
+real teardown against real processes: a server tree (`python3 -m sglang.launch_server`
+with workers titled `sglang::scheduler_TP<i>`), a process playing `nvidia-persistenced`,
+a GPU monitor (`nvitop`) and an unrelated job. It is labelled SANDBOX everywhere it shows.
+Nothing here touches /dev: the device files are plain files in the sandbox directory.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from .hostconfig import Host
+from .route import Route
+from .agent import procfs
+
+ROLES = Path(__file__).resolve().parent / "sandbox_roles.py"
+SANDBOX_DIR_ENV = "GPU_PIVOT_SANDBOX_DIR"
+GPUS = 2
+
+
+def sandbox_dir() -> Path:
+    return Path(os.environ.get(SANDBOX_DIR_ENV) or f"/tmp/gpu-pivot-sandbox-{os.getuid()}")
+
+
+def sandbox_host() -> Host:
+    devdir = sandbox_dir() / "dev"
+    return Host("sandbox", Route(()), devices=f"{devdir}/nvidia*", sandbox=True)
+
+
+def make_devices(devdir: Path, gpus: int = GPUS) -> list:
+    """Plain files named like NVIDIA's device nodes."""
+    devdir.mkdir(parents=True, exist_ok=True)
+    names = [f"nvidia{i}" for i in range(gpus)] + ["nvidiactl", "nvidia-uvm"]
+    for name in names:
+        (devdir / name).touch()
+    return [devdir / n for n in names]
+
+
+def _named_python(bindir: Path, name: str) -> str:
+    """A symlink to this Python named like a daemon, so its comm/argv[0] read as that name."""
+    bindir.mkdir(parents=True, exist_ok=True)
+    link = bindir / name
+    if not link.exists():
+        link.symlink_to(sys.executable)
+    return str(link)
+
+
+def _server_shim(pkgdir: Path) -> None:
+    """pkg/sglang/launch_server.py, so the server's cmdline really says sglang.launch_server."""
+    mod = pkgdir / "sglang"
+    mod.mkdir(parents=True, exist_ok=True)
+    (mod / "__init__.py").write_text("")
+    (mod / "launch_server.py").write_text(
+        "# SANDBOX stand-in for sglang.launch_server\nimport runpy, sys\n"
+        f"sys.argv = [{str(ROLES)!r}, 'server'] + sys.argv[1:]\n"
+        f"runpy.run_path({str(ROLES)!r}, run_name='__main__')\n")
+
+
+def _start(argv: list, ready: Path | None = None, env: dict | None = None, executable: str | None = None) -> int:
+    """Start one detached process (own session, no stdio to us); wait until it holds."""
+    if ready is not None:
+        argv = argv + ["--ready", str(ready)]
+    proc = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, start_new_session=True, env=env, close_fds=True)
+    if ready is not None:
+        deadline = time.monotonic() + 10
+        while not ready.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"sandbox process {argv[:3]} did not start (exit {proc.poll()})")
+            time.sleep(0.01)
+    return proc.pid
+
+
+def start_processes(base: Path, ignore_term: bool = False) -> dict:
+    """Start the sandbox's process set under `base`; returns {role: pid}."""
+    devdir = base / "dev"
+    make_devices(devdir)
+    bindir, pkgdir, readydir = base / "bin", base / "pkg", base / "ready"
+    readydir.mkdir(parents=True, exist_ok=True)
+    for old in readydir.glob("*"):
+        old.unlink()
+    _server_shim(pkgdir)
+    env = dict(os.environ, PYTHONPATH=str(pkgdir))
+    py = sys.executable
+    common = ["--devdir", str(devdir)]
+    server_flags = ["--model-path", str(base / "fake-model"), "--tp", str(GPUS), "--port", "30000"]
+    if ignore_term:
+        server_flags.append("--ignore-term")
+    pids = {
+        "server": _start([py, "-m", "sglang.launch_server", *server_flags, *common], readydir / "server", env),
+        "persistenced": _start(["nvidia-persistenced", str(ROLES), "hold", *common], readydir / "persistenced",
+                               executable=_named_python(bindir, "nvidia-persistenced")),
+        "monitor": _start(["nvitop", str(ROLES), "hold", *common], readydir / "monitor",
+                          executable=_named_python(bindir, "nvitop")),
+        "bystander": _start([py, str(ROLES), "idle", "--job", "prepare_dataset"], readydir / "bystander"),
+    }
+    workers = (readydir / "server").read_text().split()
+    for i, pid in enumerate(workers):
+        pids[f"worker{i}"] = int(pid)
+    return pids
+
+
+def up(ignore_term: bool = False) -> dict:
+    base = sandbox_dir()
+    state = status()
+    if state["alive"]:
+        return state
+    base.mkdir(parents=True, exist_ok=True)
+    pids = start_processes(base, ignore_term)
+    record = {role: {"pid": pid, "start_time": procfs.start_time(pid)} for role, pid in pids.items()}
+    (base / "state.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    return status()
+
+
+def status() -> dict:
+    """Each sandbox process and whether it still runs (pid + start time, never pid alone)."""
+    base = sandbox_dir()
+    state_file = base / "state.json"
+    record = json.loads(state_file.read_text()) if state_file.exists() else {}
+    procs = {role: dict(info, alive=procfs.same_process(info["pid"], info["start_time"])) for role, info in record.items()}
+    return {"dir": str(base), "devices": f"{base}/dev/nvidia*", "processes": procs,
+            "alive": [r for r, p in procs.items() if p["alive"]]}
+
+
+def down() -> dict:
+    """Stop what the sandbox started, by recorded pid + start time, and nothing else."""
+    state = status()
+    for role, info in state["processes"].items():
+        if info["alive"]:
+            procfs.signal_if_same(info["pid"], info["start_time"], signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(procfs.same_process(i["pid"], i["start_time"]) for i in state["processes"].values()):
+        time.sleep(0.02)
+    state_file = sandbox_dir() / "state.json"
+    if state_file.exists():
+        state_file.unlink()
+    return state

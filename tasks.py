@@ -1,0 +1,187 @@
+"""gpu-pivot tasks: free the GPUs of a host, prove it, start the next phase.
+
+Thin on purpose: each task validates its flags, calls scripts/, and renders. Exit codes:
+0 ok / GPUs free; 1 done but not free; 2 bad input (nothing ran); 3 host unreachable or
+agent failed there; 4 host locked by another teardown; 5 a pivot gate failed.
+Hosts come from hosts.env (see hosts.env.example); `local` and `sandbox` are built in.
+"""
+from __future__ import annotations
+
+import functools
+import json as _json
+import os
+import subprocess
+import sys
+
+from invoke import Collection, Exit, task
+
+from scripts import cliargs, fleet, sandbox as sandbox_mod
+from scripts.hostconfig import ConfigError, load_hosts, select_hosts
+from scripts.render import table
+from scripts.route import HostUnreachable
+from scripts.transport import AgentError, call_agent
+
+DEFAULT_HOST = os.environ.get("GPU_PIVOT_HOST", "sandbox")
+HOST_HELP = "host alias(es): 'gpu1', 'gpu1,gpu2', 'gpu[1-8]' (default: $GPU_PIVOT_HOST or 'sandbox')"
+EXIT_UNREACHABLE = 3
+
+
+def guarded(fn):
+    """Turn the errors users cause or meet into one line and the documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except ConfigError as exc:
+            raise Exit(f"gpu-pivot: {exc}", code=2) from None
+        except (HostUnreachable, AgentError) as exc:
+            raise Exit(f"gpu-pivot: {exc}", code=EXIT_UNREACHABLE) from None
+
+    return wrapper
+
+
+def _hosts(spec: str) -> list:
+    return select_hosts(spec, load_hosts())
+
+
+def _exit_worst(codes: list) -> None:
+    worst = max(codes, default=0)
+    if worst:
+        raise Exit(code=worst)
+
+
+def _errors_to_codes(outcomes: list) -> list:
+    codes = []
+    for out in outcomes:
+        if out.error is None:
+            codes.append(out.value)
+            continue
+        print(f"gpu-pivot: {out.error}", file=sys.stderr)
+        codes.append(EXIT_UNREACHABLE if isinstance(out.error, (HostUnreachable, AgentError)) else 1)
+    return codes
+
+
+@task(help={"json": "print the configuration as JSON"})
+@guarded
+def hosts(c, json=False):
+    """List host aliases and the route each one takes (validates hosts.env)."""
+    known = load_hosts()
+    rows = [[h.alias, h.describe(), h.python, h.devices, h.source] for h in known.values()]
+    if json:
+        print(_json.dumps([dict(zip(["alias", "route", "python", "devices", "source"], r)) for r in rows], indent=1))
+    else:
+        print(table(["alias", "route", "python", "devices", "from"], rows))
+
+
+@task(help={"host": HOST_HELP, "json": "print the agent's JSON answer"})
+@guarded
+def ping(c, host=DEFAULT_HOST, json=False):
+    """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there."""
+    targets = _hosts(host)
+    outcomes = fleet.each_host(targets, lambda h: call_agent(h, "ping"))
+    docs = []
+    for out in outcomes:
+        if out.error is None:
+            r = out.value
+            docs.append(dict(r.doc, host=r.host, wall_s=round(r.wall_s, 3)))
+            if not json:
+                d = r.doc
+                print(f"{r.host}: {d['hostname']} python {d['python']} pid {d['pid']} "
+                      f"nvml={'yes' if d['nvml'] else 'no'} nvidia-smi={'yes' if d['nvidia_smi'] else 'no'} "
+                      f"fuser={'yes' if d['fuser'] else 'no'} devices={len(d['devices'])} ({r.wall_s * 1000:.0f} ms)")
+    if json:
+        print(_json.dumps(docs, indent=1, sort_keys=True))
+    _exit_worst(_errors_to_codes([fleet.Outcome(o.host, 0, o.error) for o in outcomes]))
+
+
+@task(help={"host": HOST_HELP})
+@guarded
+def run(c, host=DEFAULT_HOST):
+    """Run `-- CMD ARGS...` on the host exactly (no re-quoting needed); returns its exit code.
+
+    With one host, stdout and stderr pass through byte for byte. With several, each host's
+    output is printed under a header once it finishes. ssh's own failure exits 3.
+    """
+    argv = cliargs.remainder()
+    if not argv:
+        raise ConfigError("run needs a command after `--`, e.g. invoke run --host gpu1 -- nvidia-smi -L")
+    targets = _hosts(host)
+    if len(targets) == 1:
+        route = targets[0].route
+        code = subprocess.run(route.wrap(argv)).returncode
+        if route.ssh_failed(code):
+            raise HostUnreachable(f"{targets[0].alias}: host unreachable (ssh exit 255)")
+        if code:
+            raise Exit(code=code)
+        return
+
+    def one(h):
+        proc = subprocess.run(h.route.wrap(argv), capture_output=True)
+        if h.route.ssh_failed(proc.returncode):
+            raise HostUnreachable(f"{h.alias}: host unreachable (ssh exit 255: {proc.stderr.decode(errors='replace').strip()})")
+        return proc
+
+    codes = []
+    for out in fleet.each_host(targets, one):
+        print(f"===== {out.host.alias} =====", flush=True)
+        if out.error is None:
+            sys.stdout.buffer.write(out.value.stdout)
+            sys.stdout.flush()
+            sys.stderr.buffer.write(out.value.stderr)
+            sys.stderr.flush()
+            codes.append(out.value.returncode)
+        else:
+            print(f"gpu-pivot: {out.error}", file=sys.stderr)
+            codes.append(EXIT_UNREACHABLE)
+    _exit_worst(codes)
+
+
+@task(help={"host": HOST_HELP, "action": "'teardown': print the POSIX-shell emergency teardown instead of `-- CMD`"})
+@guarded
+def oneliner(c, host=DEFAULT_HOST, action=""):
+    """Print the line to paste into a terminal that runs `-- CMD ARGS...` (or an action) on the host."""
+    argv = cliargs.remainder()
+    if action:
+        from scripts import shell_teardown
+
+        if action != "teardown":
+            raise ConfigError(f"--action {action!r}: the only action is 'teardown'")
+        if argv:
+            raise ConfigError("give either --action or `-- CMD`, not both")
+        for h in _hosts(host):
+            print(h.route.one_liner(shell_teardown.argv(h)))
+        return
+    if not argv:
+        raise ConfigError("oneliner needs a command after `--` (or --action teardown)")
+    for h in _hosts(host):
+        print(h.route.one_liner(argv))
+
+
+@task(positional=["action"], help={"action": "up, down or status", "json": "print JSON"})
+@guarded
+def sandbox(c, action, json=False):
+    """The SANDBOX host: fake GPU device files on this machine held by a fake server tree.
+
+    `up` starts `python3 -m sglang.launch_server` (a SANDBOX stand-in) with two workers
+    titled sglang::scheduler_TP0/1, a process named nvidia-persistenced, an `nvitop`
+    monitor and an unrelated job. `down` stops exactly those (by pid + start time).
+    """
+    actions = {"up": sandbox_mod.up, "down": sandbox_mod.down, "status": sandbox_mod.status}
+    if action in ("--help", "-h"):  # Invoke hands --help to a positional argument as its value
+        print("Usage: invoke sandbox up|down|status [--json]\n\nDocstring:\n  " + sandbox.__doc__.strip())
+        return
+    if action not in actions:
+        raise ConfigError(f"sandbox {action!r}: expected one of up, down, status")
+    state = actions[action]()
+    if json:
+        print(_json.dumps(state, indent=1, sort_keys=True))
+        return
+    print(f"SANDBOX ({state['dir']}; device files {state['devices']})")
+    rows = [[role, p["pid"], "alive" if p["alive"] else "gone"] for role, p in sorted(state["processes"].items())]
+    if action == "down":
+        print("stopped:" if rows else "nothing was running")
+    print(table(["role", "pid", "now" if action != "down" else "before"], rows) if rows else "(no sandbox processes)")
+
+
+ns = Collection(hosts, ping, run, oneliner, sandbox)

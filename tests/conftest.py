@@ -1,0 +1,66 @@
+"""Shared fixtures: a real loopback sshd (plain and noisy), hosts.env files, invoke runner."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.loopback_sshd import LoopbackSshd
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared"
+FIXTURES = SHARED / "fixtures" / "h200-driver580"
+VENV_BIN = Path(sys.executable).parent
+MOTD = "echo 'Welcome to gpu-node (MOTD noise)'; echo '=====gpu-pivot-result fake begin====='\n"
+
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_state(tmp_path_factory):
+    """Keep ssh sockets, audit logs and the sandbox of the test run in its own temp dirs."""
+    base = tmp_path_factory.mktemp("state")
+    saved = dict(os.environ)
+    os.environ["GPU_PIVOT_CONTROL_DIR"] = str(base / "cm")
+    os.environ["XDG_STATE_HOME"] = str(base / "xdg")
+    os.environ["GPU_PIVOT_SANDBOX_DIR"] = str(base / "sandbox")
+    os.environ["GPU_PIVOT_RUN_DIR"] = str(base / "run")
+    os.environ["PATH"] = f"{VENV_BIN}:{os.environ['PATH']}"
+    yield base
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+@pytest.fixture(scope="session")
+def sshd(tmp_path_factory):
+    server = LoopbackSshd(tmp_path_factory.mktemp("sshd")).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def noisy_sshd(tmp_path_factory, sshd):
+    server = LoopbackSshd(tmp_path_factory.mktemp("noisy"), noise=MOTD, keys_from=sshd).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def hosts_env(tmp_path, monkeypatch):
+    """Write a hosts.env and point GPU_PIVOT_HOSTS_FILE at it; returns the writer."""
+    path = tmp_path / "hosts.env"
+
+    def write(text: str) -> Path:
+        path.write_text(text)
+        monkeypatch.setenv("GPU_PIVOT_HOSTS_FILE", str(path))
+        return path
+
+    return write
+
+
+def invoke(*args, env=None, input=None, timeout=120) -> subprocess.CompletedProcess:
+    """Run the real `invoke` CLI of this repo; bytes in, bytes out."""
+    return subprocess.run([str(VENV_BIN / "invoke"), *args], cwd=REPO, capture_output=True, input=input,
+                          env=env or os.environ.copy(), timeout=timeout)

@@ -1,0 +1,147 @@
+"""A real sshd on 127.0.0.1 with keys made for it, for tests and benchmarks.
+
+Why real: the ssh path is where quoting breaks, where ControlMaster sockets live, and
+where exit 255 means "not reached". A fake would agree with whatever we assume.
+The server's PATH (sshd `SetEnv`) starts with tests/standin so `pct` is the stand-in.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+STANDIN_DIR = Path(__file__).resolve().parent / "standin"
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LoopbackSshd:
+    """Start with `.start()`, stop with `.stop()`. `ssh_opts` are what a client needs."""
+
+    def __init__(self, workdir: Path, noise: str | None = None, keys_from: "LoopbackSshd | None" = None):
+        self.dir = Path(workdir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.noise = noise
+        self.keys_from = keys_from
+        self.proc = None
+        self.log = self.dir / "sshd.log"
+        self.pct_log = self.dir / "pct.log"
+
+    # -- keys -------------------------------------------------------------------------
+    def _keys(self) -> None:
+        src = self.keys_from
+        if src is not None:  # a fleet shares one client key; each server its own host key
+            self.client_key = src.client_key
+        else:
+            self.client_key = self.dir / "client_key"
+            _keygen(self.client_key)
+        self.host_key = self.dir / "host_key"
+        _keygen(self.host_key)
+        shutil.copy(f"{self.client_key}.pub", self.dir / "authorized_keys")
+        os.chmod(self.dir / "authorized_keys", 0o600)
+        pub = Path(f"{self.host_key}.pub").read_text().split()
+        self.known_hosts = self.dir / "known_hosts"
+        self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n")
+
+    def _config(self) -> Path:
+        env_path = f"{STANDIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+        setenv = [f"PATH={env_path}", f"PCT_STANDIN_LOG={self.pct_log}"]
+        force = []
+        if self.noise:  # like an rc file that echoes: noise, then the command as sshd would run it
+            wrapper = self.dir / "noisy-shell"
+            wrapper.write_text("#!/bin/sh\n" + self.noise + 'exec /bin/sh -c "$SSH_ORIGINAL_COMMAND"\n')
+            wrapper.chmod(0o755)
+            force = [f"ForceCommand {wrapper}"]
+        conf = self.dir / "sshd_config"
+        conf.write_text("\n".join([
+            f"Port {self.port}",
+            "ListenAddress 127.0.0.1",
+            f"HostKey {self.host_key}",
+            f"PidFile {self.dir / 'sshd.pid'}",
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+            "PubkeyAuthentication yes",
+            "PasswordAuthentication no",
+            "KbdInteractiveAuthentication no",
+            "PermitRootLogin prohibit-password",
+            "StrictModes no",
+            "UsePAM no",
+            "PrintMotd no",
+            "PrintLastLog no",
+            "LogLevel VERBOSE",
+            "MaxSessions 100",
+            "MaxStartups 200",
+            "SetEnv " + " ".join(setenv),
+            *force,
+        ]) + "\n")
+        return conf
+
+    # -- life -------------------------------------------------------------------------
+    def start(self) -> "LoopbackSshd":
+        self._keys()
+        conf = self._config()
+        Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation dir sshd insists on
+        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(conf), "-E", str(self.log)],
+                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"sshd exited {self.proc.returncode}: {self.proc.stderr.read().decode()} {self.log.read_text() if self.log.exists() else ''}")
+            try:
+                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
+                return self
+            except OSError:
+                time.sleep(0.02)
+        raise RuntimeError("sshd did not start listening in 10 s")
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+    @property
+    def ssh_opts(self) -> str:
+        """GPU1_SSH_OPTS for this server: port, key, and its known_hosts (checking stays on)."""
+        return (f"-p {self.port} -i {self.client_key} -o UserKnownHostsFile={self.known_hosts} "
+                "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes")
+
+    def dest(self) -> str:
+        return f"{os.environ.get('USER') or _whoami()}@127.0.0.1"
+
+    def connections(self) -> int:
+        """How many ssh connections sshd accepted (one 'Accepted publickey' line each)."""
+        if not self.log.exists():
+            return 0
+        return self.log.read_text().count("Accepted publickey")
+
+    def hosts_env(self, alias: str, ctid: str | None = None, extra: dict | None = None) -> str:
+        up = alias.upper()
+        lines = [f"{up}_SSH={self.dest()}", f"{up}_SSH_OPTS='{self.ssh_opts}'"]
+        if ctid:
+            lines.append(f"{up}_CTID={ctid}")
+        for k, v in (extra or {}).items():
+            lines.append(f"{up}_{k}='{v}'")
+        return "\n".join(lines) + "\n"
+
+
+def _whoami() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(path)], check=True,
+                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)

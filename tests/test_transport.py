@@ -1,0 +1,103 @@
+"""Agent transport: one round trip, noise ignored, each failure its own clear error."""
+import ast
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from scripts import bundle
+from scripts.agent import markers
+from scripts.hostconfig import build_host
+from scripts.route import HostUnreachable
+from scripts.transport import AgentError, call_agent
+from tests.conftest import REPO, invoke
+from tests.loopback_sshd import free_port
+
+STANDIN = REPO / "tests" / "standin"
+
+
+def host_for(server, alias="gpu1", **extra):
+    keys = {"SSH": server.dest(), "SSH_OPTS": server.ssh_opts}
+    keys.update(extra)
+    return build_host(alias, keys, "test")
+
+
+def test_agent_sources_parse_as_python38():
+    for name, src in bundle.agent_sources().items():
+        ast.parse(src, filename=name, feature_version=(3, 8))
+
+
+def test_direct_run_prints_json():
+    out = subprocess.run(["python3", str(REPO / "scripts" / "gpuagent.py"), "ping", "--json"], capture_output=True, check=True)
+    doc = json.loads(out.stdout)
+    assert doc["command"] == "ping" and doc["pid"] > 0
+
+
+def test_ping_through_ssh_and_pct(sshd):
+    for host in (host_for(sshd), host_for(sshd, "gpu2", CTID="129")):
+        result = call_agent(host, "ping")
+        assert result.code == 0
+        assert result.doc["command"] == "ping"
+        assert result.doc["python"].startswith("3.")
+
+
+def test_motd_noise_and_fake_marker_ignored(noisy_sshd):
+    probe = subprocess.run(host_for(noisy_sshd).route.wrap(["true"]), capture_output=True)
+    assert b"MOTD noise" in probe.stdout  # the noise is really there
+    result = call_agent(host_for(noisy_sshd), "ping")
+    assert result.doc["command"] == "ping"
+
+
+def test_missing_markers(sshd):
+    with pytest.raises(AgentError, match="no result marker.*exited 0"):
+        call_agent(host_for(sshd, PYTHON="/bin/true"), "ping")
+
+
+def test_remote_nonzero_exit_without_result(sshd):
+    with pytest.raises(AgentError, match="exited 127.*not-a-python"):
+        call_agent(host_for(sshd, PYTHON="not-a-python"), "ping")
+
+
+def test_broken_json(sshd):
+    with pytest.raises(AgentError, match="not valid JSON"):
+        call_agent(host_for(sshd, PYTHON=str(STANDIN / "bad-json-agent")), "ping")
+
+
+def test_ssh_255_is_host_unreachable(sshd):
+    closed = free_port()
+    host = build_host("gpu9", {"SSH": sshd.dest(), "SSH_OPTS": f"-p {closed} -o ConnectTimeout=3"}, "test")
+    with pytest.raises(HostUnreachable, match="gpu9: host unreachable"):
+        call_agent(host, "ping")
+
+
+def test_cut_off_result_is_reported():
+    text = "noise\n" + markers.begin("n1") + "\n{}\n"
+    with pytest.raises(markers.MarkerError, match="cut off"):
+        markers.extract(text, "n1")
+    assert markers.extract("x\n" + markers.begin("n1") + "\n{}\n" + markers.end("n1") + "\n", "n1") == "{}"
+
+
+def test_one_connection_per_ping(sshd, hosts_env):
+    """Without a ControlMaster a ping opens exactly one ssh connection and one session."""
+    hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='{sshd.ssh_opts} -o ControlPath=none'\n")
+    before = sshd.connections()
+    sessions = sshd.log.read_text().count("Starting session")
+    out = invoke("ping", "--host", "gpu1")
+    assert out.returncode == 0, out.stderr
+    assert sshd.connections() - before == 1
+    assert sshd.log.read_text().count("Starting session") - sessions == 1
+
+
+def test_control_master_reuses_one_connection(sshd, hosts_env, tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_PIVOT_CONTROL_DIR", str(tmp_path / "cm"))
+    hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='{sshd.ssh_opts}'\n")
+    before = sshd.connections()
+    for _ in range(3):
+        assert invoke("ping", "--host", "gpu1").returncode == 0
+    assert invoke("run", "--host", "gpu1", "--", "true").returncode == 0
+    assert sshd.connections() - before == 1
+    from scripts.route import control_dir
+    subprocess.run(["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={control_dir()}/%C", "-O", "exit", sshd.dest()],
+                   capture_output=True)
