@@ -17,6 +17,7 @@ from invoke import Collection, Exit, task
 
 from scripts import cliargs, fleet, sandbox as sandbox_mod
 from scripts.hostconfig import ConfigError, load_hosts, select_hosts
+from scripts import status_view
 from scripts.render import table
 from scripts.route import HostUnreachable
 from scripts.transport import AgentError, call_agent
@@ -184,4 +185,60 @@ def sandbox(c, action, json=False):
     print(table(["role", "pid", "now" if action != "down" else "before"], rows) if rows else "(no sandbox processes)")
 
 
-ns = Collection(hosts, ping, run, oneliner, sandbox)
+def _print_doc(host, doc, *parts):
+    print(status_view.header(host.alias, doc, host.sandbox))
+    for part in parts:
+        text = part(doc)
+        if text:
+            print(text)
+
+
+@task(help={"host": HOST_HELP, "json": "print the scan as JSON"})
+@guarded
+def status(c, host=DEFAULT_HOST, json=False):
+    """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked)."""
+    targets = _hosts(host)
+    outcomes = fleet.each_host(targets, lambda h: call_agent(h, "scan"))
+    docs = {}
+    for out in outcomes:
+        if out.error is None:
+            docs[out.host.alias] = out.value.doc
+            if not json:
+                _print_doc(out.host, out.value.doc, status_view.gpu_table, status_view.holder_table,
+                           status_view.last_teardown)
+    if json:
+        print(_json.dumps(docs, indent=1, sort_keys=True))
+    _exit_worst(_errors_to_codes([fleet.Outcome(o.host, 0, o.error) for o in outcomes]))
+
+
+@task(help={"host": HOST_HELP, "wait": "poll up to this many seconds (every 50 ms) until free",
+            "max_used_mib": "count a GPU as free at or under this many MiB used (default 0)",
+            "json": "print the result as JSON"})
+@guarded
+def verify(c, host=DEFAULT_HOST, wait=0.0, max_used_mib=0, json=False):
+    """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1."""
+    wait_s = cliargs.seconds("wait", wait)
+    if int(max_used_mib) < 0:
+        raise ConfigError(f"--max-used-mib {max_used_mib!r}: must be >= 0")
+    targets = _hosts(host)
+    args = ["--wait", wait_s, "--max-used-mib", int(max_used_mib)]
+    outcomes = fleet.each_host(targets, lambda h: call_agent(h, "verify", args))
+    codes, docs = [], {}
+    for out in outcomes:
+        if out.error is not None:
+            continue
+        doc = out.value.doc
+        docs[out.host.alias] = doc
+        if not json:
+            _print_doc(out.host, doc, status_view.gpu_table)
+            print("FREE: every GPU is free" if doc["free"] else "NOT FREE:\n  " + "\n  ".join(doc["problems"]))
+            text = status_view.still_holding(doc)
+            if text:
+                print(text)
+    if json:
+        print(_json.dumps(docs, indent=1, sort_keys=True))
+    codes = _errors_to_codes([fleet.Outcome(o.host, o.value.code if o.error is None else 0, o.error) for o in outcomes])
+    _exit_worst(codes)
+
+
+ns = Collection(hosts, ping, run, oneliner, sandbox, status, verify)

@@ -47,6 +47,7 @@ class Host:
     targets: tuple = ()
     protect: tuple = ()
     sandbox: bool = False
+    fake_gpus: str | None = None  # SANDBOX only: directory of the fake GPU memory source
     source: str = "built-in"
     extra: dict = field(default_factory=dict, compare=False, hash=False)
 

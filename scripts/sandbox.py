@@ -30,8 +30,8 @@ def sandbox_dir() -> Path:
 
 
 def sandbox_host() -> Host:
-    devdir = sandbox_dir() / "dev"
-    return Host("sandbox", Route(()), devices=f"{devdir}/nvidia*", sandbox=True)
+    base = sandbox_dir()
+    return Host("sandbox", Route(()), devices=f"{base}/dev/nvidia*", sandbox=True, fake_gpus=str(base / "gpumem"))
 
 
 def make_devices(devdir: Path, gpus: int = GPUS) -> list:
@@ -89,8 +89,11 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
     _server_shim(pkgdir)
     env = dict(os.environ, PYTHONPATH=str(pkgdir))
     py = sys.executable
+    memdir = base / "gpumem"
+    memdir.mkdir(parents=True, exist_ok=True)
     common = ["--devdir", str(devdir)]
-    server_flags = ["--model-path", str(base / "fake-model"), "--tp", str(GPUS), "--port", "30000"]
+    server_flags = ["--model-path", str(base / "fake-model"), "--tp", str(GPUS), "--port", "30000",
+                    "--memdir", str(memdir)]
     if ignore_term:
         server_flags.append("--ignore-term")
     pids = {

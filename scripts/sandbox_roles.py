@@ -8,7 +8,8 @@ Roles (argv[1]):
   hold     holds every device file: plays nvidia-persistenced or a GPU monitor
   idle     holds nothing: an unrelated job that must survive a teardown
 Options: --devdir DIR (where the fake device files are), --gpu N, --tp N,
---ignore-term (ignore SIGTERM, like a wedged server), --ready FILE (touched when holding).
+--ignore-term (ignore SIGTERM, like a wedged server), --ready FILE (touched when holding),
+--memdir DIR --mib N (workers declare fake GPU memory for the sandbox's GPU source).
 Standard library only; a sandbox stand-in, never shipped to a GPU host.
 """
 import argparse
@@ -30,8 +31,19 @@ def gpu_files(devdir, gpu):
     return [os.path.join(devdir, "nvidia%d" % gpu), os.path.join(devdir, "nvidiactl"), os.path.join(devdir, "nvidia-uvm")]
 
 
+def declare_memory(memdir, gpu, mib):
+    """Tell the sandbox's fake GPU source that this process 'uses' mib MiB on gpu."""
+    with open("/proc/self/stat") as f:
+        start = int(f.read().rsplit(")", 1)[1].split()[19])
+    path = os.path.join(memdir, "%d.json" % os.getpid())
+    with open(path, "w") as f:
+        f.write('{"gpu": %d, "mib": %d, "start_time": %d}' % (gpu, mib, start))
+
+
 def spawn_worker(args, i):
     argv = ["sglang::scheduler_TP%d" % i, HERE, "worker", "--devdir", args.devdir, "--gpu", str(i)]
+    if args.memdir:
+        argv += ["--memdir", args.memdir, "--mib", str(args.mib)]
     if args.ignore_term_workers:
         argv.append("--ignore-term")
     return subprocess.Popen(argv, executable=sys.executable)
@@ -46,6 +58,8 @@ def main(argv=None):
     p.add_argument("--ignore-term", action="store_true")
     p.add_argument("--ignore-term-workers", action="store_true")
     p.add_argument("--ready", default="")
+    p.add_argument("--memdir", default="", help="declare fake GPU memory here (sandbox GPU source)")
+    p.add_argument("--mib", type=int, default=20480)
     args, _unknown = p.parse_known_args(argv)  # servers get real-looking flags we ignore
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -56,6 +70,8 @@ def main(argv=None):
         workers = [spawn_worker(args, i) for i in range(args.tp)]
     elif args.role == "worker":
         held = hold(gpu_files(args.devdir, args.gpu))
+        if args.memdir:
+            declare_memory(args.memdir, args.gpu, args.mib)
     elif args.role == "hold":
         held = hold(sorted(glob.glob(os.path.join(args.devdir, "nvidia*"))))
     if args.ready:

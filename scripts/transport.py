@@ -38,10 +38,21 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join(kept) or "(nothing on stderr)"
 
 
+SELECTING = ("scan", "verify", "plan", "teardown")
+
+
 def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
+    """The agent's argv on the host: its subcommand plus what the host config selects."""
     argv = [host.python, "-", subcommand, "--devices", host.devices, "--marker", nonce]
     if progress:
         argv.append("--progress")
+    if subcommand in SELECTING:
+        for pattern in host.targets:
+            argv += ["--target", pattern]
+        for pattern in host.protect:
+            argv += ["--protect", pattern]
+        if host.fake_gpus:
+            argv += ["--fake-gpus", host.fake_gpus]
     return argv + [str(a) for a in args]
 
 

@@ -10,10 +10,12 @@ import argparse
 import json
 import sys
 
-from . import markers, ping
+from . import markers, ping, scan, verify
 
 SUBCOMMANDS = {
     "ping": ping,
+    "scan": scan,
+    "verify": verify,
 }
 PROGRESS_PREFIX = "gpu-pivot-progress "
 

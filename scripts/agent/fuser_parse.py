@@ -1,0 +1,105 @@
+"""Parse psmisc `fuser` output: PIDs on stdout, file names and access letters on stderr.
+
+Why a parser: fuser prints each PID once per device file, space-padded and with no final
+newline, so whatever prints next is glued to the last PID (`803rc=0` in the fixtures,
+`1649750` and `3653done` in the seeds). We never guess where a glued PID ends: the caller
+marks the end of fuser's stdout (e.g. prints a marker right after it) and passes it as
+`end`; text that is not a PID is an error that names it.
+"""
+import re
+
+_VERBOSE_ROW = re.compile(r"^(?:(?P<file>\S.*?):)?\s+(?P<user>\S+)\s+(?P<pid>\d+|kernel)\s+(?P<access>\S+)\s+(?P<command>.*)$")
+
+
+class FuserParseError(ValueError):
+    pass
+
+
+def pids(stdout, end=None):
+    """PIDs in first-seen order, each once. `end`: where fuser's output stops in `stdout`."""
+    if end is not None:
+        cut = stdout.find(end)
+        if cut < 0:
+            raise FuserParseError("end marker %r not found in fuser output" % end)
+        stdout = stdout[:cut]
+    out = []
+    for token in stdout.split():
+        if not token.isdigit():
+            raise FuserParseError("unexpected text %r in fuser's PID list (is other output glued on? pass end=)" % token)
+        pid = int(token)
+        if pid not in out:
+            out.append(pid)
+    return out
+
+
+def _pid_sequence(stdout, end):
+    if end is not None:
+        stdout = stdout[:stdout.index(end)] if end in stdout else stdout
+    seq = []
+    for token in stdout.split():
+        if not token.isdigit():
+            raise FuserParseError("unexpected text %r in fuser's PID list" % token)
+        seq.append(int(token))
+    return seq
+
+
+def plain_files(stderr):
+    """[(file, access letters)] from plain `fuser FILES` stderr ('/dev/nvidia0:   mm')."""
+    out = []
+    for line in stderr.splitlines():
+        if ":" in line:
+            name, _, letters = line.partition(":")
+            out.append((name.strip(), letters.strip()))
+    return out
+
+
+def plain(stdout, stderr, end=None):
+    """{'pids': [...], 'files': [(file, letters)], 'holders': {pid: [files]} or None}.
+
+    Plain mode does not say which PID belongs to which file when stdout and stderr are
+    captured apart; fuser lists each file's PIDs in ascending order, so when the ascending
+    runs of the stdout sequence match the files one for one, that mapping is returned,
+    else holders is None (use `fuser -v` for an exact map).
+    """
+    seq = _pid_sequence(stdout, end)
+    files = plain_files(stderr)
+    runs = []
+    for pid in seq:
+        if runs and pid > runs[-1][-1]:
+            runs[-1].append(pid)
+        else:
+            runs.append([pid])
+    holders = None
+    if files and len(runs) == len(files):
+        holders = {}
+        for (name, _), run in zip(files, runs):
+            for pid in run:
+                holders.setdefault(pid, []).append(name)
+    return {"pids": pids(stdout, end), "files": files, "holders": holders}
+
+
+def verbose(stdout, stderr, end=None):
+    """`fuser -v`: stderr rows pair one for one with the stdout PIDs ('kernel' rows excepted).
+
+    Returns {'pids': [...], 'rows': [{file, user, pid, access, command}], 'holders': {pid: [files]}}.
+    """
+    seq = _pid_sequence(stdout, end)
+    rows, current = [], None
+    for line in stderr.splitlines():
+        if not line.strip() or line.strip().startswith("USER"):
+            continue
+        m = _VERBOSE_ROW.match(line)
+        if not m:
+            raise FuserParseError("unexpected fuser -v line %r" % line)
+        if m.group("file"):
+            current = m.group("file").strip()
+        if m.group("pid") == "kernel":
+            continue
+        rows.append({"file": current, "user": m.group("user"), "pid": int(m.group("pid")),
+                     "access": m.group("access"), "command": m.group("command").strip()})
+    if [r["pid"] for r in rows] != seq:
+        raise FuserParseError("fuser -v rows (%d) do not match the PIDs on stdout (%d)" % (len(rows), len(seq)))
+    holders = {}
+    for r in rows:
+        holders.setdefault(r["pid"], []).append(r["file"])
+    return {"pids": pids(stdout, end), "rows": rows, "holders": holders}

@@ -1,0 +1,94 @@
+"""Who holds each GPU: /proc device holders merged with NVML's compute processes."""
+import os
+import socket
+import time
+
+from . import gpuinfo, options, procscan, rules
+
+
+def add_arguments(parser):
+    options.add_selection(parser)
+
+
+def collect(args, source=None):
+    """One scan. `source` (an open GPU reader) is reused by callers that poll."""
+    started = time.monotonic()
+    snap = procscan.snapshot(args.devices)
+    own = source is None
+    tried = []
+    if own:
+        source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+    try:
+        gpus = source.read()
+    finally:
+        if own:
+            source.close()
+    procs = snap["procs"]
+    chain = procscan.self_chain(procs)
+    me = os.getpid()
+    gpu_mib = {}
+    foreign = []
+    for g in gpus:
+        for p in g["processes"]:
+            if p["pid"] in procs:
+                gpu_mib.setdefault(p["pid"], {})[str(g["index"])] = p["used_mib"]
+            else:  # NVML reports host PIDs; inside a container they are not in our /proc
+                foreign.append({"pid": p["pid"], "gpu": g["index"], "used_mib": p["used_mib"]})
+    holder_pids = (set(snap["holders"]) | set(gpu_mib)) - {me}  # our own NVML handle is not a holder
+    now = procfs_now_ticks()
+    holders = []
+    for pid in sorted(holder_pids):
+        rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now)
+        rec["gpu_mib"] = gpu_mib.get(pid, {})
+        rec["protected"] = rules.protect_reason(rec, chain, args.protect)
+        holders.append(rec)
+    related = _related(procs, holder_pids, chain | {me})
+    return {
+        "hostname": socket.gethostname(),
+        "devices_glob": args.devices,
+        "devices": snap["devices"],
+        "gpu_source": source.name,
+        "gpu_source_tried": tried,
+        "gpus": gpus,
+        "holders": holders,
+        "related": related,
+        "foreign_gpu_pids": foreign,
+        "denied": snap["denied"],
+        "processes_scanned": len(procs),
+        "scan_ms": round((time.monotonic() - started) * 1000, 2),
+        "_procs": procs,
+        "_chain": chain,
+    }
+
+
+def _related(procs, holder_pids, skip):
+    """Descendants of holders that hold no GPU themselves (e.g. a zombie or a tokenizer)."""
+    kids = procscan.children_map(procs)
+    out, stack = [], list(holder_pids)
+    seen = set(holder_pids)
+    while stack:
+        for child in kids.get(stack.pop(), []):
+            if child in seen or child in skip:
+                continue
+            seen.add(child)
+            stack.append(child)
+            info = procs[child]
+            out.append({k: info[k] for k in ("pid", "ppid", "pgid", "state", "comm", "cmdline", "start_time")})
+    return sorted(out, key=lambda r: r["pid"])
+
+
+def procfs_now_ticks():
+    return procscan.uptime_s() * procscan.clock_ticks()
+
+
+def public(doc):
+    """The scan without the internal fields other subcommands reuse."""
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
+def run(args):
+    from . import lastrun
+
+    doc = public(collect(args))
+    doc["last_teardown"] = lastrun.load_summary()
+    return 0, doc

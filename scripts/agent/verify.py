@@ -1,0 +1,82 @@
+"""Prove the GPUs are free: no compute process, memory at or under the threshold, no holder.
+
+"Free" means, for every GPU: no compute process, used memory (NVML v2, excluding driver-
+reserved memory) <= --max-used-mib; and no non-protected process holds a device file
+(a persistence daemon or monitor may keep its handle). With --wait S it polls every
+50 ms until free or S seconds pass, then says exactly what still holds each GPU.
+"""
+import time
+
+from . import gpuinfo, options, scan
+
+POLL_S = 0.05
+
+
+def add_arguments(parser):
+    options.add_selection(parser)
+    options.add_threshold(parser)
+    parser.add_argument("--wait", type=float, default=0.0, help="poll up to this many seconds for the GPUs to be free")
+
+
+def evaluate(doc, max_used_mib):
+    """(free, problems): each problem one line a person can act on."""
+    problems = []
+    if not doc["gpus"] and not doc["devices"]:
+        tried = "; ".join(doc.get("gpu_source_tried") or [])
+        problems.append("no GPU visible: no device file matches %s and no GPU memory source (%s)"
+                        % (doc["devices_glob"], tried or doc["gpu_source"]))
+    for g in doc["gpus"]:
+        for p in g["processes"]:
+            problems.append("GPU %s: compute process pid %s (%s MiB)" % (g["index"], p["pid"], p["used_mib"]))
+        used = g["used_mib"]
+        if used is not None and used > max_used_mib:
+            note = " (v1 memory call: includes reserved memory)" if g.get("memory_call") == "v1" else ""
+            problems.append("GPU %s: %s MiB used > %s MiB%s" % (g["index"], used, max_used_mib, note))
+    for h in doc["holders"]:
+        if not h["protected"]:
+            problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], h["cmdline"][:80], h["state"],
+                                                                  ", ".join(h["devices"]) or "GPU memory"))
+    return not problems, problems
+
+
+def still_holding(doc):
+    """Per GPU: what still holds it (pid, state, cmdline, MiB) for the final report."""
+    holders = {h["pid"]: h for h in doc["holders"]}
+    out = []
+    for g in doc["gpus"]:
+        for p in g["processes"]:
+            h = holders.get(p["pid"], {})
+            out.append({"gpu": g["index"], "pid": p["pid"], "state": h.get("state", "?"),
+                        "cmdline": h.get("cmdline", "(not visible here: another PID namespace)"), "used_mib": p["used_mib"]})
+    for h in doc["holders"]:
+        if not h["protected"] and not h["gpu_mib"]:
+            out.append({"gpu": None, "pid": h["pid"], "state": h["state"], "cmdline": h["cmdline"],
+                        "used_mib": None, "devices": h["devices"]})
+    return out
+
+
+def wait_free(args, wait_s, on_poll=None):
+    """Poll until free or wait_s passes; returns (free, doc, problems, waited_s)."""
+    source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+    started = time.monotonic()
+    try:
+        while True:
+            doc = scan.collect(args, source)
+            doc["gpu_source_tried"] = tried
+            free, problems = evaluate(doc, args.max_used_mib)
+            waited = time.monotonic() - started
+            if free or waited >= wait_s:
+                return free, doc, problems, waited
+            if on_poll:
+                on_poll(doc, problems, waited)
+            time.sleep(min(POLL_S, max(0.0, wait_s - waited)))
+    finally:
+        source.close()
+
+
+def run(args):
+    free, doc, problems, waited = wait_free(args, args.wait)
+    out = scan.public(doc)
+    out.update(free=free, problems=problems, waited_s=round(waited, 3), max_used_mib=args.max_used_mib,
+               still_holding=[] if free else still_holding(doc))
+    return (0 if free else 1), out
