@@ -8,7 +8,13 @@ marks the end of fuser's stdout (e.g. prints a marker right after it) and passes
 """
 import re
 
-_VERBOSE_ROW = re.compile(r"^(?:(?P<file>\S.*?):)?\s+(?P<user>\S+)\s+(?P<pid>\d+|kernel)\s+(?P<access>\S+)\s+(?P<command>.*)$")
+# stderr of `fuser -v`: the PID column goes to stdout, so a row is [FILE:] USER ACCESS COMMAND
+# (or [FILE:] USER kernel ... for a mount, which has no PID on stdout).
+_VERBOSE_ROW = re.compile(r"^(?:(?P<file>\S.*?):)?\s+(?P<user>\S+)\s+(?P<access>\S+)\s+(?P<command>.*)$")
+
+
+_FILE_ONLY = re.compile(r"^\S.*:\s*$")
+_WARNINGS = ("Cannot ", "Specified filename", "No such")
 
 
 class FuserParseError(ValueError):
@@ -47,7 +53,7 @@ def plain_files(stderr):
     """[(file, access letters)] from plain `fuser FILES` stderr ('/dev/nvidia0:   mm')."""
     out = []
     for line in stderr.splitlines():
-        if ":" in line:
+        if ":" in line and not line.startswith(_WARNINGS):
             name, _, letters = line.partition(":")
             out.append((name.strip(), letters.strip()))
     return out
@@ -79,27 +85,33 @@ def plain(stdout, stderr, end=None):
 
 
 def verbose(stdout, stderr, end=None):
-    """`fuser -v`: stderr rows pair one for one with the stdout PIDs ('kernel' rows excepted).
+    """`fuser -v`: stderr rows pair one for one, in order, with the PIDs on stdout.
 
     Returns {'pids': [...], 'rows': [{file, user, pid, access, command}], 'holders': {pid: [files]}}.
     """
     seq = _pid_sequence(stdout, end)
-    rows, current = [], None
+    rows, current, pid_iter, warnings = [], None, iter(seq), []
     for line in stderr.splitlines():
         if not line.strip() or line.strip().startswith("USER"):
+            continue
+        if line.startswith(_WARNINGS):  # fuser's own complaints, e.g. /proc entries it may not read
+            warnings.append(line)
+            continue
+        if _FILE_ONLY.match(line):  # a long name stands alone; its rows follow
+            current = line.strip()[:-1]
             continue
         m = _VERBOSE_ROW.match(line)
         if not m:
             raise FuserParseError("unexpected fuser -v line %r" % line)
         if m.group("file"):
             current = m.group("file").strip()
-        if m.group("pid") == "kernel":
+        if m.group("access") == "kernel":
             continue
-        rows.append({"file": current, "user": m.group("user"), "pid": int(m.group("pid")),
+        rows.append({"file": current, "user": m.group("user"), "pid": next(pid_iter, None),
                      "access": m.group("access"), "command": m.group("command").strip()})
-    if [r["pid"] for r in rows] != seq:
+    if len(rows) != len(seq):
         raise FuserParseError("fuser -v rows (%d) do not match the PIDs on stdout (%d)" % (len(rows), len(seq)))
     holders = {}
     for r in rows:
         holders.setdefault(r["pid"], []).append(r["file"])
-    return {"pids": pids(stdout, end), "rows": rows, "holders": holders}
+    return {"pids": pids(stdout, end), "rows": rows, "holders": holders, "warnings": warnings}

@@ -1,0 +1,94 @@
+"""Start real process trees that hold fake GPU device files; end them by PID only."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from scripts.agent import procfs
+from scripts.sandbox import ROLES, make_devices
+
+
+class ProcessSet:
+    """Processes a test started (and their descendants it learns of); killed by PID at the end."""
+
+    def __init__(self, base: Path):
+        self.base = Path(base)
+        self.devdir = self.base / "dev"
+        make_devices(self.devdir)
+        self.memdir = self.base / "gpumem"
+        self.memdir.mkdir(exist_ok=True)
+        self.pids: list = []
+        self.n = 0
+
+    @property
+    def glob(self) -> str:
+        return f"{self.devdir}/nvidia*"
+
+    def _ready(self) -> Path:
+        self.n += 1
+        return self.base / f"ready{self.n}"
+
+    def start(self, argv: list, executable: str | None = None, new_session: bool = True, wait_ready: bool = True,
+              env: dict | None = None) -> int:
+        ready = self._ready()
+        argv = list(argv) + (["--ready", str(ready)] if wait_ready else [])
+        proc = subprocess.Popen(argv, executable=executable, start_new_session=new_session, env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pids.append(proc.pid)
+        if wait_ready:
+            wait_for(ready.exists, f"{argv[:3]} ready")
+        self._popen = proc
+        return proc.pid
+
+    def role(self, role: str, *extra: str, title: str | None = None, executable: str | None = None, **kw) -> int:
+        argv = [title or sys.executable, str(ROLES), role, "--devdir", str(self.devdir), *extra]
+        return self.start(argv, executable=executable or (sys.executable if title else None), **kw)
+
+    def server(self, *extra: str, tp: int = 2, **kw) -> tuple:
+        """A server tree: parent + tp workers. Returns (parent pid, [worker pids])."""
+        ready = self.base / f"ready{self.n + 1}"
+        pid = self.role("server", "--tp", str(tp), "--memdir", str(self.memdir), *extra, **kw)
+        workers = [int(p) for p in ready.read_text().split()]
+        self.pids.extend(workers)
+        return pid, workers
+
+    def adopt(self, pid: int) -> None:
+        self.pids.append(pid)
+
+    def kill_all(self) -> None:
+        for pid in self.pids:
+            start = procfs.start_time(pid)
+            if start is not None:
+                try:
+                    os.kill(pid, signal.SIGCONT)
+                except ProcessLookupError:
+                    pass
+                procfs.signal_if_same(pid, start, signal.SIGKILL)
+        for pid in self.pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+
+def wait_for(pred, what: str, timeout: float = 10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.01)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def state(pid: int) -> str | None:
+    stat = procfs.read_stat(pid)
+    return stat["state"] if stat else None
+
+
+def alive(pid: int) -> bool:
+    return state(pid) not in (None, "Z", "X")
