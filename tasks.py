@@ -215,13 +215,12 @@ def status(c, host=DEFAULT_HOST, json=False):
             "max_used_mib": "count a GPU as free at or under this many MiB used (default 0)",
             "json": "print the result as JSON"})
 @guarded
-def verify(c, host=DEFAULT_HOST, wait=0.0, max_used_mib=0, json=False):
+def verify(c, host=DEFAULT_HOST, wait="0", max_used_mib="0", json=False):
     """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1."""
     wait_s = cliargs.seconds("wait", wait)
-    if int(max_used_mib) < 0:
-        raise ConfigError(f"--max-used-mib {max_used_mib!r}: must be >= 0")
+    max_mib = cliargs.mib("max-used-mib", max_used_mib)
     targets = _hosts(host)
-    args = ["--wait", wait_s, "--max-used-mib", int(max_used_mib)]
+    args = ["--wait", wait_s, "--max-used-mib", max_mib]
     outcomes = fleet.each_host(targets, lambda h: call_agent(h, "verify", args))
     codes, docs = [], {}
     for out in outcomes:

@@ -1,5 +1,8 @@
 """Helpers for the thin Invoke tasks: the argv after `--`, and validated numbers.
 
+Numeric flags are declared with string defaults and checked here: Invoke would otherwise
+cast them itself and answer a typo with a traceback instead of one line and exit 2.
+
 Why read sys.argv: Invoke keeps what follows `--` only as one space-joined string, which
 loses the argument boundaries that `invoke run --host H -- CMD ARGS...` must keep exact.
 """
@@ -26,4 +29,15 @@ def seconds(name: str, value, minimum: float = 0.0) -> float:
         raise ConfigError(f"--{name} {value!r}: not a number of seconds") from None
     if out != out or out < minimum or out == float("inf"):
         raise ConfigError(f"--{name} {value!r}: must be a finite number >= {minimum:g}")
+    return out
+
+
+def mib(name: str, value) -> int:
+    """A whole, non-negative number of MiB from a flag."""
+    try:
+        out = int(str(value))
+    except ValueError:
+        raise ConfigError(f"--{name} {value!r}: not a whole number of MiB") from None
+    if out < 0:
+        raise ConfigError(f"--{name} {value!r}: must be >= 0")
     return out
