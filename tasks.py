@@ -8,17 +8,19 @@ Hosts come from hosts.env (see hosts.env.example); `local` and `sandbox` are bui
 from __future__ import annotations
 
 import functools
+import getpass
 import json as _json
 import os
+import re
+import socket
 import subprocess
 import sys
 
 from invoke import Collection, Exit, task
 
-from scripts import cliargs, fleet, sandbox as sandbox_mod
+from scripts import audit_log, cliargs, fleet, sandbox as sandbox_mod, status_view, teardown_view
 from scripts.hostconfig import ConfigError, load_hosts, select_hosts
-from scripts import status_view
-from scripts.render import table
+from scripts.render import shorten, table
 from scripts.route import HostUnreachable
 from scripts.transport import AgentError, call_agent
 
@@ -138,10 +140,15 @@ def run(c, host=DEFAULT_HOST):
     _exit_worst(codes)
 
 
-@task(help={"host": HOST_HELP, "action": "'teardown': print the POSIX-shell emergency teardown instead of `-- CMD`"})
+@task(help={"host": HOST_HELP, "action": "'teardown': print the POSIX-shell emergency teardown instead of `-- CMD`",
+            "grace": "for --action teardown: seconds between TERM and KILL (default 30)"})
 @guarded
-def oneliner(c, host=DEFAULT_HOST, action=""):
-    """Print the line to paste into a terminal that runs `-- CMD ARGS...` (or an action) on the host."""
+def oneliner(c, host=DEFAULT_HOST, action="", grace="30"):
+    """Print the line to paste into a terminal that runs `-- CMD ARGS...` (or an action) on the host.
+
+    `--action teardown` prints a POSIX-shell teardown for hosts without python3: holders of
+    the device files (fuser or /proc), protected names skipped, TERM, poll, KILL, report.
+    """
     argv = cliargs.remainder()
     if action:
         from scripts import shell_teardown
@@ -150,8 +157,9 @@ def oneliner(c, host=DEFAULT_HOST, action=""):
             raise ConfigError(f"--action {action!r}: the only action is 'teardown'")
         if argv:
             raise ConfigError("give either --action or `-- CMD`, not both")
+        grace_s = cliargs.seconds("grace", grace)
         for h in _hosts(host):
-            print(h.route.one_liner(shell_teardown.argv(h)))
+            print(h.route.one_liner(shell_teardown.argv(h, grace_s)))
         return
     if not argv:
         raise ConfigError("oneliner needs a command after `--` (or --action teardown)")
@@ -240,4 +248,155 @@ def verify(c, host=DEFAULT_HOST, wait="0", max_used_mib="0", json=False):
     _exit_worst(codes)
 
 
-ns = Collection(hosts, ping, run, oneliner, sandbox, status, verify)
+def _selection_args(match, only_matching, disable) -> list:
+    args = []
+    for pattern in match or []:
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ConfigError(f"--match {pattern!r}: not a valid regular expression ({exc})") from None
+        args += ["--match", pattern]
+    if only_matching:
+        args.append("--only-matching")
+    if disable:
+        args.append("--disable")
+    return args
+
+
+PLAN_HELP = {
+    "host": HOST_HELP,
+    "match": "extra target pattern (regex on the full command line; repeatable)",
+    "only_matching": "stop only pattern matches and their trees; leave other GPU holders and report them",
+    "disable": "also `systemctl disable` a unit that is stopped (e.g. an auto-started vLLM service)",
+    "json": "print the result as JSON",
+}
+
+
+@task(iterable=["match"], help=PLAN_HELP)
+@guarded
+def plan(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=False, json=False):
+    """Dry run: what a teardown would stop (targets, with why) and keep (protected), and the MiB it frees."""
+    targets = _hosts(host)
+    args = _selection_args(match, only_matching, disable)
+    outcomes = fleet.each_host(targets, lambda h: call_agent(h, "plan", args))
+    docs = {o.host.alias: o.value.doc for o in outcomes if o.error is None}
+    if json:
+        print(_json.dumps(docs, indent=1, sort_keys=True))
+    else:
+        for out in outcomes:
+            if out.error is None:
+                _print_doc(out.host, out.value.doc, status_view.gpu_table, lambda d: teardown_view.plan_tables(d["plan"]))
+    _exit_worst(_errors_to_codes([fleet.Outcome(o.host, 0, o.error) for o in outcomes]))
+
+
+@task(iterable=["match"], help=dict(
+    PLAN_HELP,
+    grace="seconds between SIGTERM and SIGKILL (default 30)",
+    timeout="seconds to wait for the GPUs to be free after that (default 60)",
+    wait_lock="wait this many seconds if another teardown holds the host's lock (default: fail at once, exit 4)",
+    max_used_mib="count a GPU as free at or under this many MiB used (default 0)",
+    dry_run="show the plan and signal nothing",
+    yes="do not ask before signalling (required when not on a terminal)",
+    fanout="hosts torn down at once (default 16)",
+))
+@guarded
+def teardown(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=False, grace="30", timeout="60",
+             wait_lock="0", max_used_mib="0", dry_run=False, yes=False, json=False, fanout="16"):
+    """Free every GPU of the host(s) and prove it, harming nothing else.
+
+    Order: lock the host; plan (targets + their trees and process groups, orphans holding a
+    GPU; protected: PID 1, sshd, nvidia-persistenced, DCGM, exporters, monitors, this
+    session); SIGTERM all targets at once; poll every 50 ms; SIGKILL what outlives --grace;
+    verify the GPUs free (NVML v2, 0 MiB used). Exit 0 freed and verified, 1 done but not
+    free, 2 bad input, 3 host unreachable, 4 locked by another teardown.
+    """
+    hosts_ = _hosts(host)
+    args = _selection_args(match, only_matching, disable) + [
+        "--grace", cliargs.seconds("grace", grace), "--timeout", cliargs.seconds("timeout", timeout),
+        "--wait-lock", cliargs.seconds("wait-lock", wait_lock), "--max-used-mib", cliargs.mib("max-used-mib", max_used_mib),
+        "--operator", operator()]
+    width = cliargs.fanout(fanout)
+    if dry_run:
+        return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json)
+    approved = {}
+    if not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("not on a terminal and no --yes: refusing to signal anything (see the plan with --dry-run)")
+        approved = _confirm(hosts_, _selection_args(match, only_matching, disable))
+
+    def one(h):
+        extra = ["--approved", approved[h.alias]] if h.alias in approved else []
+        progress = (lambda p: print(teardown_view.progress_line(h.alias, p), flush=True)) if not json else None
+        result = call_agent(h, "teardown", args + extra, on_progress=progress)
+        if result.doc.get("actions"):
+            audit_log.append(h.alias, result.doc["actions"])
+        return result
+
+    outcomes = fleet.each_host(hosts_, one, width)
+    codes = _errors_to_codes([fleet.Outcome(o.host, o.value.code if o.error is None else 0, o.error) for o in outcomes])
+    if json:
+        print(_json.dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}, indent=1, sort_keys=True))
+    else:
+        for out in outcomes:
+            if out.error is None:
+                _report_teardown(out.host, out.value)
+        if len(hosts_) > 1:
+            print(teardown_summary(outcomes))
+    _exit_worst(codes)
+
+
+def operator() -> str:
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def _confirm(hosts_, args) -> dict:
+    """Show each host's plan and ask once; returns {alias: 'pid:start,...'} that was approved."""
+    outcomes = fleet.each_host(hosts_, lambda h: call_agent(h, "plan", args))
+    approved = {}
+    for out in outcomes:
+        if out.error is not None:
+            raise out.error
+        doc = out.value.doc
+        _print_doc(out.host, doc, lambda d: teardown_view.plan_tables(d["plan"]))
+        approved[out.host.alias] = ",".join(f"{t['pid']}:{t['start_time']}" for t in doc["plan"]["targets"])
+    answer = input("Signal the targets above? Only they will be signalled. [y/N] ").strip().lower()
+    if answer not in ("y", "yes"):
+        raise Exit("aborted: nothing was signalled", code=1)
+    return approved
+
+
+def _report_teardown(host, result) -> None:
+    doc = result.doc
+    if doc.get("locked"):
+        print(f"== {host.alias}: LOCKED: {doc['error']}")
+        return
+    _print_doc(host, doc, teardown_view.actions, teardown_view.before_after)
+    if doc.get("unapproved"):
+        print(f"  not signalled (appeared after the plan you approved): {[t['pid'] for t in doc['unapproved']]}")
+    for s in doc.get("stuck") or []:
+        print(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
+    verdict = "FREED and verified" if result.code == 0 else "NOT FREE"
+    print(f"{host.alias}: {verdict} in {doc['wall_s']:.2f}s (freed {doc.get('freed_mib', 0)} MiB, "
+          f"{doc.get('signalled', 0)} signals sent, {len(doc['plan']['protected'])} protected kept)")
+    if result.code:
+        print("\n".join("  " + p for p in doc.get("problems", [])))
+        text = status_view.still_holding(doc)
+        if text:
+            print(text)
+
+
+def teardown_summary(outcomes) -> str:
+    rows = []
+    for out in outcomes:
+        if out.error is not None:
+            rows.append([out.host.alias, "-", "-", "-", "-", f"unreachable: {shorten(str(out.error), 40)}"])
+            continue
+        d, code = out.value.doc, out.value.code
+        result = "locked" if d.get("locked") else ("freed" if code == 0 else "NOT FREE")
+        plan_ = d.get("plan") or {"targets": [], "protected": []}
+        rows.append([out.host.alias, d.get("freed_mib", "-"), len(plan_["targets"]), len(plan_["protected"]),
+                     f"{out.value.wall_s:.2f}s", result])
+    return "Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall", "result"], rows, "  ")
+
+
+ns = Collection(hosts, ping, run, oneliner, sandbox, status, verify, plan, teardown)

@@ -41,3 +41,14 @@ def mib(name: str, value) -> int:
     if out < 0:
         raise ConfigError(f"--{name} {value!r}: must be >= 0")
     return out
+
+
+def fanout(value) -> int:
+    """How many hosts at once: a whole number >= 1."""
+    try:
+        out = int(str(value))
+    except ValueError:
+        raise ConfigError(f"--fanout {value!r}: not a whole number") from None
+    if out < 1:
+        raise ConfigError(f"--fanout {value!r}: must be >= 1")
+    return out

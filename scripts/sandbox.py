@@ -113,8 +113,9 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
 def up(ignore_term: bool = False) -> dict:
     base = sandbox_dir()
     state = status()
-    if state["alive"]:
-        return state
+    if state["alive"] and len(state["alive"]) == len(state["processes"]):
+        return state  # already up
+    down()  # partly torn down (e.g. after a demo teardown): start the whole set afresh
     base.mkdir(parents=True, exist_ok=True)
     pids = start_processes(base, ignore_term)
     record = {role: {"pid": pid, "start_time": procfs.start_time(pid)} for role, pid in pids.items()}

@@ -10,12 +10,14 @@ import argparse
 import json
 import sys
 
-from . import markers, ping, scan, verify
+from . import markers, ping, plan, scan, teardown, verify
 
 SUBCOMMANDS = {
     "ping": ping,
     "scan": scan,
     "verify": verify,
+    "plan": plan,
+    "teardown": teardown,
 }
 PROGRESS_PREFIX = "gpu-pivot-progress "
 

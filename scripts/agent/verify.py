@@ -55,14 +55,20 @@ def still_holding(doc):
     return out
 
 
-def wait_free(args, wait_s, on_poll=None):
-    """Poll until free or wait_s passes; returns (free, doc, problems, waited_s)."""
-    source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+def wait_free(args, wait_s, on_poll=None, source=None):
+    """Poll until free or wait_s passes; returns (free, doc, problems, waited_s).
+
+    `source`: an open GPU reader to reuse (teardown keeps one open); else one is opened.
+    """
+    own = source is None
+    tried = []
+    if own:
+        source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
     started = time.monotonic()
     try:
         while True:
             doc = scan.collect(args, source)
-            doc["gpu_source_tried"] = tried
+            doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
             free, problems = evaluate(doc, args.max_used_mib)
             waited = time.monotonic() - started
             if free or waited >= wait_s:
@@ -71,7 +77,8 @@ def wait_free(args, wait_s, on_poll=None):
                 on_poll(doc, problems, waited)
             time.sleep(min(POLL_S, max(0.0, wait_s - waited)))
     finally:
-        source.close()
+        if own:
+            source.close()
 
 
 def run(args):

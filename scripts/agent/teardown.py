@@ -1,0 +1,219 @@
+"""Free the GPUs: lock, plan, SIGTERM all targets at once, KILL after grace, verify, record.
+
+Why this order (see DESIGN.md): every target gets SIGTERM in the same instant so a server
+and its workers shut down together (signalling only the parent leaves workers holding
+memory); polling every 50 ms ends the wait the moment they are gone, instead of a fixed
+sleep; SIGKILL only what outlives the grace period. Signals go through a pidfd, or after
+a pid + start-time check, so a reused pid is never hit, and only to processes the plan
+listed (and the operator approved, when a plan was shown first).
+
+The agent ignores SIGHUP and survives a dropped connection: it finishes and keeps the
+result in last.json on the host, which `invoke status` shows.
+"""
+import getpass
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+from . import gpuinfo, hostlock, lastrun, options, plan, procfs, scan, verify
+
+EXIT_FREE, EXIT_NOT_FREE, EXIT_LOCKED = 0, 1, 4
+PROGRESS_EVERY_S = 0.5
+
+
+def add_arguments(parser):
+    plan.add_arguments(parser)
+    options.add_threshold(parser)
+    parser.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the GPUs to be free after that")
+    parser.add_argument("--wait-lock", type=float, default=0.0, help="wait this long for another teardown's lock")
+    parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
+    parser.add_argument("--approved", default=None, metavar="PID:START,...",
+                        help="signal only these processes (the plan the operator saw)")
+    parser.add_argument("--dry-run", action="store_true", help="plan only; signal nothing")
+
+
+class Audit:
+    """One JSON line per signal or unit stop, appended on the host as it happens."""
+
+    def __init__(self, operator):
+        self.operator = operator
+        self.host = socket.gethostname()
+        self.records = []
+        self.path = os.path.join(lastrun.run_dir(), "audit.jsonl")
+
+    def log(self, target, action, result):
+        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": self.host, "operator": self.operator,
+               "pid": target.get("pid"), "start_time": target.get("start_time"), "cmdline": target.get("cmdline"),
+               "signal": action, "result": result}
+        self.records.append(rec)
+        try:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(rec, sort_keys=True) + "\n")
+        except OSError:
+            pass  # the record still travels back in the result
+        return rec
+
+
+def parse_approved(text):
+    if text is None:
+        return None
+    out = set()
+    for item in filter(None, text.split(",")):
+        pid, _, start = item.partition(":")
+        out.add((int(pid), int(start)))
+    return out
+
+
+def _alive(targets):
+    return [t for t in targets if procfs.same_process(t["pid"], t["start_time"])]
+
+
+def _mib_left(source):
+    try:
+        return sum(g["used_mib"] or 0 for g in source.read())
+    except Exception:
+        return None
+
+
+def _signal_all(targets, sig, audit, name):
+    for t in targets:
+        try:
+            result = procfs.signal_if_same(t["pid"], t["start_time"], sig)
+        except PermissionError:
+            result = "permission denied"
+        audit.log(t, name, result)
+
+
+def _stop_units(the_plan, audit, targets_by_pid):
+    """Start `systemctl stop` / `docker stop` for each unit or container; returns the Popens."""
+    running = []
+    for u in the_plan["units"]:
+        argv = ["systemctl", "disable", "--now", u["unit"]] if u["disable"] else ["systemctl", "stop", u["unit"]]
+        running.append((argv, u["pids"], subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                          stderr=subprocess.PIPE)))
+    for c in the_plan["containers"]:
+        argv = ["docker", "stop", c["id"]]
+        running.append((argv, c["pids"], subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                          stderr=subprocess.PIPE)))
+    for argv, pids, _ in running:
+        first = targets_by_pid.get(pids[0], {"pid": pids[0]})
+        audit.log(first, " ".join(argv), "started")
+    return running
+
+
+def _finish_units(running, audit, targets_by_pid):
+    for argv, pids, proc in running:
+        if proc.poll() is None:
+            continue
+        first = targets_by_pid.get(pids[0], {"pid": pids[0]})
+        err = proc.stderr.read().decode(errors="replace").strip()
+        audit.log(first, " ".join(argv), "exit %d%s" % (proc.returncode, (": " + err) if err else ""))
+
+
+def wait_gone(args, targets, limit_s, source, started, phase):
+    """Poll every 50 ms until every target is gone or limit_s passes; progress meanwhile."""
+    t0 = time.monotonic()
+    last = 0.0
+    alive = _alive(targets)
+    while alive and time.monotonic() - t0 < limit_s:
+        now = time.monotonic()
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
+                               mib_left=_mib_left(source))
+        time.sleep(verify.POLL_S)
+        alive = _alive(targets)
+    return alive
+
+
+def stuck_report(alive, doc):
+    """Targets that outlived SIGKILL: state D means stuck in the driver."""
+    holders = {h["pid"]: h for h in doc.get("holders", [])}
+    out = []
+    for t in alive:
+        stat = procfs.read_stat(t["pid"]) or {}
+        h = holders.get(t["pid"], {})
+        state = stat.get("state", "?")
+        out.append({"pid": t["pid"], "state": state, "cmdline": t["cmdline"], "gpu_mib": h.get("gpu_mib") or t["gpu_mib"],
+                    "devices": h.get("devices") or t["devices"],
+                    "why": "stuck in the driver (state D, uninterruptible): SIGKILL takes effect only when the "
+                           "driver call returns; if it never does, the GPU needs a reset or the host a reboot"
+                    if state == "D" else "still alive after SIGKILL (state %s)" % state})
+    return out
+
+
+def execute(args, operator):
+    started = time.monotonic()
+    source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+    record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "operator": operator, "state": "running",
+              "host": socket.gethostname(), "exit_code": None}
+    try:
+        doc = scan.collect(args, source)
+        doc["gpu_source_tried"] = tried
+        the_plan = plan.build(doc, args)
+        approved = parse_approved(args.approved)
+        targets = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
+        unapproved = [t for t in the_plan["targets"] if t not in targets]
+        record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved)
+        if args.dry_run:
+            record.update(state="dry run", exit_code=0, verdict="dry run: nothing signalled")
+            return 0, _result(record, scan.public(doc), started)
+        lastrun.save(record)
+        audit = Audit(operator)
+        by_pid = {t["pid"]: t for t in targets}
+        units = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
+                                 containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
+                            audit, by_pid)
+        _signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
+        args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2), alive=[t["pid"] for t in targets],
+                           mib_left=_mib_left(source))
+        alive = wait_gone(args, targets, args.grace, source, started, "grace")
+        _finish_units(units, audit, by_pid)
+        if alive:
+            _signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
+            alive = wait_gone(args, alive, min(5.0, args.timeout), source, started, "sigkill")
+        free, after, problems, waited = verify.wait_free(
+            args, args.timeout, source=source,
+            on_poll=lambda d, p, w: args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2),
+                                                       problems=p[:5], mib_left=sum(g["used_mib"] or 0 for g in d["gpus"])))
+        alive = _alive(alive)
+        code = EXIT_FREE if free else EXIT_NOT_FREE
+        before_mib = sum(g["used_mib"] or 0 for g in doc["gpus"])
+        after_mib = sum(g["used_mib"] or 0 for g in after["gpus"])
+        record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
+                      after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
+                      still_holding=[] if free else verify.still_holding(after), freed_mib=before_mib - after_mib,
+                      signalled=sum(1 for a in audit.records if a["result"] == "sent"),
+                      finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+        out = _result(record, scan.public(after), started)
+        lastrun.save(out)
+        return code, out
+    finally:
+        source.close()
+
+
+def _result(record, doc, started):
+    out = dict(doc)
+    out.update(record)
+    out["wall_s"] = round(time.monotonic() - started, 3)
+    return out
+
+
+def run(args):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # the ssh session may drop: finish anyway
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # writes to a dead pipe fail quietly instead
+    operator = args.operator or "%s@%s" % (getpass.getuser(), socket.gethostname())
+    if args.dry_run:
+        return execute(args, operator)
+    try:
+        fd = hostlock.acquire(operator, args.wait_lock)
+    except hostlock.Locked as exc:
+        return EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc), "hostname": socket.gethostname()}
+    try:
+        return execute(args, operator)
+    finally:
+        hostlock.release(fd)

@@ -1,0 +1,70 @@
+"""Render a teardown plan, its progress lines and its before/after GPU table.
+
+Why here: the same plan table is shown by `invoke plan`, before the confirmation prompt
+of `invoke teardown`, and by `--dry-run`; one renderer keeps them identical.
+"""
+from __future__ import annotations
+
+from .render import shorten, table
+from .status_view import where
+
+
+def _mib(gpu_mib: dict) -> str:
+    total = sum(v for v in (gpu_mib or {}).values() if v)
+    return str(total) if gpu_mib else "-"
+
+
+def plan_tables(plan: dict) -> str:
+    out = []
+    if plan["targets"]:
+        rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], shorten(t["reason"], 40),
+                 shorten(t["cmdline"], 50)] for t in plan["targets"]]
+        out.append(f"Targets ({len(rows)}; will free about {plan['will_free_mib']} MiB of GPU memory)\n" +
+                   table(["pid", "st", "unit/container", "MiB", "how", "why", "cmdline"], rows, "  "))
+    else:
+        out.append("Targets: none (nothing matches the target patterns and no unprotected process holds a GPU)")
+    if plan["protected"]:
+        rows = [[p["pid"], shorten(p["reason"], 48), shorten(p["cmdline"], 60)] for p in plan["protected"]]
+        out.append("Protected, never signalled\n" + table(["pid", "why", "cmdline"], rows, "  "))
+    if plan["left_alone"]:
+        rows = [[p["pid"], _mib(p["gpu_mib"]), shorten(p["cmdline"], 60)] for p in plan["left_alone"]]
+        out.append("Left alone (--only-matching) although they hold a GPU\n" + table(["pid", "MiB", "cmdline"], rows, "  "))
+    for w in plan.get("writing", []):
+        out.append(f"  WARNING pid {w['pid']} has files open for writing: {', '.join(w['files'][:5])}")
+    for u in plan.get("units", []):
+        out.append(f"  unit {u['unit']} will be stopped with systemctl{' and disabled' if u['disable'] else ''}")
+    return "\n".join(out)
+
+
+def progress_line(alias: str, p: dict) -> str:
+    alive = p.get("alive")
+    parts = [f"{alias}: [{p.get('elapsed_s', 0):6.2f}s] {p.get('phase')}"]
+    if alive is not None:
+        parts.append(f"alive {len(alive)}" + (f" ({' '.join(map(str, alive[:8]))})" if alive else ""))
+    if p.get("mib_left") is not None:
+        parts.append(f"GPU MiB used {p['mib_left']}")
+    if p.get("problems"):
+        parts.append(f"waiting on: {p['problems'][0]}")
+    return "  ".join(parts)
+
+
+def before_after(doc: dict) -> str:
+    before = {g["index"]: g for g in doc.get("before") or []}
+    after = {g["index"]: g for g in doc.get("after") or []}
+    if not before and not after:
+        return "GPU memory: no source on this host (device holders only)"
+    rows = []
+    for idx in sorted(set(before) | set(after)):
+        b, a = before.get(idx, {}), after.get(idx, {})
+        rows.append([idx, b.get("used_mib", "?"), a.get("used_mib", "?"), len(b.get("processes", [])),
+                     len(a.get("processes", [])), a.get("total_mib", b.get("total_mib", "?"))])
+    return f"GPU memory before -> after (source: {doc.get('gpu_source')})\n" + \
+        table(["gpu", "used before", "used after", "procs before", "procs after", "total MiB"], rows, "  ")
+
+
+def actions(doc: dict) -> str:
+    recs = doc.get("actions") or []
+    if not recs:
+        return ""
+    rows = [[r["signal"], r["pid"], r["result"], shorten(r.get("cmdline") or "", 60)] for r in recs]
+    return "Actions\n" + table(["action", "pid", "result", "cmdline"], rows, "  ")
