@@ -41,7 +41,8 @@ def declare_memory(memdir, gpu, mib):
 
 
 def spawn_worker(args, i):
-    argv = ["sglang::scheduler_TP%d" % i, HERE, "worker", "--devdir", args.devdir, "--gpu", str(i)]
+    gpu = args.gpu + i
+    argv = ["sglang::scheduler_TP%d" % i, HERE, "worker", "--devdir", args.devdir, "--gpu", str(gpu)]
     if args.memdir:
         argv += ["--memdir", args.memdir, "--mib", str(args.mib)]
     if args.ignore_term_workers:
@@ -60,14 +61,21 @@ def main(argv=None):
     p.add_argument("--ready", default="")
     p.add_argument("--memdir", default="", help="declare fake GPU memory here (sandbox GPU source)")
     p.add_argument("--mib", type=int, default=20480)
+    p.add_argument("--helpers", action="store_true",
+                   help="server: also start a child that holds no GPU (a tokenizer) and a double-forked "
+                        "process left in the server's process group")
     args, _unknown = p.parse_known_args(argv)  # servers get real-looking flags we ignore
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
     held = []
     workers = []
     if args.role == "server":
-        held = hold(gpu_files(args.devdir, 0))
+        held = hold(gpu_files(args.devdir, args.gpu))
         workers = [spawn_worker(args, i) for i in range(args.tp)]
+        if args.helpers:
+            workers.append(subprocess.Popen(["sleep", "3601"]))
+            mid = subprocess.Popen(["sh", "-c", "sleep 3602 & echo $! > \"$0\"", args.ready + ".grandchild"])
+            mid.wait()
     elif args.role == "worker":
         held = hold(gpu_files(args.devdir, args.gpu))
         if args.memdir:

@@ -34,8 +34,9 @@ def _isolated_state(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def sshd(tmp_path_factory):
-    server = LoopbackSshd(tmp_path_factory.mktemp("sshd")).start()
+def sshd(tmp_path_factory, _isolated_state):
+    # The far side's agent keeps last.json, its audit log and its lock in the test's dir.
+    server = LoopbackSshd(tmp_path_factory.mktemp("sshd"), env={"GPU_PIVOT_RUN_DIR": str(_isolated_state / "remote-run")}).start()
     yield server
     server.stop()
 

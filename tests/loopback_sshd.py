@@ -26,12 +26,14 @@ def free_port() -> int:
 class LoopbackSshd:
     """Start with `.start()`, stop with `.stop()`. `ssh_opts` are what a client needs."""
 
-    def __init__(self, workdir: Path, noise: str | None = None, keys_from: "LoopbackSshd | None" = None):
+    def __init__(self, workdir: Path, noise: str | None = None, keys_from: "LoopbackSshd | None" = None,
+                 env: dict | None = None):
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.noise = noise
         self.keys_from = keys_from
+        self.env = env or {}
         self.proc = None
         self.log = self.dir / "sshd.log"
         self.pct_log = self.dir / "pct.log"
@@ -54,7 +56,7 @@ class LoopbackSshd:
 
     def _config(self) -> Path:
         env_path = f"{STANDIN_DIR}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
-        setenv = [f"PATH={env_path}", f"PCT_STANDIN_LOG={self.pct_log}"]
+        setenv = [f"PATH={env_path}", f"PCT_STANDIN_LOG={self.pct_log}", *(f"{k}={v}" for k, v in self.env.items())]
         force = []
         if self.noise:  # like an rc file that echoes: noise, then the command as sshd would run it
             wrapper = self.dir / "noisy-shell"

@@ -1,0 +1,80 @@
+"""The teardown scenario of the tests and benchmarks, built from real processes.
+
+Targets: a server tree (parent + 2 spawned workers + a tokenizer child holding no GPU +
+a double-forked helper left in its process group), a server that ignores SIGTERM, an
+orphan worker whose parent exited, a renamed worker (`VLLM::EngineCore`).
+Bystanders: `nvidia-persistenced` and an `nvitop` monitor (both hold the device files)
+and an unrelated python job that holds no GPU. Python processes show `python3` as
+argv[0], as on the seed's hosts, so `pkill -f python3` matches them there too.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import os
+
+from scripts.sandbox import ROLES, _server_shim
+from tests.procs import ProcessSet, wait_for
+
+TARGET_ROLES = ("server", "worker0", "worker1", "tokenizer", "group_helper", "stubborn", "stubborn_worker", "orphan",
+                "renamed")
+BYSTANDER_ROLES = ("persistenced", "monitor", "unrelated")
+
+
+def target_pattern(ps: ProcessSet) -> str:
+    """Matches this scenario's two servers and nothing else on the machine."""
+    import re
+    return r"sglang\.launch_server --devdir " + re.escape(str(ps.devdir))
+
+
+def _server(ps: ProcessSet, *flags: str) -> int:
+    """`python3 -m sglang.launch_server --devdir DIR ...` (the sandbox's stand-in module)."""
+    pkg = ps.base / "pkg"
+    _server_shim(pkg)
+    env = dict(os.environ, PYTHONPATH=str(pkg))
+    return ps.start(["python3", "-m", "sglang.launch_server", "--devdir", str(ps.devdir), *flags],
+                    executable=sys.executable, env=env)
+
+
+def start(ps: ProcessSet, stubborn: bool = True) -> dict:
+    """Start everything; returns {role: pid}."""
+    roles = {}
+    server_ready = ps.base / f"ready{ps.n + 1}"
+    roles["server"] = _server(ps, "--tp", "2", "--memdir", str(ps.memdir), "--helpers")
+    kids = [int(p) for p in server_ready.read_text().split()]
+    roles["worker0"], roles["worker1"], roles["tokenizer"] = kids
+    roles["group_helper"] = int(wait_for(lambda: _read(Path(str(server_ready) + ".grandchild")), "group helper"))
+    ps.pids.extend([*kids, roles["group_helper"]])
+    if stubborn:
+        ready = ps.base / f"ready{ps.n + 1}"
+        roles["stubborn"] = _server(ps, "--tp", "1", "--gpu", "1", "--ignore-term", "--ignore-term-workers",
+                                    "--memdir", str(ps.memdir), "--mib", "1024")
+        roles["stubborn_worker"] = int(ready.read_text().split()[0])
+        ps.pids.append(roles["stubborn_worker"])
+    roles["orphan"] = _orphan(ps)
+    roles["renamed"] = ps.role("worker", "--gpu", "1", title="VLLM::EngineCore")
+    roles["persistenced"] = ps.role("hold", title="nvidia-persistenced")
+    roles["monitor"] = ps.role("hold", title="nvitop")
+    roles["unrelated"] = ps.role("idle", "--job", "prepare_dataset", title="python3", executable=sys.executable)
+    return roles
+
+
+def _read(path: Path):
+    return path.exists() and path.read_text().strip()
+
+
+def _orphan(ps: ProcessSet) -> int:
+    ps.n += 1
+    ready, pidfile = ps.base / f"ready{ps.n}", ps.base / f"orphan{ps.n}.pid"
+    code = ("import subprocess, sys; p = subprocess.Popen(sys.argv[2:], executable=sys.argv[1], "
+            "stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL); "
+            f"open({str(pidfile)!r}, 'w').write(str(p.pid))")
+    parent = subprocess.Popen([sys.executable, "-c", code, sys.executable, "python3", str(ROLES), "worker",
+                               "--devdir", str(ps.devdir), "--gpu", "0", "--ready", str(ready)], start_new_session=True)
+    parent.wait()
+    pid = int(pidfile.read_text())
+    ps.pids.append(pid)
+    wait_for(ready.exists, "orphan ready")
+    return pid

@@ -1,0 +1,78 @@
+"""Replay a teardown against the scenario inside a throwaway PID namespace.
+
+Run ONLY as `unshare --pid --fork --mount-proc sh -c '...'` (see `namespace_command`): the
+seed's `pkill -f` / `fuser -k` then see nothing but this scenario's processes. Steps:
+  python3 -m tests.seed_replay start DIR    start the scenario, write DIR/roles.json
+  <the sequence under test>                 the seed's one-liner, or gpu-pivot's agent
+  python3 -m tests.seed_replay check DIR    print which roles survived, as JSON
+"""
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+SEED_000 = ('pkill -f "sglang.launch_server" 2>/dev/null; sleep 2; pkill -9 -f python3 2>/dev/null; sleep 3; '
+            'fuser -k {devices} 2>/dev/null; echo "Server killed"')
+SEED_004 = ('ps aux | grep python3 | grep -v grep | awk "{{print \\$2}}" | xargs -r kill -9; '
+            'fuser -k {devices} 2>/dev/null; sleep 2; nvidia-smi 2>/dev/null | grep "0MiB" | wc -l')
+
+
+def sequences(workdir: Path) -> dict:
+    """The sequences to compare, as shell text run inside the namespace."""
+    devices = f"{workdir}/dev/nvidia*"
+    seed000 = SEED_000.format(devices=devices)
+    seed_file = workdir / "seed000.sh"
+    seed_file.write_text(seed000 + "\n")
+    from tests.procs import ProcessSet  # noqa: F401  (import check: the driver needs the repo)
+    pattern = r"sglang\.launch_server --devdir " + str(workdir / "dev").replace(".", r"\.")
+    agent = [sys.executable, str(REPO / "scripts" / "gpuagent.py"), "teardown", "--json", "--devices", devices,
+             "--target", pattern, "--grace", "1", "--timeout", "10", "--fake-gpus", str(workdir / "gpumem")]
+    return {
+        "seed-000 as ssh sends it (bash -c)": "bash -c " + shlex.quote(seed000),
+        "seed-000 from a script file": f"bash {shlex.quote(str(seed_file))}",
+        "seed-004": "bash -c " + shlex.quote(SEED_004.format(devices=devices)),
+        "gpu-pivot": shlex.join(agent) + " >/dev/null",
+    }
+
+
+def namespace_command(workdir: Path, sequence: str) -> list:
+    py = shlex.quote(sys.executable)
+    inner = (f"cd {shlex.quote(str(REPO))} && {py} -m tests.seed_replay start {shlex.quote(str(workdir))} && "
+             f"t0=$(date +%s.%N); {sequence}; t1=$(date +%s.%N); "
+             f"{py} -m tests.seed_replay check {shlex.quote(str(workdir))} \"$t0\" \"$t1\"")
+    return ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inner]
+
+
+def start(workdir: Path) -> None:
+    from tests import scenario
+    from tests.procs import ProcessSet
+
+    ps = ProcessSet(workdir)
+    roles = scenario.start(ps)
+    (workdir / "roles.json").write_text(json.dumps(roles))
+
+
+def check(workdir: Path, t0: str, t1: str) -> None:
+    from tests.procs import alive
+    from scripts.agent import procscan
+
+    roles = json.loads((workdir / "roles.json").read_text())
+    holders = procscan.snapshot(f"{workdir}/dev/nvidia*")["holders"]
+    print(json.dumps({"alive": {r: alive(p) for r, p in roles.items()}, "wall_s": float(t1) - float(t0),
+                      "gpu_holders_left": sorted(holders)}))
+
+
+if __name__ == "__main__":
+    cmd, workdir = sys.argv[1], Path(sys.argv[2])
+    if cmd == "start":
+        start(workdir)
+    elif cmd == "check":
+        check(workdir, sys.argv[3], sys.argv[4])
+    else:
+        sys.exit(f"unknown step {cmd!r}")
+    time.sleep(0)
