@@ -31,7 +31,19 @@ test-gpu: setup ## run only the GPU tests (on a machine with NVIDIA GPUs)
 	$(PY) -m pytest -q -m gpu -rs
 
 .PHONY: demo
-demo: setup ## the main job on the built-in SANDBOX host: show holders, tear down, verify
+demo: setup ## the main job on the built-in SANDBOX host: see holders, tear down, verify, bystanders alive
 	$(INVOKE) sandbox up
 	$(INVOKE) ping --host sandbox
-	$(INVOKE) run --host sandbox -- ps -o pid,ppid,stat,args --ppid 1 --sort pid
+	$(INVOKE) status --host sandbox
+	$(INVOKE) teardown --host sandbox --yes --grace 5
+	$(INVOKE) verify --host sandbox
+	$(INVOKE) sandbox status
+	@echo "SANDBOX demo done: the server tree is gone; nvidia-persistenced, the nvitop monitor and the unrelated job are alive."
+
+.PHONY: teardown
+teardown: setup ## free the GPUs of HOST (make teardown HOST=gpu1); asks first on a terminal
+	$(INVOKE) teardown --host $(HOST)
+
+.PHONY: status
+status: setup ## show who holds the GPUs of HOST
+	$(INVOKE) status --host $(HOST)

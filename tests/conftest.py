@@ -63,5 +63,5 @@ def hosts_env(tmp_path, monkeypatch):
 
 def invoke(*args, env=None, input=None, timeout=120) -> subprocess.CompletedProcess:
     """Run the real `invoke` CLI of this repo; bytes in, bytes out."""
-    return subprocess.run([str(VENV_BIN / "invoke"), *args], cwd=REPO, capture_output=True, input=input,
+    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, input=input,
                           env=env or os.environ.copy(), timeout=timeout)

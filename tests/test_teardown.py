@@ -155,8 +155,9 @@ def test_two_teardowns_at_once_exactly_one_proceeds(ps, hosts_env):
     roles = scenario.start(ps)
     env_file(ps, hosts_env)
     cmd = ["teardown", "--host", "local", "--yes", "--grace", "1"]
-    from tests.conftest import REPO, VENV_BIN
-    procs = [subprocess.Popen([str(VENV_BIN / "invoke"), *cmd], cwd=REPO, stdout=subprocess.PIPE,
+    import sys
+    from tests.conftest import REPO
+    procs = [subprocess.Popen([sys.executable, "-m", "invoke", *cmd], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for _ in range(2)]
     codes = sorted(p.wait(60) for p in procs)
     for p in procs:

@@ -9,6 +9,7 @@ that cannot see a holder must say so.
 import glob
 import os
 import pwd
+import stat
 
 from . import cgroup, procfs
 
@@ -91,6 +92,31 @@ def write_files(pid, proc=PROC):
     return sorted(set(out))
 
 
+def mapped_devices(pid, devices, proc=PROC):
+    """Device files memory-mapped by the process: a CUDA context maps /dev/nvidia*, while a
+    process that only opened an NVML handle (a monitor) holds the files without mapping them
+    (fuser shows F...m vs F....)."""
+    out = set()
+    try:
+        with open("%s/%d/maps" % (proc, pid)) as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].rstrip("\n") in devices:
+                    path = parts[5].rstrip("\n")
+                    out.add(path)
+    except OSError:
+        return None  # unknown (gone, or not allowed): callers must not treat it as "not mapped"
+    return sorted(out)
+
+
+def real_devices(paths):
+    """True when every path is a character device (a real GPU node, not a sandbox file)."""
+    try:
+        return bool(paths) and all(stat.S_ISCHR(os.stat(p).st_mode) for p in paths)
+    except OSError:
+        return False
+
+
 def all_pids(proc=PROC):
     return sorted(int(n) for n in os.listdir(proc) if n.isdigit())
 
@@ -144,6 +170,7 @@ def detail(info, held, proc=PROC, now_ticks=None):
     out["unit"] = cg["unit"]
     out["container"] = cg["container"]
     out["write_files"] = write_files(pid, proc)
+    out["mapped_devices"] = mapped_devices(pid, set(held), proc) if held else []
     if now_ticks is not None:
         out["age_s"] = max(0.0, (now_ticks - info["start_time"]) / clock_ticks())
     return out

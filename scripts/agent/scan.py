@@ -40,7 +40,7 @@ def collect(args, source=None):
     for pid in sorted(holder_pids):
         rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now)
         rec["gpu_mib"] = gpu_mib.get(pid, {})
-        rec["protected"] = rules.protect_reason(rec, chain, args.protect)
+        rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _nvml_only(rec)
         holders.append(rec)
     related = _related(procs, holder_pids, chain | {me})
     return {
@@ -59,6 +59,14 @@ def collect(args, source=None):
         "_procs": procs,
         "_chain": chain,
     }
+
+
+def _nvml_only(rec):
+    """A holder of real GPU nodes with no CUDA context (nothing mapped, no GPU memory) is a
+    monitor-like NVML/driver handle: it does not keep memory from the next job."""
+    if rec["gpu_mib"] or rec["mapped_devices"] != [] or not procscan.real_devices(rec["devices"]):
+        return None
+    return "NVML/driver handle only (no CUDA context: device files not mapped, no GPU memory)"
 
 
 def _related(procs, holder_pids, skip):

@@ -1,0 +1,85 @@
+"""Helpers for the GPU tests and the GPU benchmark (run on the GPU machine only)."""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from scripts.agent import procfs
+
+HERE = Path(__file__).resolve().parent
+
+
+def gpu_count() -> int:
+    """Visible NVIDIA GPUs through NVML, 0 where there is no driver, no GPU or no pynvml."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            return pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:
+        return 0
+
+
+def nvml_used_mib() -> list:
+    import pynvml
+
+    pynvml.nvmlInit()
+    try:
+        return [-(-pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i), version=pynvml.nvmlMemory_v2).used
+                  // 2**20) for i in range(pynvml.nvmlDeviceGetCount())]
+    finally:
+        pynvml.nvmlShutdown()
+
+
+class GpuTree:
+    """Start tests/gpu_tree.py; .pids = [parent, children...] once all hold their memory."""
+
+    def __init__(self, workdir: Path, token: str, children: int = 3, gib: float = 2.0):
+        self.ready = Path(workdir) / f"{token}.ready"
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "gpu_tree.py"), "--token", token, "--children",
+                                      str(children), "--gib", str(gib), "--ready", str(self.ready)],
+                                     start_new_session=True)
+        deadline = time.monotonic() + 300
+        while not self.ready.exists():
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"gpu tree did not start (exit {self.proc.poll()})")
+            time.sleep(0.05)
+        self.pids = [int(p) for p in self.ready.read_text().split()]
+        self.starts = {p: procfs.start_time(p) for p in self.pids}
+
+    def kill(self, sig=signal.SIGKILL) -> None:
+        """Signal the whole tree at once, by PID + start time (the floor measurement)."""
+        for pid, start in self.starts.items():
+            procfs.signal_if_same(pid, start, sig)
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+
+    def alive(self) -> list:
+        return [p for p, s in self.starts.items() if procfs.same_process(p, s)]
+
+
+class Monitor:
+    def __init__(self, workdir: Path):
+        ready = Path(workdir) / "monitor.ready"
+        self.proc = subprocess.Popen([sys.executable, str(HERE / "gpu_monitor.py"), str(ready)], start_new_session=True)
+        while not ready.exists():
+            if self.proc.poll() is not None:
+                raise RuntimeError("monitor did not start")
+            time.sleep(0.02)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.kill(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()

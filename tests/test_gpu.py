@@ -1,0 +1,67 @@
+"""GPU tests: real torch trees on real NVIDIA GPUs. `pytest -m gpu` on the GPU machine;
+skipped cleanly (with the reason) wherever NVML sees no GPU, as in CI."""
+import dataclasses
+import json
+import os
+
+import pytest
+
+from scripts.hostconfig import build_host
+from scripts.transport import call_agent
+from tests.conftest import invoke
+from tests.gpu_support import GpuTree, Monitor, gpu_count, nvml_used_mib
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
+
+
+def local_host(token):
+    import sys
+    return build_host("local", {"PYTHON": sys.executable, "TARGETS": token}, "test")
+
+
+def test_scan_and_verify_tell_the_truth(tmp_path):
+    token = f"gpupivot-test-{os.getpid()}-scan"
+    tree = GpuTree(tmp_path, token, children=3, gib=2)
+    try:
+        host = local_host(token)
+        doc = call_agent(host, "scan").doc
+        assert doc["gpu_source"] == "nvml"
+        by_pid = {h["pid"]: h for h in doc["holders"]}
+        for pid in tree.pids:
+            assert pid in by_pid, f"pid {pid} not found"
+            mib = by_pid[pid]["gpu_mib"]
+            assert set(mib) == {str(i) for i in range(gpu_count())}
+            assert all(v >= 2048 for v in mib.values())
+            assert by_pid[pid]["mapped_devices"], "a CUDA process maps the device files"
+        agent_pids = {h["pid"] for h in doc["holders"] if "gpu-pivot agent" in (h["protected"] or "")}
+        assert not agent_pids  # the agent's own NVML handle never counts as a holder
+        result = call_agent(host, "verify")
+        assert result.code == 1 and not result.doc["free"]
+    finally:
+        tree.kill()
+    result = call_agent(host, "verify", ["--wait", "10"])
+    assert result.code == 0, result.doc["problems"]
+    assert [g["used_mib"] for g in result.doc["gpus"]] == [0] * gpu_count()
+    assert all(g["memory_call"] == "v2" for g in result.doc["gpus"])
+
+
+def test_teardown_frees_all_memory_and_keeps_the_monitor(tmp_path, hosts_env):
+    import sys
+    token = f"gpupivot-test-{os.getpid()}-teardown"
+    monitor = Monitor(tmp_path)
+    tree = GpuTree(tmp_path, token, children=3, gib=2)
+    try:
+        hosts_env(f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS={token}\n")
+        plan = json.loads(invoke("plan", "--host", "local", "--json").stdout)["local"]["plan"]
+        assert {t["pid"] for t in plan["targets"]} == set(tree.pids)
+        assert monitor.proc.pid in {p["pid"] for p in plan["protected"]}
+        out = invoke("teardown", "--host", "local", "--yes", "--json")
+        doc = json.loads(out.stdout)["local"]
+        assert out.returncode == 0, doc.get("problems")
+        assert tree.alive() == []
+        assert monitor.alive()
+        assert nvml_used_mib() == [0] * gpu_count()
+        print(f"teardown wall {doc['wall_s']:.3f}s (agent), freed {doc['freed_mib']} MiB")
+    finally:
+        tree.kill()
+        monitor.stop()
