@@ -44,6 +44,22 @@ demo: setup ## the main job on the built-in SANDBOX host: see holders, tear down
 teardown: setup ## free the GPUs of HOST (make teardown HOST=gpu1); asks first on a terminal
 	$(INVOKE) teardown --host $(HOST)
 
+# On the SANDBOX the pivots need its processes and files, and run without asking.
+PIVOT_PRE = $(if $(filter sandbox,$(HOST)),$(INVOKE) sandbox up >/dev/null &&,)
+PIVOT_YES = $(if $(filter sandbox,$(HOST)),--yes,$(YES))
+
+.PHONY: pivot-datagen
+pivot-datagen: setup ## seed 000: drain the EAGLE3 server, tear down, start the baseline server + dataset preps
+	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to datagen $(PIVOT_YES)
+
+.PHONY: pivot-train
+pivot-train: setup ## seed 001: extraction done -> gates on the extracted files -> start training
+	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to train $(PIVOT_YES)
+
+.PHONY: pivot-deploy
+pivot-deploy: setup ## seed 004: old server -> patched server; smoke test; roll back if unhealthy
+	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to deploy $(PIVOT_YES)
+
 .PHONY: status
 status: setup ## show who holds the GPUs of HOST
 	$(INVOKE) status --host $(HOST)

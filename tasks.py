@@ -18,7 +18,8 @@ import sys
 
 from invoke import Collection, Exit, task
 
-from scripts import audit_log, cliargs, fleet, sandbox as sandbox_mod, status_view, teardown_view
+from scripts import audit_log, cliargs, fleet, phase_ops, sandbox as sandbox_mod, status_view, teardown_view
+from scripts.pivot import Pivot, PivotOptions
 from scripts.hostconfig import ConfigError, load_hosts, select_hosts
 from scripts.render import shorten, table
 from scripts.route import HostUnreachable
@@ -399,4 +400,124 @@ def teardown_summary(outcomes) -> str:
     return "Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall", "result"], rows, "  ")
 
 
-ns = Collection(hosts, ping, run, oneliner, sandbox, status, verify, plan, teardown)
+def _one_host(spec: str):
+    hosts_ = _hosts(spec)
+    if len(hosts_) != 1:
+        raise ConfigError(f"--host {spec!r}: this task takes exactly one host")
+    return hosts_[0]
+
+
+@task(help={"host": HOST_HELP, "phase": "phase name (see `invoke hosts --json` / hosts.env.example)"})
+@guarded
+def start(c, host=DEFAULT_HOST, phase=""):
+    """Start a configured phase so it outlives the ssh session (systemd-run where systemd is PID 1, else setsid + log)."""
+    h = _one_host(host)
+    ph = phase_ops.phase_of(h, phase)
+    r = phase_ops.start(h, ph)
+    if r.code:
+        raise Exit(f"gpu-pivot: {h.alias}: {r.doc.get('error')}", code=1)
+    st = r.doc["state"]
+    print(f"{h.alias}: phase {ph.name} started via {st['how']}: {st.get('unit') or 'pid %s, log %s' % (st['pid'], st['log'])}")
+
+
+@task(help={"host": HOST_HELP, "phase": "phase name"})
+@guarded
+def stop(c, host=DEFAULT_HOST, phase=""):
+    """Stop a phase started by gpu-pivot: systemctl stop, or SIGTERM its session and SIGKILL after its stop timeout."""
+    h = _one_host(host)
+    ph = phase_ops.phase_of(h, phase)
+    r = phase_ops.stop(h, ph, operator())
+    if r.doc.get("actions"):
+        audit_log.append(h.alias, r.doc["actions"])
+    print(f"{h.alias}: phase {ph.name}: " + (r.doc.get("note") or f"stopped {r.doc['stopped']}" +
+                                             (f", still alive {r.doc['left']}" if r.doc.get("left") else "")))
+    if r.code:
+        raise Exit(code=1)
+
+
+@task(help={"host": HOST_HELP, "phase": "phase name", "lines": "how many lines (default 50)",
+            "follow": "keep printing new lines until Ctrl-C"})
+@guarded
+def logs(c, host=DEFAULT_HOST, phase="", lines="50", follow=False):
+    """Show a phase's log (its log file, or journald for a systemd-run unit)."""
+    h = _one_host(host)
+    ph = phase_ops.phase_of(h, phase)
+    n = cliargs.mib("lines", lines)
+    if follow:
+        raise Exit(code=phase_ops.follow_logs(h, ph, n))
+    r = phase_ops.logs(h, ph, n)
+    if r.code:
+        raise Exit(f"gpu-pivot: {h.alias}: {r.doc.get('error')}", code=1)
+    print("\n".join(r.doc["lines"]))
+
+
+@task(help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)"})
+@guarded
+def lint_launch(c, host=DEFAULT_HOST, gpus=""):
+    """Check a server launch command (after `--`) on the host: EAGLE vs EAGLE3 draft, TP > GPUs, port taken,
+    model/draft path missing, GPUs not free. Exit 0 clean, 5 findings."""
+    argv = cliargs.remainder()
+    if not argv:
+        raise ConfigError("lint-launch needs the launch command after `--`")
+    h = _one_host(host)
+    r = phase_ops.lint(h, argv, gpus or None)
+    for f in r.doc["findings"]:
+        print(f"{h.alias}: {f['check']}: {f['message']}")
+    if not r.doc["findings"]:
+        print(f"{h.alias}: launch command OK ({r.doc['gpus_visible']} GPU(s) visible)")
+    if r.code:
+        raise Exit(code=r.code)
+
+
+@task(iterable=["match"], help=dict(
+    {k: v for k, v in PLAN_HELP.items() if k != "json"}, to="the phase to move to", dry_run="print every step and run none", yes="do not ask before the teardown",
+    force="start even if the launch lint finds problems", drain="the running server's /metrics URL to drain first",
+    grace="teardown: seconds between SIGTERM and SIGKILL (default 30)",
+    timeout="teardown: seconds to wait for free GPUs (default 60)",
+    ready_timeout="override the phase's readiness timeout (seconds)"))
+@guarded
+def pivot(c, host=DEFAULT_HOST, to="", match=None, only_matching=False, disable=False, dry_run=False, yes=False,
+          force=False, drain="", grace="30", timeout="60", ready_timeout=""):
+    """Move a host to the next phase: drain, teardown, gates, launch lint, start, wait ready, audit.
+
+    Exit 0 done; 1 not ready / rolled back / a prep job failed; 3 unreachable; 4 locked;
+    5 a gate or the launch lint blocked the start (nothing started).
+    """
+    h = _one_host(host)
+    ph = phase_ops.phase_of(h, to)
+    if drain and not re.match(r"^https?://\S+$", drain):
+        raise ConfigError(f"--drain {drain!r}: must be an http(s) URL")
+    td_args = _selection_args(match, only_matching, disable) + [
+        "--grace", cliargs.seconds("grace", grace), "--timeout", cliargs.seconds("timeout", timeout),
+        "--operator", operator()]
+    rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
+    if not dry_run and not yes:
+        if not sys.stdin.isatty():
+            raise ConfigError("not on a terminal and no --yes: refusing to signal anything (see the steps with --dry-run)")
+        approved = _confirm([h], _selection_args(match, only_matching, disable))
+        td_args += ["--approved", approved[h.alias]]
+    opts = PivotOptions(teardown_args=td_args, drain_url=drain or None, dry_run=dry_run, force=force,
+                        operator=operator(), ready_timeout=rt)
+    code = Pivot(h, ph, opts, out=lambda line: print(line, flush=True)).run()
+    if code:
+        raise Exit(code=code)
+
+
+@task(help={"lines": "how many of the newest records (default 20)", "json": "print JSON lines"})
+@guarded
+def audit(c, lines="20", json=False):
+    """Show the local audit log: every signal, unit stop and pivot, with host, operator and result."""
+    recs = audit_log.read()[-cliargs.mib("lines", lines):]
+    if json:
+        for r in recs:
+            print(_json.dumps(r, sort_keys=True))
+        return
+    print(f"audit log: {audit_log.audit_path()}")
+    rows = [[r.get("time", ""), r.get("alias", ""), r.get("operator", ""), r.get("signal") or r.get("event"),
+             r.get("pid", r.get("to", "")), r.get("result") or r.get("verdict"), shorten(r.get("cmdline") or "", 50)]
+            for r in recs]
+    print(table(["time", "host", "operator", "action", "pid/phase", "result", "cmdline"], rows))
+
+
+ns = Collection(hosts, ping, run, oneliner, sandbox, status, verify, plan, teardown, start, stop, logs, lint_launch,
+                pivot, audit)

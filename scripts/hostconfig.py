@@ -16,6 +16,7 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
+from .phases import build_phase, split_phase_key
 from .route import PctHop, Route, SshHop
 
 DEFAULT_DEVICES = "/dev/nvidia*"
@@ -48,8 +49,9 @@ class Host:
     protect: tuple = ()
     sandbox: bool = False
     fake_gpus: str | None = None  # SANDBOX only: directory of the fake GPU memory source
+    run_dir: str | None = None    # where the agent keeps state on the host (default: /run/gpu-pivot)
     source: str = "built-in"
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
+    phases: dict = field(default_factory=dict, compare=False, hash=False)
 
     def describe(self) -> str:
         label = " [SANDBOX: fake GPUs on this machine]" if self.sandbox else ""
@@ -114,16 +116,27 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
     devices = _check(key("DEVICES"), keys.get("DEVICES", DEFAULT_DEVICES), _DEVICES, "device glob (an absolute path pattern)")
     targets = _regex_list(key("TARGETS"), keys["TARGETS"]) if "TARGETS" in keys else ()
     protect = _regex_list(key("PROTECT"), keys["PROTECT"]) if "PROTECT" in keys else ()
-    return Host(alias, Route(tuple(hops)), python, devices, targets, protect, source=source)
+    phases = {k[1]: build_phase(alias, k[1], v) for k, v in keys.items() if isinstance(k, tuple)}
+    return Host(alias, Route(tuple(hops)), python, devices, targets, protect, source=source, phases=phases)
 
 
 def _group(values: dict, source: str) -> dict:
-    """hosts.env keys -> {alias: {suffix: value}}, rejecting keys we do not know."""
+    """hosts.env keys -> {alias: {suffix: value}}, rejecting keys we do not know.
+
+    Phase keys (ALIAS_PHASE_NAME_FIELD) are gathered under suffix ("PHASE", name)."""
     grouped: dict = {}
     for k, v in values.items():
+        phase_key = split_phase_key(k)
+        if phase_key:
+            alias, name, fld = phase_key
+            if v is None:
+                raise ConfigError(f"{source}: key {k!r} has no value")
+            grouped.setdefault(alias, {}).setdefault(("PHASE", name), {})[fld] = v
+            continue
         alias, suffix = _split_key(k)
         if alias is None:
-            raise ConfigError(f"{source}: unknown key {k!r} (keys are ALIAS_" + "|ALIAS_".join(KNOWN_SUFFIXES) + ")")
+            raise ConfigError(f"{source}: unknown key {k!r} (keys are ALIAS_" + "|ALIAS_".join(KNOWN_SUFFIXES)
+                              + "|ALIAS_PHASE_NAME_FIELD; see hosts.env.example)")
         if not _ALIAS.match(alias):
             raise ConfigError(f"{source}: key {k!r}: alias {alias!r} must start with a letter")
         if v is None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -29,9 +30,87 @@ def sandbox_dir() -> Path:
     return Path(os.environ.get(SANDBOX_DIR_ENV) or f"/tmp/gpu-pivot-sandbox-{os.getuid()}")
 
 
+SERVER_PORT, DATAGEN_PORT = 30000, 30001
+HIDDEN_STATES = 8
+GOOD_PATCH = """--- a/server_config.json
++++ b/server_config.json
+@@ -1 +1 @@
+-{"healthy": true}
++{"healthy": true, "dynamic_spec": true}
+"""
+BROKEN_PATCH = """--- a/server_config.json
++++ b/server_config.json
+@@ -1 +1 @@
+-{"healthy": true}
++{"healthy": false}
+"""
+
+
+def server_argv(base: Path, port: int, *extra: str) -> list:
+    """`python3 -m sglang.launch_server ...` served by the sandbox stand-in on 127.0.0.1:port."""
+    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(base / "fake-model"), "--tp", str(GPUS),
+            "--port", str(port), "--http-port", str(port), "--devdir", str(base / "dev"), "--memdir",
+            str(base / "gpumem"), *extra]
+
+
+def sandbox_phases(base: Path) -> dict:
+    """The seeds' three pivots on the sandbox, in the same schema as hosts.env phases."""
+    from .phases import build_phase
+
+    env = f"PYTHONPATH={base / 'pkg'}"
+    py = shlex.quote(sys.executable)
+    keys = {
+        "datagen": {  # 000: EAGLE3 debug server -> baseline server + dataset preps in parallel
+            "ARGV": json.dumps(server_argv(base, DATAGEN_PORT, "--load-s", "1", "--mib", "30000")),
+            "ENV": env, "READY": f"http://127.0.0.1:{DATAGEN_PORT}/health", "READY_TIMEOUT": "60",
+            "DRAIN_METRICS": f"http://127.0.0.1:{SERVER_PORT}/metrics", "DRAIN_TIMEOUT": "30",
+            "PREP": json.dumps([f"{py} -c 'import time; time.sleep(0.5); print(\"prepared {name}\")'"
+                                for name in ("sharegpt", "ultrachat", "code-alpaca")]),
+        },
+        "train": {  # 001: extraction finished -> training, gated on the extracted files
+            "ARGV": json.dumps([str(base / "bin" / "torchrun"), str(ROLES), "job", "--devdir", str(base / "dev"), "--memdir",
+                                str(base / "gpumem"), "--mib", "60000", "--gpus", str(GPUS)]),
+            "READY": "holding", "READY_TIMEOUT": "30",
+            "GATES": json.dumps([{"glob": str(base / "hidden_states" / "*.pt"), "min": HIDDEN_STATES},
+                                 f"test -s {shlex.quote(str(base / 'hidden_states' / 'data_config.json'))}"]),
+        },
+        "deploy": {  # 004: old server -> patched server, rolled back if the new one is unhealthy
+            "ARGV": json.dumps(server_argv(base, SERVER_PORT, "--load-s", "1", "--code-dir", str(base / "server-code"))),
+            "ENV": env, "DIR": str(base / "server-code"), "PATCH": str(base / "patches" / "dynamic-spec.patch"),
+            "READY": f"http://127.0.0.1:{SERVER_PORT}/health", "READY_TIMEOUT": "30",
+            "SMOKE_URL": f"http://127.0.0.1:{SERVER_PORT}/generate", "SMOKE_BODY": '{"text": "Hello", "max_new_tokens": 8}',
+        },
+    }
+    return {name: build_phase("sandbox", name, k) for name, k in keys.items()}
+
+
 def sandbox_host() -> Host:
     base = sandbox_dir()
-    return Host("sandbox", Route(()), devices=f"{base}/dev/nvidia*", sandbox=True, fake_gpus=str(base / "gpumem"))
+    return Host("sandbox", Route(()), devices=f"{base}/dev/nvidia*", sandbox=True, fake_gpus=str(base / "gpumem"),
+                run_dir=str(base / "run"), phases=sandbox_phases(base))
+
+
+def make_files(base: Path) -> None:
+    """The sandbox's model dir, server code, patches and 'extracted hidden states'."""
+    model = base / "fake-model"
+    model.mkdir(parents=True, exist_ok=True)
+    (model / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}\n')
+    draft = base / "fake-eagle3-draft"
+    draft.mkdir(exist_ok=True)
+    (draft / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}\n')
+    code = base / "server-code"
+    code.mkdir(exist_ok=True)
+    (code / "server_config.json").write_text('{"healthy": true}\n')
+    patches = base / "patches"
+    patches.mkdir(exist_ok=True)
+    (patches / "dynamic-spec.patch").write_text(GOOD_PATCH)
+    (patches / "broken.patch").write_text(BROKEN_PATCH)
+    hs = base / "hidden_states"
+    hs.mkdir(exist_ok=True)
+    for i in range(HIDDEN_STATES):
+        (hs / f"sample_{i:05d}.pt").write_bytes(b"SANDBOX")
+    (hs / "data_config.json").write_text('{"samples": %d, "errors": 0}\n' % HIDDEN_STATES)
+    (base / "run").mkdir(exist_ok=True)
 
 
 def make_devices(devdir: Path, gpus: int = GPUS) -> list:
@@ -87,17 +166,20 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
     for old in readydir.glob("*"):
         old.unlink()
     _server_shim(pkgdir)
+    make_files(base)
+    _named_python(bindir, "torchrun")  # the sandbox's training job runs as `torchrun ...`
     env = dict(os.environ, PYTHONPATH=str(pkgdir))
     py = sys.executable
     memdir = base / "gpumem"
     memdir.mkdir(parents=True, exist_ok=True)
     common = ["--devdir", str(devdir)]
-    server_flags = ["--model-path", str(base / "fake-model"), "--tp", str(GPUS), "--port", "30000",
-                    "--memdir", str(memdir)]
+    # the EAGLE3 server being debugged (seed 000), with 3 requests still in flight
+    server = server_argv(base, SERVER_PORT, "--inflight", "3", "--speculative-algorithm", "EAGLE3",
+                         "--speculative-draft-model-path", str(base / "fake-eagle3-draft"))
     if ignore_term:
-        server_flags.append("--ignore-term")
+        server.append("--ignore-term")
     pids = {
-        "server": _start([py, "-m", "sglang.launch_server", *server_flags, *common], readydir / "server", env),
+        "server": _start(server, readydir / "server", env),
         "persistenced": _start(["nvidia-persistenced", str(ROLES), "hold", *common], readydir / "persistenced",
                                executable=_named_python(bindir, "nvidia-persistenced")),
         "monitor": _start(["nvitop", str(ROLES), "hold", *common], readydir / "monitor",
@@ -134,7 +216,14 @@ def status() -> dict:
 
 
 def down() -> dict:
-    """Stop what the sandbox started, by recorded pid + start time, and nothing else."""
+    """Stop what the sandbox started, by recorded pid + start time, and nothing else:
+    its processes, and the phases pivots started on it (each phase's own session)."""
+    from . import phase_ops
+
+    host = sandbox_host()
+    for name, phase in host.phases.items():
+        if (Path(host.run_dir) / f"phase-{name}.json").exists():
+            phase_ops.stop(host, phase, "sandbox down")
     state = status()
     for role, info in state["processes"].items():
         if info["alive"]:

@@ -6,7 +6,11 @@ Roles (argv[1]):
            worker per --tp (titled `sglang::scheduler_TP<i>`, like SGLang's setproctitle)
   worker   holds GPU i's files (and nvidiactl, nvidia-uvm) until signalled
   hold     holds every device file: plays nvidia-persistenced or a GPU monitor
+  job      holds every GPU's files and declares memory on each (a training job)
   idle     holds nothing: an unrelated job that must survive a teardown
+HTTP (server, --http-port P): /health is 200 once loaded (--load-s) and when
+--code-dir's server_config.json says healthy; /metrics reports sglang:num_running_reqs
+counting down from --inflight; POST /generate answers one request.
 Options: --devdir DIR (where the fake device files are), --gpu N, --tp N,
 --ignore-term (ignore SIGTERM, like a wedged server), --ready FILE (touched when holding),
 --memdir DIR --mib N (workers declare fake GPU memory for the sandbox's GPU source).
@@ -31,11 +35,11 @@ def gpu_files(devdir, gpu):
     return [os.path.join(devdir, "nvidia%d" % gpu), os.path.join(devdir, "nvidiactl"), os.path.join(devdir, "nvidia-uvm")]
 
 
-def declare_memory(memdir, gpu, mib):
+def declare_memory(memdir, gpu, mib, suffix=""):
     """Tell the sandbox's fake GPU source that this process 'uses' mib MiB on gpu."""
     with open("/proc/self/stat") as f:
         start = int(f.read().rsplit(")", 1)[1].split()[19])
-    path = os.path.join(memdir, "%d.json" % os.getpid())
+    path = os.path.join(memdir, "%d%s.json" % (os.getpid(), suffix))
     with open(path, "w") as f:
         f.write('{"gpu": %d, "mib": %d, "start_time": %d}' % (gpu, mib, start))
 
@@ -50,9 +54,68 @@ def spawn_worker(args, i):
     return subprocess.Popen(argv, executable=sys.executable)
 
 
+def serve_http(args):
+    """A tiny OpenAI-less stand-in for a server's /health, /metrics and /generate."""
+    import json
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    started = time.monotonic()
+    healthy = True
+    if args.code_dir:
+        with open(os.path.join(args.code_dir, "server_config.json")) as f:
+            healthy = bool(json.load(f).get("healthy", True))
+
+    def loaded():
+        return time.monotonic() - started >= args.load_s
+
+    class Handler(BaseHTTPRequestHandler):
+        def _send(self, code, body, ctype="text/plain"):
+            data = body.encode()
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            if self.path == "/health":
+                self._send(200 if healthy and loaded() else 503, "ok" if healthy and loaded() else "not ready")
+            elif self.path == "/metrics":
+                running = max(0, args.inflight - int(time.monotonic() - started))
+                self._send(200, "# TYPE sglang:num_running_reqs gauge\n"
+                                'sglang:num_running_reqs{model_name="sandbox"} %d\n' % running)
+            else:
+                self._send(404, "not found")
+
+        def do_POST(self):
+            length = int(self.headers.get("Content-Length") or 0)
+            self.rfile.read(length)
+            if self.path == "/generate" and healthy and loaded():
+                self._send(200, json.dumps({"text": "SANDBOX reply"}), "application/json")
+            else:
+                self._send(503, "not ready")
+
+        def log_message(self, *a):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", args.http_port), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+
+    def progress():
+        while not loaded():
+            print("Loading weights: %d%%" % min(99, int(100 * (time.monotonic() - started) / max(args.load_s, 0.01))),
+                  flush=True)
+            time.sleep(0.5)
+        print("The server is fired up and ready to roll!" if healthy else "server error: bad config, /health fails",
+              flush=True)
+
+    threading.Thread(target=progress, daemon=True).start()
+
+
 def main(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("role", choices=["server", "worker", "hold", "idle"])
+    p.add_argument("role", choices=["server", "worker", "hold", "idle", "job"])
     p.add_argument("--devdir", default="")
     p.add_argument("--gpu", type=int, default=0)
     p.add_argument("--tp", type=int, default=2)
@@ -61,6 +124,11 @@ def main(argv=None):
     p.add_argument("--ready", default="")
     p.add_argument("--memdir", default="", help="declare fake GPU memory here (sandbox GPU source)")
     p.add_argument("--mib", type=int, default=20480)
+    p.add_argument("--http-port", type=int, default=0)
+    p.add_argument("--load-s", type=float, default=0.0)
+    p.add_argument("--code-dir", default="")
+    p.add_argument("--inflight", type=int, default=0)
+    p.add_argument("--gpus", type=int, default=2, help="job: how many GPUs it holds")
     p.add_argument("--helpers", action="store_true",
                    help="server: also start a child that holds no GPU (a tokenizer) and a double-forked "
                         "process left in the server's process group")
@@ -80,8 +148,16 @@ def main(argv=None):
         held = hold(gpu_files(args.devdir, args.gpu))
         if args.memdir:
             declare_memory(args.memdir, args.gpu, args.mib)
+    elif args.role == "job":
+        for g in range(args.gpus):
+            held += hold(gpu_files(args.devdir, g))
+        if args.memdir:
+            for g in range(args.gpus):
+                declare_memory(args.memdir, g, args.mib, suffix="-%d" % g)
     elif args.role == "hold":
         held = hold(sorted(glob.glob(os.path.join(args.devdir, "nvidia*"))))
+    if args.http_port:
+        serve_http(args)
     if args.ready:
         with open(args.ready, "w") as f:
             f.write(" ".join(str(w.pid) for w in workers))

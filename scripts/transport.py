@@ -38,7 +38,7 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join(kept) or "(nothing on stderr)"
 
 
-SELECTING = ("scan", "verify", "plan", "teardown")
+SELECTING = ("scan", "verify", "plan", "teardown", "lint")
 
 
 def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
@@ -46,6 +46,8 @@ def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
     argv = [host.python, "-", subcommand, "--devices", host.devices, "--marker", nonce]
     if progress:
         argv.append("--progress")
+    if host.run_dir:
+        argv += ["--run-dir", host.run_dir]
     if subcommand in SELECTING:
         for pattern in host.targets:
             argv += ["--target", pattern]

@@ -8,9 +8,11 @@ prefixed so the local side can show them while the agent works.
 """
 import argparse
 import json
+import os
 import sys
 
-from . import markers, ping, plan, scan, teardown, verify
+from . import lastrun
+from . import deploy, drain, gates, lint, markers, phase, ping, plan, scan, teardown, verify
 
 SUBCOMMANDS = {
     "ping": ping,
@@ -18,6 +20,15 @@ SUBCOMMANDS = {
     "verify": verify,
     "plan": plan,
     "teardown": teardown,
+    "phase-start": phase.Start,
+    "phase-ready": phase.Ready,
+    "phase-stop": phase.Stop,
+    "phase-logs": phase.Logs,
+    "smoke": phase.Smoke,
+    "drain": drain,
+    "gates": gates,
+    "lint": lint,
+    "deploy": deploy,
 }
 PROGRESS_PREFIX = "gpu-pivot-progress "
 
@@ -43,6 +54,7 @@ def build_parser():
         p.add_argument("--json", action="store_true", help="print the JSON result")
         p.add_argument("--progress", action="store_true", help="print progress lines while working")
         p.add_argument("--devices", default="/dev/nvidia*", help="glob of GPU device files")
+        p.add_argument("--run-dir", default=None, help="where state, logs and the audit log are kept on the host")
         module.add_arguments(p)
     return parser
 
@@ -74,6 +86,8 @@ def human(doc):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.run_dir:
+        os.environ[lastrun.RUN_DIR_ENV] = args.run_dir
     args.emit_progress = lambda **f: progress(args, **f)
     code, doc = SUBCOMMANDS[args.command].run(args)
     doc.setdefault("command", args.command)

@@ -112,7 +112,7 @@ class SandboxSource:
                     rec = json.load(f)
             except (OSError, ValueError):
                 continue
-            pid = int(os.path.basename(path)[:-5])
+            pid = int(os.path.basename(path)[:-5].split("-")[0])
             if rec["gpu"] < len(gpus) and procfs.same_process(pid, rec["start_time"]):
                 gpus[rec["gpu"]]["used_mib"] += rec["mib"]
                 gpus[rec["gpu"]]["processes"].append({"pid": pid, "used_mib": rec["mib"]})

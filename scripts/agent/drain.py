@@ -1,0 +1,60 @@
+"""Wait until a running server has no in-flight requests (bounded), read from /metrics.
+
+Why: a pivot should not cut off requests mid-generation when it does not have to. SGLang
+exports `sglang:num_running_reqs`, vLLM `vllm:num_requests_running` (Prometheus text);
+each may carry labels and appear once per engine, so the samples are summed.
+"""
+import time
+import urllib.request
+
+METRICS = ("sglang:num_running_reqs", "vllm:num_requests_running")
+
+
+def add_arguments(parser):
+    parser.add_argument("--url", required=True, help="the server's /metrics URL")
+    parser.add_argument("--timeout", type=float, default=300.0)
+
+
+def running_requests(text):
+    """Sum of the in-flight request gauges in Prometheus text, or None when none is present."""
+    total, seen = 0.0, False
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        name = line.split("{", 1)[0].split(None, 1)[0]
+        if name not in METRICS:
+            continue
+        rest = line.rsplit("}", 1)[1].split() if "}" in line else line.split()[1:]
+        try:  # `name{labels} value [timestamp]`
+            total += float(rest[0])
+            seen = True
+        except (ValueError, IndexError):
+            continue
+    return total if seen else None
+
+
+def fetch(url):
+    with urllib.request.urlopen(url, timeout=3) as resp:
+        return resp.read().decode("utf-8", "replace")
+
+
+def run(args):
+    started = time.monotonic()
+    last = None
+    while True:
+        try:
+            count = running_requests(fetch(args.url))
+        except Exception as exc:
+            return 0, {"drained": True, "note": "no server answers at %s (%s): nothing to drain" % (args.url, exc),
+                       "waited_s": round(time.monotonic() - started, 2)}
+        waited = time.monotonic() - started
+        if count is None:
+            return 0, {"drained": True, "note": "no in-flight request metric at %s" % args.url, "waited_s": round(waited, 2)}
+        if count == 0:
+            return 0, {"drained": True, "running": 0, "waited_s": round(waited, 2)}
+        if waited >= args.timeout:
+            return 1, {"drained": False, "running": count, "waited_s": round(waited, 2)}
+        if count != last:
+            args.emit_progress(phase="drain", elapsed_s=round(waited, 1), running=count)
+            last = count
+        time.sleep(1.0)

@@ -1,0 +1,319 @@
+"""Run a phase on the host so it outlives the ssh session and stops cleanly.
+
+Why two ways: where systemd is PID 1, `systemd-run --unit gpu-pivot-PHASE` gives a
+unit with KillMode=mixed, a stop timeout and logs in journald; elsewhere (containers
+without systemd, the GPU test machine) the phase runs in its own session (`setsid`) with
+a log file and a state file (pid + start time). Its exit code is written by a tiny `sh`
+wrapper, so a job that dies is reported with its code instead of as "not ready".
+Subcommands: phase-start, phase-ready, phase-stop, phase-logs (spec: --spec BASE64 JSON).
+"""
+import base64
+import json
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+
+from . import lastrun, plan, procfs, procscan, teardown
+
+WRAP = '"$@"; echo $? > "$GPU_PIVOT_EXIT_FILE"'
+LOG_TAIL = 15
+
+
+def add_spec(parser):
+    parser.add_argument("--spec", required=True, help="the phase, as base64 of its JSON")
+    parser.add_argument("--no-systemd", action="store_true", help="use setsid + log file even where systemd runs")
+
+
+def decode_spec(text):
+    return json.loads(base64.b64decode(text.encode()).decode())
+
+
+def encode_spec(spec):
+    return base64.b64encode(json.dumps(spec, sort_keys=True).encode()).decode()
+
+
+def state_path(name):
+    return os.path.join(lastrun.run_dir(), "phase-%s.json" % name)
+
+
+def load_state(name):
+    try:
+        with open(state_path(name)) as f:
+            return json.load(f)
+    except (OSError, ValueError):
+        return None
+
+
+def save_state(state):
+    tmp = state_path(state["name"]) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, sort_keys=True)
+    os.replace(tmp, state_path(state["name"]))
+
+
+def unit_name(name):
+    return "gpu-pivot-%s" % name
+
+
+def systemd_run_argv(spec):
+    """The exact systemd-run command for a phase (tested by argv; untested live here)."""
+    argv = ["systemd-run", "--unit", unit_name(spec["name"]), "--collect", "--quiet",
+            "--property", "KillMode=mixed", "--property", "TimeoutStopSec=%d" % int(spec["stop_timeout"])]
+    if spec.get("dir"):
+        argv += ["--working-directory", spec["dir"]]
+    for k, v in sorted(phase_env(spec).items()):
+        argv += ["--setenv", "%s=%s" % (k, v)]
+    return argv + ["--"] + list(spec["argv"])
+
+
+def phase_env(spec):
+    env = dict(spec.get("env") or {})
+    if spec.get("gpus"):
+        env["CUDA_VISIBLE_DEVICES"] = spec["gpus"]
+    return env
+
+
+def _spawn(argv, spec, log, exit_file):
+    """setsid + log file; the sh wrapper records the exit code. Returns (pid, start_time)."""
+    d = os.path.dirname(log)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    env = dict(os.environ, **phase_env(spec))
+    env["GPU_PIVOT_EXIT_FILE"] = exit_file
+    if os.path.exists(exit_file):
+        os.unlink(exit_file)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(["sh", "-c", WRAP, "gpu-pivot-phase"] + list(argv), cwd=spec.get("dir") or None,
+                                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    return proc.pid, procfs.start_time(proc.pid)
+
+
+def _alive_state(state):
+    if not state:
+        return False
+    if state.get("unit"):
+        return subprocess.run(["systemctl", "is-active", "--quiet", state["unit"]]).returncode == 0
+    return procfs.same_process(state["pid"], state["start_time"])
+
+
+class Start:
+    """Start a phase (and its prep jobs) detached from this session."""
+
+    @staticmethod
+    def add_arguments(parser):
+        add_spec(parser)
+
+    @staticmethod
+    def run(args):
+        spec = decode_spec(args.spec)
+        name = spec["name"]
+        old = load_state(name)
+        if _alive_state(old):
+            return 1, {"started": False, "error": "phase %s is already running (%s)" % (name, old.get("unit") or old["pid"])}
+        run_dir = lastrun.run_dir()
+        state = {"name": name, "argv": spec["argv"], "started": time.time(), "prep": []}
+        if plan.systemd_running() and shutil.which("systemd-run") and not args.no_systemd:
+            proc = subprocess.run(systemd_run_argv(spec), capture_output=True, text=True)
+            if proc.returncode:
+                return 1, {"started": False, "error": "systemd-run failed: %s" % proc.stderr.strip()}
+            state.update(unit=unit_name(name), how="systemd-run")
+        else:
+            log = spec.get("log") or os.path.join(run_dir, "phase-%s.log" % name)
+            pid, start = _spawn(spec["argv"], spec, log, os.path.join(run_dir, "phase-%s.exit" % name))
+            state.update(pid=pid, start_time=start, log=log, how="setsid",
+                         exit_file=os.path.join(run_dir, "phase-%s.exit" % name))
+        for i, cmd in enumerate(spec.get("prep") or []):
+            log = os.path.join(run_dir, "phase-%s-prep%d.log" % (name, i))
+            exit_file = os.path.join(run_dir, "phase-%s-prep%d.exit" % (name, i))
+            pid, start = _spawn(["sh", "-c", cmd], dict(spec, gpus=None), log, exit_file)
+            state["prep"].append({"cmd": cmd, "pid": pid, "start_time": start, "log": log, "exit_file": exit_file})
+        save_state(state)
+        return 0, {"started": True, "state": state}
+
+
+def _read_exit(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def log_tail(state, lines=LOG_TAIL):
+    if state.get("unit"):
+        out = subprocess.run(["journalctl", "-u", state["unit"], "-n", str(lines), "--no-pager", "-o", "cat"],
+                             capture_output=True, text=True)
+        return out.stdout.splitlines()[-lines:]
+    try:
+        with open(state["log"], "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            return f.read().decode("utf-8", "replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def _session_pids(state):
+    procs = {pid: procscan.basic(pid) for pid in procscan.all_pids()}
+    return [p for p, info in procs.items() if info and info["sid"] == state["pid"]], procs
+
+
+def _holding(state, devices_glob):
+    """Does any process of the phase's session hold a GPU device file?"""
+    devices = procscan.device_paths(devices_glob)
+    pids, _ = _session_pids(state)
+    return any(procscan.held_devices(pid, devices)[0] for pid in pids)
+
+
+def http_ok(url, timeout=2.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return 200 <= resp.status < 300, "HTTP %d" % resp.status
+    except Exception as exc:  # connection refused, timeout, HTTP 503...
+        return False, "%s: %s" % (type(exc).__name__, exc)
+
+
+def prep_report(state):
+    out = []
+    for p in state.get("prep", []):
+        code = _read_exit(p["exit_file"])
+        running = procfs.same_process(p["pid"], p["start_time"])
+        out.append({"cmd": p["cmd"], "pid": p["pid"], "exit": code,
+                    "status": "running" if running and code is None else ("exited %s" % code if code is not None else "gone")})
+    return out
+
+
+def check(spec, state, devices_glob):
+    """(ready, dead, detail) for one look at the phase."""
+    alive = _alive_state(state)
+    if not alive:
+        code = _read_exit(state["exit_file"]) if state.get("exit_file") else None
+        return False, True, "the phase's process is not running (exit code %s)" % code
+    if spec["ready"].startswith("http"):
+        ok, why = http_ok(spec["ready"])
+        return ok, False, "%s -> %s" % (spec["ready"], why)
+    if spec["ready"] == "holding" and not state.get("unit"):
+        ok = _holding(state, devices_glob)
+        return ok, False, "holding a GPU" if ok else "alive, not yet holding a GPU"
+    return True, False, "alive"
+
+
+class Ready:
+    """Wait until a started phase is ready (HTTP health, or alive and holding its GPUs)."""
+
+    @staticmethod
+    def add_arguments(parser):
+        add_spec(parser)
+        parser.add_argument("--wait", type=float, default=0.0)
+
+    @staticmethod
+    def run(args):
+        spec = decode_spec(args.spec)
+        state = load_state(spec["name"])
+        if not state:
+            return 1, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
+        started = time.monotonic()
+        last = -10.0
+        while True:
+            ready, dead, detail = check(spec, state, args.devices)
+            waited = time.monotonic() - started
+            if ready or dead or waited >= args.wait:
+                break
+            if waited - last >= 2.0:
+                last = waited
+                tail = log_tail(state, 1)
+                args.emit_progress(phase="ready-wait", elapsed_s=round(waited, 1), detail=detail,
+                                   last_log=tail[-1] if tail else "")
+            time.sleep(0.25)
+        return (0 if ready else 1), {"ready": ready, "dead": dead, "detail": detail, "waited_s": round(waited, 2),
+                                     "log_tail": [] if ready else log_tail(state), "prep": prep_report(state),
+                                     "state": state}
+
+
+class Stop:
+    """Stop a phase: systemctl stop, or TERM its whole session, KILL after the stop timeout."""
+
+    @staticmethod
+    def add_arguments(parser):
+        add_spec(parser)
+        parser.add_argument("--operator", default=None)
+
+    @staticmethod
+    def run(args):
+        spec = decode_spec(args.spec)
+        state = load_state(spec["name"])
+        if not state:
+            return 0, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
+        audit = teardown.Audit(args.operator or "gpu-pivot")
+        if state.get("unit"):
+            proc = subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, text=True)
+            audit.log({"pid": None, "cmdline": state["unit"]}, "systemctl stop", "exit %d" % proc.returncode)
+            return (0 if proc.returncode == 0 else 1), {"stopped": [state["unit"]], "actions": audit.records}
+        targets = []
+        for leader in [state] + state.get("prep", []):
+            if not procfs.same_process(leader["pid"], leader["start_time"]):
+                continue
+            pids, procs = _session_pids(leader)
+            for pid in pids:
+                info = procs[pid]
+                targets.append({"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"]})
+        teardown._signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
+        alive = teardown._alive(targets)
+        deadline = time.monotonic() + spec.get("stop_timeout", 30)
+        while alive and time.monotonic() < deadline:
+            time.sleep(0.05)
+            alive = teardown._alive(alive)
+        if alive:
+            teardown._signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
+            alive = teardown.wait_gone(args, alive, 5.0, None, time.monotonic(), "stop")
+        return (0 if not alive else 1), {"stopped": [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
+                                         "actions": audit.records}
+
+
+class Logs:
+    """Print the phase's log (last lines), or follow it until interrupted."""
+
+    @staticmethod
+    def add_arguments(parser):
+        add_spec(parser)
+        parser.add_argument("--lines", type=int, default=50)
+        parser.add_argument("--follow", action="store_true")
+
+    @staticmethod
+    def run(args):
+        spec = decode_spec(args.spec)
+        state = load_state(spec["name"])
+        if not state:
+            return 1, {"error": "phase %s was never started here" % spec["name"]}
+        if not args.follow:
+            return 0, {"lines": log_tail(state, args.lines), "where": state.get("unit") or state.get("log")}
+        if state.get("unit"):
+            os.execvp("journalctl", ["journalctl", "-u", state["unit"], "-n", str(args.lines), "-f", "-o", "cat"])
+        os.execvp("tail", ["tail", "-n", str(args.lines), "-F", state["log"]])
+        return 0, {}  # not reached
+
+
+class Smoke:
+    """Send one request to a started server (from the host: its URL is often 127.0.0.1)."""
+
+    @staticmethod
+    def add_arguments(parser):
+        add_spec(parser)
+
+    @staticmethod
+    def run(args):
+        spec = decode_spec(args.spec)
+        body = (spec.get("smoke_body") or "").encode() or None
+        req = urllib.request.Request(spec["smoke_url"], data=body, method="POST" if body else "GET",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                text = resp.read(2000).decode("utf-8", "replace")
+                return 0, {"ok": True, "status": resp.status, "body": text}
+        except Exception as exc:
+            return 1, {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}

@@ -1,0 +1,177 @@
+"""Phases of work a host pivots between (a server, a training job), read from hosts.env.
+
+Why in hosts.env: one file says where a host is and what runs on it, validated together
+before anything runs. Keys: ALIAS_PHASE_<NAME>_<FIELD>, e.g. GPU1_PHASE_TRAIN_ARGV.
+A command is either ARGV (a JSON array: passed through every hop exactly) or CMD (one
+shell string, run by `sh -c` on the host). See hosts.env.example for every field.
+"""
+from __future__ import annotations
+
+import json
+import re
+import shlex
+from dataclasses import asdict, dataclass, field
+
+PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
+                "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT")
+_PHASE_KEY = re.compile(r"^(?P<alias>[A-Z][A-Z0-9_]*?)_PHASE_(?P<phase>[A-Z][A-Z0-9]*)_(?P<field>%s)$" % "|".join(PHASE_FIELDS))
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_URL = re.compile(r"^https?://[^\s'\"`$;|&<>]+$")
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One phase: what to run, where, and how to know it is ready."""
+
+    name: str
+    argv: tuple = ()
+    shell: bool = False          # argv is ("sh", "-c", CMD) built from a shell string
+    dir: str | None = None
+    env: tuple = ()              # (("KEY", "VALUE"), ...)
+    gpus: str | None = None      # CUDA_VISIBLE_DEVICES, e.g. "0,1"
+    log: str | None = None
+    ready: str = "holding"       # an http(s) URL, "holding" (alive and holding a GPU) or "alive"
+    ready_timeout: float = 1800.0
+    gates: tuple = ()            # shell strings, or {"glob": ..., "min": N}
+    prep: tuple = ()             # shell strings: CPU-only jobs started alongside (datagen)
+    drain_metrics: str | None = None
+    drain_timeout: float = 300.0
+    patch: str | None = None
+    copy: tuple = ()             # ((src, dst), ...)
+    smoke_url: str | None = None
+    smoke_body: str | None = None
+    lint: bool = True
+    stop_timeout: float = 30.0
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+    @property
+    def is_server(self) -> bool:
+        return self.ready.startswith("http")
+
+    @property
+    def is_deploy(self) -> bool:
+        return bool(self.patch or self.copy)
+
+    def spec(self) -> dict:
+        """What the agent needs to start, check and stop it (JSON-able)."""
+        out = asdict(self)
+        out.pop("extra")
+        out["env"] = dict(self.env)
+        out["gates"] = list(self.gates)
+        out["copy"] = [list(p) for p in self.copy]
+        return out
+
+
+def split_phase_key(key: str):
+    """'GPU1_PHASE_TRAIN_ARGV' -> ('gpu1', 'train', 'ARGV'), or None."""
+    m = _PHASE_KEY.match(key)
+    return (m.group("alias").lower(), m.group("phase").lower(), m.group("field")) if m else None
+
+
+def _fail(alias, phase, fld, value, why):
+    from .hostconfig import ConfigError
+
+    raise ConfigError(f"{alias.upper()}_PHASE_{phase.upper()}_{fld}={value!r}: {why}")
+
+
+def _json_list(alias, phase, fld, value):
+    try:
+        out = json.loads(value)
+    except ValueError as exc:
+        _fail(alias, phase, fld, value, f"not valid JSON ({exc})")
+    if not isinstance(out, list):
+        _fail(alias, phase, fld, value, "must be a JSON array")
+    return out
+
+
+def _seconds(alias, phase, fld, value):
+    try:
+        out = float(value)
+    except ValueError:
+        out = -1
+    if not out > 0 or out == float("inf"):
+        _fail(alias, phase, fld, value, "must be a positive number of seconds")
+    return out
+
+
+def _abs(alias, phase, fld, value):
+    if not value.startswith("/") or "\n" in value or "\0" in value:
+        _fail(alias, phase, fld, value, "must be an absolute path")
+    return value
+
+
+def build_phase(alias: str, name: str, keys: dict) -> Phase:
+    """Validate one phase's fields (FIELD -> text) and build it."""
+    kw: dict = {"name": name}
+    if ("ARGV" in keys) == ("CMD" in keys):
+        _fail(alias, name, "ARGV" if "ARGV" in keys else "CMD", keys.get("ARGV", keys.get("CMD", "")),
+              "a phase needs exactly one of ARGV (JSON array) or CMD (shell string)")
+    if "ARGV" in keys:
+        argv = _json_list(alias, name, "ARGV", keys["ARGV"])
+        if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
+            _fail(alias, name, "ARGV", keys["ARGV"], "must be a non-empty JSON array of strings")
+        kw["argv"] = tuple(argv)
+    else:
+        if not keys["CMD"].strip():
+            _fail(alias, name, "CMD", keys["CMD"], "empty command")
+        kw["argv"], kw["shell"] = ("sh", "-c", keys["CMD"]), True
+    for fld in ("DIR", "LOG", "PATCH"):
+        if fld in keys:
+            kw[fld.lower()] = _abs(alias, name, fld, keys[fld])
+    if "ENV" in keys:
+        try:
+            pairs = [item.split("=", 1) for item in shlex.split(keys["ENV"])]
+        except ValueError as exc:
+            _fail(alias, name, "ENV", keys["ENV"], str(exc))
+        for pair in pairs:
+            if len(pair) != 2 or not _ENV_NAME.match(pair[0]):
+                _fail(alias, name, "ENV", keys["ENV"], f"{'='.join(pair)!r} is not NAME=VALUE")
+        kw["env"] = tuple((k, v) for k, v in pairs)
+    if "GPUS" in keys:
+        if not re.match(r"^\d+(,\d+)*$", keys["GPUS"]):
+            _fail(alias, name, "GPUS", keys["GPUS"], "must be GPU indexes like 0,1,2")
+        kw["gpus"] = keys["GPUS"]
+    for fld in ("READY", "DRAIN_METRICS", "SMOKE_URL"):
+        if fld in keys:
+            value = keys[fld]
+            ok = _URL.match(value) or (fld == "READY" and value in ("holding", "alive"))
+            if not ok:
+                _fail(alias, name, fld, value, "must be an http(s) URL" + (" or 'holding' or 'alive'" if fld == "READY" else ""))
+            kw[fld.lower()] = value
+    for fld in ("READY_TIMEOUT", "DRAIN_TIMEOUT", "STOP_TIMEOUT"):
+        if fld in keys:
+            kw[fld.lower()] = _seconds(alias, name, fld, keys[fld])
+    if "GATES" in keys:
+        gates = _json_list(alias, name, "GATES", keys["GATES"])
+        for g in gates:
+            if not (isinstance(g, str) or (isinstance(g, dict) and isinstance(g.get("glob"), str)
+                                           and isinstance(g.get("min"), int) and g["min"] >= 0)):
+                _fail(alias, name, "GATES", keys["GATES"], f"{g!r} is neither a command nor {{\"glob\": ..., \"min\": N}}")
+        kw["gates"] = tuple(json.dumps(g) if isinstance(g, dict) else g for g in gates)
+    if "PREP" in keys:
+        prep = _json_list(alias, name, "PREP", keys["PREP"])
+        if not all(isinstance(p, str) and p.strip() for p in prep):
+            _fail(alias, name, "PREP", keys["PREP"], "must be a JSON array of shell commands")
+        kw["prep"] = tuple(prep)
+    if "COPY" in keys:
+        pairs = _json_list(alias, name, "COPY", keys["COPY"])
+        if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x.startswith("/") for x in p)
+                   for p in pairs):
+            _fail(alias, name, "COPY", keys["COPY"], "must be a JSON array of [absolute src, absolute dst] pairs")
+        kw["copy"] = tuple(tuple(p) for p in pairs)
+    if "SMOKE_BODY" in keys:
+        kw["smoke_body"] = keys["SMOKE_BODY"]
+    if "LINT" in keys:
+        if keys["LINT"] not in ("on", "off"):
+            _fail(alias, name, "LINT", keys["LINT"], "must be on or off")
+        kw["lint"] = keys["LINT"] == "on"
+    if "PATCH" in kw and not kw.get("dir"):
+        _fail(alias, name, "PATCH", keys["PATCH"], "a patch needs the phase's DIR (patch -p1 runs there)")
+    return Phase(**kw)
+
+
+def gate_from_text(text: str):
+    """Gates travel as text: a shell command, or the JSON of a glob gate."""
+    if text.startswith("{"):
+        return json.loads(text)
+    return text
