@@ -60,6 +60,10 @@ pivot-train: setup ## seed 001: extraction done -> gates on the extracted files 
 pivot-deploy: setup ## seed 004: old server -> patched server; smoke test; roll back if unhealthy
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to deploy $(PIVOT_YES)
 
+.PHONY: runbooks
+runbooks: setup ## regenerate runbooks/emergency-one-liners.md from the code
+	$(PY) -m scripts.emergency_doc > runbooks/emergency-one-liners.md
+
 .PHONY: status
 status: setup ## show who holds the GPUs of HOST
 	$(INVOKE) status --host $(HOST)

@@ -67,3 +67,14 @@ def test_teardown_frees_all_memory_and_keeps_the_monitor(tmp_path, hosts_env):
     finally:
         tree.kill()
         monitor.stop()
+
+
+def test_emergency_memory_line_parses_and_reads_free():
+    """The emergency doc's memory one-liner, run here without its ssh hop, read by our CSV parser."""
+    import subprocess
+    from scripts import emergency_doc
+    from scripts.agent import smi_parse
+    out = subprocess.run(emergency_doc.MEMORY, capture_output=True, text=True, check=True)
+    gpus = smi_parse.query_gpu(out.stdout)
+    assert len(gpus) == gpu_count()
+    assert all(g["used_mib"] == 0 and g["reserved_mib"] > 0 for g in gpus)

@@ -1,0 +1,209 @@
+"""Pivots end to end on the sandbox and on test phases: a fake server answering /health and
+/metrics on loopback, a job phase, a failing gate, a readiness timeout, a deploy rolled
+back, datagen prep jobs reported; launch lint; the setsid path; systemd-run by argv."""
+import json
+import os
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from scripts.agent import phase as agent_phase
+from scripts.phases import build_phase
+from scripts.sandbox import ROLES
+from tests.conftest import invoke
+from tests.loopback_sshd import free_port
+from tests.procs import ProcessSet, alive
+
+
+def out_text(res):
+    return res.stdout.decode() + res.stderr.decode()
+
+
+@pytest.fixture
+def sandbox():
+    assert invoke("sandbox", "up").returncode == 0
+    yield
+    invoke("sandbox", "down")
+
+
+def test_sandbox_three_pivots_end_to_end(sandbox):
+    up = json.loads(invoke("sandbox", "status", "--json").stdout)
+    res = invoke("pivot", "--host", "sandbox", "--to", "datagen", "--yes")
+    text = out_text(res)
+    assert res.returncode == 0, text
+    assert "drain: drained in" in text
+    assert "3/3 preparation job(s) exited 0" in text
+    assert not alive(up["processes"]["server"]["pid"])  # the EAGLE3 server was torn down
+    assert alive(up["processes"]["persistenced"]["pid"]) and alive(up["processes"]["monitor"]["pid"])
+    with urllib.request.urlopen("http://127.0.0.1:30001/health", timeout=5) as r:
+        assert r.status == 200
+    res = invoke("pivot", "--host", "sandbox", "--to", "train", "--yes")
+    text = out_text(res)
+    assert res.returncode == 0, text
+    assert "at least 8 files match" in text and "ready after" in text
+    res = invoke("pivot", "--host", "sandbox", "--to", "deploy", "--yes")
+    text = out_text(res)
+    assert res.returncode == 0, text
+    assert "smoke: HTTP 200" in text
+    assert '"dynamic_spec": true' in (Path(os.environ["GPU_PIVOT_SANDBOX_DIR"]) / "server-code" / "server_config.json").read_text()
+    audit = [json.loads(line) for line in invoke("audit", "--json", "--lines", "200").stdout.decode().splitlines()]
+    assert [r["to"] for r in audit if r.get("event") == "pivot"][-3:] == ["datagen", "train", "deploy"]
+
+
+def test_dry_run_runs_nothing(sandbox):
+    before = json.loads(invoke("sandbox", "status", "--json").stdout)
+    res = invoke("pivot", "--host", "sandbox", "--to", "deploy", "--dry-run")
+    assert res.returncode == 0
+    assert b"--dry-run: nothing was run" in res.stdout and b"[6/6] smoke" in res.stdout
+    after = json.loads(invoke("sandbox", "status", "--json").stdout)
+    assert before["alive"] == after["alive"]
+
+
+@pytest.fixture
+def ps(tmp_path):
+    procs = ProcessSet(tmp_path)
+    yield procs
+    procs.kill_all()
+
+
+def server_argv(ps, port, *extra):
+    return ["python3", str(ROLES), "server", "--devdir", str(ps.devdir), "--tp", "1", "--http-port", str(port), *extra]
+
+
+def local_env(ps, hosts_env, phases: dict):
+    lines = [f"LOCAL_DEVICES='{ps.glob}'", f"LOCAL_TARGETS='{ROLES.name} (server|job) --devdir {ps.devdir}'"]
+    for name, keys in phases.items():
+        for k, v in keys.items():
+            lines.append(f"LOCAL_PHASE_{name.upper()}_{k}='{v}'")
+    return hosts_env("\n".join(lines) + "\n")
+
+
+def test_failing_gate_starts_nothing(ps, hosts_env, tmp_path):
+    marker = tmp_path / "started"
+    local_env(ps, hosts_env, {"train": {"CMD": f"touch {marker}; sleep 60",
+                                        "GATES": json.dumps([{"glob": str(tmp_path / "*.pt"), "min": 3}, "true"])}})
+    res = invoke("pivot", "--host", "local", "--to", "train", "--yes")
+    assert res.returncode == 5, out_text(res)
+    assert "FAIL at least 3 files match" in out_text(res) and "nothing started" in out_text(res)
+    assert not marker.exists()
+
+
+def test_readiness_timeout_shows_log_tail(ps, hosts_env):
+    port = free_port()
+    local_env(ps, hosts_env, {"serve": {"ARGV": json.dumps(["sh", "-c", "echo loading model shard 7 of 9; sleep 60"]),
+                                        "READY": f"http://127.0.0.1:{port}/health", "READY_TIMEOUT": "1.5",
+                                        "LINT": "off"}})
+    res = invoke("pivot", "--host", "local", "--to", "serve", "--yes")
+    text = out_text(res)
+    assert res.returncode == 1, text
+    assert "NOT READY after" in text and "loading model shard 7 of 9" in text
+    invoke("stop", "--host", "local", "--phase", "serve")
+
+
+def test_deploy_unhealthy_is_rolled_back(ps, hosts_env, tmp_path):
+    code = tmp_path / "code"
+    code.mkdir()
+    (code / "server_config.json").write_text('{"healthy": true}\n')
+    patch = tmp_path / "broken.patch"
+    from scripts.sandbox import BROKEN_PATCH
+    patch.write_text(BROKEN_PATCH)
+    port = free_port()
+    local_env(ps, hosts_env, {"deploy": {
+        "ARGV": json.dumps(server_argv(ps, port, "--code-dir", str(code), "--load-s", "0.3")),
+        "DIR": str(code), "PATCH": str(patch), "READY": f"http://127.0.0.1:{port}/health", "READY_TIMEOUT": "3",
+        "SMOKE_URL": f"http://127.0.0.1:{port}/generate", "LINT": "off"}})
+    res = invoke("pivot", "--host", "local", "--to", "deploy", "--yes")
+    text = out_text(res)
+    assert res.returncode == 1, text
+    assert "rolled back (the new server did not become ready); old server healthy again" in text
+    assert (code / "server_config.json").read_text() == '{"healthy": true}\n'
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+        assert r.status == 200
+    assert invoke("stop", "--host", "local", "--phase", "deploy").returncode == 0
+
+
+def test_setsid_start_logs_stop(ps, hosts_env):
+    local_env(ps, hosts_env, {"job": {"ARGV": json.dumps(["python3", str(ROLES), "job", "--devdir", str(ps.devdir),
+                                                          "--gpus", "1"]), "ENV": "HELLO=world", "GPUS": "0"}})
+    res = invoke("start", "--host", "local", "--phase", "job")
+    assert res.returncode == 0, out_text(res)
+    assert b"started via setsid" in res.stdout
+    state = agent_phase.load_state("job")
+    assert alive(state["pid"])
+    with open(f"/proc/{state['pid']}/environ", "rb") as f:
+        env = f.read().split(b"\0")
+    assert b"HELLO=world" in env and b"CUDA_VISIBLE_DEVICES=0" in env
+    assert invoke("logs", "--host", "local", "--phase", "job").returncode == 0
+    res = invoke("stop", "--host", "local", "--phase", "job")
+    assert res.returncode == 0, out_text(res)
+    assert not alive(state["pid"])
+    assert invoke("start", "--host", "local", "--phase", "nope").returncode == 2
+
+
+def test_systemd_run_argv_exact():
+    """systemd is not PID 1 in CI or on the GPU machine: this path is checked by argv, not live."""
+    phase = build_phase("gpu1", "train", {"ARGV": '["torchrun", "--nproc-per-node", "8", "train.py"]',
+                                          "DIR": "/data/train", "ENV": "NCCL_DEBUG=WARN", "GPUS": "0,1",
+                                          "STOP_TIMEOUT": "45"})
+    assert agent_phase.systemd_run_argv(phase.spec()) == [
+        "systemd-run", "--unit", "gpu-pivot-train", "--collect", "--quiet", "--property", "KillMode=mixed",
+        "--property", "TimeoutStopSec=45", "--working-directory", "/data/train",
+        "--setenv", "CUDA_VISIBLE_DEVICES=0,1", "--setenv", "NCCL_DEBUG=WARN",
+        "--", "torchrun", "--nproc-per-node", "8", "train.py"]
+
+
+def test_launch_lint_eagle_vs_eagle3(tmp_path):
+    invoke("sandbox", "down")
+    draft = tmp_path / "draft"
+    draft.mkdir()
+    (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
+    model = tmp_path / "model"
+    model.mkdir()
+    base = ["lint-launch", "--host", "sandbox", "--", "python3", "-m", "sglang.launch_server", "--model-path", str(model),
+            "--tp", "2", "--port", str(free_port()), "--speculative-draft-model-path", str(draft), "--speculative-algorithm"]
+    bad = invoke(*base, "EAGLE")
+    assert bad.returncode == 5
+    assert b"is EAGLE-3" in bad.stdout and b"use EAGLE3" in bad.stdout
+    good = invoke(*base, "EAGLE3")
+    assert good.returncode == 0, out_text(good)
+    assert b"launch command OK" in good.stdout
+
+
+def test_launch_lint_tp_port_paths():
+    from scripts.sandbox import make_devices, sandbox_dir
+    make_devices(sandbox_dir() / "dev")  # the sandbox's 2 fake GPUs, whatever ran before
+    port = free_port()
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        res = invoke("lint-launch", "--host", "sandbox", "--", "vllm", "serve", "--model", "/no/such/model",
+                     "--tensor-parallel-size", "8", "--port", str(port))
+    text = res.stdout.decode()
+    assert res.returncode == 5
+    assert "tensor parallel size 8 is larger than the 2 GPU(s) visible" in text
+    assert f"port {port} is already taken" in text
+    assert "model path /no/such/model does not exist" in text
+
+
+def test_drain_metric_parsing():
+    from scripts.agent.drain import running_requests
+    text = ('# HELP sglang:num_running_reqs x\nsglang:num_running_reqs{model_name="m",engine="0"} 3.0\n'
+            'sglang:num_running_reqs{model_name="m",engine="1"} 2.0\nvllm:num_requests_waiting 9\n')
+    assert running_requests(text) == 5.0
+    assert running_requests("vllm:num_requests_running{model_name=\"m\"} 0.0 1700000000\n") == 0.0
+    assert running_requests("other_metric 1\n") is None
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("ARGV", "python3 train.py", "not valid JSON"), ("READY", "localhost:8000", "http(s) URL"),
+    ("GATES", '[{"glob": "/x/*"}]', "neither a command"), ("ENV", "NOTPAIR", "is not NAME=VALUE"),
+    ("GPUS", "all", "GPU indexes"), ("READY_TIMEOUT", "soon", "positive number")])
+def test_bad_phase_config_is_one_line_exit2(hosts_env, key, value, msg):
+    extra = "" if key == "ARGV" else "LOCAL_PHASE_X_CMD='true'\n"
+    hosts_env(extra + f"LOCAL_PHASE_X_{key}='{value}'\n")
+    res = invoke("pivot", "--host", "local", "--to", "x", "--yes")
+    assert res.returncode == 2
+    lines = res.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and f"LOCAL_PHASE_X_{key}" in lines[0] and msg in lines[0]

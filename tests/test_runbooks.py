@@ -1,0 +1,120 @@
+"""Runbooks name only real tasks, flags and make targets; the emergency one-liners are the
+generated ones and do what they claim through a real sshd and the pct stand-in."""
+import re
+import shlex
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import pytest
+
+from scripts import emergency_doc, shell_teardown
+from tests.conftest import REPO, invoke
+
+RUNBOOKS = sorted((REPO / "runbooks").glob("*.md"))
+FENCE = re.compile(r"```(?:sh|bash)?\n(.*?)```", re.S)
+
+
+def commands(path: Path):
+    for block in FENCE.findall(path.read_text()):
+        for line in block.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line.startswith(("invoke ", "make ")):
+                yield line
+
+
+@lru_cache(maxsize=None)
+def task_names():
+    out = invoke("--list").stdout.decode()
+    return {line.split()[0] for line in out.splitlines()[2:] if line.startswith("  ") and line.split()
+            and not line.startswith("    ")}
+
+
+@lru_cache(maxsize=None)
+def task_flags(task):
+    out = invoke(task, "--help").stdout.decode()
+    return set(re.findall(r"--([a-z][a-z0-9-]*)", out))
+
+
+@lru_cache(maxsize=None)
+def make_targets():
+    return set(re.findall(r"^([a-zA-Z][a-zA-Z0-9_-]*):", (REPO / "Makefile").read_text(), re.M))
+
+
+ALL = [(p.name, c) for p in RUNBOOKS for c in commands(p)]
+
+
+def test_runbooks_have_commands_and_sections():
+    assert len(ALL) > 20
+    for path in RUNBOOKS:
+        if path.name in ("README.md", "emergency-one-liners.md"):
+            continue
+        text = path.read_text()
+        for section in ("## Symptoms", "## Pre-checks", "## Resolution", "## Post-checks", "## Rollback", "## Escalation"):
+            assert section in text, f"{path.name} lacks {section}"
+
+
+@pytest.mark.parametrize("name,command", ALL)
+def test_runbook_command_exists(name, command):
+    words = shlex.split(command)
+    if words[0] == "make":
+        for target in [w for w in words[1:] if "=" not in w and not w.startswith("-")]:
+            assert target in make_targets(), f"{name}: make target {target!r} does not exist"
+        return
+    task = words[1]
+    assert task in task_names(), f"{name}: invoke task {task!r} does not exist"
+    args = words[2:words.index("--")] if "--" in words else words[2:]
+    for arg in args:
+        if arg.startswith("--"):
+            flag = arg[2:].split("=", 1)[0]
+            assert flag in task_flags(task), f"{name}: `invoke {task}` has no flag --{flag}"
+
+
+def test_checker_catches_a_bad_flag():
+    with pytest.raises(AssertionError, match="has no flag --no-such-flag"):
+        test_runbook_command_exists("x.md", "invoke teardown --host gpu1 --no-such-flag")
+    with pytest.raises(AssertionError, match="task 'nuke' does not exist"):
+        test_runbook_command_exists("x.md", "invoke nuke --host gpu1")
+
+
+def test_emergency_file_is_the_generated_one():
+    assert (REPO / "runbooks" / "emergency-one-liners.md").read_text() == emergency_doc.render(), \
+        "run `make runbooks` and commit the result"
+
+
+def blocks():
+    return FENCE.findall((REPO / "runbooks" / "emergency-one-liners.md").read_text())
+
+
+@pytest.fixture
+def sandbox():
+    assert invoke("sandbox", "up").returncode == 0
+    import json
+    yield json.loads(invoke("sandbox", "status", "--json").stdout)
+    invoke("sandbox", "down")
+
+
+def to_loopback(line, sshd, glob, real):
+    return line.replace(f"ssh {real}", f"ssh {sshd.ssh_opts} {sshd.dest()}", 1).replace("/dev/nvidia*", glob)
+
+
+def test_emergency_holders_and_teardown_through_ssh_and_pct(sandbox, sshd):
+    glob = sandbox["devices"]
+    procs = {r: p["pid"] for r, p in sandbox["processes"].items()}
+    holders_line, _memory, direct_td, proxmox_td, _last = [b.strip() for b in blocks()]
+    out = subprocess.run(["bash", "-c", to_loopback(holders_line, sshd, glob, "root@10.1.230.174")],
+                         capture_output=True, text=True, timeout=60)
+    for role in ("server", "worker0", "worker1", "persistenced", "monitor"):
+        assert str(procs[role]) in out.stdout
+    before = sshd.pct_log.read_text() if sshd.pct_log.exists() else ""
+    out = subprocess.run(["bash", "-c", to_loopback(proxmox_td, sshd, glob, "root@10.1.2.6")],
+                         capture_output=True, text=True, timeout=120)
+    assert sshd.pct_log.read_text()[len(before):] == "129\n"
+    report = shell_teardown.parse_report(out.stdout)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert report["verdict"] == "free" and report["remaining"] == []
+    assert set(report["sigTERM"]) == {procs["server"], procs["worker0"], procs["worker1"]}
+    assert set(report["protected"]) == {procs["persistenced"], procs["monitor"]}
+    from tests.procs import alive
+    assert alive(procs["persistenced"]) and alive(procs["monitor"]) and alive(procs["bystander"])
+    assert not alive(procs["server"]) and not alive(procs["worker0"])
