@@ -60,6 +60,10 @@ pivot-train: setup ## seed 001: extraction done -> gates on the extracted files 
 pivot-deploy: setup ## seed 004: old server -> patched server; smoke test; roll back if unhealthy
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to deploy $(PIVOT_YES)
 
+.PHONY: bench
+bench: setup system-deps ## run every benchmark side by side and write bench/RESULTS.md (GPU rows: bench/gpu_session.sh)
+	$(PY) bench/run.py
+
 .PHONY: runbooks
 runbooks: setup ## regenerate runbooks/emergency-one-liners.md from the code
 	$(PY) -m scripts.emergency_doc > runbooks/emergency-one-liners.md

@@ -325,24 +325,28 @@ def teardown(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=Fals
             raise ConfigError("not on a terminal and no --yes: refusing to signal anything (see the plan with --dry-run)")
         approved = _confirm(hosts_, _selection_args(match, only_matching, disable))
 
+    fleet_mode = len(hosts_) > 1
+
     def one(h):
         extra = ["--approved", approved[h.alias]] if h.alias in approved else []
-        progress = (lambda p: print(teardown_view.progress_line(h.alias, p), flush=True)) if not json else None
+        progress = None if json or fleet_mode else (lambda p: print(teardown_view.progress_line(h.alias, p), flush=True))
         result = call_agent(h, "teardown", args + extra, on_progress=progress)
         if result.doc.get("actions"):
             audit_log.append(h.alias, result.doc["actions"])
         return result
 
-    outcomes = fleet.each_host(hosts_, one, width)
+    done = (lambda out: print(teardown_view.host_line(out), flush=True)) if fleet_mode and not json else None
+    outcomes = fleet.each_host(hosts_, one, width, on_done=done)
     codes = _errors_to_codes([fleet.Outcome(o.host, o.value.code if o.error is None else 0, o.error) for o in outcomes])
     if json:
         print(_json.dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}, indent=1, sort_keys=True))
-    else:
-        for out in outcomes:
-            if out.error is None:
+    elif fleet_mode:
+        for out in outcomes:  # details only where something needs a person
+            if out.error is None and out.value.code:
                 _report_teardown(out.host, out.value)
-        if len(hosts_) > 1:
-            print(teardown_summary(outcomes))
+        print(teardown_summary(outcomes))
+    elif outcomes[0].error is None:
+        _report_teardown(outcomes[0].host, outcomes[0].value)
     _exit_worst(codes)
 
 

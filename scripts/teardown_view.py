@@ -68,3 +68,16 @@ def actions(doc: dict) -> str:
         return ""
     rows = [[r["signal"], r["pid"], r["result"], shorten(r.get("cmdline") or "", 60)] for r in recs]
     return "Actions\n" + table(["action", "pid", "result", "cmdline"], rows, "  ")
+
+
+def host_line(outcome) -> str:
+    """One line per host as it finishes, for a fleet teardown."""
+    alias = outcome.host.alias
+    if outcome.error is not None:
+        return f"{alias}: UNREACHABLE: {shorten(str(outcome.error), 80)}"
+    d, code = outcome.value.doc, outcome.value.code
+    if d.get("locked"):
+        return f"{alias}: LOCKED: {d['error']}"
+    verdict = "freed" if code == 0 else "NOT FREE"
+    return (f"{alias}: {verdict} {d.get('freed_mib', 0)} MiB, {len(d['plan']['targets'])} target(s) stopped, "
+            f"{len(d['plan']['protected'])} protected kept, {outcome.value.wall_s:.2f}s")

@@ -3,7 +3,8 @@
 Run ONLY as `unshare --pid --fork --mount-proc sh -c '...'` (see `namespace_command`): the
 seed's `pkill -f` / `fuser -k` then see nothing but this scenario's processes. Steps:
   python3 -m tests.seed_replay start DIR    start the scenario, write DIR/roles.json
-  <the sequence under test>                 the seed's one-liner, or gpu-pivot's agent
+  <the sequence under test>                 the seed's one-liner, or gpu-pivot's agent (output and
+                                            exit code kept in DIR/seq.out and DIR/seq.rc)
   python3 -m tests.seed_replay check DIR    print which roles survived, as JSON
 """
 from __future__ import annotations
@@ -32,18 +33,22 @@ def sequences(workdir: Path) -> dict:
     pattern = r"sglang\.launch_server --devdir " + str(workdir / "dev").replace(".", r"\.")
     agent = [sys.executable, str(REPO / "scripts" / "gpuagent.py"), "teardown", "--json", "--devices", devices,
              "--target", pattern, "--grace", "1", "--timeout", "10", "--fake-gpus", str(workdir / "gpumem")]
-    return {
-        "seed-000 as ssh sends it (bash -c)": "bash -c " + shlex.quote(seed000),
-        "seed-000 from a script file": f"bash {shlex.quote(str(seed_file))}",
-        "seed-004": "bash -c " + shlex.quote(SEED_004.format(devices=devices)),
-        "gpu-pivot": shlex.join(agent) + " >/dev/null",
-    }
+    return dict(zip(NAMES, [
+        "bash -c " + shlex.quote(seed000),
+        f"bash {shlex.quote(str(seed_file))}",
+        "bash -c " + shlex.quote(SEED_004.format(devices=devices)),
+        shlex.join(agent),
+    ]))
+
+
+NAMES = ("seed-000 as ssh sends it (bash -c)", "seed-000 from a script file", "seed-004", "gpu-pivot")
 
 
 def namespace_command(workdir: Path, sequence: str) -> list:
     py = shlex.quote(sys.executable)
     inner = (f"cd {shlex.quote(str(REPO))} && {py} -m tests.seed_replay start {shlex.quote(str(workdir))} && "
-             f"t0=$(date +%s.%N); {sequence}; t1=$(date +%s.%N); "
+             f"t0=$(date +%s.%N); {sequence} >{shlex.quote(str(workdir / 'seq.out'))} 2>&1; "
+             f"echo $? >{shlex.quote(str(workdir / 'seq.rc'))}; t1=$(date +%s.%N); "
              f"{py} -m tests.seed_replay check {shlex.quote(str(workdir))} \"$t0\" \"$t1\"")
     return ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inner]
 
@@ -63,8 +68,14 @@ def check(workdir: Path, t0: str, t1: str) -> None:
 
     roles = json.loads((workdir / "roles.json").read_text())
     holders = procscan.snapshot(f"{workdir}/dev/nvidia*")["holders"]
+    said = (workdir / "seq.out").read_text().strip().splitlines()
+    try:  # gpu-pivot's agent prints one JSON document: keep its verdict
+        said = ["verdict: %s (exit %s)" % (json.loads(said[-1])["verdict"], json.loads(said[-1])["exit_code"])]
+    except (ValueError, KeyError, IndexError):
+        pass
     print(json.dumps({"alive": {r: alive(p) for r, p in roles.items()}, "wall_s": float(t1) - float(t0),
-                      "gpu_holders_left": sorted(holders)}))
+                      "gpu_holders_left": sorted(holders), "rc": int((workdir / "seq.rc").read_text()),
+                      "said": said[-1][-60:] if said else ""}))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,273 @@
+"""`make bench`: every benchmark side by side in one run, written to bench/RESULTS.md.
+
+Sections: (1) sandbox teardown, gpu-pivot vs the seed sequences, each replayed only inside a
+throwaway PID namespace holding nothing but the benchmark's processes; (2) ssh: connections
+per teardown, cold vs warm ControlMaster; (3) scan cost vs process count; (4) fleet:
+1/4/16/32 loopback sshd hosts, parallel vs one after another; (5) GPU rows, measured on the
+GPU machine by bench/gpu_session.sh and merged from bench/results/gpu-teardown.json.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from scripts.floor import release_floor  # noqa: E402
+from scripts.render import table  # noqa: E402
+from tests import scenario  # noqa: E402
+from tests.loopback_sshd import LoopbackSshd  # noqa: E402
+from tests.procs import ProcessSet  # noqa: E402
+from tests.seed_replay import NAMES, namespace_command, sequences  # noqa: E402
+
+FIXTURE_FLOOR = REPO.parent / "shared" / "fixtures" / "h200-driver580" / "release-floor.json"
+GPU_RESULTS = REPO / "bench" / "results" / "gpu-teardown.json"
+
+
+def med(values):
+    return statistics.median(values)
+
+
+def span(values):
+    return f"{min(values):.3f}-{max(values):.3f}"
+
+
+def invoke_argv(*args):
+    return [sys.executable, "-m", "invoke", *args]
+
+
+# -- 1. sandbox teardown vs the seed -----------------------------------------------------------
+def seed_comparison(work: Path, reps: int) -> list:
+    """One row per sequence. 'verdict correct': what the sequence said about the GPUs
+    matches what is left (gpu-pivot: exit 0 iff every target is gone and no unprotected
+    holder is left; seed-000 prints "Server killed" whatever happened; seed-004 prints a
+    count of "0MiB" lines, which is not a count of free GPUs)."""
+    rows = []
+    for name in NAMES:
+        walls, gone, kept, correct, said = [], [], [], [], ""
+        runs = reps if name == "gpu-pivot" else max(1, reps // 2)  # the seeds sleep 5 s per run
+        for i in range(runs):
+            wd = work / f"seed-{NAMES.index(name)}-{i}"
+            wd.mkdir()
+            out = subprocess.run(namespace_command(wd, sequences(wd)[name]), capture_output=True, text=True, timeout=300)
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            all_gone = not any(res["alive"][r] for r in scenario.TARGET_ROLES)
+            walls.append(res["wall_s"])
+            gone.append(sum(not res["alive"][r] for r in scenario.TARGET_ROLES))
+            kept.append(sum(res["alive"][r] for r in scenario.BYSTANDER_ROLES))
+            said = res["said"] or f"(nothing; exit {res['rc']})"
+            if name == "gpu-pivot":
+                correct.append((res["rc"] == 0) == all_gone)
+            elif name == "seed-000 from a script file":
+                correct.append(all_gone)  # it always says "Server killed"
+            else:
+                correct.append(False)  # killed before saying anything / grep count is not a verdict
+        rows.append([name, f"{med(walls):.2f}", span(walls), f"{min(gone)}/{len(scenario.TARGET_ROLES)}",
+                     f"{min(kept)}/{len(scenario.BYSTANDER_ROLES)}", f"{sum(correct)}/{runs}", said, runs])
+    return rows
+
+
+# -- 2. ssh: connections per teardown, cold vs warm ControlMaster ---------------------------------
+def ssh_costs(work: Path, reps: int) -> dict:
+    sshd = LoopbackSshd(work / "sshd", env={"GPU_PIVOT_RUN_DIR": str(work / "ssh-run")}).start()
+    ps = ProcessSet(work / "ssh-scn")
+    env = dict(os.environ, GPU_PIVOT_CONTROL_DIR=str(work / "cm"), XDG_STATE_HOME=str(work / "xdg"),
+               GPU_PIVOT_HOSTS_FILE=str(work / "ssh-hosts.env"))
+    (work / "ssh-hosts.env").write_text(sshd.hosts_env("gpu1", extra={"DEVICES": ps.glob,
+                                                                       "TARGETS": scenario.target_pattern(ps)}))
+    try:
+        scenario.start(ps, stubborn=False)
+        before = sshd.connections()
+        subprocess.run(invoke_argv("teardown", "--host", "gpu1", "--yes", "--grace", "5"), cwd=REPO, env=env,
+                       capture_output=True, check=True)
+        per_teardown = sshd.connections() - before
+        cold, warm = [], []
+        ctl = ["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={_control_dir(env)}/%C", "-O", "exit", sshd.dest()]
+        for _ in range(reps):
+            subprocess.run(ctl, capture_output=True)
+            cold.append(_timed(invoke_argv("ping", "--host", "gpu1"), env))
+            warm.append(_timed(invoke_argv("ping", "--host", "gpu1"), env))
+        subprocess.run(ctl, capture_output=True)
+    finally:
+        ps.kill_all()
+        sshd.stop()
+    return {"connections_per_teardown": per_teardown, "cold": cold, "warm": warm}
+
+
+def _control_dir(env):
+    from scripts import route
+    saved = os.environ.get("GPU_PIVOT_CONTROL_DIR")
+    os.environ["GPU_PIVOT_CONTROL_DIR"] = env["GPU_PIVOT_CONTROL_DIR"]
+    try:
+        return str(route.control_dir())
+    finally:
+        if saved is None:
+            del os.environ["GPU_PIVOT_CONTROL_DIR"]
+        else:
+            os.environ["GPU_PIVOT_CONTROL_DIR"] = saved
+
+
+def _timed(argv, env) -> float:
+    t0 = time.monotonic()
+    subprocess.run(argv, cwd=REPO, env=env, capture_output=True, check=True)
+    return time.monotonic() - t0
+
+
+# -- 3. scan cost -------------------------------------------------------------------------------
+def scan_costs(extra: list, reps: int) -> list:
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "scan_cost.py"), "--reps", str(reps), "--extra",
+                          *map(str, extra), "--out", "/dev/stdout"], capture_output=True, text=True, check=True)
+    text = out.stdout
+    return json.loads(text[text.index("["):])
+
+
+# -- 4. fleet -------------------------------------------------------------------------------------
+def fleet(work: Path, sizes: list, reps: int) -> list:
+    n = max(sizes)
+    # each loopback "host" keeps its own state dir (and so its own teardown lock), as real hosts do
+    first = LoopbackSshd(work / "fleet" / "h01", env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / "run01")}).start()
+    servers = [first] + [LoopbackSshd(work / "fleet" / f"h{i:02d}", keys_from=first,
+                                      env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / f"run{i:02d}")}).start()
+                         for i in range(2, n + 1)]
+    hosts_file = work / "fleet-hosts.env"
+    env = dict(os.environ, GPU_PIVOT_CONTROL_DIR=str(work / "fcm"), XDG_STATE_HOME=str(work / "fxdg"),
+               GPU_PIVOT_HOSTS_FILE=str(hosts_file))
+    rows = []
+    try:
+        for size in sizes:
+            for mode, fanout in (("parallel", "16"), ("one after another", "1")):
+                walls = []
+                for r in range(reps):
+                    sets = []
+                    text = ""
+                    for i, sshd in enumerate(servers[:size], 1):
+                        ps = ProcessSet(work / "fleet" / f"set-{size}-{mode[0]}-{r}-{i}")
+                        ps.server(tp=2)
+                        ps.role("hold", title="nvidia-persistenced")
+                        sets.append(ps)
+                        text += sshd.hosts_env(f"node{i:02d}", extra={"DEVICES": ps.glob,
+                                                                      "TARGETS": r"sandbox_roles\.py server --devdir "
+                                                                      + str(ps.devdir).replace(".", r"\.")})
+                    hosts_file.write_text(text)
+                    spec = f"node[01-{size:02d}]" if size > 1 else "node01"
+                    t0 = time.monotonic()
+                    res = subprocess.run(invoke_argv("teardown", "--host", spec, "--yes", "--fanout", fanout,
+                                                     "--grace", "5"), cwd=REPO, env=env, capture_output=True, text=True)
+                    walls.append(time.monotonic() - t0)
+                    for ps in sets:
+                        ps.kill_all()
+                    if res.returncode:
+                        raise RuntimeError(f"fleet teardown of {size} failed: {res.stdout[-2000:]} {res.stderr[-2000:]}")
+                rows.append({"hosts": size, "mode": mode, "walls": walls})
+                if size == 1:
+                    break  # one host: parallel and sequential are the same run
+    finally:
+        for s in servers:
+            s.stop()
+    return rows
+
+
+# -- the report -----------------------------------------------------------------------------------
+def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
+    floor = release_floor(FIXTURE_FLOOR) if FIXTURE_FLOOR.exists() else None
+    lines = ["# gpu-pivot benchmark results", "",
+             f"Produced by `make bench` ({' '.join(sys.argv[1:]) or 'defaults'}) on {platform.node()} "
+             f"({platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}) "
+             f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. Medians of the runs; min-max beside them.", ""]
+    lines += ["## 1. Sandbox teardown: gpu-pivot vs the seed sequences", "",
+              "Scenario (tests/scenario.py): targets = a server tree (parent, 2 spawned workers, a non-GPU tokenizer child, "
+              "a double-forked helper in its process group), a server + worker ignoring SIGTERM, an orphan worker, a "
+              "renamed worker `VLLM::EngineCore` (9 processes); bystanders = `nvidia-persistenced`, an `nvitop` monitor, "
+              "an unrelated `python3` job (3). Each row runs inside `unshare --pid --fork --mount-proc` holding only these "
+              "processes. Wall time = the sequence's own run time (to 'GPUs free' for gpu-pivot, which verifies it; the "
+              "seeds include their fixed sleeps). gpu-pivot runs with `--grace 1` so the SIGTERM-ignoring server costs 1 s.", ""]
+    lines.append(table(["sequence", "wall s (median)", "min-max", "targets gone (worst run)",
+                        "bystanders alive (worst run)", "verdict correct", "last line it printed", "runs"], seed_rows))
+    pivot_row = next(r for r in seed_rows if r[0] == "gpu-pivot")
+    seed_row = next(r for r in seed_rows if r[0] == "seed-000 from a script file")
+    ratio = float(seed_row[1]) / float(pivot_row[1])
+    lines += ["", f"Ratio: seed-000 (script) / gpu-pivot wall time = **{ratio:.1f}x**; gpu-pivot stops "
+              f"{pivot_row[3]} targets and keeps {pivot_row[4]} bystanders, seed-000 keeps {seed_row[4]}.", ""]
+    lines += ["## 2. Through the loopback sshd", "",
+              f"- ssh connections opened by one `invoke teardown --host gpu1 --yes`: **{ssh['connections_per_teardown']}** "
+              "(counted in sshd's log).",
+              f"- `invoke ping --host gpu1` wall time, cold ControlMaster (no master; this call starts one): median "
+              f"**{med(ssh['cold']):.3f} s** ({span(ssh['cold'])}); warm (reusing it): median **{med(ssh['warm']):.3f} s** "
+              f"({span(ssh['warm'])}); ratio cold/warm {med(ssh['cold']) / med(ssh['warm']):.2f}x over {len(ssh['cold'])} "
+              "runs each, alternating. Both include starting Python and Invoke locally.", ""]
+    lines += ["## 3. Scan cost (agent `scan`: every process's stat and cmdline, every fd link, GPU source)", ""]
+    lines.append(table(["processes", "median ms", "min-max ms", "GPU source"],
+                       [[s["processes"], f"{s['median_ms']:.1f}", f"{s['min_ms']:.1f}-{s['max_ms']:.1f}", s["gpu_source"]]
+                        for s in scans]))
+    lines += ["", "## 4. Fleet: teardown of N hosts (one loopback sshd and its own process set per host)", "",
+              "Each host: a server + 2 workers (targets) and an `nvidia-persistenced` (kept). `--fanout 16` (parallel) vs "
+              "`--fanout 1` (one after another); wall time of the whole `invoke teardown` command.", ""]
+    base = med(next(r["walls"] for r in fleet_rows if r["hosts"] == 1))
+    lines.append(table(["hosts", "mode", "wall s (median)", "min-max", "vs 1 host"],
+                       [[r["hosts"], r["mode"], f"{med(r['walls']):.2f}", span(r["walls"]), f"{med(r['walls']) / base:.2f}x"]
+                        for r in fleet_rows]))
+    big = max(r["hosts"] for r in fleet_rows)
+    par = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] == "parallel"))
+    seq = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] != "parallel"))
+    lines += ["", f"Ratio: {big} hosts in parallel / 1 host = **{par / base:.2f}x**; {big} hosts one after another / "
+              f"parallel = **{seq / par:.1f}x**.", ""]
+    lines += ["## 5. GPU: teardown vs the physical floor (H200)", ""]
+    if GPU_RESULTS.exists():
+        g = json.loads(GPU_RESULTS.read_text())
+        lines += [f"Measured on the GPU machine by `bash bench/gpu_session.sh` ({g['gpus']} x H200; merged from "
+                  f"`bench/results/gpu-teardown.json`, not re-measured by this run). Tree: a parent + {g['children']} "
+                  f"spawned children, {g['gib_per_proc']:g} GiB each on every GPU = {g['gib_per_gpu']:g} GiB per GPU; "
+                  f"{g['floor_s']['n']} runs each, alternating.", ""]
+        lines.append(table(["measure", "median s", "min-max s", "vs floor"], [
+            ["floor: SIGKILL whole tree -> NVML v2 reads 0 (2 ms poll)", f"{g['floor_s']['median']:.3f}",
+             f"{g['floor_s']['min']:.3f}-{g['floor_s']['max']:.3f}", "1.00x"],
+            ["gpu-pivot agent: lock, scan, plan, SIGTERM, verify 0 MiB", f"{g['gpu_pivot_agent_s']['median']:.3f}",
+             f"{g['gpu_pivot_agent_s']['min']:.3f}-{g['gpu_pivot_agent_s']['max']:.3f}", f"{g['ratio_agent_vs_floor']:.2f}x"],
+            ["`invoke teardown --host local --yes` (whole CLI)", f"{g['gpu_pivot_cli_s']['median']:.3f}",
+             f"{g['gpu_pivot_cli_s']['min']:.3f}-{g['gpu_pivot_cli_s']['max']:.3f}", f"{g['ratio_cli_vs_floor']:.2f}x"],
+        ]))
+        lines += ["", f"Every run exited 0: {g['all_exit_0']}; every GPU read 0 MiB used afterwards: {g['all_freed_to_0']}."]
+    else:
+        lines.append("No GPU results yet: run `bash bench/gpu_session.sh` on a GPU machine and copy its "
+                     "gpu-teardown.json to bench/results/.")
+    if floor:
+        lines += ["", f"Reference floor from the fixture `release-floor.json` (20-80 GB): {floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
+    return "\n".join(lines) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--fleet", type=int, nargs="*", default=[1, 4, 16, 32])
+    p.add_argument("--scan-extra", type=int, nargs="*", default=[100, 1000, 5000])
+    p.add_argument("--out", default=str(REPO / "bench" / "RESULTS.md"))
+    args = p.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="gpu-pivot-bench-"))
+    try:
+        print("1/4 seed comparison ...", flush=True)
+        seed_rows = seed_comparison(work, args.reps)
+        print("2/4 ssh ...", flush=True)
+        ssh = ssh_costs(work, args.reps)
+        print("3/4 scan cost ...", flush=True)
+        scans = scan_costs(args.scan_extra, args.reps)
+        print("4/4 fleet ...", flush=True)
+        fleet_rows = fleet(work, args.fleet, max(1, args.reps // 2))
+        text = report(args, seed_rows, ssh, scans, fleet_rows)
+        Path(args.out).write_text(text)
+        print(text)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
