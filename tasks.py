@@ -55,11 +55,13 @@ def _exit_worst(codes: list) -> None:
         raise Exit(code=worst)
 
 
-def _errors_to_codes(outcomes: list) -> list:
+def _codes(outcomes: list, agent_code: bool = False) -> list:
+    """Each host's exit code: the agent's own (when it decides, e.g. verify) or 0 when it
+    answered; 3 for an unreachable host or a failed agent, whose error is printed here."""
     codes = []
     for out in outcomes:
         if out.error is None:
-            codes.append(out.value)
+            codes.append(out.value.code if agent_code else 0)
             continue
         print(f"gpu-pivot: {out.error}", file=sys.stderr)
         codes.append(EXIT_UNREACHABLE if isinstance(out.error, (HostUnreachable, AgentError)) else 1)
@@ -96,7 +98,7 @@ def ping(c, host=DEFAULT_HOST, json=False):
                       f"fuser={'yes' if d['fuser'] else 'no'} devices={len(d['devices'])} ({r.wall_s * 1000:.0f} ms)")
     if json:
         print(_json.dumps(docs, indent=1, sort_keys=True))
-    _exit_worst(_errors_to_codes([fleet.Outcome(o.host, 0, o.error) for o in outcomes]))
+    _exit_worst(_codes(outcomes))
 
 
 @task(help={"host": HOST_HELP})
@@ -217,7 +219,7 @@ def status(c, host=DEFAULT_HOST, json=False):
                            status_view.last_teardown)
     if json:
         print(_json.dumps(docs, indent=1, sort_keys=True))
-    _exit_worst(_errors_to_codes([fleet.Outcome(o.host, 0, o.error) for o in outcomes]))
+    _exit_worst(_codes(outcomes))
 
 
 @task(help={"host": HOST_HELP, "wait": "poll up to this many seconds (every 50 ms) until free",
@@ -227,7 +229,7 @@ def status(c, host=DEFAULT_HOST, json=False):
 def verify(c, host=DEFAULT_HOST, wait="0", max_used_mib="0", json=False):
     """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1."""
     wait_s = cliargs.seconds("wait", wait)
-    max_mib = cliargs.mib("max-used-mib", max_used_mib)
+    max_mib = cliargs.whole("max-used-mib", max_used_mib)
     targets = _hosts(host)
     args = ["--wait", wait_s, "--max-used-mib", max_mib]
     outcomes = fleet.each_host(targets, lambda h: call_agent(h, "verify", args))
@@ -245,7 +247,7 @@ def verify(c, host=DEFAULT_HOST, wait="0", max_used_mib="0", json=False):
                 print(text)
     if json:
         print(_json.dumps(docs, indent=1, sort_keys=True))
-    codes = _errors_to_codes([fleet.Outcome(o.host, o.value.code if o.error is None else 0, o.error) for o in outcomes])
+    codes = _codes(outcomes, agent_code=True)
     _exit_worst(codes)
 
 
@@ -287,7 +289,7 @@ def plan(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=False, j
         for out in outcomes:
             if out.error is None:
                 _print_doc(out.host, out.value.doc, status_view.gpu_table, lambda d: teardown_view.plan_tables(d["plan"]))
-    _exit_worst(_errors_to_codes([fleet.Outcome(o.host, 0, o.error) for o in outcomes]))
+    _exit_worst(_codes(outcomes))
 
 
 @task(iterable=["match"], help=dict(
@@ -314,9 +316,9 @@ def teardown(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=Fals
     hosts_ = _hosts(host)
     args = _selection_args(match, only_matching, disable) + [
         "--grace", cliargs.seconds("grace", grace), "--timeout", cliargs.seconds("timeout", timeout),
-        "--wait-lock", cliargs.seconds("wait-lock", wait_lock), "--max-used-mib", cliargs.mib("max-used-mib", max_used_mib),
+        "--wait-lock", cliargs.seconds("wait-lock", wait_lock), "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib),
         "--operator", operator()]
-    width = cliargs.fanout(fanout)
+    width = cliargs.whole("fanout", fanout, minimum=1)
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json)
     approved = {}
@@ -337,7 +339,7 @@ def teardown(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=Fals
 
     done = (lambda out: print(teardown_view.host_line(out), flush=True)) if fleet_mode and not json else None
     outcomes = fleet.each_host(hosts_, one, width, on_done=done)
-    codes = _errors_to_codes([fleet.Outcome(o.host, o.value.code if o.error is None else 0, o.error) for o in outcomes])
+    codes = _codes(outcomes, agent_code=True)
     if json:
         print(_json.dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}, indent=1, sort_keys=True))
     elif fleet_mode:
@@ -446,7 +448,7 @@ def logs(c, host=DEFAULT_HOST, phase="", lines="50", follow=False):
     """Show a phase's log (its log file, or journald for a systemd-run unit)."""
     h = _one_host(host)
     ph = phase_ops.phase_of(h, phase)
-    n = cliargs.mib("lines", lines)
+    n = cliargs.whole("lines", lines)
     if follow:
         raise Exit(code=phase_ops.follow_logs(h, ph, n))
     r = phase_ops.logs(h, ph, n)
@@ -511,7 +513,7 @@ def pivot(c, host=DEFAULT_HOST, to="", match=None, only_matching=False, disable=
 @guarded
 def audit(c, lines="20", json=False):
     """Show the local audit log: every signal, unit stop and pivot, with host, operator and result."""
-    recs = audit_log.read()[-cliargs.mib("lines", lines):]
+    recs = audit_log.read()[-cliargs.whole("lines", lines):]
     if json:
         for r in recs:
             print(_json.dumps(r, sort_keys=True))

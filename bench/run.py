@@ -31,7 +31,7 @@ from tests.procs import ProcessSet  # noqa: E402
 from tests.seed_replay import NAMES, namespace_command, sequences  # noqa: E402
 
 FIXTURE_FLOOR = REPO.parent / "shared" / "fixtures" / "h200-driver580" / "release-floor.json"
-GPU_RESULTS = REPO / "bench" / "results" / "gpu-teardown.json"
+GPU_RESULTS = REPO / "bench" / "results"  # gpu-teardown-<N>gpu.json from bench/gpu_session.sh
 
 
 def med(values):
@@ -106,15 +106,7 @@ def ssh_costs(work: Path, reps: int) -> dict:
 
 def _control_dir(env):
     from scripts import route
-    saved = os.environ.get("GPU_PIVOT_CONTROL_DIR")
-    os.environ["GPU_PIVOT_CONTROL_DIR"] = env["GPU_PIVOT_CONTROL_DIR"]
-    try:
-        return str(route.control_dir())
-    finally:
-        if saved is None:
-            del os.environ["GPU_PIVOT_CONTROL_DIR"]
-        else:
-            os.environ["GPU_PIVOT_CONTROL_DIR"] = saved
+    return str(route.control_dir(env["GPU_PIVOT_CONTROL_DIR"]))
 
 
 def _timed(argv, env) -> float:
@@ -220,12 +212,17 @@ def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
     par = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] == "parallel"))
     seq = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] != "parallel"))
     lines += ["", f"Ratio: {big} hosts in parallel / 1 host = **{par / base:.2f}x**; {big} hosts one after another / "
-              f"parallel = **{seq / par:.1f}x**.", ""]
+              f"parallel = **{seq / par:.1f}x**.", "",
+              f"All {big} hosts and their agents run on this one machine ({os.cpu_count()} CPUs), so the parallel rows "
+              "are bounded by local CPU (each agent's Python start, scan and ssh crypto), not by the network; on a "
+              "real fleet each agent runs on its own host and only the ssh clients share the operator's CPU.", ""]
     lines += ["## 5. GPU: teardown vs the physical floor (H200)", ""]
-    if GPU_RESULTS.exists():
-        g = json.loads(GPU_RESULTS.read_text())
-        lines += [f"Measured on the GPU machine by `bash bench/gpu_session.sh` ({g['gpus']} x H200; merged from "
-                  f"`bench/results/gpu-teardown.json`, not re-measured by this run). Tree: a parent + {g['children']} "
+    results = sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json"))
+    for path in results:
+        g = json.loads(path.read_text())
+        lines += [f"### {g['gpus']} GPU(s)", "",
+                  f"Measured on the GPU machine by `bash bench/gpu_session.sh` ({g['gpus']} x H200; merged from "
+                  f"`bench/results/{path.name}`, not re-measured by this run). Tree: a parent + {g['children']} "
                   f"spawned children, {g['gib_per_proc']:g} GiB each on every GPU = {g['gib_per_gpu']:g} GiB per GPU; "
                   f"{g['floor_s']['n']} runs each, alternating.", ""]
         lines.append(table(["measure", "median s", "min-max s", "vs floor"], [
@@ -236,10 +233,10 @@ def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
             ["`invoke teardown --host local --yes` (whole CLI)", f"{g['gpu_pivot_cli_s']['median']:.3f}",
              f"{g['gpu_pivot_cli_s']['min']:.3f}-{g['gpu_pivot_cli_s']['max']:.3f}", f"{g['ratio_cli_vs_floor']:.2f}x"],
         ]))
-        lines += ["", f"Every run exited 0: {g['all_exit_0']}; every GPU read 0 MiB used afterwards: {g['all_freed_to_0']}."]
-    else:
+        lines += ["", f"Every run exited 0: {g['all_exit_0']}; every GPU read 0 MiB used afterwards: {g['all_freed_to_0']}.", ""]
+    if not results:
         lines.append("No GPU results yet: run `bash bench/gpu_session.sh` on a GPU machine and copy its "
-                     "gpu-teardown.json to bench/results/.")
+                     "gpu-teardown-<N>gpu.json to bench/results/.")
     if floor:
         lines += ["", f"Reference floor from the fixture `release-floor.json` (20-80 GB): {floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
     return "\n".join(lines) + "\n"

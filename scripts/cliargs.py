@@ -32,23 +32,12 @@ def seconds(name: str, value, minimum: float = 0.0) -> float:
     return out
 
 
-def mib(name: str, value) -> int:
-    """A whole, non-negative number of MiB from a flag."""
+def whole(name: str, value, minimum: int = 0) -> int:
+    """A whole number >= minimum from a flag (MiB, lines, hosts at once)."""
     try:
         out = int(str(value))
     except ValueError:
-        raise ConfigError(f"--{name} {value!r}: not a whole number of MiB") from None
-    if out < 0:
-        raise ConfigError(f"--{name} {value!r}: must be >= 0")
-    return out
-
-
-def fanout(value) -> int:
-    """How many hosts at once: a whole number >= 1."""
-    try:
-        out = int(str(value))
-    except ValueError:
-        raise ConfigError(f"--fanout {value!r}: not a whole number") from None
-    if out < 1:
-        raise ConfigError(f"--fanout {value!r}: must be >= 1")
+        raise ConfigError(f"--{name} {value!r}: not a whole number") from None
+    if out < minimum:
+        raise ConfigError(f"--{name} {value!r}: must be >= {minimum}")
     return out

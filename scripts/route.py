@@ -26,14 +26,14 @@ CONTROL_DIR_ENV = "GPU_PIVOT_CONTROL_DIR"
 CONTROL_PERSIST_S = 120
 
 
-def control_dir() -> Path:
+def control_dir(base: str | None = None) -> Path:
     """Where ssh ControlMaster sockets live: private, and short enough for a socket name.
 
     A unix socket path holds about 104 bytes and ssh appends a 40-character %C hash plus
     a temporary suffix, so a long configured directory is swapped for a short one
     derived from it (same directory every time for the same setting).
     """
-    base = os.environ.get(CONTROL_DIR_ENV) or f"/tmp/gpu-pivot-ssh-{os.getuid()}"
+    base = base or os.environ.get(CONTROL_DIR_ENV) or f"/tmp/gpu-pivot-ssh-{os.getuid()}"
     if len(base) > 40:
         base = f"/tmp/gpu-pivot-ssh-{os.getuid()}-{hashlib.sha1(base.encode()).hexdigest()[:10]}"
     path = Path(base)

@@ -51,7 +51,17 @@ def spawn_worker(args, i):
         argv += ["--memdir", args.memdir, "--mib", str(args.mib)]
     if args.ignore_term_workers:
         argv.append("--ignore-term")
+    if args.ready:
+        argv += ["--ready", "%s.w%d" % (args.ready, i)]
     return subprocess.Popen(argv, executable=sys.executable)
+
+
+def wait_workers_ready(args, n):
+    """The server is ready only once every worker holds its files (no race for callers)."""
+    deadline = time.monotonic() + 20
+    paths = ["%s.w%d" % (args.ready, i) for i in range(n)]
+    while not all(os.path.exists(p) for p in paths) and time.monotonic() < deadline:
+        time.sleep(0.01)
 
 
 def serve_http(args):
@@ -158,6 +168,8 @@ def main(argv=None):
         held = hold(sorted(glob.glob(os.path.join(args.devdir, "nvidia*"))))
     if args.http_port:
         serve_http(args)
+    if args.ready and args.role == "server":
+        wait_workers_ready(args, args.tp)
     if args.ready:
         with open(args.ready, "w") as f:
             f.write(" ".join(str(w.pid) for w in workers))

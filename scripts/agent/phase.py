@@ -262,14 +262,14 @@ class Stop:
             for pid in pids:
                 info = procs[pid]
                 targets.append({"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"]})
-        teardown._signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
-        alive = teardown._alive(targets)
+        teardown.signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
+        alive = teardown.alive_targets(targets)
         deadline = time.monotonic() + spec.get("stop_timeout", 30)
         while alive and time.monotonic() < deadline:
             time.sleep(0.05)
-            alive = teardown._alive(alive)
+            alive = teardown.alive_targets(alive)
         if alive:
-            teardown._signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
+            teardown.signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
             alive = teardown.wait_gone(args, alive, 5.0, None, time.monotonic(), "stop")
         return (0 if not alive else 1), {"stopped": [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
                                          "actions": audit.records}

@@ -68,7 +68,7 @@ def parse_approved(text):
     return out
 
 
-def _alive(targets):
+def alive_targets(targets):
     return [t for t in targets if procfs.same_process(t["pid"], t["start_time"])]
 
 
@@ -79,7 +79,7 @@ def _mib_left(source):
         return None
 
 
-def _signal_all(targets, sig, audit, name):
+def signal_all(targets, sig, audit, name):
     for t in targets:
         try:
             result = procfs.signal_if_same(t["pid"], t["start_time"], sig)
@@ -118,7 +118,7 @@ def wait_gone(args, targets, limit_s, source, started, phase):
     """Poll every 50 ms until every target is gone or limit_s passes; progress meanwhile."""
     t0 = time.monotonic()
     last = 0.0
-    alive = _alive(targets)
+    alive = alive_targets(targets)
     while alive and time.monotonic() - t0 < limit_s:
         now = time.monotonic()
         if now - last >= PROGRESS_EVERY_S:
@@ -126,7 +126,7 @@ def wait_gone(args, targets, limit_s, source, started, phase):
             args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
                                mib_left=_mib_left(source))
         time.sleep(verify.POLL_S)
-        alive = _alive(targets)
+        alive = alive_targets(targets)
     return alive
 
 
@@ -168,19 +168,19 @@ def execute(args, operator):
         units = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
                                  containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
                             audit, by_pid)
-        _signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
+        signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
         args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2), alive=[t["pid"] for t in targets],
                            mib_left=_mib_left(source))
         alive = wait_gone(args, targets, args.grace, source, started, "grace")
         _finish_units(units, audit, by_pid)
         if alive:
-            _signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
+            signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
             alive = wait_gone(args, alive, min(5.0, args.timeout), source, started, "sigkill")
         free, after, problems, waited = verify.wait_free(
             args, args.timeout, source=source,
             on_poll=lambda d, p, w: args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2),
                                                        problems=p[:5], mib_left=sum(g["used_mib"] or 0 for g in d["gpus"])))
-        alive = _alive(alive)
+        alive = alive_targets(alive)
         code = EXIT_FREE if free else EXIT_NOT_FREE
         before_mib = sum(g["used_mib"] or 0 for g in doc["gpus"])
         after_mib = sum(g["used_mib"] or 0 for g in after["gpus"])
