@@ -71,13 +71,14 @@ def _codes(outcomes: list, agent_code: bool = False) -> list:
 @task(help={"json": "print the configuration as JSON"})
 @guarded
 def hosts(c, json=False):
-    """List host aliases and the route each one takes (validates hosts.env)."""
+    """List host aliases, the route each one takes and its phases (validates hosts.env)."""
     known = load_hosts()
-    rows = [[h.alias, h.describe(), h.python, h.devices, h.source] for h in known.values()]
+    rows = [[h.alias, h.describe(), h.python, h.devices, ",".join(sorted(h.phases)) or "-", h.source]
+            for h in known.values()]
     if json:
-        print(_json.dumps([dict(zip(["alias", "route", "python", "devices", "source"], r)) for r in rows], indent=1))
+        print(_json.dumps([dict(zip(["alias", "route", "python", "devices", "phases", "source"], r)) for r in rows], indent=1))
     else:
-        print(table(["alias", "route", "python", "devices", "from"], rows))
+        print(table(["alias", "route", "python", "devices", "phases", "from"], rows))
 
 
 @task(help={"host": HOST_HELP, "json": "print the agent's JSON answer"})

@@ -6,6 +6,9 @@ import pytest
 from scripts.agent import fuser_parse, ps_parse, smi_parse
 from tests.conftest import FIXTURES
 
+pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"the H200 fixtures are not at {FIXTURES} "
+                                                               "(clone next to ../shared, or set GPU_PIVOT_SHARED)")
+
 
 def fx(name):
     return (FIXTURES / name).read_text()
