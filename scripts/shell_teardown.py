@@ -1,7 +1,7 @@
 """The emergency teardown as one shell command, and a reader for the report it prints.
 
 Why: when python3 is missing on the host, or this repo is not at hand, an operator still
-needs the safe sequence rather than `pkill -9 -f python3; fuser -k /dev/nvidia*`. The
+needs the safe sequence rather than the seed's kill-by-name and kill-by-device one-liner. The
 script (scripts/emergency_teardown.sh) travels as ONE argument of `sh -c`, its inputs as
 positional parameters, so the Route quotes it once per layer like any other argv.
 """

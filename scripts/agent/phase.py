@@ -100,16 +100,28 @@ def _alive_state(state):
     return procfs.same_process(state["pid"], state["start_time"])
 
 
-class Start:
+class SpecCommand:
+    """An agent subcommand about one phase: it takes --spec, decodes it, and acts on it."""
+
+    @classmethod
+    def add_arguments(cls, parser):
+        add_spec(parser)
+        cls.more_arguments(parser)
+
+    @staticmethod
+    def more_arguments(parser):
+        pass
+
+    @classmethod
+    def run(cls, args):
+        return cls.act(decode_spec(args.spec), args)
+
+
+class Start(SpecCommand):
     """Start a phase (and its prep jobs) detached from this session."""
 
     @staticmethod
-    def add_arguments(parser):
-        add_spec(parser)
-
-    @staticmethod
-    def run(args):
-        spec = decode_spec(args.spec)
+    def act(spec, args):
         name = spec["name"]
         old = load_state(name)
         if _alive_state(old):
@@ -203,17 +215,15 @@ def check(spec, state, devices_glob):
     return True, False, "alive"
 
 
-class Ready:
+class Ready(SpecCommand):
     """Wait until a started phase is ready (HTTP health, or alive and holding its GPUs)."""
 
     @staticmethod
-    def add_arguments(parser):
-        add_spec(parser)
+    def more_arguments(parser):
         parser.add_argument("--wait", type=float, default=0.0)
 
     @staticmethod
-    def run(args):
-        spec = decode_spec(args.spec)
+    def act(spec, args):
         state = load_state(spec["name"])
         if not state:
             return 1, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
@@ -235,17 +245,15 @@ class Ready:
                                      "state": state}
 
 
-class Stop:
+class Stop(SpecCommand):
     """Stop a phase: systemctl stop, or TERM its whole session, KILL after the stop timeout."""
 
     @staticmethod
-    def add_arguments(parser):
-        add_spec(parser)
+    def more_arguments(parser):
         parser.add_argument("--operator", default=None)
 
     @staticmethod
-    def run(args):
-        spec = decode_spec(args.spec)
+    def act(spec, args):
         state = load_state(spec["name"])
         if not state:
             return 0, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
@@ -275,18 +283,16 @@ class Stop:
                                          "actions": audit.records}
 
 
-class Logs:
+class Logs(SpecCommand):
     """Print the phase's log (last lines), or follow it until interrupted."""
 
     @staticmethod
-    def add_arguments(parser):
-        add_spec(parser)
+    def more_arguments(parser):
         parser.add_argument("--lines", type=int, default=50)
         parser.add_argument("--follow", action="store_true")
 
     @staticmethod
-    def run(args):
-        spec = decode_spec(args.spec)
+    def act(spec, args):
         state = load_state(spec["name"])
         if not state:
             return 1, {"error": "phase %s was never started here" % spec["name"]}
@@ -298,16 +304,11 @@ class Logs:
         return 0, {}  # not reached
 
 
-class Smoke:
+class Smoke(SpecCommand):
     """Send one request to a started server (from the host: its URL is often 127.0.0.1)."""
 
     @staticmethod
-    def add_arguments(parser):
-        add_spec(parser)
-
-    @staticmethod
-    def run(args):
-        spec = decode_spec(args.spec)
+    def act(spec, args):
         body = (spec.get("smoke_body") or "").encode() or None
         req = urllib.request.Request(spec["smoke_url"], data=body, method="POST" if body else "GET",
                                      headers={"Content-Type": "application/json"})

@@ -1,6 +1,6 @@
 """Which processes are targets and which are protected, and why.
 
-Why names and not just patterns: the seed's `pkill -9 -f python3` and `fuser -k` killed
+Why names and not just patterns: the seed's kill-by-command-line and kill-by-device-file steps killed
 monitors and nvidia-persistenced along with the server. Protection looks at every name a
 process goes by: comm (15 chars: 'nvidia-persiste'), argv[0]'s basename, and for
 interpreters the script or `-m` module (nvitop and gpustat are Python programs).
