@@ -1,6 +1,5 @@
 """GPU tests: real torch trees on real NVIDIA GPUs. `pytest -m gpu` on the GPU machine;
 skipped cleanly (with the reason) wherever NVML sees no GPU, as in CI."""
-import dataclasses
 import json
 import os
 

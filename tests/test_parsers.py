@@ -1,5 +1,4 @@
 """Parsers on the real H200 captures in ../shared/fixtures/h200-driver580, exact values."""
-import json
 
 import pytest
 

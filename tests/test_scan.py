@@ -10,10 +10,10 @@ import pytest
 from scripts.agent import cgroup, fuser_parse, scan, verify
 from tests.procs import ProcessSet, alive, state, wait_for
 
-HOLDER = f"""
+HOLDER = """
 import os, sys, time, subprocess
 files = [open(p, 'rb') for p in sys.argv[1:]]
-{{body}}
+{body}
 time.sleep(3600)
 """
 

@@ -7,7 +7,6 @@ the machine can be planned, let alone signalled.
 import dataclasses
 import json
 import os
-import re
 import signal
 import subprocess
 import time

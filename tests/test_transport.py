@@ -1,9 +1,7 @@
 """Agent transport: one round trip, noise ignored, each failure its own clear error."""
 import ast
 import json
-import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
