@@ -23,6 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from scripts import route  # noqa: E402
 from scripts.floor import release_floor  # noqa: E402
 from scripts.render import table  # noqa: E402
 from tests import scenario  # noqa: E402
@@ -92,7 +93,8 @@ def ssh_costs(work: Path, reps: int) -> dict:
                        capture_output=True, check=True)
         per_teardown = sshd.connections() - before
         cold, warm = [], []
-        ctl = ["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={_control_dir(env)}/%C", "-O", "exit", sshd.dest()]
+        ctl = ["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={route.control_dir(env['GPU_PIVOT_CONTROL_DIR'])}/%C",
+               "-O", "exit", sshd.dest()]
         for _ in range(reps):
             subprocess.run(ctl, capture_output=True)
             cold.append(_timed(invoke_argv("ping", "--host", "gpu1"), env))
@@ -102,11 +104,6 @@ def ssh_costs(work: Path, reps: int) -> dict:
         ps.kill_all()
         sshd.stop()
     return {"connections_per_teardown": per_teardown, "cold": cold, "warm": warm}
-
-
-def _control_dir(env):
-    from scripts import route
-    return str(route.control_dir(env["GPU_PIVOT_CONTROL_DIR"]))
 
 
 def _timed(argv, env) -> float:

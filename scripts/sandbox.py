@@ -142,8 +142,9 @@ def _server_shim(pkgdir: Path) -> None:
         f"runpy.run_path({str(ROLES)!r}, run_name='__main__')\n")
 
 
-def _start(argv: list, ready: Path | None = None, env: dict | None = None, executable: str | None = None) -> int:
-    """Start one detached process (own session, no stdio to us); wait until it holds."""
+def start_detached(argv: list, ready: Path | None = None, env: dict | None = None, executable: str | None = None) -> int:
+    """Start one detached process (own session, no stdio to us); wait until it holds.
+    Used by the sandbox and by the tests' process sets."""
     if ready is not None:
         argv = argv + ["--ready", str(ready)]
     proc = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
@@ -152,6 +153,7 @@ def _start(argv: list, ready: Path | None = None, env: dict | None = None, execu
         deadline = time.monotonic() + 10
         while not ready.exists():
             if proc.poll() is not None or time.monotonic() > deadline:
+                proc.kill()  # never leave a half-started holder behind
                 raise RuntimeError(f"sandbox process {argv[:3]} did not start (exit {proc.poll()})")
             time.sleep(0.01)
     return proc.pid
@@ -179,12 +181,12 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
     if ignore_term:
         server.append("--ignore-term")
     pids = {
-        "server": _start(server, readydir / "server", env),
-        "persistenced": _start(["nvidia-persistenced", str(ROLES), "hold", *common], readydir / "persistenced",
+        "server": start_detached(server, readydir / "server", env),
+        "persistenced": start_detached(["nvidia-persistenced", str(ROLES), "hold", *common], readydir / "persistenced",
                                executable=_named_python(bindir, "nvidia-persistenced")),
-        "monitor": _start(["nvitop", str(ROLES), "hold", *common], readydir / "monitor",
+        "monitor": start_detached(["nvitop", str(ROLES), "hold", *common], readydir / "monitor",
                           executable=_named_python(bindir, "nvitop")),
-        "bystander": _start([py, str(ROLES), "idle", "--job", "prepare_dataset"], readydir / "bystander"),
+        "bystander": start_detached([py, str(ROLES), "idle", "--job", "prepare_dataset"], readydir / "bystander"),
     }
     workers = (readydir / "server").read_text().split()
     for i, pid in enumerate(workers):

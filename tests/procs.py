@@ -3,13 +3,12 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
 
 from scripts.agent import procfs
-from scripts.sandbox import ROLES, make_devices
+from scripts.sandbox import ROLES, make_devices, start_detached
 
 
 class ProcessSet:
@@ -32,17 +31,10 @@ class ProcessSet:
         self.n += 1
         return self.base / f"ready{self.n}"
 
-    def start(self, argv: list, executable: str | None = None, new_session: bool = True, wait_ready: bool = True,
-              env: dict | None = None) -> int:
-        ready = self._ready()
-        argv = list(argv) + (["--ready", str(ready)] if wait_ready else [])
-        proc = subprocess.Popen(argv, executable=executable, start_new_session=new_session, env=env,
-                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        self.pids.append(proc.pid)
-        if wait_ready:
-            wait_for(ready.exists, f"{argv[:3]} ready")
-        self._popen = proc
-        return proc.pid
+    def start(self, argv: list, executable: str | None = None, env: dict | None = None) -> int:
+        pid = start_detached(list(argv), self._ready(), env=env, executable=executable)
+        self.pids.append(pid)
+        return pid
 
     def role(self, role: str, *extra: str, title: str | None = None, executable: str | None = None, **kw) -> int:
         argv = [title or sys.executable, str(ROLES), role, "--devdir", str(self.devdir), *extra]

@@ -9,6 +9,7 @@ A reader is opened once and read many times (verify polls every 50 ms; one NVML 
 query costs ~0.01 ms). The sandbox host uses a clearly labelled fake source that derives
 memory from live sandbox processes.
 """
+import contextlib
 import glob
 import json
 import os
@@ -130,6 +131,25 @@ class NoSource:
 
     def close(self):
         pass
+
+
+def total_used_mib(gpus):
+    """Used MiB summed over GPUs (unknown counts as 0): progress lines and freed-MiB figures."""
+    return sum(g["used_mib"] or 0 for g in gpus)
+
+
+@contextlib.contextmanager
+def reader(args, source=None):
+    """Yield (source, why better sources were not used): the caller's open reader when it
+    polls with one, else a fresh one that is closed on the way out."""
+    if source is not None:
+        yield source, []
+        return
+    source, tried = open_source(args.fake_gpus, args.devices)
+    try:
+        yield source, tried
+    finally:
+        source.close()
 
 
 def open_source(fake_dir=None, devices_glob="/dev/nvidia*"):

@@ -14,15 +14,8 @@ def collect(args, source=None):
     """One scan. `source` (an open GPU reader) is reused by callers that poll."""
     started = time.monotonic()
     snap = procscan.snapshot(args.devices)
-    own = source is None
-    tried = []
-    if own:
-        source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
-    try:
+    with gpuinfo.reader(args, source) as (source, tried):
         gpus = source.read()
-    finally:
-        if own:
-            source.close()
     procs = snap["procs"]
     chain = procscan.self_chain(procs)
     me = os.getpid()

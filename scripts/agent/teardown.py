@@ -73,9 +73,12 @@ def alive_targets(targets):
 
 
 def _mib_left(source):
+    """GPU MiB still used, for progress lines; None without a GPU reader (phase stop)."""
+    if source is None:
+        return None
     try:
-        return sum(g["used_mib"] or 0 for g in source.read())
-    except Exception:
+        return gpuinfo.total_used_mib(source.read())
+    except Exception:  # a failing driver query must not stop a teardown halfway
         return None
 
 
@@ -90,15 +93,11 @@ def signal_all(targets, sig, audit, name):
 
 def _stop_units(the_plan, audit, targets_by_pid):
     """Start `systemctl stop` / `docker stop` for each unit or container; returns the Popens."""
-    running = []
-    for u in the_plan["units"]:
-        argv = ["systemctl", "disable", "--now", u["unit"]] if u["disable"] else ["systemctl", "stop", u["unit"]]
-        running.append((argv, u["pids"], subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                          stderr=subprocess.PIPE)))
-    for c in the_plan["containers"]:
-        argv = ["docker", "stop", c["id"]]
-        running.append((argv, c["pids"], subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                          stderr=subprocess.PIPE)))
+    stops = [(["systemctl", "disable", "--now", u["unit"]] if u["disable"] else ["systemctl", "stop", u["unit"]], u["pids"])
+             for u in the_plan["units"]]
+    stops += [(["docker", "stop", c["id"]], c["pids"]) for c in the_plan["containers"]]
+    running = [(argv, pids, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.PIPE)) for argv, pids in stops]
     for argv, pids, _ in running:
         first = targets_by_pid.get(pids[0], {"pid": pids[0]})
         audit.log(first, " ".join(argv), "started")
@@ -179,14 +178,12 @@ def execute(args, operator):
         free, after, problems, waited = verify.wait_free(
             args, args.timeout, source=source,
             on_poll=lambda d, p, w: args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2),
-                                                       problems=p[:5], mib_left=sum(g["used_mib"] or 0 for g in d["gpus"])))
+                                                       problems=p[:5], mib_left=gpuinfo.total_used_mib(d["gpus"])))
         alive = alive_targets(alive)
         code = EXIT_FREE if free else EXIT_NOT_FREE
-        before_mib = sum(g["used_mib"] or 0 for g in doc["gpus"])
-        after_mib = sum(g["used_mib"] or 0 for g in after["gpus"])
         record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
                       after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
-                      still_holding=[] if free else verify.still_holding(after), freed_mib=before_mib - after_mib,
+                      still_holding=[] if free else verify.still_holding(after), freed_mib=gpuinfo.total_used_mib(doc["gpus"]) - gpuinfo.total_used_mib(after["gpus"]),
                       signalled=sum(1 for a in audit.records if a["result"] == "sent"),
                       finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         out = _result(record, scan.public(after), started)

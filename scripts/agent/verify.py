@@ -60,12 +60,8 @@ def wait_free(args, wait_s, on_poll=None, source=None):
 
     `source`: an open GPU reader to reuse (teardown keeps one open); else one is opened.
     """
-    own = source is None
-    tried = []
-    if own:
-        source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
     started = time.monotonic()
-    try:
+    with gpuinfo.reader(args, source) as (source, tried):
         while True:
             doc = scan.collect(args, source)
             doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
@@ -76,9 +72,6 @@ def wait_free(args, wait_s, on_poll=None, source=None):
             if on_poll:
                 on_poll(doc, problems, waited)
             time.sleep(min(POLL_S, max(0.0, wait_s - waited)))
-    finally:
-        if own:
-            source.close()
 
 
 def run(args):
