@@ -24,9 +24,19 @@ BYSTANDER_ROLES = ("persistenced", "monitor", "unrelated")
 
 
 def target_pattern(ps: ProcessSet) -> str:
-    """Matches this scenario's two servers and nothing else on the machine."""
-    import re
-    return r"sglang\.launch_server --devdir " + re.escape(str(ps.devdir))
+    """The program this scenario's servers run. Patterns name programs, so the test is kept
+    to its own processes by the scope (its temp dir in their command line) instead."""
+    return r"sglang\.launch_server"
+
+
+def host_keys(ps: ProcessSet) -> dict:
+    """hosts.env keys (without the ALIAS_ prefix) that keep a teardown to this scenario:
+    its fake device files, its program, and its temp dir as the scope."""
+    return {"DEVICES": ps.glob, "TARGETS": target_pattern(ps), "FAKE_DEVICES": "yes", "SCOPE": str(ps.base)}
+
+
+def env_lines(ps: ProcessSet, alias: str = "local") -> str:
+    return "".join(f"{alias.upper()}_{k}='{v}'\n" for k, v in host_keys(ps).items())
 
 
 def _server(ps: ProcessSet, *flags: str) -> int:

@@ -30,9 +30,9 @@ def sequences(workdir: Path) -> dict:
     seed_file = workdir / "seed000.sh"
     seed_file.write_text(seed000 + "\n")
     from tests.procs import ProcessSet  # noqa: F401  (import check: the driver needs the repo)
-    pattern = r"sglang\.launch_server --devdir " + str(workdir / "dev").replace(".", r"\.")
     agent = [sys.executable, str(REPO / "scripts" / "gpuagent.py"), "teardown", "--json", "--devices", devices,
-             "--target", pattern, "--grace", "1", "--timeout", "10", "--fake-gpus", str(workdir / "gpumem")]
+             "--fake-devices", "--target", r"sglang\.launch_server", "--scope", str(workdir), "--grace", "1",
+             "--timeout", "10", "--fake-gpus", str(workdir / "gpumem")]
     return dict(zip(NAMES, [
         "bash -c " + shlex.quote(seed000),
         f"bash {shlex.quote(str(seed_file))}",
@@ -65,9 +65,10 @@ def start(workdir: Path) -> None:
 def check(workdir: Path, t0: str, t1: str) -> None:
     from tests.procs import alive
     from scripts.agent import procscan
+    from scripts.agent.devices import DeviceSet
 
     roles = json.loads((workdir / "roles.json").read_text())
-    holders = procscan.snapshot(f"{workdir}/dev/nvidia*")["holders"]
+    holders = procscan.snapshot(DeviceSet(f"{workdir}/dev/nvidia*", fake=True))["holders"]
     said = (workdir / "seq.out").read_text().strip().splitlines()
     try:  # gpu-pivot's agent prints one JSON document: keep its verdict
         said = ["verdict: %s (exit %s)" % (json.loads(said[-1])["verdict"], json.loads(said[-1])["exit_code"])]

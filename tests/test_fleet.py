@@ -20,7 +20,7 @@ def test_fleet_teardown_with_an_unreachable_host(two_hosts, sshd, hosts_env):
     text = ""
     for i, ps in enumerate(two_hosts, 1):
         roles.append(scenario.start(ps, stubborn=False))
-        text += sshd.hosts_env(f"node{i}", extra={"DEVICES": ps.glob, "TARGETS": scenario.target_pattern(ps)})
+        text += sshd.hosts_env(f"node{i}", extra=scenario.host_keys(ps))
     text += "NODE3_SSH=nobody@127.0.0.1\nNODE3_SSH_OPTS='-p 1 -o ConnectTimeout=3 -o ControlPath=none'\n"
     hosts_env(text)
     res = invoke("teardown", "--host", "node[1-3]", "--yes", "--fanout", "3", "--grace", "2")

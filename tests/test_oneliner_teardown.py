@@ -19,7 +19,7 @@ def ps(tmp_path):
 
 def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
     roles = scenario.start(ps)
-    hosts_env(sshd.hosts_env("gpu2", ctid="129", extra={"DEVICES": ps.glob}))
+    hosts_env(sshd.hosts_env("gpu2", ctid="129", extra={"DEVICES": ps.glob, "FAKE_DEVICES": "yes"}))
     out = invoke("oneliner", "--host", "gpu2", "--action", "teardown", "--grace", "1")
     assert out.returncode == 0, out.stderr
     line = out.stdout.decode().strip()

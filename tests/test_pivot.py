@@ -2,6 +2,7 @@
 /metrics on loopback, a job phase, a failing gate, a readiness timeout, a deploy rolled
 back, datagen prep jobs reported; launch lint; the setsid path; systemd-run by argv."""
 import json
+import re
 import os
 import urllib.request
 from pathlib import Path
@@ -72,7 +73,8 @@ def server_argv(ps, port, *extra):
 
 
 def local_env(ps, hosts_env, phases: dict):
-    lines = [f"LOCAL_DEVICES='{ps.glob}'", f"LOCAL_TARGETS='{ROLES.name} (server|job) --devdir {ps.devdir}'"]
+    lines = [f"LOCAL_DEVICES='{ps.glob}'", f"LOCAL_TARGETS='{re.escape(ROLES.name)}'", "LOCAL_FAKE_DEVICES=yes",
+             f"LOCAL_SCOPE='{ps.base}'"]
     for name, keys in phases.items():
         for k, v in keys.items():
             lines.append(f"LOCAL_PHASE_{name.upper()}_{k}='{v}'")

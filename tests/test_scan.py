@@ -26,7 +26,8 @@ def ps(tmp_path):
 
 
 def scan_args(ps, **kw):
-    ns = argparse.Namespace(devices=ps.glob, protect=[], target=[], match=[], fake_gpus=str(ps.memdir),
+    ns = argparse.Namespace(devices=ps.glob, fake_devices=True, scope=None, scope_uid=None, protect=[], target=[],
+                            match=[], fake_gpus=str(ps.memdir),
                             max_used_mib=0, wait=0.0)
     for k, v in kw.items():
         setattr(ns, k, v)

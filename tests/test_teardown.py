@@ -34,13 +34,13 @@ def pattern(ps):
 
 
 def host(ps, alias="local", **keys):
-    base = {"DEVICES": ps.glob, "TARGETS": pattern(ps)}
+    base = scenario.host_keys(ps)
     base.update(keys)
     return dataclasses.replace(build_host(alias, base, "test"), fake_gpus=str(ps.memdir))
 
 
 def env_file(ps, hosts_env, extra=""):
-    return hosts_env(f"LOCAL_DEVICES='{ps.glob}'\nLOCAL_TARGETS='{pattern(ps)}'\n" + extra)
+    return hosts_env(scenario.env_lines(ps) + extra)
 
 
 def assert_outcome(roles):
@@ -61,7 +61,7 @@ def test_full_scenario_frees_everything_and_harms_nothing(ps):
     doc = result.doc
     reasons = {t["pid"]: t["reason"] for t in doc["plan"]["targets"]}
     assert set(reasons) == {roles[r] for r in scenario.TARGET_ROLES}
-    assert "tree of target" in reasons[roles["tokenizer"]]
+    assert "started by target" in reasons[roles["tokenizer"]]
     assert "process group" in reasons[roles["group_helper"]]
     assert "orphan of PID 1" in reasons[roles["orphan"]] or "holds a GPU" in reasons[roles["orphan"]]
     assert reasons[roles["renamed"]].startswith("holds a GPU")
@@ -212,7 +212,7 @@ def _finished(path):
 
 def test_same_scenario_through_ssh_and_pct_cli(ps, sshd, hosts_env):
     roles = scenario.start(ps, stubborn=False)
-    hosts_env(sshd.hosts_env("gpu2", ctid="129", extra={"DEVICES": ps.glob, "TARGETS": pattern(ps)}))
+    hosts_env(sshd.hosts_env("gpu2", ctid="129", extra=scenario.host_keys(ps)))
     out = invoke("teardown", "--host", "gpu2", "--yes", "--grace", "2")
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
     assert_outcome(roles)

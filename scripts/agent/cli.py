@@ -12,7 +12,7 @@ import os
 import sys
 
 from . import lastrun
-from . import deploy, drain, gates, lint, markers, phase, ping, plan, scan, teardown, verify
+from . import deploy, devices, drain, gates, lint, markers, options, phase, ping, plan, scan, teardown, verify
 
 SUBCOMMANDS = {
     "ping": ping,
@@ -31,6 +31,7 @@ SUBCOMMANDS = {
     "deploy": deploy,
 }
 PROGRESS_PREFIX = "gpu-pivot-progress "
+EXIT_USAGE = 2
 
 
 def progress(args, **fields):
@@ -53,7 +54,10 @@ def build_parser():
         p.add_argument("--marker", help="frame the JSON result with marker lines carrying this nonce")
         p.add_argument("--json", action="store_true", help="print the JSON result")
         p.add_argument("--progress", action="store_true", help="print progress lines while working")
-        p.add_argument("--devices", default="/dev/nvidia*", help="glob of GPU device files")
+        p.add_argument("--devices", default=devices.DEFAULT_GLOB, help="glob of GPU device files")
+        p.add_argument("--fake-devices", action="store_true",
+                       help="the device glob may name plain files (sandbox, tests); otherwise every match must be "
+                            "an NVIDIA character device")
         p.add_argument("--run-dir", default=None, help="where state, logs and the audit log are kept on the host")
         module.add_arguments(p)
     return parser
@@ -89,7 +93,11 @@ def main(argv=None):
     if args.run_dir:
         os.environ[lastrun.RUN_DIR_ENV] = args.run_dir
     args.emit_progress = lambda **f: progress(args, **f)
-    code, doc = SUBCOMMANDS[args.command].run(args)
+    try:
+        options.check_patterns(args)
+        code, doc = SUBCOMMANDS[args.command].run(args)
+    except (options.UsageError, devices.DeviceError) as exc:
+        code, doc = EXIT_USAGE, {"usage_error": str(exc)}
     doc.setdefault("command", args.command)
     doc.setdefault("exit_code", code)
     emit(args, doc)

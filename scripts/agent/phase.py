@@ -16,7 +16,8 @@ import subprocess
 import time
 import urllib.request
 
-from . import lastrun, plan, procfs, procscan, teardown
+from . import lastrun, plan, procfs, procscan, scan, statedir, teardown
+from .targets import Targets
 
 WRAP = '"$@"; echo $? > "$GPU_PIVOT_EXIT_FILE"'
 LOG_TAIL = 15
@@ -36,22 +37,22 @@ def encode_spec(spec):
 
 
 def state_path(name):
+    """phase-NAME.json in the checked run dir (a name with a path separator is refused)."""
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise ValueError("phase name %r: not a plain name" % name)
     return os.path.join(lastrun.run_dir(), "phase-%s.json" % name)
 
 
 def load_state(name):
     try:
-        with open(state_path(name)) as f:
-            return json.load(f)
+        return statedir.read_json(state_path(name))
     except (OSError, ValueError):
         return None
 
 
 def save_state(state):
-    tmp = state_path(state["name"]) + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(state, f, sort_keys=True)
-    os.replace(tmp, state_path(state["name"]))
+    """Atomic, O_EXCL temp file, never through a link (statedir.write_json_atomic)."""
+    statedir.write_json_atomic(state_path(state["name"]), state)
 
 
 def unit_name(name):
@@ -175,11 +176,11 @@ def _session_pids(state):
     return [p for p, info in procs.items() if info and info["sid"] == state["pid"]], procs
 
 
-def _holding(state, devices_glob):
-    """Does any process of the phase's session hold a GPU device file?"""
-    devices = procscan.device_paths(devices_glob)
-    pids, _ = _session_pids(state)
-    return any(procscan.held_devices(pid, devices)[0] for pid in pids)
+def _holding(state, args):
+    """Does any process of the phase's session hold a GPU device?"""
+    devset = scan.device_set(args)
+    pids, procs = _session_pids(state)
+    return any(procscan.held_devices(pid, devset, procs[pid]["threads"])[0] for pid in pids)
 
 
 def http_ok(url, timeout=2.0):
@@ -200,7 +201,7 @@ def prep_report(state):
     return out
 
 
-def check(spec, state, devices_glob):
+def check(spec, state, args):
     """(ready, dead, detail) for one look at the phase."""
     alive = _alive_state(state)
     if not alive:
@@ -210,7 +211,7 @@ def check(spec, state, devices_glob):
         ok, why = http_ok(spec["ready"])
         return ok, False, "%s -> %s" % (spec["ready"], why)
     if spec["ready"] == "holding" and not state.get("unit"):
-        ok = _holding(state, devices_glob)
+        ok = _holding(state, args)
         return ok, False, "holding a GPU" if ok else "alive, not yet holding a GPU"
     return True, False, "alive"
 
@@ -230,7 +231,7 @@ class Ready(SpecCommand):
         started = time.monotonic()
         last = -10.0
         while True:
-            ready, dead, detail = check(spec, state, args.devices)
+            ready, dead, detail = check(spec, state, args)
             waited = time.monotonic() - started
             if ready or dead or waited >= args.wait:
                 break
@@ -270,15 +271,12 @@ class Stop(SpecCommand):
             for pid in pids:
                 info = procs[pid]
                 targets.append({"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"]})
-        teardown.signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
-        alive = teardown.alive_targets(targets)
-        deadline = time.monotonic() + spec.get("stop_timeout", 30)
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.05)
-            alive = teardown.alive_targets(alive)
+        tracked = Targets(targets, audit)
+        tracked.signal(targets, signal.SIGTERM, "SIGTERM")
+        alive = teardown.wait_gone(args, tracked, spec.get("stop_timeout", 30), None, time.monotonic(), "stop")
         if alive:
-            teardown.signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
-            alive = teardown.wait_gone(args, alive, 5.0, None, time.monotonic(), "stop")
+            tracked.signal(alive, signal.SIGKILL, "SIGKILL")
+            alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
         return (0 if not alive else 1), {"stopped": [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
                                          "actions": audit.records}
 

@@ -1,16 +1,23 @@
 """Plan a teardown: which processes are targets and which are protected, each with why.
 
-Targets: processes matching the target patterns (never a bare `python`), their whole
-trees, the members of process groups they lead, and every other non-protected holder of
-a GPU device file (orphans reparented to PID 1, renamed titles). `--only-matching`
-leaves the other holders alone and reports them. Protected processes are never
-signalled, even inside a target's tree. A process that matches no pattern and holds no
-GPU is never touched. Units and containers are stopped through their manager.
+Targets are PROGRAMS named by a pattern (program.py: the executable, the module or script
+an interpreter runs, or a process title - never an argument of another program, so `tail
+-f sglang.launch_server.log`, `grep "vllm serve"` or a tmux session named `torchrun` are
+not targets), then the processes those programs started (their trees, and members of
+process groups they lead that were not started by the shell beside them), then every other
+non-protected holder of a GPU device (orphans reparented to PID 1, renamed titles).
+`--only-matching` leaves the other holders alone and reports them; `--scope TEXT` /
+`--scope-uid UID` narrow every target to processes with TEXT in their command line / owned
+by UID (the sandbox and the tests use them to touch only what they started). Never above a
+target: the shell, multiplexer or terminal that contains a server is not signalled.
+Protected processes are never signalled, even inside a target's tree. A process that
+matches no pattern and holds no GPU is never touched. Units and containers are stopped
+through their manager.
 """
 import os
 import shutil
 
-from . import options, procscan, rules, scan
+from . import options, procfs, procscan, rules, scan
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
 
@@ -36,11 +43,29 @@ def _unit_to_stop(unit):
     return unit
 
 
+def patterns_of(args):
+    return list(args.target or rules.DEFAULT_TARGETS) + list(args.match)
+
+
+def in_scope(info, args):
+    """Does --scope / --scope-uid allow this process to be a target?"""
+    if args.scope_uid is not None and info.get("uid") != args.scope_uid:
+        return False
+    return not args.scope or args.scope in (info.get("cmdline") or "")
+
+
+RULES = (
+    "targets: programs named by the patterns, the processes they started, and other unprotected GPU holders",
+    "processes a target forks during the teardown (its new descendants) are signalled too",
+    "anything else that holds a GPU after the targets are gone is reported, never signalled",
+)
+
+
 def build(doc, args):
     """The plan from a scan document (scan.collect output, with its private fields)."""
     procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
     holders = {h["pid"]: h for h in doc["holders"]}
-    patterns = list(args.target or rules.DEFAULT_TARGETS) + list(args.match)
+    patterns = patterns_of(args)
     kids = procscan.children_map(procs)
     reasons, protected = {}, {}
 
@@ -50,7 +75,9 @@ def build(doc, args):
         return protected[pid]
 
     def add(pid, why):
-        if pid in reasons or pid not in procs or protect(pid) or procs[pid]["state"] in ("Z", "X"):
+        if pid in reasons or pid not in procs or protect(pid) or procfs.finished(procs[pid]):
+            return False
+        if args.scope_uid is not None and procs[pid]["uid"] != args.scope_uid:
             return False
         reasons[pid] = why
         return True
@@ -58,18 +85,15 @@ def build(doc, args):
     matched = []
     for pid, info in procs.items():
         why = rules.target_reason(info, patterns)
-        if why and add(pid, why):
+        if why and in_scope(info, args) and add(pid, why):
             matched.append(pid)
-    for root in list(matched):  # whole trees
+    for root in list(matched):  # what the server started: its whole tree
         stack = [root]
         while stack:
             for child in kids.get(stack.pop(), []):
-                if add(child, "in the tree of target %d" % root) or child in reasons:
+                if add(child, "started by target %d" % root) or child in reasons:
                     stack.append(child)
-    leaders = {pid for pid in reasons if procs[pid]["pgid"] == pid}
-    for pid, info in procs.items():  # process groups led by a target
-        if info["pgid"] in leaders and pid not in reasons:
-            add(pid, "in process group %d of a target" % info["pgid"])
+    _group_members(procs, reasons, add)
     left_alone = []
     for pid, h in holders.items():
         if pid in reasons or h["protected"]:
@@ -77,9 +101,29 @@ def build(doc, args):
         why = "holds a GPU (orphan of PID 1)" if h["ppid"] == 1 else "holds a GPU"
         if args.only_matching:
             left_alone.append(_row(h, "holds a GPU but matches no target pattern (--only-matching)"))
+        elif not in_scope(h, args):
+            left_alone.append(_row(h, "holds a GPU but is outside the scope (--scope/--scope-uid)"))
         else:
             add(pid, why)
     return _assemble(doc, reasons, holders, procs, left_alone, args)
+
+
+def _group_members(procs, reasons, add):
+    """Members of process groups a target leads, left behind by the server (a double-forked
+    helper, reparented). Not the pipeline siblings a shell put in the same group (`torchrun
+    ... | tee log`: tee was started by the shell, not by the server) nor their children."""
+    leaders = {pid: procs[pid]["ppid"] for pid in reasons if procs[pid]["pgid"] == pid}
+    # a leader whose parent is init (it was started detached, or its starter exited) has no
+    # shell beside it: everything in its group that is not in its tree was left by it
+    siblings = {pid for pid, info in procs.items()
+                if info["pgid"] in leaders and pid not in reasons and leaders[info["pgid"]] > 1
+                and info["ppid"] == leaders[info["pgid"]]}
+    for pid, info in procs.items():
+        if info["pgid"] not in leaders or pid in reasons or pid in siblings:
+            continue
+        if set(procscan.ancestors(pid, procs)[1:]) & siblings:
+            continue
+        add(pid, "left in process group %d of a target" % info["pgid"])
 
 
 def _row(info, why):
@@ -117,7 +161,9 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
         "left_alone": left_alone,
         "units": [{"unit": u, "pids": p, "disable": bool(args.disable)} for u, p in sorted(units.items())],
         "containers": [{"id": c, "pids": p} for c, p in sorted(containers.items())],
-        "patterns": list(args.target or rules.DEFAULT_TARGETS) + list(args.match),
+        "patterns": patterns_of(args),
+        "scope": {"text": args.scope, "uid": args.scope_uid},
+        "rules": list(RULES),
         "will_free_mib": sum(v for t in targets for v in t["gpu_mib"].values() if v),
         "writing": [{"pid": t["pid"], "files": t["write_files"]} for t in targets if t["write_files"]],
     }

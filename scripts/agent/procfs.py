@@ -29,6 +29,8 @@ def read_stat(pid, proc=PROC):
         "ppid": int(rest[1]),
         "pgid": int(rest[2]),
         "sid": int(rest[3]),
+        "flags": int(rest[6]),
+        "threads": int(rest[17]),
         "start_time": int(rest[19]),
     }
 
@@ -38,10 +40,16 @@ def start_time(pid, proc=PROC):
     return stat["start_time"] if stat else None
 
 
+def finished(stat):
+    """True when the process has exited: a zombie whose threads are all gone. A zombie
+    LEADER with live threads is still running (and may hold a GPU)."""
+    return stat["state"] in ("Z", "X") and stat["threads"] <= 1
+
+
 def same_process(pid, start, proc=PROC):
-    """True while (pid, start) still names a live, non-zombie process."""
+    """True while (pid, start) still names a live process (not one that has exited)."""
     stat = read_stat(pid, proc)
-    return bool(stat) and stat["start_time"] == start and stat["state"] not in ("Z", "X")
+    return bool(stat) and stat["start_time"] == start and not finished(stat)
 
 
 def signal_if_same(pid, start, sig):
@@ -60,7 +68,7 @@ def signal_if_same(pid, start, sig):
             pidfd = None  # ENOSYS on old kernels: fall back to the checked kill
     try:
         stat = read_stat(pid)
-        if stat is None or stat["state"] in ("Z", "X"):
+        if stat is None or finished(stat):
             return "gone"
         if stat["start_time"] != start:
             return "reused"

@@ -1,13 +1,17 @@
-"""Scan /proc for every process, and for who holds a GPU device file, as fuser does.
+"""Scan /proc for every process, and for who holds a GPU device, as fuser does but by identity.
 
-Why /proc and not fuser: hosts without psmisc still work, we get pid -> device files in
-one pass, and we read everything else about each holder (tree, state, cgroup, files open
-for writing) from the same place. fuser's output is parsed elsewhere to cross-check.
-Permission-denied entries are reported, never silently dropped: an unprivileged scan
-that cannot see a holder must say so.
+Why /proc and not fuser: hosts without psmisc still work, we get pid -> devices in one
+pass, and we read everything else about each holder (tree, state, cgroup, files open for
+writing) from the same place. An open file is a GPU device by what `stat()` says it is
+(devices.DeviceSet), in ANY thread's fd table: a thread made with its own table
+(unshare(CLONE_FILES)) or the live thread of an exited (zombie) leader holds fds that
+/proc/PID/fd does not show. Processes whose fds cannot be read are reported, never
+silently dropped: an unprivileged scan that cannot see a holder must say so, and then
+nothing may be called free. Kernel threads have no fds and are skipped.
 """
-import glob
+import ctypes
 import os
+import platform
 import pwd
 import stat
 
@@ -16,11 +20,6 @@ from . import cgroup, procfs
 PROC = "/proc"
 O_ACCMODE = 0o3  # fdinfo flags & 3: 0 read-only, 1 write-only, 2 read-write
 _NOT_FILES = ("/dev/", "/proc/", "/sys/", "pipe:", "socket:", "anon_inode:", "/memfd:")
-
-
-def device_paths(pattern):
-    """The device files the glob names, as the paths /proc/PID/fd links will show."""
-    return {os.path.realpath(p) for p in glob.glob(pattern)}
 
 
 def _read(path, mode="rb"):
@@ -49,23 +48,74 @@ def basic(pid, proc=PROC):
     return stat
 
 
-def held_devices(pid, devices, proc=PROC):
-    """(sorted device files this pid holds open, None) or ([], 'permission denied')."""
-    fd_dir = "%s/%d/fd" % (proc, pid)
+_NO_STAT = ("socket:", "pipe:", "anon_inode:", "/proc/", "/sys/")
+KCMP_FILES = 2
+_KCMP_NR = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "s390x": 343}
+_kcmp_fn = []
+
+
+def _kcmp():
+    if not _kcmp_fn:
+        nr = _KCMP_NR.get(platform.machine())
+        try:
+            libc = ctypes.CDLL(None, use_errno=True) if nr else None
+        except OSError:
+            libc = None
+        _kcmp_fn.append((libc.syscall, nr) if libc is not None else None)
+    return _kcmp_fn[0]
+
+
+def shares_fd_table(pid, tid):
+    """True when thread tid uses its process's fd table (kcmp KCMP_FILES); False when it
+    has its own or that cannot be told (then its fds are read too: correctness first)."""
+    fn = _kcmp()
+    if fn is None:
+        return False
+    syscall, nr = fn
+    return syscall(nr, pid, tid, KCMP_FILES, 0, 0) == 0
+
+
+def fd_dirs(pid, threads, proc=PROC):
+    """The fd directories that together show every fd of the process: its own, plus those
+    of threads with an fd table of their own (or of a leader that exited before them)."""
+    dirs = ["%s/%d/fd" % (proc, pid)]
+    if threads > 1 and proc == PROC:
+        try:
+            tids = [int(t) for t in os.listdir("%s/%d/task" % (proc, pid)) if int(t) != pid]
+        except OSError:
+            tids = []
+        for tid in tids:
+            if not shares_fd_table(pid, tid):
+                dirs.append("%s/%d/task/%d/fd" % (proc, pid, tid))
+    return dirs
+
+
+def held_devices(pid, devset, threads=1, proc=PROC, links=None):
+    """(sorted GPU devices this pid holds open, None) or ([], 'permission denied').
+    `links`, when a set, gathers the fd link texts of those devices (what maps show)."""
     held = set()
-    try:
-        with os.scandir(fd_dir) as entries:
-            for entry in entries:
-                try:
-                    target = os.readlink(entry.path)
-                except OSError:
-                    continue
-                if target in devices:
-                    held.add(target)
-    except PermissionError:
-        return [], "permission denied"
-    except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
-        return [], None
+    denied = None
+    for fd_dir in fd_dirs(pid, threads, proc):
+        try:
+            with os.scandir(fd_dir) as entries:
+                for entry in entries:
+                    try:
+                        text = os.readlink(entry.path)
+                        if text.startswith(_NO_STAT):
+                            continue
+                        name = devset.identify(os.stat(entry.path))
+                    except OSError:
+                        continue  # closed while we looked
+                    if name:
+                        held.add(name)
+                        if links is not None:
+                            links.add(text)
+        except PermissionError:
+            denied = "permission denied"
+        except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
+            continue
+    if denied and not held:
+        return [], denied
     return sorted(held), None
 
 
@@ -138,29 +188,35 @@ def user_name(uid, cache={}):
     return cache[uid]
 
 
-def snapshot(devices_glob, proc=PROC):
-    """Every process (basic fields) and which of them hold a GPU device file.
+PF_KTHREAD = 0x00200000
 
-    Returns {'procs': {pid: info}, 'holders': {pid: [device files]}, 'denied': [pids]}.
+
+def snapshot(devset, proc=PROC):
+    """Every process (basic fields) and which of them hold a GPU device (devices.DeviceSet).
+
+    Returns {'procs': {pid: info}, 'holders': {pid: [devices]}, 'denied': [pids],
+    'devices': [paths]}. 'denied' lists processes whose fds could not be read (kernel
+    threads, which have none, excepted).
     """
-    devices = device_paths(devices_glob)
-    procs, holders, denied = {}, {}, []
+    procs, holders, denied, links = {}, {}, [], {}
     for pid in all_pids(proc):
         info = basic(pid, proc)
         if info is None:
             continue
         procs[pid] = info
-        if not devices:
+        if not devset or info["flags"] & PF_KTHREAD:
             continue
-        held, problem = held_devices(pid, devices, proc)
+        texts = set()
+        held, problem = held_devices(pid, devset, info["threads"], proc, texts)
         if problem:
             denied.append(pid)
         elif held:
             holders[pid] = held
-    return {"procs": procs, "holders": holders, "denied": denied, "devices": sorted(devices)}
+            links[pid] = sorted(texts)
+    return {"procs": procs, "holders": holders, "denied": denied, "devices": list(devset.paths), "links": links}
 
 
-def detail(info, held, proc=PROC, now_ticks=None):
+def detail(info, held, proc=PROC, now_ticks=None, links=None):
     """The full per-process record shown to users: add user, age, unit/container, writes."""
     pid = info["pid"]
     cg = cgroup.read(pid, proc)
@@ -170,7 +226,7 @@ def detail(info, held, proc=PROC, now_ticks=None):
     out["unit"] = cg["unit"]
     out["container"] = cg["container"]
     out["write_files"] = write_files(pid, proc)
-    out["mapped_devices"] = mapped_devices(pid, set(held), proc) if held else []
+    out["mapped_devices"] = mapped_devices(pid, set(held) | set(links or ()), proc) if held else []
     if now_ticks is not None:
         out["age_s"] = max(0.0, (now_ticks - info["start_time"]) / clock_ticks())
     return out

@@ -1,21 +1,26 @@
 """Which processes are targets and which are protected, and why.
 
-Why names and not just patterns: the seed's kill-by-command-line and kill-by-device-file steps killed
-monitors and nvidia-persistenced along with the server. Protection looks at every name a
-process goes by: comm (15 chars: 'nvidia-persiste'), argv[0]'s basename, and for
-interpreters the script or `-m` module (nvitop and gpustat are Python programs).
+Why names and not text: killing by command line and by device file killed monitors and
+nvidia-persistenced along with the server. Protection looks at every name a process goes
+by (program.names: comm, which is 15 chars: 'nvidia-persiste', argv[0]'s basename, and for
+interpreters the script or `-m` module: nvitop and gpustat are Python programs); target
+patterns name programs the same way (program.match).
 """
 import os
 import re
 
+from . import program
+
+# Each names a PROGRAM (see program.py): matched whole against its module, script,
+# executable or process title - never against the arguments of another program.
 DEFAULT_TARGETS = (
     r"sglang\.launch_server",
-    r"\bsglang serve\b",
-    r"\bsglang::",
-    r"\bvllm serve\b",
-    r"\bvllm\.entrypoints\b",
-    r"\bVLLM::",
-    r"\btorchrun\b",
+    r"sglang serve",
+    r"sglang::.*",
+    r"vllm serve",
+    r"vllm\.entrypoints",
+    r"VLLM::.*",
+    r"torchrun",
 )
 
 PROTECTED_NAMES = {
@@ -34,23 +39,16 @@ PROTECTED_NAMES = {
     "systemd": "init/systemd",
 }
 _EXPORTER = re.compile(r"[-_]exporter$")
-_INTERPRETERS = re.compile(r"^(python[0-9.]*|pypy[0-9.]*|perl|ruby|node|bash|sh|dash)$")
 _AGENT = re.compile(r"^\S*python[0-9.]* - (ping|scan|verify|plan|teardown)\b.* --marker [0-9a-f]+")
 
 
 def names_of(proc):
     """Every name the process goes by, for the protect list."""
+    names = {name for name, _ in program.names(proc) if " " not in name}
+    names.add(proc.get("comm") or "")
     argv = proc.get("argv") or []
-    names = {proc.get("comm") or ""}
-    if argv:
-        first = os.path.basename(argv[0])
-        names.add(first.split(":")[0] if first.startswith("sshd:") else first)
-        if _INTERPRETERS.match(first) and len(argv) > 1:
-            rest = argv[1:]
-            if rest[0] == "-m" and len(rest) > 1:
-                names.add(rest[1])
-            elif not rest[0].startswith("-"):
-                names.add(os.path.basename(rest[0]))
+    if argv and os.path.basename(argv[0]).startswith("sshd:"):
+        names.add("sshd")
     names.discard("")
     return names
 
@@ -79,9 +77,9 @@ def protect_reason(proc, self_chain, extra_protect=()):
 
 
 def target_reason(proc, patterns):
-    """The target pattern this process's command line matches, or None."""
-    cmdline = proc.get("cmdline") or ""
-    for pattern in patterns:
-        if re.search(pattern, cmdline):
-            return "matches target pattern %r" % pattern
-    return None
+    """Why this process is a target in words ("runs module sglang.launch_server"), or None."""
+    hit = program.match(proc, patterns)
+    if hit is None:
+        return None
+    pattern, why = hit
+    return "%s (pattern %r)" % (why, pattern)

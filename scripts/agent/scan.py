@@ -3,17 +3,27 @@ import os
 import socket
 import time
 
-from . import gpuinfo, options, procscan, rules
+from . import devices, gpuinfo, options, procscan, rules
 
 
 def add_arguments(parser):
     options.add_selection(parser)
 
 
+def device_set(args):
+    """The host's GPU devices (devices.DeviceSet), built once per agent run. Raises
+    devices.DeviceError for a glob that names anything but GPU devices."""
+    cached = getattr(args, "_devset", None)
+    if cached is None:
+        cached = devices.DeviceSet(args.devices, fake=bool(getattr(args, "fake_devices", False)))
+        args._devset = cached
+    return cached
+
+
 def collect(args, source=None):
     """One scan. `source` (an open GPU reader) is reused by callers that poll."""
     started = time.monotonic()
-    snap = procscan.snapshot(args.devices)
+    snap = procscan.snapshot(device_set(args))
     with gpuinfo.reader(args, source) as (source, tried):
         gpus = source.read()
     procs = snap["procs"]
@@ -31,7 +41,7 @@ def collect(args, source=None):
     now = procfs_now_ticks()
     holders = []
     for pid in sorted(holder_pids):
-        rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now)
+        rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now, links=snap["links"].get(pid))
         rec["gpu_mib"] = gpu_mib.get(pid, {})
         rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _nvml_only(rec)
         holders.append(rec)

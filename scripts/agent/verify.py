@@ -1,15 +1,19 @@
 """Prove the GPUs are free: no compute process, memory at or under the threshold, no holder.
 
 "Free" means, for every GPU: no compute process, used memory (NVML v2, excluding driver-
-reserved memory) <= --max-used-mib; and no non-protected process holds a device file
-(a persistence daemon or monitor may keep its handle). With --wait S it polls every
-50 ms until free or S seconds pass, then says exactly what still holds each GPU.
+reserved memory) <= --max-used-mib; no non-protected process holds a device (a persistence
+daemon or monitor may keep its handle, but not a CUDA context); and every process could
+be inspected. A scan that could not read some process's fds (not root) cannot know they
+hold nothing, so it never says free: exit 6 (EXIT_UNINSPECTED) says "run as root".
+With --wait S it polls every 50 ms until free or S seconds pass, then says exactly what
+still holds each GPU.
 """
 import time
 
 from . import gpuinfo, options, scan
 
 POLL_S = 0.05
+EXIT_FREE, EXIT_NOT_FREE, EXIT_UNINSPECTED = 0, 1, 6
 
 
 def add_arguments(parser):
@@ -36,7 +40,26 @@ def evaluate(doc, max_used_mib):
         if not h["protected"]:
             problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], h["cmdline"][:80], h["state"],
                                                                   ", ".join(h["devices"]) or "GPU memory"))
+        elif h["gpu_mib"] or h.get("mapped_devices"):
+            problems.append("pid %s (%s) is protected (%s) but has a CUDA context on %s" % (
+                h["pid"], h["cmdline"][:80], h["protected"], ", ".join(h["devices"]) or "the GPU"))
+    if doc.get("denied"):
+        problems.append(uninspected_problem(doc["denied"]))
     return not problems, problems
+
+
+def uninspected_problem(denied):
+    return ("%d process(es) could not be inspected (their open files are not readable by this user: pids %s%s); "
+            "they may hold a GPU, so nothing is called free: run as root"
+            % (len(denied), ", ".join(map(str, denied[:8])), ", ..." if len(denied) > 8 else ""))
+
+
+def exit_code(doc, free, max_used_mib):
+    """0 free; 6 when the only thing in the way is processes that could not be inspected; else 1."""
+    if free:
+        return EXIT_FREE
+    _, problems = evaluate(dict(doc, denied=[]), max_used_mib)
+    return EXIT_UNINSPECTED if doc.get("denied") and not problems else EXIT_NOT_FREE
 
 
 def still_holding(doc):
@@ -78,5 +101,5 @@ def run(args):
     free, doc, problems, waited = wait_free(args, args.wait)
     out = scan.public(doc)
     out.update(free=free, problems=problems, waited_s=round(waited, 3), max_used_mib=args.max_used_mib,
-               still_holding=[] if free else still_holding(doc))
-    return (0 if free else 1), out
+               still_holding=[] if free else still_holding(doc), uninspected=len(doc.get("denied") or []))
+    return exit_code(doc, free, args.max_used_mib), out

@@ -1,0 +1,91 @@
+"""After the targets are gone: wait for the GPUs to read free, then keep watching.
+
+Why a settle window: a supervisor (`while true; do python3 -m sglang.launch_server; done`,
+a Restart=always unit we could not stop through systemd, a cron job) restarts the server
+0.1 s after the last target exits, and a check made at that instant says "FREED" while
+the GPU is being taken again. So free must hold for the whole window (default 2 s),
+rescanning every poll. A holder that appears meanwhile is
+- a new descendant of a target: signalled (the rule the plan states), and waited for;
+- anything else: reported with the process that started it ("respawned by PID 812: bash
+  supervise.sh") and the flag that would include it; the verdict is "not free".
+"Free at" (the first moment every GPU read free) and "settled at" are reported apart.
+"""
+import re
+import time
+
+from . import program, rules, scan, verify
+
+
+def _parent_text(procs, pid):
+    info = procs.get(pid)
+    if info is None:
+        return "PID %s (gone)" % pid
+    return "PID %d: %s" % (pid, info["cmdline"][:100])
+
+
+def _suggest(procs, holder):
+    """The --match that would include this holder's starter (or itself) next time."""
+    starter = procs.get(holder["ppid"])
+    who = starter if starter and holder["ppid"] != 1 and not rules.protect_reason(starter, set()) else holder
+    names = [n for n, _ in program.names(who) if " " not in n and "/" not in n]
+    if not names:
+        return None
+    return "--match %s" % _quote(re.escape(names[0]))
+
+
+def _quote(text):
+    return "'%s'" % text.replace("'", "'\\''")
+
+
+def appeared_report(doc, holder):
+    procs = doc["_procs"]
+    return {"pid": holder["pid"], "start_time": holder["start_time"], "cmdline": holder["cmdline"],
+            "devices": holder["devices"], "ppid": holder["ppid"],
+            "why": "appeared after the targets were gone; started by %s" % _parent_text(procs, holder["ppid"]),
+            "include": _suggest(procs, holder)}
+
+
+def watch(args, source, targets, started, before=(), on_poll=None):
+    """Poll until free for args.settle seconds, or args.timeout passes, or something that
+    is not ours holds a GPU for a whole window. `before`: (pid, start) of the holders the
+    plan already saw (left alone or out of scope: not "appeared"). Returns a dict."""
+    t0 = time.monotonic()
+    free_at = None
+    appeared = {}
+    before = set(before)
+    first_foreign = None
+    while True:
+        doc = scan.collect(args, source)
+        targets.adopt_new(doc["_procs"])
+        targets.escalate(min(args.grace, 2.0))
+        for h in doc["holders"]:
+            k = (h["pid"], h["start_time"])
+            if h["protected"] or k in targets.keys or k in appeared or k in before:
+                continue
+            appeared[k] = appeared_report(doc, h)
+            first_foreign = first_foreign or time.monotonic()
+        free, problems = verify.evaluate(doc, args.max_used_mib)
+        if targets.failed:
+            free = False
+            problems = problems + ["could not signal pid %s (%s: %s); it was not stopped" % (f["pid"], f["signal"], f["result"])
+                                   for f in targets.failed]
+        now = time.monotonic()
+        pending = targets.alive(targets.added)
+        if free and not pending:
+            free_at = free_at or now
+            if now - free_at >= args.settle:
+                break
+        else:
+            free_at = None
+        if now - t0 >= args.timeout and not free:
+            break
+        if first_foreign and not pending and now - first_foreign >= args.settle:
+            free = False
+            break
+        if on_poll:
+            on_poll(doc, problems)
+        time.sleep(verify.POLL_S)
+    live_appeared = [a for k, a in appeared.items() if any((h["pid"], h["start_time"]) == k for h in doc["holders"])]
+    return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
+            "free_at_s": None if free_at is None else round(free_at - started, 3),
+            "settled_at_s": round(time.monotonic() - started, 3) if free else None}

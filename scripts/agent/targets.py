@@ -1,0 +1,130 @@
+"""The processes one teardown signals: the approved plan, and what they fork meanwhile.
+
+Why a set that grows: a server that forks on SIGTERM (a shutdown helper, a worker
+restarted by its parent) or a holder that double-forks out of its tree would otherwise
+never be signalled, and "FREED" would be printed with it still holding the GPU. The plan
+the operator approves says so ("processes a target forks during the teardown are
+signalled too"); nothing else is ever added. New descendants are learnt from the fork
+watch (forkwatch.py: kernel fork events where available) and from the /proc parent
+chain and process group of each poll.
+
+Every signal is sent by (pid, start time) through a pidfd (procfs.signal_if_same); one
+that fails (permission denied) is never counted as sent, and makes the teardown not free.
+A stopped target (state T) gets SIGCONT after SIGTERM, or it could never act on it.
+"""
+import signal
+import time
+
+from . import procfs, procscan, rules
+
+STOPPED = ("T", "t")
+
+
+def key(t):
+    return (t["pid"], t["start_time"])
+
+
+class Targets:
+    def __init__(self, planned, audit, watch=None, chain=(), protect=(), since_ticks=0, scope_uid=None):
+        self.items = list(planned)
+        self.since_ticks = since_ticks  # only processes started after this (clock ticks since boot) are adopted
+        self.scope_uid = scope_uid
+        self.keys = {key(t) for t in self.items}
+        self.audit = audit
+        self.watch = watch
+        self.chain = set(chain)
+        self.protect = list(protect)
+        self.failed = []          # signals that could not be sent: {"pid", "signal", "result"}
+        self.added = []           # descendants adopted during the teardown
+        self.term_at = {}         # key -> monotonic time SIGTERM was sent
+        self.killed = set()
+
+    def signal(self, targets, sig, name):
+        for t in targets:
+            try:
+                result = procfs.signal_if_same(t["pid"], t["start_time"], sig)
+            except PermissionError:
+                result = "permission denied"
+            except OSError as exc:
+                result = "error: %s" % exc
+            self.audit.log(t, name, result)
+            if result not in ("sent", "gone", "reused"):
+                self.failed.append({"pid": t["pid"], "signal": name, "result": result, "cmdline": t.get("cmdline")})
+                continue
+            if result != "sent":
+                continue
+            if sig == signal.SIGTERM:
+                self.term_at.setdefault(key(t), time.monotonic())
+                self._cont_if_stopped(t)
+            elif sig == signal.SIGKILL:
+                self.killed.add(key(t))
+
+    def _cont_if_stopped(self, t):
+        stat = procfs.read_stat(t["pid"])
+        if stat and stat["start_time"] == t["start_time"] and stat["state"] in STOPPED:
+            try:
+                result = procfs.signal_if_same(t["pid"], t["start_time"], signal.SIGCONT)
+            except PermissionError:
+                result = "permission denied"
+            self.audit.log(t, "SIGCONT", result)
+
+    def alive(self, among=None):
+        return [t for t in (self.items if among is None else among) if procfs.same_process(t["pid"], t["start_time"])]
+
+    def adopt_new(self, procs=None):
+        """New descendants of targets (fork events, parent chain, process group): signal
+        SIGTERM at once and return them. `procs` is a fresh /proc table, when the caller has one."""
+        found = {}
+        if self.watch is not None:
+            for pid, start, parent in self.watch.poll():
+                found[(pid, start)] = parent
+        if procs is None and (self.watch is None or self.watch.mode != "connector"):
+            procs = {p: i for p, i in ((p, procscan.basic(p)) for p in procscan.all_pids()) if i}
+        if procs:
+            found.update(self._by_parentage(procs))
+        new = []
+        for (pid, start), parent in sorted(found.items()):
+            if (pid, start) in self.keys:
+                continue
+            info = (procs or {}).get(pid) or procscan.basic(pid)
+            if not info or info["start_time"] != start or procfs.finished(info) or start < self.since_ticks:
+                continue  # gone, reused, or there before the teardown: the plan decided about it
+            if self.scope_uid is not None and info["uid"] != self.scope_uid:
+                continue
+            if rules.protect_reason(info, self.chain, self.protect):
+                continue
+            t = {k: info.get(k) for k in ("pid", "start_time", "ppid", "pgid", "state", "comm", "cmdline")}
+            t["reason"] = "forked by target %s during the teardown" % parent
+            t["gpu_mib"], t["devices"], t["write_files"], t["via"] = {}, [], [], "signal"
+            self.keys.add((pid, start))
+            self.items.append(t)
+            self.added.append(t)
+            new.append(t)
+        if new:
+            self.signal(new, signal.SIGTERM, "SIGTERM")
+        return new
+
+    def _by_parentage(self, procs):
+        """Processes whose parent chain reaches a live target, or that sit in a process
+        group a target leads (a double fork without setsid keeps it)."""
+        live = {t["pid"]: t for t in self.items if t["pid"] in procs and procs[t["pid"]]["start_time"] == t["start_time"]}
+        out = {}
+        for pid, info in procs.items():
+            if (pid, info["start_time"]) in self.keys:
+                continue
+            chain = procscan.ancestors(pid, procs)[1:]
+            parent = next((p for p in chain if p in live), None)
+            if parent is None and info["pgid"] in live and info["pgid"] != pid:
+                parent = info["pgid"]
+            if parent is not None:
+                out[(pid, info["start_time"])] = parent
+        return out
+
+    def escalate(self, grace_s):
+        """SIGKILL adopted descendants that outlived their own grace after SIGTERM."""
+        now = time.monotonic()
+        late = [t for t in self.alive(self.added)
+                if key(t) not in self.killed and now - self.term_at.get(key(t), now) >= grace_s]
+        if late:
+            self.signal(late, signal.SIGKILL, "SIGKILL")
+        return late
