@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Everything that needs a real GPU, in one run on the GPU machine (device tool), results in $OUT:
 #   GPU tests, status/verify before and after a real load, scan cost, teardown vs floor.
-# Usage there: bash bench/gpu_session.sh   (wheels for invoke/dotenv/sh/ClusterShell in .whl/)
+# Usage there: bash bench/gpu_session.sh   (wheels for invoke/dotenv/ClusterShell in .whl/)
 set -uo pipefail
 OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -26,7 +26,7 @@ N=$(nvidia-smi -L | wc -l)  # results are named by GPU count: *-1gpu.*, *-2gpu.*
   echo "## fuser -v /dev/nvidia* under load"; fuser -v /dev/nvidia* 2>&1 | head -30
   echo "## status under load"; inv status --host local
   echo "## verify under load"; inv verify --host local; echo "verify exit $?"
-  echo "## plan"; GPU_PIVOT_HOSTS_FILE=/tmp/gp-hosts2.env; printf 'LOCAL_PYTHON=python3\nLOCAL_TARGETS=demo-load-server\n' > /tmp/gp-hosts2.env
+  echo "## plan"; printf 'LOCAL_PYTHON=python3\nLOCAL_TARGETS=demo-load-server\n' > /tmp/gp-hosts2.env
   GPU_PIVOT_HOSTS_FILE=/tmp/gp-hosts2.env inv plan --host local
   echo "## teardown"; GPU_PIVOT_HOSTS_FILE=/tmp/gp-hosts2.env inv teardown --host local --yes; echo "teardown exit $?"
   echo "## verify after"; inv verify --host local; echo "verify exit $?"
@@ -56,7 +56,6 @@ ENV
   inv stop --host local --phase train; echo "stop exit $?"
   inv verify --host local --wait 10; echo "verify exit $?"
   inv audit --lines 12
-  export GPU_PIVOT_HOSTS_FILE=/tmp/gp-hosts.env
 } 2>&1 | tee "$OUT/gpu-pivot-${N}gpu.txt"
 python3 bench/scan_cost.py --extra 100 1000 5000 --out "$OUT/scan-cost-${N}gpu.json" 2>&1 | tee "$OUT/scan-cost-${N}gpu.txt"
 python3 bench/gpu_teardown.py --reps "${REPS:-5}" --children 3 --gib-per-proc 20 --out "$OUT/gpu-teardown-${N}gpu.json" 2>&1 | tee "$OUT/gpu-teardown-${N}gpu.txt"

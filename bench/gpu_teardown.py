@@ -30,7 +30,7 @@ def floor_once(workdir, args, n):
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     t0 = time.monotonic()
-    for pid, start in tree.starts.items():
+    for pid in tree.starts:
         os.kill(pid, 9)
     while any(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used for h in handles):
         time.sleep(0.002)

@@ -31,7 +31,7 @@ from tests.loopback_sshd import LoopbackSshd  # noqa: E402
 from tests.procs import ProcessSet  # noqa: E402
 from tests.seed_replay import NAMES, namespace_command, sequences  # noqa: E402
 
-FIXTURE_FLOOR = REPO.parent / "shared" / "fixtures" / "h200-driver580" / "release-floor.json"
+FIXTURE_FLOOR = REPO / "tests" / "fixtures" / "h200-driver580" / "release-floor.json"
 GPU_RESULTS = REPO / "bench" / "results"  # gpu-teardown-<N>gpu.json from bench/gpu_session.sh
 
 
@@ -60,7 +60,8 @@ def seed_comparison(work: Path, reps: int) -> list:
         for i in range(runs):
             wd = work / f"seed-{NAMES.index(name)}-{i}"
             wd.mkdir()
-            out = subprocess.run(namespace_command(wd, sequences(wd)[name]), capture_output=True, text=True, timeout=300)
+            out = subprocess.run(namespace_command(wd, sequences(wd)[name]), capture_output=True, text=True,
+                                 timeout=300)
             res = json.loads(out.stdout.strip().splitlines()[-1])
             all_gone = not any(res["alive"][r] for r in scenario.TARGET_ROLES)
             walls.append(res["wall_s"])
@@ -156,7 +157,8 @@ def fleet(work: Path, sizes: list, reps: int) -> list:
                     for ps in sets:
                         ps.kill_all()
                     if res.returncode:
-                        raise RuntimeError(f"fleet teardown of {size} failed: {res.stdout[-2000:]} {res.stderr[-2000:]}")
+                        raise RuntimeError(f"fleet teardown of {size} failed: {res.stdout[-2000:]} "
+                                           f"{res.stderr[-2000:]}")
                 rows.append({"hosts": size, "mode": mode, "walls": walls})
                 if size == 1:
                     break  # one host: parallel and sequential are the same run
@@ -168,18 +170,20 @@ def fleet(work: Path, sizes: list, reps: int) -> list:
 
 # -- the report -----------------------------------------------------------------------------------
 def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
-    floor = release_floor(FIXTURE_FLOOR) if FIXTURE_FLOOR.exists() else None
+    floor = release_floor(FIXTURE_FLOOR)
     lines = ["# gpu-pivot benchmark results", "",
              f"Produced by `make bench` ({' '.join(sys.argv[1:]) or 'defaults'}) on {platform.node()} "
-             f"({platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, Python {platform.python_version()}) "
-             f"at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. Medians of the runs; min-max beside them.", ""]
+             f"({platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
+             f"Python {platform.python_version()}) at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. "
+             "Medians of the runs; min-max beside them.", ""]
     lines += ["## 1. Sandbox teardown: gpu-pivot vs the seed sequences", "",
-              "Scenario (tests/scenario.py): targets = a server tree (parent, 2 spawned workers, a non-GPU tokenizer child, "
-              "a double-forked helper in its process group), a server + worker ignoring SIGTERM, an orphan worker, a "
-              "renamed worker `VLLM::EngineCore` (9 processes); bystanders = `nvidia-persistenced`, an `nvitop` monitor, "
-              "an unrelated `python3` job (3). Each row runs inside `unshare --pid --fork --mount-proc` holding only these "
-              "processes. Wall time = the sequence's own run time (to 'GPUs free' for gpu-pivot, which verifies it; the "
-              "seeds include their fixed sleeps). gpu-pivot runs with `--grace 1` so the SIGTERM-ignoring server costs 1 s.", ""]
+              "Scenario (tests/scenario.py): targets = a server tree (parent, 2 spawned workers, a non-GPU "
+              "tokenizer child, a double-forked helper in its process group), a server + worker ignoring SIGTERM, "
+              "an orphan worker, a renamed worker `VLLM::EngineCore` (9 processes); bystanders = "
+              "`nvidia-persistenced`, an `nvitop` monitor, an unrelated `python3` job (3). Each row runs inside "
+              "`unshare --pid --fork --mount-proc` holding only these processes. Wall time = the sequence's own run "
+              "time (to 'GPUs free' for gpu-pivot, which verifies it; the seeds include their fixed sleeps). "
+              "gpu-pivot runs with `--grace 1` so the SIGTERM-ignoring server costs 1 s.", ""]
     lines.append(table(["sequence", "wall s (median)", "min-max", "targets gone (worst run)",
                         "bystanders alive (worst run)", "verdict correct", "last line it printed", "runs"], seed_rows))
     pivot_row = next(r for r in seed_rows if r[0] == "gpu-pivot")
@@ -188,23 +192,25 @@ def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
     lines += ["", f"Ratio: seed-000 (script) / gpu-pivot wall time = **{ratio:.1f}x**; gpu-pivot stops "
               f"{pivot_row[3]} targets and keeps {pivot_row[4]} bystanders, seed-000 keeps {seed_row[4]}.", ""]
     lines += ["## 2. Through the loopback sshd", "",
-              f"- ssh connections opened by one `invoke teardown --host gpu1 --yes`: **{ssh['connections_per_teardown']}** "
-              "(counted in sshd's log).",
+              "- ssh connections opened by one `invoke teardown --host gpu1 --yes`: "
+              f"**{ssh['connections_per_teardown']}** (counted in sshd's log).",
               f"- `invoke ping --host gpu1` wall time, cold ControlMaster (no master; this call starts one): median "
-              f"**{med(ssh['cold']):.3f} s** ({span(ssh['cold'])}); warm (reusing it): median **{med(ssh['warm']):.3f} s** "
-              f"({span(ssh['warm'])}); ratio cold/warm {med(ssh['cold']) / med(ssh['warm']):.2f}x over {len(ssh['cold'])} "
+              f"**{med(ssh['cold']):.3f} s** ({span(ssh['cold'])}); warm (reusing it): median "
+              f"**{med(ssh['warm']):.3f} s** ({span(ssh['warm'])}); ratio cold/warm "
+              f"{med(ssh['cold']) / med(ssh['warm']):.2f}x over {len(ssh['cold'])} "
               "runs each, alternating. Both include starting Python and Invoke locally.", ""]
     lines += ["## 3. Scan cost (agent `scan`: every process's stat and cmdline, every fd link, GPU source)", ""]
     lines.append(table(["processes", "median ms", "min-max ms", "GPU source"],
-                       [[s["processes"], f"{s['median_ms']:.1f}", f"{s['min_ms']:.1f}-{s['max_ms']:.1f}", s["gpu_source"]]
-                        for s in scans]))
+                       [[s["processes"], f"{s['median_ms']:.1f}", f"{s['min_ms']:.1f}-{s['max_ms']:.1f}",
+                         s["gpu_source"]] for s in scans]))
     lines += ["", "## 4. Fleet: teardown of N hosts (one loopback sshd and its own process set per host)", "",
-              "Each host: a server + 2 workers (targets) and an `nvidia-persistenced` (kept). `--fanout 16` (parallel) vs "
-              "`--fanout 1` (one after another); wall time of the whole `invoke teardown` command.", ""]
+              "Each host: a server + 2 workers (targets) and an `nvidia-persistenced` (kept). "
+              "`--fanout 16` (parallel) vs `--fanout 1` (one after another); wall time of the whole "
+              "`invoke teardown` command.", ""]
     base = med(next(r["walls"] for r in fleet_rows if r["hosts"] == 1))
     lines.append(table(["hosts", "mode", "wall s (median)", "min-max", "vs 1 host"],
-                       [[r["hosts"], r["mode"], f"{med(r['walls']):.2f}", span(r["walls"]), f"{med(r['walls']) / base:.2f}x"]
-                        for r in fleet_rows]))
+                       [[r["hosts"], r["mode"], f"{med(r['walls']):.2f}", span(r["walls"]),
+                         f"{med(r['walls']) / base:.2f}x"] for r in fleet_rows]))
     big = max(r["hosts"] for r in fleet_rows)
     par = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] == "parallel"))
     seq = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] != "parallel"))
@@ -226,16 +232,19 @@ def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
             ["floor: SIGKILL whole tree -> NVML v2 reads 0 (2 ms poll)", f"{g['floor_s']['median']:.3f}",
              f"{g['floor_s']['min']:.3f}-{g['floor_s']['max']:.3f}", "1.00x"],
             ["gpu-pivot agent: lock, scan, plan, SIGTERM, verify 0 MiB", f"{g['gpu_pivot_agent_s']['median']:.3f}",
-             f"{g['gpu_pivot_agent_s']['min']:.3f}-{g['gpu_pivot_agent_s']['max']:.3f}", f"{g['ratio_agent_vs_floor']:.2f}x"],
+             f"{g['gpu_pivot_agent_s']['min']:.3f}-{g['gpu_pivot_agent_s']['max']:.3f}",
+             f"{g['ratio_agent_vs_floor']:.2f}x"],
             ["`invoke teardown --host local --yes` (whole CLI)", f"{g['gpu_pivot_cli_s']['median']:.3f}",
-             f"{g['gpu_pivot_cli_s']['min']:.3f}-{g['gpu_pivot_cli_s']['max']:.3f}", f"{g['ratio_cli_vs_floor']:.2f}x"],
+             f"{g['gpu_pivot_cli_s']['min']:.3f}-{g['gpu_pivot_cli_s']['max']:.3f}",
+             f"{g['ratio_cli_vs_floor']:.2f}x"],
         ]))
-        lines += ["", f"Every run exited 0: {g['all_exit_0']}; every GPU read 0 MiB used afterwards: {g['all_freed_to_0']}.", ""]
+        lines += ["", f"Every run exited 0: {g['all_exit_0']}; "
+                  f"every GPU read 0 MiB used afterwards: {g['all_freed_to_0']}.", ""]
     if not results:
         lines.append("No GPU results yet: run `bash bench/gpu_session.sh` on a GPU machine and copy its "
                      "gpu-teardown-<N>gpu.json to bench/results/.")
-    if floor:
-        lines += ["", f"Reference floor from the fixture `release-floor.json` (20-80 GB): {floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
+    lines += ["", "Reference floor from the fixture `release-floor.json` (20-80 GB): "
+              f"{floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
     return "\n".join(lines) + "\n"
 
 

@@ -1,7 +1,7 @@
 """The measured physical floor of a teardown: signal a whole tree -> NVML shows it freed.
 
 Why: a teardown's wall time only means something next to this floor (0.26-0.37 s on an
-H200, ../shared/fixtures/h200-driver580/release-floor.json); reports quote both.
+H200, tests/fixtures/h200-driver580/release-floor.json); reports quote both.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ def table(headers: list, rows: list, indent: str = "") -> str:
     widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
     lines = []
     for n, row in enumerate(cells):
-        lines.append(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+        lines.append(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
         if n == 0:
             lines.append(indent + "  ".join("-" * w for w in widths))
     return "\n".join(lines)

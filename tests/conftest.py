@@ -11,8 +11,7 @@ import pytest
 from tests.loopback_sshd import LoopbackSshd
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("GPU_PIVOT_SHARED") or REPO.parent / "shared")  # the checkout's ../shared
-FIXTURES = SHARED / "fixtures" / "h200-driver580"
+FIXTURES = REPO / "tests" / "fixtures" / "h200-driver580"  # real H200 captures; see tests/fixtures/README.md
 VENV_BIN = Path(sys.executable).parent
 MOTD = "echo 'Welcome to gpu-node (MOTD noise)'; echo '=====gpu-pivot-result fake begin====='\n"
 

@@ -1,12 +1,9 @@
-"""Parsers on the real H200 captures in ../shared/fixtures/h200-driver580, exact values."""
+"""Parsers on the real H200 captures in tests/fixtures/h200-driver580, exact values."""
 
 import pytest
 
 from scripts.agent import fuser_parse, ps_parse, smi_parse
 from tests.conftest import FIXTURES
-
-pytestmark = pytest.mark.skipif(not FIXTURES.is_dir(), reason=f"the H200 fixtures are not at {FIXTURES} "
-                                                               "(clone next to ../shared, or set GPU_PIVOT_SHARED)")
 
 
 def fx(name):
@@ -72,8 +69,9 @@ def test_smi_table_idle_reads_one_free():
     assert out["gpus"][0]["used_mib"] == 0
 
 
-@pytest.mark.parametrize("name,uuid,used", [("query-gpu-idle.csv", "GPU-32206981-f0dd-2764-a681-7945b197c5bd", 0),
-                                            ("query-gpu-loaded.csv", "GPU-7085372d-ee78-27b3-9f7f-46c8153115b5", 84386)])
+@pytest.mark.parametrize("name,uuid,used", [
+    ("query-gpu-idle.csv", "GPU-32206981-f0dd-2764-a681-7945b197c5bd", 0),
+    ("query-gpu-loaded.csv", "GPU-7085372d-ee78-27b3-9f7f-46c8153115b5", 84386)])
 def test_query_gpu_csv(name, uuid, used):
     assert smi_parse.query_gpu(fx(name)) == [{"index": 0, "uuid": uuid, "name": "NVIDIA H200", "used_mib": used,
                                               "total_mib": 143771, "reserved_mib": 616}]

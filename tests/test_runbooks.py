@@ -3,7 +3,7 @@ generated ones and do what they claim through a real sshd and the pct stand-in."
 import re
 import shlex
 import subprocess
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -23,20 +23,20 @@ def commands(path: Path):
                 yield line
 
 
-@lru_cache(maxsize=None)
+@cache
 def task_names():
     out = invoke("--list").stdout.decode()
     return {line.split()[0] for line in out.splitlines()[2:] if line.startswith("  ") and line.split()
             and not line.startswith("    ")}
 
 
-@lru_cache(maxsize=None)
+@cache
 def task_flags(task):
     out = invoke(task, "--help").stdout.decode()
     return set(re.findall(r"--([a-z][a-z0-9-]*)", out))
 
 
-@lru_cache(maxsize=None)
+@cache
 def make_targets():
     return set(re.findall(r"^([a-zA-Z][a-zA-Z0-9_-]*):", (REPO / "Makefile").read_text(), re.M))
 
@@ -50,7 +50,8 @@ def test_runbooks_have_commands_and_sections():
         if path.name in ("README.md", "emergency-one-liners.md"):
             continue
         text = path.read_text()
-        for section in ("## Symptoms", "## Pre-checks", "## Resolution", "## Post-checks", "## Rollback", "## Escalation"):
+        for section in ("## Symptoms", "## Pre-checks", "## Resolution", "## Post-checks", "## Rollback",
+                        "## Escalation"):
             assert section in text, f"{path.name} lacks {section}"
 
 

@@ -7,6 +7,7 @@ marks the end of fuser's stdout (e.g. prints a marker right after it) and passes
 `end`; text that is not a PID is an error that names it.
 """
 import re
+from typing import Any, Dict, List, Optional
 
 # stderr of `fuser -v`: the PID column goes to stdout, so a row is [FILE:] USER ACCESS COMMAND
 # (or [FILE:] USER kernel ... for a mount, which has no PID on stdout).
@@ -31,7 +32,8 @@ def pids(stdout, end=None):
     out = []
     for token in stdout.split():
         if not token.isdigit():
-            raise FuserParseError("unexpected text %r in fuser's PID list (is other output glued on? pass end=)" % token)
+            raise FuserParseError("unexpected text %r in fuser's PID list (is other output glued on? pass end=)"
+                                  % token)
         pid = int(token)
         if pid not in out:
             out.append(pid)
@@ -69,13 +71,13 @@ def plain(stdout, stderr, end=None):
     """
     seq = _pid_sequence(stdout, end)
     files = plain_files(stderr)
-    runs = []
+    runs: List[List[int]] = []
     for pid in seq:
         if runs and pid > runs[-1][-1]:
             runs[-1].append(pid)
         else:
             runs.append([pid])
-    holders = None
+    holders: Optional[Dict[int, List[str]]] = None
     if files and len(runs) == len(files):
         holders = {}
         for (name, _), run in zip(files, runs):
@@ -90,7 +92,8 @@ def verbose(stdout, stderr, end=None):
     Returns {'pids': [...], 'rows': [{file, user, pid, access, command}], 'holders': {pid: [files]}}.
     """
     seq = _pid_sequence(stdout, end)
-    rows, current, pid_iter, warnings = [], None, iter(seq), []
+    rows: List[Dict[str, Any]] = []
+    current, pid_iter, warnings = None, iter(seq), []
     for line in stderr.splitlines():
         if not line.strip() or line.strip().startswith("USER"):
             continue
@@ -111,7 +114,7 @@ def verbose(stdout, stderr, end=None):
                      "access": m.group("access"), "command": m.group("command").strip()})
     if len(rows) != len(seq):
         raise FuserParseError("fuser -v rows (%d) do not match the PIDs on stdout (%d)" % (len(rows), len(seq)))
-    holders = {}
+    holders: Dict[int, List[str]] = {}
     for r in rows:
         holders.setdefault(r["pid"], []).append(r["file"])
     return {"pids": pids(stdout, end), "rows": rows, "holders": holders, "warnings": warnings}
