@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 from .hostconfig import ConfigError
+from .patterncheck import check_pattern
 
 
 def remainder(argv: list | None = None) -> list:
@@ -41,3 +42,11 @@ def whole(name: str, value, minimum: int = 0) -> int:
     if out < minimum:
         raise ConfigError(f"--{name} {value!r}: must be >= {minimum}")
     return out
+
+
+def pattern(name: str, value) -> str:
+    """A target pattern from a flag (--match): a valid regex naming some programs, not all.
+
+    Same rule as TARGETS/PROTECT in hosts.env (scripts/patterncheck.py): '' or '.*' would
+    make every process a target, so it is refused with one line naming the flag and value."""
+    return check_pattern(f"--{name}", str(value))

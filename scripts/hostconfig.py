@@ -4,7 +4,10 @@ Why this module exists: the seed one-liners hard-coded `root@10.1.2.6` and `pct 
 into hand-quoted strings. Here a host is data, checked before anything runs, so a typo
 gets one clear line (and exit 2) instead of an ssh to the wrong place.
 
-The file is read with `dotenv_values` and never copied into `os.environ`.
+The file is read strictly (scripts/envfile.py: a line that is not KEY=VALUE is an error
+naming file and line, where python-dotenv would only warn and drop it) and never copied
+into `os.environ`. ssh options that run local commands are refused (scripts/sshopts.py);
+target and protect patterns that match everything are refused (scripts/patterncheck.py).
 """
 from __future__ import annotations
 
@@ -14,10 +17,12 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dotenv import dotenv_values
-
+from .config_error import ConfigError, show
+from .envfile import read_env_file
+from .patterncheck import check_pattern
 from .phases import build_phase, split_phase_key
 from .route import PctHop, Route, SshHop
+from .sshopts import check_ssh_opts
 
 DEFAULT_DEVICES = "/dev/nvidia*"
 DEFAULT_PYTHON = "python3"
@@ -25,16 +30,13 @@ HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
 
 # Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
 # alias "gpu1_ssh" + "OPTS".
-KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "CTID", "PYTHON", "DEVICES", "TARGETS", "PROTECT")
+KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT", "SCOPE")
+_BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 _SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
 _PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+|[A-Za-z0-9._+-]+)$")
 _DEVICES = re.compile(r"^/[A-Za-z0-9._/*?\[\]+-]+$")
 _ALIAS = re.compile(r"^[a-z][a-z0-9_]*$")
-
-
-class ConfigError(ValueError):
-    """A bad value in hosts.env or on the command line; its text is one line for the user."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,9 @@ class Host:
     protect: tuple = ()
     sandbox: bool = False
     fake_gpus: str | None = None  # SANDBOX only: directory of the fake GPU memory source
+    fake_devices: bool = False    # device files may be plain files (sandbox, tests); else NVIDIA char devices only
+    scope: str | None = None      # targets must also have this text in their command line (sandbox: its dir)
+    scope_uid: int | None = None  # targets must be owned by this uid (sandbox: its owner)
     run_dir: str | None = None    # where the agent keeps state on the host (default: /run/gpu-pivot)
     source: str = "built-in"
     phases: dict = field(default_factory=dict, compare=False, hash=False)
@@ -77,11 +82,15 @@ def _check(key: str, value: str, pattern: re.Pattern, what: str) -> str:
 
 
 def _regex_list(key: str, value: str) -> tuple:
+    """One regex per key (alternation `a|b` names several programs); see patterncheck."""
+    return (check_pattern(key, value),)
+
+
+def _yes_no(key: str, value: str) -> bool:
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise ConfigError(f"{key}={value!r}: not a valid regular expression ({exc})") from None
-    return (value,)
+        return _BOOL[value.lower()]
+    except KeyError:
+        raise ConfigError(f"{key}={show(value)}: must be yes or no (or true/false, 1/0)") from None
 
 
 def build_host(alias: str, keys: dict, source: str) -> Host:
@@ -97,7 +106,8 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
         try:
             opts = tuple(shlex.split(keys["SSH_OPTS"]))
         except ValueError as exc:
-            raise ConfigError(f"{key('SSH_OPTS')}={keys['SSH_OPTS']!r}: {exc}") from None
+            raise ConfigError(f"{key('SSH_OPTS')}={show(keys['SSH_OPTS'])}: {exc}") from None
+        check_ssh_opts(key("SSH_OPTS"), keys["SSH_OPTS"], opts)
         if not ssh:
             raise ConfigError(f"{key('SSH_OPTS')} is set but {key('SSH')} is not")
     hops = []
@@ -116,31 +126,32 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
     devices = _check(key("DEVICES"), keys.get("DEVICES", DEFAULT_DEVICES), _DEVICES, "device glob (an absolute path pattern)")
     targets = _regex_list(key("TARGETS"), keys["TARGETS"]) if "TARGETS" in keys else ()
     protect = _regex_list(key("PROTECT"), keys["PROTECT"]) if "PROTECT" in keys else ()
+    fake = _yes_no(key("FAKE_DEVICES"), keys["FAKE_DEVICES"]) if "FAKE_DEVICES" in keys else False
     phases = {k[1]: build_phase(alias, k[1], v) for k, v in keys.items() if isinstance(k, tuple)}
-    return Host(alias, Route(tuple(hops)), python, devices, targets, protect, source=source, phases=phases)
+    scope = keys.get("SCOPE") or None  # narrows targets to command lines containing it (see hosts.env.example)
+    return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
+                source=source, phases=phases)
 
 
-def _group(values: dict, source: str) -> dict:
+def _group(values: dict, source: str, lines: dict | None = None) -> dict:
     """hosts.env keys -> {alias: {suffix: value}}, rejecting keys we do not know.
 
-    Phase keys (ALIAS_PHASE_NAME_FIELD) are gathered under suffix ("PHASE", name)."""
+    Phase keys (ALIAS_PHASE_NAME_FIELD) are gathered under suffix ("PHASE", name).
+    `lines` (key -> line number) lets an error point at FILE:LINE."""
     grouped: dict = {}
     for k, v in values.items():
+        where = f"{source}:{lines[k]}" if lines and k in lines else source
         phase_key = split_phase_key(k)
         if phase_key:
             alias, name, fld = phase_key
-            if v is None:
-                raise ConfigError(f"{source}: key {k!r} has no value")
             grouped.setdefault(alias, {}).setdefault(("PHASE", name), {})[fld] = v
             continue
         alias, suffix = _split_key(k)
         if alias is None:
-            raise ConfigError(f"{source}: unknown key {k!r} (keys are ALIAS_" + "|ALIAS_".join(KNOWN_SUFFIXES)
+            raise ConfigError(f"{where}: unknown key {k!r} (keys are ALIAS_" + "|ALIAS_".join(KNOWN_SUFFIXES)
                               + "|ALIAS_PHASE_NAME_FIELD; see hosts.env.example)")
         if not _ALIAS.match(alias):
-            raise ConfigError(f"{source}: key {k!r}: alias {alias!r} must start with a letter")
-        if v is None:
-            raise ConfigError(f"{source}: key {k!r} has no value")
+            raise ConfigError(f"{where}: key {k!r}: alias {alias!r} must start with a letter")
         grouped.setdefault(alias, {})[suffix] = v
     return grouped
 
@@ -151,11 +162,12 @@ def load_hosts(path: Path | None = None) -> dict:
 
     path = path or hosts_file()
     values: dict = {}
+    lines: dict = {}
     if path.exists():
-        values = dotenv_values(path, interpolate=False)
+        values, lines = read_env_file(path)
     elif os.environ.get(HOSTS_FILE_ENV):
         raise ConfigError(f"{HOSTS_FILE_ENV}={str(path)!r}: no such file")
-    grouped = _group(values, str(path))
+    grouped = _group(values, str(path), lines)
     if "sandbox" in grouped:
         raise ConfigError(f"{path}: SANDBOX_* keys are not allowed; the sandbox host is built in")
     local_keys = grouped.pop("local", {})

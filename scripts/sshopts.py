@@ -1,0 +1,98 @@
+"""Which ssh options a hosts.env may carry: none that runs a local command or loads local code.
+
+Why: a hosts.env may come from a shared repository, and gpu-pivot runs ssh with its options
+on the operator's machine (often as root). `-o ProxyCommand=...` in a committed file would
+run whatever its author wrote, on every `invoke ping`. Options that execute or load
+something locally belong in ~/.ssh/config, which only its owner writes.
+
+The options are read the way ssh reads its argv (getopt: `-o X`, `-oX`, flags clustered in
+front as in `-vo X`) and an `-o` argument the way ssh reads a config line (keyword ends at
+whitespace or `=`, case-insensitive, may be quoted). Refused:
+  -o ProxyCommand, LocalCommand, PermitLocalCommand, KnownHostsCommand   run a command
+  -o XAuthLocation                                  the program run for X11 forwarding
+  -o PKCS11Provider / SmartcardDevice, SecurityKeyProvider, -I   load a shared library
+  -o Match (its `exec` runs a command), Host, Include, and -F     read or select other config
+  positional words and `--`: SSH_OPTS holds options only; the destination is ALIAS_SSH
+ProxyJump is allowed (ssh builds that connection itself).
+"""
+from __future__ import annotations
+
+import re
+
+from .config_error import ConfigError, show
+
+# ssh(1) getopt string (OpenSSH 9.x): a letter followed by ':' takes an argument.
+_OPTSTRING = "1246ab:c:e:fgi:kl:m:no:p:qstvw:xAB:CD:E:F:GI:J:KL:MNO:P:QR:S:TVW:XYy"
+_TAKES_ARG = {c for i, c in enumerate(_OPTSTRING) if c != ":" and _OPTSTRING[i + 1:i + 2] == ":"}
+_FLAGS = {c for c in _OPTSTRING if c != ":"} - _TAKES_ARG
+
+_RUNS = "runs a local command"
+_LOADS = "loads a local library (code run by ssh)"
+_READS = "reads other ssh configuration, which can run local commands"
+FORBIDDEN_KEYWORDS = {
+    "proxycommand": ("ProxyCommand", _RUNS),
+    "localcommand": ("LocalCommand", _RUNS),
+    "permitlocalcommand": ("PermitLocalCommand", "enables LocalCommand, which runs a local command"),
+    "knownhostscommand": ("KnownHostsCommand", _RUNS),
+    "xauthlocation": ("XAuthLocation", "names the program ssh runs for X11 forwarding"),
+    "pkcs11provider": ("PKCS11Provider", _LOADS),
+    "smartcarddevice": ("SmartcardDevice", _LOADS),
+    "securitykeyprovider": ("SecurityKeyProvider", _LOADS),
+    "match": ("Match", "selects configuration and its `exec` runs a local command"),
+    "host": ("Host", _READS),
+    "include": ("Include", _READS),
+}
+FORBIDDEN_FLAGS = {
+    "F": ("-F", "reads another ssh config file, which can run local commands"),
+    "I": ("-I", _LOADS),
+}
+_TAIL = "hosts.env may come from a shared repo — put it in ~/.ssh/config"
+
+
+def option_keyword(arg: str) -> str:
+    """The keyword of an `-o` argument, as ssh would look it up: 'ProxyCommand=x' -> 'proxycommand'.
+
+    Quotes and backslashes are dropped from the keyword (ssh accepts `"ProxyCommand" x`), so a
+    quoted spelling is caught too; that may refuse a spelling ssh itself would reject, never the reverse."""
+    word = re.match(r"\s*([^\s=]*)", arg).group(1)
+    return re.sub(r"[\"'\\]", "", word).lower()
+
+
+def _refuse(label: str, value: str, name: str, why: str) -> None:
+    raise ConfigError(f"{label}={show(value)}: {name} {why}; {_TAIL}")
+
+
+def _check_o(label: str, value: str, arg: str) -> None:
+    hit = FORBIDDEN_KEYWORDS.get(option_keyword(arg))
+    if hit:
+        _refuse(label, value, *hit)
+
+
+def check_ssh_opts(label: str, value: str, opts: tuple) -> None:
+    """Refuse any option in `opts` (ALIAS_SSH_OPTS split like a shell) that runs or loads local code."""
+    i = 0
+    while i < len(opts):
+        tok = opts[i]
+        i += 1
+        if tok == "--" or not tok.startswith("-") or tok == "-":
+            raise ConfigError(f"{label}={show(value)}: {show(tok)} is not an ssh option "
+                              "(SSH_OPTS holds options only; the destination is the ALIAS_SSH key)")
+        j = 1
+        while j < len(tok):
+            c = tok[j]
+            j += 1
+            if c in FORBIDDEN_FLAGS:
+                _refuse(label, value, *FORBIDDEN_FLAGS[c])
+            if c in _TAKES_ARG:
+                if j < len(tok):
+                    arg = tok[j:]
+                elif i < len(opts):
+                    arg = opts[i]
+                    i += 1
+                else:
+                    raise ConfigError(f"{label}={show(value)}: ssh option -{c} needs a value")
+                if c == "o":
+                    _check_o(label, value, arg)
+                break
+            if c not in _FLAGS:
+                raise ConfigError(f"{label}={show(value)}: -{c} is not an ssh option")
