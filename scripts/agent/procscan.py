@@ -27,6 +27,17 @@ def _read(path, mode="rb"):
         return f.read()
 
 
+def _thread_cmdline(pid, proc):
+    for tid in os.listdir("%s/%d/task" % (proc, pid)):
+        try:
+            raw = _read("%s/%d/task/%s/cmdline" % (proc, pid, tid))
+        except OSError:
+            continue
+        if raw:
+            return raw
+    return b""
+
+
 def basic(pid, proc=PROC):
     """stat + argv + uid of one process, or None when it is gone."""
     stat = procfs.read_stat(pid, proc)
@@ -34,6 +45,8 @@ def basic(pid, proc=PROC):
         return None
     try:
         raw = _read("%s/%d/cmdline" % (proc, pid))
+        if not raw and stat["threads"] > 1:
+            raw = _thread_cmdline(pid, proc)  # a zombie leader: its live threads still show it
     except (FileNotFoundError, ProcessLookupError):
         return None
     except PermissionError:

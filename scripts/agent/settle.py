@@ -27,9 +27,9 @@ def _suggest(procs, holder):
     """The --match that would include this holder's starter (or itself) next time."""
     starter = procs.get(holder["ppid"])
     who = starter if starter and holder["ppid"] != 1 and not rules.protect_reason(starter, set()) else holder
-    names = [n for n, _ in program.names(who) if " " not in n and "/" not in n]
-    if not names:
-        return None
+    names = [n for n, _ in program.names(who) if " " not in n and "/" not in n and not program.INTERPRETERS.match(n)]
+    if not names:  # e.g. `sh -c 'while :; do ...; done'`: no program name to give
+        return "stop PID %d (%s) first: it starts the holder again" % (who["pid"], who["cmdline"][:60])
     return "--match %s" % _quote(re.escape(names[0]))
 
 
