@@ -1,26 +1,38 @@
-"""Free the GPUs: lock, plan, SIGTERM all targets at once, KILL after grace, verify, record.
+"""Free the GPUs: lock, plan, SIGTERM all targets at once, KILL after grace, verify, settle, record.
 
 Why this order (see DESIGN.md): every target gets SIGTERM in the same instant so a server
 and its workers shut down together (signalling only the parent leaves workers holding
 memory); polling every 50 ms ends the wait the moment they are gone, instead of a fixed
 sleep; SIGKILL only what outlives the grace period. Signals go through a pidfd, or after
 a pid + start-time check, so a reused pid is never hit, and only to processes the plan
-listed (and the operator approved, when a plan was shown first).
+listed (and the operator approved, when a plan was shown first) and, as the plan states,
+the processes those fork meanwhile (targets.py). Free must then hold for a settle window
+(settle.py) so a supervisor's respawn is caught, not blessed.
 
-The agent ignores SIGHUP and survives a dropped connection: it finishes and keeps the
-result in last.json on the host, which `invoke status` shows.
+The state directory is checked before anything is signalled (unusable: exit 3, nothing
+sent); a write that fails DURING a teardown does not stop it (the processes matter more
+than the log): it is reported in `record_errors`. The agent ignores SIGHUP and SIGINT and
+survives a dropped connection or a Ctrl-C on the operator's side: it finishes and keeps
+the result in last.json on the host, which `invoke status` shows.
 """
 import getpass
-import json
 import os
 import signal
 import socket
 import subprocess
 import time
 
-from . import gpuinfo, hostlock, lastrun, options, plan, procfs, scan, verify
+from . import gpuinfo, hostlock, lastrun, options, plan, procfs, scan, settle, verify
+from .auditlog import Audit
+from .targets import Targets
 
-EXIT_FREE, EXIT_NOT_FREE, EXIT_LOCKED = 0, 1, 4
+try:
+    from . import forkwatch
+except ImportError:  # pragma: no cover - older bundles
+    forkwatch = None
+
+EXIT_FREE, EXIT_NOT_FREE, EXIT_STATE, EXIT_LOCKED = 0, 1, 3, 4
+SETTLE_S = 2.0
 PROGRESS_EVERY_S = 0.5
 
 
@@ -33,29 +45,8 @@ def add_arguments(parser):
     parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
     parser.add_argument("--approved", default=None, metavar="PID:START,...",
                         help="signal only these processes (the plan the operator saw)")
-    parser.add_argument("--dry-run", action="store_true", help="plan only; signal nothing")
-
-
-class Audit:
-    """One JSON line per signal or unit stop, appended on the host as it happens."""
-
-    def __init__(self, operator):
-        self.operator = operator
-        self.host = socket.gethostname()
-        self.records = []
-        self.path = os.path.join(lastrun.run_dir(), "audit.jsonl")
-
-    def log(self, target, action, result):
-        rec = {"time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "host": self.host, "operator": self.operator,
-               "pid": target.get("pid"), "start_time": target.get("start_time"), "cmdline": target.get("cmdline"),
-               "signal": action, "result": result}
-        self.records.append(rec)
-        try:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(rec, sort_keys=True) + "\n")
-        except OSError:
-            pass  # the record still travels back in the result
-        return rec
+    parser.add_argument("--settle", type=float, default=SETTLE_S,
+                        help="seconds the GPUs must stay free after the targets are gone (catches respawns)")
 
 
 def parse_approved(text):
@@ -66,10 +57,6 @@ def parse_approved(text):
         pid, _, start = item.partition(":")
         out.add((int(pid), int(start)))
     return out
-
-
-def alive_targets(targets):
-    return [t for t in targets if procfs.same_process(t["pid"], t["start_time"])]
 
 
 def _mib_left(source):
@@ -83,12 +70,8 @@ def _mib_left(source):
 
 
 def signal_all(targets, sig, audit, name):
-    for t in targets:
-        try:
-            result = procfs.signal_if_same(t["pid"], t["start_time"], sig)
-        except PermissionError:
-            result = "permission denied"
-        audit.log(t, name, result)
+    """Signal a fixed list (phase stop); the teardown itself uses targets.Targets."""
+    Targets(targets, audit).signal(targets, sig, name)
 
 
 def _stop_units(the_plan, audit, targets_by_pid):
@@ -113,11 +96,12 @@ def _finish_units(running, audit, targets_by_pid):
         audit.log(first, " ".join(argv), "exit %d%s" % (proc.returncode, (": " + err) if err else ""))
 
 
-def wait_gone(args, targets, limit_s, source, started, phase):
-    """Poll every 50 ms until every target is gone or limit_s passes; progress meanwhile."""
+def wait_gone(args, targets, limit_s, source, started, phase, among=None):
+    """Poll every 50 ms until every target is gone or limit_s passes; adopt and signal
+    what they fork meanwhile; progress lines every half second."""
     t0 = time.monotonic()
     last = 0.0
-    alive = alive_targets(targets)
+    alive = targets.alive(among)
     while alive and time.monotonic() - t0 < limit_s:
         now = time.monotonic()
         if now - last >= PROGRESS_EVERY_S:
@@ -125,7 +109,8 @@ def wait_gone(args, targets, limit_s, source, started, phase):
             args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
                                mib_left=_mib_left(source))
         time.sleep(verify.POLL_S)
-        alive = alive_targets(targets)
+        targets.adopt_new()
+        alive = targets.alive(None if among is None else among + targets.added)
     return alive
 
 
@@ -145,51 +130,86 @@ def stuck_report(alive, doc):
     return out
 
 
+def _start_watch(planned):
+    if forkwatch is None:
+        return None
+    try:
+        return forkwatch.ForkWatch.start([(t["pid"], t["start_time"]) for t in planned])
+    except Exception:  # the watch is an aid: /proc parentage still works without it
+        return None
+
+
+class Recorder:
+    """last.json writes that never stop a teardown: failures are kept and reported."""
+
+    def __init__(self):
+        self.errors = []
+
+    def save(self, doc):
+        try:
+            lastrun.save(doc)
+        except OSError as exc:
+            self.errors.append("could not write last.json: %s" % exc)
+
+
 def execute(args, operator):
     started = time.monotonic()
     source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
     record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "operator": operator, "state": "running",
-              "host": socket.gethostname(), "exit_code": None}
+              "host": socket.gethostname(), "exit_code": None, "agent": lastrun.agent_identity()}
+    recorder = Recorder()
+    watch = None
     try:
+        since = procfs.read_stat(os.getpid())["start_time"]
         doc = scan.collect(args, source)
         doc["gpu_source_tried"] = tried
         the_plan = plan.build(doc, args)
         approved = parse_approved(args.approved)
-        targets = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
-        unapproved = [t for t in the_plan["targets"] if t not in targets]
+        planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
+        unapproved = [t for t in the_plan["targets"] if t not in planned]
         record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved)
-        if args.dry_run:
-            record.update(state="dry run", exit_code=0, verdict="dry run: nothing signalled")
-            return 0, _result(record, scan.public(doc), started)
-        lastrun.save(record)
+        recorder.save(record)
         audit = Audit(operator)
-        by_pid = {t["pid"]: t for t in targets}
+        watch = _start_watch(planned)
+        targets = Targets(planned, audit, watch, chain=doc["_chain"] | {os.getpid()}, protect=args.protect,
+                          since_ticks=since, scope_uid=args.scope_uid)
+        by_pid = {t["pid"]: t for t in planned}
         units = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
                                  containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
                             audit, by_pid)
-        signal_all(targets, signal.SIGTERM, audit, "SIGTERM")
-        args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2), alive=[t["pid"] for t in targets],
+        targets.signal(planned, signal.SIGTERM, "SIGTERM")
+        args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2), alive=[t["pid"] for t in planned],
                            mib_left=_mib_left(source))
         alive = wait_gone(args, targets, args.grace, source, started, "grace")
         _finish_units(units, audit, by_pid)
         if alive:
-            signal_all(alive, signal.SIGKILL, audit, "SIGKILL")
-            alive = wait_gone(args, alive, min(5.0, args.timeout), source, started, "sigkill")
-        free, after, problems, waited = verify.wait_free(
-            args, args.timeout, source=source,
-            on_poll=lambda d, p, w: args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2),
-                                                       problems=p[:5], mib_left=gpuinfo.total_used_mib(d["gpus"])))
-        alive = alive_targets(alive)
-        code = EXIT_FREE if free else EXIT_NOT_FREE
+            targets.signal(alive, signal.SIGKILL, "SIGKILL")
+            alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
+        before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
+        result = settle.watch(args, source, targets, started, before, on_poll=lambda d, p: args.emit_progress(
+            phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=p[:5],
+            mib_left=gpuinfo.total_used_mib(d["gpus"])))
+        after, free, problems = result["doc"], result["free"], result["problems"]
+        alive = targets.alive()
+        code = EXIT_FREE if free else verify.exit_code(after, free, args.max_used_mib)
+        if targets.failed:
+            code = EXIT_NOT_FREE
         record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
                       after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
-                      still_holding=[] if free else verify.still_holding(after), freed_mib=gpuinfo.total_used_mib(doc["gpus"]) - gpuinfo.total_used_mib(after["gpus"]),
-                      signalled=sum(1 for a in audit.records if a["result"] == "sent"),
+                      still_holding=[] if free else verify.still_holding(after),
+                      freed_mib=gpuinfo.total_used_mib(doc["gpus"]) - gpuinfo.total_used_mib(after["gpus"]),
+                      signalled=sum(1 for a in audit.records if a["result"] == "sent" and a["signal"].startswith("SIG")),
+                      signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
+                      free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=args.settle,
+                      uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
                       finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         out = _result(record, scan.public(after), started)
-        lastrun.save(out)
+        recorder.save(out)
+        out["record_errors"] = recorder.errors + list(getattr(audit, "write_errors", []))
         return code, out
     finally:
+        if watch is not None:
+            watch.close()
         source.close()
 
 
@@ -202,10 +222,15 @@ def _result(record, doc, started):
 
 def run(args):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # the ssh session may drop: finish anyway
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C on the operator's side: finish anyway
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # writes to a dead pipe fail quietly instead
     operator = args.operator or "%s@%s" % (getpass.getuser(), socket.gethostname())
-    if args.dry_run:
-        return execute(args, operator)
+    scan.device_set(args)  # a bad device glob is bad input: exit 2 before anything
+    try:
+        lastrun.preflight()
+    except OSError as exc:
+        return EXIT_STATE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
+                            "verdict": "not started: nothing was signalled"}
     try:
         fd = hostlock.acquire(operator, args.wait_lock)
     except hostlock.Locked as exc:

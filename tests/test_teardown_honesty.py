@@ -1,0 +1,188 @@
+"""FREED means free: the verdict cases that used to say FREED while a GPU was held.
+
+- a user who cannot read other users' fds: never FREE, exit 6, "run as root";
+- a target the user may not signal: the failed signal is not counted, exit 1;
+- a supervisor that restarts the server 0.1 s after it exits: caught in the settle window,
+  reported with the process that started it and the flag that would include it;
+- a target that forks on SIGTERM (child, or a double fork out of the tree): the new process
+  is signalled, as the plan says;
+- a stopped (state T) target: SIGCONT follows SIGTERM, so it exits within the grace period.
+Every process is started here and scoped by the test's temp dir (fake devices + --scope).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.bundle import agent_payload
+from scripts.hostconfig import build_host
+from scripts.sandbox import ROLES
+from scripts.transport import call_agent
+from tests import scenario
+from tests.procs import ProcessSet, alive, state, wait_for
+from tests.second_user import second_user  # noqa: F401  (fixture)
+
+
+@pytest.fixture
+def ps(tmp_path):
+    procs = ProcessSet(tmp_path)
+    yield procs
+    procs.kill_all()
+
+
+def host(ps, **keys):
+    base = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
+    base.update(keys)
+    return dataclasses.replace(build_host("local", base, "test"), fake_gpus=str(ps.memdir))
+
+
+def teardown(ps, *extra, **keys):
+    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1", *extra])
+
+
+# -- another user -------------------------------------------------------------------------
+
+@pytest.fixture
+def shared_ps():
+    """A process set in a directory another user can read (the test's tmp_path is 0700)."""
+    base = Path(tempfile.mkdtemp(prefix="gp-shared-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    procs = ProcessSet(base)
+    for f in procs.devdir.iterdir():
+        os.chmod(f, 0o644)
+    os.chmod(procs.devdir, 0o755)
+    yield procs
+    procs.kill_all()
+    subprocess.run(["rm", "-rf", str(base)])
+
+
+def agent_as(user, *argv):
+    """Run the agent bundle as `user` (python3 - SUBCOMMAND ...) and return (code, doc)."""
+    out = user.run([user.python, "-", *argv, "--json"], input=agent_payload())
+    assert out.stdout, out.stderr
+    return out.returncode, json.loads(out.stdout.decode().strip().splitlines()[-1])
+
+
+def test_unprivileged_verify_never_says_free(shared_ps, second_user):  # noqa: F811
+    holder = shared_ps.role("worker", "--gpu", "0")  # root's process holds the device
+    code, doc = agent_as(second_user, "verify", "--fake-devices", "--devices", shared_ps.glob)
+    assert code == 6, doc["problems"]
+    assert not doc["free"] and doc["uninspected"] > 0
+    assert any("could not be inspected" in p and "run as root" in p for p in doc["problems"])
+    assert alive(holder)
+
+
+def test_failed_signal_is_not_counted_and_not_freed(shared_ps, second_user):  # noqa: F811
+    server = scenario._server(shared_ps, "--tp", "1")  # root's server, visible to everyone by its cmdline
+    code, doc = agent_as(second_user, "teardown", "--fake-devices", "--devices", shared_ps.glob, "--target",
+                         r"sglang\.launch_server", "--scope", str(shared_ps.base), "--grace", "0.5", "--timeout", "1",
+                         "--settle", "0.2")
+    assert code != 0, doc
+    assert doc.get("verdict") == "not free", doc
+    assert doc["signalled"] == 0
+    assert any(f["pid"] == server and f["result"] == "permission denied" for f in doc["signal_failures"])
+    assert any("could not signal pid %d" % server in p for p in doc["problems"])
+    assert alive(server)
+
+
+# -- respawn, forks, stopped targets --------------------------------------------------------
+
+def test_supervisor_respawn_is_caught_and_named(ps, tmp_path):
+    sup = tmp_path / "supervise.sh"
+    sup.write_text(f"while :; do {sys.executable} {ROLES} worker --devdir {ps.devdir} --gpu 0; sleep 0.1; done\n")
+    supervisor = subprocess.Popen(["bash", str(sup)], start_new_session=True)
+    ps.adopt(supervisor.pid)
+    wait_for(lambda: any(p for p in _children(supervisor.pid)), "first worker")
+    time.sleep(0.3)
+    result = teardown(ps, TARGETS="nothing-here")
+    assert result.code == 1, result.doc["verdict"]
+    appeared = result.doc["appeared"]
+    assert appeared and appeared[0]["ppid"] == supervisor.pid
+    assert f"started by PID {supervisor.pid}: bash {sup}" in appeared[0]["why"]
+    assert appeared[0]["include"] == r"--match 'supervise\.sh'"
+    assert alive(supervisor.pid)  # never signalled: it was not in the plan
+    for pid in _children(supervisor.pid):
+        ps.adopt(pid)
+    # following the advice frees the GPU
+    again = teardown(ps, "--match", r"supervise\.sh", TARGETS="nothing-here")
+    assert again.code == 0, again.doc["problems"]
+    assert not alive(supervisor.pid)
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+FORKER = r"""
+import os, signal, sys, time
+devdir, kind, out = sys.argv[1], sys.argv[2], sys.argv[3]
+held = [open(devdir + "/nvidia0", "rb")]
+def hold_forever(tag):
+    with open(out + "." + tag, "w") as f:
+        f.write(str(os.getpid()))
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(600)
+    os._exit(0)
+def on_term(*_):
+    pid = os.fork()
+    if pid == 0:
+        if kind == "double":
+            os.setsid()
+            if os.fork():
+                os._exit(0)
+        hold_forever("child")
+    if kind == "double":
+        os.waitpid(pid, 0)
+    os._exit(0)
+signal.signal(signal.SIGTERM, on_term)
+open(out, "w").close()
+time.sleep(600)
+"""
+
+
+@pytest.mark.parametrize("kind", ["child", "double"])
+def test_processes_forked_during_sigterm_are_signalled(ps, tmp_path, kind):
+    out = tmp_path / "forker"
+    p = subprocess.Popen([sys.executable, "-c", FORKER, str(ps.devdir), kind, str(out), "--tag", str(ps.base)],
+                         start_new_session=True)
+    ps.adopt(p.pid)
+    wait_for(out.exists, "forker ready")
+    result = teardown(ps, TARGETS="nothing-here")
+    child = int(wait_for(lambda: Path(f"{out}.child").exists() and Path(f"{out}.child").read_text(), "child pid"))
+    ps.adopt(child)
+    if kind == "double" and result.doc["fork_watch"] != "connector":
+        # without kernel fork events a setsid double fork cannot be tied to the target:
+        # it must then be reported, never blessed
+        assert result.code == 1 and any(a["pid"] == child for a in result.doc["appeared"])
+        return
+    assert result.code == 0, result.doc["problems"]
+    assert any(t["pid"] == child for t in result.doc["adopted"])
+    assert not alive(child)
+    assert "processes a target forks during the teardown (its new descendants) are signalled too" in \
+        result.doc["plan"]["rules"]
+
+
+def test_stopped_target_gets_sigcont_and_exits_within_grace(ps):
+    server, workers = ps.server(tp=1)
+    os.kill(server, signal.SIGSTOP)
+    wait_for(lambda: state(server) == "T", "stopped")
+    started = time.monotonic()
+    result = call_agent(host(ps), "teardown", ["--grace", "8", "--timeout", "10", "--settle", "0.2"])
+    assert result.code == 0, result.doc["problems"]
+    assert time.monotonic() - started < 6
+    sigs = {(a["pid"], a["signal"]) for a in result.doc["actions"] if a["result"] == "sent"}
+    assert (server, "SIGCONT") in sigs and (server, "SIGKILL") not in sigs
+    assert not alive(server)
