@@ -33,7 +33,9 @@ def where(h: dict) -> str:
 def holder_table(doc: dict) -> str:
     holders = doc["holders"]
     if not holders:
-        return "Holders: no process holds a GPU device file" + (f" ({doc['devices_glob']})" if doc.get("devices_glob") else "")
+        seen = "no process it could inspect holds" if doc.get("denied") else "no process holds"
+        return "\n".join([f"Holders: {seen} a GPU device" + (f" ({doc['devices_glob']})" if doc.get("devices_glob") else ""),
+                          *_notes(doc, holders)])
     rows = []
     for h in holders:
         mib = sum(v for v in h["gpu_mib"].values() if v) if h["gpu_mib"] else None
@@ -41,6 +43,10 @@ def holder_table(doc: dict) -> str:
         rows.append([h["pid"], h["user"], h["state"], age(h.get("age_s")), where(h), _mib(mib) if mib is not None else "-",
                      shorten(h["cmdline"], 56), mark])
     out = "Holders\n" + table(["pid", "user", "st", "age", "unit/container", "MiB", "cmdline", ""], rows, "  ")
+    return "\n".join([out, *_notes(doc, holders)])
+
+
+def _notes(doc: dict, holders: list) -> list:
     extra = []
     for h in holders:
         if h.get("write_files"):
@@ -49,9 +55,9 @@ def holder_table(doc: dict) -> str:
         pids = ", ".join(str(p["pid"]) for p in doc["foreign_gpu_pids"])
         extra.append(f"  NVML reports pids not visible here (another PID namespace, e.g. the Proxmox node): {pids}")
     if doc.get("denied"):
-        extra.append(f"  permission denied reading the fds of {len(doc['denied'])} process(es): {doc['denied'][:10]} "
-                     "(run as root to see every holder)")
-    return "\n".join([out, *extra])
+        extra.append(f"  NOT INSPECTED: {len(doc['denied'])} process(es) whose open files this user cannot read "
+                     f"({doc['denied'][:10]}): they may hold a GPU, so nothing is called free; run as root")
+    return extra
 
 
 def last_teardown(doc: dict) -> str:

@@ -33,6 +33,11 @@ def plan_tables(plan: dict) -> str:
         out.append(f"  WARNING pid {w['pid']} has files open for writing: {', '.join(w['files'][:5])}")
     for u in plan.get("units", []):
         out.append(f"  unit {u['unit']} will be stopped with systemctl{' and disabled' if u['disable'] else ''}")
+    scope = plan.get("scope") or {}
+    if scope.get("text") or scope.get("uid") is not None:
+        out.append(f"  scope: only processes with {scope.get('text')!r} in their command line"
+                   + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else ""))
+    out.extend(f"  rule: {r}" for r in plan.get("rules", []))
     return "\n".join(out)
 
 
@@ -81,3 +86,42 @@ def host_line(outcome) -> str:
     verdict = "freed" if code == 0 else "NOT FREE"
     return (f"{alias}: {verdict} {d.get('freed_mib', 0)} MiB, {len(d['plan']['targets'])} target(s) stopped, "
             f"{len(d['plan']['protected'])} protected kept, {outcome.value.wall_s:.2f}s")
+
+
+def verdict_lines(alias: str, doc: dict, code: int) -> list:
+    """The end of a teardown report: why it is or is not free, in the words a person acts on.
+
+    One place for the verdict line (FREED only with exit 0, i.e. the agent saw every GPU
+    free for the whole settle window, could inspect every process and sent every signal).
+    """
+    if doc.get("locked"):
+        return [f"{alias}: LOCKED: {doc['error']}"]
+    if doc.get("state_error"):
+        return [f"{alias}: NOT STARTED: {doc['state_error']} (nothing was signalled)"]
+    lines = []
+    if doc.get("unapproved"):
+        lines.append(f"  not signalled (appeared after the plan you approved): {[t['pid'] for t in doc['unapproved']]}")
+    for t in doc.get("adopted") or []:
+        lines.append(f"  also signalled pid {t['pid']}: {t['reason']} ({shorten(t.get('cmdline') or '', 60)})")
+    for f in doc.get("signal_failures") or []:
+        lines.append(f"  COULD NOT SIGNAL pid {f['pid']} ({f['signal']}: {f['result']}): it was not stopped")
+    for a in doc.get("appeared") or []:
+        lines.append(f"  RESPAWN pid {a['pid']} ({shorten(a['cmdline'], 60)}) {a['why']}")
+        if a.get("include"):
+            lines.append(f"    to include it: {a['include']}")
+    for s in doc.get("stuck") or []:
+        lines.append(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
+    for e in doc.get("record_errors") or []:
+        lines.append(f"  WARNING {e} (the teardown itself finished)")
+    timing = f"in {doc.get('wall_s', 0):.2f}s"
+    if doc.get("free_at_s") is not None:
+        timing = f"free at {doc['free_at_s']:.2f}s, settled at {doc.get('settled_at_s') or 0:.2f}s " \
+                 f"({doc.get('settle_s', 0):g}s watched for respawns)"
+    verdict = "FREED and verified" if code == 0 else ("NOT FREE (could not inspect every process)" if code == 6
+                                                      else "NOT FREE")
+    plan = doc.get("plan") or {"protected": []}
+    lines.append(f"{alias}: {verdict} {timing} (freed {doc.get('freed_mib', 0)} MiB, "
+                 f"{doc.get('signalled', 0)} signals sent, {len(plan['protected'])} protected kept)")
+    if code:
+        lines.extend("  " + p for p in doc.get("problems", []))
+    return lines

@@ -6,6 +6,9 @@ import time
 from . import devices, gpuinfo, options, procscan, rules
 
 
+EXIT_UNINSPECTED = 6  # some process's fds could not be read: nothing may be called free
+
+
 def add_arguments(parser):
     options.add_selection(parser)
 
@@ -102,4 +105,4 @@ def run(args):
 
     doc = public(collect(args))
     doc["last_teardown"] = lastrun.load_summary()
-    return 0, doc
+    return (EXIT_UNINSPECTED if doc["denied"] else 0), doc
