@@ -1,7 +1,8 @@
 # gpu-pivot emergency teardown, POSIX sh, for hosts without python3 or without this repo.
 # Run as: sh -c "$(cat this file)" gpu-pivot-teardown DEVICE_GLOB GRACE_SECONDS
 # Same order as the agent: holders of the GPU device files -> skip protected -> TERM all
-# at once -> poll every 50 ms up to GRACE -> KILL what is left -> report.
+# at once -> poll every 50 ms up to GRACE -> KILL what is left -> 2 s settle -> report.
+# It says "free" only as root (others' fds are unreadable otherwise) and after the settle.
 # It selects by device holders and PIDs only (never a name pattern), skips itself and its
 # ancestors, and checks each PID's start time before every signal (no reused PID is hit).
 # Report lines end with @@ so scripts/agent/fuser_parse.py can read the PID lists.
@@ -66,8 +67,15 @@ send TERM $targets
 wait_gone "$grace" $targets
 # shellcheck disable=SC2086
 [ -n "$left" ] && send KILL $left && wait_gone 5 $left
-remaining=""
-for p in $(holders); do protected "$p" || remaining="$remaining $p"; done
+# settle: the GPUs must stay free for 2 s (a supervisor's respawn is caught, not blessed)
+ticks=0; remaining=""
+while [ "$ticks" -lt 40 ]; do
+    remaining=""
+    for p in $(holders); do protected "$p" || remaining="$remaining $p"; done
+    [ -n "$remaining" ] && break
+    sleep 0.05 2>/dev/null || sleep 1
+    ticks=$((ticks + 1))
+done
 # shellcheck disable=SC2086
 say remaining $remaining
 busy=0
@@ -75,7 +83,10 @@ if command -v nvidia-smi >/dev/null 2>&1; then
     busy=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | grep -cv '^ *0 *$')
     printf 'gpus-with-memory-used: %s@@\n' "$busy"
 fi
-if [ -z "$remaining" ] && [ "$busy" = 0 ]; then verdict=free; else verdict=not-free; fi
+# as another user than root, other users' open files cannot be read: never say free
+uninspected=0
+[ "$(id -u)" = 0 ] || { uninspected=1; printf 'not-root: other users%s processes could not be inspected; run as root@@\n' "'"; }
+if [ -z "$remaining" ] && [ "$busy" = 0 ] && [ "$uninspected" = 0 ]; then verdict=free; else verdict=not-free; fi
 printf 'verdict: %s@@\n' "$verdict"
 echo "==gpu-pivot-oneliner end=="
 [ "$verdict" = free ]

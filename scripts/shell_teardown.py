@@ -37,6 +37,8 @@ def parse_report(text: str) -> dict:
         key, _, rest = line.partition(":")
         if key == "verdict":
             out[key] = rest.strip().rstrip("@")
+        elif key == "not-root":
+            out[key] = rest.strip().rstrip("@")
         elif key == "gpus-with-memory-used":
             out[key] = int(rest.strip().rstrip("@"))
         else:

@@ -8,6 +8,7 @@ from scripts import shell_teardown
 from tests import scenario
 from tests.conftest import invoke
 from tests.procs import ProcessSet, alive
+from tests.second_user import second_user  # noqa: F401  (fixture)
 
 
 @pytest.fixture
@@ -41,3 +42,21 @@ def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
 def test_report_parser_rejects_missing_report():
     with pytest.raises(ValueError, match="no gpu-pivot one-liner report"):
         shell_teardown.parse_report("Welcome!\n")
+
+
+def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):  # noqa: F811
+    """Not root: other users' open files are unreadable, so an empty holder list proves nothing."""
+    import os
+    import tempfile
+
+    base = tempfile.mkdtemp(prefix="gp-ol-", dir="/tmp")
+    try:
+        os.chmod(base, 0o755)
+        open(os.path.join(base, "nvidia0"), "w").close()
+        ran = second_user.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", f"{base}/nvidia*", "1"],
+                              text=True)
+        report = shell_teardown.parse_report(ran.stdout)
+        assert ran.returncode == 1 and report["verdict"] == "not-free"
+        assert "run as root" in report["not-root"]
+    finally:
+        subprocess.run(["rm", "-rf", base])
