@@ -26,7 +26,7 @@ N=$(nvidia-smi -L | wc -l)  # results are named by GPU count: *-1gpu.*, *-2gpu.*
   echo "## fuser -v /dev/nvidia* under load"; fuser -v /dev/nvidia* 2>&1 | head -30
   echo "## status under load"; inv status --host local
   echo "## verify under load"; inv verify --host local; echo "verify exit $?"
-  echo "## plan"; printf 'LOCAL_PYTHON=python3\nLOCAL_TARGETS=demo-load-server\n' > /tmp/gp-hosts2.env
+  echo "## plan"; printf 'LOCAL_PYTHON=python3\nLOCAL_TARGETS=gpu_tree\\.py\nLOCAL_SCOPE=demo-load-server\n' > /tmp/gp-hosts2.env
   GPU_PIVOT_HOSTS_FILE=/tmp/gp-hosts2.env inv plan --host local
   echo "## teardown"; GPU_PIVOT_HOSTS_FILE=/tmp/gp-hosts2.env inv teardown --host local --yes; echo "teardown exit $?"
   echo "## verify after"; inv verify --host local; echo "verify exit $?"
@@ -38,7 +38,8 @@ N=$(nvidia-smi -L | wc -l)  # results are named by GPU count: *-1gpu.*, *-2gpu.*
   mkdir -p /tmp/extracted && for i in 1 2 3 4; do : > /tmp/extracted/sample_$i.pt; done
   cat > /tmp/gp-pivot.env <<ENV
 LOCAL_PYTHON=python3
-LOCAL_TARGETS='gpu_tree\.py --token (torch-server|train-job)'
+LOCAL_TARGETS='gpu_tree\.py'
+LOCAL_SCOPE=--token
 LOCAL_PHASE_TRAIN_ARGV='["python3", "$PWD/tests/gpu_tree.py", "--token", "train-job", "--children", "1", "--gib", "10", "--ready", "/tmp/train.ready"]'
 LOCAL_PHASE_TRAIN_DIR=$PWD
 LOCAL_PHASE_TRAIN_READY=holding

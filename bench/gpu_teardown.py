@@ -44,7 +44,8 @@ def pivot_once(workdir, args, n, env):
     token = f"bench-pivot-{n}-{os.getpid()}"
     tree = GpuTree(workdir, token, args.children, args.gib_per_proc)
     env = dict(env, GPU_PIVOT_HOSTS_FILE=str(Path(workdir) / "hosts.env"))
-    Path(env["GPU_PIVOT_HOSTS_FILE"]).write_text(f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS={token}\n")
+    Path(env["GPU_PIVOT_HOSTS_FILE"]).write_text(
+        f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS='gpu_tree\\.py'\nLOCAL_SCOPE={token}\n")
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "invoke", "teardown", "--host", "local", "--yes", "--json"], cwd=REPO,
                          capture_output=True, text=True, env=env)

@@ -14,8 +14,10 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no N
 
 
 def local_host(token):
+    """Targets name the program (gpu_tree.py); the scope (a token only this test uses, in the
+    parent's command line) keeps the teardown to the test's own tree."""
     import sys
-    return build_host("local", {"PYTHON": sys.executable, "TARGETS": token}, "test")
+    return build_host("local", {"PYTHON": sys.executable, "TARGETS": r"gpu_tree\.py", "SCOPE": token}, "test")
 
 
 def test_scan_and_verify_tell_the_truth(tmp_path):
@@ -32,6 +34,8 @@ def test_scan_and_verify_tell_the_truth(tmp_path):
             assert set(mib) == {str(i) for i in range(gpu_count())}
             assert all(v >= 2048 for v in mib.values())
             assert by_pid[pid]["mapped_devices"], "a CUDA process maps the device files"
+            assert any(d.startswith("/dev/nvidia") for d in by_pid[pid]["devices"]), by_pid[pid]["devices"]
+        assert doc["denied"] == [], "root inspects every process"
         agent_pids = {h["pid"] for h in doc["holders"] if "gpu-pivot agent" in (h["protected"] or "")}
         assert not agent_pids  # the agent's own NVML handle never counts as a holder
         result = call_agent(host, "verify")
@@ -50,11 +54,11 @@ def test_teardown_frees_all_memory_and_keeps_the_monitor(tmp_path, hosts_env):
     monitor = Monitor(tmp_path)
     tree = GpuTree(tmp_path, token, children=3, gib=2)
     try:
-        hosts_env(f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS={token}\n")
+        hosts_env(f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS='gpu_tree\\.py'\nLOCAL_SCOPE={token}\n")
         plan = json.loads(invoke("plan", "--host", "local", "--json").stdout)["local"]["plan"]
         targets = {t["pid"]: t["reason"] for t in plan["targets"]}
         assert set(tree.pids) <= set(targets)  # plus multiprocessing's resource tracker, also in the tree
-        assert all(pid == tree.pids[0] or f"tree of target {tree.pids[0]}" in why for pid, why in targets.items())
+        assert all(pid == tree.pids[0] or f"started by target {tree.pids[0]}" in why for pid, why in targets.items())
         assert monitor.proc.pid in {p["pid"] for p in plan["protected"]}
         out = invoke("teardown", "--host", "local", "--yes", "--json")
         doc = json.loads(out.stdout)["local"]
