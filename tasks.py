@@ -12,6 +12,7 @@ import getpass
 import json as _json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -19,6 +20,7 @@ import sys
 from invoke import Collection, Exit, task
 
 from scripts import audit_log, cliargs, fleet, phase_ops, sandbox as sandbox_mod, status_view, teardown_view
+from scripts.agent.statedir import StateDirError
 from scripts.pivot import Pivot, PivotOptions
 from scripts.hostconfig import ConfigError, load_hosts, select_hosts
 from scripts.render import shorten, table
@@ -40,6 +42,8 @@ def guarded(fn):
         except ConfigError as exc:
             raise Exit(f"gpu-pivot: {exc}", code=2) from None
         except (HostUnreachable, AgentError) as exc:
+            raise Exit(f"gpu-pivot: {exc}", code=EXIT_UNREACHABLE) from None
+        except StateDirError as exc:  # a local state directory (audit log, ssh sockets) refused
             raise Exit(f"gpu-pivot: {exc}", code=EXIT_UNREACHABLE) from None
 
     return wrapper
@@ -179,6 +183,9 @@ def sandbox(c, action, json=False):
     `up` starts `python3 -m sglang.launch_server` (a SANDBOX stand-in) with two workers
     titled sglang::scheduler_TP0/1, a process named nvidia-persistenced, an `nvitop`
     monitor and an unrelated job. `down` stops exactly those (by pid + start time).
+    Its directory ($GPU_PIVOT_SANDBOX_DIR, else /run/gpu-pivot/sandbox as root,
+    $XDG_RUNTIME_DIR/gpu-pivot/sandbox or $XDG_STATE_HOME/gpu-pivot/sandbox) is created 0700;
+    one that is a link, not ours or writable by others is refused, exit 3, nothing run.
     """
     actions = {"up": sandbox_mod.up, "down": sandbox_mod.down, "status": sandbox_mod.status}
     if action in ("--help", "-h"):  # Invoke hands --help to a positional argument as its value
@@ -208,7 +215,11 @@ def _print_doc(host, doc, *parts):
 @task(help={"host": HOST_HELP, "json": "print the scan as JSON"})
 @guarded
 def status(c, host=DEFAULT_HOST, json=False):
-    """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked)."""
+    """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked).
+
+    Exit 0; 6 when some process could not be inspected (its open files are not readable by
+    this user, so it may hold a GPU unseen: run as root); 3 unreachable.
+    """
     targets = _hosts(host)
     outcomes = fleet.each_host(targets, lambda h: call_agent(h, "scan"))
     docs = {}
@@ -220,7 +231,7 @@ def status(c, host=DEFAULT_HOST, json=False):
                            status_view.last_teardown)
     if json:
         print(_json.dumps(docs, indent=1, sort_keys=True))
-    _exit_worst(_codes(outcomes))
+    _exit_worst(_codes(outcomes, agent_code=True))
 
 
 @task(help={"host": HOST_HELP, "wait": "poll up to this many seconds (every 50 ms) until free",
@@ -228,7 +239,11 @@ def status(c, host=DEFAULT_HOST, json=False):
             "json": "print the result as JSON"})
 @guarded
 def verify(c, host=DEFAULT_HOST, wait="0", max_used_mib="0", json=False):
-    """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1."""
+    """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1.
+
+    Exit 6 when the only obstacle is processes this user could not inspect (run as root:
+    a holder among them would be unseen, so FREE is never said).
+    """
     wait_s = cliargs.seconds("wait", wait)
     max_mib = cliargs.whole("max-used-mib", max_used_mib)
     targets = _hosts(host)
@@ -255,11 +270,7 @@ def verify(c, host=DEFAULT_HOST, wait="0", max_used_mib="0", json=False):
 def _selection_args(match, only_matching, disable) -> list:
     args = []
     for pattern in match or []:
-        try:
-            re.compile(pattern)
-        except re.error as exc:
-            raise ConfigError(f"--match {pattern!r}: not a valid regular expression ({exc})") from None
-        args += ["--match", pattern]
+        args += ["--match", cliargs.pattern("match", pattern)]
     if only_matching:
         args.append("--only-matching")
     if disable:
@@ -269,7 +280,9 @@ def _selection_args(match, only_matching, disable) -> list:
 
 PLAN_HELP = {
     "host": HOST_HELP,
-    "match": "extra target pattern (regex on the full command line; repeatable)",
+    "match": "extra target pattern, repeatable: a regex naming PROGRAMS (the executable, the module or script"
+             " an interpreter runs, or a process title like sglang::scheduler_TP0), never an argument of"
+             " another program; one matching the empty string ('', '.*') is refused",
     "only_matching": "stop only pattern matches and their trees; leave other GPU holders and report them",
     "disable": "also `systemctl disable` a unit that is stopped (e.g. an auto-started vLLM service)",
     "json": "print the result as JSON",
@@ -300,24 +313,30 @@ def plan(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=False, j
     wait_lock="wait this many seconds if another teardown holds the host's lock (default: fail at once, exit 4)",
     max_used_mib="count a GPU as free at or under this many MiB used (default 0)",
     dry_run="show the plan and signal nothing",
+    settle="seconds the GPUs must stay free after the targets are gone, to catch a respawn (default 2)",
     yes="do not ask before signalling (required when not on a terminal)",
     fanout="hosts torn down at once (default 16)",
 ))
 @guarded
 def teardown(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=False, grace="30", timeout="60",
-             wait_lock="0", max_used_mib="0", dry_run=False, yes=False, json=False, fanout="16"):
+             wait_lock="0", max_used_mib="0", dry_run=False, yes=False, json=False, fanout="16", settle="2"):
     """Free every GPU of the host(s) and prove it, harming nothing else.
 
     Order: lock the host; plan (targets + their trees and process groups, orphans holding a
     GPU; protected: PID 1, sshd, nvidia-persistenced, DCGM, exporters, monitors, this
     session); SIGTERM all targets at once; poll every 50 ms; SIGKILL what outlives --grace;
-    verify the GPUs free (NVML v2, 0 MiB used). Exit 0 freed and verified, 1 done but not
-    free, 2 bad input, 3 host unreachable, 4 locked by another teardown.
+    verify the GPUs free (NVML v2, 0 MiB used) and keep watching --settle seconds for a
+    respawn. Targets are PROGRAMS named by a pattern (module, script, executable or process
+    title), never a mere argument of another program. Exit 0 freed and verified, 1 done but
+    not free, 2 bad input, 3 host unreachable or its state dir unusable (nothing signalled),
+    4 locked by another teardown, 6 not every process could be inspected (run as root),
+    130 Ctrl-C (the host side goes on).
     """
     hosts_ = _hosts(host)
     args = _selection_args(match, only_matching, disable) + [
         "--grace", cliargs.seconds("grace", grace), "--timeout", cliargs.seconds("timeout", timeout),
         "--wait-lock", cliargs.seconds("wait-lock", wait_lock), "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib),
+        "--settle", cliargs.seconds("settle", settle),
         "--operator", operator()]
     width = cliargs.whole("fanout", fanout, minimum=1)
     if dry_run:
@@ -339,7 +358,8 @@ def teardown(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=Fals
         return result
 
     done = (lambda out: print(teardown_view.host_line(out), flush=True)) if fleet_mode and not json else None
-    outcomes = fleet.each_host(hosts_, one, width, on_done=done)
+    with _ctrl_c_continues(hosts_, "the teardown continues"):
+        outcomes = fleet.each_host(hosts_, one, width, on_done=done)
     codes = _codes(outcomes, agent_code=True)
     if json:
         print(_json.dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}, indent=1, sort_keys=True))
@@ -351,6 +371,38 @@ def teardown(c, host=DEFAULT_HOST, match=None, only_matching=False, disable=Fals
     elif outcomes[0].error is None:
         _report_teardown(outcomes[0].host, outcomes[0].value)
     _exit_worst(codes)
+
+
+EXIT_INTERRUPTED = 130
+
+
+class _ctrl_c_continues:
+    """While a teardown runs, Ctrl-C says the host side continues and how to see it; exit 130.
+
+    The agent does not stop: behind ssh it ignores the hangup, and on this machine it runs
+    in its own session (transport.call_agent). Why a SIGINT handler and os._exit rather
+    than `except KeyboardInterrupt`: a fleet's worker threads would be joined on the way
+    out, i.e. we would wait for every host's teardown before exiting; and the message is
+    written with os.write, since the interrupted code may hold sys.stdout's lock.
+    """
+
+    def __init__(self, hosts_, what: str):
+        names = ",".join(h.alias for h in hosts_)
+        self.line = f"interrupted: {what} on {names}; see its result with `invoke status --host {names}`\n"
+
+    def _on_sigint(self, signum, frame):
+        try:
+            sys.stdout.flush()
+        except Exception:  # reentrant flush, closed pipe: the line below matters more
+            pass
+        os.write(2, self.line.encode())
+        os._exit(EXIT_INTERRUPTED)
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.old)
 
 
 def operator() -> str:
@@ -375,19 +427,12 @@ def _confirm(hosts_, args) -> dict:
 
 def _report_teardown(host, result) -> None:
     doc = result.doc
-    if doc.get("locked"):
-        print(f"== {host.alias}: LOCKED: {doc['error']}")
+    if doc.get("locked") or doc.get("state_error"):
+        print("== " + teardown_view.verdict_lines(host.alias, doc, result.code)[0])
         return
     _print_doc(host, doc, teardown_view.actions, teardown_view.before_after)
-    if doc.get("unapproved"):
-        print(f"  not signalled (appeared after the plan you approved): {[t['pid'] for t in doc['unapproved']]}")
-    for s in doc.get("stuck") or []:
-        print(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
-    verdict = "FREED and verified" if result.code == 0 else "NOT FREE"
-    print(f"{host.alias}: {verdict} in {doc['wall_s']:.2f}s (freed {doc.get('freed_mib', 0)} MiB, "
-          f"{doc.get('signalled', 0)} signals sent, {len(doc['plan']['protected'])} protected kept)")
+    print("\n".join(teardown_view.verdict_lines(host.alias, doc, result.code)))
     if result.code:
-        print("\n".join("  " + p for p in doc.get("problems", [])))
         text = status_view.still_holding(doc)
         if text:
             print(text)
@@ -505,7 +550,8 @@ def pivot(c, host=DEFAULT_HOST, to="", match=None, only_matching=False, disable=
         td_args += ["--approved", approved[h.alias]]
     opts = PivotOptions(teardown_args=td_args, drain_url=drain or None, dry_run=dry_run, force=force,
                         operator=operator(), ready_timeout=rt)
-    code = Pivot(h, ph, opts, out=lambda line: print(line, flush=True)).run()
+    with _ctrl_c_continues([h], "the pivot stops here; a teardown already under way continues"):
+        code = Pivot(h, ph, opts, out=lambda line: print(line, flush=True)).run()
     if code:
         raise Exit(code=code)
 

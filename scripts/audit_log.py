@@ -2,30 +2,57 @@
 
 Why both sides: the host's copy survives a dropped connection; the operator's copy
 ($XDG_STATE_HOME/gpu-pivot/audit.jsonl) gathers every host of a fleet in one place.
+Why statedir: the directory is created 0700 and checked (a squatted or loose one is
+refused with one line naming it), and the file is appended O_NOFOLLOW, created 0600,
+so a planted symlink never makes us append to someone else's file.
 """
 from __future__ import annotations
 
 import json
-import os
+import sys
 from pathlib import Path
+
+from .agent import statedir
+
+
+def audit_dir() -> Path:
+    return Path(statedir.state_home()) / "gpu-pivot"
 
 
 def audit_path() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
-    return Path(base) / "gpu-pivot" / "audit.jsonl"
+    return audit_dir() / "audit.jsonl"
 
 
-def append(alias: str, records: list) -> Path:
+def append(alias: str, records: list) -> Path | None:
+    """Append the records. It runs after the host has acted, so a failure (refused or
+    full directory, planted link) must not hide that result: it is one line on stderr
+    naming the path and what is wrong, and None is returned."""
     path = audit_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
+    try:
+        statedir.private_dir(str(audit_dir()), parents=True)
         for rec in records:
-            f.write(json.dumps(dict(rec, alias=alias), sort_keys=True) + "\n")
+            statedir.append_json(str(path), dict(rec, alias=alias))
+    except OSError as exc:
+        print(f"gpu-pivot: the local audit log was not written ({len(records)} record(s)): {exc}", file=sys.stderr)
+        return None
     return path
 
 
 def read() -> list:
-    path = audit_path()
-    if not path.exists():
+    """Every record; raises StateDirError when the directory or file is refused."""
+    if not audit_dir().exists() and not audit_dir().is_symlink():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    statedir.private_dir(str(audit_dir()))  # checks it (exists already): never read through a link
+    try:
+        data = statedir.read_bytes(str(audit_path()))
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a torn last line (disk full) must not hide the others
+    return out
+

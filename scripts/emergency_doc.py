@@ -14,8 +14,11 @@ DIRECT = build_host("gpu1", {"SSH": "root@10.1.230.174"}, "doc")
 PROXMOX = build_host("gpu1pct", {"SSH": "root@10.1.2.6", "CTID": "129"}, "doc")
 HOLDERS = ["sh", "-c", "fuser -v $1 2>&1; nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
            "--format=csv,noheader,nounits", "gpu-pivot-holders", "/dev/nvidia*"]
-MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total,memory.reserved", "--format=csv,noheader,nounits"]
-LAST = ["sh", "-c", "cat /run/gpu-pivot/last.json 2>/dev/null || cat \"${TMPDIR:-/tmp}/gpu-pivot-$(id -u)/last.json\""]
+MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total,memory.reserved",
+          "--format=csv,noheader,nounits"]
+# Where the agent keeps last.json (scripts/agent/statedir.run_dir): root, then a user's runtime dir, then state home.
+LAST = ["sh", "-c", "cat /run/gpu-pivot/last.json 2>/dev/null || cat \"$XDG_RUNTIME_DIR/gpu-pivot/last.json\" "
+        "2>/dev/null || cat \"${XDG_STATE_HOME:-$HOME/.local/state}/gpu-pivot/run/last.json\""]
 
 
 def block(text: str) -> str:

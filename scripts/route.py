@@ -21,6 +21,8 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from .agent import statedir
+
 SSH_UNREACHABLE = 255
 CONTROL_DIR_ENV = "GPU_PIVOT_CONTROL_DIR"
 CONTROL_PERSIST_S = 120
@@ -32,13 +34,16 @@ def control_dir(base: str | None = None) -> Path:
     A unix socket path holds about 104 bytes and ssh appends a 40-character %C hash plus
     a temporary suffix, so a long configured directory is swapped for a short one
     derived from it (same directory every time for the same setting).
+    Private and checked (statedir.private_dir: created 0700, or ours, not a link, not
+    group/other writable): the default lives in /tmp, where another user could create
+    it first and plant a socket that our ssh would take for its master connection.
+    A refused directory raises StateDirError, one line naming it.
     """
-    base = base or os.environ.get(CONTROL_DIR_ENV) or f"/tmp/gpu-pivot-ssh-{os.getuid()}"
+    configured = base or os.environ.get(CONTROL_DIR_ENV)
+    base = configured or f"/tmp/gpu-pivot-ssh-{os.getuid()}"
     if len(base) > 40:
-        base = f"/tmp/gpu-pivot-ssh-{os.getuid()}-{hashlib.sha1(base.encode()).hexdigest()[:10]}"
-    path = Path(base)
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+        base, configured = f"/tmp/gpu-pivot-ssh-{os.getuid()}-{hashlib.sha1(base.encode()).hexdigest()[:10]}", None
+    return Path(statedir.private_dir(base, parents=bool(configured)))
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,9 @@ def verdict_lines(alias: str, doc: dict, code: int) -> list:
             lines.append(f"    to include it: {a['include']}")
     for s in doc.get("stuck") or []:
         lines.append(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
+    for c in doc.get("concurrent_teardowns") or []:
+        lines.append(f"  NOTE another user's teardown ran beside this one: pid {c['pid']} ({c['user']}): "
+                     f"{shorten(c.get('cmdline') or '', 60)}")
     for e in doc.get("record_errors") or []:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
     timing = f"in {doc.get('wall_s', 0):.2f}s"

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from .agent import markers
 from .agent.cli import PROGRESS_PREFIX
+from .agent.statedir import StateDirError
 from .bundle import agent_payload
 from .route import HostUnreachable
 
@@ -48,6 +49,8 @@ def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
         argv.append("--progress")
     if host.run_dir:
         argv += ["--run-dir", host.run_dir]
+    if host.fake_devices:
+        argv.append("--fake-devices")
     if subcommand in SELECTING:
         for pattern in host.targets:
             argv += ["--target", pattern]
@@ -55,19 +58,29 @@ def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
             argv += ["--protect", pattern]
         if host.fake_gpus:
             argv += ["--fake-gpus", host.fake_gpus]
+        if host.scope:
+            argv += ["--scope", host.scope]
+        if host.scope_uid is not None:
+            argv += ["--scope-uid", str(host.scope_uid)]
     return argv + [str(a) for a in args]
 
 
 def call_agent(host, subcommand: str, args=(), on_progress=None, timeout: float | None = None) -> AgentResult:
     """Run one agent subcommand on `host`. Raises HostUnreachable or AgentError."""
     nonce = secrets.token_hex(8)
-    cmd = host.route.wrap(agent_argv(host, subcommand, args, nonce, on_progress is not None))
+    try:
+        cmd = host.route.wrap(agent_argv(host, subcommand, args, nonce, on_progress is not None))
+    except StateDirError as exc:  # the local ssh ControlPath directory was refused
+        raise AgentError(f"{host.alias}: {exc}") from None
     payload = agent_payload()
     started = time.monotonic()
     # stderr goes to a file, not a pipe: a ControlPersist master forked by this ssh keeps
     # its stderr open for minutes, and waiting for EOF on a pipe would hang until then.
     with tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
+        # On this machine (no hops) the agent gets its own session, as it would on a host
+        # behind ssh: a Ctrl-C at the operator's terminal must not reach it mid-teardown.
+        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                start_new_session=not host.route.hops)
         feeder = threading.Thread(target=_feed, args=(proc, payload), daemon=True)
         feeder.start()
         out_lines = []
@@ -115,4 +128,8 @@ def _parse(host, stdout: str, nonce: str, code: int, stderr: str) -> dict:
         raise AgentError(f"{host.alias}: the agent's result is not valid JSON ({exc}); exit {code}") from None
     if not isinstance(doc, dict):
         raise AgentError(f"{host.alias}: the agent's result is not a JSON object; exit {code}")
+    if doc.get("usage_error"):
+        from .hostconfig import ConfigError
+
+        raise ConfigError(f"{host.alias}: {doc['usage_error']}")
     return doc

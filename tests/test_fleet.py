@@ -23,7 +23,9 @@ def test_fleet_teardown_with_an_unreachable_host(two_hosts, sshd, hosts_env):
         text += sshd.hosts_env(f"node{i}", extra=scenario.host_keys(ps))
     text += "NODE3_SSH=nobody@127.0.0.1\nNODE3_SSH_OPTS='-p 1 -o ConnectTimeout=3 -o ControlPath=none'\n"
     hosts_env(text)
-    res = invoke("teardown", "--host", "node[1-3]", "--yes", "--fanout", "3", "--grace", "2")
+    # node1 and node2 are two aliases of this machine (one sshd, one state dir): one lock, so
+    # the second waits for the first (--wait-lock), as two teardowns of one host must
+    res = invoke("teardown", "--host", "node[1-3]", "--yes", "--fanout", "3", "--grace", "2", "--wait-lock", "30")
     out = res.stdout.decode()
     assert res.returncode == 3, out + res.stderr.decode()
     assert "node1: freed" in out and "node2: freed" in out and "node3: UNREACHABLE" in out

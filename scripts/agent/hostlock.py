@@ -1,7 +1,20 @@
-"""One teardown per host at a time: an flock, with who holds it and since when.
+"""One teardown per host at a time, whoever runs it: an flock, plus a look at other users.
 
 Why flock: the kernel drops it when the holder dies (even by SIGKILL), so a crashed
 teardown never leaves a stale lock; the file's text only says who to ask.
+
+Why the lock lives in statedir.run_dir(): root's is /run/gpu-pivot/gpu-pivot.lock, in a
+directory only root can create or enter, so no other user can create, replace or hold
+it (the old /run/lock/gpu-pivot.lock could be created and flock-ed first by anyone, and
+a symlink there made root truncate the file it pointed to). The file is opened O_NOFOLLOW,
+created 0600, never truncated on open, checked to be a regular file we own; who holds
+it is written only once the flock is held.
+
+Why the /proc look: each user's lock is in that user's own directory, so a lock alone
+cannot keep an unprivileged teardown from running beside root's. The rule (README, "One
+teardown at a time"): an agent that is not root refuses (Locked, exit 4) while it can
+see root's gpu-pivot teardown agent running; root's teardown is never blocked by another
+user and reports their running teardown agents (concurrent_teardowns()) in its result.
 """
 import errno
 import fcntl
@@ -10,7 +23,10 @@ import os
 import socket
 import time
 
-from . import lastrun
+from . import procfs, procscan, statedir
+
+LOCK_NAME = "gpu-pivot.lock"
+POLL_S = 0.05
 
 
 class Locked(RuntimeError):
@@ -22,37 +38,134 @@ class Locked(RuntimeError):
 def describe(holder):
     if not holder:
         return "unknown holder"
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since", 0)))
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since") or 0))
     return "%s (agent pid %s on %s) since %s" % (holder.get("operator"), holder.get("pid"), holder.get("host"), since)
 
 
 def lock_path():
-    # The design's /run/lock/gpu-pivot.lock when root; the agent's state dir otherwise.
-    if os.geteuid() == 0 and os.path.isdir("/run/lock") and not os.environ.get(lastrun.RUN_DIR_ENV):
-        return "/run/lock/gpu-pivot.lock"
-    return os.path.join(lastrun.run_dir(), "gpu-pivot.lock")
+    return os.path.join(statedir.run_dir(), LOCK_NAME)
+
+
+# -- other users' teardown agents ---------------------------------------------------
+
+
+def is_teardown_agent(argv):
+    """Does this argv have the shape transport gives a teardown agent:
+    `python3 - teardown ... --marker HEX` (a dry run excluded: it signals nothing)?"""
+    if len(argv) < 5 or argv[1] != "-" or argv[2] != "teardown":
+        return False
+    exe = os.path.basename(argv[0])
+    if not (exe.startswith("python") and all(c.isdigit() or c == "." for c in exe[len("python"):])):
+        return False
+    if "--dry-run" in argv:
+        return False
+    for i, word in enumerate(argv[:-1]):
+        if word == "--marker":
+            token = argv[i + 1]
+            return bool(token) and all(c in "0123456789abcdef" for c in token)
+    return False
+
+
+def _argv(pid):
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return []
+    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
+
+
+def _euid(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def teardown_agents():
+    """Every running gpu-pivot teardown agent this process can see, but itself:
+    [{pid, uid, user, cmdline, start_time}]. Processes hidden by /proc's hidepid are not seen."""
+    me = os.getpid()
+    out = []
+    for pid in procscan.all_pids():
+        if pid == me:
+            continue
+        argv = _argv(pid)
+        if not is_teardown_agent(argv):
+            continue
+        uid, stat = _euid(pid), procfs.read_stat(pid)
+        if uid is None or not stat or stat["state"] in ("Z", "X"):
+            continue
+        out.append({"pid": pid, "uid": uid, "user": procscan.user_name(uid), "cmdline": " ".join(argv),
+                    "start_time": stat["start_time"]})
+    return out
+
+
+def concurrent_teardowns():
+    """Teardown agents of other users running now, as [{pid, user, cmdline}]: root's teardown
+    puts this in its result so a teardown beside it is noticed."""
+    euid = os.geteuid()
+    return [{"pid": a["pid"], "user": a["user"], "cmdline": a["cmdline"]}
+            for a in teardown_agents() if a["uid"] != euid]
+
+
+def _root_holder():
+    """root's running teardown agent as a lock holder, or None (always None for root)."""
+    if os.geteuid() == 0:
+        return None
+    for a in teardown_agents():
+        if a["uid"] == 0:
+            since = time.time() - procscan.uptime_s() + a["start_time"] / float(procscan.clock_ticks())
+            return {"operator": "root's teardown", "pid": a["pid"], "host": socket.gethostname(), "since": since,
+                    "cmdline": a["cmdline"]}
+    return None
+
+
+# -- the lock -----------------------------------------------------------------------
+
+
+def _try_flock(fd):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return False
 
 
 def acquire(operator, wait_s=0.0, path=None):
-    """Take the lock or raise Locked. Returns the open fd (keep it open while working)."""
+    """Take the lock or raise Locked. Returns the open fd (keep it open while working).
+
+    Raises StateDirError when the directory or the lock file is refused (a symlink,
+    not ours, not a regular file).
+    """
     path = path or lock_path()
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            break
-        except OSError as exc:
-            if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise
-            if time.monotonic() >= deadline:
+    fd = statedir.open_private(path, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            holder = None
+            if _try_flock(fd):
+                holder = _root_holder()
+                if holder is None:
+                    break
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            else:
                 holder = _read(fd)
-                os.close(fd)
+            if time.monotonic() >= deadline:
                 raise Locked(holder)
-            time.sleep(0.05)
-    me = {"operator": operator, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, json.dumps(me).encode(), 0)
+            time.sleep(POLL_S)
+        me = {"operator": operator, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        os.ftruncate(fd, 0)  # we hold the flock: the text is ours to replace
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
     return fd
 
 
@@ -66,5 +179,7 @@ def _read(fd):
 def release(fd):
     try:
         os.ftruncate(fd, 0)
+    except OSError:
+        pass  # a full or read-only disk must not keep the lock: closing drops it
     finally:
         os.close(fd)  # closing drops the flock

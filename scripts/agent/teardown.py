@@ -167,7 +167,8 @@ def execute(args, operator):
         approved = parse_approved(args.approved)
         planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
         unapproved = [t for t in the_plan["targets"] if t not in planned]
-        record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved)
+        record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved,
+                      concurrent_teardowns=hostlock.concurrent_teardowns())
         recorder.save(record)
         audit = Audit(operator)
         watch = _start_watch(planned)
@@ -202,6 +203,7 @@ def execute(args, operator):
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=args.settle,
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
+                      concurrent_teardowns=_merge(record["concurrent_teardowns"], hostlock.concurrent_teardowns()),
                       finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
         out = _result(record, scan.public(after), started)
         recorder.save(out)
@@ -211,6 +213,12 @@ def execute(args, operator):
         if watch is not None:
             watch.close()
         source.close()
+
+
+def _merge(first, later):
+    """Other users' teardowns seen at the start or the end (one that began meanwhile counts)."""
+    seen = {c["pid"] for c in first}
+    return first + [c for c in later if c["pid"] not in seen]
 
 
 def _result(record, doc, started):
@@ -235,6 +243,9 @@ def run(args):
         fd = hostlock.acquire(operator, args.wait_lock)
     except hostlock.Locked as exc:
         return EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc), "hostname": socket.gethostname()}
+    except OSError as exc:  # the lock file itself refused (a link, not ours): like an unusable state dir
+        return EXIT_STATE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
+                            "verdict": "not started: nothing was signalled"}
     try:
         return execute(args, operator)
     finally:
