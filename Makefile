@@ -11,10 +11,10 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 .PHONY: setup
-setup: $(VENV)/.installed ## create .venv with the pinned requirements
-$(VENV)/.installed: requirements.txt
+setup: $(VENV)/.installed ## create .venv with the pinned runtime + development requirements
+$(VENV)/.installed: requirements.txt requirements-dev.txt
 	python3 -m venv $(VENV)
-	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 
 .PHONY: system-deps
@@ -30,15 +30,27 @@ test: setup system-deps ## run the test suite (GPU tests skip without a GPU)
 test-gpu: setup ## run only the GPU tests (on a machine with NVIDIA GPUs)
 	$(PY) -m pytest -q -m gpu -rs
 
+.PHONY: lint
+lint: setup ## ruff on the Python, shellcheck on the shell scripts (settings: pyproject.toml)
+	@command -v shellcheck >/dev/null 2>&1 || \
+	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck >/dev/null; }
+	$(VENV)/bin/ruff check .
+	shellcheck -s sh scripts/*.sh
+	shellcheck bench/*.sh .ci/run tests/standin/*
+
+.PHONY: typecheck
+typecheck: setup ## mypy on the local side: tasks.py and scripts/ (settings: pyproject.toml)
+	$(VENV)/bin/mypy
+
 .PHONY: demo
-demo: setup ## the main job on the built-in SANDBOX host: see holders, tear down, verify, bystanders alive
+demo: setup ## the main job on the SANDBOX host (only its own private dir): see holders, tear down, verify, bystanders alive
 	$(INVOKE) sandbox up
 	$(INVOKE) ping --host sandbox
 	$(INVOKE) status --host sandbox
 	$(INVOKE) teardown --host sandbox --yes --grace 5
 	$(INVOKE) verify --host sandbox
 	$(INVOKE) sandbox status
-	@echo "SANDBOX demo done: the server tree is gone; nvidia-persistenced, the nvitop monitor and the unrelated job are alive."
+	$(PY) -m scripts.sandbox check
 
 .PHONY: teardown
 teardown: setup ## free the GPUs of HOST (make teardown HOST=gpu1); asks first on a terminal

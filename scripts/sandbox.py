@@ -5,6 +5,13 @@ real teardown against real processes: a server tree (`python3 -m sglang.launch_s
 with workers titled `sglang::scheduler_TP<i>`), a process playing `nvidia-persistenced`,
 a GPU monitor (`nvitop`) and an unrelated job. It is labelled SANDBOX everywhere it shows.
 Nothing here touches /dev: the device files are plain files in the sandbox directory.
+
+Safety (issue 9): the directory is private and checked (scripts/sandbox_fs.py); nothing is
+executed or written through a link in it (daemons are started as sys.executable with
+argv[0] set to their name, and sandbox_roles.py writes its own comm); and the host is
+scoped: the agent targets only processes that match a target pattern AND have the
+sandbox directory in their command line AND are owned by this user, so a real
+`python3 -m sglang.launch_server` elsewhere on the machine is never planned.
 """
 from __future__ import annotations
 
@@ -17,17 +24,32 @@ import sys
 import time
 from pathlib import Path
 
+from .agent import procfs
 from .hostconfig import Host
 from .route import Route
-from .agent import procfs
+from .sandbox_fs import (
+    SANDBOX_DIR_ENV,
+    checked_dir,
+    existing_dir,
+    private,
+    read_json,
+    sandbox_dir,
+    subdir,
+    touch,
+    write,
+    write_json,
+    write_script,
+)
+
+__all__ = ["SANDBOX_DIR_ENV", "sandbox_dir", "sandbox_host", "up", "down", "status", "start_detached", "make_devices"]
 
 ROLES = Path(__file__).resolve().parent / "sandbox_roles.py"
-SANDBOX_DIR_ENV = "GPU_PIVOT_SANDBOX_DIR"
 GPUS = 2
-
-
-def sandbox_dir() -> Path:
-    return Path(os.environ.get(SANDBOX_DIR_ENV) or f"/tmp/gpu-pivot-sandbox-{os.getuid()}")
+TORCHRUN = """#!/bin/sh
+# SANDBOX stand-in for torchrun: the training job runs with argv[0] `torchrun`, like the real one.
+# A regular file made fresh by `invoke sandbox up` (never a link to python).
+exec {py} -c 'import os, sys; os.execv(sys.argv[1], ["torchrun"] + sys.argv[2:])' {py} "$@"
+"""
 
 
 SERVER_PORT, DATAGEN_PORT = 30000, 30001
@@ -64,85 +86,76 @@ def sandbox_phases(base: Path) -> dict:
             "ARGV": json.dumps(server_argv(base, DATAGEN_PORT, "--load-s", "1", "--mib", "30000")),
             "ENV": env, "READY": f"http://127.0.0.1:{DATAGEN_PORT}/health", "READY_TIMEOUT": "60",
             "DRAIN_METRICS": f"http://127.0.0.1:{SERVER_PORT}/metrics", "DRAIN_TIMEOUT": "30",
-            "PREP": json.dumps([f"{py} -c 'import time; time.sleep(0.5); print(\"prepared {name}\")'"
+            # the sandbox dir in each prep's command line too: every process the sandbox starts is in its scope
+            "PREP": json.dumps([f"{py} -c 'import sys, time; time.sleep(0.5); print(\"prepared \" + sys.argv[1])' "
+                                f"{name} --sandbox {shlex.quote(str(base))}"
                                 for name in ("sharegpt", "ultrachat", "code-alpaca")]),
         },
         "train": {  # 001: extraction finished -> training, gated on the extracted files
-            "ARGV": json.dumps([str(base / "bin" / "torchrun"), str(ROLES), "job", "--devdir", str(base / "dev"), "--memdir",
-                                str(base / "gpumem"), "--mib", "60000", "--gpus", str(GPUS)]),
+            "ARGV": json.dumps([str(base / "bin" / "torchrun"), str(ROLES), "job", "--devdir", str(base / "dev"),
+                                "--memdir", str(base / "gpumem"), "--mib", "60000", "--gpus", str(GPUS)]),
             "READY": "holding", "READY_TIMEOUT": "30",
             "GATES": json.dumps([{"glob": str(base / "hidden_states" / "*.pt"), "min": HIDDEN_STATES},
                                  f"test -s {shlex.quote(str(base / 'hidden_states' / 'data_config.json'))}"]),
         },
         "deploy": {  # 004: old server -> patched server, rolled back if the new one is unhealthy
-            "ARGV": json.dumps(server_argv(base, SERVER_PORT, "--load-s", "1", "--code-dir", str(base / "server-code"))),
+            "ARGV": json.dumps(server_argv(base, SERVER_PORT, "--load-s", "1",
+                                           "--code-dir", str(base / "server-code"))),
             "ENV": env, "DIR": str(base / "server-code"), "PATCH": str(base / "patches" / "dynamic-spec.patch"),
             "READY": f"http://127.0.0.1:{SERVER_PORT}/health", "READY_TIMEOUT": "30",
-            "SMOKE_URL": f"http://127.0.0.1:{SERVER_PORT}/generate", "SMOKE_BODY": '{"text": "Hello", "max_new_tokens": 8}',
+            "SMOKE_URL": f"http://127.0.0.1:{SERVER_PORT}/generate",
+            "SMOKE_BODY": '{"text": "Hello", "max_new_tokens": 8}',
         },
     }
     return {name: build_phase("sandbox", name, k) for name, k in keys.items()}
 
 
 def sandbox_host() -> Host:
+    """The built-in SANDBOX host. Scoped: targets must also have `<sandbox dir>/` in their
+    command line (every process the sandbox starts does, via --devdir/--model-path) and be
+    owned by this user; its fake device files sit in the private dir, so only it holds them."""
     base = sandbox_dir()
     return Host("sandbox", Route(()), devices=f"{base}/dev/nvidia*", sandbox=True, fake_gpus=str(base / "gpumem"),
+                fake_devices=True, scope=f"{base}{os.sep}", scope_uid=os.geteuid(),
                 run_dir=str(base / "run"), phases=sandbox_phases(base))
 
 
 def make_files(base: Path) -> None:
     """The sandbox's model dir, server code, patches and 'extracted hidden states'."""
-    model = base / "fake-model"
-    model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}\n')
-    draft = base / "fake-eagle3-draft"
-    draft.mkdir(exist_ok=True)
-    (draft / "config.json").write_text('{"architectures": ["LlamaForCausalLMEagle3"]}\n')
-    code = base / "server-code"
-    code.mkdir(exist_ok=True)
-    (code / "server_config.json").write_text('{"healthy": true}\n')
-    patches = base / "patches"
-    patches.mkdir(exist_ok=True)
-    (patches / "dynamic-spec.patch").write_text(GOOD_PATCH)
-    (patches / "broken.patch").write_text(BROKEN_PATCH)
-    hs = base / "hidden_states"
-    hs.mkdir(exist_ok=True)
+    write(subdir(base, "fake-model") / "config.json", '{"architectures": ["DeepseekV3ForCausalLM"]}\n')
+    write(subdir(base, "fake-eagle3-draft") / "config.json", '{"architectures": ["LlamaForCausalLMEagle3"]}\n')
+    write(subdir(base, "server-code") / "server_config.json", '{"healthy": true}\n')
+    patches = subdir(base, "patches")
+    write(patches / "dynamic-spec.patch", GOOD_PATCH)
+    write(patches / "broken.patch", BROKEN_PATCH)
+    hs = subdir(base, "hidden_states")
     for i in range(HIDDEN_STATES):
-        (hs / f"sample_{i:05d}.pt").write_bytes(b"SANDBOX")
-    (hs / "data_config.json").write_text('{"samples": %d, "errors": 0}\n' % HIDDEN_STATES)
-    (base / "run").mkdir(exist_ok=True)
+        write(hs / f"sample_{i:05d}.pt", b"SANDBOX")
+    write(hs / "data_config.json", '{"samples": %d, "errors": 0}\n' % HIDDEN_STATES)
+    subdir(base, "run")
 
 
 def make_devices(devdir: Path, gpus: int = GPUS) -> list:
-    """Plain files named like NVIDIA's device nodes."""
+    """Plain files named like NVIDIA's device nodes (a link planted at one is refused)."""
     devdir.mkdir(parents=True, exist_ok=True)
     names = [f"nvidia{i}" for i in range(gpus)] + ["nvidiactl", "nvidia-uvm"]
     for name in names:
-        (devdir / name).touch()
+        touch(devdir / name)
     return [devdir / n for n in names]
-
-
-def _named_python(bindir: Path, name: str) -> str:
-    """A symlink to this Python named like a daemon, so its comm/argv[0] read as that name."""
-    bindir.mkdir(parents=True, exist_ok=True)
-    link = bindir / name
-    if not link.exists():
-        link.symlink_to(sys.executable)
-    return str(link)
 
 
 def _server_shim(pkgdir: Path) -> None:
     """pkg/sglang/launch_server.py, so the server's cmdline really says sglang.launch_server."""
-    mod = pkgdir / "sglang"
-    mod.mkdir(parents=True, exist_ok=True)
-    (mod / "__init__.py").write_text("")
-    (mod / "launch_server.py").write_text(
-        "# SANDBOX stand-in for sglang.launch_server\nimport runpy, sys\n"
-        f"sys.argv = [{str(ROLES)!r}, 'server'] + sys.argv[1:]\n"
-        f"runpy.run_path({str(ROLES)!r}, run_name='__main__')\n")
+    mod = subdir(private(pkgdir, parents=True), "sglang")
+    write(mod / "__init__.py", "")
+    write(mod / "launch_server.py",
+          "# SANDBOX stand-in for sglang.launch_server\nimport runpy, sys\n"
+          f"sys.argv = [{str(ROLES)!r}, 'server'] + sys.argv[1:]\n"
+          f"runpy.run_path({str(ROLES)!r}, run_name='__main__')\n")
 
 
-def start_detached(argv: list, ready: Path | None = None, env: dict | None = None, executable: str | None = None) -> int:
+def start_detached(argv: list, ready: Path | None = None, env: dict | None = None,
+                   executable: str | None = None) -> int:
     """Start one detached process (own session, no stdio to us); wait until it holds.
     Used by the sandbox and by the tests' process sets."""
     if ready is not None:
@@ -160,20 +173,19 @@ def start_detached(argv: list, ready: Path | None = None, env: dict | None = Non
 
 
 def start_processes(base: Path, ignore_term: bool = False) -> dict:
-    """Start the sandbox's process set under `base`; returns {role: pid}."""
-    devdir = base / "dev"
+    """Start the sandbox's process set under `base` (a checked private dir); returns {role: pid}.
+    Daemons run as sys.executable with argv[0] = their name: nothing in `base` is executed
+    but the torchrun launcher, a regular file made fresh here."""
+    devdir = subdir(base, "dev")
     make_devices(devdir)
-    bindir, pkgdir, readydir = base / "bin", base / "pkg", base / "ready"
-    readydir.mkdir(parents=True, exist_ok=True)
+    bindir, pkgdir, readydir, memdir = (subdir(base, d) for d in ("bin", "pkg", "ready", "gpumem"))
     for old in readydir.glob("*"):
         old.unlink()
     _server_shim(pkgdir)
     make_files(base)
-    _named_python(bindir, "torchrun")  # the sandbox's training job runs as `torchrun ...`
+    write_script(bindir / "torchrun", TORCHRUN.format(py=shlex.quote(sys.executable)))  # the train phase's job
     env = dict(os.environ, PYTHONPATH=str(pkgdir))
     py = sys.executable
-    memdir = base / "gpumem"
-    memdir.mkdir(parents=True, exist_ok=True)
     common = ["--devdir", str(devdir)]
     # the EAGLE3 server being debugged (seed 000), with 3 requests still in flight
     server = server_argv(base, SERVER_PORT, "--inflight", "3", "--speculative-algorithm", "EAGLE3",
@@ -183,10 +195,10 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
     pids = {
         "server": start_detached(server, readydir / "server", env),
         "persistenced": start_detached(["nvidia-persistenced", str(ROLES), "hold", *common], readydir / "persistenced",
-                               executable=_named_python(bindir, "nvidia-persistenced")),
-        "monitor": start_detached(["nvitop", str(ROLES), "hold", *common], readydir / "monitor",
-                          executable=_named_python(bindir, "nvitop")),
-        "bystander": start_detached([py, str(ROLES), "idle", "--job", "prepare_dataset"], readydir / "bystander"),
+                                       executable=py),
+        "monitor": start_detached(["nvitop", str(ROLES), "hold", *common], readydir / "monitor", executable=py),
+        "bystander": start_detached([py, str(ROLES), "idle", "--job", "prepare_dataset", *common],
+                                    readydir / "bystander"),
     }
     workers = (readydir / "server").read_text().split()
     for i, pid in enumerate(workers):
@@ -195,25 +207,28 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
 
 
 def up(ignore_term: bool = False) -> dict:
-    base = sandbox_dir()
+    """Start the sandbox (or leave it, when all of it runs). Raises SandboxDirError (one
+    line naming the directory) before anything runs when the directory is not ours."""
+    base = checked_dir()
     state = status()
     if state["alive"] and len(state["alive"]) == len(state["processes"]):
         return state  # already up
     down()  # partly torn down (e.g. after a demo teardown): start the whole set afresh
-    base.mkdir(parents=True, exist_ok=True)
     pids = start_processes(base, ignore_term)
     record = {role: {"pid": pid, "start_time": procfs.start_time(pid)} for role, pid in pids.items()}
-    (base / "state.json").write_text(json.dumps(record, indent=1, sort_keys=True))
+    write_json(base / "state.json", record)
     return status()
 
 
 def status() -> dict:
-    """Each sandbox process and whether it still runs (pid + start time, never pid alone)."""
-    base = sandbox_dir()
-    state_file = base / "state.json"
-    record = json.loads(state_file.read_text()) if state_file.exists() else {}
-    procs = {role: dict(info, alive=procfs.same_process(info["pid"], info["start_time"])) for role, info in record.items()}
-    return {"dir": str(base), "devices": f"{base}/dev/nvidia*", "processes": procs,
+    """Each sandbox process and whether it still runs (pid + start time, never pid alone),
+    read from the checked directory only."""
+    base = existing_dir()
+    record = (read_json(base / "state.json") if base is not None else None) or {}
+    procs = {role: dict(info, alive=procfs.same_process(info["pid"], info["start_time"]))
+             for role, info in record.items()}
+    where = sandbox_dir()
+    return {"dir": str(where), "devices": f"{where}/dev/nvidia*", "processes": procs,
             "alive": [r for r, p in procs.items() if p["alive"]]}
 
 
@@ -222,18 +237,48 @@ def down() -> dict:
     its processes, and the phases pivots started on it (each phase's own session)."""
     from . import phase_ops
 
+    base = existing_dir()
+    state = status()
+    if base is None:
+        return state
     host = sandbox_host()
     for name, phase in host.phases.items():
-        if (Path(host.run_dir) / f"phase-{name}.json").exists():
+        if (base / "run" / f"phase-{name}.json").exists():
             phase_ops.stop(host, phase, "sandbox down")
-    state = status()
-    for role, info in state["processes"].items():
+    recorded = list(state["processes"].values())
+    for info in recorded:
         if info["alive"]:
             procfs.signal_if_same(info["pid"], info["start_time"], signal.SIGKILL)
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline and any(procfs.same_process(i["pid"], i["start_time"]) for i in state["processes"].values()):
+    while time.monotonic() < deadline and any(procfs.same_process(i["pid"], i["start_time"]) for i in recorded):
         time.sleep(0.02)
-    state_file = sandbox_dir() / "state.json"
-    if state_file.exists():
-        state_file.unlink()
+    try:
+        (base / "state.json").unlink()  # unlink never follows a link
+    except FileNotFoundError:
+        pass
     return state
+
+
+DEMO_TREE = ("server", "worker0", "worker1")
+DEMO_KEPT = ("persistenced", "monitor", "bystander")
+
+
+def demo_check() -> int:
+    """`make demo`'s last line, checked rather than printed: 0 when the server tree is gone
+    and nvidia-persistenced, the monitor and the unrelated job still run, else 1."""
+    procs = status()["processes"]
+    alive = {r: procs.get(r, {}).get("alive", False) for r in DEMO_TREE + DEMO_KEPT}
+    left = [r for r in DEMO_TREE if alive[r]]
+    lost = [r for r in DEMO_KEPT if not alive[r]]
+    if not left and not lost and procs:
+        print("SANDBOX demo done: the server tree is gone; nvidia-persistenced, the nvitop monitor and the "
+              "unrelated job are alive.")
+        return 0
+    print(f"SANDBOX demo FAILED: still running {left or 'none'}; killed by mistake {lost or 'none'}", file=sys.stderr)
+    return 1
+
+
+if __name__ == "__main__":
+    if sys.argv[1:] != ["check"]:
+        sys.exit("usage: python -m scripts.sandbox check")
+    sys.exit(demo_check())

@@ -14,6 +14,11 @@ counting down from --inflight; POST /generate answers one request.
 Options: --devdir DIR (where the fake device files are), --gpu N, --tp N,
 --ignore-term (ignore SIGTERM, like a wedged server), --ready FILE (touched when holding),
 --memdir DIR --mib N (workers declare fake GPU memory for the sandbox's GPU source).
+Names: started as sys.executable with argv[0] set to a name (`nvidia-persistenced`, `nvitop`,
+`torchrun`, `sglang::scheduler_TP0`), a role also writes that name to /proc/self/comm, so
+both read like the real program's; nothing is run through a symlink named like it.
+Files it writes (--ready, --memdir) are made O_EXCL|O_NOFOLLOW and renamed into place:
+a link planted there is replaced, never written through.
 Standard library only; a sandbox stand-in, never shipped to a GPU host.
 """
 import argparse
@@ -27,12 +32,35 @@ import time
 HERE = os.path.abspath(__file__)
 
 
+def write_new(path, text):
+    """Write path whole in one step: a fresh O_EXCL temp file (0600) renamed over it, so a
+    reader never sees it half written and a link planted there is replaced, never followed."""
+    tmp = "%s.tmp.%d" % (path, os.getpid())
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.rename(tmp, path)
+
+
+def name_self():
+    """comm = argv[0] when argv[0] is a bare name (how the real daemon's comm reads); a path
+    (python started as itself) keeps the kernel's comm. 15 characters, as the kernel keeps."""
+    try:
+        with open("/proc/self/cmdline", "rb") as f:
+            argv0 = f.read().split(b"\0", 1)[0].decode(errors="replace")
+        if argv0 and "/" not in argv0:
+            with open("/proc/self/comm", "w") as f:
+                f.write(argv0[:15])
+    except OSError:
+        pass  # no /proc: the name in argv[0] still shows
+
+
 def hold(paths):
     return [open(p, "rb") for p in paths]
 
 
 def gpu_files(devdir, gpu):
-    return [os.path.join(devdir, "nvidia%d" % gpu), os.path.join(devdir, "nvidiactl"), os.path.join(devdir, "nvidia-uvm")]
+    return [os.path.join(devdir, name) for name in ("nvidia%d" % gpu, "nvidiactl", "nvidia-uvm")]
 
 
 def declare_memory(memdir, gpu, mib, suffix=""):
@@ -40,8 +68,7 @@ def declare_memory(memdir, gpu, mib, suffix=""):
     with open("/proc/self/stat") as f:
         start = int(f.read().rsplit(")", 1)[1].split()[19])
     path = os.path.join(memdir, "%d%s.json" % (os.getpid(), suffix))
-    with open(path, "w") as f:
-        f.write('{"gpu": %d, "mib": %d, "start_time": %d}' % (gpu, mib, start))
+    write_new(path, '{"gpu": %d, "mib": %d, "start_time": %d}' % (gpu, mib, start))
 
 
 def spawn_worker(args, i):
@@ -124,6 +151,7 @@ def serve_http(args):
 
 
 def main(argv=None):
+    name_self()
     p = argparse.ArgumentParser()
     p.add_argument("role", choices=["server", "worker", "hold", "idle", "job"])
     p.add_argument("--devdir", default="")
@@ -171,8 +199,7 @@ def main(argv=None):
     if args.ready and args.role == "server":
         wait_workers_ready(args, args.tp)
     if args.ready:
-        with open(args.ready, "w") as f:
-            f.write(" ".join(str(w.pid) for w in workers))
+        write_new(args.ready, " ".join(str(w.pid) for w in workers))
     while True:
         time.sleep(3600)
 
