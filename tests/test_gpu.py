@@ -81,3 +81,41 @@ def test_emergency_memory_line_parses_and_reads_free():
     gpus = smi_parse.query_gpu(out.stdout)
     assert len(gpus) == gpu_count()
     assert all(g["used_mib"] == 0 and g["reserved_mib"] > 0 for g in gpus)
+
+
+def test_real_device_found_by_identity_under_another_name(tmp_path):
+    """A node made with mknod on /dev/nvidia0's numbers, outside /dev, opened by a process:
+    the scan names it /dev/nvidia0 (by major:minor, not by path text). It maps nothing and
+    has no context, so it is an NVML-style handle: reported, protected, and it does not
+    keep the GPU from reading free."""
+    import stat
+    import subprocess
+    import sys
+    import time
+
+    st = os.stat("/dev/nvidia0")
+    alias = tmp_path / "not-a-gpu-name"
+    os.mknod(alias, 0o600 | stat.S_IFCHR, st.st_rdev)
+    ready = tmp_path / "ready"
+    proc = subprocess.Popen([sys.executable, "-c", "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+                             "open(sys.argv[2], 'w').close(); time.sleep(600)", str(alias), str(ready)])
+    try:
+        deadline = time.monotonic() + 10
+        while not ready.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        doc = call_agent(local_host("no-such-scope"), "scan").doc
+        held = {h["pid"]: h for h in doc["holders"]}
+        assert proc.pid in held, "a GPU node under another name is a holder"
+        assert held[proc.pid]["devices"] == ["/dev/nvidia0"]
+        assert "NVML/driver handle only" in (held[proc.pid]["protected"] or "")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_devices_glob_of_other_files_is_refused_on_a_real_host(hosts_env):
+    import sys
+    hosts_env(f"LOCAL_PYTHON={sys.executable}\nLOCAL_DEVICES='/dev/nul[l]'\n")
+    out = invoke("status", "--host", "local")
+    assert out.returncode == 2
+    assert b"is not an NVIDIA character device" in out.stderr
