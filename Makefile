@@ -76,6 +76,10 @@ pivot-deploy: setup ## seed 004: old server -> patched server; smoke test; roll 
 bench: setup system-deps ## run every benchmark side by side and write bench/RESULTS.md (GPU rows: bench/gpu_session.sh)
 	$(PY) bench/run.py
 
+.PHONY: bench-startup
+bench-startup: setup ## start-up only: `import tasks`, `invoke --list`, a local `invoke status`, beside the numbers from before
+	$(PY) bench/startup.py
+
 .PHONY: runbooks
 runbooks: setup ## regenerate runbooks/emergency-one-liners.md from the code
 	$(PY) -m scripts.emergency_doc > runbooks/emergency-one-liners.md

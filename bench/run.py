@@ -4,7 +4,9 @@ Sections: (1) sandbox teardown, gpu-pivot vs the seed sequences, each replayed o
 throwaway PID namespace holding nothing but the benchmark's processes; (2) ssh: connections
 per teardown, cold vs warm ControlMaster; (3) scan cost vs process count; (4) fleet:
 1/4/16/32 loopback sshd hosts, parallel vs one after another; (5) GPU rows, measured on the
-GPU machine by bench/gpu_session.sh and merged from bench/results/gpu-teardown.json.
+GPU machine by bench/gpu_session.sh and merged from bench/results/gpu-teardown.json;
+(6) start-up of the command line (bench/startup.py), beside the numbers from before tasks.py
+was split into scripts/cli/.
 """
 from __future__ import annotations
 
@@ -168,8 +170,15 @@ def fleet(work: Path, sizes: list, reps: int) -> list:
     return rows
 
 
+# -- 6. start-up ----------------------------------------------------------------------------------
+def startup(reps: int) -> str:
+    """bench/startup.py's table (its own process: it times fresh interpreters anyway)."""
+    return subprocess.run([sys.executable, str(REPO / "bench" / "startup.py"), "--reps", str(reps)],
+                          capture_output=True, text=True, check=True).stdout.rstrip()
+
+
 # -- the report -----------------------------------------------------------------------------------
-def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
+def report(args, seed_rows, ssh, scans, fleet_rows, startup_table="") -> str:
     floor = release_floor(FIXTURE_FLOOR)
     lines = ["# gpu-pivot benchmark results", "",
              f"Produced by `make bench` ({' '.join(sys.argv[1:]) or 'defaults'}) on {platform.node()} "
@@ -245,6 +254,12 @@ def report(args, seed_rows, ssh, scans, fleet_rows) -> str:
                      "gpu-teardown-<N>gpu.json to bench/results/.")
     lines += ["", "Reference floor from the fixture `release-floor.json` (20-80 GB): "
               f"{floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
+    if startup_table:
+        lines += ["", "## 6. Start-up of the command line", "",
+                  "`bench/startup.py`: wall time of fresh processes, no hosts.env, medians; `before` is "
+                  "bench/results/startup-before.json (tasks.py as one 576-line module importing everything). "
+                  "`invoke status --host local` includes the local agent's own start and scan.", "",
+                  startup_table]
     return "\n".join(lines) + "\n"
 
 
@@ -257,15 +272,16 @@ def main():
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-bench-"))
     try:
-        print("1/4 seed comparison ...", flush=True)
+        print("1/5 seed comparison ...", flush=True)
         seed_rows = seed_comparison(work, args.reps)
-        print("2/4 ssh ...", flush=True)
+        print("2/5 ssh ...", flush=True)
         ssh = ssh_costs(work, args.reps)
-        print("3/4 scan cost ...", flush=True)
+        print("3/5 scan cost ...", flush=True)
         scans = scan_costs(args.scan_extra, args.reps)
-        print("4/4 fleet ...", flush=True)
+        print("4/5 fleet ...", flush=True)
         fleet_rows = fleet(work, args.fleet, max(1, args.reps // 2))
-        text = report(args, seed_rows, ssh, scans, fleet_rows)
+        print("5/5 start-up ...", flush=True)
+        text = report(args, seed_rows, ssh, scans, fleet_rows, startup(args.reps))
         Path(args.out).write_text(text)
         print(text)
     finally:

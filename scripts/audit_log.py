@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from .agent import statedir
+from .agent.contract import statedir
 
 
 def audit_dir() -> Path:

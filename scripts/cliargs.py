@@ -1,4 +1,4 @@
-"""Helpers for the thin Invoke tasks: the argv after `--`, and validated numbers.
+"""Helpers for the Invoke tasks (scripts/cli/): the argv after `--`, and validated numbers.
 
 Numeric flags are declared with string defaults and checked here: Invoke would otherwise
 cast them itself and answer a typo with a traceback instead of one line and exit 2.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 
-from .hostconfig import ConfigError
+from .config_error import ConfigError
 from .patterncheck import check_pattern
 
 
@@ -22,14 +22,17 @@ def remainder(argv: list | None = None) -> list:
     return argv[argv.index("--") + 1:]
 
 
-def seconds(name: str, value, minimum: float = 0.0) -> float:
-    """A non-negative number of seconds from a flag; ConfigError names the flag and value."""
+MAX_SECONDS = 3600.0  # the agent refuses longer waits too: a typo must not hold a host's lock for days
+
+
+def seconds(name: str, value, minimum: float = 0.0, maximum: float = MAX_SECONDS) -> float:
+    """A number of seconds from a flag, minimum..maximum; ConfigError names the flag and value."""
     try:
         out = float(value)
     except (TypeError, ValueError):
         raise ConfigError(f"--{name} {value!r}: not a number of seconds") from None
-    if out != out or out < minimum or out == float("inf"):
-        raise ConfigError(f"--{name} {value!r}: must be a finite number >= {minimum:g}")
+    if out != out or out < minimum or out > maximum:
+        raise ConfigError(f"--{name} {value!r}: must be a number of seconds from {minimum:g} to {maximum:g}")
     return out
 
 

@@ -9,7 +9,7 @@ import cycle. `scripts.hostconfig.ConfigError` is this same class.
 class ConfigError(ValueError):
     """A bad value in hosts.env or on the command line; its text is one line for the user.
 
-    tasks.py turns it into `gpu-pivot: <text>` and exit 2, before anything has run."""
+    scripts/cli/common.guarded turns it into `gpu-pivot: <text>` and exit 2, before anything has run."""
 
 
 def show(value: str, limit: int = 60) -> str:

@@ -8,12 +8,13 @@ Run: python3 -m scripts.emergency_doc > runbooks/emergency-one-liners.md  (make 
 from __future__ import annotations
 
 from . import shell_teardown
+from .agent.contract import DEVICE_GLOB
 from .hostconfig import build_host
 
 DIRECT = build_host("gpu1", {"SSH": "root@10.1.230.174"}, "doc")
 PROXMOX = build_host("gpu1pct", {"SSH": "root@10.1.2.6", "CTID": "129"}, "doc")
 HOLDERS = ["sh", "-c", "fuser -v $1 2>&1; nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
-           "--format=csv,noheader,nounits", "gpu-pivot-holders", "/dev/nvidia*"]
+           "--format=csv,noheader,nounits", "gpu-pivot-holders", DEVICE_GLOB]
 MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total,memory.reserved",
           "--format=csv,noheader,nounits"]
 # Where the agent keeps last.json (scripts/agent/statedir.run_dir): root, then a user's runtime dir, then state home.

@@ -5,7 +5,7 @@
 # It says "free" only as root (others' fds are unreadable otherwise) and after the settle.
 # It selects by device holders and PIDs only (never a name pattern), skips itself and its
 # ancestors, and checks each PID's start time before every signal (no reused PID is hit).
-# Report lines end with @@ so scripts/agent/fuser_parse.py can read the PID lists.
+# Report lines end with @@ so scripts/fuser_parse.py can read the PID lists.
 set -u
 glob=$1
 grace=${2:-30}

@@ -9,7 +9,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-DEFAULT_FANOUT = 16
+from .defaults import FANOUT as DEFAULT_FANOUT
 
 
 @dataclass

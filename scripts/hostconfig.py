@@ -1,6 +1,6 @@
 """Host configuration: read hosts.env, validate every value, and describe each host.
 
-Why this module exists: the seed one-liners hard-coded `root@10.1.2.6` and `pct exec 129`
+Why this module exists: hand-written one-liners hard-coded `root@10.1.2.6` and `pct exec 129`
 into hand-quoted strings. Here a host is data, checked before anything runs, so a typo
 gets one clear line (and exit 2) instead of an ssh to the wrong place.
 
@@ -17,6 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .agent.contract import DEVICE_GLOB
 from .config_error import ConfigError, show
 from .envfile import read_env_file
 from .patterncheck import check_pattern
@@ -24,7 +25,7 @@ from .phases import build_phase, split_phase_key
 from .route import PctHop, Route, SshHop
 from .sshopts import check_ssh_opts
 
-DEFAULT_DEVICES = "/dev/nvidia*"
+DEFAULT_DEVICES = DEVICE_GLOB
 DEFAULT_PYTHON = "python3"
 HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
 
@@ -34,7 +35,7 @@ KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES"
 _BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 _SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
-_PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+|[A-Za-z0-9._+-]+)$")
+_PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+|[A-Za-z0-9._+][A-Za-z0-9._+-]*)$")  # never an option ('-c')
 _DEVICES = re.compile(r"^/[A-Za-z0-9._/*?\[\]+-]+$")
 _ALIAS = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -156,10 +157,21 @@ def _group(values: dict, source: str, lines: dict | None = None) -> dict:
     return grouped
 
 
-def load_hosts(path: Path | None = None) -> dict:
-    """All hosts: the built-in `local` and `sandbox`, then those of hosts.env. Validates all."""
-    from .sandbox import sandbox_host  # late: sandbox imports this module
+BUILT_IN = ("local", "sandbox")  # aliases hosts.env may not define
 
+
+def load_hosts(path: Path | None = None, built_in=None) -> dict:
+    """All hosts: the built-in `local`, the other built-ins, then those of hosts.env. Validates all.
+
+    `built_in`: the other built-in hosts, as zero-argument callables that return a Host
+    (sandbox.sandbox_host). Why passed in: they are built above this module (the sandbox
+    builds a Host from here, with its own directory and phases), and importing them from
+    here made an import circle. scripts/hosts.py, above both, passes them: call
+    hosts.load() for every host a task can name.
+    """
+    if built_in is None:  # TODO(issue 10, lead): delete these two lines once scripts/cli calls hosts.load()
+        from .sandbox import sandbox_host  # the one upward import left (tests/test_layers.py PENDING)
+        built_in = (sandbox_host,)
     path = path or hosts_file()
     values: dict = {}
     lines: dict = {}
@@ -168,13 +180,17 @@ def load_hosts(path: Path | None = None) -> dict:
     elif os.environ.get(HOSTS_FILE_ENV):
         raise ConfigError(f"{HOSTS_FILE_ENV}={str(path)!r}: no such file")
     grouped = _group(values, str(path), lines)
-    if "sandbox" in grouped:
-        raise ConfigError(f"{path}: SANDBOX_* keys are not allowed; the sandbox host is built in")
+    for alias in BUILT_IN[1:]:
+        if alias in grouped:
+            raise ConfigError(f"{path}: {alias.upper()}_* keys are not allowed; the {alias} host is built in")
     local_keys = grouped.pop("local", {})
     for forbidden in ("SSH", "SSH_OPTS", "CTID"):
         if forbidden in local_keys:
             raise ConfigError(f"{path}: LOCAL_{forbidden} is not allowed; `local` is always this machine")
-    hosts = {"local": build_host("local", local_keys, "built-in"), "sandbox": sandbox_host()}
+    hosts = {"local": build_host("local", local_keys, "built-in")}
+    for make in built_in:
+        host = make()
+        hosts[host.alias] = host
     for alias, keys in grouped.items():
         hosts[alias] = build_host(alias, keys, str(path))
     return hosts
@@ -182,7 +198,7 @@ def load_hosts(path: Path | None = None) -> dict:
 
 def select_hosts(spec: str, hosts: dict) -> list:
     """'gpu1,gpu2' (or a node set such as 'gpu[1-4]') -> [Host]; unknown names are an error."""
-    from .nodeset import expand
+    from .nodeset import expand  # late: ClusterShell loads only when hosts are selected
 
     names = expand(spec)
     unknown = [n for n in names if n not in hosts]

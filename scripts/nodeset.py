@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
+from .config_error import ConfigError
+
 
 def expand(spec: str) -> list:
     """Aliases in the order given, duplicates removed. Raises ConfigError on bad syntax."""
-    from .hostconfig import ConfigError
-
     if not spec or not spec.strip():
         raise ConfigError("--host is empty: name a host alias (see `invoke hosts`)")
     names: list = []

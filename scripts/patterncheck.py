@@ -29,7 +29,7 @@ def check_pattern(name: str, value: str) -> str:
     check_value(name, value)
     try:
         rx = re.compile(value)
-    except re.error as exc:
+    except (re.error, OverflowError, RecursionError) as exc:  # 'a{99999999999}', 1200 nested groups
         raise ConfigError(f"{_label(name, value)}: not a valid regular expression ({exc})") from None
     effect = "would protect every process" if name.endswith("PROTECT") else "would target every process"
     if rx.search("") is not None:

@@ -8,8 +8,9 @@ from __future__ import annotations
 import json
 import subprocess
 
-from .agent.phase import encode_spec
-from .hostconfig import ConfigError
+from .agent import contract
+from .bundle import agent_payload
+from .config_error import ConfigError
 from .transport import agent_argv, call_agent
 
 
@@ -21,7 +22,7 @@ def phase_of(host, name: str):
 
 
 def spec_args(phase) -> list:
-    return ["--spec", encode_spec(phase.spec())]
+    return contract.spec_args(phase.spec())
 
 
 def start(host, phase):
@@ -42,11 +43,10 @@ def logs(host, phase, lines: int):
 
 def follow_logs(host, phase, lines: int) -> int:
     """Stream the log until Ctrl-C: the agent execs `tail -F` / `journalctl -f` on the host."""
-    from .bundle import agent_payload
-
     argv = host.route.wrap(agent_argv(host, "phase-logs", spec_args(phase) + ["--lines", str(lines), "--follow"],
-                                      "follow", False))
+                                      contract.new_nonce(), False))
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE)
+    assert proc.stdin is not None  # stdin=PIPE
     proc.stdin.write(agent_payload())
     proc.stdin.close()
     try:

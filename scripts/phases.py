@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import re
 import shlex
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
+
+from .config_error import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
                 "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT")
@@ -42,7 +44,6 @@ class Phase:
     smoke_body: str | None = None
     lint: bool = True
     stop_timeout: float = 30.0
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
 
     @property
     def is_server(self) -> bool:
@@ -55,7 +56,6 @@ class Phase:
     def spec(self) -> dict:
         """What the agent needs to start, check and stop it (JSON-able)."""
         out = asdict(self)
-        out.pop("extra")
         out["env"] = dict(self.env)
         out["gates"] = list(self.gates)
         out["copy"] = [list(p) for p in self.copy]
@@ -69,8 +69,6 @@ def split_phase_key(key: str):
 
 
 def _fail(alias, phase, fld, value, why):
-    from .hostconfig import ConfigError
-
     raise ConfigError(f"{alias.upper()}_PHASE_{phase.upper()}_{fld}={value!r}: {why}")
 
 
@@ -168,10 +166,3 @@ def build_phase(alias: str, name: str, keys: dict) -> Phase:
     if "PATCH" in kw and not kw.get("dir"):
         _fail(alias, name, "PATCH", keys["PATCH"], "a patch needs the phase's DIR (patch -p1 runs there)")
     return Phase(**kw)
-
-
-def gate_from_text(text: str):
-    """Gates travel as text: a shell command, or the JSON of a glob gate."""
-    if text.startswith("{"):
-        return json.loads(text)
-    return text

@@ -1,6 +1,6 @@
 """Route: how an argv reaches a process on a host, through ssh and `pct exec`, exactly.
 
-Why: the seeds quoted by hand through three shells (`ssh ... 'pct exec 129 -- bash -c
+Why: commands used to be quoted by hand through three shells (`ssh ... 'pct exec 129 -- bash -c
 "... awk \\"{print \\\\\\$2}\\" ..."'`). Here a command stays a list of arguments until
 the one hop that re-parses a string:
 
@@ -21,7 +21,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from .agent import statedir
+from .agent.contract import statedir
 
 SSH_UNREACHABLE = 255
 CONTROL_DIR_ENV = "GPU_PIVOT_CONTROL_DIR"
@@ -40,10 +40,34 @@ def control_dir(base: str | None = None) -> Path:
     A refused directory raises StateDirError, one line naming it.
     """
     configured = base or os.environ.get(CONTROL_DIR_ENV)
-    base = configured or f"/tmp/gpu-pivot-ssh-{os.getuid()}"
+    base = configured or _default_base()
     if len(base) > 40:
         base, configured = f"/tmp/gpu-pivot-ssh-{os.getuid()}-{hashlib.sha1(base.encode()).hexdigest()[:10]}", None
-    return Path(statedir.private_dir(base, parents=bool(configured)))
+    return Path(statedir.private_dir(base, parents=bool(configured), env=CONTROL_DIR_ENV))
+
+
+def _default_base() -> str:
+    """Root: /run/gpu-pivot/ssh, inside a directory no other user can create or enter. Others:
+    their private runtime dir when its path is short enough for a socket, else /tmp."""
+    if os.geteuid() == 0:
+        return os.path.join(statedir.run_dir(), "ssh")
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and len(runtime) < 24 and os.path.isdir(runtime):
+        return os.path.join(runtime, "gpu-pivot-ssh")
+    return f"/tmp/gpu-pivot-ssh-{os.getuid()}"
+
+
+def control_opts() -> list:
+    """ssh options for connection sharing. A default directory that another user squatted
+    (possible only for the /tmp fallback) costs the sharing, never the teardown: ssh then
+    runs without a master. A directory the operator configured is refused instead (exit 3)."""
+    try:
+        path = control_dir()
+    except statedir.StateDirError:
+        if os.environ.get(CONTROL_DIR_ENV):
+            raise
+        return ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={path}/%C", "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
 
 
 @dataclass(frozen=True)
@@ -59,9 +83,7 @@ class SshHop:
         return [
             *self.opts,
             "-o", "BatchMode=yes",
-            "-o", "ControlMaster=auto",
-            "-o", f"ControlPath={control_dir()}/%C",
-            "-o", f"ControlPersist={CONTROL_PERSIST_S}",
+            *control_opts(),
         ]
 
     def wrap(self, argv: list, for_paste: bool) -> list:

@@ -1,7 +1,7 @@
 """The emergency teardown as one shell command, and a reader for the report it prints.
 
 Why: when python3 is missing on the host, or this repo is not at hand, an operator still
-needs the safe sequence rather than the seed's kill-by-name and kill-by-device one-liner. The
+needs the safe sequence rather than a kill-by-name and kill-by-device one-liner. The
 script (scripts/emergency_teardown.sh) travels as ONE argument of `sh -c`, its inputs as
 positional parameters, so the Route quotes it once per layer like any other argv.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from .agent import fuser_parse
+from . import fuser_parse
 
 SCRIPT = Path(__file__).resolve().parent / "emergency_teardown.sh"
 BEGIN, END = "==gpu-pivot-oneliner begin==", "==gpu-pivot-oneliner end=="

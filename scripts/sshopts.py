@@ -13,6 +13,11 @@ whitespace or `=`, case-insensitive, may be quoted). Refused:
   -o PKCS11Provider / SmartcardDevice, SecurityKeyProvider, -I   load a shared library
   -o Match (its `exec` runs a command), Host, Include, and -F     read or select other config
   positional words and `--`: SSH_OPTS holds options only; the destination is ALIAS_SSH
+  -o StrictHostKeyChecking other than yes, UpdateHostKeys other than no (ssh would write the
+      known-hosts file: UserKnownHostsFile is then read-only and allowed)
+  -E (log file), -S / -o ControlPath (except `none`), -M, -o IdentityAgent,
+  -L / -D / LocalForward / DynamicForward / StreamLocalBindUnlink, -f, -N, RemoteCommand:
+      write, bind or trust a local path, or change what gpu-pivot runs
 ProxyJump is allowed (ssh builds that connection itself).
 """
 from __future__ import annotations
@@ -46,6 +51,39 @@ FORBIDDEN_FLAGS = {
     "F": ("-F", "reads another ssh config file, which can run local commands"),
     "I": ("-I", _LOADS),
 }
+_WRITES = "writes or binds a local path (as root: any file)"
+FORBIDDEN_KEYWORDS.update({
+    "controlpath": ("ControlPath", "names the local socket ssh creates or trusts (gpu-pivot sets its own private "
+                                   "one; only ControlPath=none is allowed)"),
+    "identityagent": ("IdentityAgent", "names a local socket ssh trusts"),
+    "localforward": ("LocalForward", "binds a local port or socket: " + _WRITES),
+    "dynamicforward": ("DynamicForward", "binds a local port"),
+    "streamlocalbindunlink": ("StreamLocalBindUnlink", "removes a local file before binding: " + _WRITES),
+    "remotecommand": ("RemoteCommand", "replaces the command gpu-pivot sends"),
+})
+FORBIDDEN_FLAGS.update({
+    "E": ("-E", "appends ssh's log to a local file: " + _WRITES),
+    "S": ("-S", "names the local control socket (gpu-pivot sets its own private one)"),
+    "L": ("-L", "binds a local port or socket: " + _WRITES),
+    "D": ("-D", "binds a local port"),
+    "M": ("-M", "makes this ssh a control master (gpu-pivot manages its own)"),
+    "f": ("-f", "sends ssh to the background, away from gpu-pivot's deadline"),
+    "N": ("-N", "runs no remote command"),
+})
+# Allowed only with these values: with them ssh never writes the known-hosts file (so a
+# UserKnownHostsFile naming any file stays read-only) and host keys stay checked.
+_ONLY_VALUES = {
+    "stricthostkeychecking": ({"yes"}, "must be yes: other values let ssh write host keys to a local file and "
+                                        "accept unknown hosts"),
+    "updatehostkeys": ({"no"}, "must be no: other values let ssh rewrite a local known-hosts file"),
+}
+
+
+def _value_of(arg: str) -> str:
+    rest = re.sub(r"^\s*[^\s=]*\s*=?\s*", "", arg)
+    return re.sub(r"[\"']", "", rest).strip().lower()
+
+
 _TAIL = "hosts.env may come from a shared repo — put it in ~/.ssh/config"
 
 
@@ -63,7 +101,15 @@ def _refuse(label: str, value: str, name: str, why: str) -> None:
 
 
 def _check_o(label: str, value: str, arg: str) -> None:
-    hit = FORBIDDEN_KEYWORDS.get(option_keyword(arg))
+    keyword = option_keyword(arg)
+    if keyword in _ONLY_VALUES:
+        allowed, why = _ONLY_VALUES[keyword]
+        if _value_of(arg) not in allowed:
+            _refuse(label, value, keyword, why)
+        return
+    if keyword == "controlpath" and re.fullmatch(r"\s*[^\s=]*\s*=?\s*[\"']?none[\"']?\s*", arg, re.IGNORECASE):
+        return  # ControlPath=none: no socket at all (documented)
+    hit = FORBIDDEN_KEYWORDS.get(keyword)
     if hit:
         _refuse(label, value, *hit)
 

@@ -1,12 +1,18 @@
-"""Render a teardown plan, its progress lines and its before/after GPU table.
+"""Render teardowns: the plan, progress lines, the before/after table and every verdict.
 
-Why here: the same plan table is shown by `invoke plan`, before the confirmation prompt
-of `invoke teardown`, and by `--dry-run`; one renderer keeps them identical.
+Why one module: the same plan table is shown by `invoke plan`, before the confirmation
+prompt of `invoke teardown`, and by `--dry-run`; and a teardown's verdict (FREED and
+verified, NOT FREE, LOCKED, UNREACHABLE) is said here only: in the report of one host
+(report), the line of each host of a fleet as it finishes (host_line), the fleet's summary
+table (summary) and a pivot's teardown step (brief). Each takes the contract's record
+(contract.TeardownResult, contract.Plan) or what carries it (transport.AgentResult, a
+fleet Outcome); an agent document (dict) is read through the contract first.
 """
 from __future__ import annotations
 
+from .agent import contract
 from .render import shorten, table
-from .status_view import where
+from .status_view import header, still_holding, where
 
 
 def _mib(gpu_mib: dict) -> str:
@@ -14,34 +20,46 @@ def _mib(gpu_mib: dict) -> str:
     return str(total) if gpu_mib else "-"
 
 
-def plan_tables(plan: dict) -> str:
+def _teardown(x) -> contract.TeardownResult:
+    """The teardown record in `x`: an AgentResult, a TeardownResult, or an agent document."""
+    x = getattr(x, "result", x)
+    return contract.read_document(x) if isinstance(x, dict) else x
+
+
+def plan_tables(plan) -> str:
+    """The plan (contract.Plan, or a plan or teardown result holding one) as tables."""
+    if isinstance(plan, dict):
+        plan = contract.read_plan(plan["plan"]) if "command" in plan else contract.read_plan(plan)
+    plan = getattr(plan, "plan", plan)
     out = []
-    if plan["targets"]:
+    if plan.targets:
         rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], shorten(t["reason"], 40),
-                 shorten(t["cmdline"], 50)] for t in plan["targets"]]
-        out.append(f"Targets ({len(rows)}; will free about {plan['will_free_mib']} MiB of GPU memory)\n" +
+                 shorten(t["cmdline"], 50)] for t in plan.targets]
+        out.append(f"Targets ({len(rows)}; will free about {plan.will_free_mib} MiB of GPU memory)\n" +
                    table(["pid", "st", "unit/container", "MiB", "how", "why", "cmdline"], rows, "  "))
     else:
         out.append("Targets: none (nothing matches the target patterns and no unprotected process holds a GPU)")
-    if plan["protected"]:
-        rows = [[p["pid"], shorten(p["reason"], 48), shorten(p["cmdline"], 60)] for p in plan["protected"]]
+    if plan.protected:
+        rows = [[p["pid"], shorten(p["reason"], 48), shorten(p["cmdline"], 60)] for p in plan.protected]
         out.append("Protected, never signalled\n" + table(["pid", "why", "cmdline"], rows, "  "))
-    if plan["left_alone"]:
-        rows = [[p["pid"], _mib(p["gpu_mib"]), shorten(p["cmdline"], 60)] for p in plan["left_alone"]]
-        out.append("Left alone (--only-matching) although they hold a GPU\n" + table(["pid", "MiB", "cmdline"], rows, "  "))
-    for w in plan.get("writing", []):
+    if plan.left_alone:
+        rows = [[p["pid"], _mib(p["gpu_mib"]), shorten(p["cmdline"], 60)] for p in plan.left_alone]
+        out.append("Left alone (--only-matching) although they hold a GPU\n"
+                   + table(["pid", "MiB", "cmdline"], rows, "  "))
+    for w in plan.writing:
         out.append(f"  WARNING pid {w['pid']} has files open for writing: {', '.join(w['files'][:5])}")
-    for u in plan.get("units", []):
+    for u in plan.units:
         out.append(f"  unit {u['unit']} will be stopped with systemctl{' and disabled' if u['disable'] else ''}")
-    scope = plan.get("scope") or {}
+    scope = plan.scope
     if scope.get("text") or scope.get("uid") is not None:
         out.append(f"  scope: only processes with {scope.get('text')!r} in their command line"
                    + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else ""))
-    out.extend(f"  rule: {r}" for r in plan.get("rules", []))
+    out.extend(f"  rule: {r}" for r in plan.rules)
     return "\n".join(out)
 
 
 def progress_line(alias: str, p: dict) -> str:
+    """One progress line of a running teardown (the fields of contract.parse_progress)."""
     alive = p.get("alive")
     parts = [f"{alias}: [{p.get('elapsed_s', 0):6.2f}s] {p.get('phase')}"]
     if alive is not None:
@@ -53,9 +71,10 @@ def progress_line(alias: str, p: dict) -> str:
     return "  ".join(parts)
 
 
-def before_after(doc: dict) -> str:
-    before = {g["index"]: g for g in doc.get("before") or []}
-    after = {g["index"]: g for g in doc.get("after") or []}
+def before_after(x) -> str:
+    t = _teardown(x)
+    before = {g["index"]: g for g in t.before}
+    after = {g["index"]: g for g in t.after}
     if not before and not after:
         return "GPU memory: no source on this host (device holders only)"
     rows = []
@@ -63,68 +82,110 @@ def before_after(doc: dict) -> str:
         b, a = before.get(idx, {}), after.get(idx, {})
         rows.append([idx, b.get("used_mib", "?"), a.get("used_mib", "?"), len(b.get("processes", [])),
                      len(a.get("processes", [])), a.get("total_mib", b.get("total_mib", "?"))])
-    return f"GPU memory before -> after (source: {doc.get('gpu_source')})\n" + \
+    return f"GPU memory before -> after (source: {t.gpu_source})\n" + \
         table(["gpu", "used before", "used after", "procs before", "procs after", "total MiB"], rows, "  ")
 
 
-def actions(doc: dict) -> str:
-    recs = doc.get("actions") or []
+def actions(x) -> str:
+    recs = _teardown(x).actions
     if not recs:
         return ""
     rows = [[r["signal"], r["pid"], r["result"], shorten(r.get("cmdline") or "", 60)] for r in recs]
     return "Actions\n" + table(["action", "pid", "result", "cmdline"], rows, "  ")
 
 
+def _word(t: contract.TeardownResult) -> str:
+    """The verdict in one word or two, as the short lines say it."""
+    if t.locked:
+        return "LOCKED"
+    if t.state_error:
+        return "NOT STARTED"
+    return "freed" if t.code == contract.EXIT_OK else "NOT FREE"
+
+
+def brief(x, wall_s: float | None = None) -> str:
+    """'freed 1234 MiB, 3 target(s) stopped, 2 protected kept, 1.52s' (a pivot's teardown step)."""
+    t = _teardown(x)
+    if t.plan is None:  # it did not run
+        return f"{_word(t)}: {t.error}"
+    wall = t.wall_s if wall_s is None else wall_s
+    return (f"{_word(t)} {t.freed_mib} MiB, {len(t.plan.targets)} target(s) stopped, "
+            f"{len(t.plan.protected)} protected kept, {wall:.2f}s")
+
+
 def host_line(outcome) -> str:
-    """One line per host as it finishes, for a fleet teardown."""
+    """One line per host as it finishes, for a fleet teardown (outcome: a fleet.Outcome)."""
     alias = outcome.host.alias
     if outcome.error is not None:
         return f"{alias}: UNREACHABLE: {shorten(str(outcome.error), 80)}"
-    d, code = outcome.value.doc, outcome.value.code
-    if d.get("locked"):
-        return f"{alias}: LOCKED: {d['error']}"
-    verdict = "freed" if code == 0 else "NOT FREE"
-    return (f"{alias}: {verdict} {d.get('freed_mib', 0)} MiB, {len(d['plan']['targets'])} target(s) stopped, "
-            f"{len(d['plan']['protected'])} protected kept, {outcome.value.wall_s:.2f}s")
+    return f"{alias}: {brief(outcome.value, outcome.value.wall_s)}"
 
 
-def verdict_lines(alias: str, doc: dict, code: int) -> list:
+def verdict_lines(alias: str, x, code: int | None = None) -> list:
     """The end of a teardown report: why it is or is not free, in the words a person acts on.
 
-    One place for the verdict line (FREED only with exit 0, i.e. the agent saw every GPU
-    free for the whole settle window, could inspect every process and sent every signal).
+    FREED only with exit 0, i.e. the agent saw every GPU free for the whole settle window,
+    could inspect every process and sent every signal. (`code` is not needed: the record
+    carries it; it is accepted for callers that still pass the document and its code.)
     """
-    if doc.get("locked"):
-        return [f"{alias}: LOCKED: {doc['error']}"]
-    if doc.get("state_error"):
-        return [f"{alias}: NOT STARTED: {doc['state_error']} (nothing was signalled)"]
+    t = _teardown(x)
+    if t.locked:
+        return [f"{alias}: LOCKED: {t.error}"]
+    if t.state_error or t.plan is None:
+        return [f"{alias}: NOT STARTED: {t.state_error} (nothing was signalled)"]
     lines = []
-    if doc.get("unapproved"):
-        lines.append(f"  not signalled (appeared after the plan you approved): {[t['pid'] for t in doc['unapproved']]}")
-    for t in doc.get("adopted") or []:
-        lines.append(f"  also signalled pid {t['pid']}: {t['reason']} ({shorten(t.get('cmdline') or '', 60)})")
-    for f in doc.get("signal_failures") or []:
+    if t.unapproved:
+        lines.append(f"  not signalled (appeared after the plan you approved): {[u['pid'] for u in t.unapproved]}")
+    for a in t.adopted:
+        lines.append(f"  also signalled pid {a['pid']}: {a['reason']} ({shorten(a.get('cmdline') or '', 60)})")
+    for f in t.signal_failures:
         lines.append(f"  COULD NOT SIGNAL pid {f['pid']} ({f['signal']}: {f['result']}): it was not stopped")
-    for a in doc.get("appeared") or []:
+    for a in t.appeared:
         lines.append(f"  RESPAWN pid {a['pid']} ({shorten(a['cmdline'], 60)}) {a['why']}")
         if a.get("include"):
             lines.append(f"    to include it: {a['include']}")
-    for s in doc.get("stuck") or []:
+    for s in t.stuck:
         lines.append(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
-    for c in doc.get("concurrent_teardowns") or []:
+    for c in t.concurrent_teardowns:
         lines.append(f"  NOTE another user's teardown ran beside this one: pid {c['pid']} ({c['user']}): "
                      f"{shorten(c.get('cmdline') or '', 60)}")
-    for e in doc.get("record_errors") or []:
+    for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
-    timing = f"in {doc.get('wall_s', 0):.2f}s"
-    if doc.get("free_at_s") is not None:
-        timing = f"free at {doc['free_at_s']:.2f}s, settled at {doc.get('settled_at_s') or 0:.2f}s " \
-                 f"({doc.get('settle_s', 0):g}s watched for respawns)"
-    verdict = "FREED and verified" if code == 0 else ("NOT FREE (could not inspect every process)" if code == 6
-                                                      else "NOT FREE")
-    plan = doc.get("plan") or {"protected": []}
-    lines.append(f"{alias}: {verdict} {timing} (freed {doc.get('freed_mib', 0)} MiB, "
-                 f"{doc.get('signalled', 0)} signals sent, {len(plan['protected'])} protected kept)")
-    if code:
-        lines.extend("  " + p for p in doc.get("problems", []))
+    timing = f"in {t.wall_s:.2f}s"
+    if t.free_at_s is not None:
+        timing = f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s or 0:.2f}s " \
+                 f"({t.settle_s:g}s watched for respawns)"
+    verdict = "FREED and verified" if t.code == contract.EXIT_OK else (
+        "NOT FREE (could not inspect every process)" if t.code == contract.EXIT_UNINSPECTED else "NOT FREE")
+    lines.append(f"{alias}: {verdict} {timing} (freed {t.freed_mib} MiB, "
+                 f"{t.signalled} signals sent, {len(t.plan.protected)} protected kept)")
+    if t.code:
+        lines.extend("  " + p for p in t.problems)
     return lines
+
+
+def report(alias: str, result, sandbox: bool = False) -> str:
+    """One host's whole teardown report: actions, GPU memory before -> after, the verdict,
+    and what still holds a GPU when it is not free. Locked or not started: one line."""
+    t = _teardown(result)
+    if not t.ran:
+        return "== " + verdict_lines(alias, t)[0]
+    parts = [header(alias, t, sandbox), actions(t), before_after(t), "\n".join(verdict_lines(alias, t))]
+    if t.code:
+        parts.append(still_holding(t))
+    return "\n".join(p for p in parts if p)
+
+
+def summary(outcomes) -> str:
+    """The table after a fleet teardown: one row per host, in the order given."""
+    rows = []
+    for out in outcomes:
+        if out.error is not None:
+            rows.append([out.host.alias, "-", "-", "-", "-", f"unreachable: {shorten(str(out.error), 40)}"])
+            continue
+        t = _teardown(out.value)
+        result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
+        plan = t.plan or contract.Plan(targets=[], protected=[])
+        rows.append([out.host.alias, t.freed_mib if t.ran else "-", len(plan.targets), len(plan.protected),
+                     f"{out.value.wall_s:.2f}s", result])
+    return "Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall", "result"], rows, "  ")

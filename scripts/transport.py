@@ -7,17 +7,16 @@ short argv needs quoting. Everything outside the nonce'd marker lines is noise a
 from __future__ import annotations
 
 import json
-import secrets
 import subprocess
 import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from typing import Any
 
-from .agent import markers
-from .agent.cli import PROGRESS_PREFIX
-from .agent.statedir import StateDirError
+from .agent import contract
 from .bundle import agent_payload
+from .config_error import ConfigError
 from .route import HostUnreachable
 
 
@@ -27,11 +26,15 @@ class AgentError(RuntimeError):
 
 @dataclass
 class AgentResult:
+    """One agent call's outcome: its exit code, its JSON document (what --json prints) and the
+    same document read through the contract (`result`: contract.TeardownResult for a
+    teardown, and so on; the one place the local side reads the agent's keys)."""
+
     host: str
     code: int
     doc: dict
     wall_s: float
-    stderr: str
+    result: Any = None
 
 
 def _tail(text: str, lines: int = 5) -> str:
@@ -39,38 +42,20 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join(kept) or "(nothing on stderr)"
 
 
-SELECTING = ("scan", "verify", "plan", "teardown", "lint")
-
-
 def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
-    """The agent's argv on the host: its subcommand plus what the host config selects."""
-    argv = [host.python, "-", subcommand, "--devices", host.devices, "--marker", nonce]
-    if progress:
-        argv.append("--progress")
-    if host.run_dir:
-        argv += ["--run-dir", host.run_dir]
-    if host.fake_devices:
-        argv.append("--fake-devices")
-    if subcommand in SELECTING:
-        for pattern in host.targets:
-            argv += ["--target", pattern]
-        for pattern in host.protect:
-            argv += ["--protect", pattern]
-        if host.fake_gpus:
-            argv += ["--fake-gpus", host.fake_gpus]
-        if host.scope:
-            argv += ["--scope", host.scope]
-        if host.scope_uid is not None:
-            argv += ["--scope-uid", str(host.scope_uid)]
-    return argv + [str(a) for a in args]
+    """The agent's argv on the host (contract.agent_argv) with what the host config selects."""
+    return contract.agent_argv(host.python, subcommand, nonce, host.devices, progress=progress, run_dir=host.run_dir,
+                               fake_devices=host.fake_devices, targets=host.targets, protect=host.protect,
+                               fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid, args=args)
 
 
-def call_agent(host, subcommand: str, args=(), on_progress=None, timeout: float | None = None) -> AgentResult:
-    """Run one agent subcommand on `host`. Raises HostUnreachable or AgentError."""
-    nonce = secrets.token_hex(8)
+def call_agent(host, subcommand: str, args=(), on_progress=None) -> AgentResult:
+    """Run one agent subcommand on `host`. Raises HostUnreachable, AgentError, or ConfigError
+    (the agent refused a flag's value: exit 2, nothing done)."""
+    nonce = contract.new_nonce()
     try:
         cmd = host.route.wrap(agent_argv(host, subcommand, args, nonce, on_progress is not None))
-    except StateDirError as exc:  # the local ssh ControlPath directory was refused
+    except contract.statedir.StateDirError as exc:  # the local ssh ControlPath directory was refused
         raise AgentError(f"{host.alias}: {exc}") from None
     payload = agent_payload()
     started = time.monotonic()
@@ -79,32 +64,32 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, timeout: float 
     with tempfile.TemporaryFile() as err:
         # On this machine (no hops) the agent gets its own session, as it would on a host
         # behind ssh: a Ctrl-C at the operator's terminal must not reach it mid-teardown.
-        proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                start_new_session=not host.route.hops)
+        try:
+            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
+                                    start_new_session=not host.route.hops)
+        except OSError as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
+            raise AgentError(f"{host.alias}: could not start {cmd[0]!r}: {exc.strerror or exc}") from None
         feeder = threading.Thread(target=_feed, args=(proc, payload), daemon=True)
         feeder.start()
         out_lines = []
-        timer = threading.Timer(timeout, proc.kill) if timeout else None
-        if timer:
-            timer.start()
-        try:
-            for raw in proc.stdout:
-                line = raw.decode("utf-8", "replace")
-                if on_progress and line.startswith(PROGRESS_PREFIX):
-                    try:
-                        on_progress(json.loads(line[len(PROGRESS_PREFIX):]))
-                        continue
-                    except ValueError:
-                        pass
-                out_lines.append(line)
-            code = proc.wait()
-        finally:
-            if timer:
-                timer.cancel()
+        assert proc.stdout is not None  # stdout=PIPE
+        for raw in proc.stdout:
+            line = raw.decode("utf-8", "replace")
+            fields = contract.parse_progress(line) if on_progress else None
+            if fields is not None:
+                on_progress(fields)
+                continue
+            out_lines.append(line)
+        code = proc.wait()
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
     wall = time.monotonic() - started
-    return AgentResult(host.alias, code, _parse(host, "".join(out_lines), nonce, code, stderr), wall, stderr)
+    doc = _parse(host, "".join(out_lines), nonce, code, stderr)
+    try:
+        result = contract.read(subcommand, code, doc)
+    except contract.ContractError as exc:
+        raise AgentError(f"{host.alias}: {exc} (exit {code})") from None
+    return AgentResult(host.alias, code, doc, wall, result)
 
 
 def _feed(proc, payload: bytes) -> None:
@@ -117,8 +102,8 @@ def _feed(proc, payload: bytes) -> None:
 
 def _parse(host, stdout: str, nonce: str, code: int, stderr: str) -> dict:
     try:
-        body = markers.extract(stdout, nonce)
-    except markers.MarkerError as exc:
+        body = contract.extract(stdout, nonce)
+    except contract.MarkerError as exc:
         if host.route.ssh_failed(code):
             raise HostUnreachable(f"{host.alias}: host unreachable (ssh exit 255: {_tail(stderr, 2)})") from None
         raise AgentError(f"{host.alias}: {exc}; the command exited {code}; stderr: {_tail(stderr)}") from None
@@ -128,8 +113,6 @@ def _parse(host, stdout: str, nonce: str, code: int, stderr: str) -> dict:
         raise AgentError(f"{host.alias}: the agent's result is not valid JSON ({exc}); exit {code}") from None
     if not isinstance(doc, dict):
         raise AgentError(f"{host.alias}: the agent's result is not a JSON object; exit {code}")
-    if doc.get("usage_error"):
-        from .hostconfig import ConfigError
-
-        raise ConfigError(f"{host.alias}: {doc['usage_error']}")
+    if doc.get(contract.USAGE_ERROR):
+        raise ConfigError(f"{host.alias}: {doc[contract.USAGE_ERROR]}")
     return doc

@@ -1,7 +1,7 @@
 """The teardown scenario of the tests and benchmarks, built from real processes.
 
 Targets: a server tree (parent + 2 spawned workers + a tokenizer child holding no GPU +
-a double-forked helper left in its process group), a server that ignores SIGTERM, an
+a double-forked helper left in its session), a server that ignores SIGTERM, an
 orphan worker whose parent exited, a renamed worker (`VLLM::EngineCore`).
 Bystanders: `nvidia-persistenced` and an `nvitop` monitor (both hold the device files)
 and an unrelated python job that holds no GPU. Python processes show `python3` as
@@ -44,8 +44,11 @@ def _server(ps: ProcessSet, *flags: str) -> int:
     pkg = ps.base / "pkg"
     _server_shim(pkg)
     env = dict(os.environ, PYTHONPATH=str(pkg))
-    return ps.start(["python3", "-m", "sglang.launch_server", "--devdir", str(ps.devdir), *flags],
-                    executable=sys.executable, env=env)
+    pid = ps.start(["python3", "-m", "sglang.launch_server", "--devdir", str(ps.devdir), *flags],
+                   executable=sys.executable, env=env)
+    ready = ps.base / f"ready{ps.n}"
+    ps.pids.extend(int(p) for p in ready.read_text().split())  # its workers: ended by PID too
+    return pid
 
 
 def start(ps: ProcessSet, stubborn: bool = True) -> dict:

@@ -2,8 +2,9 @@
 
 import pytest
 
-from scripts.agent import fuser_parse, ps_parse, smi_parse
+from scripts.agent import smi_parse
 from tests.conftest import FIXTURES
+from tests.parsers import fuser as fuser_parse, ps_parse, smi_table
 
 
 def fx(name):
@@ -54,7 +55,7 @@ def test_fuser_verbose_row_count_mismatch_is_an_error():
 def test_smi_table_loaded_reads_zero_free():
     text = fx("nvidia-smi-loaded.txt")
     assert sum("0MiB" in line for line in text.splitlines()) == 4  # the seed's grep | wc -l
-    out = smi_parse.table(text)
+    out = smi_table.table(text)
     assert out["free"] == []
     assert out["gpus"] == [{"index": 0, "name": "NVIDIA H200", "used_mib": 84386, "total_mib": 143771}]
     assert [(p["pid"], p["used_mib"], p["name"]) for p in out["processes"]] == [
@@ -63,7 +64,7 @@ def test_smi_table_loaded_reads_zero_free():
 
 
 def test_smi_table_idle_reads_one_free():
-    out = smi_parse.table(fx("nvidia-smi-idle.txt"))
+    out = smi_table.table(fx("nvidia-smi-idle.txt"))
     assert out["free"] == [0]
     assert out["processes"] == []
     assert out["gpus"][0]["used_mib"] == 0

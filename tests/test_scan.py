@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from scripts.agent import cgroup, fuser_parse, scan, verify
+from scripts.agent import cgroup, scan, verify
+from tests.parsers import fuser as fuser_parse
 from tests.procs import ProcessSet, alive, state, wait_for
 
 HOLDER = """

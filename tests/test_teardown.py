@@ -62,7 +62,7 @@ def test_full_scenario_frees_everything_and_harms_nothing(ps):
     reasons = {t["pid"]: t["reason"] for t in doc["plan"]["targets"]}
     assert set(reasons) == {roles[r] for r in scenario.TARGET_ROLES}
     assert "started by target" in reasons[roles["tokenizer"]]
-    assert "process group" in reasons[roles["group_helper"]]
+    assert "in the session of target" in reasons[roles["group_helper"]]
     assert "orphan of PID 1" in reasons[roles["orphan"]] or "holds a GPU" in reasons[roles["orphan"]]
     assert reasons[roles["renamed"]].startswith("holds a GPU")
     assert {p["pid"] for p in doc["plan"]["protected"]} == {roles["persistenced"], roles["monitor"]}

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 
 from scripts import bundle
-from scripts.agent import markers
+from scripts.agent import contract
 from scripts.hostconfig import build_host
 from scripts.route import HostUnreachable
 from scripts.transport import AgentError, call_agent
@@ -28,7 +28,8 @@ def test_agent_sources_parse_as_python38():
 
 
 def test_direct_run_prints_json():
-    out = subprocess.run(["python3", str(REPO / "scripts" / "gpuagent.py"), "ping", "--json"], capture_output=True, check=True)
+    out = subprocess.run(["python3", str(REPO / "scripts" / "gpuagent.py"), "ping", "--json"], capture_output=True,
+                         check=True)
     doc = json.loads(out.stdout)
     assert doc["command"] == "ping" and doc["pid"] > 0
 
@@ -71,10 +72,10 @@ def test_ssh_255_is_host_unreachable(sshd):
 
 
 def test_cut_off_result_is_reported():
-    text = "noise\n" + markers.begin("n1") + "\n{}\n"
-    with pytest.raises(markers.MarkerError, match="cut off"):
-        markers.extract(text, "n1")
-    assert markers.extract("x\n" + markers.begin("n1") + "\n{}\n" + markers.end("n1") + "\n", "n1") == "{}"
+    text = "noise\n" + contract.begin("n1") + "\n{}\n"
+    with pytest.raises(contract.MarkerError, match="cut off"):
+        contract.extract(text, "n1")
+    assert contract.extract("x\n" + contract.begin("n1") + "\n{}\n" + contract.end("n1") + "\n", "n1") == "{}"
 
 
 def test_one_connection_per_ping(sshd, hosts_env):

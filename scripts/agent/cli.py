@@ -1,20 +1,20 @@
 """Agent command line: parse, run one subcommand, print one JSON document.
 
 Each subcommand module exposes `add_arguments(parser)` and `run(args) -> (exit_code, doc)`.
-With `--marker NONCE` the document is framed by marker lines (the transport's contract);
-with `--json` it is printed bare; otherwise a short human summary is printed.
-Progress lines (`--progress`) go to stdout before the result, one JSON object per line,
-prefixed so the local side can show them while the agent works.
+Which subcommands exist, and which take the host's selection flags, is the contract's
+(contract.SUBCOMMANDS, contract.SELECTING): the local side builds the argv from the same table.
+With `--marker NONCE` the document is framed by marker lines (contract.frame); with `--json`
+it is printed bare; otherwise a short human summary is printed. Progress lines
+(`--progress`, contract.progress_line) go to stdout before the result.
 """
 import argparse
 import json
 import os
 import sys
 
-from . import lastrun
-from . import deploy, devices, drain, gates, lint, markers, options, phase, ping, plan, scan, teardown, verify
+from . import contract, deploy, devices, drain, gates, lastrun, lint, options, phase, ping, plan, scan, teardown, verify
 
-SUBCOMMANDS = {
+MODULES = {
     "ping": ping,
     "scan": scan,
     "verify": verify,
@@ -30,8 +30,6 @@ SUBCOMMANDS = {
     "lint": lint,
     "deploy": deploy,
 }
-PROGRESS_PREFIX = "gpu-pivot-progress "
-EXIT_USAGE = 2
 
 
 def progress(args, **fields):
@@ -39,7 +37,7 @@ def progress(args, **fields):
     if not getattr(args, "progress", False):
         return
     try:
-        sys.stdout.write(PROGRESS_PREFIX + json.dumps(fields, sort_keys=True) + "\n")
+        sys.stdout.write(contract.progress_line(fields))
         sys.stdout.flush()
     except (BrokenPipeError, OSError):
         args.progress = False  # the connection dropped: keep working, stop talking
@@ -49,16 +47,19 @@ def build_parser():
     parser = argparse.ArgumentParser(prog="gpuagent", description="gpu-pivot agent (runs on the GPU host)")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
     sub.required = True
-    for name, module in SUBCOMMANDS.items():
+    for name in contract.SUBCOMMANDS:
+        module = MODULES[name]
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         p.add_argument("--marker", help="frame the JSON result with marker lines carrying this nonce")
         p.add_argument("--json", action="store_true", help="print the JSON result")
         p.add_argument("--progress", action="store_true", help="print progress lines while working")
-        p.add_argument("--devices", default=devices.DEFAULT_GLOB, help="glob of GPU device files")
+        p.add_argument("--devices", default=contract.DEVICE_GLOB, help="glob of GPU device files")
         p.add_argument("--fake-devices", action="store_true",
                        help="the device glob may name plain files (sandbox, tests); otherwise every match must be "
                             "an NVIDIA character device")
         p.add_argument("--run-dir", default=None, help="where state, logs and the audit log are kept on the host")
+        if name in contract.SELECTING:
+            options.add_selection(p)
         module.add_arguments(p)
     return parser
 
@@ -66,7 +67,7 @@ def build_parser():
 def emit(args, doc):
     text = json.dumps(doc, sort_keys=True, default=str)
     if args.marker:
-        out = "\n".join([markers.begin(args.marker), text, markers.end(args.marker)]) + "\n"
+        out = contract.frame(args.marker, text)
     elif args.json:
         out = text + "\n"
     else:
@@ -95,9 +96,9 @@ def main(argv=None):
     args.emit_progress = lambda **f: progress(args, **f)
     try:
         options.check_patterns(args)
-        code, doc = SUBCOMMANDS[args.command].run(args)
+        code, doc = MODULES[args.command].run(args)
     except (options.UsageError, devices.DeviceError) as exc:
-        code, doc = EXIT_USAGE, {"usage_error": str(exc)}
+        code, doc = contract.EXIT_USAGE, {contract.USAGE_ERROR: str(exc)}
     doc.setdefault("command", args.command)
     doc.setdefault("exit_code", code)
     emit(args, doc)

@@ -1,6 +1,6 @@
 """Apply a deploy's patch or file copies with a backup, and roll them back.
 
-Why: the seed applied a patch to a live server's code and restarted by hand; if the new
+Why: a patch applied by hand to a live server's code, then a restart by hand: if the new
 server failed, the old code was gone. Here every changed file is backed up first
 (FILE.gpu-pivot-orig) and a rollback restores exactly those files.
 """
@@ -10,14 +10,13 @@ import re
 import shutil
 import subprocess
 
-from . import lastrun
-from .phase import add_spec, decode_spec
+from . import contract, lastrun, options
 
 SUFFIX = ".gpu-pivot-orig"
 
 
 def add_arguments(parser):
-    add_spec(parser)
+    options.add_spec(parser)
     parser.add_argument("--action", choices=["apply", "rollback"], required=True)
 
 
@@ -35,7 +34,8 @@ def apply(spec):
         proc = subprocess.run(base + ["--backup", "--suffix", SUFFIX], capture_output=True, text=True)
         if proc.returncode:
             return False, [], "patch failed: %s" % (proc.stdout + proc.stderr).strip()
-        changed = [os.path.join(spec["dir"], m) for m in re.findall(r"^patching file '?([^'\n]+)'?$", proc.stdout, re.M)]
+        patched = re.findall(r"^patching file '?([^'\n]+)'?$", proc.stdout, re.M)
+        changed = [os.path.join(spec["dir"], m) for m in patched]
     for src, dst in spec.get("copy") or []:
         if os.path.exists(dst):
             shutil.copy2(dst, dst + SUFFIX)
@@ -64,6 +64,7 @@ def rollback(spec):
 
 
 def run(args):
-    spec = decode_spec(args.spec)
+    spec = contract.decode_spec(args.spec)
     ok, files, detail = (apply if args.action == "apply" else rollback)(spec)
-    return (0 if ok else 1), {"ok": ok, "files": files, "detail": detail, "action": args.action}
+    code = contract.EXIT_OK if ok else contract.EXIT_FAILED
+    return code, {"ok": ok, "files": files, "detail": detail, "action": args.action}

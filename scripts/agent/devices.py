@@ -17,7 +17,8 @@ import glob
 import os
 import stat
 
-DEFAULT_GLOB = "/dev/nvidia*"
+from . import contract
+
 PROC = "/proc"
 
 
@@ -58,7 +59,7 @@ def _expand(pattern):
 class DeviceSet:
     """The GPU devices a scan looks for, and how to recognise an open one."""
 
-    def __init__(self, pattern=DEFAULT_GLOB, fake=False, proc=PROC):
+    def __init__(self, pattern=contract.DEVICE_GLOB, fake=False, proc=PROC):
         self.pattern = pattern
         self.fake = fake
         self.paths = []          # the files the glob names (for reports and NVML-less hosts)
@@ -81,8 +82,19 @@ class DeviceSet:
                 raise DeviceError("device glob %r: %s is not an NVIDIA character device (%s); only hosts with "
                                   "FAKE_DEVICES=yes may name other files" % (pattern, path, _kind(st, majors)))
             self.paths.append(path)
-        if pattern == DEFAULT_GLOB and not fake:
+        if pattern == contract.DEVICE_GLOB and not fake:
             self.majors = majors
+
+    def inode_keys(self):
+        """{(st_dev, st_ino): path} of the device files themselves, for matching mappings."""
+        keys = {}
+        for path in self.paths:
+            try:
+                st = os.stat(path)
+            except OSError:
+                continue
+            keys[(st.st_dev, st.st_ino)] = path
+        return keys
 
     def identify(self, st):
         """The device path an open file IS (by identity), or None."""

@@ -7,6 +7,8 @@ each may carry labels and appear once per engine, so the samples are summed.
 import time
 import urllib.request
 
+from . import contract
+
 METRICS = ("sglang:num_running_reqs", "vllm:num_requests_running")
 
 
@@ -45,15 +47,17 @@ def run(args):
         try:
             count = running_requests(fetch(args.url))
         except Exception as exc:
-            return 0, {"drained": True, "note": "no server answers at %s (%s): nothing to drain" % (args.url, exc),
+            note = "no server answers at %s (%s): nothing to drain" % (args.url, exc)
+            return contract.EXIT_OK, {"drained": True, "note": note,
                        "waited_s": round(time.monotonic() - started, 2)}
         waited = time.monotonic() - started
         if count is None:
-            return 0, {"drained": True, "note": "no in-flight request metric at %s" % args.url, "waited_s": round(waited, 2)}
+            note = "no in-flight request metric at %s" % args.url
+            return contract.EXIT_OK, {"drained": True, "note": note, "waited_s": round(waited, 2)}
         if count == 0:
-            return 0, {"drained": True, "running": 0, "waited_s": round(waited, 2)}
+            return contract.EXIT_OK, {"drained": True, "running": 0, "waited_s": round(waited, 2)}
         if waited >= args.timeout:
-            return 1, {"drained": False, "running": count, "waited_s": round(waited, 2)}
+            return contract.EXIT_FAILED, {"drained": False, "running": count, "waited_s": round(waited, 2)}
         if count != last:
             args.emit_progress(phase="drain", elapsed_s=round(waited, 1), running=count)
             last = count

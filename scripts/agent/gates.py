@@ -1,17 +1,17 @@
 """Gates a pivot must pass before the next phase starts: commands and file counts.
 
-Why: the seed moved from extraction to training by eye ("all 37,312 samples"). A gate
+Why: the move from extraction to training used to be judged by eye ("all 37,312 samples"). A gate
 makes that check explicit: a command that must exit 0, or "at least N files match GLOB".
 """
 import glob
 import json
 import subprocess
 
-from .phase import add_spec, decode_spec
+from . import contract, options
 
 
 def add_arguments(parser):
-    add_spec(parser)
+    options.add_spec(parser)
 
 
 def check_gate(gate, cwd):
@@ -25,11 +25,12 @@ def check_gate(gate, cwd):
     except subprocess.TimeoutExpired:
         return {"gate": gate, "ok": False, "detail": "timed out after 600 s"}
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
-    return {"gate": gate, "ok": proc.returncode == 0, "detail": "exit %d%s" % (proc.returncode, (": " + " | ".join(tail)) if tail else "")}
+    detail = "exit %d%s" % (proc.returncode, (": " + " | ".join(tail)) if tail else "")
+    return {"gate": gate, "ok": proc.returncode == 0, "detail": detail}
 
 
 def run(args):
-    spec = decode_spec(args.spec)
+    spec = contract.decode_spec(args.spec)
     results = [check_gate(g, spec.get("dir")) for g in spec.get("gates") or []]
     ok = all(r["ok"] for r in results)
-    return (0 if ok else 5), {"passed": ok, "gates": results}
+    return (contract.EXIT_OK if ok else contract.EXIT_GATE), {"passed": ok, "gates": results}

@@ -16,7 +16,7 @@ import os
 import shutil
 import subprocess
 
-from . import procfs, smi_parse
+from . import contract, procfs, smi_parse
 
 MIB = 1024 * 1024
 
@@ -152,7 +152,7 @@ def reader(args, source=None):
         source.close()
 
 
-def open_source(fake_dir=None, devices_glob="/dev/nvidia*"):
+def open_source(fake_dir=None, devices_glob=contract.DEVICE_GLOB):
     """The best source this host has, and why each better one was not used."""
     if fake_dir:
         return SandboxSource(fake_dir, devices_glob), []

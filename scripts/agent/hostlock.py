@@ -23,7 +23,7 @@ import os
 import socket
 import time
 
-from . import procfs, procscan, statedir
+from . import contract, procfs, procscan, statedir
 
 LOCK_NAME = "gpu-pivot.lock"
 POLL_S = 0.05
@@ -50,20 +50,9 @@ def lock_path():
 
 
 def is_teardown_agent(argv):
-    """Does this argv have the shape transport gives a teardown agent:
-    `python3 - teardown ... --marker HEX` (a dry run excluded: it signals nothing)?"""
-    if len(argv) < 5 or argv[1] != "-" or argv[2] != "teardown":
-        return False
-    exe = os.path.basename(argv[0])
-    if not (exe.startswith("python") and all(c.isdigit() or c == "." for c in exe[len("python"):])):
-        return False
-    if "--dry-run" in argv:
-        return False
-    for i, word in enumerate(argv[:-1]):
-        if word == "--marker":
-            token = argv[i + 1]
-            return bool(token) and all(c in "0123456789abcdef" for c in token)
-    return False
+    """Does this argv have the shape the local side gives a teardown agent
+    (`python3 - teardown ... --marker HEX`, contract.agent_call)?"""
+    return contract.agent_call(argv) == "teardown"
 
 
 def _argv(pid):

@@ -1,6 +1,6 @@
 """Lint a server's launch command on the host, before it starts, for known mistakes.
 
-Why: the seed ran an EAGLE-3 draft model with `--speculative-algorithm EAGLE`; SGLang's
+Why: an EAGLE-3 draft model was once run with `--speculative-algorithm EAGLE`; SGLang's
 is_eagle3() check only accepts "EAGLE3", so the draft got the wrong hidden states and the
 acceptance length stayed at 1.0 for days. Also caught: tensor parallel size above the
 GPUs visible, the port already taken, a model or draft path that does not exist, and
@@ -11,7 +11,7 @@ import json
 import os
 import socket
 
-from . import options, scan, verify
+from . import contract, options, scan, verify
 
 TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
 PORT_FLAGS = ("--port",)
@@ -21,7 +21,6 @@ ALGO_FLAGS = ("--speculative-algorithm", "--speculative-algo")
 
 
 def add_arguments(parser):
-    options.add_selection(parser)
     options.add_threshold(parser)
     parser.add_argument("--argv", required=True, help="the launch command, as a JSON array")
     parser.add_argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES the phase will get")
@@ -89,7 +88,8 @@ def findings(argv, gpus_visible, gpus_env, free_problems):
         add("speculative-algorithm", "draft model %s is EAGLE-3 (config.json architectures) but "
             "--speculative-algorithm EAGLE was given: use EAGLE3, or the acceptance length stays at 1.0" % draft)
     if vllm_draft and method and method.lower() == "eagle" and draft_is_eagle3(vllm_draft):
-        add("speculative-algorithm", "draft model %s is EAGLE-3 but --speculative-config method is 'eagle': use 'eagle3'" % vllm_draft)
+        add("speculative-algorithm",
+            "draft model %s is EAGLE-3 but --speculative-config method is 'eagle': use 'eagle3'" % vllm_draft)
     tp = flag(argv, TP_FLAGS)
     visible = len(gpus_env.split(",")) if gpus_env else gpus_visible
     if tp is not None:
@@ -118,4 +118,5 @@ def run(args):
     free, problems = verify.evaluate(doc, args.max_used_mib)
     visible = len(doc["gpus"]) or len([d for d in doc["devices"] if os.path.basename(d)[6:].isdigit()])
     found = findings(argv, visible, args.gpus, [] if free else problems)
-    return (0 if not found else 5), {"findings": found, "ok": not found, "gpus_visible": visible}
+    code = contract.EXIT_OK if not found else contract.EXIT_GATE
+    return code, {"findings": found, "ok": not found, "gpus_visible": visible}

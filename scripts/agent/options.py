@@ -1,4 +1,5 @@
-"""Agent flags shared by scan, verify, plan and teardown (what to protect, what to target).
+"""Agent flags shared by several subcommands: the selection (what to protect, what to
+target; cli.py adds it to contract.SELECTING), the free threshold and the phase spec.
 
 Patterns are checked here too, not only on the local side: the agent is also run by
 itself (an epilog, a test, a pasted command), and a pattern that matches the empty string
@@ -6,7 +7,7 @@ itself (an epilog, a test, a pasted command), and a pattern that matches the emp
 """
 import re
 
-from . import program
+from . import contract, program
 
 
 class UsageError(ValueError):
@@ -19,7 +20,7 @@ def check_patterns(args):
         for pattern in getattr(args, flag, None) or []:
             try:
                 empty = program.matches_empty(pattern)
-            except re.error as exc:
+            except (re.error, OverflowError, RecursionError) as exc:
                 raise UsageError("--%s %r: not a valid regular expression (%s)" % (flag, pattern, exc)) from None
             if empty:
                 raise UsageError("--%s %r: matches the empty string, so it would match every process; "
@@ -41,6 +42,11 @@ def add_selection(parser):
                         help="target only processes whose command line also contains TEXT (narrows, never widens)")
     parser.add_argument("--scope-uid", type=int, default=None, metavar="UID",
                         help="target only processes owned by UID (narrows, never widens)")
+
+
+def add_spec(parser):
+    parser.add_argument(contract.SPEC_FLAG, required=True,
+                        help="the phase, as base64 of its JSON (contract.encode_spec)")
 
 
 def add_threshold(parser):

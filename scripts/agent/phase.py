@@ -5,10 +5,9 @@ unit with KillMode=mixed, a stop timeout and logs in journald; elsewhere (contai
 without systemd, the GPU test machine) the phase runs in its own session (`setsid`) with
 a log file and a state file (pid + start time). Its exit code is written by a tiny `sh`
 wrapper, so a job that dies is reported with its code instead of as "not ready".
-Subcommands: phase-start, phase-ready, phase-stop, phase-logs (spec: --spec BASE64 JSON).
+Subcommands: phase-start, phase-ready, phase-stop, phase-logs, smoke (the phase comes as
+`--spec`, contract.encode_spec).
 """
-import base64
-import json
 import os
 import shutil
 import signal
@@ -16,24 +15,12 @@ import subprocess
 import time
 import urllib.request
 
-from . import lastrun, plan, procfs, procscan, scan, statedir, teardown
+from . import contract, lastrun, options, plan, procfs, procscan, scan, statedir, teardown
+from .auditlog import Audit
 from .targets import Targets
 
 WRAP = '"$@"; echo $? > "$GPU_PIVOT_EXIT_FILE"'
 LOG_TAIL = 15
-
-
-def add_spec(parser):
-    parser.add_argument("--spec", required=True, help="the phase, as base64 of its JSON")
-    parser.add_argument("--no-systemd", action="store_true", help="use setsid + log file even where systemd runs")
-
-
-def decode_spec(text):
-    return json.loads(base64.b64decode(text.encode()).decode())
-
-
-def encode_spec(spec):
-    return base64.b64encode(json.dumps(spec, sort_keys=True).encode()).decode()
 
 
 def state_path(name):
@@ -106,7 +93,7 @@ class SpecCommand:
 
     @classmethod
     def add_arguments(cls, parser):
-        add_spec(parser)
+        options.add_spec(parser)
         cls.more_arguments(parser)
 
     @staticmethod
@@ -115,7 +102,7 @@ class SpecCommand:
 
     @classmethod
     def run(cls, args):
-        return cls.act(decode_spec(args.spec), args)
+        return cls.act(contract.decode_spec(args.spec), args)
 
 
 class Start(SpecCommand):
@@ -126,13 +113,14 @@ class Start(SpecCommand):
         name = spec["name"]
         old = load_state(name)
         if _alive_state(old):
-            return 1, {"started": False, "error": "phase %s is already running (%s)" % (name, old.get("unit") or old["pid"])}
+            error = "phase %s is already running (%s)" % (name, old.get("unit") or old["pid"])
+            return contract.EXIT_FAILED, {"started": False, "error": error}
         run_dir = lastrun.run_dir()
         state = {"name": name, "argv": spec["argv"], "started": time.time(), "prep": []}
-        if plan.systemd_running() and shutil.which("systemd-run") and not args.no_systemd:
+        if plan.systemd_running() and shutil.which("systemd-run"):
             proc = subprocess.run(systemd_run_argv(spec), capture_output=True, text=True)
             if proc.returncode:
-                return 1, {"started": False, "error": "systemd-run failed: %s" % proc.stderr.strip()}
+                return contract.EXIT_FAILED, {"started": False, "error": "systemd-run failed: %s" % proc.stderr.strip()}
             state.update(unit=unit_name(name), how="systemd-run")
         else:
             log = spec.get("log") or os.path.join(run_dir, "phase-%s.log" % name)
@@ -145,7 +133,7 @@ class Start(SpecCommand):
             pid, start = _spawn(["sh", "-c", cmd], dict(spec, gpus=None), log, exit_file)
             state["prep"].append({"cmd": cmd, "pid": pid, "start_time": start, "log": log, "exit_file": exit_file})
         save_state(state)
-        return 0, {"started": True, "state": state}
+        return contract.EXIT_OK, {"started": True, "state": state}
 
 
 def _read_exit(path):
@@ -197,7 +185,8 @@ def prep_report(state):
         code = _read_exit(p["exit_file"])
         running = procfs.same_process(p["pid"], p["start_time"])
         out.append({"cmd": p["cmd"], "pid": p["pid"], "exit": code,
-                    "status": "running" if running and code is None else ("exited %s" % code if code is not None else "gone")})
+                    "status": "running" if running and code is None
+                    else ("exited %s" % code if code is not None else "gone")})
     return out
 
 
@@ -227,7 +216,7 @@ class Ready(SpecCommand):
     def act(spec, args):
         state = load_state(spec["name"])
         if not state:
-            return 1, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
+            return contract.EXIT_FAILED, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
         started = time.monotonic()
         last = -10.0
         while True:
@@ -241,7 +230,8 @@ class Ready(SpecCommand):
                 args.emit_progress(phase="ready-wait", elapsed_s=round(waited, 1), detail=detail,
                                    last_log=tail[-1] if tail else "")
             time.sleep(0.25)
-        return (0 if ready else 1), {"ready": ready, "dead": dead, "detail": detail, "waited_s": round(waited, 2),
+        code = contract.EXIT_OK if ready else contract.EXIT_FAILED
+        return code, {"ready": ready, "dead": dead, "detail": detail, "waited_s": round(waited, 2),
                                      "log_tail": [] if ready else log_tail(state), "prep": prep_report(state),
                                      "state": state}
 
@@ -257,12 +247,13 @@ class Stop(SpecCommand):
     def act(spec, args):
         state = load_state(spec["name"])
         if not state:
-            return 0, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
-        audit = teardown.Audit(args.operator or "gpu-pivot")
+            return contract.EXIT_OK, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
+        audit = Audit(args.operator or "gpu-pivot")
         if state.get("unit"):
             proc = subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, text=True)
             audit.log({"pid": None, "cmdline": state["unit"]}, "systemctl stop", "exit %d" % proc.returncode)
-            return (0 if proc.returncode == 0 else 1), {"stopped": [state["unit"]], "actions": audit.records}
+            code = contract.EXIT_OK if proc.returncode == 0 else contract.EXIT_FAILED
+            return code, {"stopped": [state["unit"]], "actions": audit.records}
         targets = []
         for leader in [state] + state.get("prep", []):
             if not procfs.same_process(leader["pid"], leader["start_time"]):
@@ -277,7 +268,8 @@ class Stop(SpecCommand):
         if alive:
             tracked.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
-        return (0 if not alive else 1), {"stopped": [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
+        code = contract.EXIT_OK if not alive else contract.EXIT_FAILED
+        return code, {"stopped": [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
                                          "actions": audit.records}
 
 
@@ -293,13 +285,14 @@ class Logs(SpecCommand):
     def act(spec, args):
         state = load_state(spec["name"])
         if not state:
-            return 1, {"error": "phase %s was never started here" % spec["name"]}
+            return contract.EXIT_FAILED, {"error": "phase %s was never started here" % spec["name"]}
         if not args.follow:
-            return 0, {"lines": log_tail(state, args.lines), "where": state.get("unit") or state.get("log")}
+            where = state.get("unit") or state.get("log")
+            return contract.EXIT_OK, {"lines": log_tail(state, args.lines), "where": where}
         if state.get("unit"):
             os.execvp("journalctl", ["journalctl", "-u", state["unit"], "-n", str(args.lines), "-f", "-o", "cat"])
         os.execvp("tail", ["tail", "-n", str(args.lines), "-F", state["log"]])
-        return 0, {}  # not reached
+        return contract.EXIT_OK, {}  # not reached
 
 
 class Smoke(SpecCommand):
@@ -313,6 +306,6 @@ class Smoke(SpecCommand):
         try:
             with urllib.request.urlopen(req, timeout=60) as resp:
                 text = resp.read(2000).decode("utf-8", "replace")
-                return 0, {"ok": True, "status": resp.status, "body": text}
+                return contract.EXIT_OK, {"ok": True, "status": resp.status, "body": text}
         except Exception as exc:
-            return 1, {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+            return contract.EXIT_FAILED, {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}

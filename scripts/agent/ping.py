@@ -6,6 +6,8 @@ import shutil
 import socket
 import sys
 
+from . import contract
+
 
 def add_arguments(parser):
     pass
@@ -37,4 +39,4 @@ def run(args):
         "devices_glob": args.devices,
         "devices": sorted(glob.glob(args.devices)),
     }
-    return 0, doc
+    return contract.EXIT_OK, doc

@@ -3,8 +3,10 @@
 Targets are PROGRAMS named by a pattern (program.py: the executable, the module or script
 an interpreter runs, or a process title - never an argument of another program, so `tail
 -f sglang.launch_server.log`, `grep "vllm serve"` or a tmux session named `torchrun` are
-not targets), then the processes those programs started (their trees, and members of
-process groups they lead that were not started by the shell beside them), then every other
+not targets), then the processes those programs started (their trees by parent pid; a
+shared process group proves nothing, since a shell puts pipeline siblings such as `| tee
+log` in the server's group; but every member of a SESSION a target leads was started by
+it, e.g. a double-forked helper), then every other
 non-protected holder of a GPU device (orphans reparented to PID 1, renamed titles).
 `--only-matching` leaves the other holders alone and reports them; `--scope TEXT` /
 `--scope-uid UID` narrow every target to processes with TEXT in their command line / owned
@@ -17,13 +19,13 @@ through their manager.
 import os
 import shutil
 
-from . import options, procfs, procscan, rules, scan
+from . import contract, procfs, procscan, rules, scan
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
 
 
 def add_arguments(parser):
-    options.add_selection(parser)
+    """plan's own flags (teardown takes them too); the selection flags are cli.py's to add."""
     parser.add_argument("--only-matching", action="store_true",
                         help="signal only pattern matches and their trees; report other GPU holders")
     parser.add_argument("--disable", action="store_true", help="also `systemctl disable` units that are stopped")
@@ -93,7 +95,10 @@ def build(doc, args):
             for child in kids.get(stack.pop(), []):
                 if add(child, "started by target %d" % root) or child in reasons:
                     stack.append(child)
-    _group_members(procs, reasons, add)
+    leaders = {pid for pid in reasons if procs[pid]["sid"] == pid}
+    for pid, info in procs.items():  # a session a target leads holds only what it started
+        if info["sid"] in leaders and pid not in reasons:
+            add(pid, "in the session of target %d (started by it, then reparented)" % info["sid"])
     left_alone = []
     for pid, h in holders.items():
         if pid in reasons or h["protected"]:
@@ -106,24 +111,6 @@ def build(doc, args):
         else:
             add(pid, why)
     return _assemble(doc, reasons, holders, procs, left_alone, args)
-
-
-def _group_members(procs, reasons, add):
-    """Members of process groups a target leads, left behind by the server (a double-forked
-    helper, reparented). Not the pipeline siblings a shell put in the same group (`torchrun
-    ... | tee log`: tee was started by the shell, not by the server) nor their children."""
-    leaders = {pid: procs[pid]["ppid"] for pid in reasons if procs[pid]["pgid"] == pid}
-    # a leader whose parent is init (it was started detached, or its starter exited) has no
-    # shell beside it: everything in its group that is not in its tree was left by it
-    siblings = {pid for pid, info in procs.items()
-                if info["pgid"] in leaders and pid not in reasons and leaders[info["pgid"]] > 1
-                and info["ppid"] == leaders[info["pgid"]]}
-    for pid, info in procs.items():
-        if info["pgid"] not in leaders or pid in reasons or pid in siblings:
-            continue
-        if set(procscan.ancestors(pid, procs)[1:]) & siblings:
-            continue
-        add(pid, "left in process group %d of a target" % info["pgid"])
 
 
 def _row(info, why):
@@ -173,4 +160,4 @@ def run(args):
     doc = scan.collect(args)
     out = scan.public(doc)
     out["plan"] = build(doc, args)
-    return 0, out
+    return contract.EXIT_OK, out

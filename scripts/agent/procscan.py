@@ -13,6 +13,7 @@ import ctypes
 import os
 import platform
 import pwd
+import re
 import stat
 
 from . import cgroup, procfs
@@ -25,6 +26,16 @@ _NOT_FILES = ("/dev/", "/proc/", "/sys/", "pipe:", "socket:", "anon_inode:", "/m
 def _read(path, mode="rb"):
     with open(path, mode) as f:
         return f.read()
+
+
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text):
+    """Text safe to show on a terminal: control characters (an escape sequence in a process
+    title could erase "NOT FREE" from the operator's screen) and bidi overrides are written
+    as \\xNN / \\uNNNN. Used for every command line shown; matching uses the raw argv."""
+    return _UNSAFE.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 256 else "\\u%04x" % ord(m.group()), text)
 
 
 def _thread_cmdline(pid, proc):
@@ -53,7 +64,7 @@ def basic(pid, proc=PROC):
         raw = b""
     argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
     stat["argv"] = argv
-    stat["cmdline"] = " ".join(argv) if argv else "[%s]" % stat["comm"]
+    stat["cmdline"] = printable(" ".join(argv) if argv else "[%s]" % stat["comm"])
     try:
         stat["uid"] = os.stat("%s/%d" % (proc, pid)).st_uid
     except FileNotFoundError:
@@ -61,7 +72,9 @@ def basic(pid, proc=PROC):
     return stat
 
 
-_NO_STAT = ("socket:", "pipe:", "anon_inode:", "/proc/", "/sys/")
+# Link texts the kernel makes for fds that are not paths; anything else is stat()-ed, even
+# /proc/... or /sys/...: in the holder's mount namespace a device can be bind-mounted there.
+_NO_STAT = ("socket:[", "pipe:[", "anon_inode:")
 KCMP_FILES = 2
 _KCMP_NR = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "s390x": 343}
 _kcmp_fn = []
@@ -105,7 +118,8 @@ def fd_dirs(pid, threads, proc=PROC):
 
 def held_devices(pid, devset, threads=1, proc=PROC, links=None):
     """(sorted GPU devices this pid holds open, None) or ([], 'permission denied').
-    `links`, when a set, gathers the fd link texts of those devices (what maps show)."""
+    `links`, when a dict, gathers (st_dev, st_ino) -> device of the files opened (a mapping of
+    the same inode is the same device, whatever name it was opened by)."""
     held = set()
     denied = None
     for fd_dir in fd_dirs(pid, threads, proc):
@@ -116,13 +130,17 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
                         text = os.readlink(entry.path)
                         if text.startswith(_NO_STAT):
                             continue
-                        name = devset.identify(os.stat(entry.path))
+                        st = os.stat(entry.path)
+                    except PermissionError:
+                        denied = "permission denied"  # listed, but not readable (no CAP_SYS_PTRACE)
+                        continue
                     except OSError:
                         continue  # closed while we looked
+                    name = devset.identify(st)
                     if name:
                         held.add(name)
                         if links is not None:
-                            links.add(text)
+                            links[(st.st_dev, st.st_ino)] = name
         except PermissionError:
             denied = "permission denied"
         except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
@@ -130,6 +148,26 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
     if denied and not held:
         return [], denied
     return sorted(held), None
+
+
+def _needle(key):
+    dev, ino = key
+    return b" %02x:%02x %d " % (os.major(dev), os.minor(dev), ino)
+
+
+def mapped_by_identity(pid, needles, proc=PROC):
+    """Devices this process maps (a CUDA context maps /dev/nvidia*), by the (dev, inode) that
+    /proc/PID/maps shows for each mapping - not by its path text, so a mapping made through a
+    hard link or under another name still counts, and so does one whose fd was closed.
+    `needles`: {b' MAJ:MIN INODE ': device}. Returns a sorted list, or None if unreadable."""
+    try:
+        with open("%s/%d/maps" % (proc, pid), "rb") as f:
+            data = f.read()
+    except (FileNotFoundError, ProcessLookupError):
+        return []
+    except OSError:
+        return None
+    return sorted({name for needle, name in needles.items() if needle in data})
 
 
 def write_files(pid, proc=PROC):
@@ -153,23 +191,6 @@ def write_files(pid, proc=PROC):
                 out.append(target.replace(" (deleted)", ""))
                 break
     return sorted(set(out))
-
-
-def mapped_devices(pid, devices, proc=PROC):
-    """Device files memory-mapped by the process: a CUDA context maps /dev/nvidia*, while a
-    process that only opened an NVML handle (a monitor) holds the files without mapping them
-    (fuser shows F...m vs F....)."""
-    out = set()
-    try:
-        with open("%s/%d/maps" % (proc, pid)) as f:
-            for line in f:
-                parts = line.split(None, 5)
-                if len(parts) == 6 and parts[5].rstrip("\n") in devices:
-                    path = parts[5].rstrip("\n")
-                    out.add(path)
-    except OSError:
-        return None  # unknown (gone, or not allowed): callers must not treat it as "not mapped"
-    return sorted(out)
 
 
 def real_devices(paths):
@@ -211,7 +232,7 @@ def snapshot(devset, proc=PROC):
     'devices': [paths]}. 'denied' lists processes whose fds could not be read (kernel
     threads, which have none, excepted).
     """
-    procs, holders, denied, links = {}, {}, [], {}
+    procs, holders, denied, keys = {}, {}, [], devset.inode_keys()
     for pid in all_pids(proc):
         info = basic(pid, proc)
         if info is None:
@@ -219,17 +240,49 @@ def snapshot(devset, proc=PROC):
         procs[pid] = info
         if not devset or info["flags"] & PF_KTHREAD:
             continue
-        texts = set()
-        held, problem = held_devices(pid, devset, info["threads"], proc, texts)
+        held, problem = held_devices(pid, devset, info["threads"], proc, keys)
         if problem:
             denied.append(pid)
         elif held:
             holders[pid] = held
-            links[pid] = sorted(texts)
-    return {"procs": procs, "holders": holders, "denied": denied, "devices": list(devset.paths), "links": links}
+    needles = {_needle(k): name for k, name in keys.items()}
+    mapped = {}
+    for pid, info in procs.items():  # mappings: a holder may have closed its fd after mmap
+        if not needles or info["flags"] & PF_KTHREAD or pid in denied:
+            continue
+        names = mapped_by_identity(pid, needles, proc)
+        if names is None:
+            denied.append(pid)
+        elif names:
+            mapped[pid] = names
+            holders[pid] = sorted(set(holders.get(pid, [])) | set(names))
+    hidden = proc_hidden(proc)
+    return {"procs": procs, "holders": holders, "denied": sorted(denied), "devices": list(devset.paths),
+            "mapped": mapped, "hidden": hidden}
 
 
-def detail(info, held, proc=PROC, now_ticks=None, links=None):
+def proc_hidden(proc=PROC):
+    """Why /proc does not show every process to us (mounted hidepid= or subset=pid, and we
+    are not root), or None. Then a holder may be invisible: nothing may be called free."""
+    if os.geteuid() == 0:
+        return None
+    try:
+        with open("%s/self/mountinfo" % proc) as f:
+            for line in f:
+                left, _, right = line.partition(" - ")
+                fields = left.split()
+                if len(fields) > 4 and fields[4] == proc and right.split()[:1] == ["proc"]:
+                    opts = right.split()[-1].split(",")
+                    hide = [o for o in opts if (o.startswith("hidepid=") and o not in ("hidepid=0", "hidepid=off"))
+                            or o == "subset=pid"]
+                    if hide:
+                        return "%s is mounted with %s: other users' processes are invisible" % (proc, ",".join(hide))
+    except OSError:
+        return None
+    return None
+
+
+def detail(info, held, proc=PROC, now_ticks=None, mapped=None):
     """The full per-process record shown to users: add user, age, unit/container, writes."""
     pid = info["pid"]
     cg = cgroup.read(pid, proc)
@@ -239,7 +292,7 @@ def detail(info, held, proc=PROC, now_ticks=None, links=None):
     out["unit"] = cg["unit"]
     out["container"] = cg["container"]
     out["write_files"] = write_files(pid, proc)
-    out["mapped_devices"] = mapped_devices(pid, set(held) | set(links or ()), proc) if held else []
+    out["mapped_devices"] = list(mapped or [])
     if now_ticks is not None:
         out["age_s"] = max(0.0, (now_ticks - info["start_time"]) / clock_ticks())
     return out

@@ -9,7 +9,7 @@ patterns name programs the same way (program.match).
 import os
 import re
 
-from . import program
+from . import contract, program
 
 # Each names a PROGRAM (see program.py): matched whole against its module, script,
 # executable or process title - never against the arguments of another program.
@@ -39,7 +39,6 @@ PROTECTED_NAMES = {
     "systemd": "init/systemd",
 }
 _EXPORTER = re.compile(r"[-_]exporter$")
-_AGENT = re.compile(r"^\S*python[0-9.]* - (ping|scan|verify|plan|teardown)\b.* --marker [0-9a-f]+")
 
 
 def names_of(proc):
@@ -68,7 +67,7 @@ def protect_reason(proc, self_chain, extra_protect=()):
             return "ssh server (%s)" % name
         if _EXPORTER.search(name):
             return "metrics exporter (%s)" % name
-    if _AGENT.match(cmdline):
+    if contract.agent_call(proc.get("argv") or []):  # e.g. another operator's scan: it holds NVML handles
         return "another gpu-pivot agent"
     for pattern in extra_protect:
         if re.search(pattern, cmdline):

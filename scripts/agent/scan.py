@@ -1,16 +1,17 @@
-"""Who holds each GPU: /proc device holders merged with NVML's compute processes."""
+"""Who holds each GPU: /proc device holders merged with NVML's compute processes.
+
+Exit 6 (contract.EXIT_UNINSPECTED) when some process's fds could not be read: a holder
+among them would be unseen, so nothing may be called free.
+"""
 import os
 import socket
 import time
 
-from . import devices, gpuinfo, options, procscan, rules
-
-
-EXIT_UNINSPECTED = 6  # some process's fds could not be read: nothing may be called free
+from . import contract, devices, gpuinfo, procscan, rules
 
 
 def add_arguments(parser):
-    options.add_selection(parser)
+    pass  # the selection flags only (cli.py adds them)
 
 
 def device_set(args):
@@ -44,11 +45,17 @@ def collect(args, source=None):
     now = procfs_now_ticks()
     holders = []
     for pid in sorted(holder_pids):
-        rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now, links=snap["links"].get(pid))
+        rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now, mapped=snap["mapped"].get(pid))
         rec["gpu_mib"] = gpu_mib.get(pid, {})
         rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _nvml_only(rec)
         holders.append(rec)
     related = _related(procs, holder_pids, chain | {me})
+    # A protected process (never signalled) whose fds we cannot read cannot block FREE: a
+    # CUDA context in it would still show in NVML's compute processes. Any other unreadable
+    # process might be a holder we cannot see: it blocks FREE (exit 6).
+    denied, denied_protected = [], []
+    for pid in snap["denied"]:
+        (denied_protected if rules.protect_reason(procs[pid], chain, args.protect) else denied).append(pid)
     return {
         "hostname": socket.gethostname(),
         "devices_glob": args.devices,
@@ -59,7 +66,9 @@ def collect(args, source=None):
         "holders": holders,
         "related": related,
         "foreign_gpu_pids": foreign,
-        "denied": snap["denied"],
+        "denied": denied,
+        "denied_protected": denied_protected,
+        "proc_hidden": snap["hidden"],
         "processes_scanned": len(procs),
         "scan_ms": round((time.monotonic() - started) * 1000, 2),
         "_procs": procs,
@@ -105,4 +114,4 @@ def run(args):
 
     doc = public(collect(args))
     doc["last_teardown"] = lastrun.load_summary()
-    return (EXIT_UNINSPECTED if doc["denied"] else 0), doc
+    return (contract.EXIT_UNINSPECTED if doc["denied"] or doc["proc_hidden"] else contract.EXIT_OK), doc

@@ -1,8 +1,9 @@
-"""Parse nvidia-smi: the --query CSV (what the agent uses) and the human table (pasted).
+"""Parse nvidia-smi's --query CSV: the agent's GPU memory source where NVML is missing.
 
 Why not grep: `nvidia-smi | grep "0MiB" | wc -l` counts every line containing "0MiB",
 and on a loaded H200 the per-process rows read "21090MiB": 4 "free" GPUs on one full GPU.
-Here a GPU is free only when its own memory row reads 0 MiB used and no process is on it.
+Here a GPU's memory comes from its own CSV row, and each process from its own. (The human
+table's parser, for pasted output and the captures, is test-only: tests/parsers/smi_table.py.)
 """
 import re
 
@@ -59,34 +60,3 @@ def query_compute_apps(text):
         apps.append({"gpu_uuid": cells[0], "pid": int(cells[1]), "name": ", ".join(cells[2:-1]),
                      "used_mib": _number(cells[-1])})
     return apps
-
-
-_TABLE_GPU = re.compile(r"^\|\s+(\d+)\s+(.+?)\s+(?:On|Off)\s+\|")
-_TABLE_MEM = re.compile(r"(\d+)MiB\s*/\s*(\d+)MiB")
-_TABLE_PROC = re.compile(r"^\|\s+(\d+)\s+\S+\s+\S+\s+(\d+)\s+(\S+)\s+(.+?)\s+(\d+)MiB\s*\|$")
-
-
-def table(text):
-    """The human `nvidia-smi` table -> {'gpus': [...], 'processes': [...], 'free': [indexes]}.
-
-    For pasted output only: the agent itself reads the CSV queries or NVML.
-    """
-    gpus, procs, pending = [], [], None
-    for line in text.splitlines():
-        m = _TABLE_GPU.match(line)
-        if m:
-            pending = {"index": int(m.group(1)), "name": m.group(2).strip()}
-            continue
-        m = _TABLE_MEM.search(line)
-        if pending is not None and m:
-            pending.update(used_mib=int(m.group(1)), total_mib=int(m.group(2)))
-            gpus.append(pending)
-            pending = None
-            continue
-        m = _TABLE_PROC.match(line.rstrip())
-        if m:
-            procs.append({"gpu": int(m.group(1)), "pid": int(m.group(2)), "type": m.group(3),
-                          "name": m.group(4).strip(), "used_mib": int(m.group(5))})
-    busy = {p["gpu"] for p in procs}
-    free = [g["index"] for g in gpus if g["used_mib"] == 0 and g["index"] not in busy]
-    return {"gpus": gpus, "processes": procs, "free": free}

@@ -47,7 +47,7 @@ class StateFileError(StateDirError):
 # -- directories --------------------------------------------------------------------
 
 
-def _problem_with_dir(st, euid):
+def _problem_with_dir(st, euid, env=RUN_DIR_ENV):
     """Why a directory's lstat makes it unusable to us, or None."""
     if stat.S_ISLNK(st.st_mode):
         return "is a symlink; refusing to follow it"
@@ -55,7 +55,7 @@ def _problem_with_dir(st, euid):
         return "exists and is not a directory"
     if st.st_uid != euid:
         return "owned by uid %d, not by us (uid %d); refusing to use it (remove it or choose another " \
-               "directory with %s)" % (st.st_uid, euid, RUN_DIR_ENV)
+               "directory with %s)" % (st.st_uid, euid, env)
     if st.st_mode & 0o022:
         return "writable by group or others (mode %04o); refusing to use it (chmod 700 it or remove it)" \
                % stat.S_IMODE(st.st_mode)
@@ -71,7 +71,7 @@ def is_private(path):
     return _problem_with_dir(st, os.geteuid()) is None
 
 
-def private_dir(path, parents=False):
+def private_dir(path, parents=False, env=RUN_DIR_ENV):
     """Create `path` 0700, or check the existing one; return it. Raises StateDirError.
 
     Only the last component is created (mkdir, not makedirs): a missing parent is an
@@ -99,7 +99,7 @@ def private_dir(path, parents=False):
     finally:
         if fd is not None:
             os.close(fd)
-    problem = _problem_with_dir(st, euid)
+    problem = _problem_with_dir(st, euid, env)
     if problem:
         raise StateDirError(path, problem)
     return path

@@ -105,8 +105,10 @@ class Targets:
         return new
 
     def _by_parentage(self, procs):
-        """Processes whose parent chain reaches a live target, or that sit in a process
-        group a target leads (a double fork without setsid keeps it)."""
+        """Processes whose parent chain reaches a live target, or that sit in a session a
+        target leads (a double fork without setsid keeps the session; every member of a
+        session descends from its leader). Not a process group: a shell puts pipeline
+        siblings (`torchrun | tee log`) in the server's group, and what they start is not ours."""
         live = {t["pid"]: t for t in self.items if t["pid"] in procs and procs[t["pid"]]["start_time"] == t["start_time"]}
         out = {}
         for pid, info in procs.items():
@@ -114,8 +116,8 @@ class Targets:
                 continue
             chain = procscan.ancestors(pid, procs)[1:]
             parent = next((p for p in chain if p in live), None)
-            if parent is None and info["pgid"] in live and info["pgid"] != pid:
-                parent = info["pgid"]
+            if parent is None and info["sid"] in live and info["sid"] != pid:
+                parent = info["sid"]
             if parent is not None:
                 out[(pid, info["start_time"])] = parent
         return out

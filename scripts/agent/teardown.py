@@ -1,6 +1,6 @@
 """Free the GPUs: lock, plan, SIGTERM all targets at once, KILL after grace, verify, settle, record.
 
-Why this order (see DESIGN.md): every target gets SIGTERM in the same instant so a server
+Why this order: every target gets SIGTERM in the same instant so a server
 and its workers shut down together (signalling only the parent leaves workers holding
 memory); polling every 50 ms ends the wait the moment they are gone, instead of a fixed
 sleep; SIGKILL only what outlives the grace period. Signals go through a pidfd, or after
@@ -22,17 +22,12 @@ import socket
 import subprocess
 import time
 
-from . import gpuinfo, hostlock, lastrun, options, plan, procfs, scan, settle, verify
+from . import contract, forkwatch, gpuinfo, hostlock, lastrun, options, plan, procfs, scan, settle, verify
 from .auditlog import Audit
 from .targets import Targets
 
-try:
-    from . import forkwatch
-except ImportError:  # pragma: no cover - older bundles
-    forkwatch = None
-
-EXIT_FREE, EXIT_NOT_FREE, EXIT_STATE, EXIT_LOCKED = 0, 1, 3, 4
 SETTLE_S = 2.0
+MAX_WAIT_S = 3600  # no teardown waits longer than an hour for anything: a typo must not hold the lock for days
 PROGRESS_EVERY_S = 0.5
 
 
@@ -40,7 +35,8 @@ def add_arguments(parser):
     plan.add_arguments(parser)
     options.add_threshold(parser)
     parser.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
-    parser.add_argument("--timeout", type=float, default=60.0, help="seconds to wait for the GPUs to be free after that")
+    parser.add_argument("--timeout", type=float, default=60.0,
+                        help="seconds to wait for the GPUs to be free after that")
     parser.add_argument("--wait-lock", type=float, default=0.0, help="wait this long for another teardown's lock")
     parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
     parser.add_argument("--approved", default=None, metavar="PID:START,...",
@@ -55,6 +51,8 @@ def parse_approved(text):
     out = set()
     for item in filter(None, text.split(",")):
         pid, _, start = item.partition(":")
+        if not (pid.isdigit() and start.isdigit()):
+            raise options.UsageError("--approved %r: expected PID:START[,PID:START...], got %r" % (text[:80], item[:40]))
         out.add((int(pid), int(start)))
     return out
 
@@ -67,11 +65,6 @@ def _mib_left(source):
         return gpuinfo.total_used_mib(source.read())
     except Exception:  # a failing driver query must not stop a teardown halfway
         return None
-
-
-def signal_all(targets, sig, audit, name):
-    """Signal a fixed list (phase stop); the teardown itself uses targets.Targets."""
-    Targets(targets, audit).signal(targets, sig, name)
 
 
 def _stop_units(the_plan, audit, targets_by_pid):
@@ -131,8 +124,6 @@ def stuck_report(alive, doc):
 
 
 def _start_watch(planned):
-    if forkwatch is None:
-        return None
     try:
         return forkwatch.ForkWatch.start([(t["pid"], t["start_time"]) for t in planned])
     except Exception:  # the watch is an aid: /proc parentage still works without it
@@ -155,7 +146,7 @@ class Recorder:
 def execute(args, operator):
     started = time.monotonic()
     source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
-    record = {"started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "operator": operator, "state": "running",
+    record = {"started": time.strftime(contract.TIME_FORMAT), "operator": operator, "state": "running",
               "host": socket.gethostname(), "exit_code": None, "agent": lastrun.agent_identity()}
     recorder = Recorder()
     watch = None
@@ -192,9 +183,9 @@ def execute(args, operator):
             mib_left=gpuinfo.total_used_mib(d["gpus"])))
         after, free, problems = result["doc"], result["free"], result["problems"]
         alive = targets.alive()
-        code = EXIT_FREE if free else verify.exit_code(after, free, args.max_used_mib)
+        code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
         if targets.failed:
-            code = EXIT_NOT_FREE
+            code = contract.EXIT_NOT_FREE
         record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
                       after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
                       still_holding=[] if free else verify.still_holding(after),
@@ -204,7 +195,7 @@ def execute(args, operator):
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=args.settle,
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"], hostlock.concurrent_teardowns()),
-                      finished=time.strftime("%Y-%m-%dT%H:%M:%S%z"))
+                      finished=time.strftime(contract.TIME_FORMAT))
         out = _result(record, scan.public(after), started)
         recorder.save(out)
         out["record_errors"] = recorder.errors + list(getattr(audit, "write_errors", []))
@@ -234,17 +225,24 @@ def run(args):
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # writes to a dead pipe fail quietly instead
     operator = args.operator or "%s@%s" % (getpass.getuser(), socket.gethostname())
     scan.device_set(args)  # a bad device glob is bad input: exit 2 before anything
+    parse_approved(args.approved)
+    for flag in ("grace", "timeout", "settle", "wait_lock"):
+        value = getattr(args, flag)
+        if not 0 <= value <= MAX_WAIT_S:  # also refuses nan
+            raise options.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
+                                                                                 MAX_WAIT_S))
     try:
         lastrun.preflight()
     except OSError as exc:
-        return EXIT_STATE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
+        return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
                             "verdict": "not started: nothing was signalled"}
     try:
         fd = hostlock.acquire(operator, args.wait_lock)
     except hostlock.Locked as exc:
-        return EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc), "hostname": socket.gethostname()}
+        return contract.EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc),
+                                      "hostname": socket.gethostname()}
     except OSError as exc:  # the lock file itself refused (a link, not ours): like an unusable state dir
-        return EXIT_STATE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
+        return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
                             "verdict": "not started: nothing was signalled"}
     try:
         return execute(args, operator)

@@ -4,20 +4,18 @@
 reserved memory) <= --max-used-mib; no non-protected process holds a device (a persistence
 daemon or monitor may keep its handle, but not a CUDA context); and every process could
 be inspected. A scan that could not read some process's fds (not root) cannot know they
-hold nothing, so it never says free: exit 6 (EXIT_UNINSPECTED) says "run as root".
+hold nothing, so it never says free: exit 6 (contract.EXIT_UNINSPECTED) says "run as root".
 With --wait S it polls every 50 ms until free or S seconds pass, then says exactly what
 still holds each GPU.
 """
 import time
 
-from . import gpuinfo, options, scan
+from . import contract, gpuinfo, options, scan
 
 POLL_S = 0.05
-EXIT_FREE, EXIT_NOT_FREE, EXIT_UNINSPECTED = 0, 1, 6
 
 
 def add_arguments(parser):
-    options.add_selection(parser)
     options.add_threshold(parser)
     parser.add_argument("--wait", type=float, default=0.0, help="poll up to this many seconds for the GPUs to be free")
 
@@ -45,6 +43,8 @@ def evaluate(doc, max_used_mib):
                 h["pid"], h["cmdline"][:80], h["protected"], ", ".join(h["devices"]) or "the GPU"))
     if doc.get("denied"):
         problems.append(uninspected_problem(doc["denied"]))
+    if doc.get("proc_hidden"):
+        problems.append("%s, so a holder may be unseen and nothing is called free: run as root" % doc["proc_hidden"])
     return not problems, problems
 
 
@@ -57,9 +57,10 @@ def uninspected_problem(denied):
 def exit_code(doc, free, max_used_mib):
     """0 free; 6 when the only thing in the way is processes that could not be inspected; else 1."""
     if free:
-        return EXIT_FREE
-    _, problems = evaluate(dict(doc, denied=[]), max_used_mib)
-    return EXIT_UNINSPECTED if doc.get("denied") and not problems else EXIT_NOT_FREE
+        return contract.EXIT_OK
+    _, problems = evaluate(dict(doc, denied=[], proc_hidden=None), max_used_mib)
+    uninspected = doc.get("denied") or doc.get("proc_hidden")
+    return contract.EXIT_UNINSPECTED if uninspected and not problems else contract.EXIT_NOT_FREE
 
 
 def still_holding(doc):

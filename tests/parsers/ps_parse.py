@@ -1,8 +1,9 @@
-"""Parse `ps -eo pid,ppid,pgid,sid,stat,comm,args [--forest]` output.
+"""Parse `ps -eo pid,ppid,pgid,sid,stat,comm,args [--forest]` output (test-only).
 
-Why: the shell-only teardown (hosts without python3) reports the process rows it acted on
-with this ps format, and pasted `ps --forest` output is how operators share a tree. The
-two COMMAND columns are split by the header's offsets; the forest art is removed.
+Why: the capture of a loaded H200's process tree (tests/fixtures/.../ps-tree-loaded.txt)
+is read with it, to pin down the tree shape (a holder and its spawned workers in one
+process group) that the agent's own /proc scan must handle. The two COMMAND columns are
+split by the header's offsets; the forest art is removed. gpu-pivot itself never runs ps.
 """
 import re
 

@@ -1,43 +1,21 @@
-"""Parse psmisc `fuser` output: PIDs on stdout, file names and access letters on stderr.
+"""Parse psmisc `fuser` output beyond the PID list: file names and access letters (stderr).
 
-Why a parser: fuser prints each PID once per device file, space-padded and with no final
-newline, so whatever prints next is glued to the last PID (`803rc=0` in the fixtures,
-`1649750` and `3653done` in the seeds). We never guess where a glued PID ends: the caller
-marks the end of fuser's stdout (e.g. prints a marker right after it) and passes it as
-`end`; text that is not a PID is an error that names it.
+Test-only: tests/test_scan.py cross-checks the agent's /proc scan against a real `fuser -v`,
+and tests/test_parsers.py reads the H200 captures. The agent never runs fuser, so this does
+not ship in its bundle; the PID list reader the local side needs is scripts/fuser_parse.py.
 """
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any
+
+from scripts.fuser_parse import FuserParseError, pids
+
+__all__ = ["FuserParseError", "pids", "plain", "plain_files", "verbose"]
 
 # stderr of `fuser -v`: the PID column goes to stdout, so a row is [FILE:] USER ACCESS COMMAND
 # (or [FILE:] USER kernel ... for a mount, which has no PID on stdout).
 _VERBOSE_ROW = re.compile(r"^(?:(?P<file>\S.*?):)?\s+(?P<user>\S+)\s+(?P<access>\S+)\s+(?P<command>.*)$")
-
-
 _FILE_ONLY = re.compile(r"^\S.*:\s*$")
 _WARNINGS = ("Cannot ", "Specified filename", "No such")
-
-
-class FuserParseError(ValueError):
-    pass
-
-
-def pids(stdout, end=None):
-    """PIDs in first-seen order, each once. `end`: where fuser's output stops in `stdout`."""
-    if end is not None:
-        cut = stdout.find(end)
-        if cut < 0:
-            raise FuserParseError("end marker %r not found in fuser output" % end)
-        stdout = stdout[:cut]
-    out = []
-    for token in stdout.split():
-        if not token.isdigit():
-            raise FuserParseError("unexpected text %r in fuser's PID list (is other output glued on? pass end=)"
-                                  % token)
-        pid = int(token)
-        if pid not in out:
-            out.append(pid)
-    return out
 
 
 def _pid_sequence(stdout, end):
@@ -71,16 +49,16 @@ def plain(stdout, stderr, end=None):
     """
     seq = _pid_sequence(stdout, end)
     files = plain_files(stderr)
-    runs: List[List[int]] = []
+    runs: list[list[int]] = []
     for pid in seq:
         if runs and pid > runs[-1][-1]:
             runs[-1].append(pid)
         else:
             runs.append([pid])
-    holders: Optional[Dict[int, List[str]]] = None
+    holders: dict[int, list[str]] | None = None
     if files and len(runs) == len(files):
         holders = {}
-        for (name, _), run in zip(files, runs):
+        for (name, _), run in zip(files, runs, strict=True):
             for pid in run:
                 holders.setdefault(pid, []).append(name)
     return {"pids": pids(stdout, end), "files": files, "holders": holders}
@@ -92,7 +70,7 @@ def verbose(stdout, stderr, end=None):
     Returns {'pids': [...], 'rows': [{file, user, pid, access, command}], 'holders': {pid: [files]}}.
     """
     seq = _pid_sequence(stdout, end)
-    rows: List[Dict[str, Any]] = []
+    rows: list[dict[str, Any]] = []
     current, pid_iter, warnings = None, iter(seq), []
     for line in stderr.splitlines():
         if not line.strip() or line.strip().startswith("USER"):
@@ -114,7 +92,7 @@ def verbose(stdout, stderr, end=None):
                      "access": m.group("access"), "command": m.group("command").strip()})
     if len(rows) != len(seq):
         raise FuserParseError("fuser -v rows (%d) do not match the PIDs on stdout (%d)" % (len(rows), len(seq)))
-    holders: Dict[int, List[str]] = {}
+    holders: dict[int, list[str]] = {}
     for r in rows:
         holders.setdefault(r["pid"], []).append(r["file"])
     return {"pids": pids(stdout, end), "rows": rows, "holders": holders, "warnings": warnings}

@@ -1,0 +1,515 @@
+"""What crosses the wire between the local side and the agent, defined once for both.
+
+Why one module: the agent runs on the GPU host from a bundle sent on stdin, the local side
+on the operator's machine; they agree on the agent's argv (subcommands, the flags each
+takes, the nonce), the marker lines around the result, the progress lines, the phase spec,
+the exit codes and the shape of every result. Each side imports only this module from the
+other: the agent imports nothing of the local side, and the local side imports nothing of
+scripts/agent but this (tests/test_layers.py keeps it so). The local side reads every
+result through the records at the end of this file, one reader per result type, so a key
+the agent renames fails in one place, loudly (ContractError), instead of as a KeyError in
+a view.
+
+Standard library only, Python 3.8 syntax: it ships in the agent bundle.
+"""
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+from typing import Any
+
+# Shared primitives, re-exported for the local side. Both sides must apply the SAME checks:
+# statedir makes and checks private state directories and files (the agent's run dir on the
+# host; the local audit log, ssh ControlPath and sandbox directories here), and procfs
+# identifies a process by pid + start time and signals it only if it is still that one (the
+# agent's targets; the sandbox's processes here). A second copy on the local side would drift.
+from . import procfs, statedir  # noqa: F401  (re-exported)
+
+# -- exit codes ----------------------------------------------------------------------------------
+
+EXIT_OK = 0
+EXIT_NOT_FREE = 1
+EXIT_USAGE = 2
+EXIT_UNREACHABLE = 3
+EXIT_LOCKED = 4
+EXIT_GATE = 5
+EXIT_UNINSPECTED = 6
+EXIT_INTERRUPTED = 130
+EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
+
+# (code, name, meaning): the one table the README, the task docstrings and both sides follow.
+EXIT_CODES = (
+    (EXIT_OK, "ok", "done; for teardown and verify: every GPU free, verified"),
+    (EXIT_NOT_FREE, "not-free", "done but not free (or not ready, rolled back, a prep job failed, aborted)"),
+    (EXIT_USAGE, "usage", "bad input: one line names the bad value; nothing ran"),
+    (EXIT_UNREACHABLE, "unreachable", "host unreachable, the agent failed there, or a state directory is unusable"),
+    (EXIT_LOCKED, "locked", "another teardown holds the host's lock"),
+    (EXIT_GATE, "gate-failed", "a pivot gate or the launch lint blocked the start: nothing started"),
+    (EXIT_UNINSPECTED, "uninspected", "not every process could be inspected (run as root): never called free"),
+    (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),
+)
+
+
+def exit_name(code):
+    """'locked' for 4; 'exit N' for a code outside the table (e.g. a remote command's own)."""
+    for number, name, _ in EXIT_CODES:
+        if number == code:
+            return name
+    return "exit %s" % code
+
+
+# -- defaults both sides use ---------------------------------------------------------------------
+
+DEVICE_GLOB = "/dev/nvidia*"          # the GPU device files, when a host names none
+TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # audit records, last.json, pivot records: ISO 8601 with offset
+
+# -- subcommands and their flags -----------------------------------------------------------------
+
+STDIN = "-"  # the agent's source comes on stdin: `python3 - SUBCOMMAND ...`
+
+# Every subcommand takes these (the transport sends the first ones; --json is for people).
+COMMON_FLAGS = ("--marker", "--json", "--progress", "--devices", "--fake-devices", "--run-dir")
+# What the host's configuration selects (targets, protect list, scope); only SELECTING take them.
+SELECTION_FLAGS = ("--protect", "--target", "--match", "--fake-gpus", "--scope", "--scope-uid")
+SELECTING = ("scan", "verify", "plan", "teardown", "lint")
+SPEC_FLAG = "--spec"
+
+# Each subcommand and its own flags (beyond COMMON_FLAGS, and SELECTION_FLAGS for SELECTING).
+# The agent's parser is built in this order; tests/test_contract.py checks it has exactly these.
+SUBCOMMANDS = {
+    "ping": (),
+    "scan": (),
+    "verify": ("--max-used-mib", "--wait"),
+    "plan": ("--only-matching", "--disable"),
+    "teardown": ("--only-matching", "--disable", "--max-used-mib", "--grace", "--timeout", "--wait-lock",
+                 "--operator", "--approved", "--settle"),
+    "phase-start": (SPEC_FLAG,),
+    "phase-ready": (SPEC_FLAG, "--wait"),
+    "phase-stop": (SPEC_FLAG, "--operator"),
+    "phase-logs": (SPEC_FLAG, "--lines", "--follow"),
+    "smoke": (SPEC_FLAG,),
+    "drain": ("--url", "--timeout"),
+    "gates": (SPEC_FLAG,),
+    "lint": ("--max-used-mib", "--argv", "--gpus"),
+    "deploy": (SPEC_FLAG, "--action"),
+}
+
+
+def new_nonce():
+    """16 hex digits, fresh per call: what the result's marker lines carry."""
+    return binascii.hexlify(os.urandom(8)).decode()
+
+
+def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, run_dir=None, fake_devices=False,
+               targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None, args=()):
+    """The agent's argv on the host: `PYTHON - SUBCOMMAND --devices GLOB --marker NONCE ...`.
+
+    The selection (targets, protect, fake_gpus, scope, scope_uid) goes only to the
+    subcommands that take it. `args` are the subcommand's own flags, as given.
+    """
+    if subcommand not in SUBCOMMANDS:
+        raise ValueError("unknown agent subcommand %r" % subcommand)
+    argv = [python, STDIN, subcommand, "--devices", devices, "--marker", nonce]
+    if progress:
+        argv.append("--progress")
+    if run_dir:
+        argv += ["--run-dir", run_dir]
+    if fake_devices:
+        argv.append("--fake-devices")
+    if subcommand in SELECTING:
+        for pattern in targets:
+            argv += ["--target", pattern]
+        for pattern in protect:
+            argv += ["--protect", pattern]
+        if fake_gpus:
+            argv += ["--fake-gpus", fake_gpus]
+        if scope:
+            argv += ["--scope", scope]
+        if scope_uid is not None:
+            argv += ["--scope-uid", str(scope_uid)]
+    return argv + [str(a) for a in args]
+
+
+def agent_call(argv):
+    """The subcommand of an argv shaped as agent_argv() makes it, or None.
+
+    What the agent uses to know another gpu-pivot agent when it sees one in /proc (to protect
+    it, or to find another user's teardown): interpreter `pythonX.Y`, `-`, a known
+    subcommand, and `--marker` followed by a hex nonce.
+    """
+    if len(argv) < 5 or argv[1] != STDIN or argv[2] not in SUBCOMMANDS:
+        return None
+    exe = os.path.basename(argv[0])
+    if not (exe.startswith("python") and all(c.isdigit() or c == "." for c in exe[len("python"):])):
+        return None
+    for i, word in enumerate(argv[:-1]):
+        if word == "--marker":
+            nonce = argv[i + 1]
+            return argv[2] if nonce and all(c in "0123456789abcdef" for c in nonce) else None
+    return None
+
+
+# -- the result's marker lines -------------------------------------------------------------------
+# Login shells print MOTDs and rc-file noise on stdout. The local side keeps only what lies
+# between `begin` and `end` lines carrying a nonce it chose, so noise (or a process printing
+# a fake marker) cannot be mistaken for the result.
+
+MARKER_PREFIX = "=====gpu-pivot-result"
+
+
+def begin(nonce):
+    return "%s %s begin=====" % (MARKER_PREFIX, nonce)
+
+
+def end(nonce):
+    return "%s %s end=====" % (MARKER_PREFIX, nonce)
+
+
+def frame(nonce, text):
+    """The result as the agent prints it: begin line, the JSON text, end line."""
+    return "\n".join([begin(nonce), text, end(nonce)]) + "\n"
+
+
+class MarkerError(ValueError):
+    """The output had no well-formed result block."""
+
+
+def extract(text, nonce):
+    """The text between this nonce's marker lines; MarkerError when absent or unclosed."""
+    lines = text.splitlines()
+    b, e = begin(nonce), end(nonce)
+    try:
+        start = lines.index(b)
+    except ValueError:
+        raise MarkerError("no result marker in the agent's output") from None
+    try:
+        stop = lines.index(e, start + 1)
+    except ValueError:
+        raise MarkerError("the agent's result was cut off (begin marker without end marker)") from None
+    return "\n".join(lines[start + 1:stop])
+
+
+# -- progress lines ------------------------------------------------------------------------------
+# With --progress the agent prints these on stdout before its result, one JSON object per
+# line, so the local side can show a teardown or a wait while it runs.
+
+PROGRESS_PREFIX = "gpu-pivot-progress "
+
+
+def progress_line(fields):
+    return PROGRESS_PREFIX + json.dumps(fields, sort_keys=True) + "\n"
+
+
+def parse_progress(line):
+    """The fields of a progress line, or None when the line is not one (it is output then)."""
+    if not line.startswith(PROGRESS_PREFIX):
+        return None
+    try:
+        fields = json.loads(line[len(PROGRESS_PREFIX):])
+    except ValueError:
+        return None
+    return fields if isinstance(fields, dict) else None
+
+
+# -- the phase spec ------------------------------------------------------------------------------
+# A phase travels as base64 of its JSON: one argv word, nothing for any shell layer to
+# re-parse, whatever its commands hold.
+
+
+def encode_spec(spec):
+    return base64.b64encode(json.dumps(spec, sort_keys=True).encode()).decode()
+
+
+def decode_spec(text):
+    return json.loads(base64.b64decode(text.encode()).decode())
+
+
+def spec_args(spec):
+    return [SPEC_FLAG, encode_spec(spec)]
+
+
+# -- results ------------------------------------------------------------------------------------
+# Every result is one JSON object with "command" and "exit_code"; a bad flag gives
+# {"usage_error": TEXT} and exit 2 instead. The records below are how the local side reads
+# each kind (read(), below): a field without a default is required (a result without it is a
+# ContractError naming the key); the others take their default when the key is absent or
+# null. Lists of rows (GPUs, holders, plan targets, actions) stay lists of dicts: one view
+# renders each kind of row.
+
+USAGE_ERROR = "usage_error"
+
+
+class ContractError(ValueError):
+    """An agent result without a key the contract requires (the agent and this module disagree)."""
+
+
+def _need(doc, key, command):
+    try:
+        return doc[key]
+    except KeyError:
+        raise ContractError("the agent's %s result has no %r" % (command, key)) from None
+
+
+def _fields(cls, code, doc, command, skip=()):
+    """The keyword arguments of record `cls` read from `doc` (see the rule above)."""
+    kw = {}
+    for name in cls.field_names():
+        if name == "code":
+            kw[name] = code
+        elif name in skip:
+            continue
+        elif not hasattr(cls, name):  # no default: required
+            kw[name] = _need(doc, name, command)
+        elif doc.get(name) is not None:
+            kw[name] = doc[name]
+    return kw
+
+
+class Record:
+    """A result record: its fields are the class's annotations, in order; a field without a
+    class-level default is required. Read-only once made; a list or dict default is copied.
+
+    Why not dataclasses: the agent imports this module on every call and never makes a
+    record, and creating fifteen dataclasses costs it about 15 ms each time.
+    """
+
+    def __init__(self, **values):
+        for name in self.field_names():
+            if name in values:
+                value = values.pop(name)
+            elif hasattr(type(self), name):
+                value = getattr(type(self), name)
+                value = type(value)(value) if isinstance(value, (list, dict)) else value
+            else:
+                raise TypeError("%s: %r is required" % (type(self).__name__, name))
+            object.__setattr__(self, name, value)
+        if values:
+            raise TypeError("%s has no field %s" % (type(self).__name__, ", ".join(sorted(values))))
+
+    @classmethod
+    def field_names(cls):
+        return list(cls.__annotations__)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("%s is read-only" % type(self).__name__)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and its lists are mutable
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % item for item in vars(self).items()))
+
+
+class PingResult(Record):
+    hostname: str
+    pid: int
+    uid: int
+    python: str
+    nvml: bool
+    nvidia_smi: str | None
+    fuser: str | None
+    devices: list[str]
+    code: int = EXIT_OK
+
+
+class ScanResult(Record):
+    """gpus: [{index, name, used_mib, reserved_mib, total_mib, processes: [{pid, used_mib}]}];
+    holders: [{pid, user, state, cmdline, devices, gpu_mib, protected, unit, container, ...}]."""
+
+    hostname: str
+    gpus: list[dict[str, Any]]
+    holders: list[dict[str, Any]]
+    gpu_source: str
+    gpu_source_tried: list[str] = []
+    devices_glob: str | None = None
+    devices: list[str] = []
+    denied: list[int] = []  # pids whose fds could not be read: nothing is called free
+    denied_protected: list[int] = []  # the same, but protected: they cannot block FREE
+    proc_hidden: str | None = None  # why /proc hides processes from this user (hidepid), if it does
+    foreign_gpu_pids: list[dict[str, Any]] = []
+    last_teardown: dict[str, Any] | None = None
+    code: int = EXIT_OK
+
+
+class VerifyResult(Record):
+    scan: ScanResult  # the same document, read as a scan
+    free: bool
+    problems: list[str]
+    still_holding: list[dict[str, Any]] = []
+    waited_s: float = 0.0
+    code: int = EXIT_OK
+
+
+class Plan(Record):
+    """targets, protected, left_alone: rows {pid, start_time, state, cmdline, reason, gpu_mib, via, ...}."""
+
+    targets: list[dict[str, Any]]
+    protected: list[dict[str, Any]]
+    left_alone: list[dict[str, Any]] = []
+    will_free_mib: int = 0
+    units: list[dict[str, Any]] = []
+    writing: list[dict[str, Any]] = []
+    scope: dict[str, Any] = {}
+    rules: list[str] = []
+
+    def approved(self):
+        """The targets as `--approved PID:START,...` takes them (what the operator saw)."""
+        return ",".join("%s:%s" % (t["pid"], t["start_time"]) for t in self.targets)
+
+
+class PlanResult(Record):
+    scan: ScanResult
+    plan: Plan
+    code: int = EXIT_OK
+
+
+class TeardownResult(Record):
+    """Not started (state_error: nothing signalled), locked (error says by whom), or run."""
+
+    code: int
+    hostname: str | None = None
+    locked: bool = False
+    error: str | None = None
+    state_error: str | None = None
+    plan: Plan | None = None  # None when it did not run
+    before: list[dict[str, Any]] = []  # GPU rows, as ScanResult.gpus
+    after: list[dict[str, Any]] = []
+    gpu_source: str | None = None
+    actions: list[dict[str, Any]] = []  # audit records {signal, pid, result, cmdline}
+    problems: list[str] = []
+    still_holding: list[dict[str, Any]] = []
+    freed_mib: int = 0
+    signalled: int = 0
+    wall_s: float = 0.0
+    free_at_s: float | None = None
+    settled_at_s: float | None = None
+    settle_s: float = 0.0
+    unapproved: list[dict[str, Any]] = []
+    adopted: list[dict[str, Any]] = []
+    signal_failures: list[dict[str, Any]] = []
+    appeared: list[dict[str, Any]] = []
+    stuck: list[dict[str, Any]] = []
+    concurrent_teardowns: list[dict[str, Any]] = []
+    record_errors: list[str] = []
+
+    @property
+    def ran(self):
+        """False when nothing was signalled because it never started (locked, state dir refused)."""
+        return self.plan is not None
+
+
+class StartResult(Record):
+    """state: {how: 'systemd-run', unit} or {how: 'setsid', pid, start_time, log}."""
+
+    started: bool
+    state: dict[str, Any] | None = None
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class ReadyResult(Record):
+    """prep: [{cmd, pid, exit, status}], the phase's preparation jobs."""
+
+    ready: bool
+    detail: str = ""
+    waited_s: float = 0.0
+    log_tail: list[str] = []
+    prep: list[dict[str, Any]] = []
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class StopResult(Record):
+    stopped: list[Any]
+    left: list[int] = []
+    note: str | None = None
+    actions: list[dict[str, Any]] = []
+    code: int = EXIT_OK
+
+
+class LogsResult(Record):
+    lines: list[str] = []
+    where: str | None = None
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class SmokeResult(Record):
+    ok: bool
+    status: int | None = None
+    body: str = ""
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class DrainResult(Record):
+    drained: bool
+    waited_s: float
+    running: float | None = None
+    note: str | None = None
+    code: int = EXIT_OK
+
+
+class GatesResult(Record):
+    passed: bool
+    gates: list[dict[str, Any]]  # [{gate, ok, detail}]
+    code: int = EXIT_OK
+
+
+class DeployResult(Record):
+    ok: bool
+    files: list[str]
+    detail: str
+    action: str
+    code: int = EXIT_OK
+
+
+class LintResult(Record):
+    findings: list[dict[str, str]]  # [{check, message}]
+    gpus_visible: int
+    code: int = EXIT_OK
+
+
+RESULTS = {
+    "ping": PingResult, "scan": ScanResult, "verify": VerifyResult, "plan": PlanResult,
+    "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
+    "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
+    "gates": GatesResult, "lint": LintResult, "deploy": DeployResult,
+}
+
+
+def read_plan(doc, command="plan"):
+    """A plan (the "plan" object of a plan or teardown result) as a Plan."""
+    return Plan(**_fields(Plan, None, doc, command))
+
+
+def read_document(doc):
+    """The record of a whole result document as the agent printed it (it names its command)."""
+    return read(_need(doc, "command", "agent"), _need(doc, "exit_code", "agent"), doc)
+
+
+def read(subcommand, code, doc):
+    """The typed record of one subcommand's result document (RESULTS). Raises ContractError."""
+    cls = RESULTS[subcommand]
+    if cls is VerifyResult or cls is PlanResult:
+        kw = _fields(cls, code, doc, subcommand, skip=("scan", "plan"))
+        kw["scan"] = ScanResult(**_fields(ScanResult, code, doc, subcommand))
+        if cls is PlanResult:
+            kw["plan"] = read_plan(_need(doc, "plan", subcommand), subcommand)
+        return cls(**kw)
+    if cls is TeardownResult:
+        if doc.get("locked"):
+            return cls(code=code, hostname=doc.get("hostname"), locked=True, error=_need(doc, "error", subcommand))
+        if doc.get("state_error"):
+            return cls(code=code, hostname=doc.get("hostname"), error=doc.get("error"), state_error=doc["state_error"])
+        kw = _fields(cls, code, doc, subcommand, skip=("plan",))
+        for key in ("hostname", "before", "after", "wall_s"):  # required of a teardown that ran
+            kw[key] = _need(doc, key, subcommand)
+        return cls(plan=read_plan(_need(doc, "plan", subcommand), subcommand), **kw)
+    if cls is StartResult and _need(doc, "started", subcommand):
+        _need(doc, "state", subcommand)  # a started phase says how and where
+    return cls(**_fields(cls, code, doc, subcommand))

@@ -1,0 +1,151 @@
+"""What every task module shares: errors to exit codes, host selection, exit status, Ctrl-C.
+
+Imports only Invoke and scripts.defaults when it loads (see scripts/cli/__init__.py). The
+exit codes are the contract's (scripts/agent/contract.py), imported where a code is chosen:
+the contract defines every result record, and loading it would double what `invoke --list`
+imports of ours.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import sys
+
+from invoke import Exit
+
+from scripts import defaults
+
+HOST_HELP = f"host alias(es): 'gpu1', 'gpu1,gpu2', 'gpu[1-8]' (default: ${defaults.HOST_ENV} or 'sandbox')"
+
+
+def code_for(exc: BaseException) -> int | None:
+    """The documented exit code for an error users cause or meet; None for a bug (a traceback).
+
+    The classes are imported here, when an error is being handled, not when the tasks load:
+    a module not yet imported cannot have raised its error, and importing it now costs
+    nothing on the paths that succeed."""
+    from scripts.agent import contract
+    from scripts.config_error import ConfigError
+    from scripts.route import HostUnreachable
+    from scripts.transport import AgentError
+
+    if isinstance(exc, ConfigError):
+        return contract.EXIT_USAGE
+    # StateDirError: a local state directory (audit log, ssh sockets) was refused
+    if isinstance(exc, (HostUnreachable, AgentError, contract.statedir.StateDirError)):
+        return contract.EXIT_UNREACHABLE
+    return None
+
+
+def guarded(fn):
+    """Turn the errors users cause or meet into one line and the documented exit code."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exit:
+            raise
+        except Exception as exc:
+            code = code_for(exc)
+            if code is None:
+                raise
+            raise Exit(f"gpu-pivot: {exc}", code=code) from None
+
+    return wrapper
+
+
+def hosts_of(spec: str) -> list:
+    """The hosts a --host value names, from hosts.env and the built-ins (ConfigError if bad)."""
+    from scripts import hosts
+
+    return hosts.select(spec)
+
+
+def one_host(spec: str):
+    hosts = hosts_of(spec)
+    if len(hosts) != 1:
+        from scripts.config_error import ConfigError
+
+        raise ConfigError(f"--host {spec!r}: this task takes exactly one host")
+    return hosts[0]
+
+
+def exit_worst(codes: list) -> None:
+    worst = max(codes, default=0)
+    if worst:
+        raise Exit(code=worst)
+
+
+def codes(outcomes: list, agent_code: bool = False) -> list:
+    """Each host's exit code: the agent's own (when it decides, e.g. verify) or 0 when it
+    answered; for a host whose call failed, its error (printed here) decides as in
+    `guarded`: 3 unreachable or a failed agent, 2 a value the agent refused; else 1."""
+    from scripts.agent import contract
+
+    out = []
+    for o in outcomes:
+        if o.error is None:
+            out.append(o.value.code if agent_code else contract.EXIT_OK)
+            continue
+        print(f"gpu-pivot: {o.error}", file=sys.stderr)
+        out.append(code_for(o.error) or contract.EXIT_NOT_FREE)
+    return out
+
+
+def operator() -> str:
+    """Who acts, as the host's audit log records it: user@this-machine."""
+    import getpass
+    import socket
+
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+def print_views(host, result, *views) -> None:
+    """The host's header line, then each non-empty view of the agent's result (its record)."""
+    from scripts import status_view
+
+    print(status_view.header(host.alias, result, host.sandbox))
+    for view in views:
+        text = view(result)
+        if text:
+            print(text)
+
+
+def dumps(value) -> str:
+    import json
+
+    return json.dumps(value, indent=1, sort_keys=True)
+
+
+class ctrl_c_continues:
+    """While a teardown runs, Ctrl-C says the host side continues and how to see it; exit 130.
+
+    The agent does not stop: behind ssh it ignores the hangup, and on this machine it runs
+    in its own session (transport.call_agent). Why a SIGINT handler and os._exit rather
+    than `except KeyboardInterrupt`: a fleet's worker threads would be joined on the way
+    out, i.e. we would wait for every host's teardown before exiting; and the message is
+    written with os.write, since the interrupted code may hold sys.stdout's lock.
+    """
+
+    def __init__(self, hosts, what: str):
+        from scripts.agent import contract
+
+        self.code = contract.EXIT_INTERRUPTED  # looked up now: the handler must not import
+        names = ",".join(h.alias for h in hosts)
+        self.line = f"interrupted: {what} on {names}; see its result with `invoke status --host {names}`\n"
+
+    def _on_sigint(self, signum, frame):
+        try:
+            sys.stdout.flush()
+        except Exception:  # reentrant flush, closed pipe: the line below matters more
+            pass
+        os.write(2, self.line.encode())
+        os._exit(self.code)
+
+    def __enter__(self):
+        self.old = signal.signal(signal.SIGINT, self._on_sigint)
+
+    def __exit__(self, *exc):
+        signal.signal(signal.SIGINT, self.old)

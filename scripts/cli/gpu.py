@@ -1,0 +1,142 @@
+"""Tasks about a host's GPUs: status, verify, plan, teardown."""
+from __future__ import annotations
+
+from invoke import task
+
+from scripts import defaults
+from scripts.defaults import num
+
+from . import teardown_args as td
+from .common import HOST_HELP, codes, ctrl_c_continues, dumps, exit_worst, guarded, hosts_of, print_views
+
+VERIFY_WAIT = num(defaults.VERIFY_WAIT_S)
+
+
+@task(help={"host": HOST_HELP, "json": "print the scan as JSON"})
+@guarded
+def status(c, host=defaults.HOST, json=False):
+    """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked).
+
+    Exit 0; 6 when some process could not be inspected (its open files are not readable by
+    this user, so it may hold a GPU unseen: run as root); 3 unreachable.
+    """
+    from scripts import fleet, status_view
+    from scripts.transport import call_agent
+
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "scan"))
+    docs = {}
+    for out in outcomes:
+        if out.error is None:
+            docs[out.host.alias] = out.value.doc
+            if not json:
+                print_views(out.host, out.value.result, status_view.gpu_table, status_view.holder_table,
+                            status_view.last_teardown)
+    if json:
+        print(dumps(docs))
+    exit_worst(codes(outcomes, agent_code=True))
+
+
+@task(help={"host": HOST_HELP, "wait": "poll up to this many seconds (every 50 ms) until free",
+            "max_used_mib": td.TEARDOWN_HELP["max_used_mib"],
+            "json": "print the result as JSON"})
+@guarded
+def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB, json=False):
+    """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1.
+
+    Exit 6 when the only obstacle is processes this user could not inspect (run as root:
+    a holder among them would be unseen, so FREE is never said).
+    """
+    from scripts import cliargs, fleet, status_view
+    from scripts.transport import call_agent
+
+    args = ["--wait", cliargs.seconds("wait", wait), "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib)]
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "verify", args))
+    docs = {}
+    for out in outcomes:
+        if out.error is not None:
+            continue
+        docs[out.host.alias] = out.value.doc
+        if not json:
+            print_views(out.host, out.value.result, status_view.gpu_table, status_view.verdict,
+                        status_view.still_holding)
+    if json:
+        print(dumps(docs))
+    exit_worst(codes(outcomes, agent_code=True))
+
+
+@task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON"))
+@guarded
+def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False):
+    """Dry run: what a teardown would stop (targets, with why) and keep (protected), and the MiB it frees."""
+    from scripts import fleet, status_view, teardown_view
+    from scripts.transport import call_agent
+
+    args = td.selection_args(match, only_matching, disable)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args))
+    if json:
+        print(dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}))
+    else:
+        for out in outcomes:
+            if out.error is None:
+                print_views(out.host, out.value.result, status_view.gpu_table, teardown_view.plan_tables)
+    exit_worst(codes(outcomes))
+
+
+@task(iterable=["match"], help=dict(
+    td.TEARDOWN_HELP, host=HOST_HELP, json="print the result as JSON",
+    dry_run="show the plan and signal nothing",
+    yes="do not ask before signalling (required when not on a terminal)",
+    fanout=f"hosts torn down at once (default {defaults.FANOUT})",
+))
+@guarded
+def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=False, grace=td.GRACE,
+             timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK, max_used_mib=td.MAX_USED_MIB, dry_run=False, yes=False,
+             json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE):
+    """Free every GPU of the host(s) and prove it, harming nothing else.
+
+    Order: lock the host; plan (targets + their trees and process groups, orphans holding a
+    GPU; protected: PID 1, sshd, nvidia-persistenced, DCGM, exporters, monitors, this
+    session); SIGTERM all targets at once; poll every 50 ms; SIGKILL what outlives --grace;
+    verify the GPUs free (NVML v2, 0 MiB used) and keep watching --settle seconds for a
+    respawn. Targets are PROGRAMS named by a pattern (module, script, executable or process
+    title), never a mere argument of another program. Exit 0 freed and verified, 1 done but
+    not free, 2 bad input, 3 host unreachable or its state dir unusable (nothing signalled),
+    4 locked by another teardown, 6 not every process could be inspected (run as root),
+    130 Ctrl-C (the host side goes on).
+    """
+    from scripts import audit_log, cliargs, fleet, teardown_view
+    from scripts.agent import contract
+    from scripts.transport import call_agent
+
+    hosts = hosts_of(host)
+    args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
+    width = cliargs.whole("fanout", fanout, minimum=1)
+    if dry_run:
+        return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json)
+    approved = td.approve(hosts, td.selection_args(match, only_matching, disable), yes, "the plan")
+    fleet_mode = len(hosts) > 1
+
+    def one(h):
+        progress = None if json or fleet_mode else (
+            lambda p: print(teardown_view.progress_line(h.alias, p), flush=True))
+        result = call_agent(h, "teardown", args + td.approved_args(approved, h.alias), on_progress=progress)
+        record = result.result
+        assert isinstance(record, contract.TeardownResult)  # what transport reads a teardown's result into
+        if record.actions:
+            audit_log.append(h.alias, record.actions)
+        return result
+
+    done = (lambda out: print(teardown_view.host_line(out), flush=True)) if fleet_mode and not json else None
+    with ctrl_c_continues(hosts, "the teardown continues"):
+        outcomes = fleet.each_host(hosts, one, width, on_done=done)
+    results = codes(outcomes, agent_code=True)
+    if json:
+        print(dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}))
+    elif fleet_mode:
+        for out in outcomes:  # details only where something needs a person
+            if out.error is None and out.value.code:
+                print(teardown_view.report(out.host.alias, out.value, out.host.sandbox))
+        print(teardown_view.summary(outcomes))
+    elif outcomes[0].error is None:
+        print(teardown_view.report(hosts[0].alias, outcomes[0].value, hosts[0].sandbox))
+    exit_worst(results)

@@ -1,0 +1,123 @@
+"""Tasks about the work on a host: start, stop, logs, lint-launch, pivot."""
+from __future__ import annotations
+
+from invoke import Exit, task
+
+from scripts import defaults
+
+from . import teardown_args as td
+from .common import HOST_HELP, ctrl_c_continues, guarded, one_host, operator
+
+
+@task(help={"host": HOST_HELP, "phase": "phase name (see `invoke hosts --json` / hosts.env.example)"})
+@guarded
+def start(c, host=defaults.HOST, phase=""):
+    """Start a configured phase so it outlives the ssh session.
+
+    Under systemd-run where systemd is PID 1, else setsid with a log file and a pid file.
+    """
+    from scripts import phase_ops, phase_view
+    from scripts.agent import contract
+
+    h = one_host(host)
+    ph = phase_ops.phase_of(h, phase)
+    r = phase_ops.start(h, ph)
+    if r.code:
+        raise Exit(f"gpu-pivot: {h.alias}: phase {ph.name}: {phase_view.start_line(r)}", code=contract.EXIT_NOT_FREE)
+    print(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}")
+
+
+@task(help={"host": HOST_HELP, "phase": "phase name"})
+@guarded
+def stop(c, host=defaults.HOST, phase=""):
+    """Stop a phase started by gpu-pivot: systemctl stop, or SIGTERM its session and SIGKILL after its stop timeout."""
+    from scripts import audit_log, phase_ops, phase_view
+    from scripts.agent import contract
+
+    h = one_host(host)
+    ph = phase_ops.phase_of(h, phase)
+    r = phase_ops.stop(h, ph, operator())
+    if r.result.actions:
+        audit_log.append(h.alias, r.result.actions)
+    print(f"{h.alias}: phase {ph.name}: {phase_view.stop_line(r)}")
+    if r.code:
+        raise Exit(code=contract.EXIT_NOT_FREE)
+
+
+@task(help={"host": HOST_HELP, "phase": "phase name", "lines": f"how many lines (default {defaults.LOG_LINES})",
+            "follow": "keep printing new lines until Ctrl-C"})
+@guarded
+def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=False):
+    """Show a phase's log (its log file, or journald for a systemd-run unit)."""
+    from scripts import cliargs, phase_ops
+    from scripts.agent import contract
+
+    h = one_host(host)
+    ph = phase_ops.phase_of(h, phase)
+    n = cliargs.whole("lines", lines)
+    if follow:
+        raise Exit(code=phase_ops.follow_logs(h, ph, n))
+    r = phase_ops.logs(h, ph, n)
+    if r.code:
+        raise Exit(f"gpu-pivot: {h.alias}: {r.result.error}", code=contract.EXIT_NOT_FREE)
+    print("\n".join(r.result.lines))
+
+
+@task(help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)"})
+@guarded
+def lint_launch(c, host=defaults.HOST, gpus=""):
+    """Check a server launch command (after `--`) on the host for known mistakes.
+
+    EAGLE vs EAGLE3 draft, TP > GPUs, port taken, model/draft path missing, GPUs not free.
+    Exit 0 clean, 5 findings.
+    """
+    from scripts import cliargs, phase_ops, phase_view
+    from scripts.config_error import ConfigError
+
+    argv = cliargs.remainder()
+    if not argv:
+        raise ConfigError("lint-launch needs the launch command after `--`")
+    h = one_host(host)
+    r = phase_ops.lint(h, argv, gpus or None)
+    for line in phase_view.lint_lines(r) or [phase_view.lint_ok(r)]:
+        print(f"{h.alias}: {line}")
+    if r.code:
+        raise Exit(code=r.code)
+
+
+@task(iterable=["match"], help=dict(
+    {k: "teardown: " + v for k, v in td.TEARDOWN_HELP.items()}, host=HOST_HELP, to="the phase to move to",
+    dry_run="print every step and run none", yes="do not ask before the teardown",
+    force="start even if the launch lint finds problems", drain="the running server's /metrics URL to drain first",
+    ready_timeout="override the phase's readiness timeout (seconds)"))
+@guarded
+def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable=False, dry_run=False, yes=False,
+          force=False, drain="", grace=td.GRACE, timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK,
+          max_used_mib=td.MAX_USED_MIB, settle=td.SETTLE, ready_timeout=""):
+    """Move a host to the next phase: drain, teardown, gates, launch lint, start, wait ready, audit.
+
+    The teardown step takes the same flags as `invoke teardown` and asks the same way.
+    Exit 0 done; 1 not ready / rolled back / a prep job failed; 3 unreachable; 4 locked;
+    5 a gate or the launch lint blocked the start (nothing started).
+    """
+    import re
+
+    from scripts import cliargs, phase_ops
+    from scripts.config_error import ConfigError
+    from scripts.pivot import Pivot, PivotOptions
+
+    h = one_host(host)
+    ph = phase_ops.phase_of(h, to)
+    if drain and not re.match(r"^https?://\S+$", drain):
+        raise ConfigError(f"--drain {drain!r}: must be an http(s) URL")
+    td_args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
+    rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
+    if not dry_run:
+        approved = td.approve([h], td.selection_args(match, only_matching, disable), yes, "the steps")
+        td_args += td.approved_args(approved, h.alias)
+    opts = PivotOptions(teardown_args=td_args, drain_url=drain or None, dry_run=dry_run, force=force,
+                        operator=operator(), ready_timeout=rt)
+    with ctrl_c_continues([h], "the pivot stops here; a teardown already under way continues"):
+        code = Pivot(h, ph, opts, out=lambda line: print(line, flush=True)).run()
+    if code:
+        raise Exit(code=code)

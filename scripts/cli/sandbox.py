@@ -1,0 +1,39 @@
+"""The `sandbox` task: the built-in SANDBOX host (fake GPUs on this machine)."""
+from __future__ import annotations
+
+from invoke import task
+
+from .common import dumps, guarded
+
+
+@task(positional=["action"], help={"action": "up, down or status", "json": "print JSON"})
+@guarded
+def sandbox(c, action, json=False):
+    """The SANDBOX host: fake GPU device files on this machine held by a fake server tree.
+
+    `up` starts `python3 -m sglang.launch_server` (a SANDBOX stand-in) with two workers
+    titled sglang::scheduler_TP0/1, a process named nvidia-persistenced, an `nvitop`
+    monitor and an unrelated job. `down` stops exactly those (by pid + start time).
+    Its directory ($GPU_PIVOT_SANDBOX_DIR, else /run/gpu-pivot/sandbox as root,
+    $XDG_RUNTIME_DIR/gpu-pivot/sandbox or $XDG_STATE_HOME/gpu-pivot/sandbox) is created 0700;
+    one that is a link, not ours or writable by others is refused, exit 3, nothing run.
+    """
+    if action in ("--help", "-h"):  # Invoke hands --help to a positional argument as its value
+        print("Usage: invoke sandbox up|down|status [--json]\n\nDocstring:\n  " + (sandbox.__doc__ or "").strip())
+        return
+    from scripts import sandbox as sandbox_host
+    from scripts.config_error import ConfigError
+    from scripts.render import table
+
+    actions = {"up": sandbox_host.up, "down": sandbox_host.down, "status": sandbox_host.status}
+    if action not in actions:
+        raise ConfigError(f"sandbox {action!r}: expected one of up, down, status")
+    state = actions[action]()
+    if json:
+        print(dumps(state))
+        return
+    print(f"SANDBOX ({state['dir']}; device files {state['devices']})")
+    rows = [[role, p["pid"], "alive" if p["alive"] else "gone"] for role, p in sorted(state["processes"].items())]
+    if action == "down":
+        print("stopped:" if rows else "nothing was running")
+    print(table(["role", "pid", "now" if action != "down" else "before"], rows) if rows else "(no sandbox processes)")

@@ -1,0 +1,36 @@
+"""The local side's defaults in one place: the default host and every task flag's default.
+
+Why one place: the same number was written in a flag's default, in its --help text and in
+the README, and they drifted. Each task flag default and its help text are built from the
+names here. Standard library only and imports nothing, so every task module can import it
+without slowing `invoke --list`.
+
+What both sides use (the default device glob DEVICE_GLOB, the time format TIME_FORMAT of
+audit records and last.json, the exit codes) is the contract's: scripts/agent/contract.py.
+"""
+from __future__ import annotations
+
+import os
+
+# -- which host ---------------------------------------------------------------------------------
+HOST_ENV = "GPU_PIVOT_HOST"
+HOST = os.environ.get(HOST_ENV, "sandbox")  # read once, when the tasks load: it is a flag's default
+
+# -- teardown (also the teardown step of a pivot) -----------------------------------------------
+GRACE_S = 30.0         # between SIGTERM and SIGKILL
+TIMEOUT_S = 60.0       # for the GPUs to be free after that
+SETTLE_S = 2.0         # the GPUs must stay free this long after the targets are gone (a respawn)
+WAIT_LOCK_S = 0.0      # 0: another teardown holding the host's lock fails at once (exit 4)
+MAX_USED_MIB = 0       # a GPU is free at or under this many MiB used
+FANOUT = 16            # hosts worked on at once
+
+# -- other tasks --------------------------------------------------------------------------------
+VERIFY_WAIT_S = 0.0    # verify: poll this long for free GPUs (0: look once)
+ONELINER_GRACE_S = 30.0
+LOG_LINES = 50
+AUDIT_LINES = 20
+
+
+def num(value) -> str:
+    """A default as a flag's string default and in help text: 30.0 -> '30', 0.5 -> '0.5'."""
+    return f"{value:g}"

@@ -1,0 +1,22 @@
+"""Every host a task can name: `local`, the built-in sandbox, and those of hosts.env.
+
+Why its own module: hostconfig reads and checks hosts.env and builds `local`; the sandbox
+host is built by scripts/sandbox.py, which itself builds on hostconfig. This module sits
+above both and puts them together, so neither imports the other's layer upward.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from .hostconfig import load_hosts, select_hosts
+from .sandbox import sandbox_host
+
+
+def load(path: Path | None = None) -> dict:
+    """{alias: Host} for every host (validated); ConfigError names a bad value."""
+    return load_hosts(path, built_in=(sandbox_host,))
+
+
+def select(spec: str, path: Path | None = None) -> list:
+    """The hosts a --host value names ('gpu1,gpu2', 'gpu[1-8]'); ConfigError if unknown or bad."""
+    return select_hosts(spec, load(path))

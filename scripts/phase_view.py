@@ -1,0 +1,86 @@
+"""Render phase results for people: start, ready, stop, gates, deploy, lint, drain, smoke.
+
+Why one module: `invoke start/stop/lint-launch` and each step of `invoke pivot` show the
+same results; one renderer per result type keeps their words the same. Each function takes
+the contract's record (AgentResult.result, e.g. contract.StartResult) or the AgentResult.
+"""
+from __future__ import annotations
+
+from .render import shorten
+
+
+def _r(x):
+    return getattr(x, "result", x)
+
+
+def start_line(x) -> str:
+    """'started via setsid (pid 812, log /run/gpu-pivot/phase-train.log)' or 'FAILED: why'."""
+    r = _r(x)
+    if not r.started:
+        return f"FAILED: {r.error}"
+    st = r.state
+    return f"started via {st['how']} ({st.get('unit') or 'pid %s, log %s' % (st['pid'], st['log'])})"
+
+
+def stop_line(x) -> str:
+    r = _r(x)
+    if r.note:
+        return r.note
+    return f"stopped {r.stopped}" + (f", still alive {r.left}" if r.left else "")
+
+
+def ready_line(x) -> str:
+    r = _r(x)
+    if r.ready:
+        return f"ready after {r.waited_s}s ({r.detail})"
+    return f"NOT READY after {r.waited_s}s: {r.detail}"
+
+
+def ready_progress(p: dict) -> str:
+    """A progress line of phase-ready (the fields of contract.parse_progress)."""
+    return f"waiting {p['elapsed_s']:.0f}s: {p['detail']} | log: {shorten(p.get('last_log') or '', 70)}"
+
+
+def log_tail(x) -> str:
+    return "log tail:\n" + "\n".join("  " + line for line in _r(x).log_tail)
+
+
+def prep_lines(x) -> list:
+    """One line per preparation job: its status and command."""
+    return [f"{p['status']:>10}  {shorten(p['cmd'], 70)}" for p in _r(x).prep]
+
+
+def gate_lines(x) -> list:
+    return [f"{'ok  ' if g['ok'] else 'FAIL'} {g['gate']} ({g['detail']})" for g in _r(x).gates]
+
+
+def deploy_line(x) -> str:
+    r = _r(x)
+    return f"{r.detail}: {', '.join(r.files) or '-'}"
+
+
+def lint_lines(x) -> list:
+    """'check: message' per finding; none when the launch command is clean."""
+    return [f"{f['check']}: {f['message']}" for f in _r(x).findings]
+
+
+def lint_ok(x) -> str:
+    return f"launch command OK ({_r(x).gpus_visible} GPU(s) visible)"
+
+
+def drain_line(x) -> str:
+    r = _r(x)
+    if r.note:
+        return r.note
+    if r.drained:
+        return f"drained in {r.waited_s}s"
+    return f"still {r.running:g} in flight after {r.waited_s}s: continuing (bounded drain)"
+
+
+def drain_progress(p: dict) -> str:
+    return f"draining: {p['running']:g} request(s) in flight ({p['elapsed_s']}s)"
+
+
+def smoke_line(x) -> str:
+    r = _r(x)
+    return f"HTTP {r.status}: {shorten(r.body, 60)}" if r.ok else f"FAILED: {r.error}"

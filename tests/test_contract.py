@@ -1,0 +1,210 @@
+"""The agent <-> local contract (scripts/agent/contract.py): both sides really follow it.
+
+The agent's parser is compared with the contract's table of subcommands and flags; the
+argv the local side builds is parsed by the agent and recognised by it in /proc; real
+results of the agent on this machine are read through the contract's records and rendered.
+Teardowns here run on fake device files in a temp dir, scoped to a token and this uid, with
+a private run dir: they can match no process the test did not start.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import stat
+import sys
+
+import pytest
+
+from scripts import bundle, status_view, teardown_view
+from scripts.agent import cli, contract, hostlock, rules
+from scripts.fleet import Outcome
+from scripts.hostconfig import build_host
+from scripts.transport import AgentError, call_agent
+
+# What each subcommand needs besides the argv the local side builds.
+REQUIRED = {
+    "phase-start": ["--spec", contract.encode_spec({"name": "x"})],
+    "phase-ready": ["--spec", contract.encode_spec({"name": "x"})],
+    "phase-stop": ["--spec", contract.encode_spec({"name": "x"})],
+    "phase-logs": ["--spec", contract.encode_spec({"name": "x"})],
+    "smoke": ["--spec", contract.encode_spec({"name": "x"})],
+    "gates": ["--spec", contract.encode_spec({"name": "x"})],
+    "deploy": ["--spec", contract.encode_spec({"name": "x"}), "--action", "apply"],
+    "drain": ["--url", "http://127.0.0.1:9/metrics"],
+    "lint": ["--argv", "[]"],
+}
+
+
+def subparsers() -> dict:
+    parser = cli.build_parser()
+    action = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return action.choices
+
+
+def test_exit_code_table():
+    codes = [c for c, _, _ in contract.EXIT_CODES]
+    names = [n for _, n, _ in contract.EXIT_CODES]
+    assert len(set(codes)) == len(codes) and len(set(names)) == len(names)
+    constants = {v for k, v in vars(contract).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    assert constants == set(codes)  # every EXIT_ constant has its row, every row its constant
+    assert (contract.EXIT_LOCKED, contract.EXIT_UNINSPECTED, contract.EXIT_INTERRUPTED) == (4, 6, 130)
+    assert contract.exit_name(4) == "locked" and contract.exit_name(255) == "exit 255"
+
+
+def test_the_agent_parser_has_exactly_the_contracts_subcommands_and_flags():
+    parsers = subparsers()
+    assert list(parsers) == list(contract.SUBCOMMANDS)
+    for name, own in contract.SUBCOMMANDS.items():
+        flags = {s for a in parsers[name]._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
+        want = set(contract.COMMON_FLAGS) | set(own) | (set(contract.SELECTION_FLAGS) if name in contract.SELECTING
+                                                           else set())
+        assert flags == want, f"{name}: the agent has {sorted(flags - want)} beyond the contract, " \
+                              f"lacks {sorted(want - flags)}"
+
+
+def test_removed_flags_are_gone():
+    parsers = subparsers()
+    with pytest.raises(SystemExit):
+        parsers["teardown"].parse_args(["--dry-run"])
+    with pytest.raises(SystemExit):
+        parsers["phase-start"].parse_args([*REQUIRED["phase-start"], "--no-systemd"])
+
+
+@pytest.mark.parametrize("subcommand", list(contract.SUBCOMMANDS))
+def test_argv_built_by_the_local_side_is_parsed_and_recognised_by_the_agent(subcommand):
+    nonce = contract.new_nonce()
+    argv = contract.agent_argv("python3", subcommand, nonce, "/tmp/x/nvidia*", progress=True, run_dir="/tmp/r",
+                               fake_devices=True, targets=("a",), protect=("b",), fake_gpus="/tmp/g", scope="/tmp/x/",
+                               scope_uid=1000, args=REQUIRED.get(subcommand, []))
+    args = cli.build_parser().parse_args(argv[2:])
+    assert args.command == subcommand and args.marker == nonce and args.progress and args.fake_devices
+    if subcommand in contract.SELECTING:
+        assert (args.target, args.protect, args.scope, args.scope_uid) == (["a"], ["b"], "/tmp/x/", 1000)
+    else:
+        assert "--target" not in argv
+    assert contract.agent_call(argv) == subcommand
+    assert hostlock.is_teardown_agent(argv) == (subcommand == "teardown")
+    proc = {"pid": 4242, "argv": argv, "cmdline": " ".join(argv), "comm": "python3"}
+    assert rules.protect_reason(proc, set()) == "another gpu-pivot agent"
+
+
+@pytest.mark.parametrize("argv", [
+    ["bash", "-c", "python3 - teardown --marker 0a1b"],
+    ["python3", "-", "teardown", "--devices", "x", "--marker", "NOT-HEX"],
+    ["python3", "-", "teardown", "--devices", "x", "--json"],               # no marker: not from the transport
+    ["pythonista", "-", "teardown", "--devices", "x", "--marker", "0a1b"],
+    ["python3", "-", "reboot", "--devices", "x", "--marker", "0a1b"],      # not a subcommand
+    ["python3", "tool.py", "-", "teardown", "--marker", "0a1b"],
+])
+def test_lookalikes_are_not_agents(argv):
+    assert contract.agent_call(argv) is None
+    proc = {"pid": 4242, "argv": argv, "cmdline": " ".join(argv), "comm": os.path.basename(argv[0])}
+    assert rules.protect_reason(proc, set()) is None
+
+
+def test_markers_progress_and_spec_round_trip():
+    text = "motd\n" + contract.frame("ab12", '{"a": 1}') + "noise\n"
+    assert contract.extract(text, "ab12") == '{"a": 1}'
+    with pytest.raises(contract.MarkerError, match="no result marker"):
+        contract.extract(text, "cd34")
+    line = contract.progress_line({"phase": "grace", "alive": [1, 2]})
+    assert line.endswith("\n") and contract.parse_progress(line) == {"phase": "grace", "alive": [1, 2]}
+    assert contract.parse_progress("plain output\n") is None
+    assert contract.parse_progress(contract.PROGRESS_PREFIX + "{not json\n") is None
+    assert contract.parse_progress(contract.PROGRESS_PREFIX + "[1, 2]\n") is None
+    spec = {"name": "train", "argv": ["sh", "-c", "echo 'a b' $HOME; `x`"], "env": {"K": "v=1"}}
+    assert contract.decode_spec(contract.encode_spec(spec)) == spec
+    assert contract.spec_args(spec) == ["--spec", contract.encode_spec(spec)]
+    assert " " not in contract.encode_spec(spec)
+
+
+def test_a_result_missing_a_required_key_is_named():
+    with pytest.raises(contract.ContractError, match="teardown result has no 'plan'"):
+        contract.read("teardown", 0, {"hostname": "h", "before": [], "after": [], "wall_s": 1.0})
+    with pytest.raises(contract.ContractError, match="verify result has no 'free'"):
+        contract.read("verify", 0, {"hostname": "h", "gpus": [], "holders": [], "gpu_source": "none", "problems": []})
+    locked = contract.read("teardown", 4, {"locked": True, "error": "held by alice", "hostname": "h"})
+    assert locked.locked and not locked.ran and locked.plan is None
+
+
+# -- the real agent on this machine, through the transport ----------------------------------------
+
+
+@pytest.fixture
+def host(tmp_path):
+    devdir = tmp_path / "dev"
+    devdir.mkdir()
+    for i in range(2):
+        (devdir / f"nvidia{i}").touch()
+    run_dir = tmp_path / "run"
+    keys = {"DEVICES": f"{devdir}/nvidia*", "FAKE_DEVICES": "yes", "TARGETS": r"gpvt-no-such-program",
+            "SCOPE": f"{devdir}/"}
+    return dataclasses.replace(build_host("local", keys, "test"), run_dir=str(run_dir), scope_uid=os.geteuid())
+
+
+def test_real_results_read_through_the_contract_and_rendered(host):
+    ping = call_agent(host, "ping")
+    assert isinstance(ping.result, contract.PingResult) and ping.result.pid > 0
+    assert "python 3." in status_view.ping_line("local", ping.result, ping.wall_s)
+    scan = call_agent(host, "scan")
+    assert isinstance(scan.result, contract.ScanResult) and scan.result.holders == []
+    assert "no process" in status_view.holder_table(scan.result)
+    assert status_view.holder_table(scan.doc) == status_view.holder_table(scan.result)  # a document reads the same
+    verify = call_agent(host, "verify")
+    assert isinstance(verify.result, contract.VerifyResult)
+    assert status_view.verdict(verify.result).startswith("FREE" if verify.result.free else "NOT FREE")
+    plan = call_agent(host, "plan")
+    assert isinstance(plan.result, contract.PlanResult) and plan.result.plan.targets == []
+    assert teardown_view.plan_tables(plan.result.plan).startswith("Targets: none")
+    assert teardown_view.plan_tables(plan.doc["plan"]) == teardown_view.plan_tables(plan.result)
+    seen = []
+    td = call_agent(host, "teardown", ["--grace", "1", "--timeout", "2", "--settle", "0.2"], on_progress=seen.append)
+    t = td.result
+    assert isinstance(t, contract.TeardownResult) and t.ran and t.plan.targets == [] and t.actions == []
+    text = teardown_view.report("local", td)
+    verdict = "FREED and verified" if td.code == contract.EXIT_OK else "NOT FREE"
+    assert f"local: {verdict}" in text
+    assert teardown_view.host_line(Outcome(host, value=td)).startswith("local: freed 0 MiB, 0 target(s) stopped"
+                                                                       if td.code == 0 else "local: NOT FREE")
+
+
+def test_locked_teardown_and_unreachable_host_rendered(host):
+    os.makedirs(host.run_dir, mode=0o700)
+    fd = hostlock.acquire("alice@ops", path=os.path.join(host.run_dir, hostlock.LOCK_NAME))
+    try:
+        td = call_agent(host, "teardown", ["--grace", "1", "--timeout", "1"])
+    finally:
+        hostlock.release(fd)
+    assert td.code == contract.EXIT_LOCKED and td.result.locked and "alice@ops" in td.result.error
+    assert teardown_view.report("local", td).startswith("== local: LOCKED: ")
+    outcomes = [Outcome(host, value=td), Outcome(dataclasses.replace(host, alias="gpu9"), error=AgentError("gone"))]
+    assert teardown_view.host_line(outcomes[0]).startswith("local: LOCKED: ")
+    assert teardown_view.host_line(outcomes[1]) == "gpu9: UNREACHABLE: gone"
+    rows = teardown_view.summary(outcomes).splitlines()[3:]
+    assert rows[0].split()[0] == "local" and rows[0].endswith("locked")
+    assert rows[1].split()[0] == "gpu9" and rows[1].endswith("unreachable: gone")
+
+
+def test_a_result_the_contract_does_not_know_is_an_agent_error(host, tmp_path):
+    """An agent whose result lacks a required key: exit 3 territory (AgentError), naming the key."""
+    fake = tmp_path / "python3"
+    fake.write_text(f"#!{sys.executable}\n"
+                    "import json, sys\n"
+                    "sys.stdin.read()\n"
+                    "nonce = sys.argv[sys.argv.index('--marker') + 1]\n"
+                    "print('=====gpu-pivot-result %s begin=====' % nonce)\n"
+                    "print(json.dumps({'command': 'ping', 'exit_code': 0}))\n"
+                    "print('=====gpu-pivot-result %s end=====' % nonce)\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    with pytest.raises(AgentError, match="ping result has no 'hostname'"):
+        call_agent(dataclasses.replace(host, python=str(fake)), "ping")
+
+
+def test_the_bundle_carries_exactly_what_the_agent_imports():
+    shipped = set(bundle.agent_modules())
+    package = {p.stem for p in bundle.AGENT_DIR.glob("*.py")} - {"__init__"}
+    assert shipped == package, f"modules in scripts/agent the agent never imports: {sorted(package - shipped)}"
+    sources = bundle.agent_sources()
+    assert not any(name in sources for name in ("agent.fuser_parse", "agent.ps_parse", "agent.markers"))
+    assert "def table(" not in sources["agent.smi_parse"]  # the human table's parser is test-only

@@ -1,0 +1,217 @@
+"""The import structure: no circle, nothing imported from a higher layer, and the two sides of
+the wire meet only in scripts/agent/contract.py.
+
+Read from the source with ast (function-level imports count: a late import is still an
+import, it only hides a circle from Python). The layers, lowest first, are below; a module
+may import its own layer and those under it. A new module must be given a layer here.
+"""
+from __future__ import annotations
+
+import ast
+from fnmatch import fnmatch
+from pathlib import Path
+
+from tests.conftest import REPO
+
+CONTRACT = "scripts.agent.contract"
+AGENT = "scripts.agent"
+# scripts/gpuagent.py runs the agent from a checkout on the host (`python3 scripts/gpuagent.py
+# ping`): it is the agent's launcher, not the local side, and imports agent.cli by design.
+AGENT_LAUNCHER = "scripts.gpuagent"
+
+LOCAL_LAYERS = (
+    ("base", ("scripts", "scripts.config_error", "scripts.render", "scripts.nodeset", "scripts.defaults",
+              "scripts.exit_codes", "scripts.floor", "scripts.fuser_parse", "scripts.sandbox_roles", CONTRACT)),
+    ("input", ("scripts.envfile", "scripts.sshopts", "scripts.patterncheck", "scripts.route", "scripts.cliargs")),
+    ("config", ("scripts.phases", "scripts.hostconfig")),
+    ("transport", ("scripts.transport", "scripts.bundle", "scripts.audit_log", "scripts.sandbox_fs",
+                   "scripts.shell_teardown")),
+    ("operations and views", ("scripts.status_view", "scripts.teardown_view", "scripts.phase_view",
+                              "scripts.phase_ops", "scripts.pivot", "scripts.fleet", "scripts.sandbox",
+                              "scripts.hosts", "scripts.emergency_doc")),
+    ("tasks", ("tasks", "scripts.cli", "scripts.cli.*", "scripts.tasks_*")),
+)
+# The agent is its own stack: the two primitives the contract re-exports, the contract, the
+# subcommands and what they share, and the command line on top.
+AGENT_LAYERS = (
+    ("primitives", ("scripts.agent.procfs", "scripts.agent.statedir")),
+    ("contract", (CONTRACT,)),
+    ("agent", ("scripts.agent", "scripts.agent.*")),
+    ("command line", ("scripts.agent.cli", AGENT_LAUNCHER)),
+)
+
+# Edges known to be wrong and waiting for a change in a file another change owns, with what
+# to do. Each entry must still exist (test_pending_edges_still_exist): remove it when fixed.
+_THROUGH_CONTRACT = "TODO(issue 10, lead): import it as `from scripts.agent.contract import statedir` (or procfs)"
+PENDING = {
+    ("scripts.hostconfig", "scripts.sandbox"):
+        "TODO(issue 10, lead): scripts/cli calls scripts.hosts.load()/select(); then delete the fallback "
+        "in hostconfig.load_hosts (built_in=None) and this entry",
+    ("scripts.sandbox", "scripts.agent.procfs"): _THROUGH_CONTRACT,
+    ("scripts.sandbox_fs", "scripts.agent.statedir"): _THROUGH_CONTRACT,
+}
+
+
+def module_name(path: Path) -> str:
+    rel = path.relative_to(REPO).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def source_files() -> dict:
+    files = [REPO / "tasks.py", *sorted((REPO / "scripts").rglob("*.py"))]
+    return {module_name(p): p for p in files if "__pycache__" not in p.parts}
+
+
+def imports_of(name: str, path: Path, known: set) -> set:
+    """The project modules `name` imports, anywhere in its source."""
+    is_package = path.name == "__init__.py"
+    package = name if is_package else name.rpartition(".")[0]
+    found = set()
+
+    def add(target: str, names=()):
+        for n in names:  # `from pkg import mod` imports the module pkg.mod
+            if f"{target}.{n}" in known:
+                found.add(f"{target}.{n}")
+                continue
+            if target in known:
+                found.add(target)
+        if not names and target in known:
+            found.add(target)
+
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                target = alias.name
+                if name == AGENT_LAUNCHER and target.split(".")[0] == "agent":
+                    target = "scripts." + target
+                while target and target not in known:
+                    target = target.rpartition(".")[0]
+                if target:
+                    found.add(target)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module
+                if name == AGENT_LAUNCHER and target.split(".")[0] == "agent":
+                    target = "scripts." + target
+            add(target, [a.name for a in node.names])
+    found.discard(name)
+    return found
+
+
+def graph() -> dict:
+    files = source_files()
+    known = set(files)
+    return {name: imports_of(name, path, known) for name, path in files.items()}
+
+
+def is_agent(name: str) -> bool:
+    return name == AGENT or name.startswith(AGENT + ".") or name == AGENT_LAUNCHER
+
+
+def layer_of(name: str, layers) -> int | None:
+    for i, (_, patterns) in enumerate(layers):
+        if any(name == p for p in patterns):  # an exact name wins over a pattern
+            return i
+    for i, (_, patterns) in enumerate(layers):
+        if any(fnmatch(name, p) for p in patterns):
+            return i
+    return None
+
+
+def strongly_connected(g: dict) -> list:
+    """Tarjan's algorithm: the strongly connected components of the import graph."""
+    index, low, stack, on_stack, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on_stack.add(v)
+        for w in g.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def without_pending(g: dict) -> dict:
+    return {a: {b for b in bs if (a, b) not in PENDING} for a, bs in g.items()}
+
+
+def test_the_local_side_imports_only_the_contract_from_the_agent():
+    g = without_pending(graph())
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if not is_agent(a)
+           for b in sorted(bs) if is_agent(b) and b != CONTRACT]
+    assert not bad, ("the local side may import only scripts.agent.contract from the agent (it re-exports "
+                     "statedir and procfs):\n  " + "\n  ".join(bad))
+
+
+def test_the_agent_imports_nothing_of_the_local_side():
+    g = graph()
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if is_agent(a) for b in sorted(bs) if not is_agent(b)]
+    assert not bad, "\n  ".join(["the agent ships alone; it may not import:", *bad])
+
+
+def test_no_import_circle():
+    circles = [c for c in strongly_connected(without_pending(graph())) if len(c) > 1]
+    assert not circles, "import circles (function-level imports count):\n  " + "\n  ".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_every_module_has_a_layer_and_nothing_imports_upward():
+    g = without_pending(graph())
+    unplaced = [n for n in sorted(g) if layer_of(n, AGENT_LAYERS if is_agent(n) and n != CONTRACT else LOCAL_LAYERS)
+                is None]
+    assert not unplaced, f"give these modules a layer in tests/test_layers.py: {unplaced}"
+    upward = []
+    for a, bs in sorted(g.items()):
+        layers = AGENT_LAYERS if is_agent(a) and a != CONTRACT else LOCAL_LAYERS
+        for b in sorted(bs):
+            la, lb = layer_of(a, layers), layer_of(b, layers)
+            if lb is not None and lb > la:
+                upward.append(f"{a} ({layers[la][0]}) imports {b} ({layers[lb][0]})")
+    assert not upward, "imports from a higher layer:\n  " + "\n  ".join(upward)
+
+
+def test_the_contract_sits_on_the_primitives_only():
+    g = graph()
+    assert g[CONTRACT] <= {"scripts.agent.procfs", "scripts.agent.statedir", AGENT}, g[CONTRACT]
+    for primitive in ("scripts.agent.procfs", "scripts.agent.statedir"):
+        assert g[primitive] <= {AGENT}, f"{primitive} imports {g[primitive]}: the contract re-exports it, so it " \
+                                        "must stand alone"
+
+
+def test_pending_edges_still_exist():
+    g = graph()
+    stale = [edge for edge in PENDING if edge[1] not in g.get(edge[0], ())]
+    assert not stale, f"fixed: remove from PENDING in tests/test_layers.py: {stale}"
+
+
+def test_the_checker_sees_late_imports_and_circles(tmp_path):
+    """The checker itself: a function-level import makes an edge, and a two-module circle is found."""
+    g = graph()
+    assert "scripts.nodeset" in g["scripts.hostconfig"]  # imported inside select_hosts
+    assert strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"], ["c"]]

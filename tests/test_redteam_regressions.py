@@ -1,0 +1,282 @@
+"""What a red team found against the trust promises, each kept fixed by a test.
+
+Every case is a real process (and, where it is about other users, a real second user);
+teardowns are scoped to the test's temp dir (fake devices + SCOPE), or run in a PID
+namespace. Each test failed before its fix.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from scripts.bundle import agent_payload
+from scripts.hostconfig import build_host
+from scripts.transport import call_agent
+from tests import scenario
+from tests.conftest import invoke
+from tests.procs import ProcessSet, alive, wait_for
+from tests.second_user import second_user  # noqa: F401  (fixture)
+
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces, capabilities, users)")
+
+
+@pytest.fixture
+def ps(tmp_path):
+    procs = ProcessSet(tmp_path)
+    yield procs
+    procs.kill_all()
+
+
+def host(ps, **keys):
+    base = dict(scenario.host_keys(ps), TARGETS="nothing-here")
+    base.update(keys)
+    return dataclasses.replace(build_host("local", base, "test"), fake_gpus=str(ps.memdir))
+
+
+def start_py(ps, code, *args, argv0=None):
+    ready = ps.base / f"ready-py-{len(ps.pids)}"
+    argv = [argv0 or sys.executable, "-c", code, str(ready), *map(str, args)]
+    p = subprocess.Popen(argv, executable=sys.executable, start_new_session=True)
+    ps.adopt(p.pid)
+    wait_for(ready.exists, "holder ready")
+    return p.pid
+
+
+MAP_THEN_CLOSE = r"""
+import mmap, os, sys, time
+ready, path = sys.argv[1], sys.argv[2]
+fd = os.open(path, os.O_RDWR)
+m = mmap.mmap(fd, 4096)
+os.close(fd)                      # no fd left: only the mapping holds the device
+keep = [os.open(sys.argv[3], os.O_RDONLY)] if len(sys.argv) > 3 else []
+open(ready, "w").close()
+time.sleep(600)
+"""
+
+
+def _size(path):
+    with open(path, "wb") as f:
+        f.truncate(4096)
+
+
+def test_mapping_without_an_fd_is_a_holder(ps):
+    _size(ps.devdir / "nvidia0")
+    pid = start_py(ps, MAP_THEN_CLOSE, ps.devdir / "nvidia0")
+    doc = call_agent(host(ps), "verify").doc
+    held = {h["pid"]: h for h in doc["holders"]}
+    assert not doc["free"] and pid in held
+    assert held[pid]["mapped_devices"] == [str(ps.devdir / "nvidia0")]
+    result = call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.3"])
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(pid)
+
+
+def test_protected_name_with_a_mapping_under_another_name_is_not_free(ps):
+    """Titled like an exporter (protected), maps the device through a hard link and closes
+    that fd, keeps a plain fd on the device: a CUDA-like mapping in a protected process."""
+    _size(ps.devdir / "nvidia0")
+    alias = ps.base / "alias0"
+    os.link(ps.devdir / "nvidia0", alias)
+    pid = start_py(ps, MAP_THEN_CLOSE, alias, ps.devdir / "nvidia0", argv0="gpu_exporter")
+    doc = call_agent(host(ps), "verify").doc
+    held = {h["pid"]: h for h in doc["holders"]}
+    assert held[pid]["protected"] and held[pid]["mapped_devices"] == [str(ps.devdir / "nvidia0")]
+    assert not doc["free"]
+    assert any("is protected" in p and "CUDA context" in p for p in doc["problems"])
+    assert alive(pid)
+
+
+@needs_root
+@pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare")
+def test_device_bind_mounted_over_a_proc_path_is_seen(ps):
+    ready = ps.base / "ready-procbind"
+    code = f"import os, time; fd = os.open('/proc/version', os.O_RDONLY); open({str(ready)!r}, 'w').close(); time.sleep(600)"
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                          f"mount --bind {ps.devdir}/nvidia1 /proc/version && exec {sys.executable} -c \"$0\" {ps.base}",
+                          code], start_new_session=True)
+    ps.adopt(p.pid)
+    wait_for(ready.exists, "holder behind /proc/version")
+    doc = call_agent(host(ps), "verify").doc
+    assert not doc["free"]
+    assert {h["pid"]: h["devices"] for h in doc["holders"]}.get(p.pid) == [str(ps.devdir / "nvidia1")]
+
+
+@pytest.fixture
+def shared_ps():
+    base = Path(tempfile.mkdtemp(prefix="gp-rt-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    procs = ProcessSet(base)
+    os.chmod(procs.devdir, 0o755)
+    for f in procs.devdir.iterdir():
+        os.chmod(f, 0o666)
+    yield procs
+    procs.kill_all()
+    subprocess.run(["rm", "-rf", str(base)])
+
+
+def _agent(argv, input_=None, env=None):
+    out = subprocess.run(argv, input=agent_payload(), capture_output=True, env=env, timeout=60)
+    return out.returncode, json.loads(out.stdout.decode().strip().splitlines()[-1])
+
+
+@needs_root
+@pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv")
+def test_root_without_ptrace_capability_never_says_free(shared_ps, second_user):  # noqa: F811
+    holder = second_user.popen([second_user.python, "-c", "import os, sys, time; os.open(sys.argv[1], os.O_RDWR); "
+                                "open(sys.argv[2], 'w').close(); time.sleep(600)", str(shared_ps.devdir / "nvidia1"),
+                                f"{second_user.home}/ready"])
+    wait_for(lambda: os.path.exists(f"{second_user.home}/ready"), "second user's holder")
+    code, doc = _agent(["setpriv", "--bounding-set", "-sys_ptrace", "--inh-caps", "-sys_ptrace", "--",
+                        second_user.python, "-", "verify", "--json", "--fake-devices", "--devices", shared_ps.glob])
+    assert code == 6, doc.get("problems")
+    assert holder.pid in doc["denied"] and not doc["free"]
+
+
+@needs_root
+def test_hidepid_proc_never_says_free(shared_ps, second_user):  # noqa: F811
+    shared_ps.role("worker", "--gpu", "0")  # root's holder, invisible under hidepid=2
+    inner = f"mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid={second_user.uid} --regid={second_user.gid} " \
+            f"--init-groups -- {second_user.python} - verify --json --fake-devices --devices '{shared_ps.glob}'"
+    code, doc = _agent(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
+                       env={"PATH": "/usr/bin:/bin", "HOME": second_user.home})
+    assert code == 6, doc.get("problems")
+    assert "hidepid" in (doc.get("proc_hidden") or "")
+    assert not doc["free"]
+
+
+def test_pipeline_sibling_is_not_a_target_nor_adopted(ps, tmp_path):
+    """`torchrun ... | reader` under job control, both reparented to init once the shell
+    leaves: the reader shares the server's process group but was started by the shell, and
+    what it starts when the server's output ends is not the server's either."""
+    log = tmp_path / "train.log"
+    pkg = ps.base / "pkg"
+    scenario._server_shim(pkg)
+    script = (f"set -m; PYTHONPATH={pkg} python3 -m sglang.launch_server --devdir {ps.devdir} --tp 1 --ready "
+              f"{tmp_path}/srv.ready | sh -c 'cat > {log}; sleep 600; : {tmp_path}' & "
+              f"echo $! > {tmp_path}/reader.pid; exit 0")
+    subprocess.run(["bash", "-c", script], check=True, timeout=30, env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:"
+                                                                                                f"{os.environ['PATH']}"))
+    wait_for((tmp_path / "srv.ready").exists, "server ready")
+    reader = int((tmp_path / "reader.pid").read_text())
+    ps.adopt(reader)
+    server = next(p for p in _pgroup(reader) if p != reader and "sglang.launch_server" in _cmd(p))
+    ps.adopt(server)
+    ps.pids.extend(_pgroup(reader))
+    h = host(ps, TARGETS=r"sglang\.launch_server")
+    plan = call_agent(h, "plan").doc["plan"]
+    planned = {t["pid"] for t in plan["targets"]}
+    assert server in planned and reader not in planned
+    result = call_agent(h, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.5"])
+    later = _children(reader)  # what the reader started once the server's output ended
+    ps.pids.extend(later)
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(server) and alive(reader)
+    signalled = {a["pid"] for a in result.doc["actions"]}
+    assert reader not in signalled and not (signalled & set(later)), result.doc["actions"]
+
+
+def _children(pid):
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []
+
+
+def _pgroup(pid):
+    pgid = os.getpgid(pid)
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getpgid(int(name)) == pgid:
+                    out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def _cmd(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def test_escape_sequences_in_titles_are_shown_escaped(ps, hosts_env):
+    title = "\x1b[1A\x1b[2K\rFREE: every GPU is free\x1b[8m"
+    ps.role("worker", "--gpu", "0", title=title)
+    hosts_env(scenario.env_lines(ps))
+    out = invoke("verify", "--host", "local")
+    assert out.returncode == 1
+    assert b"\x1b" not in out.stdout + out.stderr
+    assert b"\\x1b[1A" in out.stdout
+
+
+@pytest.mark.parametrize("opts,word", [("-E /tmp/victim", "-E"), ("-S /tmp/sock", "-S"),
+                                       ("-o ControlPath=/tmp/x", "ControlPath"),
+                                       ("-o StrictHostKeyChecking=accept-new", "stricthostkeychecking"),
+                                       ("-L /tmp/s:localhost:22", "-L")])
+def test_ssh_options_that_write_local_paths_are_refused(hosts_env, opts, word):
+    hosts_env(f"GPU1_SSH=root@127.0.0.1\nGPU1_SSH_OPTS='{opts}'\n")
+    out = invoke("hosts")
+    assert out.returncode == 2
+    err = out.stderr.decode().strip()
+    assert len(err.splitlines()) == 1 and word in err
+
+
+@pytest.mark.parametrize("args", [["plan", "--match", "a{99999999999}"], ["plan", "--match", "(" * 1200 + ")" * 1200]])
+def test_pathological_patterns_are_one_line_exit_2(hosts_env, args):
+    hosts_env("")
+    out = invoke(*args, "--host", "local")
+    assert out.returncode == 2, out.stderr
+    assert b"Traceback" not in out.stderr and len(out.stderr.decode().strip().splitlines()) == 1
+
+
+def test_python_option_refused_and_missing_interpreter_exits_3(hosts_env):
+    hosts_env("LOCAL_PYTHON=-c\n")
+    out = invoke("ping", "--host", "local")
+    assert out.returncode == 2 and b"LOCAL_PYTHON" in out.stderr
+    hosts_env("LOCAL_PYTHON=no-such-python-here\n")
+    out = invoke("ping", "--host", "local")
+    assert out.returncode == 3, out.stderr
+    assert b"Traceback" not in out.stderr and b"no-such-python-here" in out.stderr
+
+
+@pytest.mark.parametrize("approved", ["x:y", "1", "1:2,,3:"])
+def test_agent_refuses_a_malformed_approved_list(ps, approved):
+    out = subprocess.run([sys.executable, "scripts/gpuagent.py", "teardown", "--json", "--fake-devices", "--devices",
+                          ps.glob, "--scope", str(ps.base), "--approved", approved], capture_output=True, text=True,
+                         cwd=Path(scenario.__file__).resolve().parent.parent, timeout=30)
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "--approved" in out.stdout and "Traceback" not in out.stderr
+
+
+def test_squatted_default_ssh_dir_costs_sharing_not_the_teardown(second_user, monkeypatch, tmp_path):  # noqa: F811
+    """Root's default ControlPath dir sits in its run dir; where that path is too long for a
+    socket the /tmp fallback is used, and a squatter there costs connection sharing only."""
+    import hashlib
+
+    from scripts import route
+
+    if os.geteuid() != 0:
+        pytest.skip("the case is root's default")
+    monkeypatch.delenv(route.CONTROL_DIR_ENV, raising=False)
+    run_dir = tmp_path / ("r" * 40)
+    monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(run_dir))
+    fallback = f"/tmp/gpu-pivot-ssh-0-{hashlib.sha1(str(run_dir / 'ssh').encode()).hexdigest()[:10]}"
+    made = second_user.run(["mkdir", "-m", "700", fallback])
+    assert made.returncode == 0, made.stderr
+    try:
+        assert route.control_opts() == ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+    finally:
+        second_user.run(["rm", "-rf", "--", fallback])
