@@ -19,9 +19,9 @@ N=$(nvidia-smi -L | wc -l)  # results are named by GPU count: *-1gpu.*, *-2gpu.*
 } 2>&1 | tee "$OUT/gpu-tests-${N}gpu.txt"
 {
   echo "## status/verify before a load"; inv status --host local; inv verify --host local; echo "verify exit $?"
-  python3 tests/gpu_tree.py --token demo-load-server --children 3 --gib 20 --ready /tmp/demo.ready &
+  python3 tests/gpu_tree.py --token demo-load-server --children 3 --gib 20 --ready /tmp/demo.ready >/tmp/demo.log 2>&1 &
   while [ ! -f /tmp/demo.ready ]; do sleep 0.2; done
-  python3 tests/gpu_monitor.py /tmp/mon.ready & MON=$!
+  python3 tests/gpu_monitor.py /tmp/mon.ready >/tmp/mon.log 2>&1 & MON=$!
   sleep 1
   echo "## fuser -v /dev/nvidia* under load"; fuser -v /dev/nvidia* 2>&1 | head -30
   echo "## status under load"; inv status --host local
@@ -46,7 +46,7 @@ LOCAL_PHASE_TRAIN_READY=holding
 LOCAL_PHASE_TRAIN_READY_TIMEOUT=300
 LOCAL_PHASE_TRAIN_GATES='[{"glob": "/tmp/extracted/*.pt", "min": 4}, "test -d /tmp/extracted"]'
 ENV
-  python3 tests/gpu_tree.py --token torch-server --children 3 --gib 20 --ready /tmp/srv.ready &
+  python3 tests/gpu_tree.py --token torch-server --children 3 --gib 20 --ready /tmp/srv.ready >/tmp/srv.log 2>&1 & SRV=$!
   while [ ! -f /tmp/srv.ready ]; do sleep 0.2; done
   export GPU_PIVOT_HOSTS_FILE=/tmp/gp-pivot.env
   inv status --host local
@@ -57,6 +57,9 @@ ENV
   inv stop --host local --phase train; echo "stop exit $?"
   inv verify --host local --wait 10; echo "verify exit $?"
   inv audit --lines 12
+  kill -9 "$SRV" 2>/dev/null  # if the pivot did not stop it, later benches would wait on its memory
+  # (every background process here writes to a file, not to the tee pipe: one left alive
+  # would keep the pipe open and the block would never end)
 } 2>&1 | tee "$OUT/gpu-pivot-${N}gpu.txt"
 python3 bench/scan_cost.py --extra 100 1000 5000 --out "$OUT/scan-cost-${N}gpu.json" 2>&1 | tee "$OUT/scan-cost-${N}gpu.txt"
 python3 bench/gpu_teardown.py --reps "${REPS:-5}" --children 3 --gib-per-proc 20 --out "$OUT/gpu-teardown-${N}gpu.json" 2>&1 | tee "$OUT/gpu-teardown-${N}gpu.txt"

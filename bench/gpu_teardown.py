@@ -33,6 +33,9 @@ def floor_once(workdir, args, n):
     for pid in tree.starts:
         os.kill(pid, 9)
     while any(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used for h in handles):
+        if time.monotonic() - t0 > 60:  # memory held by something else: say so instead of waiting forever
+            tree.kill()
+            raise SystemExit("floor: GPU memory still used 60 s after SIGKILL of the tree; is another process on the GPU?")
         time.sleep(0.002)
     t = time.monotonic() - t0
     pynvml.nvmlShutdown()

@@ -280,3 +280,15 @@ def test_squatted_default_ssh_dir_costs_sharing_not_the_teardown(second_user, mo
         assert route.control_opts() == ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
     finally:
         second_user.run(["rm", "-rf", "--", fallback])
+
+
+def test_a_scope_that_starts_with_a_dash_reaches_the_agent(ps, hosts_env):
+    """Found on the GPU machine: LOCAL_SCOPE=--token was read by the agent's argparse as a flag."""
+    server = scenario._server(ps, "--tp", "1")
+    keys = dict(scenario.host_keys(ps), SCOPE=f"--devdir {ps.devdir}")
+    hosts_env("".join(f"LOCAL_{k}='{v}'\n" for k, v in keys.items()))
+    out = invoke("plan", "--host", "local", "--json", "--match", "-never-a-program")
+    assert out.returncode == 0, out.stderr
+    plan = json.loads(out.stdout)["local"]["plan"]
+    assert server in {t["pid"] for t in plan["targets"]}
+    assert plan["scope"]["text"] == f"--devdir {ps.devdir}"

@@ -111,24 +111,24 @@ def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, r
     """
     if subcommand not in SUBCOMMANDS:
         raise ValueError("unknown agent subcommand %r" % subcommand)
-    argv = [python, STDIN, subcommand, "--devices", devices, "--marker", nonce]
+    # Values go as --flag=VALUE: a value that starts with '-' (a scope such as '--token', a
+    # pattern such as '-serve') would otherwise be read by argparse as another flag.
+    argv = [python, STDIN, subcommand, "--devices=" + devices, "--marker", nonce]
     if progress:
         argv.append("--progress")
     if run_dir:
-        argv += ["--run-dir", run_dir]
+        argv.append("--run-dir=" + run_dir)
     if fake_devices:
         argv.append("--fake-devices")
     if subcommand in SELECTING:
-        for pattern in targets:
-            argv += ["--target", pattern]
-        for pattern in protect:
-            argv += ["--protect", pattern]
+        argv += ["--target=" + p for p in targets]
+        argv += ["--protect=" + p for p in protect]
         if fake_gpus:
-            argv += ["--fake-gpus", fake_gpus]
+            argv.append("--fake-gpus=" + fake_gpus)
         if scope:
-            argv += ["--scope", scope]
+            argv.append("--scope=" + scope)
         if scope_uid is not None:
-            argv += ["--scope-uid", str(scope_uid)]
+            argv.append("--scope-uid=%d" % scope_uid)
     return argv + [str(a) for a in args]
 
 

@@ -43,7 +43,7 @@ def selection_args(match, only_matching: bool, disable: bool) -> list:
 
     args = []
     for pattern in match or []:
-        args += ["--match", cliargs.pattern("match", pattern)]
+        args.append("--match=" + cliargs.pattern("match", pattern))  # =: a pattern may start with "-"
     if only_matching:
         args.append("--only-matching")
     if disable:
