@@ -21,7 +21,8 @@ protected() {
     names="$(cat "/proc/$1/comm" 2>/dev/null) $(tr '\0' '\n' <"/proc/$1/cmdline" 2>/dev/null | head -n 2 | sed 's#.*/##' | tr '\n' ' ')"
     for n in $names; do
         case "$n" in
-            nvidia-persiste*|nv-hostengine|dcgm-exporter|*-exporter|*_exporter|nvidia-smi|nvitop|gpustat|nvtop|sshd|sshd:|pct|lxc-attach|systemd) return 0 ;;
+            # protected names: generated from scripts/agent/contract.py PROTECTED_NAMES (a test keeps them equal)
+            dcgm-exporter|gpustat|lxc-attach|nv-hostengine|nvidia-dcgm|nvidia-persiste|nvidia-persistenced|nvidia-smi|nvitop|nvtop|pct|sshd|systemd|*-exporter|*_exporter|sshd*) return 0 ;;
         esac
     done
     return 1

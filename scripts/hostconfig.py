@@ -169,9 +169,7 @@ def load_hosts(path: Path | None = None, built_in=None) -> dict:
     here made an import circle. scripts/hosts.py, above both, passes them: call
     hosts.load() for every host a task can name.
     """
-    if built_in is None:  # TODO(issue 10, lead): delete these two lines once scripts/cli calls hosts.load()
-        from .sandbox import sandbox_host  # the one upward import left (tests/test_layers.py PENDING)
-        built_in = (sandbox_host,)
+    built_in = built_in or ()
     path = path or hosts_file()
     values: dict = {}
     lines: dict = {}

@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from .agent import procfs
+from .agent.contract import procfs
 from .hostconfig import Host
 from .route import Route
 from .sandbox_fs import (

@@ -19,8 +19,9 @@ import os
 import stat
 from pathlib import Path
 
-from .agent import statedir
-from .agent.statedir import StateDirError, StateFileError
+from .agent.contract import statedir
+
+StateDirError, StateFileError = statedir.StateDirError, statedir.StateFileError
 
 SANDBOX_DIR_ENV = "GPU_PIVOT_SANDBOX_DIR"
 

@@ -11,14 +11,36 @@ import math
 from pathlib import Path
 
 from . import fuser_parse
+from .agent import contract
 
 SCRIPT = Path(__file__).resolve().parent / "emergency_teardown.sh"
 BEGIN, END = "==gpu-pivot-oneliner begin==", "==gpu-pivot-oneliner end=="
 
 
+PROTECTED_MARK = "# protected names:"
+
+
+def protected_case() -> str:
+    """The shell `case` pattern of protected names, from the agent's one protect list."""
+    names = sorted(contract.PROTECTED_NAMES)
+    return "|".join(names + ["*" + s for s in contract.PROTECTED_SUFFIXES] + ["sshd*"])
+
+
 def script_text() -> str:
-    """The script without its comment lines: shorter to paste, same behaviour."""
-    lines = [line for line in SCRIPT.read_text().splitlines() if not line.lstrip().startswith("#")]
+    """The script without its comment lines (shorter to paste, same behaviour), its protected
+    names generated from the contract's list (the file's own copy is checked equal by a test)."""
+    lines, replace_next = [], False
+    for line in SCRIPT.read_text().splitlines():
+        if line.lstrip().startswith(PROTECTED_MARK):
+            replace_next = True
+            continue
+        if line.lstrip().startswith("#"):
+            continue
+        if replace_next:
+            indent = line[: len(line) - len(line.lstrip())]
+            line = f"{indent}{protected_case()}) return 0 ;;"
+            replace_next = False
+        lines.append(line)
     return "\n".join(lines) + "\n"
 
 

@@ -35,8 +35,11 @@ def test_bad_value_is_rejected_naming_key(hosts_env, text, key):
 
 def test_good_file_builds_both_seed_shapes(hosts_env):
     hosts_env("GPU1_SSH=root@10.1.230.174\n"
-              "GPU2_SSH=root@10.1.2.6\nGPU2_CTID=129\nGPU2_SSH_OPTS='-p 2222 -i /k'\nGPU2_PYTHON=/opt/venv/bin/python3\n")
-    hosts = load_hosts()
+              "GPU2_SSH=root@10.1.2.6\nGPU2_CTID=129\nGPU2_SSH_OPTS='-p 2222 -i /k'\n"
+              "GPU2_PYTHON=/opt/venv/bin/python3\n")
+    from scripts import hosts as all_hosts
+
+    hosts = all_hosts.load()  # hosts.env plus the built-ins (the sandbox is added above hostconfig)
     assert hosts["gpu1"].route.describe() == "ssh root@10.1.230.174"
     assert hosts["gpu2"].route.describe() == "ssh -p 2222 -i /k root@10.1.2.6 -> pct exec 129"
     assert hosts["gpu2"].python == "/opt/venv/bin/python3"
@@ -46,7 +49,9 @@ def test_good_file_builds_both_seed_shapes(hosts_env):
 
 def test_local_overrides_and_unknown_alias(hosts_env):
     hosts_env("LOCAL_DEVICES=/tmp/x/nvidia*\n")
-    hosts = load_hosts()
+    from scripts import hosts as all_hosts
+
+    hosts = all_hosts.load()
     assert hosts["local"].devices == "/tmp/x/nvidia*"
     with pytest.raises(ConfigError, match="unknown host alias 'gpu9'"):
         select_hosts("local,gpu9", hosts)
@@ -152,8 +157,10 @@ def _dq(value: str) -> str:
     ("GPU1_SSH=root@h\x00\n", ":1: GPU1_SSH: value has control character U+0000", "'root@h\\x00'"),
     ("# innocent\rGPU1_CTID=129\nGPU1_SSH=root@h\n", ":1: control character U+000D", "'# innocent\\rGPU1_CTID=129'"),
     ("GPU1_SSH=root@h\nGPU1_SSH=root@other\n", ":2: GPU1_SSH is set twice (first on line 1)", ""),
-    ("GPU1_SSH=root@h\nGPU1_TARGETS=" + "a" * 5000 + "\n", ":2: GPU1_TARGETS: value is 5000 bytes, over the 4096-byte limit", "'aaaa"),
-    ("GPU1_SSH=root@h\nGPU1_TARGETS='" + "b" * 200000 + "'\n", ":2: GPU1_TARGETS: value is 200000 bytes", "(200000 characters)"),
+    ("GPU1_SSH=root@h\nGPU1_TARGETS=" + "a" * 5000 + "\n",
+     ":2: GPU1_TARGETS: value is 5000 bytes, over the 4096-byte limit", "'aaaa"),
+    ("GPU1_SSH=root@h\nGPU1_TARGETS='" + "b" * 200000 + "'\n",
+     ":2: GPU1_TARGETS: value is 200000 bytes", "(200000 characters)"),
 ])
 def test_strict_file_errors_name_file_line_and_value(hosts_env, text, where, shown):
     path = hosts_env("")

@@ -44,11 +44,6 @@ AGENT_LAYERS = (
 # to do. Each entry must still exist (test_pending_edges_still_exist): remove it when fixed.
 _THROUGH_CONTRACT = "TODO(issue 10, lead): import it as `from scripts.agent.contract import statedir` (or procfs)"
 PENDING = {
-    ("scripts.hostconfig", "scripts.sandbox"):
-        "TODO(issue 10, lead): scripts/cli calls scripts.hosts.load()/select(); then delete the fallback "
-        "in hostconfig.load_hosts (built_in=None) and this entry",
-    ("scripts.sandbox", "scripts.agent.procfs"): _THROUGH_CONTRACT,
-    ("scripts.sandbox_fs", "scripts.agent.statedir"): _THROUGH_CONTRACT,
 }
 
 

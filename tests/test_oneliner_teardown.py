@@ -8,7 +8,6 @@ from scripts import shell_teardown
 from tests import scenario
 from tests.conftest import invoke
 from tests.procs import ProcessSet, alive
-from tests.second_user import second_user  # noqa: F401  (fixture)
 
 
 @pytest.fixture
@@ -29,7 +28,8 @@ def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
     ran = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
     report = shell_teardown.parse_report(ran.stdout)
     assert ran.returncode == 0, ran.stdout + ran.stderr
-    gpu_targets = {roles[r] for r in ("server", "worker0", "worker1", "stubborn", "stubborn_worker", "orphan", "renamed")}
+    gpu_targets = {roles[r] for r in ("server", "worker0", "worker1", "stubborn", "stubborn_worker", "orphan",
+                                      "renamed")}
     assert set(report["holders"]) == gpu_targets | {roles["persistenced"], roles["monitor"]}
     assert set(report["protected"]) == {roles["persistenced"], roles["monitor"]}
     assert set(report["sigTERM"]) == gpu_targets
@@ -44,7 +44,7 @@ def test_report_parser_rejects_missing_report():
         shell_teardown.parse_report("Welcome!\n")
 
 
-def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):  # noqa: F811
+def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):
     """Not root: other users' open files are unreadable, so an empty holder list proves nothing."""
     import os
     import tempfile
@@ -60,3 +60,19 @@ def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):  # noq
         assert "run as root" in report["not-root"]
     finally:
         subprocess.run(["rm", "-rf", base])
+
+
+def test_shell_protect_list_is_the_agents():
+    """One protect list: the script's own copy equals what is generated from the contract,
+    and the generated one-liner protects every name the agent protects (run in sh)."""
+    from scripts.agent import contract
+
+    text = shell_teardown.SCRIPT.read_text()
+    assert f"            {shell_teardown.protected_case()}) return 0 ;;" in text.splitlines()
+    script = shell_teardown.script_text()
+    assert f"{shell_teardown.protected_case()}) return 0 ;;" in script
+    for name in [*contract.PROTECTED_NAMES, "node-exporter", "gpu_exporter", "sshd:"]:
+        probe = f'case "$0" in {shell_teardown.protected_case()}) exit 0 ;; esac; exit 1'
+        assert subprocess.run(["sh", "-c", probe, name]).returncode == 0, name
+    assert subprocess.run(["sh", "-c", f'case python3 in {shell_teardown.protected_case()}) exit 0;; esac; exit 1']
+                          ).returncode == 1

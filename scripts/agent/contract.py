@@ -102,6 +102,27 @@ def new_nonce():
     return binascii.hexlify(os.urandom(8)).decode()
 
 
+# Never signalled, by any of the names a process goes by (rules.names_of). One list for the
+# agent and the shell one-liner (shell_teardown generates its `case` from it; a test keeps
+# scripts/emergency_teardown.sh equal). Names ending in a suffix below are exporters.
+PROTECTED_NAMES = {
+    "sshd": "ssh server",
+    "nvidia-persistenced": "NVIDIA persistence daemon",
+    "nvidia-persiste": "NVIDIA persistence daemon",
+    "nv-hostengine": "DCGM host engine",
+    "dcgm-exporter": "DCGM exporter",
+    "nvidia-smi": "GPU monitor",
+    "nvitop": "GPU monitor",
+    "gpustat": "GPU monitor",
+    "nvtop": "GPU monitor",
+    "nvidia-dcgm": "DCGM",
+    "pct": "Proxmox pct (route)",
+    "lxc-attach": "Proxmox lxc-attach (route)",
+    "systemd": "init/systemd",
+}
+PROTECTED_SUFFIXES = ("-exporter", "_exporter")
+
+
 def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, run_dir=None, fake_devices=False,
                targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None, args=()):
     """The agent's argv on the host: `PYTHON - SUBCOMMAND --devices GLOB --marker NONCE ...`.

@@ -23,22 +23,9 @@ DEFAULT_TARGETS = (
     r"torchrun",
 )
 
-PROTECTED_NAMES = {
-    "sshd": "ssh server",
-    "nvidia-persistenced": "NVIDIA persistence daemon",
-    "nvidia-persiste": "NVIDIA persistence daemon",
-    "nv-hostengine": "DCGM host engine",
-    "dcgm-exporter": "DCGM exporter",
-    "nvidia-smi": "GPU monitor",
-    "nvitop": "GPU monitor",
-    "gpustat": "GPU monitor",
-    "nvtop": "GPU monitor",
-    "nvidia-dcgm": "DCGM",
-    "pct": "Proxmox pct (route)",
-    "lxc-attach": "Proxmox lxc-attach (route)",
-    "systemd": "init/systemd",
-}
-_EXPORTER = re.compile(r"[-_]exporter$")
+# The protect list lives in the contract: the shell one-liner is generated from the same list.
+PROTECTED_NAMES = contract.PROTECTED_NAMES
+_EXPORTER = re.compile(r"(%s)$" % "|".join(re.escape(x) for x in contract.PROTECTED_SUFFIXES))
 
 
 def names_of(proc):

@@ -15,6 +15,8 @@ import time
 
 from . import program, rules, scan, verify
 
+PROGRESS_EVERY_S = 0.5
+
 
 def _parent_text(procs, pid):
     info = procs.get(pid)
@@ -53,6 +55,7 @@ def watch(args, source, targets, started, before=(), on_poll=None):
     free_at = None
     appeared = {}
     before = set(before)
+    last_progress = 0.0
     first_foreign = None
     while True:
         doc = scan.collect(args, source)
@@ -82,7 +85,8 @@ def watch(args, source, targets, started, before=(), on_poll=None):
         if first_foreign and not pending and now - first_foreign >= args.settle:
             free = False
             break
-        if on_poll:
+        if on_poll and now - last_progress >= PROGRESS_EVERY_S:  # a line a second is news; 20 are noise
+            last_progress = now
             on_poll(doc, problems)
         time.sleep(verify.POLL_S)
     live_appeared = [a for k, a in appeared.items() if any((h["pid"], h["start_time"]) == k for h in doc["holders"])]
