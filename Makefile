@@ -31,7 +31,7 @@ test-gpu: setup ## run only the GPU tests (on a machine with NVIDIA GPUs)
 	$(PY) -m pytest -q -m gpu -rs
 
 .PHONY: lint
-lint: setup ## ruff on the Python, shellcheck on the shell scripts (settings: pyproject.toml)
+lint: setup ## ruff on the Python, shellcheck on the shell scripts (apt-get installs it when missing; settings: pyproject.toml)
 	@command -v shellcheck >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck >/dev/null; }
 	$(VENV)/bin/ruff check .
@@ -39,7 +39,7 @@ lint: setup ## ruff on the Python, shellcheck on the shell scripts (settings: py
 	shellcheck bench/*.sh .ci/run tests/standin/*
 
 .PHONY: typecheck
-typecheck: setup ## mypy on the local side: tasks.py and scripts/ (settings: pyproject.toml)
+typecheck: setup ## mypy on tasks.py and scripts/, the agent included (settings: pyproject.toml)
 	$(VENV)/bin/mypy
 
 .PHONY: demo
@@ -61,15 +61,15 @@ PIVOT_PRE = $(if $(filter sandbox,$(HOST)),$(INVOKE) sandbox up >/dev/null &&,)
 PIVOT_YES = $(if $(filter sandbox,$(HOST)),--yes,$(YES))
 
 .PHONY: pivot-datagen
-pivot-datagen: setup ## seed 000: drain the EAGLE3 server, tear down, start the baseline server + dataset preps
+pivot-datagen: setup ## EAGLE3 data-generation pivot: drain the EAGLE3 server, tear down, start the baseline server + dataset preps
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to datagen $(PIVOT_YES)
 
 .PHONY: pivot-train
-pivot-train: setup ## seed 001: extraction done -> gates on the extracted files -> start training
+pivot-train: setup ## extraction-to-training pivot: extraction done -> gates on the extracted files -> start training
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to train $(PIVOT_YES)
 
 .PHONY: pivot-deploy
-pivot-deploy: setup ## seed 004: old server -> patched server; smoke test; roll back if unhealthy
+pivot-deploy: setup ## patched-server deploy: old server -> patched server; smoke test; roll back if unhealthy
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to deploy $(PIVOT_YES)
 
 .PHONY: bench

@@ -35,7 +35,8 @@ def floor_once(workdir, args, n):
     while any(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used for h in handles):
         if time.monotonic() - t0 > 60:  # memory held by something else: say so instead of waiting forever
             tree.kill()
-            raise SystemExit("floor: GPU memory still used 60 s after SIGKILL of the tree; is another process on the GPU?")
+            raise SystemExit("floor: GPU memory still used 60 s after SIGKILL of the tree; "
+                             "is another process on the GPU?")
         time.sleep(0.002)
     t = time.monotonic() - t0
     pynvml.nvmlShutdown()

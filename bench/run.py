@@ -1,7 +1,8 @@
 """`make bench`: every benchmark side by side in one run, written to bench/RESULTS.md.
 
-Sections: (1) sandbox teardown, gpu-pivot vs the seed sequences, each replayed only inside a
-throwaway PID namespace holding nothing but the benchmark's processes; (2) ssh: connections
+Sections: (1) sandbox teardown, gpu-pivot vs the one-liners typed in the EAGLE3 data-generation
+pivot and the patched-server deploy, each replayed only inside a throwaway PID namespace
+holding nothing but the benchmark's processes; (2) ssh: connections
 per teardown, cold vs warm ControlMaster; (3) scan cost vs process count; (4) fleet:
 1/4/16/32 loopback sshd hosts, parallel vs one after another; (5) GPU rows, measured on the
 GPU machine by bench/gpu_session.sh and merged from bench/results/gpu-teardown.json;
@@ -29,9 +30,9 @@ from scripts import route  # noqa: E402
 from scripts.floor import release_floor  # noqa: E402
 from scripts.render import table  # noqa: E402
 from tests import scenario  # noqa: E402
+from tests.incident_replay import DATAGEN_SCRIPT, NAMES, namespace_command, sequences  # noqa: E402
 from tests.loopback_sshd import LoopbackSshd  # noqa: E402
 from tests.procs import ProcessSet  # noqa: E402
-from tests.seed_replay import NAMES, namespace_command, sequences  # noqa: E402
 
 FIXTURE_FLOOR = REPO / "tests" / "fixtures" / "h200-driver580" / "release-floor.json"
 GPU_RESULTS = REPO / "bench" / "results"  # gpu-teardown-<N>gpu.json from bench/gpu_session.sh
@@ -49,18 +50,18 @@ def invoke_argv(*args):
     return [sys.executable, "-m", "invoke", *args]
 
 
-# -- 1. sandbox teardown vs the seed -----------------------------------------------------------
-def seed_comparison(work: Path, reps: int) -> list:
+# -- 1. sandbox teardown vs the incidents' one-liners ---------------------------------------------
+def oneliner_comparison(work: Path, reps: int) -> list:
     """One row per sequence. 'verdict correct': what the sequence said about the GPUs
     matches what is left (gpu-pivot: exit 0 iff every target is gone and no unprotected
-    holder is left; seed-000 prints "Server killed" whatever happened; seed-004 prints a
-    count of "0MiB" lines, which is not a count of free GPUs)."""
+    holder is left; the datagen one-liner prints "Server killed" whatever happened; the
+    deploy one-liner prints a count of "0MiB" lines, which is not a count of free GPUs)."""
     rows = []
     for name in NAMES:
         walls, gone, kept, correct, said = [], [], [], [], ""
-        runs = reps if name == "gpu-pivot" else max(1, reps // 2)  # the seeds sleep 5 s per run
+        runs = reps if name == "gpu-pivot" else max(1, reps // 2)  # the one-liners sleep 5 s per run
         for i in range(runs):
-            wd = work / f"seed-{NAMES.index(name)}-{i}"
+            wd = work / f"sequence-{NAMES.index(name)}-{i}"
             wd.mkdir()
             out = subprocess.run(namespace_command(wd, sequences(wd)[name]), capture_output=True, text=True,
                                  timeout=300)
@@ -72,7 +73,7 @@ def seed_comparison(work: Path, reps: int) -> list:
             said = res["said"] or f"(nothing; exit {res['rc']})"
             if name == "gpu-pivot":
                 correct.append((res["rc"] == 0) == all_gone)
-            elif name == "seed-000 from a script file":
+            elif name == DATAGEN_SCRIPT:
                 correct.append(all_gone)  # it always says "Server killed"
             else:
                 correct.append(False)  # killed before saying anything / grep count is not a verdict
@@ -178,28 +179,32 @@ def startup(reps: int) -> str:
 
 
 # -- the report -----------------------------------------------------------------------------------
-def report(args, seed_rows, ssh, scans, fleet_rows, startup_table="") -> str:
+def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str:
     floor = release_floor(FIXTURE_FLOOR)
     lines = ["# gpu-pivot benchmark results", "",
              f"Produced by `make bench` ({' '.join(sys.argv[1:]) or 'defaults'}) on {platform.node()} "
              f"({platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
              f"Python {platform.python_version()}) at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. "
              "Medians of the runs; min-max beside them.", ""]
-    lines += ["## 1. Sandbox teardown: gpu-pivot vs the seed sequences", "",
+    lines += ["## 1. Sandbox teardown: gpu-pivot vs the incidents' one-liners", "",
+              "The one-liners typed in two real incidents: the EAGLE3 data-generation pivot "
+              "(`pkill -f`, `pkill -9 -f python3`, `fuser -k`, run over ssh as `bash -c` or from a script file) "
+              "and the patched-server deploy (`ps aux | grep python3 | ... | xargs kill -9`, `fuser -k`).", "",
               "Scenario (tests/scenario.py): targets = a server tree (parent, 2 spawned workers, a non-GPU "
               "tokenizer child, a double-forked helper in its process group), a server + worker ignoring SIGTERM, "
               "an orphan worker, a renamed worker `VLLM::EngineCore` (9 processes); bystanders = "
               "`nvidia-persistenced`, an `nvitop` monitor, an unrelated `python3` job (3). Each row runs inside "
               "`unshare --pid --fork --mount-proc` holding only these processes. Wall time = the sequence's own run "
-              "time (to 'GPUs free' for gpu-pivot, which verifies it; the seeds include their fixed sleeps). "
+              "time (to 'GPUs free' for gpu-pivot, which verifies it; the one-liners include their fixed sleeps). "
               "gpu-pivot runs with `--grace 1` so the SIGTERM-ignoring server costs 1 s.", ""]
     lines.append(table(["sequence", "wall s (median)", "min-max", "targets gone (worst run)",
-                        "bystanders alive (worst run)", "verdict correct", "last line it printed", "runs"], seed_rows))
-    pivot_row = next(r for r in seed_rows if r[0] == "gpu-pivot")
-    seed_row = next(r for r in seed_rows if r[0] == "seed-000 from a script file")
-    ratio = float(seed_row[1]) / float(pivot_row[1])
-    lines += ["", f"Ratio: seed-000 (script) / gpu-pivot wall time = **{ratio:.1f}x**; gpu-pivot stops "
-              f"{pivot_row[3]} targets and keeps {pivot_row[4]} bystanders, seed-000 keeps {seed_row[4]}.", ""]
+                        "bystanders alive (worst run)", "verdict correct", "last line it printed", "runs"],
+                       oneliner_rows))
+    pivot_row = next(r for r in oneliner_rows if r[0] == "gpu-pivot")
+    script_row = next(r for r in oneliner_rows if r[0] == DATAGEN_SCRIPT)
+    ratio = float(script_row[1]) / float(pivot_row[1])
+    lines += ["", f"Ratio: datagen one-liner (script) / gpu-pivot wall time = **{ratio:.1f}x**; gpu-pivot stops "
+              f"{pivot_row[3]} targets and keeps {pivot_row[4]} bystanders, the one-liner keeps {script_row[4]}.", ""]
     lines += ["## 2. Through the loopback sshd", "",
               "- ssh connections opened by one `invoke teardown --host gpu1 --yes`: "
               f"**{ssh['connections_per_teardown']}** (counted in sshd's log).",
@@ -272,8 +277,8 @@ def main():
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-bench-"))
     try:
-        print("1/5 seed comparison ...", flush=True)
-        seed_rows = seed_comparison(work, args.reps)
+        print("1/5 one-liner comparison ...", flush=True)
+        oneliner_rows = oneliner_comparison(work, args.reps)
         print("2/5 ssh ...", flush=True)
         ssh = ssh_costs(work, args.reps)
         print("3/5 scan cost ...", flush=True)
@@ -281,7 +286,7 @@ def main():
         print("4/5 fleet ...", flush=True)
         fleet_rows = fleet(work, args.fleet, max(1, args.reps // 2))
         print("5/5 start-up ...", flush=True)
-        text = report(args, seed_rows, ssh, scans, fleet_rows, startup(args.reps))
+        text = report(args, oneliner_rows, ssh, scans, fleet_rows, startup(args.reps))
         Path(args.out).write_text(text)
         print(text)
     finally:

@@ -111,20 +111,23 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
         check_ssh_opts(key("SSH_OPTS"), keys["SSH_OPTS"], opts)
         if not ssh:
             raise ConfigError(f"{key('SSH_OPTS')} is set but {key('SSH')} is not")
-    hops = []
+    hops: list[SshHop | PctHop] = []
     if ssh is not None:
         if ssh == "":
             raise ConfigError(f"{key('SSH')}='': empty ssh destination")
         if ssh.startswith("-"):
             raise ConfigError(f"{key('SSH')}={ssh!r}: an ssh destination may not start with '-'")
-        hops.append(SshHop(_check(key("SSH"), ssh, _SSH_DEST, "ssh destination (user@host or alias; no spaces or shell characters)"), opts))
+        dest = _check(key("SSH"), ssh, _SSH_DEST, "ssh destination (user@host or alias; no spaces or shell characters)")
+        hops.append(SshHop(dest, opts))
     if "CTID" in keys:
         ctid = keys["CTID"]
         if not ctid.isdigit() or not ctid.isascii() or int(ctid) < 100:
             raise ConfigError(f"{key('CTID')}={ctid!r}: a Proxmox container id is a number of 100 or more")
         hops.append(PctHop(ctid))
-    python = _check(key("PYTHON"), keys.get("PYTHON", DEFAULT_PYTHON), _PYTHON, "interpreter (a name or an absolute path)")
-    devices = _check(key("DEVICES"), keys.get("DEVICES", DEFAULT_DEVICES), _DEVICES, "device glob (an absolute path pattern)")
+    python = _check(key("PYTHON"), keys.get("PYTHON", DEFAULT_PYTHON), _PYTHON,
+                    "interpreter (a name or an absolute path)")
+    devices = _check(key("DEVICES"), keys.get("DEVICES", DEFAULT_DEVICES), _DEVICES,
+                     "device glob (an absolute path pattern)")
     targets = _regex_list(key("TARGETS"), keys["TARGETS"]) if "TARGETS" in keys else ()
     protect = _regex_list(key("PROTECT"), keys["PROTECT"]) if "PROTECT" in keys else ()
     fake = _yes_no(key("FAKE_DEVICES"), keys["FAKE_DEVICES"]) if "FAKE_DEVICES" in keys else False

@@ -5,9 +5,13 @@ with zero-padding and ranges done right; writing our own would be a second, wors
 """
 from __future__ import annotations
 
+import re
+
 from ClusterShell.NodeSet import NodeSet, NodeSetParseError
 
 from .config_error import ConfigError
+
+MAX_HOSTS = 4096  # a fleet larger than this is a typo ('gpu[1-99999999]'), not a teardown
 
 
 def expand(spec: str) -> list:
@@ -16,6 +20,9 @@ def expand(spec: str) -> list:
         raise ConfigError("--host is empty: name a host alias (see `invoke hosts`)")
     names: list = []
     for part in _top_level_split(spec):
+        count = _count(part)
+        if count + len(names) > MAX_HOSTS:  # counted from the text: ClusterShell would build every name first
+            raise ConfigError(f"--host {spec!r}: names {count + len(names)} hosts or more; at most {MAX_HOSTS} at once")
         try:
             expanded = list(NodeSet(part)) if "[" in part else [part]
         except NodeSetParseError as exc:
@@ -27,6 +34,22 @@ def expand(spec: str) -> list:
             if name not in names:
                 names.append(name)
     return names
+
+
+def _count(part: str) -> int:
+    """How many names a node set names, from its text alone (an upper bound; 1 if unparsable:
+    ClusterShell then says what is wrong)."""
+    total = 1
+    for group in re.findall(r"\[([^\]]*)\]", part):
+        size = 0
+        for item in group.split(","):
+            m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?(?:/\s*(\d+)\s*)?", item)
+            if not m:
+                return 1
+            lo, hi, step = int(m.group(1)), int(m.group(2) or m.group(1)), int(m.group(3) or 1)
+            size += max(0, hi - lo) // max(step, 1) + 1
+        total *= max(size, 1)
+    return total
 
 
 def _top_level_split(spec: str) -> list:

@@ -16,7 +16,8 @@ from .config_error import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
                 "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT")
-_PHASE_KEY = re.compile(r"^(?P<alias>[A-Z][A-Z0-9_]*?)_PHASE_(?P<phase>[A-Z][A-Z0-9]*)_(?P<field>%s)$" % "|".join(PHASE_FIELDS))
+_PHASE_KEY = re.compile(r"^(?P<alias>[A-Z][A-Z0-9_]*?)_PHASE_(?P<phase>[A-Z][A-Z0-9]*)_(?P<field>%s)$"
+                        % "|".join(PHASE_FIELDS))
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _URL = re.compile(r"^https?://[^\s'\"`$;|&<>]+$")
 
@@ -134,7 +135,8 @@ def build_phase(alias: str, name: str, keys: dict) -> Phase:
             value = keys[fld]
             ok = _URL.match(value) or (fld == "READY" and value in ("holding", "alive"))
             if not ok:
-                _fail(alias, name, fld, value, "must be an http(s) URL" + (" or 'holding' or 'alive'" if fld == "READY" else ""))
+                _fail(alias, name, fld, value,
+                      "must be an http(s) URL" + (" or 'holding' or 'alive'" if fld == "READY" else ""))
             kw[fld.lower()] = value
     for fld in ("READY_TIMEOUT", "DRAIN_TIMEOUT", "STOP_TIMEOUT"):
         if fld in keys:
@@ -144,7 +146,8 @@ def build_phase(alias: str, name: str, keys: dict) -> Phase:
         for g in gates:
             if not (isinstance(g, str) or (isinstance(g, dict) and isinstance(g.get("glob"), str)
                                            and isinstance(g.get("min"), int) and g["min"] >= 0)):
-                _fail(alias, name, "GATES", keys["GATES"], f"{g!r} is neither a command nor {{\"glob\": ..., \"min\": N}}")
+                _fail(alias, name, "GATES", keys["GATES"],
+                      f"{g!r} is neither a command nor {{\"glob\": ..., \"min\": N}}")
         kw["gates"] = tuple(json.dumps(g) if isinstance(g, dict) else g for g in gates)
     if "PREP" in keys:
         prep = _json_list(alias, name, "PREP", keys["PREP"])

@@ -52,7 +52,7 @@ def _default_base() -> str:
     if os.geteuid() == 0:
         return os.path.join(statedir.run_dir(), "ssh")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and len(runtime) < 24 and os.path.isdir(runtime):
+    if runtime and len(runtime) < 24 and statedir.is_private(runtime):  # not a dir another user can swap
         return os.path.join(runtime, "gpu-pivot-ssh")
     return f"/tmp/gpu-pivot-ssh-{os.getuid()}"
 

@@ -76,13 +76,13 @@ def server_argv(base: Path, port: int, *extra: str) -> list:
 
 
 def sandbox_phases(base: Path) -> dict:
-    """The seeds' three pivots on the sandbox, in the same schema as hosts.env phases."""
+    """The three pivots gpu-pivot was built for, on the sandbox, in the same schema as hosts.env phases."""
     from .phases import build_phase
 
     env = f"PYTHONPATH={base / 'pkg'}"
     py = shlex.quote(sys.executable)
     keys = {
-        "datagen": {  # 000: EAGLE3 debug server -> baseline server + dataset preps in parallel
+        "datagen": {  # EAGLE3 data-generation pivot: EAGLE3 debug server -> baseline server + dataset preps in parallel
             "ARGV": json.dumps(server_argv(base, DATAGEN_PORT, "--load-s", "1", "--mib", "30000")),
             "ENV": env, "READY": f"http://127.0.0.1:{DATAGEN_PORT}/health", "READY_TIMEOUT": "60",
             "DRAIN_METRICS": f"http://127.0.0.1:{SERVER_PORT}/metrics", "DRAIN_TIMEOUT": "30",
@@ -91,14 +91,14 @@ def sandbox_phases(base: Path) -> dict:
                                 f"{name} --sandbox {shlex.quote(str(base))}"
                                 for name in ("sharegpt", "ultrachat", "code-alpaca")]),
         },
-        "train": {  # 001: extraction finished -> training, gated on the extracted files
+        "train": {  # extraction-to-training pivot: extraction finished -> training, gated on the extracted files
             "ARGV": json.dumps([str(base / "bin" / "torchrun"), str(ROLES), "job", "--devdir", str(base / "dev"),
                                 "--memdir", str(base / "gpumem"), "--mib", "60000", "--gpus", str(GPUS)]),
             "READY": "holding", "READY_TIMEOUT": "30",
             "GATES": json.dumps([{"glob": str(base / "hidden_states" / "*.pt"), "min": HIDDEN_STATES},
                                  f"test -s {shlex.quote(str(base / 'hidden_states' / 'data_config.json'))}"]),
         },
-        "deploy": {  # 004: old server -> patched server, rolled back if the new one is unhealthy
+        "deploy": {  # patched-server deploy: old server -> patched server, rolled back if the new one is unhealthy
             "ARGV": json.dumps(server_argv(base, SERVER_PORT, "--load-s", "1",
                                            "--code-dir", str(base / "server-code"))),
             "ENV": env, "DIR": str(base / "server-code"), "PATCH": str(base / "patches" / "dynamic-spec.patch"),
@@ -187,7 +187,7 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
     env = dict(os.environ, PYTHONPATH=str(pkgdir))
     py = sys.executable
     common = ["--devdir", str(devdir)]
-    # the EAGLE3 server being debugged (seed 000), with 3 requests still in flight
+    # the EAGLE3 server being debugged (the EAGLE3 data-generation pivot), with 3 requests still in flight
     server = server_argv(base, SERVER_PORT, "--inflight", "3", "--speculative-algorithm", "EAGLE3",
                          "--speculative-draft-model-path", str(base / "fake-eagle3-draft"))
     if ignore_term:

@@ -21,7 +21,8 @@ from pathlib import Path
 
 from .agent.contract import statedir
 
-StateDirError, StateFileError = statedir.StateDirError, statedir.StateFileError
+StateDirError = statedir.StateDirError
+StateFileError = statedir.StateFileError
 
 SANDBOX_DIR_ENV = "GPU_PIVOT_SANDBOX_DIR"
 

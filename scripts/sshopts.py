@@ -92,7 +92,8 @@ def option_keyword(arg: str) -> str:
 
     Quotes and backslashes are dropped from the keyword (ssh accepts `"ProxyCommand" x`), so a
     quoted spelling is caught too; that may refuse a spelling ssh itself would reject, never the reverse."""
-    word = re.match(r"\s*([^\s=]*)", arg).group(1)
+    match = re.match(r"\s*([^\s=]*)", arg)  # always matches (every part may be empty)
+    word = match.group(1) if match else ""
     return re.sub(r"[\"'\\]", "", word).lower()
 
 

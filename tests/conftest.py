@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.loopback_sshd import LoopbackSshd
+from tests.second_user import second_user  # noqa: F401  (fixture: a real second user, for every test module)
 
 REPO = Path(__file__).resolve().parent.parent
 FIXTURES = REPO / "tests" / "fixtures" / "h200-driver580"  # real H200 captures; see tests/fixtures/README.md
@@ -35,7 +36,8 @@ def _isolated_state(tmp_path_factory):
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory, _isolated_state):
     # The far side's agent keeps last.json, its audit log and its lock in the test's dir.
-    server = LoopbackSshd(tmp_path_factory.mktemp("sshd"), env={"GPU_PIVOT_RUN_DIR": str(_isolated_state / "remote-run")}).start()
+    server = LoopbackSshd(tmp_path_factory.mktemp("sshd"),
+                          env={"GPU_PIVOT_RUN_DIR": str(_isolated_state / "remote-run")}).start()
     yield server
     server.stop()
 

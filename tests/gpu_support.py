@@ -32,8 +32,9 @@ def nvml_used_mib() -> list:
 
     pynvml.nvmlInit()
     try:
-        return [-(-pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i), version=pynvml.nvmlMemory_v2).used
-                  // 2**20) for i in range(pynvml.nvmlDeviceGetCount())]
+        return [-(-pynvml.nvmlDeviceGetMemoryInfo(pynvml.nvmlDeviceGetHandleByIndex(i),
+                                                   version=pynvml.nvmlMemory_v2).used // 2**20)
+                for i in range(pynvml.nvmlDeviceGetCount())]
     finally:
         pynvml.nvmlShutdown()
 

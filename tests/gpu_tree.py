@@ -13,7 +13,8 @@ import time
 def hold(gib, ready_q):
     import torch
 
-    blocks = [torch.empty(int(gib * 2**30), dtype=torch.uint8, device=f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    blocks = [torch.empty(int(gib * 2**30), dtype=torch.uint8, device=f"cuda:{i}")
+              for i in range(torch.cuda.device_count())]
     torch.cuda.synchronize()
     ready_q.put(os.getpid())
     while True:
@@ -35,7 +36,8 @@ def main():
         k.start()
     import torch
 
-    mine = [torch.empty(int(args.gib * 2**30), dtype=torch.uint8, device=f"cuda:{i}") for i in range(torch.cuda.device_count())]
+    mine = [torch.empty(int(args.gib * 2**30), dtype=torch.uint8, device=f"cuda:{i}")
+            for i in range(torch.cuda.device_count())]
     torch.cuda.synchronize()
     pids = [q.get(timeout=300) for _ in kids]
     with open(args.ready + ".tmp", "w") as f:

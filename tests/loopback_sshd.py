@@ -26,7 +26,7 @@ def free_port() -> int:
 class LoopbackSshd:
     """Start with `.start()`, stop with `.stop()`. `ssh_opts` are what a client needs."""
 
-    def __init__(self, workdir: Path, noise: str | None = None, keys_from: "LoopbackSshd | None" = None,
+    def __init__(self, workdir: Path, noise: str | None = None, keys_from: LoopbackSshd | None = None,
                  env: dict | None = None):
         self.dir = Path(workdir)
         self.dir.mkdir(parents=True, exist_ok=True)
@@ -87,7 +87,7 @@ class LoopbackSshd:
         return conf
 
     # -- life -------------------------------------------------------------------------
-    def start(self) -> "LoopbackSshd":
+    def start(self) -> LoopbackSshd:
         self._keys()
         conf = self._config()
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation dir sshd insists on
@@ -96,7 +96,8 @@ class LoopbackSshd:
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"sshd exited {self.proc.returncode}: {self.proc.stderr.read().decode()} {self.log.read_text() if self.log.exists() else ''}")
+                log = self.log.read_text() if self.log.exists() else ""
+                raise RuntimeError(f"sshd exited {self.proc.returncode}: {self.proc.stderr.read().decode()} {log}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
                 return self

@@ -5,15 +5,14 @@ a double-forked helper left in its session), a server that ignores SIGTERM, an
 orphan worker whose parent exited, a renamed worker (`VLLM::EngineCore`).
 Bystanders: `nvidia-persistenced` and an `nvitop` monitor (both hold the device files)
 and an unrelated python job that holds no GPU. Python processes show `python3` as
-argv[0], as on the seed's hosts, so `pkill -f python3` matches them there too.
+argv[0], as on the incidents' hosts, so `pkill -f python3` matches them there too.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
-
-import os
 
 from scripts.sandbox import ROLES, _server_shim
 from tests.procs import ProcessSet, wait_for

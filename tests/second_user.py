@@ -2,7 +2,7 @@
 
 Why real: the cases are about what the kernel lets another uid do (create a directory
 first, hold an flock, plant a link, be seen in /proc). A mock would only repeat our
-assumptions. Use the `second_user` fixture (import it into the test module); it skips,
+assumptions. Use the `second_user` fixture (tests/conftest.py offers it to every module); it skips,
 saying why, where it cannot run (not root, no useradd/setpriv).
 
 Every process it starts as that user is tracked and killed by PID at the end, before

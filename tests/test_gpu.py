@@ -75,6 +75,7 @@ def test_teardown_frees_all_memory_and_keeps_the_monitor(tmp_path, hosts_env):
 def test_emergency_memory_line_parses_and_reads_free():
     """The emergency doc's memory one-liner, run here without its ssh hop, read by our CSV parser."""
     import subprocess
+
     from scripts import emergency_doc
     from scripts.agent import smi_parse
     out = subprocess.run(emergency_doc.MEMORY, capture_output=True, text=True, check=True)

@@ -120,7 +120,8 @@ def test_bind_mounted_device_is_the_device(ps):
     target = ps.base / "bind-target"
     target.touch()
     ready = ps.base / "ready-bind"
-    code = f"import os, time; fd = os.open({str(target)!r}, os.O_RDONLY); open({str(ready)!r}, 'w').close(); time.sleep(600)"
+    code = (f"import os, time; fd = os.open({str(target)!r}, os.O_RDONLY); open({str(ready)!r}, 'w').close(); "
+            "time.sleep(600)")
     p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
                           f"mount --bind {node} {target} && exec {sys.executable} -c \"$0\"", code],
                          start_new_session=True)
@@ -132,7 +133,8 @@ def test_bind_mounted_device_is_the_device(ps):
 
 def test_thread_with_its_own_fd_table(ps):
     pid = holder(ps, "thread-own-table", ps.devdir / "nvidia1")
-    assert not any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(ps.devdir)) for fd in os.listdir(f"/proc/{pid}/fd"))
+    assert not any(os.readlink(f"/proc/{pid}/fd/{fd}").startswith(str(ps.devdir))
+                   for fd in os.listdir(f"/proc/{pid}/fd"))
     assert_seen_then_freed(ps, pid, str(ps.devdir / "nvidia1"))
 
 

@@ -33,7 +33,7 @@ def test_bad_value_is_rejected_naming_key(hosts_env, text, key):
     assert "\n" not in str(err.value)
 
 
-def test_good_file_builds_both_seed_shapes(hosts_env):
+def test_good_file_builds_both_route_shapes(hosts_env):
     hosts_env("GPU1_SSH=root@10.1.230.174\n"
               "GPU2_SSH=root@10.1.2.6\nGPU2_CTID=129\nGPU2_SSH_OPTS='-p 2222 -i /k'\n"
               "GPU2_PYTHON=/opt/venv/bin/python3\n")
@@ -295,7 +295,7 @@ def _cli(hosts_env, ssh_spy, text, *args):
 
 @pytest.mark.parametrize("task", [["ping"], ["run", "--", "true"], ["plan"]])
 def test_cli_ctid_without_equals_is_exit2_and_never_reaches_ssh(hosts_env, ssh_spy, task):
-    """The seed's silent misroute: `GPU1_CTID 129` was dropped and commands went to the node."""
+    """The silent misroute this refuses: a dropped `GPU1_CTID 129` (no `=`) sends commands to the node."""
     path, line = _cli(hosts_env, ssh_spy, "GPU1_SSH=root@10.0.0.1\nGPU1_CTID 129\n",
                       task[0], "--host", "gpu1", *task[1:])
     assert line == f"gpu-pivot: {path}:2: not KEY=VALUE: 'GPU1_CTID 129'"

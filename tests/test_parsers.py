@@ -32,7 +32,7 @@ def test_fuser_glued_text_needs_end_marker():
         fuser_parse.pids(text, end="@@END@@")
 
 
-def test_seed_glued_outputs():
+def test_deploy_oneliner_glued_outputs():
     assert fuser_parse.pids(" 164975" * 9 + " 1649750", end=None) == [164975, 1649750]  # why a marker is needed
     assert fuser_parse.pids(" 3653" * 10 + "done", end="done") == [3653]
 
@@ -54,7 +54,7 @@ def test_fuser_verbose_row_count_mismatch_is_an_error():
 
 def test_smi_table_loaded_reads_zero_free():
     text = fx("nvidia-smi-loaded.txt")
-    assert sum("0MiB" in line for line in text.splitlines()) == 4  # the seed's grep | wc -l
+    assert sum("0MiB" in line for line in text.splitlines()) == 4  # the deploy one-liner's grep | wc -l
     out = smi_table.table(text)
     assert out["free"] == []
     assert out["gpus"] == [{"index": 0, "name": "NVIDIA H200", "used_mib": 84386, "total_mib": 143771}]

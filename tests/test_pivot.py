@@ -2,8 +2,8 @@
 /metrics on loopback, a job phase, a failing gate, a readiness timeout, a deploy rolled
 back, datagen prep jobs reported; launch lint; the setsid path; systemd-run by argv."""
 import json
-import re
 import os
+import re
 import urllib.request
 from pathlib import Path
 
@@ -47,7 +47,8 @@ def test_sandbox_three_pivots_end_to_end(sandbox):
     text = out_text(res)
     assert res.returncode == 0, text
     assert "smoke: HTTP 200" in text
-    assert '"dynamic_spec": true' in (Path(os.environ["GPU_PIVOT_SANDBOX_DIR"]) / "server-code" / "server_config.json").read_text()
+    config = Path(os.environ["GPU_PIVOT_SANDBOX_DIR"]) / "server-code" / "server_config.json"
+    assert '"dynamic_spec": true' in config.read_text()
     audit = [json.loads(line) for line in invoke("audit", "--json", "--lines", "200").stdout.decode().splitlines()]
     assert [r["to"] for r in audit if r.get("event") == "pivot"][-3:] == ["datagen", "train", "deploy"]
 
@@ -162,8 +163,9 @@ def test_launch_lint_eagle_vs_eagle3(tmp_path):
     (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))
     model = tmp_path / "model"
     model.mkdir()
-    base = ["lint-launch", "--host", "sandbox", "--", "python3", "-m", "sglang.launch_server", "--model-path", str(model),
-            "--tp", "2", "--port", str(free_port()), "--speculative-draft-model-path", str(draft), "--speculative-algorithm"]
+    base = ["lint-launch", "--host", "sandbox", "--", "python3", "-m", "sglang.launch_server",
+            "--model-path", str(model), "--tp", "2", "--port", str(free_port()),
+            "--speculative-draft-model-path", str(draft), "--speculative-algorithm"]
     bad = invoke(*base, "EAGLE")
     assert bad.returncode == 5
     assert b"is EAGLE-3" in bad.stdout and b"use EAGLE3" in bad.stdout

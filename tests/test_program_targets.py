@@ -89,7 +89,8 @@ def ps(tmp_path):
 
 def _tmux_pids(sock):
     out = subprocess.run(["tmux", "-S", str(sock), "list-panes", "-a", "-F", "#{pid}"], capture_output=True, text=True)
-    server = subprocess.run(["tmux", "-S", str(sock), "display-message", "-p", "#{pid}"], capture_output=True, text=True)
+    server = subprocess.run(["tmux", "-S", str(sock), "display-message", "-p", "#{pid}"],
+                            capture_output=True, text=True)
     return int(server.stdout.strip()), [int(p) for p in out.stdout.split()]
 
 

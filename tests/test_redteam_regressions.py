@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,6 @@ from scripts.transport import call_agent
 from tests import scenario
 from tests.conftest import invoke
 from tests.procs import ProcessSet, alive, wait_for
-from tests.second_user import second_user  # noqa: F401  (fixture)
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces, capabilities, users)")
 
@@ -98,10 +98,11 @@ def test_protected_name_with_a_mapping_under_another_name_is_not_free(ps):
 @pytest.mark.skipif(not shutil.which("unshare"), reason="needs unshare")
 def test_device_bind_mounted_over_a_proc_path_is_seen(ps):
     ready = ps.base / "ready-procbind"
-    code = f"import os, time; fd = os.open('/proc/version', os.O_RDONLY); open({str(ready)!r}, 'w').close(); time.sleep(600)"
-    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c",
-                          f"mount --bind {ps.devdir}/nvidia1 /proc/version && exec {sys.executable} -c \"$0\" {ps.base}",
-                          code], start_new_session=True)
+    code = (f"import os, time; fd = os.open('/proc/version', os.O_RDONLY); open({str(ready)!r}, 'w').close(); "
+            "time.sleep(600)")
+    bind = f"mount --bind {ps.devdir}/nvidia1 /proc/version && exec {sys.executable} -c \"$0\" {ps.base}"
+    p = subprocess.Popen(["unshare", "--mount", "--propagation", "private", "sh", "-c", bind, code],
+                         start_new_session=True)
     ps.adopt(p.pid)
     wait_for(ready.exists, "holder behind /proc/version")
     doc = call_agent(host(ps), "verify").doc
@@ -129,7 +130,7 @@ def _agent(argv, input_=None, env=None):
 
 @needs_root
 @pytest.mark.skipif(not shutil.which("setpriv"), reason="needs setpriv")
-def test_root_without_ptrace_capability_never_says_free(shared_ps, second_user):  # noqa: F811
+def test_root_without_ptrace_capability_never_says_free(shared_ps, second_user):
     holder = second_user.popen([second_user.python, "-c", "import os, sys, time; os.open(sys.argv[1], os.O_RDWR); "
                                 "open(sys.argv[2], 'w').close(); time.sleep(600)", str(shared_ps.devdir / "nvidia1"),
                                 f"{second_user.home}/ready"])
@@ -141,10 +142,11 @@ def test_root_without_ptrace_capability_never_says_free(shared_ps, second_user):
 
 
 @needs_root
-def test_hidepid_proc_never_says_free(shared_ps, second_user):  # noqa: F811
+def test_hidepid_proc_never_says_free(shared_ps, second_user):
     shared_ps.role("worker", "--gpu", "0")  # root's holder, invisible under hidepid=2
-    inner = f"mount -t proc -o hidepid=2 proc /proc && exec setpriv --reuid={second_user.uid} --regid={second_user.gid} " \
-            f"--init-groups -- {second_user.python} - verify --json --fake-devices --devices '{shared_ps.glob}'"
+    inner = (f"mount -t proc -o hidepid=2 proc /proc && "
+             f"exec setpriv --reuid={second_user.uid} --regid={second_user.gid} "
+             f"--init-groups -- {second_user.python} - verify --json --fake-devices --devices '{shared_ps.glob}'")
     code, doc = _agent(["unshare", "--mount", "--propagation", "private", "sh", "-c", inner],
                        env={"PATH": "/usr/bin:/bin", "HOME": second_user.home})
     assert code == 6, doc.get("problems")
@@ -162,8 +164,8 @@ def test_pipeline_sibling_is_not_a_target_nor_adopted(ps, tmp_path):
     script = (f"set -m; PYTHONPATH={pkg} python3 -m sglang.launch_server --devdir {ps.devdir} --tp 1 --ready "
               f"{tmp_path}/srv.ready | sh -c 'cat > {log}; sleep 600; : {tmp_path}' & "
               f"echo $! > {tmp_path}/reader.pid; exit 0")
-    subprocess.run(["bash", "-c", script], check=True, timeout=30, env=dict(os.environ, PATH=f"{Path(sys.executable).parent}:"
-                                                                                                f"{os.environ['PATH']}"))
+    path = f"{Path(sys.executable).parent}:{os.environ['PATH']}"
+    subprocess.run(["bash", "-c", script], check=True, timeout=30, env=dict(os.environ, PATH=path))
     wait_for((tmp_path / "srv.ready").exists, "server ready")
     reader = int((tmp_path / "reader.pid").read_text())
     ps.adopt(reader)
@@ -261,7 +263,7 @@ def test_agent_refuses_a_malformed_approved_list(ps, approved):
     assert "--approved" in out.stdout and "Traceback" not in out.stderr
 
 
-def test_squatted_default_ssh_dir_costs_sharing_not_the_teardown(second_user, monkeypatch, tmp_path):  # noqa: F811
+def test_squatted_default_ssh_dir_costs_sharing_not_the_teardown(second_user, monkeypatch, tmp_path):
     """Root's default ControlPath dir sits in its run dir; where that path is too long for a
     socket the /tmp fallback is used, and a squatter there costs connection sharing only."""
     import hashlib
@@ -292,3 +294,93 @@ def test_a_scope_that_starts_with_a_dash_reaches_the_agent(ps, hosts_env):
     plan = json.loads(out.stdout)["local"]["plan"]
     assert server in {t["pid"] for t in plan["targets"]}
     assert plan["scope"]["text"] == f"--devdir {ps.devdir}"
+
+
+# -- second round ------------------------------------------------------------------------
+
+SLOW_SERVER = r"""
+import os, sys, time
+ready, dev, delay = sys.argv[1], sys.argv[2], float(sys.argv[3])
+time.sleep(delay)                      # a real server imports for seconds before it opens a GPU
+fd = os.open(dev, os.O_RDONLY)
+open(ready, "w").close()
+time.sleep(600)
+"""
+
+
+def test_a_restart_that_has_not_opened_the_gpu_yet_is_not_free(ps, tmp_path):
+    """A supervisor restarts the server; the new one takes 3 s to open the device, longer
+    than the settle window. It must still be seen (it runs the target program)."""
+    server = tmp_path / "slow_server.py"
+    server.write_text(SLOW_SERVER)
+    sup = tmp_path / "supervise.sh"
+    sup.write_text(f"n=0; d=0; while :; do n=$((n+1)); {sys.executable} {server} {tmp_path}/ready.$n "
+                   f"{ps.devdir}/nvidia0 $d; d=3; sleep 0.1; done\n")
+    supervisor = subprocess.Popen(["bash", str(sup)], start_new_session=True)
+    ps.adopt(supervisor.pid)
+    wait_for((tmp_path / "ready.1").exists, "first server holding the device")
+    ps.pids.extend(_children(supervisor.pid))
+    result = call_agent(host(ps, TARGETS=r"slow_server\.py"), "teardown", ["--grace", "2", "--timeout", "10",
+                                                                           "--settle", "1"])
+    ps.pids.extend(_children(supervisor.pid))
+    assert result.code == 1, result.doc["verdict"]
+    respawn = [a for a in result.doc["appeared"] if "not holding a GPU yet" in a["why"]]
+    assert respawn and respawn[0]["ppid"] == supervisor.pid
+    assert f"started by PID {supervisor.pid}: bash {sup}" in respawn[0]["why"]
+    assert respawn[0]["include"] == r"--match 'supervise\.sh'"
+    assert alive(supervisor.pid)  # reported, never signalled: it was not in the plan
+
+
+def test_a_unit_is_stopped_only_when_all_its_processes_are_targets(monkeypatch):
+    """A GPU job started from cron lives in cron.service: stopping the unit would end cron.
+    (systemd cannot run here: the cgroup read is the stand-in; the rule is what is tested.)"""
+    from scripts.agent import plan
+
+    cgroups = {10: ("cron.service", "/system.slice/cron.service"), 11: ("cron.service", "/system.slice/cron.service"),
+               20: ("vllm.service", "/system.slice/vllm.service"), 21: ("vllm.service", "/system.slice/vllm.service"),
+               30: ("job.service", "/user.slice/user-1000.slice/user@1000.service/app.slice/job.service")}
+    monkeypatch.setattr(plan.cgroup, "read", lambda pid, proc="/proc": {
+        "unit": cgroups[pid][0], "path": cgroups[pid][1], "container": None} if pid in cgroups else
+        {"unit": None, "path": None, "container": None})
+    targets = [{"pid": 11, "unit": "cron.service", "container": None},
+               {"pid": 20, "unit": "vllm.service", "container": None},
+               {"pid": 21, "unit": "vllm.service", "container": None},
+               {"pid": 30, "unit": "job.service", "container": None}]
+    assert plan._wholly_targeted(targets, {p: {} for p in cgroups}) == {"vllm.service"}
+
+
+def test_protected_looking_unreadable_process_blocks_free_without_nvml(shared_ps, second_user):  # noqa: F811
+    """Another user cannot read root's `nvitop`-named holder; with no NVML to vouch, that
+    must be 'could not inspect' (exit 6), not FREE."""
+    code_txt = ("import os, sys, time; os.open(sys.argv[1], os.O_RDONLY); open(sys.argv[2], 'w').close(); "
+                "time.sleep(600)")
+    ready = shared_ps.base / "ready-nvitop"
+    p = subprocess.Popen(["nvitop", "-c", code_txt, str(shared_ps.devdir / "nvidia0"), str(ready)],
+                         executable=sys.executable, start_new_session=True)
+    shared_ps.adopt(p.pid)
+    wait_for(ready.exists, "nvitop-named holder")
+    code, doc = _agent(second_user.argv([second_user.python, "-", "verify", "--json", "--fake-devices", "--devices",
+                                         shared_ps.glob]), env=second_user.env())
+    assert code == 6, doc.get("problems")
+    assert p.pid in doc["denied"] and not doc["free"]
+
+
+def test_a_huge_node_set_is_refused_at_once(hosts_env):
+    hosts_env("")
+    started = time.monotonic()
+    out = invoke("status", "--host", "gpu[1-99999999]")
+    assert out.returncode == 2 and b"at most" in out.stderr
+    assert time.monotonic() - started < 20
+
+
+def test_ssh_dir_never_inside_a_runtime_dir_another_user_owns(second_user, monkeypatch):  # noqa: F811
+    from scripts import route
+
+    shared = f"/tmp/gprt-{os.getpid()}"
+    assert second_user.run(["mkdir", "-m", "1777", shared]).returncode == 0
+    try:
+        monkeypatch.setenv("XDG_RUNTIME_DIR", shared)
+        monkeypatch.setattr(route.os, "geteuid", lambda: 1000)  # the non-root branch, as such a user
+        assert not route._default_base().startswith(shared)
+    finally:
+        second_user.run(["rm", "-rf", shared])

@@ -82,7 +82,7 @@ def test_pct_hop_really_taken(sshd, ssh_hosts):
 
 
 def test_bash_c_layer_inside_pct(ssh_hosts):
-    """The seed's third layer: a script for bash -c is one argument; its own args stay exact."""
+    """The deploy one-liner's third layer: a script for bash -c is one argument; its own args stay exact."""
     script = 'printf "%s\\0" "$0" "$@"'
     argv = ["bash", "-c", script, "it's", "$(id)", "a b"]
     out = subprocess.run(ssh_hosts[1].route.wrap(argv), capture_output=True, check=True)

@@ -44,10 +44,12 @@ def test_scan_finds_tree_orphan_stopped_zombie_renamed(ps, tmp_path):
     holder = ps.role("worker", "--gpu", "1")
     os.kill(holder, signal.SIGSTOP)
     wait_for(lambda: state(holder) == "T", "stopped state")
-    zparent = subprocess.Popen([sys.executable, "-c", HOLDER.replace("{body}", "c = subprocess.Popen(['true']); open(sys.argv[1] + '.z', 'w').write(str(c.pid))"),
-                                str(ps.devdir / "nvidia0")], start_new_session=True)
+    body = "c = subprocess.Popen(['true']); open(sys.argv[1] + '.z', 'w').write(str(c.pid))"
+    zparent = subprocess.Popen([sys.executable, "-c", HOLDER.replace("{body}", body), str(ps.devdir / "nvidia0")],
+                               start_new_session=True)
     ps.adopt(zparent.pid)
-    zpid = int(wait_for(lambda: (ps.devdir / "nvidia0.z").exists() and (ps.devdir / "nvidia0.z").read_text(), "zombie pid"))
+    zfile = ps.devdir / "nvidia0.z"
+    zpid = int(wait_for(lambda: zfile.exists() and zfile.read_text(), "zombie pid"))
     wait_for(lambda: state(zpid) == "Z", "zombie")
     renamed = subprocess.Popen(["bash", "-c", f"exec -a 'sglang::scheduler_TP0' {sys.executable} -c \"$0\" \"$@\"",
                                 HOLDER.replace("{body}", ""), str(ps.devdir / "nvidia1")], start_new_session=True)

@@ -27,9 +27,7 @@ from scripts.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO, invoke
 from tests.procs import ProcessSet, alive, wait_for
-from tests.second_user import second_user  # noqa: F401  (fixture)
-from tests.test_teardown import assert_outcome, env_file
-from tests.test_teardown import host as scoped_host
+from tests.test_teardown import assert_outcome, env_file, host as scoped_host
 
 VICTIM_TEXT = "precious: must never be truncated or appended to\n"
 

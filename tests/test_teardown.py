@@ -133,7 +133,8 @@ def test_cli_teardown_yes_with_audit(ps, hosts_env):
     assert b"FREED and verified" in out.stdout
     assert_outcome(roles)
     new = audit_log.read()[before:]
-    assert {r["pid"] for r in new if r["signal"] == "SIGTERM"} == {roles[r] for r in scenario.TARGET_ROLES if r in roles}
+    assert ({r["pid"] for r in new if r["signal"] == "SIGTERM"}
+            == {roles[r] for r in scenario.TARGET_ROLES if r in roles})
     assert all(r["alias"] == "local" and r["operator"] for r in new)
 
 
@@ -155,6 +156,7 @@ def test_two_teardowns_at_once_exactly_one_proceeds(ps, hosts_env):
     env_file(ps, hosts_env)
     cmd = ["teardown", "--host", "local", "--yes", "--grace", "1"]
     import sys
+
     from tests.conftest import REPO
     procs = [subprocess.Popen([sys.executable, "-m", "invoke", *cmd], cwd=REPO, stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE) for _ in range(2)]

@@ -29,7 +29,6 @@ from scripts.sandbox import ROLES
 from scripts.transport import call_agent
 from tests import scenario
 from tests.procs import ProcessSet, alive, state, wait_for
-from tests.second_user import second_user  # noqa: F401  (fixture)
 
 
 @pytest.fixture
@@ -72,7 +71,7 @@ def agent_as(user, *argv):
     return out.returncode, json.loads(out.stdout.decode().strip().splitlines()[-1])
 
 
-def test_unprivileged_verify_never_says_free(shared_ps, second_user):  # noqa: F811
+def test_unprivileged_verify_never_says_free(shared_ps, second_user):
     holder = shared_ps.role("worker", "--gpu", "0")  # root's process holds the device
     code, doc = agent_as(second_user, "verify", "--fake-devices", "--devices", shared_ps.glob)
     assert code == 6, doc["problems"]
@@ -81,7 +80,7 @@ def test_unprivileged_verify_never_says_free(shared_ps, second_user):  # noqa: F
     assert alive(holder)
 
 
-def test_failed_signal_is_not_counted_and_not_freed(shared_ps, second_user):  # noqa: F811
+def test_failed_signal_is_not_counted_and_not_freed(shared_ps, second_user):
     server = scenario._server(shared_ps, "--tp", "1")  # root's server, visible to everyone by its cmdline
     code, doc = agent_as(second_user, "teardown", "--fake-devices", "--devices", shared_ps.glob, "--target",
                          r"sglang\.launch_server", "--scope", str(shared_ps.base), "--grace", "0.5", "--timeout", "1",

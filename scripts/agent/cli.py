@@ -14,7 +14,7 @@ import sys
 
 from . import contract, deploy, devices, drain, gates, lastrun, lint, options, phase, ping, plan, scan, teardown, verify
 
-MODULES = {
+MODULES: dict = {  # name -> a module or class with add_arguments(parser) and run(args)
     "ping": ping,
     "scan": scan,
     "verify": verify,

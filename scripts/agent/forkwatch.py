@@ -147,7 +147,7 @@ class ForkWatch:
         any failure of the connector leaves mode "proc" with the reason in `note`.
         `connector=False` forces the /proc view; `rcvbuf` sizes the event buffer."""
         w = cls(proc)
-        notes = []
+        notes: list = []
         try:
             w._add_roots(roots, notes)
         except Exception as e:  # a bad roots iterable: watch nothing rather than raise
@@ -325,7 +325,7 @@ class ForkWatch:
     def _read_events(self):
         """Every event queued on the socket now, as (what, a, b, c, d) tuples. An overflow
         sets `lost` and owes a /proc walk; another socket error drops to the proc view."""
-        out = []
+        out: list = []
         sock, buf = self._sock, self._buf
         while sock is not None and len(out) < MAX_EVENTS_PER_POLL:
             try:
@@ -447,7 +447,7 @@ class ForkWatch:
                     self._note_stat(pid, st)
             else:
                 stats[pid] = st
-        verdict = {}
+        verdict: dict = {}
         for pid in stats:
             self._classify(pid, stats, verdict)
         for pid, parent in sorted(verdict.items()):

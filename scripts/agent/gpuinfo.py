@@ -156,7 +156,7 @@ def open_source(fake_dir=None, devices_glob=contract.DEVICE_GLOB):
     """The best source this host has, and why each better one was not used."""
     if fake_dir:
         return SandboxSource(fake_dir, devices_glob), []
-    tried = []
+    tried: list = []
     for cls in (NvmlSource, SmiSource):
         try:
             return cls(), tried

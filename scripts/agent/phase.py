@@ -100,6 +100,11 @@ class SpecCommand:
     def more_arguments(parser):
         pass
 
+    @staticmethod
+    def act(spec, args):
+        """The subcommand's own work on the decoded spec: returns (exit_code, doc)."""
+        raise NotImplementedError
+
     @classmethod
     def run(cls, args):
         return cls.act(contract.decode_spec(args.spec), args)

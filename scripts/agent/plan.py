@@ -19,7 +19,7 @@ through their manager.
 import os
 import shutil
 
-from . import contract, procfs, procscan, rules, scan
+from . import cgroup, contract, procfs, procscan, rules, scan
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
 
@@ -43,6 +43,29 @@ def _unit_to_stop(unit):
     if not unit or not unit.endswith(".service") or unit in UNIT_NEVER_STOPPED or unit.startswith("user@"):
         return None
     return unit
+
+
+def _wholly_targeted(targets, procs):
+    """Units and containers whose every process is a target: only those may be stopped
+    through their manager. A GPU job started from cron, supervisord or a notebook server
+    lives in that daemon's unit; `systemctl stop` would end the daemon and everything else
+    in it, none of which the plan lists. A unit under a user manager (user@UID.service) is
+    not the system manager's to stop. Reads /proc/*/cgroup only when there is a candidate."""
+    wanted = {t["unit"] for t in targets if t["unit"] and not t["container"]}
+    wanted |= {t["container"]["id"] for t in targets if t["container"]}
+    if not wanted:
+        return set()
+    members: dict = {}
+    user_units: set = set()
+    for pid in procs:
+        cg = cgroup.read(pid)
+        key = cg["container"]["id"] if cg["container"] else cg["unit"]
+        if key in wanted:
+            members.setdefault(key, set()).add(pid)
+            if not cg["container"] and "/user@" in (cg["path"] or ""):
+                user_units.add(key)
+    mine = {t["pid"] for t in targets}
+    return {key for key, pids in members.items() if pids <= mine and key not in user_units}
 
 
 def patterns_of(args):
@@ -114,8 +137,8 @@ def build(doc, args):
 
 
 def _row(info, why):
-    keys = ("pid", "start_time", "ppid", "pgid", "state", "user", "comm", "cmdline", "unit", "container", "gpu_mib",
-            "devices", "write_files", "protected")
+    keys = ("pid", "start_time", "ppid", "pgid", "state", "user", "comm", "argv", "cmdline", "unit", "container",
+            "gpu_mib", "devices", "write_files", "protected")
     out = {k: info.get(k) for k in keys}
     out["reason"] = why
     return out
@@ -128,15 +151,21 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
         info = holders.get(pid) or procscan.detail(procs[pid], [], now_ticks=now)
         info.setdefault("gpu_mib", {})
         targets.append(_row(info, reasons[pid]))
-    units, containers = {}, {}
+    units: dict = {}
+    containers: dict = {}
     use_systemd = systemd_running()
     docker = shutil.which("docker")
+    whole = _wholly_targeted(targets, procs)
     for t in targets:
         unit = _unit_to_stop(t["unit"]) if not t["container"] else None
+        if unit and unit not in whole:
+            unit = None  # the unit runs other processes too (cron, a notebook server): signal ours only
+        if t["container"] and t["container"]["id"] not in whole:
+            t["container"] = dict(t["container"], partly=True)
         if unit and use_systemd:
             units.setdefault(unit, []).append(t["pid"])
             t["via"] = "systemctl stop %s" % unit
-        elif t["container"] and t["container"]["kind"] == "docker" and docker:
+        elif t["container"] and t["container"]["kind"] == "docker" and docker and not t["container"].get("partly"):
             containers.setdefault(t["container"]["id"], []).append(t["pid"])
             t["via"] = "docker stop %s" % t["container"]["id"][:12]
         else:

@@ -35,7 +35,12 @@ def printable(text):
     """Text safe to show on a terminal: control characters (an escape sequence in a process
     title could erase "NOT FREE" from the operator's screen) and bidi overrides are written
     as \\xNN / \\uNNNN. Used for every command line shown; matching uses the raw argv."""
-    return _UNSAFE.sub(lambda m: "\\x%02x" % ord(m.group()) if ord(m.group()) < 256 else "\\u%04x" % ord(m.group()), text)
+    return _UNSAFE.sub(_escape, text)
+
+
+def _escape(match):
+    code = ord(match.group())
+    return "\\x%02x" % code if code < 256 else "\\u%04x" % code
 
 
 def _thread_cmdline(pid, proc):
@@ -77,7 +82,7 @@ def basic(pid, proc=PROC):
 _NO_STAT = ("socket:[", "pipe:[", "anon_inode:")
 KCMP_FILES = 2
 _KCMP_NR = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "s390x": 343}
-_kcmp_fn = []
+_kcmp_fn: list = []  # [(syscall, nr) or None], filled once by _kcmp()
 
 
 def _kcmp():
@@ -172,7 +177,7 @@ def mapped_by_identity(pid, needles, proc=PROC):
 
 def write_files(pid, proc=PROC):
     """Regular files this process has open for writing (fdinfo flags), e.g. a checkpoint."""
-    out = []
+    out: list = []
     fd_dir = "%s/%d/fd" % (proc, pid)
     try:
         fds = os.listdir(fd_dir)
@@ -213,13 +218,16 @@ def uptime_s(proc=PROC):
     return float(_read("%s/uptime" % proc, "r").split()[0])
 
 
-def user_name(uid, cache={}):
-    if uid not in cache:
+_USER_NAMES: dict = {}  # uid -> name, for the life of the agent process (one run: the passwd file does not change)
+
+
+def user_name(uid):
+    if uid not in _USER_NAMES:
         try:
-            cache[uid] = pwd.getpwuid(uid).pw_name
+            _USER_NAMES[uid] = pwd.getpwuid(uid).pw_name
         except KeyError:
-            cache[uid] = str(uid)
-    return cache[uid]
+            _USER_NAMES[uid] = str(uid)
+    return _USER_NAMES[uid]
 
 
 PF_KTHREAD = 0x00200000
@@ -299,7 +307,7 @@ def detail(info, held, proc=PROC, now_ticks=None, mapped=None):
 
 
 def children_map(procs):
-    kids = {}
+    kids: dict = {}  # ppid -> [pid]
     for pid, info in procs.items():
         kids.setdefault(info["ppid"], []).append(pid)
     return kids

@@ -33,7 +33,7 @@ def collect(args, source=None):
     procs = snap["procs"]
     chain = procscan.self_chain(procs)
     me = os.getpid()
-    gpu_mib = {}
+    gpu_mib: dict = {}
     foreign = []
     for g in gpus:
         for p in g["processes"]:
@@ -50,12 +50,17 @@ def collect(args, source=None):
         rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _nvml_only(rec)
         holders.append(rec)
     related = _related(procs, holder_pids, chain | {me})
-    # A protected process (never signalled) whose fds we cannot read cannot block FREE: a
-    # CUDA context in it would still show in NVML's compute processes. Any other unreadable
-    # process might be a holder we cannot see: it blocks FREE (exit 6).
-    denied, denied_protected = [], []
+    # An unreadable process might be a holder we cannot see: it blocks FREE (exit 6). Only
+    # where NVML (or nvidia-smi) vouches - a CUDA context would show in its compute processes
+    # - may a PROTECTED one (never signalled) be set aside; a protected name is easy to take,
+    # so without such a source only PID 1 is (init: never signalled, and on some machines
+    # unreadable even to root).
+    vouched = source.name in ("nvml", "nvidia-smi")
+    denied: list = []
+    denied_protected: list = []
     for pid in snap["denied"]:
-        (denied_protected if rules.protect_reason(procs[pid], chain, args.protect) else denied).append(pid)
+        spared = pid == 1 or (vouched and rules.protect_reason(procs[pid], chain, args.protect))
+        (denied_protected if spared else denied).append(pid)
     return {
         "hostname": socket.gethostname(),
         "devices_glob": args.devices,

@@ -8,12 +8,16 @@ rescanning every poll. A holder that appears meanwhile is
 - a new descendant of a target: signalled (the rule the plan states), and waited for;
 - anything else: reported with the process that started it ("respawned by PID 812: bash
   supervise.sh") and the flag that would include it; the verdict is "not free".
+A server takes seconds to import before it opens a GPU, so a restart is also caught before
+it holds anything: a process started during the teardown that runs a target program (a
+target pattern, or the same program as a signalled target) and is still alive at the end
+makes the verdict "not free" too. It is reported, never signalled (it was not in the plan).
 "Free at" (the first moment every GPU read free) and "settled at" are reported apart.
 """
 import re
 import time
 
-from . import program, rules, scan, verify
+from . import plan, procfs, program, rules, scan, verify
 
 PROGRESS_EVERY_S = 0.5
 
@@ -47,6 +51,28 @@ def appeared_report(doc, holder):
             "include": _suggest(procs, holder)}
 
 
+def _respawns(doc, targets, args, patterns, known):
+    """Processes started during the teardown that run a target program (not yet holding a GPU)."""
+    chain = doc["_chain"]
+    programs = {n for t in targets.items for n, _ in program.names(t) if " " not in n}
+    out = {}
+    for pid, info in doc["_procs"].items():
+        k = (pid, info["start_time"])
+        if k in known or k in targets.keys or info["start_time"] < targets.since_ticks or procfs.finished(info):
+            continue
+        if not plan.in_scope(info, args) or rules.protect_reason(info, chain, args.protect):
+            continue
+        names = {n for n, _ in program.names(info) if " " not in n}
+        why = rules.target_reason(info, patterns) or (names & programs and "runs the same program as a target")
+        if why:
+            out[k] = {"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"], "devices": [],
+                      "ppid": info["ppid"],
+                      "why": "a target program started during the teardown (%s), not holding a GPU yet; started by %s"
+                             % (why, _parent_text(doc["_procs"], info["ppid"])),
+                      "include": _suggest(doc["_procs"], info)}
+    return out
+
+
 def watch(args, source, targets, started, before=(), on_poll=None):
     """Poll until free for args.settle seconds, or args.timeout passes, or something that
     is not ours holds a GPU for a whole window. `before`: (pid, start) of the holders the
@@ -57,10 +83,15 @@ def watch(args, source, targets, started, before=(), on_poll=None):
     before = set(before)
     last_progress = 0.0
     first_foreign = None
+    patterns = plan.patterns_of(args)
+    respawned: dict = {}
     while True:
         doc = scan.collect(args, source)
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
+        for k, rec in _respawns(doc, targets, args, patterns, set(respawned) | before).items():
+            respawned[k] = rec
+            first_foreign = first_foreign or time.monotonic()
         for h in doc["holders"]:
             k = (h["pid"], h["start_time"])
             if h["protected"] or k in targets.keys or k in appeared or k in before:
@@ -70,8 +101,8 @@ def watch(args, source, targets, started, before=(), on_poll=None):
         free, problems = verify.evaluate(doc, args.max_used_mib)
         if targets.failed:
             free = False
-            problems = problems + ["could not signal pid %s (%s: %s); it was not stopped" % (f["pid"], f["signal"], f["result"])
-                                   for f in targets.failed]
+            problems = problems + ["could not signal pid %s (%s: %s); it was not stopped"
+                                   % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
         now = time.monotonic()
         pending = targets.alive(targets.added)
         if free and not pending:
@@ -80,7 +111,7 @@ def watch(args, source, targets, started, before=(), on_poll=None):
                 break
         else:
             free_at = None
-        if now - t0 >= args.timeout and not free:
+        if now - t0 >= args.timeout:  # also when free but an adopted process will not die (state D)
             break
         if first_foreign and not pending and now - first_foreign >= args.settle:
             free = False
@@ -90,6 +121,8 @@ def watch(args, source, targets, started, before=(), on_poll=None):
             on_poll(doc, problems)
         time.sleep(verify.POLL_S)
     live_appeared = [a for k, a in appeared.items() if any((h["pid"], h["start_time"]) == k for h in doc["holders"])]
+    live_appeared += [r for k, r in respawned.items()
+                      if procfs.same_process(*k) and k not in {(a["pid"], a["start_time"]) for a in live_appeared}]
     return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
             "free_at_s": None if free_at is None else round(free_at - started, 3),
             "settled_at_s": round(time.monotonic() - started, 3) if free else None}

@@ -93,7 +93,7 @@ class Targets:
                 continue
             if rules.protect_reason(info, self.chain, self.protect):
                 continue
-            t = {k: info.get(k) for k in ("pid", "start_time", "ppid", "pgid", "state", "comm", "cmdline")}
+            t = {k: info.get(k) for k in ("pid", "start_time", "ppid", "pgid", "state", "comm", "argv", "cmdline")}
             t["reason"] = "forked by target %s during the teardown" % parent
             t["gpu_mib"], t["devices"], t["write_files"], t["via"] = {}, [], [], "signal"
             self.keys.add((pid, start))
@@ -109,7 +109,8 @@ class Targets:
         target leads (a double fork without setsid keeps the session; every member of a
         session descends from its leader). Not a process group: a shell puts pipeline
         siblings (`torchrun | tee log`) in the server's group, and what they start is not ours."""
-        live = {t["pid"]: t for t in self.items if t["pid"] in procs and procs[t["pid"]]["start_time"] == t["start_time"]}
+        live = {t["pid"]: t for t in self.items
+                if t["pid"] in procs and procs[t["pid"]]["start_time"] == t["start_time"]}
         out = {}
         for pid, info in procs.items():
             if (pid, info["start_time"]) in self.keys:

@@ -52,7 +52,8 @@ def parse_approved(text):
     for item in filter(None, text.split(",")):
         pid, _, start = item.partition(":")
         if not (pid.isdigit() and start.isdigit()):
-            raise options.UsageError("--approved %r: expected PID:START[,PID:START...], got %r" % (text[:80], item[:40]))
+            raise options.UsageError("--approved %r: expected PID:START[,PID:START...], got %r"
+                                     % (text[:80], item[:40]))
         out.add((int(pid), int(start)))
     return out
 
@@ -69,8 +70,8 @@ def _mib_left(source):
 
 def _stop_units(the_plan, audit, targets_by_pid):
     """Start `systemctl stop` / `docker stop` for each unit or container; returns the Popens."""
-    stops = [(["systemctl", "disable", "--now", u["unit"]] if u["disable"] else ["systemctl", "stop", u["unit"]], u["pids"])
-             for u in the_plan["units"]]
+    stops = [(["systemctl", "disable", "--now", u["unit"]] if u["disable"] else ["systemctl", "stop", u["unit"]],
+              u["pids"]) for u in the_plan["units"]]
     stops += [(["docker", "stop", c["id"]], c["pids"]) for c in the_plan["containers"]]
     running = [(argv, pids, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                              stderr=subprocess.PIPE)) for argv, pids in stops]
@@ -115,8 +116,8 @@ def stuck_report(alive, doc):
         stat = procfs.read_stat(t["pid"]) or {}
         h = holders.get(t["pid"], {})
         state = stat.get("state", "?")
-        out.append({"pid": t["pid"], "state": state, "cmdline": t["cmdline"], "gpu_mib": h.get("gpu_mib") or t["gpu_mib"],
-                    "devices": h.get("devices") or t["devices"],
+        out.append({"pid": t["pid"], "state": state, "cmdline": t["cmdline"],
+                    "gpu_mib": h.get("gpu_mib") or t["gpu_mib"], "devices": h.get("devices") or t["devices"],
                     "why": "stuck in the driver (state D, uninterruptible): SIGKILL takes effect only when the "
                            "driver call returns; if it never does, the GPU needs a reset or the host a reboot"
                     if state == "D" else "still alive after SIGKILL (state %s)" % state})
@@ -170,8 +171,8 @@ def execute(args, operator):
                                  containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
                             audit, by_pid)
         targets.signal(planned, signal.SIGTERM, "SIGTERM")
-        args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2), alive=[t["pid"] for t in planned],
-                           mib_left=_mib_left(source))
+        args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
+                           alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
         alive = wait_gone(args, targets, args.grace, source, started, "grace")
         _finish_units(units, audit, by_pid)
         if alive:
@@ -190,7 +191,8 @@ def execute(args, operator):
                       after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
                       still_holding=[] if free else verify.still_holding(after),
                       freed_mib=gpuinfo.total_used_mib(doc["gpus"]) - gpuinfo.total_used_mib(after["gpus"]),
-                      signalled=sum(1 for a in audit.records if a["result"] == "sent" and a["signal"].startswith("SIG")),
+                      signalled=sum(1 for a in audit.records
+                                    if a["result"] == "sent" and a["signal"].startswith("SIG")),
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=args.settle,
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),

@@ -71,7 +71,8 @@ def still_holding(doc):
         for p in g["processes"]:
             h = holders.get(p["pid"], {})
             out.append({"gpu": g["index"], "pid": p["pid"], "state": h.get("state", "?"),
-                        "cmdline": h.get("cmdline", "(not visible here: another PID namespace)"), "used_mib": p["used_mib"]})
+                        "cmdline": h.get("cmdline", "(not visible here: another PID namespace)"),
+                        "used_mib": p["used_mib"]})
     for h in doc["holders"]:
         if not h["protected"] and not h["gpu_mib"]:
             out.append({"gpu": None, "pid": h["pid"], "state": h["state"], "cmdline": h["cmdline"],
