@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.loopback_sshd import LoopbackSshd
+from tests.procs import ProcessSet
 from tests.second_user import second_user  # noqa: F401  (fixture: a real second user, for every test module)
 
 REPO = Path(__file__).resolve().parent.parent
@@ -66,3 +67,28 @@ def invoke(*args, env=None, input=None, timeout=120) -> subprocess.CompletedProc
     """Run the real `invoke` CLI of this repo; bytes in, bytes out."""
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, input=input,
                           env=env or os.environ.copy(), timeout=timeout)
+
+
+@pytest.fixture
+def ps(tmp_path):
+    """A set of processes the test starts in its own temp dir; ended by PID at the end."""
+    procs = ProcessSet(tmp_path)
+    yield procs
+    procs.kill_all()
+
+
+@pytest.fixture
+def shared_ps():
+    """A process set in a directory another user can read and open the devices in (a test's
+    tmp_path is 0700): for the cases about a second user."""
+    import tempfile
+
+    base = Path(tempfile.mkdtemp(prefix="gp-shared-", dir="/tmp"))
+    os.chmod(base, 0o755)
+    procs = ProcessSet(base)
+    os.chmod(procs.devdir, 0o755)
+    for f in procs.devdir.iterdir():
+        os.chmod(f, 0o666)
+    yield procs
+    procs.kill_all()
+    subprocess.run(["rm", "-rf", str(base)])

@@ -84,3 +84,12 @@ def state(pid: int) -> str | None:
 
 def alive(pid: int) -> bool:
     return state(pid) not in (None, "Z", "X")
+
+
+def children(pid: int) -> list:
+    """The direct children of pid (its main thread's), as the kernel lists them."""
+    try:
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        return []

@@ -23,7 +23,7 @@ from scripts.agent import scan
 from scripts.agent.devices import DeviceError, DeviceSet
 from scripts.hostconfig import build_host
 from scripts.transport import call_agent
-from tests.procs import ProcessSet, alive, state, wait_for
+from tests.procs import alive, state, wait_for
 
 HOLD = r"""
 import ctypes, os, sys, threading, time
@@ -54,11 +54,6 @@ elif how == "zombie-leader":
 """
 
 
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
 
 
 def holder(ps, how, path):

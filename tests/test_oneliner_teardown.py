@@ -7,14 +7,7 @@ import pytest
 from scripts import shell_teardown
 from tests import scenario
 from tests.conftest import invoke
-from tests.procs import ProcessSet, alive
-
-
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
+from tests.procs import alive
 
 
 def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):

@@ -14,7 +14,7 @@ from scripts.phases import build_phase
 from scripts.sandbox import ROLES
 from tests.conftest import invoke
 from tests.loopback_sshd import free_port
-from tests.procs import ProcessSet, alive
+from tests.procs import alive
 
 
 def out_text(res):
@@ -62,11 +62,6 @@ def test_dry_run_runs_nothing(sandbox):
     assert before["alive"] == after["alive"]
 
 
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
 
 
 def server_argv(ps, port, *extra):

@@ -80,11 +80,6 @@ def test_agent_refuses_patterns_matching_the_empty_string(pattern, tmp_path):
         assert "matches the empty string" in out.stdout and repr(pattern) in out.stdout
 
 
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
 
 
 def _tmux_pids(sock):

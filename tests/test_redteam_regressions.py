@@ -12,7 +12,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -23,16 +22,11 @@ from scripts.hostconfig import build_host
 from scripts.transport import call_agent
 from tests import scenario
 from tests.conftest import invoke
-from tests.procs import ProcessSet, alive, wait_for
+from tests.procs import alive, children, wait_for
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces, capabilities, users)")
 
 
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
 
 
 def host(ps, **keys):
@@ -110,19 +104,6 @@ def test_device_bind_mounted_over_a_proc_path_is_seen(ps):
     assert {h["pid"]: h["devices"] for h in doc["holders"]}.get(p.pid) == [str(ps.devdir / "nvidia1")]
 
 
-@pytest.fixture
-def shared_ps():
-    base = Path(tempfile.mkdtemp(prefix="gp-rt-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    procs = ProcessSet(base)
-    os.chmod(procs.devdir, 0o755)
-    for f in procs.devdir.iterdir():
-        os.chmod(f, 0o666)
-    yield procs
-    procs.kill_all()
-    subprocess.run(["rm", "-rf", str(base)])
-
-
 def _agent(argv, input_=None, env=None):
     out = subprocess.run(argv, input=agent_payload(), capture_output=True, env=env, timeout=60)
     return out.returncode, json.loads(out.stdout.decode().strip().splitlines()[-1])
@@ -177,20 +158,12 @@ def test_pipeline_sibling_is_not_a_target_nor_adopted(ps, tmp_path):
     planned = {t["pid"] for t in plan["targets"]}
     assert server in planned and reader not in planned
     result = call_agent(h, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.5"])
-    later = _children(reader)  # what the reader started once the server's output ended
+    later = children(reader)  # what the reader started once the server's output ended
     ps.pids.extend(later)
     assert result.code == 0, result.doc["problems"]
     assert not alive(server) and alive(reader)
     signalled = {a["pid"] for a in result.doc["actions"]}
     assert reader not in signalled and not (signalled & set(later)), result.doc["actions"]
-
-
-def _children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
 
 
 def _pgroup(pid):
@@ -319,10 +292,10 @@ def test_a_restart_that_has_not_opened_the_gpu_yet_is_not_free(ps, tmp_path):
     supervisor = subprocess.Popen(["bash", str(sup)], start_new_session=True)
     ps.adopt(supervisor.pid)
     wait_for((tmp_path / "ready.1").exists, "first server holding the device")
-    ps.pids.extend(_children(supervisor.pid))
+    ps.pids.extend(children(supervisor.pid))
     result = call_agent(host(ps, TARGETS=r"slow_server\.py"), "teardown", ["--grace", "2", "--timeout", "10",
                                                                            "--settle", "1"])
-    ps.pids.extend(_children(supervisor.pid))
+    ps.pids.extend(children(supervisor.pid))
     assert result.code == 1, result.doc["verdict"]
     respawn = [a for a in result.doc["appeared"] if "not holding a GPU yet" in a["why"]]
     assert respawn and respawn[0]["ppid"] == supervisor.pid

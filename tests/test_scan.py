@@ -9,7 +9,7 @@ import pytest
 
 from scripts.agent import cgroup, scan, verify
 from tests.parsers import fuser as fuser_parse
-from tests.procs import ProcessSet, alive, state, wait_for
+from tests.procs import alive, state, wait_for
 
 HOLDER = """
 import os, sys, time, subprocess
@@ -19,11 +19,6 @@ time.sleep(3600)
 """
 
 
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
 
 
 def scan_args(ps, **kw):

@@ -26,17 +26,12 @@ from scripts.bundle import agent_payload
 from scripts.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO, invoke
-from tests.procs import ProcessSet, alive, wait_for
+from tests.procs import alive, wait_for
 from tests.test_teardown import assert_outcome, env_file, host as scoped_host
 
 VICTIM_TEXT = "precious: must never be truncated or appended to\n"
 
 
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
 
 
 @pytest.fixture

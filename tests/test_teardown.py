@@ -19,14 +19,7 @@ from scripts.hostconfig import build_host
 from scripts.transport import agent_argv, call_agent
 from tests import scenario
 from tests.conftest import invoke
-from tests.procs import ProcessSet, alive, wait_for
-
-
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
+from tests.procs import alive, wait_for
 
 
 def pattern(ps):

@@ -17,7 +17,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -28,14 +27,7 @@ from scripts.hostconfig import build_host
 from scripts.sandbox import ROLES
 from scripts.transport import call_agent
 from tests import scenario
-from tests.procs import ProcessSet, alive, state, wait_for
-
-
-@pytest.fixture
-def ps(tmp_path):
-    procs = ProcessSet(tmp_path)
-    yield procs
-    procs.kill_all()
+from tests.procs import alive, children, state, wait_for
 
 
 def host(ps, **keys):
@@ -49,20 +41,6 @@ def teardown(ps, *extra, **keys):
 
 
 # -- another user -------------------------------------------------------------------------
-
-@pytest.fixture
-def shared_ps():
-    """A process set in a directory another user can read (the test's tmp_path is 0700)."""
-    base = Path(tempfile.mkdtemp(prefix="gp-shared-", dir="/tmp"))
-    os.chmod(base, 0o755)
-    procs = ProcessSet(base)
-    for f in procs.devdir.iterdir():
-        os.chmod(f, 0o644)
-    os.chmod(procs.devdir, 0o755)
-    yield procs
-    procs.kill_all()
-    subprocess.run(["rm", "-rf", str(base)])
-
 
 def agent_as(user, *argv):
     """Run the agent bundle as `user` (python3 - SUBCOMMAND ...) and return (code, doc)."""
@@ -100,7 +78,7 @@ def test_supervisor_respawn_is_caught_and_named(ps, tmp_path):
     sup.write_text(f"while :; do {sys.executable} {ROLES} worker --devdir {ps.devdir} --gpu 0; sleep 0.1; done\n")
     supervisor = subprocess.Popen(["bash", str(sup)], start_new_session=True)
     ps.adopt(supervisor.pid)
-    wait_for(lambda: any(p for p in _children(supervisor.pid)), "first worker")
+    wait_for(lambda: any(p for p in children(supervisor.pid)), "first worker")
     time.sleep(0.3)
     result = teardown(ps, TARGETS="nothing-here")
     assert result.code == 1, result.doc["verdict"]
@@ -109,20 +87,12 @@ def test_supervisor_respawn_is_caught_and_named(ps, tmp_path):
     assert f"started by PID {supervisor.pid}: bash {sup}" in appeared[0]["why"]
     assert appeared[0]["include"] == r"--match 'supervise\.sh'"
     assert alive(supervisor.pid)  # never signalled: it was not in the plan
-    for pid in _children(supervisor.pid):
+    for pid in children(supervisor.pid):
         ps.adopt(pid)
     # following the advice frees the GPU
     again = teardown(ps, "--match", r"supervise\.sh", TARGETS="nothing-here")
     assert again.code == 0, again.doc["problems"]
     assert not alive(supervisor.pid)
-
-
-def _children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        return []
 
 
 FORKER = r"""

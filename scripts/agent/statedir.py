@@ -82,12 +82,7 @@ def private_dir(path, parents=False, env=RUN_DIR_ENV):
     euid = os.geteuid()
     if parents:
         _make_parents(os.path.dirname(path))
-    try:
-        os.mkdir(path, 0o700)
-    except FileExistsError:
-        pass
-    except OSError as exc:
-        raise StateDirError(path, "cannot create it: %s" % (exc.strerror or exc)) from None
+    _mkdir_private(path)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC)
     except OSError:
@@ -111,12 +106,17 @@ def _make_parents(path):
         missing.append(path)
         path = os.path.dirname(path)
     for p in reversed(missing):
-        try:
-            os.mkdir(p, 0o700)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise StateDirError(p, "cannot create it: %s" % (exc.strerror or exc)) from None
+        _mkdir_private(p)
+
+
+def _mkdir_private(path):
+    """mkdir 0700; an existing entry is left for the caller to check (never chmod-ed)."""
+    try:
+        os.mkdir(path, 0o700)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise StateDirError(path, "cannot create it: %s" % (exc.strerror or exc)) from None
 
 
 def state_home():

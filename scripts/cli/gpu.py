@@ -12,6 +12,19 @@ from .common import HOST_HELP, codes, ctrl_c_continues, dumps, exit_worst, guard
 VERIFY_WAIT = num(defaults.VERIFY_WAIT_S)
 
 
+def _show(outcomes, json: bool, *views) -> None:
+    """Each answering host's views (or all documents as JSON), then exit with the worst code."""
+    docs = {}
+    for out in outcomes:
+        if out.error is None:
+            docs[out.host.alias] = out.value.doc
+            if not json:
+                print_views(out.host, out.value.result, *views)
+    if json:
+        print(dumps(docs))
+    exit_worst(codes(outcomes, agent_code=True))
+
+
 @task(help={"host": HOST_HELP, "json": "print the scan as JSON"})
 @guarded
 def status(c, host=defaults.HOST, json=False):
@@ -24,16 +37,7 @@ def status(c, host=defaults.HOST, json=False):
     from scripts.transport import call_agent
 
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "scan"))
-    docs = {}
-    for out in outcomes:
-        if out.error is None:
-            docs[out.host.alias] = out.value.doc
-            if not json:
-                print_views(out.host, out.value.result, status_view.gpu_table, status_view.holder_table,
-                            status_view.last_teardown)
-    if json:
-        print(dumps(docs))
-    exit_worst(codes(outcomes, agent_code=True))
+    _show(outcomes, json, status_view.gpu_table, status_view.holder_table, status_view.last_teardown)
 
 
 @task(help={"host": HOST_HELP, "wait": "poll up to this many seconds (every 50 ms) until free",
@@ -51,17 +55,7 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
 
     args = ["--wait", cliargs.seconds("wait", wait), "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib)]
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "verify", args))
-    docs = {}
-    for out in outcomes:
-        if out.error is not None:
-            continue
-        docs[out.host.alias] = out.value.doc
-        if not json:
-            print_views(out.host, out.value.result, status_view.gpu_table, status_view.verdict,
-                        status_view.still_holding)
-    if json:
-        print(dumps(docs))
-    exit_worst(codes(outcomes, agent_code=True))
+    _show(outcomes, json, status_view.gpu_table, status_view.verdict, status_view.still_holding)
 
 
 @task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON"))
