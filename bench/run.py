@@ -88,8 +88,7 @@ def ssh_costs(work: Path, reps: int) -> dict:
     ps = ProcessSet(work / "ssh-scn")
     env = dict(os.environ, GPU_PIVOT_CONTROL_DIR=str(work / "cm"), XDG_STATE_HOME=str(work / "xdg"),
                GPU_PIVOT_HOSTS_FILE=str(work / "ssh-hosts.env"))
-    (work / "ssh-hosts.env").write_text(sshd.hosts_env("gpu1", extra={"DEVICES": ps.glob,
-                                                                       "TARGETS": scenario.target_pattern(ps)}))
+    (work / "ssh-hosts.env").write_text(sshd.hosts_env("gpu1", extra=scenario.host_keys(ps)))
     try:
         scenario.start(ps, stubborn=False)
         before = sshd.connections()
@@ -148,9 +147,9 @@ def fleet(work: Path, sizes: list, reps: int) -> list:
                         ps.server(tp=2)
                         ps.role("hold", title="nvidia-persistenced")
                         sets.append(ps)
-                        text += sshd.hosts_env(f"node{i:02d}", extra={"DEVICES": ps.glob,
-                                                                      "TARGETS": r"sandbox_roles\.py server --devdir "
-                                                                      + str(ps.devdir).replace(".", r"\.")})
+                        text += sshd.hosts_env(f"node{i:02d}", extra={
+                            "DEVICES": ps.glob, "FAKE_DEVICES": "yes", "SCOPE": str(ps.base),
+                            "TARGETS": r"sandbox_roles\.py"})
                     hosts_file.write_text(text)
                     spec = f"node[01-{size:02d}]" if size > 1 else "node01"
                     t0 = time.monotonic()
@@ -191,7 +190,7 @@ def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str
               "(`pkill -f`, `pkill -9 -f python3`, `fuser -k`, run over ssh as `bash -c` or from a script file) "
               "and the patched-server deploy (`ps aux | grep python3 | ... | xargs kill -9`, `fuser -k`).", "",
               "Scenario (tests/scenario.py): targets = a server tree (parent, 2 spawned workers, a non-GPU "
-              "tokenizer child, a double-forked helper in its process group), a server + worker ignoring SIGTERM, "
+              "tokenizer child, a double-forked helper left in its session), a server + worker ignoring SIGTERM, "
               "an orphan worker, a renamed worker `VLLM::EngineCore` (9 processes); bystanders = "
               "`nvidia-persistenced`, an `nvitop` monitor, an unrelated `python3` job (3). Each row runs inside "
               "`unshare --pid --fork --mount-proc` holding only these processes. Wall time = the sequence's own run "
@@ -245,7 +244,7 @@ def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str
         lines.append(table(["measure", "median s", "min-max s", "vs floor"], [
             ["floor: SIGKILL whole tree -> NVML v2 reads 0 (2 ms poll)", f"{g['floor_s']['median']:.3f}",
              f"{g['floor_s']['min']:.3f}-{g['floor_s']['max']:.3f}", "1.00x"],
-            ["gpu-pivot agent: lock, scan, plan, SIGTERM, verify 0 MiB", f"{g['gpu_pivot_agent_s']['median']:.3f}",
+            ["gpu-pivot agent: lock, scan, plan, SIGTERM, 0 MiB + 2 s settle", f"{g['gpu_pivot_agent_s']['median']:.3f}",
              f"{g['gpu_pivot_agent_s']['min']:.3f}-{g['gpu_pivot_agent_s']['max']:.3f}",
              f"{g['ratio_agent_vs_floor']:.2f}x"],
             ["`invoke teardown --host local --yes` (whole CLI)", f"{g['gpu_pivot_cli_s']['median']:.3f}",
