@@ -244,7 +244,8 @@ def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str
         lines.append(table(["measure", "median s", "min-max s", "vs floor"], [
             ["floor: SIGKILL whole tree -> NVML v2 reads 0 (2 ms poll)", f"{g['floor_s']['median']:.3f}",
              f"{g['floor_s']['min']:.3f}-{g['floor_s']['max']:.3f}", "1.00x"],
-            ["gpu-pivot agent: lock, scan, plan, SIGTERM, 0 MiB + 2 s settle", f"{g['gpu_pivot_agent_s']['median']:.3f}",
+            ["gpu-pivot agent: lock, scan, plan, SIGTERM, 0 MiB + 2 s settle",
+             f"{g['gpu_pivot_agent_s']['median']:.3f}",
              f"{g['gpu_pivot_agent_s']['min']:.3f}-{g['gpu_pivot_agent_s']['max']:.3f}",
              f"{g['ratio_agent_vs_floor']:.2f}x"],
             ["`invoke teardown --host local --yes` (whole CLI)", f"{g['gpu_pivot_cli_s']['median']:.3f}",
