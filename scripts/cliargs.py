@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import sys
 
+from .agent import contract
 from .config_error import ConfigError
 from .patterncheck import check_pattern
 
@@ -22,7 +23,7 @@ def remainder(argv: list | None = None) -> list:
     return argv[argv.index("--") + 1:]
 
 
-MAX_SECONDS = 3600.0  # the agent refuses longer waits too: a typo must not hold a host's lock for days
+MAX_SECONDS = float(contract.MAX_WAIT_S)  # the agent refuses longer waits too (one number for both sides)
 
 
 def seconds(name: str, value, minimum: float = 0.0, maximum: float = MAX_SECONDS) -> float:

@@ -64,6 +64,7 @@ def exit_name(code):
 
 DEVICE_GLOB = "/dev/nvidia*"          # the GPU device files, when a host names none
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # audit records, last.json, pivot records: ISO 8601 with offset
+MAX_WAIT_S = 3600  # the longest wait either side accepts: a typo must not hold a host's lock for days
 
 # -- subcommands and their flags -----------------------------------------------------------------
 

@@ -55,15 +55,6 @@ def is_teardown_agent(argv):
     return contract.agent_call(argv) == "teardown"
 
 
-def _argv(pid):
-    try:
-        with open("/proc/%d/cmdline" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return []
-    return [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
-
-
 def _euid(pid):
     try:
         with open("/proc/%d/status" % pid) as f:
@@ -83,14 +74,14 @@ def teardown_agents():
     for pid in procscan.all_pids():
         if pid == me:
             continue
-        argv = _argv(pid)
-        if not is_teardown_agent(argv):
+        info = procscan.basic(pid)
+        if not info or not is_teardown_agent(info["argv"]) or procfs.finished(info):
             continue
-        uid, stat = _euid(pid), procfs.read_stat(pid)
-        if uid is None or not stat or stat["state"] in ("Z", "X"):
+        uid = _euid(pid)
+        if uid is None:
             continue
-        out.append({"pid": pid, "uid": uid, "user": procscan.user_name(uid), "cmdline": " ".join(argv),
-                    "start_time": stat["start_time"]})
+        out.append({"pid": pid, "uid": uid, "user": procscan.user_name(uid), "cmdline": info["cmdline"],
+                    "start_time": info["start_time"]})
     return out
 
 

@@ -157,15 +157,13 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
     docker = shutil.which("docker")
     whole = _wholly_targeted(targets, procs)
     for t in targets:
-        unit = _unit_to_stop(t["unit"]) if not t["container"] else None
-        if unit and unit not in whole:
-            unit = None  # the unit runs other processes too (cron, a notebook server): signal ours only
-        if t["container"] and t["container"]["id"] not in whole:
-            t["container"] = dict(t["container"], partly=True)
+        # a unit or container that runs other processes too (cron, a notebook server): signal ours only
+        unit = _unit_to_stop(t["unit"]) if not t["container"] and t["unit"] in whole else None
+        container = t["container"] if t["container"] and t["container"]["id"] in whole else None
         if unit and use_systemd:
             units.setdefault(unit, []).append(t["pid"])
             t["via"] = "systemctl stop %s" % unit
-        elif t["container"] and t["container"]["kind"] == "docker" and docker and not t["container"].get("partly"):
+        elif container and container["kind"] == "docker" and docker:
             containers.setdefault(t["container"]["id"], []).append(t["pid"])
             t["via"] = "docker stop %s" % t["container"]["id"][:12]
         else:

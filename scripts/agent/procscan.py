@@ -255,8 +255,9 @@ def snapshot(devset, proc=PROC):
             holders[pid] = held
     needles = {_needle(k): name for k, name in keys.items()}
     mapped = {}
+    unreadable = set(denied)
     for pid, info in procs.items():  # mappings: a holder may have closed its fd after mmap
-        if not needles or info["flags"] & PF_KTHREAD or pid in denied:
+        if not needles or info["flags"] & PF_KTHREAD or pid in unreadable:
             continue
         names = mapped_by_identity(pid, needles, proc)
         if names is None:

@@ -54,12 +54,15 @@ def appeared_report(doc, holder):
 def _respawns(doc, targets, args, patterns, known):
     """Processes started during the teardown that run a target program (not yet holding a GPU)."""
     chain = doc["_chain"]
+    fresh = [info for pid, info in doc["_procs"].items()  # started during the teardown: few, usually none
+             if info["start_time"] >= targets.since_ticks and (pid, info["start_time"]) not in known
+             and (pid, info["start_time"]) not in targets.keys and not procfs.finished(info)]
+    if not fresh:
+        return {}
     programs = {n for t in targets.items for n, _ in program.names(t) if " " not in n}
     out = {}
-    for pid, info in doc["_procs"].items():
-        k = (pid, info["start_time"])
-        if k in known or k in targets.keys or info["start_time"] < targets.since_ticks or procfs.finished(info):
-            continue
+    for info in fresh:
+        pid, k = info["pid"], (info["pid"], info["start_time"])
         if not plan.in_scope(info, args) or rules.protect_reason(info, chain, args.protect):
             continue
         names = {n for n, _ in program.names(info) if " " not in n}
@@ -120,9 +123,10 @@ def watch(args, source, targets, started, before=(), on_poll=None):
             last_progress = now
             on_poll(doc, problems)
         time.sleep(verify.POLL_S)
-    live_appeared = [a for k, a in appeared.items() if any((h["pid"], h["start_time"]) == k for h in doc["holders"])]
-    live_appeared += [r for k, r in respawned.items()
-                      if procfs.same_process(*k) and k not in {(a["pid"], a["start_time"]) for a in live_appeared}]
+    holding = {(h["pid"], h["start_time"]) for h in doc["holders"]}
+    live_appeared = [a for k, a in appeared.items() if k in holding]
+    listed = {k for k in appeared if k in holding}
+    live_appeared += [r for k, r in respawned.items() if k not in listed and procfs.same_process(*k)]
     return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
             "free_at_s": None if free_at is None else round(free_at - started, 3),
             "settled_at_s": round(time.monotonic() - started, 3) if free else None}

@@ -6,7 +6,7 @@ never be signalled, and "FREED" would be printed with it still holding the GPU. 
 the operator approves says so ("processes a target forks during the teardown are
 signalled too"); nothing else is ever added. New descendants are learnt from the fork
 watch (forkwatch.py: kernel fork events where available) and from the /proc parent
-chain and process group of each poll.
+chain and the sessions targets lead, at each poll.
 
 Every signal is sent by (pid, start time) through a pidfd (procfs.signal_if_same); one
 that fails (permission denied) is never counted as sent, and makes the teardown not free.
@@ -72,7 +72,7 @@ class Targets:
         return [t for t in (self.items if among is None else among) if procfs.same_process(t["pid"], t["start_time"])]
 
     def adopt_new(self, procs=None):
-        """New descendants of targets (fork events, parent chain, process group): signal
+        """New descendants of targets (fork events, parent chain, session): signal
         SIGTERM at once and return them. `procs` is a fresh /proc table, when the caller has one."""
         found = {}
         if self.watch is not None:

@@ -27,7 +27,6 @@ from .auditlog import Audit
 from .targets import Targets
 
 SETTLE_S = 2.0
-MAX_WAIT_S = 3600  # no teardown waits longer than an hour for anything: a typo must not hold the lock for days
 PROGRESS_EVERY_S = 0.5
 
 
@@ -230,9 +229,9 @@ def run(args):
     parse_approved(args.approved)
     for flag in ("grace", "timeout", "settle", "wait_lock"):
         value = getattr(args, flag)
-        if not 0 <= value <= MAX_WAIT_S:  # also refuses nan
+        if not 0 <= value <= contract.MAX_WAIT_S:  # also refuses nan
             raise options.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
-                                                                                 MAX_WAIT_S))
+                                                                                 contract.MAX_WAIT_S))
     try:
         lastrun.preflight()
     except OSError as exc:
