@@ -7,18 +7,24 @@ calls scripts/ and prints through the views; it imports what it uses when it run
 
 Exit codes (scripts/agent/contract.py, EXIT_CODES): 0 ok / GPUs free; 1 done but not free; 2 bad input
 (nothing ran); 3 host unreachable, agent failed, or its state dir unusable; 4 host locked
-by another teardown; 5 a pivot gate failed; 6 not every process could be inspected (run
-as root); 130 interrupted by Ctrl-C (the host side continues).
-Hosts come from hosts.env (see hosts.env.example); `local` and `sandbox` are built in.
+by another teardown; 5 a pivot's drain, gate or launch lint blocked it (nothing started);
+6 not every process could be inspected (run as root); 7 the host timed out (ssh connect or
+keep-alive timeout, or the call's deadline: `--timeout`); 8 the confirmation was answered
+no (nothing signalled); 9 freed, but a GPU's health verdict is drain / reset needed / reboot needed
+(verify, teardown; "unknown" never changes a code); 130 interrupted by Ctrl-C (the host
+side continues).
+Hosts come from $GPU_PIVOT_HOSTS_FILE, else hosts.env beside this file, else ./hosts.env
+(see hosts.env.example); `local` and `sandbox` are built in.
 """
 from invoke import Collection
 
-from scripts.cli import audit, gpu, hosts, phases, sandbox
+from scripts.cli import about, audit, gpu, hosts, phases, reset, sandbox, slurm
 
 ns = Collection(
     hosts.hosts, hosts.ping, hosts.run, hosts.oneliner,
     sandbox.sandbox,
-    gpu.status, gpu.verify, gpu.plan, gpu.teardown,
+    gpu.status, gpu.verify, gpu.plan, gpu.teardown, reset.reset,
     phases.start, phases.stop, phases.logs, phases.lint_launch, phases.pivot,
-    audit.audit,
+    audit.audit, about.version,
+    slurm.undrain,
 )

@@ -124,7 +124,15 @@ def scan_costs(extra: list, reps: int) -> list:
 
 
 # -- 4. fleet -------------------------------------------------------------------------------------
-def fleet(work: Path, sizes: list, reps: int) -> list:
+def _run_once(argv: list, env: dict) -> tuple:
+    """(completed process, wall s, None): one timed run; bench/fleet_manycore.py passes its own
+    runner, which also counts the local side's CPU seconds instead of None."""
+    t0 = time.monotonic()
+    res = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+    return res, time.monotonic() - t0, None
+
+
+def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
     n = max(sizes)
     # each loopback "host" keeps its own state dir (and so its own teardown lock), as real hosts do
     first = LoopbackSshd(work / "fleet" / "h01", env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / "run01")}).start()
@@ -138,7 +146,7 @@ def fleet(work: Path, sizes: list, reps: int) -> list:
     try:
         for size in sizes:
             for mode, fanout in (("parallel", "16"), ("one after another", "1")):
-                walls = []
+                walls, cpus = [], []
                 for r in range(reps):
                     sets = []
                     text = ""
@@ -152,16 +160,16 @@ def fleet(work: Path, sizes: list, reps: int) -> list:
                             "TARGETS": r"sandbox_roles\.py"})
                     hosts_file.write_text(text)
                     spec = f"node[01-{size:02d}]" if size > 1 else "node01"
-                    t0 = time.monotonic()
-                    res = subprocess.run(invoke_argv("teardown", "--host", spec, "--yes", "--fanout", fanout,
-                                                     "--grace", "5"), cwd=REPO, env=env, capture_output=True, text=True)
-                    walls.append(time.monotonic() - t0)
+                    res, wall, cpu = runner(invoke_argv("teardown", "--host", spec, "--yes", "--fanout", fanout,
+                                                        "--grace", "5"), env)
+                    walls.append(wall)
+                    cpus.append(cpu)
                     for ps in sets:
                         ps.kill_all()
                     if res.returncode:
                         raise RuntimeError(f"fleet teardown of {size} failed: {res.stdout[-2000:]} "
                                            f"{res.stderr[-2000:]}")
-                rows.append({"hosts": size, "mode": mode, "walls": walls})
+                rows.append({"hosts": size, "mode": mode, "walls": walls, "cpu_s": cpus})
                 if size == 1:
                     break  # one host: parallel and sequential are the same run
     finally:
@@ -178,6 +186,59 @@ def startup(reps: int) -> str:
 
 
 # -- the report -----------------------------------------------------------------------------------
+GPU_ROWS = (
+    ("floor_s", "floor: SIGKILL the whole tree -> NVML v2 reads 0 (2 ms poll)"),
+    ("agent_free_at_s", "agent free at: lock, scan, plan, SIGTERM, every GPU reads free"),
+    ("agent_settled_s", "agent settled: free at + the settle window (respawn watch)"),
+    ("cli_freed_line_s", "whole CLI: Enter -> the `FREED at` line"),
+    ("cli_exit_s", "whole CLI: Enter -> exit (after the settle window: the verdict)"),
+)
+
+
+def gpu_section(paths: list) -> list:
+    """Section 5: the GPU rows of every gpu-teardown-<N>gpu.json, side by side (one column
+    pair per GPU count), the floor first, with the issue's two targets as the headline."""
+    lines = ["## 5. GPU: teardown vs the physical floor (H200)", ""]
+    runs = [json.loads(path.read_text()) for path in paths]
+    runs = [g for g in runs if "agent_free_at_s" in g]  # older files (one agent row with the settle) are skipped
+    if not runs:
+        return lines + ["No GPU results yet: run `bash bench/gpu_session.sh` (or `python3 bench/gpu_teardown.py`) "
+                        "on a GPU machine and copy its gpu-teardown-<N>gpu.json to bench/results/.", ""]
+    lines += ["Measured on the GPU machine by `python3 bench/gpu_teardown.py` (run by `bash bench/gpu_session.sh`); "
+              "merged from bench/results/, not re-measured by this run. Tree: a parent + "
+              f"{runs[0]['children']} spawned torch children, {runs[0]['gib_per_proc']:g} GiB each on every GPU = "
+              f"{runs[0]['gib_per_gpu']:g} GiB per GPU; floor and gpu-pivot alternate, {runs[0]['reps_n']} reps each; "
+              "median (min-max) in seconds. The CLI prints `FREED at` when every GPU first reads free and keeps "
+              f"watching {runs[0]['settle_s']:g} s for a respawn; its exit code is the verdict of that whole window.",
+              ""]
+    head = ["measure"]
+    for g in runs:
+        head += [f"{g['gpus']} GPU median (min-max) s", "vs floor"]
+    rows = []
+    for key, label in GPU_ROWS:
+        row = [label]
+        for g in runs:
+            v, f = g.get(key), g["floor_s"]["median"]
+            row += ["-", "-"] if not v else [f"{v['median']:.3f} ({v['min']:.3f}-{v['max']:.3f})",
+                                             f"{v['median'] / f:.2f}x"]
+        rows.append(row)
+    lines.append(table(head, rows))
+    lines.append("")
+    for g in runs:
+        f = g["floor_s"]["median"]
+        agent, cli = g["agent_free_at_s"], g["cli_freed_line_s"]
+        host = (f" (CUDA_VISIBLE_DEVICES on a {g['gpus_on_host']}-GPU host)"
+                if g.get("gpus_on_host", g["gpus"]) != g["gpus"] else "")
+        failed = [r["exit"] for r in g["reps"] if r["exit"]]
+        runs_text = ("every run exited 0" if not failed else
+                     f"{len(failed)} of {len(g['reps'])} runs exited {', '.join(map(str, failed))} (see those reps in "
+                     "the JSON)")
+        lines.append(f"- {g['gpus']} GPU{host}: agent free at / floor = **{agent['median'] / f:.2f}x** (target <= "
+                     f"1.15x); CLI to FREED - floor = **{cli['median'] - f:+.2f} s** (target <= +0.30 s); "
+                     f"{runs_text}; every GPU read 0 MiB afterwards: {g['all_freed_to_0']}.")
+    return lines + [""]
+
+
 def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str:
     floor = release_floor(FIXTURE_FLOOR)
     lines = ["# gpu-pivot benchmark results", "",
@@ -232,31 +293,7 @@ def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str
               f"All {big} hosts and their agents run on this one machine ({os.cpu_count()} CPUs), so the parallel rows "
               "are bounded by local CPU (each agent's Python start, scan and ssh crypto), not by the network; on a "
               "real fleet each agent runs on its own host and only the ssh clients share the operator's CPU.", ""]
-    lines += ["## 5. GPU: teardown vs the physical floor (H200)", ""]
-    results = sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json"))
-    for path in results:
-        g = json.loads(path.read_text())
-        lines += [f"### {g['gpus']} GPU(s)", "",
-                  f"Measured on the GPU machine by `bash bench/gpu_session.sh` ({g['gpus']} x H200; merged from "
-                  f"`bench/results/{path.name}`, not re-measured by this run). Tree: a parent + {g['children']} "
-                  f"spawned children, {g['gib_per_proc']:g} GiB each on every GPU = {g['gib_per_gpu']:g} GiB per GPU; "
-                  f"{g['floor_s']['n']} runs each, alternating.", ""]
-        lines.append(table(["measure", "median s", "min-max s", "vs floor"], [
-            ["floor: SIGKILL whole tree -> NVML v2 reads 0 (2 ms poll)", f"{g['floor_s']['median']:.3f}",
-             f"{g['floor_s']['min']:.3f}-{g['floor_s']['max']:.3f}", "1.00x"],
-            ["gpu-pivot agent: lock, scan, plan, SIGTERM, 0 MiB + 2 s settle",
-             f"{g['gpu_pivot_agent_s']['median']:.3f}",
-             f"{g['gpu_pivot_agent_s']['min']:.3f}-{g['gpu_pivot_agent_s']['max']:.3f}",
-             f"{g['ratio_agent_vs_floor']:.2f}x"],
-            ["`invoke teardown --host local --yes` (whole CLI)", f"{g['gpu_pivot_cli_s']['median']:.3f}",
-             f"{g['gpu_pivot_cli_s']['min']:.3f}-{g['gpu_pivot_cli_s']['max']:.3f}",
-             f"{g['ratio_cli_vs_floor']:.2f}x"],
-        ]))
-        lines += ["", f"Every run exited 0: {g['all_exit_0']}; "
-                  f"every GPU read 0 MiB used afterwards: {g['all_freed_to_0']}.", ""]
-    if not results:
-        lines.append("No GPU results yet: run `bash bench/gpu_session.sh` on a GPU machine and copy its "
-                     "gpu-teardown-<N>gpu.json to bench/results/.")
+    lines += gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json")))
     lines += ["", "Reference floor from the fixture `release-floor.json` (20-80 GB): "
               f"{floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
     if startup_table:
@@ -274,7 +311,16 @@ def main():
     p.add_argument("--fleet", type=int, nargs="*", default=[1, 4, 16, 32])
     p.add_argument("--scan-extra", type=int, nargs="*", default=[100, 1000, 5000])
     p.add_argument("--out", default=str(REPO / "bench" / "RESULTS.md"))
+    p.add_argument("--gpu-only", action="store_true",
+                   help="only rewrite section 5 of --out from bench/results/gpu-teardown-*gpu.json (after a GPU run)")
     args = p.parse_args()
+    if args.gpu_only:
+        text = Path(args.out).read_text()
+        start, end = text.index("## 5. GPU"), text.index("Reference floor from the fixture")
+        gpu = "\n".join(gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json")))) + "\n"
+        Path(args.out).write_text(text[:start] + gpu + text[end:])
+        print(gpu)
+        return
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-bench-"))
     try:
         print("1/5 one-liner comparison ...", flush=True)

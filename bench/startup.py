@@ -5,7 +5,9 @@ Measures, each the median of --reps runs in a fresh interpreter:
     beside `import invoke` alone (Invoke and what it imports: the floor tasks.py cannot avoid);
   - `invoke --list` and `invoke --help teardown` wall time (they load tasks.py, run nothing);
   - `invoke status --host local` wall time with no hosts.env (a local agent scan; on a
-    machine without a GPU it still scans every process).
+    machine without a GPU it still scans every process);
+  - the agent bundle: building it (every call does, before the agent can start) and starting
+    the agent with it as the transport does (`ping`), issue 15's "bundle import time".
 Why: `invoke --list` and `invoke --help TASK` should not pay for the ssh transport, hosts.env
 parsing, ClusterShell or the sandbox; only the task that runs imports what it uses.
 
@@ -40,7 +42,27 @@ MEASURES = [("import_tasks_s", "`import tasks` (-X importtime, sum of self)"),
             ("invoke_modules", "modules `import invoke` imports"),
             ("invoke_list_s", "`invoke --list` wall"),
             ("invoke_help_s", "`invoke --help teardown` wall"),
-            ("status_local_s", "`invoke status --host local` wall")]
+            ("status_local_s", "`invoke status --host local` wall"),
+            ("bundle_build_s", "agent bundle built (local side, every call)"),
+            ("agent_ping_s", "agent started as the transport starts it, `ping`")]
+
+# Both bundle measures in one fresh interpreter: build the bundle as the transport does for this
+# machine, then start the agent with it as the transport would (its `-S -c BOOT` stream form
+# where the tree has one, else `python3 -` with the script on stdin). Prints "BUILD START".
+AGENT_PROBE = """
+import subprocess, sys, time
+from scripts import bundle
+from scripts.agent import contract
+t0 = time.perf_counter()
+if hasattr(bundle, "agent_stream"):
+    data, flags = bundle.agent_stream(compiled=True), list(contract.STREAM_FLAGS)
+else:
+    data, flags = bundle.agent_payload(), []
+built = time.perf_counter() - t0
+t0 = time.perf_counter()
+subprocess.run([sys.executable, *flags, "-", "ping", "--json"], input=data, check=True, capture_output=True)
+print(built, time.perf_counter() - t0)
+"""
 
 
 def _env(tree: Path, work: Path) -> dict:
@@ -86,11 +108,17 @@ def one_round(tree: Path, env: dict, runs: dict) -> None:
     runs["invoke_help_s"].append(wall(invoke + ["--help", "teardown"], env))
     # exit 6 is fine: not root, some processes could not be inspected
     runs["status_local_s"].append(wall(invoke + ["status", "--host", "local"], env, ok=(0, 6)))
+    probe = subprocess.run([sys.executable, "-c", AGENT_PROBE], cwd=env["XDG_STATE_HOME"], env=env,
+                           capture_output=True, text=True)
+    if probe.returncode == 0:  # a tree from before the bundle: no such rows
+        built, started = map(float, probe.stdout.split())
+        runs["bundle_build_s"].append(built)
+        runs["agent_ping_s"].append(started)
 
 
 def measure(trees: dict, reps: int) -> dict:
     """{label: {measure: median}} for each source tree, the trees measured in turn each round."""
-    runs = {label: {k: [] for k, _ in MEASURES} for label in trees}
+    runs: dict = {label: {k: [] for k, _ in MEASURES} for label in trees}
     with tempfile.TemporaryDirectory(prefix="gpu-pivot-startup-") as tmp:
         envs = {}
         for i, (label, tree) in enumerate(trees.items()):
@@ -102,7 +130,8 @@ def measure(trees: dict, reps: int) -> dict:
         for _ in range(reps):
             for label, tree in trees.items():
                 one_round(tree, envs[label], runs[label])
-    return {label: {k: statistics.median(v) for k, v in r.items()} | {"reps": reps} for label, r in runs.items()}
+    return {label: {k: statistics.median(v) if v else None for k, v in r.items()} | {"reps": reps}
+            for label, r in runs.items()}
 
 
 def extract(rev: str, into: Path) -> Path | None:
@@ -125,7 +154,7 @@ def render(now: dict, before: dict | None, before_label: str) -> str:
     rows = []
     for key, label in MEASURES:
         b = before.get(key) if before else None
-        rows.append([label, fmt(key, b), fmt(key, now[key]), f"{now[key] / b:.2f}x" if b else "-"])
+        rows.append([label, fmt(key, b), fmt(key, now[key]), f"{now[key] / b:.2f}x" if b and now[key] else "-"])
     head = [f"measure (median of {now['reps']})", f"before ({before_label})", "now", "now/before"]
     return table(head, rows)
 

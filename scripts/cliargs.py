@@ -1,4 +1,5 @@
-"""Helpers for the Invoke tasks (scripts/cli/): the argv after `--`, and validated numbers.
+"""Helpers for the Invoke tasks (scripts/cli/): the argv after `--`, validated numbers, and
+errors that name what the user typed.
 
 Numeric flags are declared with string defaults and checked here: Invoke would otherwise
 cast them itself and answer a typo with a traceback instead of one line and exit 2.
@@ -8,6 +9,8 @@ loses the argument boundaries that `invoke run --host H -- CMD ARGS...` must kee
 """
 from __future__ import annotations
 
+import contextlib
+import os
 import sys
 
 from .agent import contract
@@ -54,3 +57,33 @@ def pattern(name: str, value) -> str:
     Same rule as TARGETS/PROTECT in hosts.env (scripts/patterncheck.py): '' or '.*' would
     make every process a target, so it is refused with one line naming the flag and value."""
     return check_pattern(f"--{name}", str(value))
+
+
+def typed(flag: str, short: str = "", argv: list | None = None) -> bool:
+    """Whether the command line gave `flag` (or its short form) before any `--`."""
+    argv = sys.argv if argv is None else argv
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    return any(a == flag or a.startswith(flag + "=") or (short and a.startswith(short)) for a in argv[1:])
+
+
+def source_of(flag: str, short: str, env: str) -> str:
+    """Where a flag's value came from, as the user knows it: `flag` when typed, else the
+    environment variable `env` when it is set (it is the flag's default), else `flag`."""
+    return env if not typed(flag, short) and os.environ.get(env) else flag
+
+
+@contextlib.contextmanager
+def named(flag: str, as_typed: str):
+    """Errors inside that begin with `flag` name `as_typed` instead: what the user typed.
+
+    The checks deeper down know one name for a value (`--phase`, `--host`); the user may
+    have given it as `--to` (pivot) or through GPU_PIVOT_HOST, and an error must name that."""
+    try:
+        yield
+    except ConfigError as exc:
+        text = str(exc)
+        if as_typed == flag or not text.startswith(flag):
+            raise
+        rest = text[len(flag):]
+        joint = "=" if as_typed[:1] != "-" and rest.startswith(" ") and rest[1:2] in "'\"" else ""
+        raise ConfigError(as_typed + (joint + rest[1:] if joint else rest)) from None

@@ -22,7 +22,7 @@ protected() {
     for n in $names; do
         case "$n" in
             # protected names: generated from scripts/agent/contract.py PROTECTED_NAMES (a test keeps them equal)
-            dcgm-exporter|gpustat|lxc-attach|nv-hostengine|nvidia-dcgm|nvidia-persiste|nvidia-persistenced|nvidia-smi|nvitop|nvtop|pct|sshd|systemd|*-exporter|*_exporter|sshd*) return 0 ;;
+            Xorg|Xwayland|dcgm-exporter|gpustat|lxc-attach|lxc-monitord|lxc-start|nv-fabricmanager|nv-hostengine|nvidia-cuda-mps-control|nvidia-cuda-mps-server|nvidia-dcgm|nvidia-fabricmanager|nvidia-persiste|nvidia-persistenced|nvidia-smi|nvitop|nvtop|pct|sshd|systemd|*-exporter|*_exporter|sshd*) return 0 ;;
         esac
     done
     return 1

@@ -64,8 +64,20 @@ class Host:
         return f"{self.route.describe()}{label}"
 
 
+REPO_HOSTS_FILE = Path(__file__).resolve().parent.parent / "hosts.env"  # beside tasks.py
+
+
 def hosts_file() -> Path:
-    return Path(os.environ.get(HOSTS_FILE_ENV) or "hosts.env")
+    """Which hosts.env: $GPU_PIVOT_HOSTS_FILE, else the one beside tasks.py, else ./hosts.env.
+
+    Why not only ./hosts.env: Invoke finds tasks.py from any subdirectory, so `invoke ping
+    --host gpu1` from runbooks/ ran the repo's tasks without the repo's hosts ("unknown host
+    alias"). The file beside tasks.py is the one those tasks belong to."""
+    if os.environ.get(HOSTS_FILE_ENV):
+        return Path(os.environ[HOSTS_FILE_ENV])
+    if REPO_HOSTS_FILE.exists():
+        return REPO_HOSTS_FILE
+    return Path("hosts.env")
 
 
 def _split_key(key: str):

@@ -9,7 +9,7 @@ import json
 import subprocess
 
 from .agent import contract
-from .bundle import agent_payload
+from .bundle import agent_stream
 from .config_error import ConfigError
 from .transport import agent_argv, call_agent
 
@@ -47,7 +47,7 @@ def follow_logs(host, phase, lines: int) -> int:
                                       contract.new_nonce(), False))
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE)
     assert proc.stdin is not None  # stdin=PIPE
-    proc.stdin.write(agent_payload())
+    proc.stdin.write(agent_stream())
     proc.stdin.close()
     try:
         return proc.wait()

@@ -24,9 +24,9 @@ def start_line(x) -> str:
 
 def stop_line(x) -> str:
     r = _r(x)
-    if r.note:
+    if r.note and not r.stopped:
         return r.note
-    return f"stopped {r.stopped}" + (f", still alive {r.left}" if r.left else "")
+    return f"stopped {r.stopped}" + (f", still alive {r.left}" if r.left else "") + (f"; {r.note}" if r.note else "")
 
 
 def ready_line(x) -> str:
@@ -74,7 +74,7 @@ def drain_line(x) -> str:
         return r.note
     if r.drained:
         return f"drained in {r.waited_s}s"
-    return f"still {r.running:g} in flight after {r.waited_s}s: continuing (bounded drain)"
+    return f"NOT drained: still {r.running:g} in flight after {r.waited_s}s"
 
 
 def drain_progress(p: dict) -> str:

@@ -35,7 +35,7 @@ class Phase:
     log: str | None = None
     ready: str = "holding"       # an http(s) URL, "holding" (alive and holding a GPU) or "alive"
     ready_timeout: float = 1800.0
-    gates: tuple = ()            # shell strings, or {"glob": ..., "min": N}
+    gates: tuple = ()            # shell strings, or (("glob", ...), ("min", N)) pairs: a file count
     prep: tuple = ()             # shell strings: CPU-only jobs started alongside (datagen)
     drain_metrics: str | None = None
     drain_timeout: float = 300.0
@@ -58,7 +58,7 @@ class Phase:
         """What the agent needs to start, check and stop it (JSON-able)."""
         out = asdict(self)
         out["env"] = dict(self.env)
-        out["gates"] = list(self.gates)
+        out["gates"] = [g if isinstance(g, str) else dict(g) for g in self.gates]
         out["copy"] = [list(p) for p in self.copy]
         return out
 
@@ -148,7 +148,10 @@ def build_phase(alias: str, name: str, keys: dict) -> Phase:
                                            and isinstance(g.get("min"), int) and g["min"] >= 0)):
                 _fail(alias, name, "GATES", keys["GATES"],
                       f"{g!r} is neither a command nor {{\"glob\": ..., \"min\": N}}")
-        kw["gates"] = tuple(json.dumps(g) if isinstance(g, dict) else g for g in gates)
+        # A gate's kind is its JSON type, never its first character: a string is a shell
+        # command (`{ test -f a; }` is a shell group), an object a file count. Objects are
+        # kept as sorted (key, value) pairs so a Phase stays hashable; spec() gives dicts back.
+        kw["gates"] = tuple(g if isinstance(g, str) else tuple(sorted(g.items())) for g in gates)
     if "PREP" in keys:
         prep = _json_list(alias, name, "PREP", keys["PREP"])
         if not all(isinstance(p, str) and p.strip() for p in prep):

@@ -4,9 +4,17 @@
 Why one place: done by hand, these steps came in an order that changed each time, with
 fixed sleeps and no rollback. Each step is one agent call; a failed step stops the pivot
 with the documented exit code (contract.EXIT_CODES) and says what was (not) started.
+
+Why every step is recorded with its exit: the verdict is computed from what happened, never
+assumed. A rollback whose stop, restore or start failed is "rollback FAILED at ...", not
+"rolled back"; a drain that could not read the server's metrics stops the pivot before
+its teardown (unless --no-drain). The pivot ends with a table of its steps (step, result,
+exit, seconds), and the same list is the `--json` document and the audit record.
+
 Exit codes: 0 done; 1 not ready / rolled back / a prep job failed / GPUs not free;
-3 unreachable; 4 locked; 5 a gate or the launch lint blocked the start (nothing started).
-The words of each step's result are the views' (teardown_view, phase_view).
+3 unreachable; 4 locked; 5 the drain, a gate or the launch lint blocked it (nothing
+started); 7 a host call timed out. The words of each step's result are the views'
+(teardown_view, phase_view).
 """
 from __future__ import annotations
 
@@ -15,17 +23,37 @@ from dataclasses import dataclass, field
 
 from . import audit_log, phase_ops, phase_view, teardown_view
 from .agent import contract
-from .transport import call_agent
+from .route import HostTimedOut, HostUnreachable
+from .transport import AgentError, call_agent
 
 
 @dataclass
 class PivotOptions:
     teardown_args: list = field(default_factory=list)
     drain_url: str | None = None
+    no_drain: bool = False
     dry_run: bool = False
     force: bool = False
     operator: str = "gpu-pivot"
     ready_timeout: float | None = None
+
+
+class StepFailed(Exception):
+    """An agent call of a step gave no result (unreachable, timed out, agent failed)."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(text)
+        self.code = code
+
+
+def _attempt(fn):
+    """fn()'s result, or StepFailed with the documented code and the error's one line."""
+    try:
+        return fn()
+    except HostTimedOut as exc:
+        raise StepFailed(contract.EXIT_TIMED_OUT, str(exc)) from None
+    except (HostUnreachable, AgentError, contract.statedir.StateDirError) as exc:
+        raise StepFailed(contract.EXIT_UNREACHABLE, str(exc)) from None
 
 
 class Pivot:
@@ -34,16 +62,25 @@ class Pivot:
         self.steps = self._steps()
         self.n = 0
         self.started = time.monotonic()
-        self.record: dict = {"event": "pivot", "to": phase.name, "operator": opts.operator, "steps": []}
+        self.step_started = self.started
+        self.record: dict = {"event": "pivot", "host": host.alias, "to": phase.name, "operator": opts.operator,
+                             "steps": []}
+
+    @property
+    def drain_url(self) -> str | None:
+        return self.opts.drain_url or self.phase.drain_metrics
 
     def _steps(self) -> list:
         p, steps = self.phase, []
-        url = self.opts.drain_url or p.drain_metrics
-        if url:
-            steps.append(("drain", f"wait until {url} shows no in-flight request (at most {p.drain_timeout:g}s)"))
+        url = self.drain_url
+        if url and self.opts.no_drain:
+            steps.append(("drain", f"skipped (--no-drain): {url} is not read; requests in flight are cut off"))
+        elif url:
+            steps.append(("drain", f"wait until {url} shows no in-flight request (at most {p.drain_timeout:g}s); "
+                                   "stop if it cannot be read"))
         steps.append(("teardown", "free the GPUs (plan, SIGTERM all targets, SIGKILL after grace, verify)"))
         if p.gates:
-            steps.append(("gates", "; ".join(p.gates)))
+            steps.append(("gates", "; ".join(phase_gate_texts(p))))
         if p.is_deploy:
             steps.append(("deploy", f"apply {p.patch or 'file copies'} with a backup"))
         if p.is_server and p.lint:
@@ -62,15 +99,27 @@ class Pivot:
     def ready_timeout(self) -> float:
         return self.opts.ready_timeout or self.phase.ready_timeout
 
-    def say(self, name: str, text: str) -> None:
-        self.n += 1
-        self.out(f"[{self.n}/{len(self.steps)}] {name}: {text}")
-        self.record["steps"].append({"step": name, "result": text})
+    def say(self, name: str, text: str, code: int = contract.EXIT_OK, numbered: bool = True) -> None:
+        """Print and record one step's result with its exit code and its seconds."""
+        now = time.monotonic()
+        if numbered:
+            self.n += 1
+            self.out(f"[{self.n}/{len(self.steps)}] {name}: {text}")
+        else:
+            self.out(f"    {name}: {text}")
+        self.record["steps"].append({"step": name, "result": text, "exit": code,
+                                     "seconds": round(now - self.step_started, 2)})
+        self.step_started = now
 
     def finish(self, code: int, verdict: str) -> int:
         self.record.update(exit_code=code, verdict=verdict, wall_s=round(time.monotonic() - self.started, 2),
                            time=time.strftime(contract.TIME_FORMAT))
-        audit_log.append(self.host.alias, [self.record])
+        try:
+            audit_log.append(self.host.alias, [self.record])
+        except contract.statedir.StateDirError as exc:  # the verdict stands; say the record is missing
+            self.record["audit_error"] = str(exc)
+            self.out(f"    audit log not written: {exc}")
+        self.out(step_table(self.record["steps"]))
         self.out(f"{self.host.alias}: pivot to {self.phase.name}: {verdict} ({self.record['wall_s']}s)")
         return code
 
@@ -82,23 +131,34 @@ class Pivot:
             self.out("--dry-run: nothing was run")
             return contract.EXIT_OK
         for name, _ in self.steps:
-            code = getattr(self, "step_" + name.replace("-", "_"))()
+            self.step_started = time.monotonic()
+            try:
+                code = getattr(self, "step_" + name.replace("-", "_"))()
+            except StepFailed as exc:
+                self.say(name, f"ERROR: {exc}", exc.code)
+                return self.finish(exc.code, f"{name} failed: {_what_ran(name)}")
             if code is not None:
                 return code
         return self.finish(contract.EXIT_OK, "done")
 
     def step_drain(self):
-        url = self.opts.drain_url or self.phase.drain_metrics
-        r = phase_ops.drain(self.host, url, self.phase.drain_timeout,
-                            on_progress=lambda p: self.out("    " + phase_view.drain_progress(p)))
-        self.say("drain", phase_view.drain_line(r))
+        if self.opts.no_drain:
+            self.say("drain", "skipped (--no-drain)")
+            return None
+        url = self.drain_url or ""  # the step exists only with a URL (_steps)
+        r = _attempt(lambda: phase_ops.drain(self.host, url, self.phase.drain_timeout,
+                                             on_progress=lambda p: self.out("    " + phase_view.drain_progress(p))))
+        self.say("drain", phase_view.drain_line(r), r.code)
+        if r.code or not r.result.drained:
+            return self.finish(contract.EXIT_GATE, "not drained: nothing stopped or started (--no-drain to go ahead)")
+        return None
 
     def step_teardown(self):
         alias = self.host.alias
-        r = call_agent(self.host, "teardown", self.opts.teardown_args,
-                       on_progress=lambda p: self.out("    " + teardown_view.progress_line(alias, p)))
+        r = _attempt(lambda: call_agent(self.host, "teardown", self.opts.teardown_args,
+                                        on_progress=lambda p: self.out("    " + teardown_view.progress_line(alias, p))))
         t: contract.TeardownResult = r.result
-        self.say("teardown", teardown_view.brief(t))
+        self.say("teardown", teardown_view.brief(t), r.code)
         if not t.ran:  # locked by another teardown, or the host's state dir refused: nothing signalled
             return self.finish(r.code, "locked" if t.locked else "teardown not started: nothing started")
         if t.actions:
@@ -107,45 +167,54 @@ class Pivot:
             for problem in t.problems:
                 self.out("    " + problem)
             return self.finish(r.code, "GPUs not free: nothing started")
+        return None
 
     def step_gates(self):
-        r = phase_ops.gates(self.host, self.phase)
+        r = _attempt(lambda: phase_ops.gates(self.host, self.phase))
         for line in phase_view.gate_lines(r):
             self.out("    " + line)
-        self.say("gates", "passed" if r.code == 0 else "FAILED: nothing started")
+        self.say("gates", "passed" if r.code == 0 else "FAILED: nothing started", r.code)
         if r.code:
             return self.finish(contract.EXIT_GATE, "a gate failed: nothing started")
+        return None
 
     def step_deploy(self):
-        r = phase_ops.deploy(self.host, self.phase, "apply")
-        self.say("deploy", phase_view.deploy_line(r))
+        r = _attempt(lambda: phase_ops.deploy(self.host, self.phase, "apply"))
+        self.say("deploy", phase_view.deploy_line(r), r.code)
         if r.code:
             return self.finish(contract.EXIT_GATE, "the deploy does not apply: nothing started")
+        return None
 
     def step_lint(self):
-        r = phase_ops.lint(self.host, list(self.phase.argv), self.phase.gpus)
+        r = _attempt(lambda: phase_ops.lint(self.host, list(self.phase.argv), self.phase.gpus))
         for line in phase_view.lint_lines(r):
             self.out("    " + line)
         if r.code and not self.opts.force:
-            self.say("lint", "BLOCKED (use --force to start anyway)")
+            self.say("lint", "BLOCKED (use --force to start anyway)", r.code)
+            verdict = "launch lint blocked the start: nothing started"
             if self.phase.is_deploy:
-                phase_ops.deploy(self.host, self.phase, "rollback")
-                self.out("    deploy rolled back")
-            return self.finish(contract.EXIT_GATE, "launch lint blocked the start: nothing started")
+                undo = self._sub("restore", lambda: phase_ops.deploy(self.host, self.phase, "rollback"),
+                                 lambda x: f"restored {', '.join(x.result.files) or '-'}")
+                if undo:
+                    verdict += "; the deploy's files could NOT be restored (see the restore step)"
+            return self.finish(contract.EXIT_GATE, verdict)
         self.say("lint", "ok" if not r.code else "findings ignored (--force)")
+        return None
 
     def step_start(self):
-        r = phase_ops.start(self.host, self.phase)
-        self.say("start", phase_view.start_line(r))
+        r = _attempt(lambda: phase_ops.start(self.host, self.phase))
+        self.say("start", phase_view.start_line(r), r.code)
         if r.code:
             return self.finish(contract.EXIT_FAILED, "did not start")
+        return None
 
     def step_prep(self):
         self.say("prep", f"{len(self.phase.prep)} job(s) started alongside")
 
     def step_ready(self):
-        r = phase_ops.ready(self.host, self.phase, self.ready_timeout, on_progress=self._ready_progress)
-        self.say("ready", phase_view.ready_line(r))
+        r = _attempt(lambda: phase_ops.ready(self.host, self.phase, self.ready_timeout,
+                                             on_progress=self._ready_progress))
+        self.say("ready", phase_view.ready_line(r), r.code)
         if r.code == 0:
             return None
         self.out("    " + phase_view.log_tail(r).replace("\n", "\n    "))
@@ -157,8 +226,8 @@ class Pivot:
         self.out("    " + phase_view.ready_progress(p))
 
     def step_smoke(self):
-        r = phase_ops.smoke(self.host, self.phase)
-        self.say("smoke", phase_view.smoke_line(r))
+        r = _attempt(lambda: phase_ops.smoke(self.host, self.phase))
+        self.say("smoke", phase_view.smoke_line(r), r.code)
         if r.code == 0:
             return None
         if self.phase.is_deploy:
@@ -168,7 +237,7 @@ class Pivot:
     def step_prep_report(self):
         deadline = time.monotonic() + self.ready_timeout
         while True:
-            r = phase_ops.ready(self.host, self.phase, 0)
+            r = _attempt(lambda: phase_ops.ready(self.host, self.phase, 0))
             if all(p["status"] != "running" for p in r.result.prep) or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
@@ -176,16 +245,60 @@ class Pivot:
             self.out("    " + line)
         prep = r.result.prep
         failed = [p for p in prep if p["exit"] != 0]
-        self.say("prep-report", f"{len(prep) - len(failed)}/{len(prep)} preparation job(s) exited 0")
+        self.say("prep-report", f"{len(prep) - len(failed)}/{len(prep)} preparation job(s) exited 0",
+                 contract.EXIT_FAILED if failed else contract.EXIT_OK)
         if failed:
             return self.finish(contract.EXIT_FAILED, "a preparation job failed")
+        return None
+
+    # -- rollback: each part recorded with its exit; the verdict follows from them ---------
+    def _sub(self, name: str, call, words) -> int:
+        """One part of a rollback: run it, record 'rollback NAME' with its exit; returns the exit."""
+        self.step_started = time.monotonic()
+        try:
+            r = _attempt(call)
+        except StepFailed as exc:
+            self.say(f"rollback {name}", f"ERROR: {exc}", exc.code, numbered=False)
+            return exc.code
+        self.say(f"rollback {name}", words(r), r.code, numbered=False)
+        return r.code
 
     def rollback(self, why: str) -> int:
         self.out(f"    rolling back: {why}")
-        phase_ops.stop(self.host, self.phase, self.opts.operator)
-        r = phase_ops.deploy(self.host, self.phase, "rollback")
-        self.out(f"    restored: {', '.join(r.result.files) or '-'}")
-        phase_ops.start(self.host, self.phase)
-        again = phase_ops.ready(self.host, self.phase, self.ready_timeout, on_progress=self._ready_progress)
-        state = "old server healthy again" if again.code == 0 else f"old server NOT ready either: {again.result.detail}"
-        return self.finish(contract.EXIT_FAILED, f"rolled back ({why}); {state}")
+        parts = [
+            ("stop", lambda: phase_ops.stop(self.host, self.phase, self.opts.operator), phase_view.stop_line),
+            ("restore", lambda: phase_ops.deploy(self.host, self.phase, "rollback"),
+             lambda r: f"restored {', '.join(r.result.files) or '-'}" if r.code == 0 else phase_view.deploy_line(r)),
+            ("start", lambda: phase_ops.start(self.host, self.phase), phase_view.start_line),
+            ("ready", lambda: phase_ops.ready(self.host, self.phase, self.ready_timeout,
+                                              on_progress=self._ready_progress), phase_view.ready_line),
+        ]
+        for name, call, words in parts:
+            code = self._sub(name, call, words)
+            if code:
+                later = [n for n, _, _ in parts[[p[0] for p in parts].index(name) + 1:]]
+                skipped = f"; not tried: {', '.join(later)}" if later else ""
+                return self.finish(code if code in (contract.EXIT_UNREACHABLE, contract.EXIT_TIMED_OUT)
+                                   else contract.EXIT_FAILED,
+                                   f"rollback FAILED at {name} (exit {code}) after {why}{skipped}")
+        return self.finish(contract.EXIT_FAILED, f"rolled back ({why}); old server healthy again")
+
+
+def phase_gate_texts(phase) -> list:
+    """Each gate in words: a command as written, a file count as 'at least N files match GLOB'."""
+    return [g if isinstance(g, str) else f"at least {dict(g)['min']} files match {dict(g)['glob']}"
+            for g in phase.gates]
+
+
+def _what_ran(step: str) -> str:
+    before_teardown = step in ("drain", "teardown")
+    return "nothing stopped or started" if step == "drain" else (
+        "the teardown's result is unknown (see `invoke status`)" if before_teardown else "see the steps above")
+
+
+def step_table(steps: list) -> str:
+    """The pivot's steps as a table: step, result, exit, seconds."""
+    from .render import table
+
+    rows = [[s["step"], s["result"], str(s["exit"]), f"{s['seconds']:.2f}"] for s in steps]
+    return table(["step", "result", "exit", "seconds"], rows)

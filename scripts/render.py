@@ -1,13 +1,26 @@
 """Plain-text tables for people; --json output is produced elsewhere from the same data.
 
-Why no dependency: the tables are simple, must paste cleanly into an incident channel, and
-must never break a run on a host where a rendering library is missing.
+Why no dependency (rich was considered): the tables must paste cleanly into an incident
+channel, keep one process per line for grep and awk (rich wraps a long cell over several
+lines of box drawing), and never break a run on a machine where a rendering library is
+missing. What they need is small and here: fit the width (`COLUMNS`, else the terminal's),
+name each process by what it runs (`command`), and colour three verdict words on a
+terminal only (`paint`).
 """
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import sys
+import textwrap
+
+from .agent import contract
 
 _UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+_ANSI = re.compile("\x1b\\[[0-9;]*m")
+DEFAULT_WIDTH = 100  # neither COLUMNS nor a terminal (a pipe, a file, a CI log)
+ELLIPSIS = "..."
 
 
 def safe(text) -> str:
@@ -19,15 +32,266 @@ def safe(text) -> str:
                        str(text))
 
 
-def table(headers: list, rows: list, indent: str = "") -> str:
-    cells = [[str(h) for h in headers]] + [["" if c is None else safe(c) for c in r] for r in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(headers))]
-    lines = []
-    for n, row in enumerate(cells):
-        lines.append(indent + "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
-        if n == 0:
-            lines.append(indent + "  ".join("-" * w for w in widths))
+# -- width and colour ---------------------------------------------------------------------------
+
+
+def width() -> int:
+    """Columns to fit: `COLUMNS` when it is a positive number, else the terminal's, else 100."""
+    try:
+        cols = int(os.environ.get("COLUMNS", ""))
+        if cols > 0:
+            return cols
+    except ValueError:
+        pass
+    try:
+        return os.get_terminal_size(sys.stdout.fileno()).columns
+    except (OSError, ValueError, AttributeError):
+        return DEFAULT_WIDTH
+
+
+def colour_on(stream=None) -> bool:
+    """Colour only on a terminal, and never with NO_COLOR set (https://no-color.org) or TERM=dumb."""
+    stream = sys.stdout if stream is None else stream
+    if os.environ.get("NO_COLOR") or os.environ.get("TERM") == "dumb":
+        return False
+    return _isatty(stream)
+
+
+_COLOURS = {"NOT FREE": "1;31", "PROTECTED": "1;33", "FREED": "1;32", "FREE": "1;32"}
+_WORDS = re.compile(r"\b(NOT FREE|PROTECTED|FREED|FREE)\b")
+
+
+def paint(text: str, stream=None) -> str:
+    """`text` with NOT FREE in red, PROTECTED in yellow, FREE/FREED in green, on a terminal only.
+
+    Applied to whole lines after the layout (colour codes take no columns), so a table is
+    laid out the same with colour or without."""
+    if not colour_on(stream):
+        return text
+
+    def one(m: re.Match) -> str:
+        # "NOT FREE" must not have its FREE coloured twice: the alternation tries it first
+        return f"\x1b[{_COLOURS[m.group(1)]}m{m.group(1)}\x1b[0m"
+
+    return _WORDS.sub(one, text)
+
+
+def visible_len(text: str) -> int:
+    return len(_ANSI.sub("", text))
+
+
+class Progress:
+    """Progress for people while something waits: one line rewritten in place on a terminal,
+    a line per update elsewhere (a pipe or a CI log keeps every step, with no \\r in it).
+
+    `live=False` (several hosts at once) prints a line per update on a terminal too:
+    several live lines would overwrite each other."""
+
+    def __init__(self, stream=None, live: bool = True):
+        self.stream = sys.stdout if stream is None else stream
+        self.live = live and _isatty(self.stream) and os.environ.get("TERM") != "dumb"  # \x1b[K erases the rest
+        self.shown = False
+
+    def update(self, text: str) -> None:
+        if self.live:
+            self.stream.write("\r" + text[: max(1, width() - 1)] + "\x1b[K")
+            self.shown = True
+        else:
+            self.stream.write(text + "\n")
+        self.stream.flush()
+
+    def done(self) -> None:
+        """End the live line (so what is printed next starts on a line of its own)."""
+        if self.shown:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.shown = False
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+# -- what identifies a process ------------------------------------------------------------------
+# The arguments that tell one server or job from another: shown first when a line is short.
+KEY_FLAGS = ("--model-path", "--model", "--port", "--tp", "--tp-size", "--tensor-parallel-size",
+             "--nproc-per-node", "--nproc_per_node", "--served-model-name", "--speculative-algorithm",
+             "--config", "--data", "--speculative-draft-model-path")
+
+
+def _groups(args: list) -> list:
+    """Arguments in groups that belong together: `--port 30000`, `--x=1`, a positional."""
+    out, i = [], 0
+    while i < len(args):
+        arg = args[i]
+        if arg.startswith("-") and "=" not in arg and i + 1 < len(args) and not args[i + 1].startswith("-"):
+            out.append([arg, args[i + 1]])
+            i += 2
+        else:
+            out.append([arg])
+            i += 1
+    return out
+
+
+def _word(arg: str) -> str:
+    """One argument as a shell would need it: quoted when it has spaces (a `sh -c` script)."""
+    return shlex.quote(arg) if any(c.isspace() for c in arg) or not arg else arg
+
+
+def _rank(group: list, positional_seen: int) -> int | None:
+    """How much an argument group tells this process apart: 0 first; None for the rest."""
+    head = group[0]
+    if not head.startswith("-"):
+        return 0 if positional_seen < 2 else None  # a subcommand, or the script / model a program is given
+    flag = head.split("=", 1)[0]
+    return 1 + KEY_FLAGS.index(flag) if flag in KEY_FLAGS else None
+
+
+class Command:
+    """A process's command line as a table shows it: its program and key arguments first.
+
+    str() is the whole command without the interpreter's path; fit(n) keeps the program
+    and the arguments that identify it (model, port, TP, a subcommand) within n columns,
+    dropping the others as `...`."""
+
+    def __init__(self, argv=None, cmdline: str = ""):
+        argv = [safe(a) for a in (argv or []) if a is not None] or safe(cmdline).split()
+        self.program, args = contract.program_of(argv) if argv else (["?"], [])
+        self.groups = [[_word(w) for w in g] for g in _groups(args)]
+        positional, ranks = 0, []
+        for n, g in enumerate(self.groups):
+            ranks.append((_rank(g, positional), n))
+            positional += not g[0].startswith("-")
+        # the order in which groups are kept when not all fit: key ones by rank, then the rest
+        self.order = [n for r, n in sorted(x for x in ranks if x[0] is not None)] + \
+            [n for r, n in ranks if r is None]
+
+    @classmethod
+    def of(cls, record: dict) -> Command:
+        """From a process record of the agent (holder, target, action): argv when it has one."""
+        return cls(record.get("argv"), record.get("cmdline") or "")
+
+    def __str__(self) -> str:
+        return " ".join(self.program + [w for g in self.groups for w in g])
+
+    def _short(self, keep: list) -> str:
+        """The kept groups in their own order (never reordered: `sh -c 'trap …'` stays readable)."""
+        return " ".join(self.program + [w for i in sorted(keep) for w in self.groups[i]] + [ELLIPSIS])
+
+    def fit(self, n: int) -> str:
+        """Within n columns: the whole command, else the program, then the most telling
+        arguments that still fit (in that order), then `...` for the ones left out."""
+        full = str(self)
+        if len(full) <= n:
+            return full
+        keep: list = []
+        for i in self.order:
+            if len(self._short(keep + [i])) <= n:
+                keep.append(i)
+        text = self._short(keep)
+        return text if len(text) <= n else text[: max(1, n - len(ELLIPSIS))] + ELLIPSIS
+
+
+def command(record: dict, n: int | None = None) -> str:
+    """A record's command (see Command), cut to n columns when n is given."""
+    c = Command.of(record)
+    return str(c) if n is None else c.fit(n)
+
+
+# -- tables -------------------------------------------------------------------------------------
+
+
+class Col:
+    """A table column: its header, and how it gives way when the table is wider than the screen.
+
+    fit: None keeps every cell whole; "command" shortens Command cells (Command.fit); "wrap"
+    wraps text onto more lines (reasons are never cut); "cut" cuts with `...`.
+    optional: the column is left out when no row has anything in it but '-'."""
+
+    def __init__(self, header: str, fit: str | None = None, minimum: int = 12, optional: bool = False):
+        self.header, self.fit, self.minimum, self.optional = header, fit, minimum, optional
+
+
+def _as_col(h) -> Col:
+    return h if isinstance(h, Col) else Col(str(h))
+
+
+def _text(cell) -> str:
+    if cell is None:
+        return ""
+    return str(cell) if isinstance(cell, Command) else safe(cell)
+
+
+def _widths(cols: list, cells: list, room: int) -> list:
+    """Each column's width: natural, then the flexible ones shrunk (not below their minimum,
+    in proportion to their natural width) until the row fits `room` columns."""
+    natural = [max(visible_len(r[i]) for r in cells) for i in range(len(cols))]
+    flex = [i for i, c in enumerate(cols) if c.fit and natural[i] > max(c.minimum, len(c.header))]
+    excess = sum(natural) + 2 * (len(cols) - 1) - room
+    if excess <= 0 or not flex:
+        return natural
+    out = list(natural)
+    floor = {i: max(cols[i].minimum, len(cols[i].header)) for i in flex}
+    give = {i: natural[i] - floor[i] for i in flex}
+    total = sum(give.values())
+    for i in flex:
+        out[i] = natural[i] - min(give[i], -(-excess * give[i] // total))  # ceil: never overshoot room
+    return out
+
+
+def _cell_lines(col: Col, cell, text: str, w: int) -> list:
+    if visible_len(text) <= w:
+        return [text]
+    if col.fit == "command" and isinstance(cell, Command):
+        return [cell.fit(w)]
+    if col.fit == "wrap":
+        return textwrap.wrap(text, w, break_on_hyphens=False) or [""]
+    if col.fit:
+        return [text[: max(1, w - len(ELLIPSIS))] + ELLIPSIS]
+    return [text]
+
+
+def table(headers: list | tuple, rows: list, indent: str = "", columns: int | None = None,
+          details: list | None = None) -> str:
+    """Rows under a header line and a rule, fitted to `columns` (default: width()).
+
+    A header is a name or a Col; a Command cell is shown by what it runs. Only columns
+    that may give way (Col.fit) ever shrink; what does not fit is wrapped or shortened,
+    never silently cut off at the screen's edge. details[i], when given, is printed whole
+    (wrapped, never cut) under row i from where its last column starts: a reason in words
+    gets the width of the screen instead of a narrow column."""
+    cols = [_as_col(h) for h in headers]
+    rows = [list(r) for r in rows]
+    keep = [i for i, c in enumerate(cols)
+            if not (c.optional and all(_text(r[i]) in ("", "-") for r in rows))]
+    cols, rows = [cols[i] for i in keep], [[r[i] for i in keep] for r in rows]
+    texts = [[c.header for c in cols]] + [[_text(c) for c in r] for r in rows]
+    room = (width() if columns is None else columns) - len(indent)
+    widths = _widths(cols, texts, room)
+    lines = [indent + "  ".join(c.header.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip(),
+             indent + "  ".join("-" * w for w in widths)]
+    at = sum(widths[:-1]) + 2 * (len(widths) - 1)  # where the last column starts
+    for n, (row, text) in enumerate(zip(rows, texts[1:], strict=True)):
+        parts = [_cell_lines(c, cell, t, w) for c, cell, t, w in zip(cols, row, text, widths, strict=True)]
+        for k in range(max(len(p) for p in parts)):
+            cells = [p[k] if k < len(p) else "" for p in parts]
+            lines.append(indent + "  ".join(c + " " * (w - visible_len(c))
+                                            for c, w in zip(cells, widths, strict=True)).rstrip())
+        detail = details[n] if details else None
+        if detail:
+            lines.extend(indent + " " * at + d
+                         for d in textwrap.wrap(safe(detail), max(20, room - at), break_on_hyphens=False))
     return "\n".join(lines)
+
+
+def note(text: str, indent: str = "  ", hang: str = "    ") -> str:
+    """One note (a rule, a warning) as lines that fit width(): words are never cut, the lines
+    after the first are indented by `hang`."""
+    return "\n".join(textwrap.wrap(safe(text), max(20, width()), initial_indent=indent, subsequent_indent=hang,
+                                    break_on_hyphens=False, break_long_words=False)) or indent
 
 
 def shorten(text: str, width: int = 60) -> str:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import hashlib
 import os
 import shlex
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,6 +25,17 @@ from .agent.contract import statedir
 SSH_UNREACHABLE = 255
 CONTROL_DIR_ENV = "GPU_PIVOT_CONTROL_DIR"
 CONTROL_PERSIST_S = 120
+# Why these: without them a host that drops packets kept `invoke ping` silent for 13 minutes
+# (the kernel's TCP retries), and a host that froze mid-call held its fleet forever. A dead
+# connection is now noticed after CONNECT_TIMEOUT_S, or ALIVE_INTERVAL_S * ALIVE_COUNT once
+# connected. A host's ALIAS_SSH_OPTS overrides any of them (ssh keeps the first value it
+# reads, and a host's own options come first), e.g. `-o ConnectTimeout=30` for a slow link.
+CONNECT_TIMEOUT_S = 10
+ALIVE_INTERVAL_S = 5
+ALIVE_COUNT = 3
+# ssh's own words when it gave up waiting (connect, banner, keep-alive): a time-out, not a refusal
+_SSH_TIMEOUT_WORDS = ("timed out", "Timeout, server", "Connection timed out")
+RAN_PREFIX = "=====gpu-pivot-ran"
 
 
 def control_dir(base: str | None = None) -> Path:
@@ -83,6 +93,9 @@ class SshHop:
         return [
             *self.opts,
             "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
+            "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
             *control_opts(),
         ]
 
@@ -132,20 +145,57 @@ class Route:
     def describe(self) -> str:
         return " -> ".join(h.describe() for h in self.hops) or "this machine"
 
-    def ssh_failed(self, returncode: int) -> bool:
-        """Was exit 255 ssh's own failure (unreachable, auth), not the remote command's?
+    def marked(self, argv: list, nonce: str) -> list:
+        """`argv` behind a line on stderr that proves the far side ran (ran_line(nonce)), then exec.
 
-        ssh exits 255 both for its own errors and when the remote command exits 255. We
-        ask the ControlMaster socket (local, no new connection): if a master is up, ssh
-        connected, so the 255 came from the far side.
-        """
+        Why: ssh exits 255 both when it fails and when the remote command exits 255, and
+        asking the ControlMaster socket (`ssh -O check`) cannot tell them apart when there is
+        no socket (ControlPath=none: the check itself exits 255). A line printed by `sh` on
+        the host before it execs the command can only come from the far side. The process
+        that runs is still exactly argv (exec); on this machine (no ssh) nothing is added."""
+        if self.ssh is None:
+            return list(argv)
+        return ["sh", "-c", 'printf "%s\\n" "$1" >&2; shift; exec "$@"', "gpu-pivot", ran_line(nonce), *argv]
+
+    def ssh_failed(self, returncode: int, ran: bool, stderr: str = "") -> bool:
+        """Was this exit ssh's own failure, not the remote command's?
+
+        255 with no proof that the far side ran (`ran`: the marked() line was seen): ssh's.
+        255 after that line: the remote command's own exit 255, unless ssh said its
+        keep-alive went unanswered (the connection died mid-call: ssh's, a time-out)."""
         if returncode != SSH_UNREACHABLE or self.ssh is None:
             return False
-        hop = self.ssh
-        check = ["ssh", *hop.machine_opts(), "-O", "check", hop.dest]
-        probe = subprocess.run(check, stdin=subprocess.DEVNULL, capture_output=True)
-        return probe.returncode != 0
+        return not ran or keepalive_lost(stderr)
+
+
+def ran_line(nonce: str) -> str:
+    return f"{RAN_PREFIX} {nonce}====="
+
+
+def ssh_timed_out(stderr: str) -> bool:
+    """Did ssh give up waiting (connect, banner exchange, keep-alive), rather than being refused?"""
+    return any(word in stderr for word in _SSH_TIMEOUT_WORDS)
+
+
+def keepalive_lost(stderr: str) -> bool:
+    """ssh's own line when ServerAliveCountMax keep-alives went unanswered."""
+    return any(line.startswith("Timeout, server ") and "not responding" in line for line in stderr.splitlines())
+
+
+def unreachable(alias: str, stderr: str, ran: bool = False) -> HostUnreachable:
+    """The error for ssh's own exit 255: HostTimedOut when ssh said it waited in vain."""
+    tail = " | ".join(line for line in stderr.strip().splitlines() if line.strip() and RAN_PREFIX not in line)[-300:]
+    if ssh_timed_out(stderr):
+        where = "; the command had started there and may still finish (see `invoke status`)" if ran else ""
+        return HostTimedOut(f"{alias}: host timed out (ssh: {tail or 'no answer'}){where}")
+    return HostUnreachable(f"{alias}: host unreachable (ssh exit 255: {tail or 'nothing on stderr'})")
 
 
 class HostUnreachable(RuntimeError):
     """ssh itself failed (exit 255): the host was not reached, nothing ran there."""
+
+
+class HostTimedOut(HostUnreachable):
+    """No answer in time: ssh's connect or keep-alive timeout, or the call's deadline.
+    Its own exit code (contract.EXIT_TIMED_OUT); a HostUnreachable for code that only
+    needs to know the host gave no result."""

@@ -19,7 +19,6 @@ import json
 import os
 import shlex
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -29,6 +28,7 @@ from .hostconfig import Host
 from .route import Route
 from .sandbox_fs import (
     SANDBOX_DIR_ENV,
+    StateDirError,
     checked_dir,
     existing_dir,
     private,
@@ -40,8 +40,10 @@ from .sandbox_fs import (
     write_json,
     write_script,
 )
+from .sandbox_procs import SandboxStartError, free_port, member_env, members, start_detached
 
-__all__ = ["SANDBOX_DIR_ENV", "sandbox_dir", "sandbox_host", "up", "down", "status", "start_detached", "make_devices"]
+__all__ = ["SANDBOX_DIR_ENV", "SandboxStartError", "sandbox_dir", "sandbox_host", "up", "down", "status",
+           "start_detached", "make_devices"]
 
 ROLES = Path(__file__).resolve().parent / "sandbox_roles.py"
 GPUS = 2
@@ -52,7 +54,11 @@ exec {py} -c 'import os, sys; os.execv(sys.argv[1], ["torchrun"] + sys.argv[2:])
 """
 
 
+# The ports of the sandbox's servers are picked free at `sandbox up` and recorded in
+# ports.json (fixed ones made the suite fail whenever anything held them); these are shown
+# only while no sandbox was ever started.
 SERVER_PORT, DATAGEN_PORT = 30000, 30001
+PORTS_FILE = "ports.json"
 HIDDEN_STATES = 8
 GOOD_PATCH = """--- a/server_config.json
 +++ b/server_config.json
@@ -75,17 +81,29 @@ def server_argv(base: Path, port: int, *extra: str) -> list:
             str(base / "gpumem"), *extra]
 
 
-def sandbox_phases(base: Path) -> dict:
+def ports(base: Path | None) -> tuple:
+    """(server port, datagen port) recorded by the last `sandbox up`, else the defaults."""
+    try:
+        doc = read_json(base / PORTS_FILE) if base is not None else None
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict) and all(isinstance(doc.get(k), int) for k in ("server", "datagen")):
+        return doc["server"], doc["datagen"]
+    return SERVER_PORT, DATAGEN_PORT
+
+
+def sandbox_phases(base: Path, port_pair: tuple | None = None) -> dict:
     """The three pivots gpu-pivot was built for, on the sandbox, in the same schema as hosts.env phases."""
     from .phases import build_phase
 
+    server_port, datagen_port = port_pair or (SERVER_PORT, DATAGEN_PORT)
     env = f"PYTHONPATH={base / 'pkg'}"
     py = shlex.quote(sys.executable)
     keys = {
         "datagen": {  # EAGLE3 data-generation pivot: EAGLE3 debug server -> baseline server + dataset preps in parallel
-            "ARGV": json.dumps(server_argv(base, DATAGEN_PORT, "--load-s", "1", "--mib", "30000")),
-            "ENV": env, "READY": f"http://127.0.0.1:{DATAGEN_PORT}/health", "READY_TIMEOUT": "60",
-            "DRAIN_METRICS": f"http://127.0.0.1:{SERVER_PORT}/metrics", "DRAIN_TIMEOUT": "30",
+            "ARGV": json.dumps(server_argv(base, datagen_port, "--load-s", "1", "--mib", "30000")),
+            "ENV": env, "READY": f"http://127.0.0.1:{datagen_port}/health", "READY_TIMEOUT": "60",
+            "DRAIN_METRICS": f"http://127.0.0.1:{server_port}/metrics", "DRAIN_TIMEOUT": "30",
             # the sandbox dir in each prep's command line too: every process the sandbox starts is in its scope
             "PREP": json.dumps([f"{py} -c 'import sys, time; time.sleep(0.5); print(\"prepared \" + sys.argv[1])' "
                                 f"{name} --sandbox {shlex.quote(str(base))}"
@@ -99,11 +117,11 @@ def sandbox_phases(base: Path) -> dict:
                                  f"test -s {shlex.quote(str(base / 'hidden_states' / 'data_config.json'))}"]),
         },
         "deploy": {  # patched-server deploy: old server -> patched server, rolled back if the new one is unhealthy
-            "ARGV": json.dumps(server_argv(base, SERVER_PORT, "--load-s", "1",
+            "ARGV": json.dumps(server_argv(base, server_port, "--load-s", "1",
                                            "--code-dir", str(base / "server-code"))),
             "ENV": env, "DIR": str(base / "server-code"), "PATCH": str(base / "patches" / "dynamic-spec.patch"),
-            "READY": f"http://127.0.0.1:{SERVER_PORT}/health", "READY_TIMEOUT": "30",
-            "SMOKE_URL": f"http://127.0.0.1:{SERVER_PORT}/generate",
+            "READY": f"http://127.0.0.1:{server_port}/health", "READY_TIMEOUT": "30",
+            "SMOKE_URL": f"http://127.0.0.1:{server_port}/generate",
             "SMOKE_BODY": '{"text": "Hello", "max_new_tokens": 8}',
         },
     }
@@ -115,9 +133,13 @@ def sandbox_host() -> Host:
     command line (every process the sandbox starts does, via --devdir/--model-path) and be
     owned by this user; its fake device files sit in the private dir, so only it holds them."""
     base = sandbox_dir()
+    try:
+        recorded = ports(existing_dir())
+    except StateDirError:  # refused directory: `sandbox up` says so; the host still lists
+        recorded = None
     return Host("sandbox", Route(()), devices=f"{base}/dev/nvidia*", sandbox=True, fake_gpus=str(base / "gpumem"),
                 fake_devices=True, scope=f"{base}{os.sep}", scope_uid=os.geteuid(),
-                run_dir=str(base / "run"), phases=sandbox_phases(base))
+                run_dir=str(base / "run"), phases=sandbox_phases(base, recorded))
 
 
 def make_files(base: Path) -> None:
@@ -154,24 +176,6 @@ def _server_shim(pkgdir: Path) -> None:
           f"runpy.run_path({str(ROLES)!r}, run_name='__main__')\n")
 
 
-def start_detached(argv: list, ready: Path | None = None, env: dict | None = None,
-                   executable: str | None = None) -> int:
-    """Start one detached process (own session, no stdio to us); wait until it holds.
-    Used by the sandbox and by the tests' process sets."""
-    if ready is not None:
-        argv = argv + ["--ready", str(ready)]
-    proc = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL, start_new_session=True, env=env, close_fds=True)
-    if ready is not None:
-        deadline = time.monotonic() + 10
-        while not ready.exists():
-            if proc.poll() is not None or time.monotonic() > deadline:
-                proc.kill()  # never leave a half-started holder behind
-                raise RuntimeError(f"sandbox process {argv[:3]} did not start (exit {proc.poll()})")
-            time.sleep(0.01)
-    return proc.pid
-
-
 def start_processes(base: Path, ignore_term: bool = False) -> dict:
     """Start the sandbox's process set under `base` (a checked private dir); returns {role: pid}.
     Daemons run as sys.executable with argv[0] = their name: nothing in `base` is executed
@@ -184,22 +188,24 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
     _server_shim(pkgdir)
     make_files(base)
     write_script(bindir / "torchrun", TORCHRUN.format(py=shlex.quote(sys.executable)))  # the train phase's job
-    env = dict(os.environ, PYTHONPATH=str(pkgdir))
+    env = member_env(base, dict(os.environ, PYTHONPATH=str(pkgdir)))
+    plain = member_env(base)
+    logs = subdir(base, "logs")
     py = sys.executable
     common = ["--devdir", str(devdir)]
+    server_port = ports(base)[0]
     # the EAGLE3 server being debugged (the EAGLE3 data-generation pivot), with 3 requests still in flight
-    server = server_argv(base, SERVER_PORT, "--inflight", "3", "--speculative-algorithm", "EAGLE3",
+    server = server_argv(base, server_port, "--inflight", "3", "--speculative-algorithm", "EAGLE3",
                          "--speculative-draft-model-path", str(base / "fake-eagle3-draft"))
     if ignore_term:
         server.append("--ignore-term")
-    pids = {
-        "server": start_detached(server, readydir / "server", env),
-        "persistenced": start_detached(["nvidia-persistenced", str(ROLES), "hold", *common], readydir / "persistenced",
-                                       executable=py),
-        "monitor": start_detached(["nvitop", str(ROLES), "hold", *common], readydir / "monitor", executable=py),
-        "bystander": start_detached([py, str(ROLES), "idle", "--job", "prepare_dataset", *common],
-                                    readydir / "bystander"),
-    }
+    pids = {}
+    for role, argv, exe, role_env in (
+            ("server", server, None, env),
+            ("persistenced", ["nvidia-persistenced", str(ROLES), "hold", *common], py, plain),
+            ("monitor", ["nvitop", str(ROLES), "hold", *common], py, plain),
+            ("bystander", [py, str(ROLES), "idle", "--job", "prepare_dataset", *common], None, plain)):
+        pids[role] = start_detached(argv, readydir / role, role_env, executable=exe, log=logs / f"{role}.log")
     workers = (readydir / "server").read_text().split()
     for i, pid in enumerate(workers):
         pids[f"worker{i}"] = int(pid)
@@ -214,7 +220,12 @@ def up(ignore_term: bool = False) -> dict:
     if state["alive"] and len(state["alive"]) == len(state["processes"]):
         return state  # already up
     down()  # partly torn down (e.g. after a demo teardown): start the whole set afresh
-    pids = start_processes(base, ignore_term)
+    write_json(base / PORTS_FILE, {"server": free_port(), "datagen": free_port()})
+    try:
+        pids = start_processes(base, ignore_term)
+    except SandboxStartError:
+        down()  # the roles that did start: none is left running
+        raise
     record = {role: {"pid": pid, "start_time": procfs.start_time(pid)} for role, pid in pids.items()}
     write_json(base / "state.json", record)
     return status()
@@ -228,7 +239,9 @@ def status() -> dict:
     procs = {role: dict(info, alive=procfs.same_process(info["pid"], info["start_time"]))
              for role, info in record.items()}
     where = sandbox_dir()
+    server_port, datagen_port = ports(base)
     return {"dir": str(where), "devices": f"{where}/dev/nvidia*", "processes": procs,
+            "ports": {"server": server_port, "datagen": datagen_port},
             "alive": [r for r, p in procs.items() if p["alive"]]}
 
 
@@ -239,6 +252,7 @@ def down() -> dict:
 
     base = existing_dir()
     state = status()
+    _stop_members(sandbox_dir())
     if base is None:
         return state
     host = sandbox_host()
@@ -257,6 +271,17 @@ def down() -> dict:
     except FileNotFoundError:
         pass
     return state
+
+
+def _stop_members(base: Path) -> None:
+    """SIGKILL the processes that carry this sandbox's identity (sandbox_procs.members):
+    the ones a state.json no longer lists, e.g. after the directory was removed by hand."""
+    found = members(base)
+    for pid, start in found:
+        procfs.signal_if_same(pid, start, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and any(procfs.same_process(pid, start) for pid, start in found):
+        time.sleep(0.02)
 
 
 DEMO_TREE = ("server", "worker0", "worker1")

@@ -8,7 +8,7 @@ the contract first, in `record`, so these views never read the agent's keys them
 from __future__ import annotations
 
 from .agent import contract
-from .render import age, shorten, table
+from .render import Col, Command, age, note, paint, shorten, table, width
 
 
 def record(x):
@@ -35,15 +35,17 @@ def gpu_table(x) -> str:
     rows = []
     for g in scan.gpus:
         procs = ", ".join(f"{p['pid']}({_mib(p['used_mib'])})" for p in g["processes"]) or "-"
-        rows.append([g["index"], shorten(g["name"], 24), _mib(g["used_mib"]), _mib(g["reserved_mib"]),
-                     _mib(g["total_mib"]), procs])
+        rows.append([g["index"], g["name"], _mib(g["used_mib"]), _mib(g["reserved_mib"]), _mib(g["total_mib"]), procs])
     return f"GPU memory (source: {scan.gpu_source}; MiB, used excludes reserved)\n" + \
-        table(["gpu", "name", "used", "reserved", "total", "compute processes pid(MiB)"], rows, "  ")
+        table(["gpu", Col("name", "cut", 16), "used", "reserved", "total", Col("compute processes pid(MiB)", "wrap")],
+              rows, "  ")
 
 
 def where(h: dict) -> str:
     """A process row's unit or container, for a table column."""
     if h.get("container"):
+        if h["container"].get("label"):  # `ct 129 pid 9 (node pid 814)`, seen from a Proxmox node
+            return h["container"]["label"]
         return f"{h['container']['kind']}:{h['container']['id'][:12]}"
     return h.get("unit") or "-"
 
@@ -57,18 +59,29 @@ def holder_table(x) -> str:
     rows = []
     for h in scan.holders:
         mib = sum(v for v in h["gpu_mib"].values() if v) if h["gpu_mib"] else None
-        mark = f"PROTECTED: {h['protected']}" if h["protected"] else ""
         rows.append([h["pid"], h["user"], h["state"], age(h.get("age_s")), where(h),
-                     _mib(mib) if mib is not None else "-", shorten(h["cmdline"], 56), mark])
-    out = "Holders\n" + table(["pid", "user", "st", "age", "unit/container", "MiB", "cmdline", ""], rows, "  ")
-    return "\n".join([out, *_notes(scan)])
+                     _mib(mib) if mib is not None else "-", "PROTECTED" if h["protected"] else "-", Command.of(h)])
+    why = [f"protected: {h['protected']}" if h["protected"] else None for h in scan.holders]
+    out = "Holders\n" + table(HOLDER_COLS, rows, "  ", details=why)
+    return paint("\n".join([out, *_notes(scan)]))
+
+
+# The holder table's columns: which process it is, and whether it may ever be signalled.
+HOLDER_COLS = ("pid", "user", "state", "age", Col("unit/container", "cut", optional=True), "GPU MiB", "protected",
+               Col("command", "command", 30))
+
+
+def writing_line(pid, files: list) -> str:
+    """The data a stop may cut short. The agent lists only files the process writes in place
+    (not its stdout/stderr, not append-only logs): a log losing its last line is no loss, a
+    checkpoint or dataset shard half-written is."""
+    more = f" and {len(files) - 5} more" if len(files) > 5 else ""
+    which = "that file" if len(files) == 1 else "those files"
+    return f"pid {pid} is writing {', '.join(files[:5])}{more}: stopping it may leave {which} incomplete"
 
 
 def _notes(scan: contract.ScanResult) -> list:
-    extra = []
-    for h in scan.holders:
-        if h.get("write_files"):
-            extra.append(f"  pid {h['pid']} has files open for writing: {', '.join(h['write_files'][:5])}")
+    extra = [note(writing_line(h["pid"], h["write_files"])) for h in scan.holders if h.get("write_files")]
     if scan.foreign_gpu_pids:
         pids = ", ".join(str(p["pid"]) for p in scan.foreign_gpu_pids)
         extra.append(f"  NVML reports pids not visible here (another PID namespace, e.g. the Proxmox node): {pids}")
@@ -85,27 +98,42 @@ def last_teardown(x) -> str:
     last = scan_of(x).last_teardown
     if not last:
         return ""
-    return (f"Last teardown on this host: {last.get('state')} {last.get('verdict') or ''} exit {last.get('exit_code')} "
-            f"by {last.get('operator')} at {last.get('finished') or last.get('started')}")
+    return note(f"Last teardown on this host: {last.get('state')} {last.get('verdict') or ''} "
+                f"exit {last.get('exit_code')} by {last.get('operator')} at {last.get('finished') or last.get('started')}",
+                indent="", hang="  ")
 
 
 def verdict(x) -> str:
     """verify's answer: FREE, or NOT FREE and each problem on its own line."""
     v = record(x)
-    return "FREE: every GPU is free" if v.free else "NOT FREE:\n  " + "\n  ".join(v.problems)
+    if v.free:
+        return paint("FREE: every GPU is free")
+    return paint("\n".join(["NOT FREE:", *(note(p) for p in v.problems)]))  # each problem whole, fitted
 
 
 def still_holding(x) -> str:
     """What still holds each GPU after a verify or a teardown that did not free it."""
     x = record(x)
-    rows = [[r["gpu"] if r["gpu"] is not None else "-", r["pid"], r["state"], _mib(r["used_mib"]),
-             shorten(r["cmdline"], 60)] for r in x.still_holding]
+    rows = [[r["gpu"] if r["gpu"] is not None else "-", r["pid"], r["state"], _mib(r["used_mib"]), Command.of(r)]
+            for r in x.still_holding]
     if not rows:
         return ""
-    note = ""
+    hint = ""
     if any(r[2] == "D" for r in rows):
-        note = "\n  state D = stuck in the driver (uninterruptible): see runbooks/gpu-memory-not-freed.md"
-    return "Still holding\n" + table(["gpu", "pid", "st", "MiB", "cmdline"], rows, "  ") + note
+        hint = "\n  state D = stuck in the driver (uninterruptible): see runbooks/gpu-memory-not-freed.md"
+    return "Still holding\n" + table(["gpu", "pid", "state", "GPU MiB", Col("command", "command", 30)], rows,
+                                     "  ") + hint
+
+
+def verify_progress(alias: str, p: dict) -> str:
+    """What `verify --wait` waits for, from one progress line of the agent: GPU MiB still used
+    and the holders that keep a GPU busy (pid and program), with the time left; one line."""
+    holders = p.get("holders") or []
+    who = ", ".join(f"pid {h['pid']} {' '.join(Command.of(h).program)}" for h in holders[:3])
+    more = f", +{len(holders) - 3}" if len(holders) > 3 else ""
+    held = f"held by {who}{more}" if holders else (p.get("problems") or ["nothing named"])[0]
+    left = max(0.0, float(p.get("wait_s") or 0) - float(p.get("elapsed_s") or 0))
+    return shorten(f"{alias}: waiting, {left:.1f}s left: {p.get('mib_left', '?')} MiB used, {held}", width())
 
 
 def header(alias: str, x, sandbox: bool) -> str:

@@ -10,9 +10,10 @@ fleet Outcome); an agent document (dict) is read through the contract first.
 """
 from __future__ import annotations
 
+from . import health_view
 from .agent import contract
-from .render import shorten, table
-from .status_view import header, still_holding, where
+from .render import Col, Command, command, note, paint, shorten, table
+from .status_view import header, still_holding, where, writing_line
 
 
 def _mib(gpu_mib: dict) -> str:
@@ -26,6 +27,9 @@ def _teardown(x) -> contract.TeardownResult:
     return contract.read_document(x) if isinstance(x, dict) else x
 
 
+COMMAND = Col("command", "command", 30)
+
+
 def plan_tables(plan) -> str:
     """The plan (contract.Plan, or a plan or teardown result holding one) as tables."""
     if isinstance(plan, dict):
@@ -33,33 +37,44 @@ def plan_tables(plan) -> str:
     plan = getattr(plan, "plan", plan)
     out = []
     if plan.targets:
-        rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], shorten(t["reason"], 40),
-                 shorten(t["cmdline"], 50)] for t in plan.targets]
+        rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], Command.of(t)] for t in plan.targets]
         out.append(f"Targets ({len(rows)}; will free about {plan.will_free_mib} MiB of GPU memory)\n" +
-                   table(["pid", "st", "unit/container", "MiB", "how", "why", "cmdline"], rows, "  "))
+                   table(["pid", "state", Col("unit/container", "cut", optional=True), "GPU MiB",
+                          Col("stopped by", "wrap", 10), COMMAND], rows, "  ",
+                         details=["why: " + t["reason"] for t in plan.targets]))
     else:
         out.append("Targets: none (nothing matches the target patterns and no unprotected process holds a GPU)")
     if plan.protected:
-        rows = [[p["pid"], shorten(p["reason"], 48), shorten(p["cmdline"], 60)] for p in plan.protected]
-        out.append("Protected, never signalled\n" + table(["pid", "why", "cmdline"], rows, "  "))
+        rows = [[p["pid"], "PROTECTED", Command.of(p)] for p in plan.protected]
+        out.append("Protected, never signalled\n" + table(["pid", "protected", COMMAND], rows, "  ",
+                                                          details=["why: " + p["reason"] for p in plan.protected]))
     if plan.left_alone:
-        rows = [[p["pid"], _mib(p["gpu_mib"]), shorten(p["cmdline"], 60)] for p in plan.left_alone]
-        out.append("Left alone (--only-matching) although they hold a GPU\n"
-                   + table(["pid", "MiB", "cmdline"], rows, "  "))
-    for w in plan.writing:
-        out.append(f"  WARNING pid {w['pid']} has files open for writing: {', '.join(w['files'][:5])}")
+        rows = [[p["pid"], _mib(p["gpu_mib"]), Command.of(p)] for p in plan.left_alone]
+        out.append("Left alone although they hold a GPU (reported, not signalled)\n"
+                   + table(["pid", "GPU MiB", COMMAND], rows, "  ",
+                           details=["why: " + (p.get("reason") or "-") for p in plan.left_alone]))
+    out.extend(note(writing_line(w["pid"], w["files"])) for w in plan.writing)
     for u in plan.units:
-        out.append(f"  unit {u['unit']} will be stopped with systemctl{' and disabled' if u['disable'] else ''}")
+        how = f"pct exec {u['ctid']} -- systemctl" if u.get("ctid") else "systemctl"  # a unit inside an LXC CT
+        out.append(f"  unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}")
     scope = plan.scope
     if scope.get("text") or scope.get("uid") is not None:
-        out.append(f"  scope: only processes with {scope.get('text')!r} in their command line"
-                   + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else ""))
-    out.extend(f"  rule: {r}" for r in plan.rules)
-    return "\n".join(out)
+        out.append(note(f"scope: only processes with {scope.get('text')!r} in their command line"
+                         + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else "")))
+    out.extend(note(f"rule: {r}") for r in plan.rules)
+    return paint("\n".join(out))
 
 
 def progress_line(alias: str, p: dict) -> str:
-    """One progress line of a running teardown (the fields of contract.parse_progress)."""
+    """One progress line of a running teardown (the fields of contract.parse_progress), fitted
+    to the width (wrapped, never cut: a claim keeps its caveat)."""
+    return note(_progress_text(alias, p), "", "    ")
+
+
+def _progress_text(alias: str, p: dict) -> str:
+    if p.get("phase") == "free":  # seen free now; the verdict (exit code) comes after the settle window
+        return (f"{alias}: FREED at {p.get('free_at_s', 0):.2f}s: every GPU read free, no holder left "
+                f"(watching {p.get('settle_s', 0):g}s more for a respawn before the verdict)")
     alive = p.get("alive")
     parts = [f"{alias}: [{p.get('elapsed_s', 0):6.2f}s] {p.get('phase')}"]
     if alive is not None:
@@ -90,8 +105,8 @@ def actions(x) -> str:
     recs = _teardown(x).actions
     if not recs:
         return ""
-    rows = [[r["signal"], r["pid"], r["result"], shorten(r.get("cmdline") or "", 60)] for r in recs]
-    return "Actions\n" + table(["action", "pid", "result", "cmdline"], rows, "  ")
+    rows = [[r["signal"], r["pid"], r["result"], Command.of(r)] for r in recs]
+    return "Actions\n" + table(["action", "pid", Col("result", "wrap", 12), COMMAND], rows, "  ")
 
 
 def _word(t: contract.TeardownResult) -> str:
@@ -100,6 +115,8 @@ def _word(t: contract.TeardownResult) -> str:
         return "LOCKED"
     if t.state_error:
         return "NOT STARTED"
+    if t.code == contract.EXIT_UNHEALTHY:
+        return "freed, GPU UNHEALTHY"
     return "freed" if t.code == contract.EXIT_OK else "NOT FREE"
 
 
@@ -117,8 +134,8 @@ def host_line(outcome) -> str:
     """One line per host as it finishes, for a fleet teardown (outcome: a fleet.Outcome)."""
     alias = outcome.host.alias
     if outcome.error is not None:
-        return f"{alias}: UNREACHABLE: {shorten(str(outcome.error), 80)}"
-    return f"{alias}: {brief(outcome.value, outcome.value.wall_s)}"
+        return f"{alias}: {_failed(outcome.error).upper()}: {shorten(str(outcome.error), 80)}"
+    return paint(f"{alias}: {brief(outcome.value, outcome.value.wall_s)}")
 
 
 def verdict_lines(alias: str, x, code: int | None = None) -> list:
@@ -137,18 +154,21 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     if t.unapproved:
         lines.append(f"  not signalled (appeared after the plan you approved): {[u['pid'] for u in t.unapproved]}")
     for a in t.adopted:
-        lines.append(f"  also signalled pid {a['pid']}: {a['reason']} ({shorten(a.get('cmdline') or '', 60)})")
+        lines.append(f"  also signalled pid {a['pid']}: {a['reason']} ({command(a, 60)})")
     for f in t.signal_failures:
         lines.append(f"  COULD NOT SIGNAL pid {f['pid']} ({f['signal']}: {f['result']}): it was not stopped")
     for a in t.appeared:
-        lines.append(f"  RESPAWN pid {a['pid']} ({shorten(a['cmdline'], 60)}) {a['why']}")
+        lines.append(f"  RESPAWN pid {a['pid']} ({command(a, 60)}) {a['why']}")
         if a.get("include"):
             lines.append(f"    to include it: {a['include']}")
+    for a in t.actions:  # a stopped unit or container that starts again by itself (agent/units.py)
+        if a.get("comes_back"):
+            lines.append(f"  NOTE {shorten(a['signal'], 60)}: {a['comes_back']}")
     for s in t.stuck:
         lines.append(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
     for c in t.concurrent_teardowns:
         lines.append(f"  NOTE another user's teardown ran beside this one: pid {c['pid']} ({c['user']}): "
-                     f"{shorten(c.get('cmdline') or '', 60)}")
+                     f"{command(c, 60)}")
     for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
     timing = f"in {t.wall_s:.2f}s"
@@ -156,6 +176,8 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
         timing = f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s or 0:.2f}s " \
                  f"({t.settle_s:g}s watched for respawns)"
     verdict = "FREED and verified" if t.code == contract.EXIT_OK else (
+        "FREED, but a GPU needs a reset, a reboot or draining (GPU health below)"
+        if t.code == contract.EXIT_UNHEALTHY else
         "NOT FREE (could not inspect every process)" if t.code == contract.EXIT_UNINSPECTED else "NOT FREE")
     lines.append(f"{alias}: {verdict} {timing} (freed {t.freed_mib} MiB, "
                  f"{t.signalled} signals sent, {len(t.plan.protected)} protected kept)")
@@ -169,11 +191,21 @@ def report(alias: str, result, sandbox: bool = False) -> str:
     and what still holds a GPU when it is not free. Locked or not started: one line."""
     t = _teardown(result)
     if not t.ran:
-        return "== " + verdict_lines(alias, t)[0]
-    parts = [header(alias, t, sandbox), actions(t), before_after(t), "\n".join(verdict_lines(alias, t))]
-    if t.code:
+        return paint("== " + verdict_lines(alias, t)[0])
+    verdict = "\n".join(note(v.lstrip(), v[:len(v) - len(v.lstrip())], " " * (len(v) - len(v.lstrip()) + 4))
+                        for v in verdict_lines(alias, t))  # fitted to the width, words never cut
+    parts = [header(alias, t, sandbox), actions(t), before_after(t), verdict,
+             health_view.health(t, alias), health_view.mps(t)]
+    if t.code and t.code != contract.EXIT_UNHEALTHY:
         parts.append(still_holding(t))
-    return "\n".join(p for p in parts if p)
+    return paint("\n".join(p for p in parts if p))
+
+
+def _failed(error) -> str:
+    """What a host's failed call was: 'timed out' (no answer in time, exit 7) or 'unreachable'."""
+    from .route import HostTimedOut
+
+    return "timed out" if isinstance(error, HostTimedOut) else "unreachable"
 
 
 def summary(outcomes) -> str:
@@ -181,11 +213,12 @@ def summary(outcomes) -> str:
     rows = []
     for out in outcomes:
         if out.error is not None:
-            rows.append([out.host.alias, "-", "-", "-", "-", f"unreachable: {shorten(str(out.error), 40)}"])
+            rows.append([out.host.alias, "-", "-", "-", "-", f"{_failed(out.error)}: {out.error}"])
             continue
         t = _teardown(out.value)
         result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
         plan = t.plan or contract.Plan(targets=[], protected=[])
         rows.append([out.host.alias, t.freed_mib if t.ran else "-", len(plan.targets), len(plan.protected),
                      f"{out.value.wall_s:.2f}s", result])
-    return "Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall", "result"], rows, "  ")
+    return paint("Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall",
+                                       Col("result", "wrap", 20)], rows, "  "))

@@ -15,9 +15,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .agent import contract
-from .bundle import agent_payload
+from .bundle import agent_stream
 from .config_error import ConfigError
-from .route import HostUnreachable
+from .route import RAN_PREFIX, HostTimedOut, ran_line, unreachable
 
 
 class AgentError(RuntimeError):
@@ -46,18 +46,90 @@ def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
     """The agent's argv on the host (contract.agent_argv) with what the host config selects."""
     return contract.agent_argv(host.python, subcommand, nonce, host.devices, progress=progress, run_dir=host.run_dir,
                                fake_devices=host.fake_devices, targets=host.targets, protect=host.protect,
-                               fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid, args=args)
+                               fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid, args=args,
+                               stream=True)  # stdin: bundle.agent_stream()
 
 
-def call_agent(host, subcommand: str, args=(), on_progress=None) -> AgentResult:
-    """Run one agent subcommand on `host`. Raises HostUnreachable, AgentError, or ConfigError
-    (the agent refused a flag's value: exit 2, nothing done)."""
+# The deadline of one agent call: a floor for the round trip (ssh connect, the bundle, the
+# scan) plus the waits the call's own flags ask for. Why computed from the flags: a teardown
+# with --grace 30 --settle 2 may rightly take a minute, a ping never; one fixed number would
+# either cut the teardown off or let a frozen host hold the ping for as long.
+BASE_DEADLINE_S = 60.0
+GATE_TIMEOUT_S = 600.0  # each command gate's own limit on the host (agent/gates.py)
+SMOKE_TIMEOUT_S = 60.0  # the smoke request's own limit on the host (agent/phase.py)
+_WAIT_FLAGS = {  # flags whose seconds the call may spend waiting, by subcommand
+    "teardown": ("--grace", "--timeout", "--wait-lock", "--settle"),
+    "verify": ("--wait",),
+    "phase-ready": ("--wait",),
+    "drain": ("--timeout",),
+}
+
+
+def _flag_seconds(args, flag: str) -> float:
+    words = [str(a) for a in args]
+    for i, word in enumerate(words):
+        value = words[i + 1] if word == flag and i + 1 < len(words) else (
+            word.split("=", 1)[1] if word.startswith(flag + "=") else None)
+        if value is not None:
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def deadline_for(subcommand: str, args=()) -> float:
+    """Seconds one agent call may take before the host counts as timed out: BASE_DEADLINE_S
+    plus every wait its flags ask for (a teardown: grace + timeout + wait-lock + settle; a
+    teardown that kills may spend its --timeout twice, once for TERM and once for KILL), plus
+    the gates' and the phase's own limits from its spec."""
+    waits = sum(_flag_seconds(args, f) for f in _WAIT_FLAGS.get(subcommand, ()))
+    if subcommand == "teardown":
+        waits += _flag_seconds(args, "--timeout")
+    spec = _spec_of(args)
+    if subcommand == "gates":
+        waits += GATE_TIMEOUT_S * len(spec.get("gates") or ())
+    elif subcommand == "phase-stop":
+        waits += 2 * float(spec.get("stop_timeout") or 0)
+    elif subcommand == "smoke":
+        waits += SMOKE_TIMEOUT_S
+    elif subcommand == "reset" and "--yes" in [str(a) for a in args]:
+        waits += contract.RESET_TIMEOUT_S  # nvidia-smi --gpu-reset is bounded by the agent itself
+    return BASE_DEADLINE_S + waits
+
+
+def _spec_of(args) -> dict:
+    words = [str(a) for a in args]
+    if contract.SPEC_FLAG in words[:-1]:
+        try:
+            spec = contract.decode_spec(words[words.index(contract.SPEC_FLAG) + 1])
+            return spec if isinstance(spec, dict) else {}
+        except ValueError:
+            return {}
+    return {}
+
+
+def timed_out(alias: str, seconds: float, ran: bool) -> HostTimedOut:
+    """The one line for a call cut off at its deadline: whether the host had started it."""
+    where = ("it had started on the host and may still finish there" if ran
+             else "no sign it started there")
+    return HostTimedOut(f"{alias}: host timed out: no answer within {seconds:g}s; {where}; raise it with --timeout")
+
+
+def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: float | None = None) -> AgentResult:
+    """Run one agent subcommand on `host` within `deadline_s` (default: deadline_for()).
+
+    Raises HostUnreachable, HostTimedOut (ssh gave up waiting, or the deadline passed: the
+    ssh process is killed), AgentError, or ConfigError (the agent refused a flag's value:
+    exit 2, nothing done)."""
     nonce = contract.new_nonce()
+    deadline = deadline_s if deadline_s is not None else deadline_for(subcommand, args)
     try:
-        cmd = host.route.wrap(agent_argv(host, subcommand, args, nonce, on_progress is not None))
+        cmd = host.route.wrap(host.route.marked(agent_argv(host, subcommand, args, nonce, on_progress is not None),
+                                                nonce))
     except contract.statedir.StateDirError as exc:  # the local ssh ControlPath directory was refused
         raise AgentError(f"{host.alias}: {exc}") from None
-    payload = agent_payload()
+    payload = agent_stream(compiled=not host.route.hops)  # this machine's Python: bytecode too (bundle.py)
     started = time.monotonic()
     # stderr goes to a file, not a pipe: a ControlPersist master forked by this ssh keeps
     # its stderr open for minutes, and waiting for EOF on a pipe would hang until then.
@@ -69,27 +141,45 @@ def call_agent(host, subcommand: str, args=(), on_progress=None) -> AgentResult:
                                     start_new_session=not host.route.hops)
         except OSError as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
             raise AgentError(f"{host.alias}: could not start {cmd[0]!r}: {exc.strerror or exc}") from None
-        feeder = threading.Thread(target=_feed, args=(proc, payload), daemon=True)
-        feeder.start()
-        out_lines = []
-        assert proc.stdout is not None  # stdout=PIPE
-        for raw in proc.stdout:
-            line = raw.decode("utf-8", "replace")
-            fields = contract.parse_progress(line) if on_progress else None
-            if fields is not None:
-                on_progress(fields)
-                continue
-            out_lines.append(line)
-        code = proc.wait()
+        threading.Thread(target=_feed, args=(proc, payload), daemon=True).start()
+        out_lines: list = []
+        reader = threading.Thread(target=_read, args=(proc, out_lines, on_progress), daemon=True)
+        reader.start()
+        try:
+            code = proc.wait(timeout=deadline)
+            cut_off = False
+        except subprocess.TimeoutExpired:
+            proc.kill()  # ssh (the far side's agent ignores the hangup) or this machine's agent
+            code = proc.wait()
+            cut_off = True
+        reader.join(timeout=5)  # EOF follows the exit; never wait on a pipe another process holds
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
     wall = time.monotonic() - started
-    doc = _parse(host, "".join(out_lines), nonce, code, stderr)
+    ran = route_ran(host, stderr, nonce)
+    if cut_off:
+        raise timed_out(host.alias, deadline, ran)
+    doc = _parse(host, "".join(out_lines), nonce, code, stderr, ran)
     try:
         result = contract.read(subcommand, code, doc)
     except contract.ContractError as exc:
         raise AgentError(f"{host.alias}: {exc} (exit {code})") from None
     return AgentResult(host.alias, code, doc, wall, result)
+
+
+def route_ran(host, stderr: str, nonce: str) -> bool:
+    """Did the far side start the command (route.marked's line on stderr)? Always, with no ssh."""
+    return host.route.ssh is None or ran_line(nonce) in stderr
+
+
+def _read(proc, out_lines: list, on_progress) -> None:
+    for raw in proc.stdout:
+        line = raw.decode("utf-8", "replace")
+        fields = contract.parse_progress(line) if on_progress else None
+        if fields is not None:
+            on_progress(fields)
+            continue
+        out_lines.append(line)
 
 
 def _feed(proc, payload: bytes) -> None:
@@ -100,12 +190,13 @@ def _feed(proc, payload: bytes) -> None:
         pass  # the far side exited early; its exit code and stderr say why
 
 
-def _parse(host, stdout: str, nonce: str, code: int, stderr: str) -> dict:
+def _parse(host, stdout: str, nonce: str, code: int, stderr: str, ran: bool) -> dict:
     try:
         body = contract.extract(stdout, nonce)
     except contract.MarkerError as exc:
-        if host.route.ssh_failed(code):
-            raise HostUnreachable(f"{host.alias}: host unreachable (ssh exit 255: {_tail(stderr, 2)})") from None
+        if host.route.ssh_failed(code, ran, stderr):
+            raise unreachable(host.alias, stderr, ran) from None
+        stderr = "\n".join(line for line in stderr.splitlines() if RAN_PREFIX not in line)
         raise AgentError(f"{host.alias}: {exc}; the command exited {code}; stderr: {_tail(stderr)}") from None
     try:
         doc = json.loads(body)

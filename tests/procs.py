@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -47,6 +48,18 @@ class ProcessSet:
         workers = [int(p) for p in ready.read_text().split()]
         self.pids.extend(workers)
         return pid, workers
+
+    def supervised_worker(self, pause: float) -> tuple:
+        """`bash supervise.sh`: a worker holding GPU 0, started again `pause` s after each exit
+        (a supervisor the plan does not name). Returns (supervisor pid, script path) once the
+        first worker runs."""
+        sup = self.base / "supervise.sh"
+        sup.write_text(f"while :; do {sys.executable} {ROLES} worker --devdir {self.devdir} --gpu 0; "
+                       f"sleep {pause}; done\n")
+        supervisor = subprocess.Popen(["bash", str(sup)], start_new_session=True)
+        self.adopt(supervisor.pid)
+        wait_for(lambda: children(supervisor.pid), "first worker")
+        return supervisor.pid, sup
 
     def adopt(self, pid: int) -> None:
         self.pids.append(pid)

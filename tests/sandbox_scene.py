@@ -25,7 +25,6 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-BYSTANDER_PORT = 30123
 
 
 def namespace_command(workdir: Path) -> list:
@@ -58,12 +57,13 @@ def _run(argv: list) -> dict:
 
 def start_bystanders(ps) -> dict:
     from scripts.sandbox import ROLES, _server_shim
+    from scripts.sandbox_procs import free_port
 
     pkg = ps.base / "pkg"
     _server_shim(pkg)
     env = dict(os.environ, PYTHONPATH=str(pkg))
     ready = ps.base / f"ready{ps.n + 1}"
-    server = ["python3", "-m", "sglang.launch_server", "--port", str(BYSTANDER_PORT), "--tp", "1",
+    server = ["python3", "-m", "sglang.launch_server", "--port", str(free_port()), "--tp", "1",
               "--devdir", str(ps.devdir)]
     roles = {"real_server": ps.start(server, executable=sys.executable, env=env)}
     roles["real_server_worker"] = int(ready.read_text().split()[0])

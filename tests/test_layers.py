@@ -25,10 +25,13 @@ LOCAL_LAYERS = (
     ("input", ("scripts.envfile", "scripts.sshopts", "scripts.patterncheck", "scripts.route", "scripts.cliargs")),
     ("config", ("scripts.phases", "scripts.hostconfig")),
     ("transport", ("scripts.transport", "scripts.bundle", "scripts.audit_log", "scripts.sandbox_fs",
-                   "scripts.shell_teardown")),
+                   "scripts.shell_teardown", "scripts.sandbox_procs")),
     ("operations and views", ("scripts.status_view", "scripts.teardown_view", "scripts.phase_view",
+                              "scripts.health_view", "scripts.reset_view",
                               "scripts.phase_ops", "scripts.pivot", "scripts.fleet", "scripts.sandbox",
-                              "scripts.hosts", "scripts.emergency_doc")),
+                              "scripts.remote_cmd",
+                              "scripts.hosts", "scripts.emergency_doc",
+                              "scripts.slurm_job", "scripts.undrain", "scripts.ansible_task")),
     ("tasks", ("tasks", "scripts.cli", "scripts.cli.*", "scripts.tasks_*")),
 )
 # The agent is its own stack: the two primitives the contract re-exports, the contract, the

@@ -96,19 +96,23 @@ def sandbox():
 
 
 def to_loopback(line, sshd, glob, real):
-    return line.replace(f"ssh {real}", f"ssh {sshd.ssh_opts} {sshd.dest()}", 1).replace("/dev/nvidia*", glob)
+    """Point a documented one-liner at the loopback sshd; refuse to run one still naming the documented host."""
+    assert f"ssh {real}" in line, (real, line)
+    looped = line.replace(f"ssh {real}", f"ssh {sshd.ssh_opts} {sshd.dest()}", 1).replace("/dev/nvidia*", glob)
+    assert real not in looped, looped
+    return looped
 
 
 def test_emergency_holders_and_teardown_through_ssh_and_pct(sandbox, sshd):
     glob = sandbox["devices"]
     procs = {r: p["pid"] for r, p in sandbox["processes"].items()}
     holders_line, _memory, direct_td, proxmox_td, _last = [b.strip() for b in blocks()]
-    out = subprocess.run(["bash", "-c", to_loopback(holders_line, sshd, glob, "root@10.1.230.174")],
+    out = subprocess.run(["bash", "-c", to_loopback(holders_line, sshd, glob, "root@192.0.2.174")],
                          capture_output=True, text=True, timeout=60)
     for role in ("server", "worker0", "worker1", "persistenced", "monitor"):
         assert str(procs[role]) in out.stdout
     before = sshd.pct_log.read_text() if sshd.pct_log.exists() else ""
-    out = subprocess.run(["bash", "-c", to_loopback(proxmox_td, sshd, glob, "root@10.1.2.6")],
+    out = subprocess.run(["bash", "-c", to_loopback(proxmox_td, sshd, glob, "root@192.0.2.6")],
                          capture_output=True, text=True, timeout=120)
     assert sshd.pct_log.read_text()[len(before):] == "129\n"
     report = shell_teardown.parse_report(out.stdout)

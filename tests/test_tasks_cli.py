@@ -1,10 +1,14 @@
 """The invoke CLI as users meet it: --list, --help, `run` byte for byte, exit codes; what
 loading the tasks imports; teardown and pivot passing the same teardown flags to the agent."""
 import json
+import os
 import re
+import shlex
 import subprocess
 import sys
 import time
+import tomllib
+from functools import cache
 from pathlib import Path
 
 import pytest
@@ -102,8 +106,9 @@ def test_loading_the_tasks_imports_no_transport_config_or_sandbox():
             "('scripts', 'ClusterShell', 'dotenv'))))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
-    assert loaded == {"scripts", "scripts.cli", "scripts.defaults"} | {
-        f"scripts.cli.{m}" for m in ("audit", "common", "gpu", "hosts", "phases", "sandbox", "teardown_args")}, loaded
+    others = {m for m in loaded if not m.startswith("scripts.cli.")}
+    assert others == {"scripts", "scripts.cli", "scripts.defaults"}, loaded  # the task modules, and nothing else
+    assert {"scripts.cli.flags", "scripts.cli.common", "scripts.cli.gpu"} <= loaded
 
 
 # -- teardown and pivot: one set of teardown flags, passed the same way to the agent ----------------
@@ -137,8 +142,9 @@ def spied_local(ps, hosts_env, tmp_path):
         for f in sorted(calls.iterdir()):
             argv = f.read_bytes().split(b"\0")[:-1]
             f.unlink()
-            if argv[1:2] == [b"teardown"]:
-                found.append([a.decode() for a in argv[1:]])
+            at = argv.index(b"-") + 1 if b"-" in argv else len(argv)  # the subcommand follows `-` (stdin)
+            if argv[at:at + 1] == [b"teardown"]:
+                found.append([a.decode() for a in argv[at:]])
         return found
 
     return teardown_argvs
@@ -197,3 +203,113 @@ def test_pivot_bad_teardown_flag_is_one_line_exit2(spied_local, flag, value):
     lines = out.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"gpu-pivot: {flag} {value!r}:"), lines
     assert spied_local() == []
+
+
+# -- flags: one meaning per short flag, -h is help, --json where a task reports ---------------------
+
+
+@cache
+def task_names() -> list:
+    listed = invoke("--list").stdout.decode().splitlines()[2:]
+    return [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("    ")]
+
+
+@cache
+def options(name: str) -> list:
+    """[(short or None, long)] from `invoke NAME --help`."""
+    text = invoke(name, "--help").stdout.decode()
+    found = []
+    for line in text.split("Options:", 1)[1].splitlines() if "Options:" in text else []:
+        m = re.match(r"^  (?:-(\w)(?: \S+)?, )?--([a-z][a-z0-9-]*)", line)
+        if m:
+            found.append((m[1], m[2]))
+    return found
+
+
+def test_every_task_takes_h_as_help():
+    """`-h` is help everywhere (--host is -H, as in Fabric): Invoke gave -h to --host before."""
+    for name in task_names():
+        out = invoke(name, "-h")
+        assert out.returncode == 0 and b"Usage:" in out.stdout, (name, out.stdout[:200], out.stderr)
+
+
+def test_a_short_flag_means_one_thing_in_every_task():
+    meaning: dict = {}
+    for name in task_names():
+        for short, long in options(name):
+            if short:
+                meaning.setdefault(short, set()).add(long)
+    assert meaning.get("H") == {"host"}
+    assert "h" not in meaning
+    clashes = {short: longs for short, longs in meaning.items() if len(longs) > 1}
+    assert not clashes, clashes
+
+
+def test_every_task_takes_its_short_flags_from_one_table():
+    """A task module must use scripts.cli.flags.task (not invoke.task): Invoke's own short flags
+    would give each task its own meanings again."""
+    from scripts.cli import flags
+
+    code = "import tasks; print(' '.join(sorted(n for n, t in tasks.ns.tasks.items() if type(t).__name__ != 'Task' "
+    code += "or type(t).__module__ != 'scripts.cli.flags')))"
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert out.stdout.split() == [], f"tasks not made with scripts.cli.flags.task: {out.stdout}"
+    assert len(set(flags.SHORT.values())) == len(flags.SHORT)
+
+
+REPORTING = ["hosts", "ping", "status", "verify", "plan", "teardown", "start", "stop", "logs", "lint-launch",
+             "pivot", "audit", "sandbox", "version"]
+
+
+@pytest.mark.parametrize("name", REPORTING)
+def test_every_reporting_task_has_json(name):
+    text = invoke(name, "--help").stdout.decode()
+    assert re.search(r"^\s+(?:-\w, )?--json\b|\[--json\]", text, re.M), text  # an option, not a mention
+
+
+def test_hosts_json_writes_lists_where_lists_belong(hosts_env):
+    hosts_env((REPO / "hosts.env.example").read_text())
+    doc = json.loads(invoke("hosts", "--json").stdout)
+    by_alias = {h["alias"]: h for h in doc}
+    assert by_alias["local"]["phases"] == [] and by_alias["gpu1pct"]["phases"] == ["deploy", "train"]
+    names = invoke("hosts", "--names").stdout.decode().split()
+    assert names == list(by_alias)
+
+
+def test_errors_name_the_flag_or_variable_the_user_gave(hosts_env):
+    hosts_env("LOCAL_PHASE_X_CMD='true'\n")
+    out = invoke("pivot", "-H", "local", "--to", "nosuch", "--yes")
+    assert out.returncode == 2 and out.stderr.decode().startswith("gpu-pivot: --to 'nosuch': "), out.stderr
+    out = invoke("start", "-H", "local", "--phase", "nosuch")
+    assert out.stderr.decode().startswith("gpu-pivot: --phase 'nosuch': "), out.stderr
+    from_env = dict(os.environ, GPU_PIVOT_HOST="gpu9")
+    out = invoke("status", env=from_env)
+    assert out.returncode == 2 and out.stderr.decode().startswith("gpu-pivot: GPU_PIVOT_HOST='gpu9': unknown host")
+    out = invoke("status", "-H", "gpu8", env=from_env)
+    assert out.stderr.decode().startswith("gpu-pivot: --host 'gpu8': unknown host"), out.stderr
+    out = invoke("start", "--phase", "x", env=dict(os.environ, GPU_PIVOT_HOST="local,sandbox"))
+    assert out.stderr.decode().startswith("gpu-pivot: GPU_PIVOT_HOST='local,sandbox': this task takes exactly one")
+
+
+def test_version_is_the_projects():
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    out = invoke("version")
+    assert out.returncode == 0 and out.stdout.decode().startswith(f"gpu-pivot {version} (invoke ")
+    assert json.loads(invoke("version", "--json").stdout)["gpu-pivot"] == version
+
+
+def test_bash_completes_host_aliases_tasks_and_flags(hosts_env, tmp_path):
+    """scripts/completion.bash, sourced in a real bash, run from another directory."""
+    hosts_env("GPU7_SSH=root@192.0.2.7\nGPU8_SSH=root@192.0.2.8\n")
+
+    def complete(*words: str) -> list:
+        script = (f"source {REPO}/scripts/completion.bash; COMP_WORDS=({' '.join(map(shlex.quote, words))}); "
+                  "COMP_CWORD=$((${#COMP_WORDS[@]} - 1)); _gpu_pivot_complete; printf '%s\\n' \"${COMPREPLY[@]}\"")
+        out = subprocess.run(["bash", "-c", script], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+        return out.stdout.split()
+
+    assert complete("invoke", "status", "--host", "gpu") == ["gpu7", "gpu8"]
+    assert complete("invoke", "teardown", "-H", "") == ["local", "sandbox", "gpu7", "gpu8"]
+    assert complete("invoke", "status", "--host", "=", "s") == ["sandbox"]
+    assert complete("invoke", "tear") == ["teardown"]
+    assert "--host" in complete("invoke", "teardown", "--h")

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from scripts.agent import hostlock, lastrun, procfs
-from scripts.bundle import agent_payload
+from scripts.bundle import agent_stream
 from scripts.hostconfig import build_host
 from scripts.transport import agent_argv, call_agent
 from tests import scenario
@@ -181,7 +181,7 @@ def test_dropped_connection_teardown_finishes_on_host(ps, sshd, tmp_path):
         os.unlink(last)
     argv = h.route.wrap(agent_argv(h, "teardown", ["--grace", "3", "--timeout", "10"], "n0nce", progress=True))
     client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    client.stdin.write(agent_payload())
+    client.stdin.write(agent_stream())  # the transport's argv form (contract.BOOT)
     client.stdin.close()
     for line in client.stdout:
         if b'"phase": "grace"' in line:
@@ -213,28 +213,3 @@ def test_same_scenario_through_ssh_and_pct_cli(ps, sshd, hosts_env):
     assert_outcome(roles)
     out = invoke("status", "--host", "gpu2")
     assert b"Last teardown on this host: finished free exit 0" in out.stdout
-
-
-def test_unit_stop_argv_exact(monkeypatch):
-    """systemd is not PID 1 here or on the GPU machine: the systemctl path is checked by argv only."""
-    from scripts.agent import teardown as td
-
-    started = []
-
-    class FakePopen:
-        def __init__(self, argv, **kw):
-            started.append(argv)
-
-    monkeypatch.setattr(td.subprocess, "Popen", FakePopen)
-    plan = {"units": [{"unit": "vllm.service", "pids": [10], "disable": True},
-                      {"unit": "sglang.service", "pids": [11], "disable": False}],
-            "containers": [{"id": "c" * 64, "pids": [12]}]}
-    audit = td.Audit("op")
-    audit.path = os.devnull
-    td._stop_units(plan, audit, {})
-    assert started == [["systemctl", "disable", "--now", "vllm.service"], ["systemctl", "stop", "sglang.service"],
-                       ["docker", "stop", "c" * 64]]
-    from scripts.agent.plan import _unit_to_stop
-    assert _unit_to_stop("vllm.service") == "vllm.service"
-    assert _unit_to_stop("session-3.scope") is None and _unit_to_stop("user@0.service") is None
-    assert _unit_to_stop("sshd.service") is None

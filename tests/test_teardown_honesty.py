@@ -24,7 +24,6 @@ import pytest
 
 from scripts.bundle import agent_payload
 from scripts.hostconfig import build_host
-from scripts.sandbox import ROLES
 from scripts.transport import call_agent
 from tests import scenario
 from tests.procs import alive, children, state, wait_for
@@ -74,25 +73,21 @@ def test_failed_signal_is_not_counted_and_not_freed(shared_ps, second_user):
 # -- respawn, forks, stopped targets --------------------------------------------------------
 
 def test_supervisor_respawn_is_caught_and_named(ps, tmp_path):
-    sup = tmp_path / "supervise.sh"
-    sup.write_text(f"while :; do {sys.executable} {ROLES} worker --devdir {ps.devdir} --gpu 0; sleep 0.1; done\n")
-    supervisor = subprocess.Popen(["bash", str(sup)], start_new_session=True)
-    ps.adopt(supervisor.pid)
-    wait_for(lambda: any(p for p in children(supervisor.pid)), "first worker")
+    supervisor, sup = ps.supervised_worker(pause=0.1)
     time.sleep(0.3)
     result = teardown(ps, TARGETS="nothing-here")
     assert result.code == 1, result.doc["verdict"]
     appeared = result.doc["appeared"]
-    assert appeared and appeared[0]["ppid"] == supervisor.pid
-    assert f"started by PID {supervisor.pid}: bash {sup}" in appeared[0]["why"]
+    assert appeared and appeared[0]["ppid"] == supervisor
+    assert f"started by PID {supervisor}: bash {sup}" in appeared[0]["why"]
     assert appeared[0]["include"] == r"--match 'supervise\.sh'"
-    assert alive(supervisor.pid)  # never signalled: it was not in the plan
-    for pid in children(supervisor.pid):
+    assert alive(supervisor)  # never signalled: it was not in the plan
+    for pid in children(supervisor):
         ps.adopt(pid)
     # following the advice frees the GPU
     again = teardown(ps, "--match", r"supervise\.sh", TARGETS="nothing-here")
     assert again.code == 0, again.doc["problems"]
-    assert not alive(supervisor.pid)
+    assert not alive(supervisor)
 
 
 FORKER = r"""

@@ -58,6 +58,30 @@ def parse(text):
     return {"path": path, "unit": unit, "container": container}
 
 
+def inner_pid(pid, proc="/proc"):
+    """The pid a process has in its own (innermost) pid namespace: the last NSpid field."""
+    try:
+        with open("%s/%d/status" % (proc, pid)) as f:
+            for line in f:
+                if line.startswith("NSpid:"):
+                    return int(line.split()[-1])
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def with_pids(container, pid, proc="/proc"):
+    """An LXC container record with the process's pid inside it and a label to show:
+    `ct 129 pid 9 (node pid 814)` - the pid the container's own tools and logs use, and the
+    pid the node signals. Other containers are returned as they are."""
+    if not container or container["kind"] != "lxc":
+        return container
+    inner = inner_pid(pid, proc)
+    if inner is None or inner == pid:
+        return container
+    return dict(container, pid=inner, node_pid=pid, label="ct %s pid %d (node pid %d)" % (container["id"], inner, pid))
+
+
 def read(pid, proc="/proc"):
     try:
         with open("%s/%d/cgroup" % (proc, pid)) as f:

@@ -12,24 +12,64 @@ import json
 import os
 import sys
 
-from . import contract, deploy, devices, drain, gates, lastrun, lint, options, phase, ping, plan, scan, teardown, verify
+from . import contract, devices, lastrun, options, ping, plan, scan, teardown, verify
 
-MODULES: dict = {  # name -> a module or class with add_arguments(parser) and run(args)
+
+def _phase():
+    from . import phase
+    return phase
+
+
+def _drain():
+    from . import drain  # urllib: ~30 ms of imports a teardown does not need
+    return drain
+
+
+def _gates():
+    from . import gates
+    return gates
+
+
+def _lint():
+    from . import lint
+    return lint
+
+
+def _deploy():
+    from . import deploy
+    return deploy
+
+
+def _reset():
+    from . import reset
+    return reset
+
+
+# name -> a module or class with add_arguments(parser) and run(args), or a function that
+# imports it: the phase, drain, lint and deploy modules cost ~70 ms of imports (urllib,
+# http, email) that a teardown, whose time to FREED is measured, must not pay.
+MODULES: dict = {
     "ping": ping,
     "scan": scan,
     "verify": verify,
     "plan": plan,
     "teardown": teardown,
-    "phase-start": phase.Start,
-    "phase-ready": phase.Ready,
-    "phase-stop": phase.Stop,
-    "phase-logs": phase.Logs,
-    "smoke": phase.Smoke,
-    "drain": drain,
-    "gates": gates,
-    "lint": lint,
-    "deploy": deploy,
+    "phase-start": lambda: _phase().Start,
+    "phase-ready": lambda: _phase().Ready,
+    "phase-stop": lambda: _phase().Stop,
+    "phase-logs": lambda: _phase().Logs,
+    "smoke": lambda: _phase().Smoke,
+    "drain": _drain,
+    "gates": _gates,
+    "lint": _lint,
+    "deploy": _deploy,
+    "reset": _reset,
 }
+
+
+def module_for(name):
+    entry = MODULES[name]
+    return entry if hasattr(entry, "run") else entry()
 
 
 def progress(args, **fields):
@@ -43,12 +83,16 @@ def progress(args, **fields):
         args.progress = False  # the connection dropped: keep working, stop talking
 
 
-def build_parser():
+def build_parser(only=None):
+    """The parser; with `only` (the subcommand asked for) just that subcommand's, so no
+    other subcommand's module is imported."""
     parser = argparse.ArgumentParser(prog="gpuagent", description="gpu-pivot agent (runs on the GPU host)")
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
     sub.required = True
     for name in contract.SUBCOMMANDS:
-        module = MODULES[name]
+        if only is not None and name != only:
+            continue
+        module = module_for(name)
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0])
         p.add_argument("--marker", help="frame the JSON result with marker lines carrying this nonce")
         p.add_argument("--json", action="store_true", help="print the JSON result")
@@ -90,13 +134,14 @@ def human(doc):
 
 
 def main(argv=None):
-    args = build_parser().parse_args(argv)
+    words = sys.argv[1:] if argv is None else argv
+    args = build_parser(words[0] if words and words[0] in MODULES else None).parse_args(argv)
     if args.run_dir:
         os.environ[lastrun.RUN_DIR_ENV] = args.run_dir
     args.emit_progress = lambda **f: progress(args, **f)
     try:
         options.check_patterns(args)
-        code, doc = MODULES[args.command].run(args)
+        code, doc = module_for(args.command).run(args)
     except (options.UsageError, devices.DeviceError) as exc:
         code, doc = contract.EXIT_USAGE, {contract.USAGE_ERROR: str(exc)}
     doc.setdefault("command", args.command)

@@ -18,6 +18,7 @@ import base64
 import binascii
 import json
 import os
+import re
 from typing import Any
 
 # Shared primitives, re-exported for the local side. Both sides must apply the SAME checks:
@@ -36,18 +37,25 @@ EXIT_UNREACHABLE = 3
 EXIT_LOCKED = 4
 EXIT_GATE = 5
 EXIT_UNINSPECTED = 6
+EXIT_TIMED_OUT = 7     # no answer in time: ssh's connect or keep-alive timeout, or the call's deadline
+EXIT_DECLINED = 8      # the operator answered no at the confirmation: nothing was done
+EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or reboot (agent/health.py)
 EXIT_INTERRUPTED = 130
 EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
 
 # (code, name, meaning): the one table the README, the task docstrings and both sides follow.
 EXIT_CODES = (
     (EXIT_OK, "ok", "done; for teardown and verify: every GPU free, verified"),
-    (EXIT_NOT_FREE, "not-free", "done but not free (or not ready, rolled back, a prep job failed, aborted)"),
+    (EXIT_NOT_FREE, "not-free", "done but not free (or not ready, rolled back, a prep job failed)"),
     (EXIT_USAGE, "usage", "bad input: one line names the bad value; nothing ran"),
     (EXIT_UNREACHABLE, "unreachable", "host unreachable, the agent failed there, or a state directory is unusable"),
     (EXIT_LOCKED, "locked", "another teardown holds the host's lock"),
-    (EXIT_GATE, "gate-failed", "a pivot gate or the launch lint blocked the start: nothing started"),
+    (EXIT_GATE, "gate-failed", "a pivot's drain, a gate or the launch lint blocked it: nothing started"),
     (EXIT_UNINSPECTED, "uninspected", "not every process could be inspected (run as root): never called free"),
+    (EXIT_TIMED_OUT, "timed-out", "the host did not answer in time (ssh connect or keep-alive timeout, or the "
+                                  "call's --timeout); other hosts of a fleet still finish"),
+    (EXIT_DECLINED, "declined", "the confirmation was answered no: nothing was signalled or started"),
+    (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is drain, reset needed or reboot needed"),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),
 )
 
@@ -65,16 +73,23 @@ def exit_name(code):
 DEVICE_GLOB = "/dev/nvidia*"          # the GPU device files, when a host names none
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # audit records, last.json, pivot records: ISO 8601 with offset
 MAX_WAIT_S = 3600  # the longest wait either side accepts: a typo must not hold a host's lock for days
+RESET_TIMEOUT_S = 120  # `nvidia-smi --gpu-reset` may take this long on the host (reset.py); the caller waits more
 
 # -- subcommands and their flags -----------------------------------------------------------------
 
 STDIN = "-"  # the agent's source comes on stdin: `python3 - SUBCOMMAND ...`
+# The transport's form: `python3 -S -c BOOT - SUBCOMMAND ...`, stdin = the bundle zlib-compressed
+# (bundle.agent_stream). Why: Python reads a script from stdin at ~0.25 ms per KB, where raw
+# bytes cost nothing, and -S skips site (.pth files: 50-85 ms on a torch host) before the first
+# signal; the agent adds site only when it imports pynvml (gpuinfo.import_pynvml), after them.
+BOOT = "import sys,zlib;_D=zlib.decompress(sys.stdin.buffer.read());exec(_D[:_D.index(bytes(1))])"
+STREAM_FLAGS = ("-S", "-c", BOOT)
 
 # Every subcommand takes these (the transport sends the first ones; --json is for people).
 COMMON_FLAGS = ("--marker", "--json", "--progress", "--devices", "--fake-devices", "--run-dir")
 # What the host's configuration selects (targets, protect list, scope); only SELECTING take them.
 SELECTION_FLAGS = ("--protect", "--target", "--match", "--fake-gpus", "--scope", "--scope-uid")
-SELECTING = ("scan", "verify", "plan", "teardown", "lint")
+SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset")
 SPEC_FLAG = "--spec"
 
 # Each subcommand and its own flags (beyond COMMON_FLAGS, and SELECTION_FLAGS for SELECTING).
@@ -85,7 +100,7 @@ SUBCOMMANDS = {
     "verify": ("--max-used-mib", "--wait"),
     "plan": ("--only-matching", "--disable"),
     "teardown": ("--only-matching", "--disable", "--max-used-mib", "--grace", "--timeout", "--wait-lock",
-                 "--operator", "--approved", "--settle"),
+                 "--operator", "--approved", "--settle", "--mps"),
     "phase-start": (SPEC_FLAG,),
     "phase-ready": (SPEC_FLAG, "--wait"),
     "phase-stop": (SPEC_FLAG, "--operator"),
@@ -95,6 +110,7 @@ SUBCOMMANDS = {
     "gates": (SPEC_FLAG,),
     "lint": ("--max-used-mib", "--argv", "--gpus"),
     "deploy": (SPEC_FLAG, "--action"),
+    "reset": ("--gpu", "--yes"),
 }
 
 
@@ -120,13 +136,22 @@ PROTECTED_NAMES = {
     "pct": "Proxmox pct (route)",
     "lxc-attach": "Proxmox lxc-attach (route)",
     "systemd": "init/systemd",
+    "nv-fabricmanager": "NVIDIA Fabric Manager (NVSwitch fabric)",
+    "nvidia-fabricmanager": "NVIDIA Fabric Manager (NVSwitch fabric)",
+    "Xorg": "X server (display GPU)",
+    "Xwayland": "X server (display GPU)",
+    "lxc-start": "LXC container monitor (lxc-start / [lxc monitor])",
+    "lxc-monitord": "LXC monitor daemon",
+    "nvidia-cuda-mps-control": "CUDA MPS control daemon",
+    "nvidia-cuda-mps-server": "CUDA MPS server (its daemon quits it: teardown --mps quit)",
 }
 PROTECTED_SUFFIXES = ("-exporter", "_exporter")
 
 
 def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, run_dir=None, fake_devices=False,
-               targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None, args=()):
-    """The agent's argv on the host: `PYTHON - SUBCOMMAND --devices GLOB --marker NONCE ...`.
+               targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None, args=(), stream=False):
+    """The agent's argv on the host: `PYTHON - SUBCOMMAND --devices GLOB --marker NONCE ...`,
+    or with `stream` `PYTHON -S -c BOOT - SUBCOMMAND ...` (stdin: bundle.agent_stream()).
 
     The selection (targets, protect, fake_gpus, scope, scope_uid) goes only to the
     subcommands that take it. `args` are the subcommand's own flags, as given.
@@ -135,7 +160,8 @@ def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, r
         raise ValueError("unknown agent subcommand %r" % subcommand)
     # Values go as --flag=VALUE: a value that starts with '-' (a scope such as '--token', a
     # pattern such as '-serve') would otherwise be read by argparse as another flag.
-    argv = [python, STDIN, subcommand, "--devices=" + devices, "--marker", nonce]
+    argv = [python] + list(STREAM_FLAGS if stream else ()) + [STDIN, subcommand, "--devices=" + devices, "--marker",
+                                                              nonce]
     if progress:
         argv.append("--progress")
     if run_dir:
@@ -159,8 +185,10 @@ def agent_call(argv):
 
     What the agent uses to know another gpu-pivot agent when it sees one in /proc (to protect
     it, or to find another user's teardown): interpreter `pythonX.Y`, `-`, a known
-    subcommand, and `--marker` followed by a hex nonce.
+    subcommand, and `--marker` followed by a hex nonce (either form of agent_argv()).
     """
+    if list(argv[1:1 + len(STREAM_FLAGS)]) == list(STREAM_FLAGS):
+        argv = argv[:1] + argv[1 + len(STREAM_FLAGS):]
     if len(argv) < 5 or argv[1] != STDIN or argv[2] not in SUBCOMMANDS:
         return None
     exe = os.path.basename(argv[0])
@@ -171,6 +199,62 @@ def agent_call(argv):
             nonce = argv[i + 1]
             return argv[2] if nonce and all(c in "0123456789abcdef" for c in nonce) else None
     return None
+
+
+# -- what program a process runs ------------------------------------------------------------------
+# The agent names a process by its program (program.py: targets are programs, not text); the
+# local side shows the same name in its tables (scripts/render.py). One parser for both.
+INTERPRETERS = re.compile(r"^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|zsh|ksh)$")
+# interpreter options that take the next argument as their value
+_OPT_WITH_VALUE = {"-X", "-W", "-Q", "-I", "-e", "-E", "-r", "-o", "-O"}
+_PY_OPT_WITH_VALUE = {"-X", "-W", "-Q"}
+_CODE_FLAGS = {"-c", "-e", "-E", "--eval", "-p", "--print"}
+
+
+def interpreted(argv):
+    """(kind, value, rest) for what an interpreter argv runs: ('module', 'a.b', rest),
+    ('script', '/x/y.py', rest), ('code', None, []) or (None, None, [])."""
+    name = os.path.basename(argv[0])
+    python = name.startswith("python") or name.startswith("pypy")
+    with_value = _PY_OPT_WITH_VALUE if python else _OPT_WITH_VALUE
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m" and python and i + 1 < len(argv):
+            return "module", argv[i + 1], argv[i + 2:]
+        if python and arg.startswith("-m") and len(arg) > 2:
+            return "module", arg[2:], argv[i + 1:]
+        if arg in _CODE_FLAGS or (python and arg.startswith("-c")):
+            return "code", None, []
+        if arg == "--":
+            i += 1
+            break
+        if arg.startswith("-") and arg != "-":
+            i += 2 if arg in with_value else 1
+            continue
+        break
+    if i < len(argv) and argv[i] != "-":
+        return "script", argv[i], argv[i + 1:]
+    return None, None, []
+
+
+def program_of(argv):
+    """([words naming the program], [its arguments]), without the interpreter: `python3 -m
+    sglang.launch_server X` is `sglang.launch_server`, `python3 /x/train.py` is `train.py`,
+    `/usr/bin/nvidia-persistenced` is `nvidia-persistenced`; a title the program set
+    (`sglang::scheduler_TP0`) stays whole. How a process is named to people, on both sides."""
+    first = argv[0]
+    if "::" in first or " " in first.strip():
+        return [first.strip()], list(argv[1:])
+    base = os.path.basename(first) or first
+    if not INTERPRETERS.match(base):
+        return [base], list(argv[1:])
+    kind, value, rest = interpreted(argv)
+    if kind == "module":
+        return [value], list(rest)
+    if kind == "script":
+        return [os.path.basename(value) or value], list(rest)
+    return [base], list(argv[1:])  # inline code (-c) or a bare interpreter: its arguments say what it is
 
 
 # -- the result's marker lines -------------------------------------------------------------------
@@ -339,8 +423,10 @@ class PingResult(Record):
 
 
 class ScanResult(Record):
-    """gpus: [{index, name, used_mib, reserved_mib, total_mib, processes: [{pid, used_mib}]}];
-    holders: [{pid, user, state, cmdline, devices, gpu_mib, protected, unit, container, ...}]."""
+    """gpus: [{index, name, used_mib, reserved_mib, total_mib, processes: [{pid, used_mib}],
+    health: {verdict, reasons}, mig: {current, pending, instances}}] (health and mig where read:
+    see gpu_health); holders: [{pid, user, state, cmdline, devices, gpu_mib, protected, unit,
+    container, ...}]; mps: {controls, servers: [{pid, gpus, clients, pipe_dir}]} where MPS runs."""
 
     hostname: str
     gpus: list[dict[str, Any]]
@@ -354,7 +440,19 @@ class ScanResult(Record):
     proc_hidden: str | None = None  # why /proc hides processes from this user (hidepid), if it does
     foreign_gpu_pids: list[dict[str, Any]] = []
     last_teardown: dict[str, Any] | None = None
+    mps: dict[str, Any] | None = None
     code: int = EXIT_OK
+
+
+# A GPU's health verdict (scripts/agent/health.py), worst last; "unknown" where nothing was read.
+HEALTH_VERDICTS = ("ok", "unknown", "drain", "reset needed", "reboot needed")
+
+
+def gpu_health(row):
+    """{verdict, reasons} of one GPU row of a scan, verify or teardown result; 'unknown' when
+    the agent did not assess it (an older agent, or a row from before the teardown)."""
+    h = row.get("health") or {}
+    return {"verdict": h.get("verdict") or "unknown", "reasons": list(h.get("reasons") or [])}
 
 
 class VerifyResult(Record):
@@ -417,6 +515,8 @@ class TeardownResult(Record):
     stuck: list[dict[str, Any]] = []
     concurrent_teardowns: list[dict[str, Any]] = []
     record_errors: list[str] = []
+    mps: dict[str, Any] | None = None  # MPS as seen at the end (after: its GPU rows carry health)
+    mps_quit: list[dict[str, Any]] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
 
     @property
     def ran(self):
@@ -490,6 +590,20 @@ class DeployResult(Record):
     code: int = EXIT_OK
 
 
+class ResetResult(Record):
+    """checks: [{check, ok, detail}]; command: the argv it runs (or would run, in a dry run)."""
+
+    gpu: int
+    checks: list[dict[str, Any]]
+    command: list[str]
+    ready: bool
+    ran: bool = False
+    output: str | None = None
+    note: str | None = None
+    hostname: str | None = None
+    code: int = EXIT_OK
+
+
 class LintResult(Record):
     findings: list[dict[str, str]]  # [{check, message}]
     gpus_visible: int
@@ -500,7 +614,7 @@ RESULTS = {
     "ping": PingResult, "scan": ScanResult, "verify": VerifyResult, "plan": PlanResult,
     "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
     "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
-    "gates": GatesResult, "lint": LintResult, "deploy": DeployResult,
+    "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult,
 }
 
 

@@ -3,6 +3,12 @@
 Why: a pivot should not cut off requests mid-generation when it does not have to. SGLang
 exports `sglang:num_running_reqs`, vLLM `vllm:num_requests_running` (Prometheus text);
 each may carry labels and appear once per engine, so the samples are summed.
+
+Drained means one thing only: a read of /metrics that succeeded and showed 0 requests in
+flight. An error (HTTP 500, refused, a time-out) or a page without the metric proves
+nothing, so it is NOT drained (exit 1) and the pivot stops before its teardown: taking
+"no answer" for "nothing to drain" once tore a busy server down. The operator who knows
+better says `--no-drain`.
 """
 import time
 import urllib.request
@@ -35,8 +41,11 @@ def running_requests(text):
     return total if seen else None
 
 
-def fetch(url):
-    with urllib.request.urlopen(url, timeout=3) as resp:
+FETCH_TIMEOUT_S = 3.0
+
+
+def fetch(url, timeout=FETCH_TIMEOUT_S):
+    with urllib.request.urlopen(url, timeout=timeout) as resp:
         return resp.read().decode("utf-8", "replace")
 
 
@@ -44,16 +53,17 @@ def run(args):
     started = time.monotonic()
     last = None
     while True:
+        waited = time.monotonic() - started
         try:
-            count = running_requests(fetch(args.url))
-        except Exception as exc:
-            note = "no server answers at %s (%s): nothing to drain" % (args.url, exc)
-            return contract.EXIT_OK, {"drained": True, "note": note,
-                       "waited_s": round(time.monotonic() - started, 2)}
+            count = running_requests(fetch(args.url, max(0.5, min(FETCH_TIMEOUT_S, args.timeout - waited))))
+        except Exception as exc:  # HTTP error, refused, time-out: nothing proves the server is idle
+            note = "could not read %s (%s): not drained" % (args.url, exc)
+            return contract.EXIT_FAILED, {"drained": False, "note": note,
+                                          "waited_s": round(time.monotonic() - started, 2)}
         waited = time.monotonic() - started
         if count is None:
-            note = "no in-flight request metric at %s" % args.url
-            return contract.EXIT_OK, {"drained": True, "note": note, "waited_s": round(waited, 2)}
+            note = "no in-flight request metric at %s (%s): not drained" % (args.url, " or ".join(METRICS))
+            return contract.EXIT_FAILED, {"drained": False, "note": note, "waited_s": round(waited, 2)}
         if count == 0:
             return contract.EXIT_OK, {"drained": True, "running": 0, "waited_s": round(waited, 2)}
         if waited >= args.timeout:

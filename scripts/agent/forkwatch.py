@@ -32,6 +32,7 @@ descendant's pid.
     new = w.poll()         # [(pid, start_time, parent_pid)] learned since the last poll
     w.lineage(pid)         # [parent, grandparent, ..., root] as the watch saw them
     w.kin(pid)             # how an unknown process is tied by session / process group, or None
+    w.fileno()             # the connector's socket to select/poll on (None in the proc view)
     w.descendants()        # full /proc walk: every live descendant known now
     w.close()
 
@@ -276,6 +277,11 @@ class ForkWatch:
             self._gap = False
             self._walk(full=True)
         return self._flush()
+
+    def fileno(self):
+        """The connector socket's fd, to wait on beside the targets' pidfds (a fork wakes
+        the waiter at once); None in the /proc view, which has nothing to wait on."""
+        return None if self._sock is None else self._sock.fileno()
 
     def lineage(self, pid):
         """Ancestors of pid as the watch saw them, nearest first, ending at a root:

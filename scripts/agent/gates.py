@@ -1,7 +1,9 @@
 """Gates a pivot must pass before the next phase starts: commands and file counts.
 
 Why: the move from extraction to training used to be judged by eye ("all 37,312 samples"). A gate
-makes that check explicit: a command that must exit 0, or "at least N files match GLOB".
+makes that check explicit: a command that must exit 0 (a JSON string), or "at least N files
+match GLOB" (a JSON object). The kind is the JSON type, so a command may start with any
+character: reading `{` as "JSON" once crashed the agent on the shell group `{ a; b; }`.
 """
 import glob
 import json
@@ -15,11 +17,19 @@ def add_arguments(parser):
 
 
 def check_gate(gate, cwd):
-    if gate.startswith("{"):
-        g = json.loads(gate)
-        count = len(glob.glob(g["glob"], recursive=True))
-        return {"gate": "at least %d files match %s" % (g["min"], g["glob"]), "ok": count >= g["min"],
+    """One gate's result. Its kind is its JSON type (the spec carries the hosts.env list as
+    parsed): a string is a shell command, run by `sh -c` whatever it starts with (a `{ ...; }`
+    group included); an object {"glob": G, "min": N} is a file count. Never guessed from text."""
+    if isinstance(gate, dict):
+        pattern, least = gate.get("glob"), gate.get("min")
+        if not isinstance(pattern, str) or not isinstance(least, int):
+            return {"gate": json.dumps(gate, sort_keys=True), "ok": False,
+                    "detail": 'not a file count gate: needs {"glob": TEXT, "min": N}'}
+        count = len(glob.glob(pattern, recursive=True))
+        return {"gate": "at least %d files match %s" % (least, pattern), "ok": count >= least,
                 "detail": "%d match" % count}
+    if not isinstance(gate, str):
+        return {"gate": json.dumps(gate), "ok": False, "detail": "neither a shell command nor a file count gate"}
     try:
         proc = subprocess.run(["sh", "-c", gate], cwd=cwd, capture_output=True, text=True, timeout=600)
     except subprocess.TimeoutExpired:

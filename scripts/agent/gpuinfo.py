@@ -5,9 +5,10 @@ Why v2: NVML's v1 `used` counts ~615 MiB of driver-reserved memory on an idle H2
 apart. nvidia-smi's CSV `memory.used` already excludes it (fixture query-gpu-idle.csv:
 used 0, reserved 616). Every result names its source, so "no GPU data" is never silent.
 
-A reader is opened once and read many times (verify polls every 50 ms; one NVML memory
-query costs ~0.01 ms). The sandbox host uses a clearly labelled fake source that derives
-memory from live sandbox processes.
+A reader is opened once and read many times (a teardown polls `usage()` every few ms
+while the driver frees memory; one NVML memory query costs ~0.01 ms), and may be opened
+on a thread (Opening) so NVML's init overlaps other work. The sandbox host uses a clearly
+labelled fake source that derives memory from live sandbox processes.
 """
 import contextlib
 import glob
@@ -15,6 +16,9 @@ import json
 import os
 import shutil
 import subprocess
+import sys
+import threading
+import time
 
 from . import contract, procfs, smi_parse
 
@@ -26,39 +30,77 @@ def _mib(nbytes):
     return None if nbytes is None else -(-int(nbytes) // MIB)
 
 
+def import_pynvml():
+    """pynvml, also when the agent runs with -S (the transport's form, contract.BOOT). Then
+    the site-packages directories are put on sys.path first, without running their .pth
+    files (on a torch host those cost 50-85 ms, and this runs while a teardown waits for the
+    driver); only if pynvml still cannot be found is site run in full, as a plain start would."""
+    try:
+        import pynvml
+    except ImportError:
+        if not sys.flags.no_site:
+            raise
+        import site
+
+        dirs = site.getsitepackages() + ([site.getusersitepackages()] if site.check_enableusersite() else [])
+        sys.path.extend(d for d in dirs if os.path.isdir(d) and d not in sys.path)
+        try:
+            import pynvml
+        except ImportError:
+            site.main()
+            import pynvml
+    return pynvml
+
+
 class NvmlSource:
     name = "nvml"
 
     def __init__(self):
-        import pynvml
-
+        pynvml = import_pynvml()
         self.nvml = pynvml
         pynvml.nvmlInit()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self._names: dict = {}  # index -> (uuid, name): fixed for the life of the handle, read once
+        self._v2 = True         # False once the driver refused the v2 memory call
+
+    def _memory(self, h):
+        """(used, reserved, total, call): v2 where the driver has it (used without reserved)."""
+        nv = self.nvml
+        if self._v2:
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                return mem.used, mem.reserved, mem.total, "v2"
+            except (nv.NVMLError, AttributeError, TypeError):
+                self._v2 = False
+        mem = nv.nvmlDeviceGetMemoryInfo(h)  # old driver: v1 used includes reserved
+        return mem.used, None, mem.total, "v1"
+
+    def usage(self):
+        """[(used MiB, compute processes)] per GPU: the two calls a teardown polls every few
+        ms while the driver frees memory (each about 0.01 ms), without names or UUIDs."""
+        nv = self.nvml
+        return [(_mib(self._memory(h)[0]), len(nv.nvmlDeviceGetComputeRunningProcesses(h))) for h in self.handles]
 
     def read(self):
         nv = self.nvml
         gpus = []
         for index, h in enumerate(self.handles):
-            try:
-                mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-                used, reserved, total = mem.used, mem.reserved, mem.total
-                memory_call = "v2"
-            except (nv.NVMLError, AttributeError, TypeError):
-                mem = nv.nvmlDeviceGetMemoryInfo(h)  # old driver: v1 used includes reserved
-                used, reserved, total = mem.used, None, mem.total
-                memory_call = "v1"
+            used, reserved, total, memory_call = self._memory(h)
             procs = []
             for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
                 raw = p.usedGpuMemory
                 procs.append({"pid": p.pid, "used_mib": None if raw is None or raw >= 2 ** 64 - 1 else _mib(raw)})
-            name = nv.nvmlDeviceGetName(h)
-            gpus.append({"index": index, "uuid": _text(nv.nvmlDeviceGetUUID(h)), "name": _text(name),
+            if index not in self._names:
+                self._names[index] = (_text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h)))
+            uuid, name = self._names[index]
+            gpus.append({"index": index, "uuid": uuid, "name": name,
                          "used_mib": _mib(used), "reserved_mib": _mib(reserved), "total_mib": _mib(total),
                          "memory_call": memory_call, "processes": procs})
         return gpus
 
     def close(self):
+        if getattr(self, "hung", False):  # health.py saw a call not return: shutdown would wait on it
+            return
         try:
             self.nvml.nvmlShutdown()
         except Exception:
@@ -119,6 +161,9 @@ class SandboxSource:
                 gpus[rec["gpu"]]["processes"].append({"pid": pid, "used_mib": rec["mib"]})
         return gpus
 
+    def usage(self):
+        return [(g["used_mib"], len(g["processes"])) for g in self.read()]
+
     def close(self):
         pass
 
@@ -129,8 +174,81 @@ class NoSource:
     def read(self):
         return []
 
+    def usage(self):
+        return []
+
     def close(self):
         pass
+
+
+def reads_free(source, max_used_mib):
+    """True/False from the source's quick per-GPU read (NVML: memory and compute processes
+    only), None when it has none worth polling (nvidia-smi costs a process per read).
+    Only a hint for when to scan: free is decided by a full scan (verify.evaluate)."""
+    usage = getattr(source, "usage", None)
+    if usage is None:
+        return None
+    return all(procs == 0 and (used is None or used <= max_used_mib) for used, procs in usage())
+
+
+FAST_POLL_S = 0.002  # the driver frees memory 0.1-0.3 s after a holder exits: look every 2 ms
+
+
+def until_reads_free(source, max_used_mib, limit_s):
+    """Poll the source's quick read every FAST_POLL_S until it says free or limit_s passes
+    (at once when the source has no quick read). Decides only when to scan, never that
+    anything is free."""
+    end = time.monotonic() + limit_s
+    while reads_free(source, max_used_mib) is False and time.monotonic() < end:
+        time.sleep(FAST_POLL_S)
+
+
+class Opening:
+    """open_source() on a thread, used as the source it yields (name, read, usage, close,
+    plus `tried`). Why: importing pynvml and NVML's init cost ~0.1 s on an H200 host, which
+    a teardown starts only after its signals (start()), so it runs while the driver releases
+    the targets' memory instead of delaying the first signal. Any use before start() opens
+    it there and then."""
+
+    def __init__(self, fake_dir=None, devices_glob=contract.DEVICE_GLOB, start=True):
+        self._args = (fake_dir, devices_glob)
+        self._opened = None
+        self._thread = None
+        self.open_s = None  # how long opening took (pynvml import + NVML init), for the teardown's timings
+        if start:
+            self.start()
+
+    def start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._open, name="gpu-source-open")
+            self._thread.daemon = True
+            self._thread.start()
+        return self
+
+    def _open(self):
+        t0 = time.monotonic()
+        try:
+            self._opened = open_source(*self._args)
+        except Exception as exc:  # open_source catches the expected failures; anything else: no source
+            self._opened = (NoSource(), ["opening a GPU source failed: %s: %s" % (type(exc).__name__, exc)])
+        self.open_s = round(time.monotonic() - t0, 4)
+
+    def opened(self):
+        self.start()._thread.join()
+        return self._opened
+
+    @property
+    def tried(self):
+        return self.opened()[1]
+
+    def __getattr__(self, attr):  # name, read, usage, nvml, handles: the opened source's
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.opened()[0], attr)
+
+    def close(self):
+        if self._thread is not None:  # never opened: nothing to close
+            self.opened()[0].close()
 
 
 def total_used_mib(gpus):

@@ -1,7 +1,8 @@
 """Run a phase on the host so it outlives the ssh session and stops cleanly.
 
 Why two ways: where systemd is PID 1, `systemd-run --unit gpu-pivot-PHASE` gives a
-unit with KillMode=mixed, a stop timeout and logs in journald; elsewhere (containers
+unit with KillMode=mixed, a stop timeout and logs in journald (not --collect: a unit that
+failed keeps its result to report, and is `reset-failed` before it starts again); elsewhere (containers
 without systemd, the GPU test machine) the phase runs in its own session (`setsid`) with
 a log file and a state file (pid + start time). Its exit code is written by a tiny `sh`
 wrapper, so a job that dies is reported with its code instead of as "not ready".
@@ -15,7 +16,7 @@ import subprocess
 import time
 import urllib.request
 
-from . import contract, lastrun, options, plan, procfs, procscan, scan, statedir, teardown
+from . import cgroup, contract, lastrun, options, plan, procfs, procscan, scan, statedir, teardown
 from .auditlog import Audit
 from .targets import Targets
 
@@ -48,7 +49,7 @@ def unit_name(name):
 
 def systemd_run_argv(spec):
     """The exact systemd-run command for a phase (tested by argv; untested live here)."""
-    argv = ["systemd-run", "--unit", unit_name(spec["name"]), "--collect", "--quiet",
+    argv = ["systemd-run", "--unit", unit_name(spec["name"]), "--quiet",
             "--property", "KillMode=mixed", "--property", "TimeoutStopSec=%d" % int(spec["stop_timeout"])]
     if spec.get("dir"):
         argv += ["--working-directory", spec["dir"]]
@@ -88,6 +89,26 @@ def _alive_state(state):
     return procfs.same_process(state["pid"], state["start_time"])
 
 
+def unit_result(unit):
+    """'failed: exit-code, status 3' for a unit that ended (kept, not --collect-ed, so its
+    result can be told), or its state."""
+    out = subprocess.run(["systemctl", "show", "-p", "ActiveState,Result,ExecMainStatus", unit],
+                         capture_output=True, text=True).stdout
+    props = dict(line.partition("=")[::2] for line in out.splitlines())
+    return "%s: %s, status %s" % (props.get("ActiveState", "?"), props.get("Result", "?"),
+                                  props.get("ExecMainStatus", "?"))
+
+
+def reset_failed(unit):
+    """A unit that ended `failed` (its stop timed out and systemd SIGKILLed it, or it crashed)
+    keeps its name taken: `systemd-run --unit` with it fails until `systemctl reset-failed`.
+    Returns True when it was failed."""
+    if subprocess.run(["systemctl", "is-failed", "--quiet", unit]).returncode != 0:
+        return False
+    subprocess.run(["systemctl", "reset-failed", unit], capture_output=True)
+    return True
+
+
 class SpecCommand:
     """An agent subcommand about one phase: it takes --spec, decodes it, and acts on it."""
 
@@ -123,6 +144,7 @@ class Start(SpecCommand):
         run_dir = lastrun.run_dir()
         state = {"name": name, "argv": spec["argv"], "started": time.time(), "prep": []}
         if plan.systemd_running() and shutil.which("systemd-run"):
+            reset_failed(unit_name(name))
             proc = subprocess.run(systemd_run_argv(spec), capture_output=True, text=True)
             if proc.returncode:
                 return contract.EXIT_FAILED, {"started": False, "error": "systemd-run failed: %s" % proc.stderr.strip()}
@@ -165,12 +187,17 @@ def log_tail(state, lines=LOG_TAIL):
 
 
 def _session_pids(state):
-    procs = {pid: procscan.basic(pid) for pid in procscan.all_pids()}
-    return [p for p, info in procs.items() if info and info["sid"] == state["pid"]], procs
+    """The processes of a phase: those in its unit's cgroup (systemd-run), or in the session
+    its leader made (setsid). Returns (pids, {pid: basic info})."""
+    procs = {pid: info for pid, info in ((p, procscan.basic(p)) for p in procscan.all_pids()) if info}
+    if state.get("unit"):
+        unit = state["unit"] + ".service"
+        return [p for p in procs if cgroup.read(p)["unit"] == unit], procs
+    return [p for p, info in procs.items() if info["sid"] == state["pid"]], procs
 
 
 def _holding(state, args):
-    """Does any process of the phase's session hold a GPU device?"""
+    """Does any process of the phase (its unit, or its session) hold a GPU device?"""
     devset = scan.device_set(args)
     pids, procs = _session_pids(state)
     return any(procscan.held_devices(pid, devset, procs[pid]["threads"])[0] for pid in pids)
@@ -198,13 +225,15 @@ def prep_report(state):
 def check(spec, state, args):
     """(ready, dead, detail) for one look at the phase."""
     alive = _alive_state(state)
+    if not alive and state.get("unit"):
+        return False, True, "unit %s is not running (%s)" % (state["unit"], unit_result(state["unit"]))
     if not alive:
         code = _read_exit(state["exit_file"]) if state.get("exit_file") else None
         return False, True, "the phase's process is not running (exit code %s)" % code
     if spec["ready"].startswith("http"):
         ok, why = http_ok(spec["ready"])
         return ok, False, "%s -> %s" % (spec["ready"], why)
-    if spec["ready"] == "holding" and not state.get("unit"):
+    if spec["ready"] == "holding":
         ok = _holding(state, args)
         return ok, False, "holding a GPU" if ok else "alive, not yet holding a GPU"
     return True, False, "alive"
@@ -254,28 +283,40 @@ class Stop(SpecCommand):
         if not state:
             return contract.EXIT_OK, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
         audit = Audit(args.operator or "gpu-pivot")
+        targets, stopped, failed, notes = [], [], False, []
+        leaders = list(state.get("prep", []))
         if state.get("unit"):
+            unit_procs = _members(state)
             proc = subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, text=True)
             audit.log({"pid": None, "cmdline": state["unit"]}, "systemctl stop", "exit %d" % proc.returncode)
-            code = contract.EXIT_OK if proc.returncode == 0 else contract.EXIT_FAILED
-            return code, {"stopped": [state["unit"]], "actions": audit.records}
-        targets = []
-        for leader in [state] + state.get("prep", []):
-            if not procfs.same_process(leader["pid"], leader["start_time"]):
-                continue
-            pids, procs = _session_pids(leader)
-            for pid in pids:
-                info = procs[pid]
-                targets.append({"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"]})
+            stopped.append(state["unit"])
+            failed = proc.returncode != 0
+            if reset_failed(state["unit"]):
+                notes.append("%s ended failed (its stop timed out: systemd SIGKILLed it); reset-failed, so it "
+                             "can start again" % state["unit"])
+                audit.log({"pid": None, "cmdline": state["unit"]}, "systemctl reset-failed", "done")
+            # what `systemctl stop` left alive (KillMode=process or none, a stop that failed) is ours to end
+            targets += [t for t in unit_procs if procfs.same_process(t["pid"], t["start_time"])]
+        else:
+            leaders.insert(0, state)
+        for leader in leaders:  # the prep jobs run in sessions of their own, outside any unit
+            if procfs.same_process(leader["pid"], leader["start_time"]):
+                targets += _members(leader)
         tracked = Targets(targets, audit)
         tracked.signal(targets, signal.SIGTERM, "SIGTERM")
         alive = teardown.wait_gone(args, tracked, spec.get("stop_timeout", 30), None, time.monotonic(), "stop")
         if alive:
             tracked.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
-        code = contract.EXIT_OK if not alive else contract.EXIT_FAILED
-        return code, {"stopped": [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
-                                         "actions": audit.records}
+        code = contract.EXIT_OK if not alive and not failed else contract.EXIT_FAILED
+        return code, {"stopped": stopped + [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
+                      "actions": audit.records, "note": "; ".join(notes) or None}
+
+
+def _members(state):
+    """The phase's (or a prep job's) live processes as signal targets (pid + start time)."""
+    pids, procs = _session_pids(state)
+    return [{"pid": p, "start_time": procs[p]["start_time"], "cmdline": procs[p]["cmdline"]} for p in pids]
 
 
 class Logs(SpecCommand):

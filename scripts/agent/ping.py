@@ -15,8 +15,10 @@ def add_arguments(parser):
 
 def nvml_available():
     """(importable, why-not). Import only: initialising NVML is scan's job, not ping's."""
+    from .gpuinfo import import_pynvml
+
     try:
-        import pynvml  # noqa: F401
+        import_pynvml()
     except Exception as exc:  # ImportError, or a broken install
         return False, "%s: %s" % (type(exc).__name__, exc)
     return True, None

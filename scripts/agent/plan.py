@@ -28,7 +28,9 @@ def add_arguments(parser):
     """plan's own flags (teardown takes them too); the selection flags are cli.py's to add."""
     parser.add_argument("--only-matching", action="store_true",
                         help="signal only pattern matches and their trees; report other GPU holders")
-    parser.add_argument("--disable", action="store_true", help="also `systemctl disable` units that are stopped")
+    parser.add_argument("--disable", action="store_true",
+                        help="also disable what is stopped: `systemctl disable` a unit, "
+                             "`docker update --restart=no` a container")
 
 
 def systemd_running():
@@ -51,21 +53,31 @@ def _wholly_targeted(targets, procs):
     lives in that daemon's unit; `systemctl stop` would end the daemon and everything else
     in it, none of which the plan lists. A unit under a user manager (user@UID.service) is
     not the system manager's to stop. Reads /proc/*/cgroup only when there is a candidate."""
-    wanted = {t["unit"] for t in targets if t["unit"] and not t["container"]}
-    wanted |= {t["container"]["id"] for t in targets if t["container"]}
+    wanted = {owner_key(t) for t in targets} - {None}
     if not wanted:
         return set()
     members: dict = {}
     user_units: set = set()
     for pid in procs:
         cg = cgroup.read(pid)
-        key = cg["container"]["id"] if cg["container"] else cg["unit"]
+        key = owner_key(cg)
         if key in wanted:
             members.setdefault(key, set()).add(pid)
-            if not cg["container"] and "/user@" in (cg["path"] or ""):
+            if "/user@" in (cg["path"] or ""):
                 user_units.add(key)
     mine = {t["pid"] for t in targets}
     return {key for key, pids in members.items() if pids <= mine and key not in user_units}
+
+
+def owner_key(info):
+    """What stops this process through a manager: its unit, its docker container, or (on a
+    Proxmox node) the unit inside its LXC container; None when nothing does."""
+    container, unit = info["container"], info["unit"]
+    if container and container["kind"] == "lxc":
+        return ("lxc", container["id"], unit) if unit and unit != "init.scope" else None
+    if container:
+        return container["id"]
+    return unit
 
 
 def patterns_of(args):
@@ -155,17 +167,22 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
     containers: dict = {}
     use_systemd = systemd_running()
     docker = shutil.which("docker")
+    pct = shutil.which("pct")
     whole = _wholly_targeted(targets, procs)
     for t in targets:
         # a unit or container that runs other processes too (cron, a notebook server): signal ours only
-        unit = _unit_to_stop(t["unit"]) if not t["container"] and t["unit"] in whole else None
-        container = t["container"] if t["container"] and t["container"]["id"] in whole else None
-        if unit and use_systemd:
-            units.setdefault(unit, []).append(t["pid"])
+        key = owner_key(t) if owner_key(t) in whole else None
+        container = t["container"]
+        unit = _unit_to_stop(t["unit"]) if key else None
+        if unit and container is None and use_systemd:
+            units.setdefault((unit, None), []).append(t["pid"])
             t["via"] = "systemctl stop %s" % unit
-        elif container and container["kind"] == "docker" and docker:
-            containers.setdefault(t["container"]["id"], []).append(t["pid"])
-            t["via"] = "docker stop %s" % t["container"]["id"][:12]
+        elif unit and container and container["kind"] == "lxc" and pct:
+            units.setdefault((unit, container["id"]), []).append(t["pid"])
+            t["via"] = "pct exec %s -- systemctl stop %s" % (container["id"], unit)
+        elif key and container and container["kind"] == "docker" and docker:
+            containers.setdefault(container["id"], []).append(t["pid"])
+            t["via"] = "docker stop %s" % container["id"][:12]
         else:
             t["via"] = "signal"
     protected = [_row(h, h["protected"]) for h in doc["holders"] if h["protected"]]
@@ -173,8 +190,9 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
         "targets": targets,
         "protected": protected,
         "left_alone": left_alone,
-        "units": [{"unit": u, "pids": p, "disable": bool(args.disable)} for u, p in sorted(units.items())],
-        "containers": [{"id": c, "pids": p} for c, p in sorted(containers.items())],
+        "units": [{"unit": u, "ctid": ct, "pids": p, "disable": bool(args.disable)}
+                  for (u, ct), p in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))],
+        "containers": [{"id": c, "pids": p, "disable": bool(args.disable)} for c, p in sorted(containers.items())],
         "patterns": patterns_of(args),
         "scope": {"text": args.scope, "uid": args.scope_uid},
         "rules": list(RULES),

@@ -20,6 +20,7 @@ from . import cgroup, procfs
 
 PROC = "/proc"
 O_ACCMODE = 0o3  # fdinfo flags & 3: 0 read-only, 1 write-only, 2 read-write
+O_APPEND = 0o2000  # fdinfo flags are octal, in the kernel's numbering (x86 and arm64 alike)
 _NOT_FILES = ("/dev/", "/proc/", "/sys/", "pipe:", "socket:", "anon_inode:", "/memfd:")
 
 
@@ -176,7 +177,11 @@ def mapped_by_identity(pid, needles, proc=PROC):
 
 
 def write_files(pid, proc=PROC):
-    """Regular files this process has open for writing (fdinfo flags), e.g. a checkpoint."""
+    """Regular files this process writes in place (fdinfo flags), e.g. a checkpoint: what a stop
+    may leave incomplete. Not its stdout/stderr (fd 1, 2) nor files opened for appending:
+    those are its logs (`> server.log`, a phase's log, a logging handler), and a log that
+    loses its last line loses no data. (Limit: a job that writes its data to stdout is not
+    listed.)"""
     out: list = []
     fd_dir = "%s/%d/fd" % (proc, pid)
     try:
@@ -184,6 +189,8 @@ def write_files(pid, proc=PROC):
     except OSError:
         return out
     for fd in fds:
+        if fd in ("1", "2"):
+            continue
         try:
             target = os.readlink("%s/%s" % (fd_dir, fd))
             if not target.startswith("/") or target.startswith(_NOT_FILES):
@@ -192,8 +199,10 @@ def write_files(pid, proc=PROC):
         except OSError:
             continue
         for line in info.splitlines():
-            if line.startswith("flags:") and int(line.split()[1], 8) & O_ACCMODE:
-                out.append(target.replace(" (deleted)", ""))
+            if line.startswith("flags:"):
+                flags = int(line.split()[1], 8)
+                if flags & O_ACCMODE and not flags & O_APPEND:
+                    out.append(target.replace(" (deleted)", ""))
                 break
     return sorted(set(out))
 
@@ -299,7 +308,7 @@ def detail(info, held, proc=PROC, now_ticks=None, mapped=None):
     out["user"] = user_name(info["uid"])
     out["devices"] = held
     out["unit"] = cg["unit"]
-    out["container"] = cg["container"]
+    out["container"] = cgroup.with_pids(cg["container"], pid, proc)
     out["write_files"] = write_files(pid, proc)
     out["mapped_devices"] = list(mapped or [])
     if now_ticks is not None:

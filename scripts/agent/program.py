@@ -22,42 +22,11 @@ piece of an argument. Patterns that match the empty string are refused by the ca
 import os
 import re
 
-INTERPRETERS = re.compile(r"^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|zsh|ksh)$")
+from . import contract
+
+INTERPRETERS = contract.INTERPRETERS
 _SUBCOMMAND = re.compile(r"^[a-z][a-z0-9_-]*$")
-# interpreter options that take the next argument as their value
-_OPT_WITH_VALUE = {"-X", "-W", "-Q", "-I", "-e", "-E", "-r", "-o", "-O"}
-_PY_OPT_WITH_VALUE = {"-X", "-W", "-Q"}
-_CODE_FLAGS = {"-c", "-e", "-E", "--eval", "-p", "--print"}
-
-
-def _is_python(name):
-    return name.startswith("python") or name.startswith("pypy")
-
-
-def _interpreted(argv):
-    """(kind, value, rest) for what an interpreter runs: ('module', 'a.b', rest),
-    ('script', '/x/y.py', rest), ('code', None, []) or (None, None, [])."""
-    python = _is_python(os.path.basename(argv[0]))
-    with_value = _PY_OPT_WITH_VALUE if python else _OPT_WITH_VALUE
-    i = 1
-    while i < len(argv):
-        arg = argv[i]
-        if arg == "-m" and python and i + 1 < len(argv):
-            return "module", argv[i + 1], argv[i + 2:]
-        if python and arg.startswith("-m") and len(arg) > 2:
-            return "module", arg[2:], argv[i + 1:]
-        if arg in _CODE_FLAGS or (python and arg.startswith("-c")):
-            return "code", None, []
-        if arg == "--":
-            i += 1
-            break
-        if arg.startswith("-") and arg != "-":
-            i += 2 if arg in with_value else 1
-            continue
-        break
-    if i < len(argv) and argv[i] != "-":
-        return "script", argv[i], argv[i + 1:]
-    return None, None, []
+_interpreted = contract.interpreted  # in the contract: the local side names programs in its tables the same way
 
 
 def _first_word(rest):

@@ -58,7 +58,7 @@ def protect_reason(proc, self_chain, extra_protect=()):
         return "another gpu-pivot agent"
     for pattern in extra_protect:
         if re.search(pattern, cmdline):
-            return "host protect pattern %r" % pattern
+            return "host protect pattern %s" % pattern  # as written: a repr would double each backslash
     return None
 
 
@@ -68,4 +68,4 @@ def target_reason(proc, patterns):
     if hit is None:
         return None
     pattern, why = hit
-    return "%s (pattern %r)" % (why, pattern)
+    return "%s (target pattern %s)" % (why, pattern)  # as written, not repr-escaped

@@ -115,8 +115,12 @@ def public(doc):
 
 
 def run(args):
-    from . import lastrun
+    from . import checkup, lastrun
 
-    doc = public(collect(args))
+    with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
+        full = collect(args, source)
+        full["gpu_source_tried"] = tried or full["gpu_source_tried"]
+        checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
+    doc = public(full)
     doc["last_teardown"] = lastrun.load_summary()
     return (contract.EXIT_UNINSPECTED if doc["denied"] or doc["proc_hidden"] else contract.EXIT_OK), doc

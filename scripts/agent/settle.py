@@ -12,14 +12,22 @@ A server takes seconds to import before it opens a GPU, so a restart is also cau
 it holds anything: a process started during the teardown that runs a target program (a
 target pattern, or the same program as a signalled target) and is still alive at the end
 makes the verdict "not free" too. It is reported, never signalled (it was not in the plan).
-"Free at" (the first moment every GPU read free) and "settled at" are reported apart.
+"Free at" (the first moment every GPU read free) and "settled at" are reported apart, and
+`on_free` is called at free-at so the operator sees it then; the verdict stays the
+window's: a respawn inside it still makes the teardown "not free".
+
+Until free-at, the driver is what is waited on: it frees a context's memory 0.1-0.3 s
+after its process exits, so the source's quick read (NVML memory and compute processes,
+gpuinfo.until_reads_free) is polled every 2 ms and the full scan (/proc holders: tens of
+ms on a busy host) runs when it reads free, or every FAST_WAIT_MAX_S regardless.
 """
 import re
 import time
 
-from . import plan, procfs, program, rules, scan, verify
+from . import gpuinfo, plan, procfs, program, rules, scan, verify
 
 PROGRESS_EVERY_S = 0.5
+FAST_WAIT_MAX_S = 0.2
 
 
 def _parent_text(procs, pid):
@@ -76,11 +84,13 @@ def _respawns(doc, targets, args, patterns, known):
     return out
 
 
-def watch(args, source, targets, started, before=(), on_poll=None):
+def watch(args, source, targets, started, before=(), on_poll=None, on_free=None):
     """Poll until free for args.settle seconds, or args.timeout passes, or something that
     is not ours holds a GPU for a whole window. `before`: (pid, start) of the holders the
-    plan already saw (left alone or out of scope: not "appeared"). Returns a dict."""
+    plan already saw (left alone or out of scope: not "appeared"). `on_free(free_at_s)` is
+    called each time a free stretch begins. Returns a dict."""
     t0 = time.monotonic()
+    scans = 0
     free_at = None
     appeared = {}
     before = set(before)
@@ -89,7 +99,12 @@ def watch(args, source, targets, started, before=(), on_poll=None):
     patterns = plan.patterns_of(args)
     respawned: dict = {}
     while True:
+        if free_at is None and not targets.alive(targets.added):
+            gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + args.timeout -
+                                                                                 time.monotonic())))
+        scanned_at = time.monotonic()
         doc = scan.collect(args, source)
+        scans += 1
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
         for k, rec in _respawns(doc, targets, args, patterns, set(respawned) | before).items():
@@ -109,7 +124,10 @@ def watch(args, source, targets, started, before=(), on_poll=None):
         now = time.monotonic()
         pending = targets.alive(targets.added)
         if free and not pending:
-            free_at = free_at or now
+            if free_at is None:
+                free_at = scanned_at
+                if on_free:
+                    on_free(round(free_at - started, 3))
             if now - free_at >= args.settle:
                 break
         else:
@@ -128,5 +146,6 @@ def watch(args, source, targets, started, before=(), on_poll=None):
     listed = {k for k in appeared if k in holding}
     live_appeared += [r for k, r in respawned.items() if k not in listed and procfs.same_process(*k)]
     return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
+            "scans": scans,
             "free_at_s": None if free_at is None else round(free_at - started, 3),
             "settled_at_s": round(time.monotonic() - started, 3) if free else None}

@@ -10,18 +10,73 @@ chain and the sessions targets lead, at each poll.
 
 Every signal is sent by (pid, start time) through a pidfd (procfs.signal_if_same); one
 that fails (permission denied) is never counted as sent, and makes the teardown not free.
-A stopped target (state T) gets SIGCONT after SIGTERM, or it could never act on it.
+A batch is sent first and written to the audit log after, so no log write sits between
+two targets' signals. A stopped target (state T) gets SIGCONT after SIGTERM, or it could
+never act on it.
+
+Waiting for exits (wait()): a pidfd turns readable the moment its process has exited
+(all threads gone, zombie or reaped), so the wait wakes at the exit instead of at the next
+50 ms tick, and a zombie that PID 1 reaps 1-2 s late counts as gone (`kill -0` would still
+succeed on it; procfs.finished says the same). Where pidfds are missing (Python < 3.9,
+kernel < 5.3) it sleeps FALLBACK_POLL_S between /proc checks instead.
 """
+import os
+import select
 import signal
 import time
 
 from . import procfs, procscan, rules
 
 STOPPED = ("T", "t")
+FALLBACK_POLL_S = 0.005  # without pidfds: a few /proc/PID/stat reads per tick
 
 
 def key(t):
     return (t["pid"], t["start_time"])
+
+
+class ExitWaiter:
+    """Sleep until one of some processes exits: a pidfd per process, opened once and kept.
+    Used for a teardown's targets and for the holders `verify --wait` waits on."""
+
+    def __init__(self):
+        self._pidfds: dict = {}  # (pid, start) -> pidfd, or None: none to be had
+
+    def _pidfd(self, k):
+        if k not in self._pidfds:
+            fd = None
+            if hasattr(os, "pidfd_open"):
+                try:
+                    fd = os.pidfd_open(k[0])
+                except OSError:  # gone (ESRCH), or no pidfds in this kernel (ENOSYS)
+                    fd = None
+                if fd is not None and procfs.start_time(k[0]) != k[1]:
+                    os.close(fd)  # the pid names another process now: ours is gone
+                    fd = None
+            self._pidfds[k] = fd
+        return self._pidfds[k]
+
+    def wait(self, alive, timeout, extra_fds=()):
+        """Block until one of `alive` (dicts with pid and start_time) exits, an fd in
+        `extra_fds` turns readable, or `timeout` seconds pass. Callers re-check what is
+        alive: this only decides when to look. Without a pidfd for some process (Python <
+        3.9, kernel < 5.3, or it is already gone) it sleeps FALLBACK_POLL_S instead."""
+        if timeout <= 0:
+            return
+        fds = [self._pidfd(key(t)) for t in alive]
+        if not fds or None in fds or not hasattr(select, "poll"):
+            time.sleep(min(timeout, FALLBACK_POLL_S))
+            return
+        poller = select.poll()
+        for fd in fds + [f for f in extra_fds if f is not None]:
+            poller.register(fd, select.POLLIN)
+        poller.poll(max(1, int(timeout * 1000)))
+
+    def close(self):
+        for fd in self._pidfds.values():
+            if fd is not None:
+                os.close(fd)
+        self._pidfds = {}
 
 
 class Targets:
@@ -38,15 +93,21 @@ class Targets:
         self.added = []           # descendants adopted during the teardown
         self.term_at = {}         # key -> monotonic time SIGTERM was sent
         self.killed = set()
+        self.exits = ExitWaiter()  # pidfds of the targets waited on
+
+    @staticmethod
+    def _send(t, sig):
+        try:
+            return procfs.signal_if_same(t["pid"], t["start_time"], sig)
+        except PermissionError:
+            return "permission denied"
+        except OSError as exc:
+            return "error: %s" % exc
 
     def signal(self, targets, sig, name):
-        for t in targets:
-            try:
-                result = procfs.signal_if_same(t["pid"], t["start_time"], sig)
-            except PermissionError:
-                result = "permission denied"
-            except OSError as exc:
-                result = "error: %s" % exc
+        sent_at = time.monotonic()
+        results = [(t, self._send(t, sig)) for t in targets]  # all at once; the log after
+        for t, result in results:
             self.audit.log(t, name, result)
             if result not in ("sent", "gone", "reused"):
                 self.failed.append({"pid": t["pid"], "signal": name, "result": result, "cmdline": t.get("cmdline")})
@@ -54,7 +115,7 @@ class Targets:
             if result != "sent":
                 continue
             if sig == signal.SIGTERM:
-                self.term_at.setdefault(key(t), time.monotonic())
+                self.term_at.setdefault(key(t), sent_at)
                 self._cont_if_stopped(t)
             elif sig == signal.SIGKILL:
                 self.killed.add(key(t))
@@ -70,6 +131,14 @@ class Targets:
 
     def alive(self, among=None):
         return [t for t in (self.items if among is None else among) if procfs.same_process(t["pid"], t["start_time"])]
+
+    def wait(self, alive, timeout, extra_fds=()):
+        """Block until one of `alive` exits, the fork watch's socket (in `extra_fds`) turns
+        readable, or `timeout` passes (ExitWaiter.wait)."""
+        self.exits.wait(alive, timeout, extra_fds)
+
+    def close(self):
+        self.exits.close()
 
     def adopt_new(self, procs=None):
         """New descendants of targets (fork events, parent chain, session): signal

@@ -2,12 +2,16 @@
 
 Why this order: every target gets SIGTERM in the same instant so a server
 and its workers shut down together (signalling only the parent leaves workers holding
-memory); polling every 50 ms ends the wait the moment they are gone, instead of a fixed
-sleep; SIGKILL only what outlives the grace period. Signals go through a pidfd, or after
-a pid + start-time check, so a reused pid is never hit, and only to processes the plan
-listed (and the operator approved, when a plan was shown first) and, as the plan states,
-the processes those fork meanwhile (targets.py). Free must then hold for a settle window
-(settle.py) so a supervisor's respawn is caught, not blessed.
+memory); the wait wakes on each target's exit (pidfds, targets.py) or fork (the fork
+watch's socket), instead of a fixed sleep or a 50 ms tick; SIGKILL only what outlives the
+grace period. Nothing that can wait runs before the signals: NVML opens on a thread while
+the lock is taken and /proc is scanned, and the "running" record, the audit lines and the
+look for other users' teardowns are written or made right after the SIGTERM batch.
+Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never
+hit, and only to processes the plan listed (and the operator approved, when a plan was
+shown first) and, as the plan states, the processes those fork meanwhile (targets.py).
+Free must then hold for a settle window (settle.py) so a supervisor's respawn is caught,
+not blessed; "free at" is reported (and streamed as a progress line) apart from it.
 
 The state directory is checked before anything is signalled (unusable: exit 3, nothing
 sent); a write that fails DURING a teardown does not stop it (the processes matter more
@@ -22,12 +26,27 @@ import socket
 import subprocess
 import time
 
-from . import contract, forkwatch, gpuinfo, hostlock, lastrun, options, plan, procfs, scan, settle, verify
+from . import (
+    checkup,
+    contract,
+    forkwatch,
+    gpuinfo,
+    hostlock,
+    lastrun,
+    options,
+    plan,
+    procfs,
+    scan,
+    settle,
+    units,
+    verify,
+)
 from .auditlog import Audit
 from .targets import Targets
 
 SETTLE_S = 2.0
 PROGRESS_EVERY_S = 0.5
+PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
 
 
 def add_arguments(parser):
@@ -40,6 +59,9 @@ def add_arguments(parser):
     parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
     parser.add_argument("--approved", default=None, metavar="PID:START,...",
                         help="signal only these processes (the plan the operator saw)")
+    parser.add_argument("--mps", choices=("protect", "quit"), default="protect",
+                        help="CUDA MPS: protect the control daemon and its server (default), or quit it through its "
+                             "control pipe once the targets are gone and wait for its server to exit")
     parser.add_argument("--settle", type=float, default=SETTLE_S,
                         help="seconds the GPUs must stay free after the targets are gone (catches respawns)")
 
@@ -57,6 +79,14 @@ def parse_approved(text):
     return out
 
 
+def _read_gpus(source):
+    """The source's GPUs, or [] when the driver query fails (it must not stop a teardown)."""
+    try:
+        return source.read()
+    except Exception:
+        return []
+
+
 def _mib_left(source):
     """GPU MiB still used, for progress lines; None without a GPU reader (phase stop)."""
     if source is None:
@@ -68,42 +98,78 @@ def _mib_left(source):
 
 
 def _stop_units(the_plan, audit, targets_by_pid):
-    """Start `systemctl stop` / `docker stop` for each unit or container; returns the Popens."""
-    stops = [(["systemctl", "disable", "--now", u["unit"]] if u["disable"] else ["systemctl", "stop", u["unit"]],
-              u["pids"]) for u in the_plan["units"]]
-    stops += [(["docker", "stop", c["id"]], c["pids"]) for c in the_plan["containers"]]
-    running = [(argv, pids, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                             stderr=subprocess.PIPE)) for argv, pids in stops]
-    for argv, pids, _ in running:
-        first = targets_by_pid.get(pids[0], {"pid": pids[0]})
+    """Start the manager's stop for each unit or container (units.stop_argv); returns the
+    Popens. With --disable a container's restart policy is set to `no` first, so nothing
+    brings it back between the stop and the update."""
+    running = []
+    for item in the_plan["units"] + the_plan["containers"]:
+        first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
+        for argv in units.before_stop(item):
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+            audit.log(first, " ".join(argv), _exit_text(proc.returncode, proc.stderr))
+        argv = units.stop_argv(item)
+        running.append((argv, item, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                     stderr=subprocess.PIPE)))
         audit.log(first, " ".join(argv), "started")
     return running
 
 
-def _finish_units(running, audit, targets_by_pid):
-    for argv, pids, proc in running:
-        if proc.poll() is None:
+def _exit_text(code, err):
+    err = err.decode(errors="replace").strip()
+    return "exit %d%s" % (code, (": " + err) if err else "")
+
+
+def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
+    """Log each finished stop with whether the unit or container comes back by itself
+    (enabled at boot, a docker restart policy); `wait_s`: how long to wait for one still running.
+    Its processes still alive once the stop has ended (KillMode=process, a stop that failed)
+    get SIGTERM then, audited, instead of waiting out the grace period unsignalled."""
+    for argv, item, proc in running:
+        if proc.returncode is not None:
             continue
-        first = targets_by_pid.get(pids[0], {"pid": pids[0]})
-        err = proc.stderr.read().decode(errors="replace").strip()
-        audit.log(first, " ".join(argv), "exit %d%s" % (proc.returncode, (": " + err) if err else ""))
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
+        rec = audit.log(first, " ".join(argv), _exit_text(proc.returncode, proc.stderr.read()))
+        rec["comes_back"] = units.comes_back(item)  # the report says it (teardown_view.verdict_lines)
+        left = targets.alive([targets_by_pid[p] for p in item["pids"] if p in targets_by_pid]) if targets else []
+        if left:
+            targets.signal(left, signal.SIGTERM, "SIGTERM")
 
 
-def wait_gone(args, targets, limit_s, source, started, phase, among=None):
-    """Poll every 50 ms until every target is gone or limit_s passes; adopt and signal
-    what they fork meanwhile; progress lines every half second."""
-    t0 = time.monotonic()
-    last = 0.0
-    alive = targets.alive(among)
-    while alive and time.monotonic() - t0 < limit_s:
+def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wake=None):
+    """Wait until every target is gone or limit_s passes, waking on each exit (pidfd) and
+    each fork (connector socket); adopt and signal what they fork meanwhile (without the
+    connector: a /proc walk every PROC_WALK_EVERY_S, and always before saying none is left);
+    progress lines every half second; `on_wake()` each time it wakes (manager stops that ended)."""
+    t0 = last = time.monotonic()
+    watch_fd = targets.watch.fileno() if targets.watch is not None else None
+    next_walk = t0 + PROC_WALK_EVERY_S
+
+    def current():
+        return targets.alive(None if among is None else among + targets.added)
+
+    alive = current()
+    while alive:
         now = time.monotonic()
+        if now - t0 >= limit_s:
+            break
         if now - last >= PROGRESS_EVERY_S:
             last = now
             args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
                                mib_left=_mib_left(source))
-        time.sleep(verify.POLL_S)
-        targets.adopt_new()
-        alive = targets.alive(None if among is None else among + targets.added)
+        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S, next_walk if watch_fd is None else t0 + limit_s)
+        targets.wait(alive, wake - now, [watch_fd])
+        if on_wake is not None:
+            on_wake()
+        alive = current()
+        now = time.monotonic()
+        if watch_fd is not None or not alive or now >= next_walk:
+            next_walk = now + PROC_WALK_EVERY_S
+            targets.adopt_new()
+            alive = current()
     return alive
 
 
@@ -143,68 +209,111 @@ class Recorder:
             self.errors.append("could not write last.json: %s" % exc)
 
 
-def execute(args, operator):
-    started = time.monotonic()
-    source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+def _since(started):
+    return round(time.monotonic() - started, 3)
+
+
+def _age_s():
+    """Seconds since this process started (so: interpreter, bundle and imports are what
+    `started` does not count). Clock-tick resolution (10 ms); None where it cannot be read."""
+    try:
+        ticks = procfs.read_stat(os.getpid())["start_time"]
+        return round(time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / float(os.sysconf("SC_CLK_TCK")), 3)
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+
+
+def execute(args, operator, started, source):
+    """Lock held. `started`: when this agent began the teardown (monotonic); `source`: a
+    gpuinfo.Opening. The plan needs no GPU source: every CUDA process holds and maps the
+    device files, which the /proc scan finds by identity; NVML (0.1 s to import and init)
+    is started after the SIGTERM batch and read first then: "before" is that read (the
+    driver frees a target's memory only as it exits, 0.1 s and more later). The sandbox's
+    fake source costs nothing and is read before the signals."""
+    age, timings = _age_s(), {"lock_s": _since(started)}
+    timings["startup_s"] = None if age is None else round(age - timings["lock_s"], 3)
     record = {"started": time.strftime(contract.TIME_FORMAT), "operator": operator, "state": "running",
               "host": socket.gethostname(), "exit_code": None, "agent": lastrun.agent_identity()}
     recorder = Recorder()
-    watch = None
+    watch = targets = None
     try:
         since = procfs.read_stat(os.getpid())["start_time"]
-        doc = scan.collect(args, source)
-        doc["gpu_source_tried"] = tried
+        early = bool(args.fake_gpus)
+        doc = scan.collect(args, source if early else gpuinfo.NoSource())
         the_plan = plan.build(doc, args)
         approved = parse_approved(args.approved)
         planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
         unapproved = [t for t in the_plan["targets"] if t not in planned]
-        record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved,
-                      concurrent_teardowns=hostlock.concurrent_teardowns())
-        recorder.save(record)
+        timings["planned_s"] = _since(started)
         audit = Audit(operator)
         watch = _start_watch(planned)
         targets = Targets(planned, audit, watch, chain=doc["_chain"] | {os.getpid()}, protect=args.protect,
                           since_ticks=since, scope_uid=args.scope_uid)
         by_pid = {t["pid"]: t for t in planned}
-        units = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
+        stops = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
                                  containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
                             audit, by_pid)
-        targets.signal(planned, signal.SIGTERM, "SIGTERM")
+        timings["sigterm_s"] = _since(started)
+        # a unit's or container's processes are its manager's to stop: a direct SIGTERM racing the
+        # stop job makes Restart=always (or a docker restart policy) start it again
+        targets.signal([t for t in planned if t.get("via", "signal") == "signal"], signal.SIGTERM, "SIGTERM")
+        source.start()
+        before_gpus = doc["gpus"] if early else _read_gpus(source)
+        timings["before_read_s"] = _since(started)
+        doc["gpu_source_tried"] = source.tried
+        health_start = checkup.teardown_start(source)  # Xids from here on count (checkup.py)
+        # Right after the batch, not before it: nothing here changes what is signalled.
+        record.update(plan=the_plan, before=before_gpus, unapproved=unapproved,
+                      concurrent_teardowns=hostlock.concurrent_teardowns())
+        recorder.save(record)
         args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
                            alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
-        alive = wait_gone(args, targets, args.grace, source, started, "grace")
-        _finish_units(units, audit, by_pid)
+        alive = wait_gone(args, targets, args.grace, source, started, "grace",
+                          on_wake=lambda: _finish_units(stops, audit, by_pid, targets=targets))
+        _finish_units(stops, audit, by_pid, wait_s=1.0 if not alive else 0.0)
         if alive:
             targets.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
+        timings["targets_gone_s"] = None if alive else _since(started)
+        mps_quit = checkup.mps_quit(args, audit) if args.mps == "quit" else []  # clients gone: the MPS daemon next
         before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
+
+        def on_free(free_at_s):  # the moment it is seen free: the operator's FREED line, the settle still running
+            args.emit_progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=args.settle,
+                               mib_left=0)
+
         result = settle.watch(args, source, targets, started, before, on_poll=lambda d, p: args.emit_progress(
             phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=p[:5],
-            mib_left=gpuinfo.total_used_mib(d["gpus"])))
+            mib_left=gpuinfo.total_used_mib(d["gpus"])), on_free=on_free)
         after, free, problems = result["doc"], result["free"], result["problems"]
         alive = targets.alive()
         code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
         if targets.failed:
             code = contract.EXIT_NOT_FREE
+        timings.update(free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"],
+                       scans=result.get("scans"), source_open_s=getattr(source, "open_s", None))
         record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
                       after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
                       still_holding=[] if free else verify.still_holding(after),
-                      freed_mib=gpuinfo.total_used_mib(doc["gpus"]) - gpuinfo.total_used_mib(after["gpus"]),
+                      freed_mib=gpuinfo.total_used_mib(before_gpus) - gpuinfo.total_used_mib(after["gpus"]),
                       signalled=sum(1 for a in audit.records
                                     if a["result"] == "sent" and a["signal"].startswith("SIG")),
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=args.settle,
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"], hostlock.concurrent_teardowns()),
-                      finished=time.strftime(contract.TIME_FORMAT))
+                      timings=timings, finished=time.strftime(contract.TIME_FORMAT))
         out = _result(record, scan.public(after), started)
+        code = out["exit_code"] = checkup.teardown_result(out, after, source, health_start, code)
+        out["mps_quit"] = mps_quit
         recorder.save(out)
         out["record_errors"] = recorder.errors + list(getattr(audit, "write_errors", []))
         return code, out
     finally:
+        if targets is not None:
+            targets.close()
         if watch is not None:
             watch.close()
-        source.close()
 
 
 def _merge(first, later):
@@ -232,20 +341,27 @@ def run(args):
         if not 0 <= value <= contract.MAX_WAIT_S:  # also refuses nan
             raise options.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
                                                                                  contract.MAX_WAIT_S))
+    started = time.monotonic()
+    source = gpuinfo.Opening(args.fake_gpus, args.devices, start=False)  # started after the signals
     try:
-        lastrun.preflight()
-    except OSError as exc:
-        return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
-                            "verdict": "not started: nothing was signalled"}
-    try:
-        fd = hostlock.acquire(operator, args.wait_lock)
-    except hostlock.Locked as exc:
-        return contract.EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc),
-                                      "hostname": socket.gethostname()}
-    except OSError as exc:  # the lock file itself refused (a link, not ours): like an unusable state dir
-        return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc), "hostname": socket.gethostname(),
-                            "verdict": "not started: nothing was signalled"}
-    try:
-        return execute(args, operator)
+        try:
+            lastrun.preflight()
+        except OSError as exc:
+            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+                                               "hostname": socket.gethostname(),
+                                               "verdict": "not started: nothing was signalled"}
+        try:
+            fd = hostlock.acquire(operator, args.wait_lock)
+        except hostlock.Locked as exc:
+            return contract.EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc),
+                                          "hostname": socket.gethostname()}
+        except OSError as exc:  # the lock file itself refused (a link, not ours): like an unusable state dir
+            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+                                               "hostname": socket.gethostname(),
+                                               "verdict": "not started: nothing was signalled"}
+        try:
+            return execute(args, operator, started, source)
+        finally:
+            hostlock.release(fd)
     finally:
-        hostlock.release(fd)
+        source.close()

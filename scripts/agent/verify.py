@@ -5,12 +5,13 @@ reserved memory) <= --max-used-mib; no non-protected process holds a device (a p
 daemon or monitor may keep its handle, but not a CUDA context); and every process could
 be inspected. A scan that could not read some process's fds (not root) cannot know they
 hold nothing, so it never says free: exit 6 (contract.EXIT_UNINSPECTED) says "run as root".
-With --wait S it polls every 50 ms until free or S seconds pass, then says exactly what
-still holds each GPU.
+With --wait S it waits until free or S seconds pass (wait_free: one scan, then the holders'
+exits and the GPU's quick read, a new scan only when those say it may be free), then says
+exactly what still holds each GPU.
 """
 import time
 
-from . import contract, gpuinfo, options, scan
+from . import checkup, contract, gpuinfo, mps, options, procfs, scan, targets
 
 POLL_S = 0.05
 
@@ -36,16 +37,23 @@ def evaluate(doc, max_used_mib):
             problems.append("GPU %s: %s MiB used > %s MiB%s" % (g["index"], used, max_used_mib, note))
     for h in doc["holders"]:
         if not h["protected"]:
-            problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], h["cmdline"][:80], h["state"],
+            problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], _who(h), h["state"],
                                                                   ", ".join(h["devices"]) or "GPU memory"))
-        elif h["gpu_mib"] or h.get("mapped_devices"):
+        elif h["gpu_mib"] or (h.get("mapped_devices") and not mps.is_control(h)):  # the MPS daemon maps, holds none
             problems.append("pid %s (%s) is protected (%s) but has a CUDA context on %s" % (
-                h["pid"], h["cmdline"][:80], h["protected"], ", ".join(h["devices"]) or "the GPU"))
+                h["pid"], _who(h), h["protected"], ", ".join(h["devices"]) or "the GPU"))
     if doc.get("denied"):
         problems.append(uninspected_problem(doc["denied"]))
     if doc.get("proc_hidden"):
         problems.append("%s, so a holder may be unseen and nothing is called free: run as root" % doc["proc_hidden"])
     return not problems, problems
+
+
+def _who(h):
+    """The program a holder runs, for a problem line: `sglang.launch_server`, not the
+    interpreter's path that a cut command line mostly shows."""
+    argv = h.get("argv") or []
+    return " ".join(contract.program_of(argv)[0])[:80] if argv else h["cmdline"][:80]
 
 
 def uninspected_problem(denied):
@@ -80,28 +88,84 @@ def still_holding(doc):
     return out
 
 
-def wait_free(args, wait_s, on_poll=None, source=None):
-    """Poll until free or wait_s passes; returns (free, doc, problems, waited_s).
+RESCAN_EVERY_S = 0.5  # while a holder is still alive: a fresh scan (and a progress line) this often
 
+
+def wait_free(args, wait_s, on_poll=None, source=None):
+    """Scan until free or wait_s passes; returns (free, doc, problems, waited_s).
+
+    Why not a scan per 50 ms poll: a scan reads every fd of every process (tens of ms on a
+    busy host). Between scans the holders the last scan found are waited on by their pidfds
+    (targets.ExitWaiter: it wakes at each exit), then the GPU source's quick read is polled
+    until it reads free (the driver frees memory 0.1-0.3 s after the exit); only then, or
+    every RESCAN_EVERY_S, is the host scanned again, and only a scan says free.
     `source`: an open GPU reader to reuse (teardown keeps one open); else one is opened.
     """
     started = time.monotonic()
+    exits = targets.ExitWaiter()
     with gpuinfo.reader(args, source) as (source, tried):
-        while True:
-            doc = scan.collect(args, source)
-            doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
-            free, problems = evaluate(doc, args.max_used_mib)
-            waited = time.monotonic() - started
-            if free or waited >= wait_s:
-                return free, doc, problems, waited
-            if on_poll:
-                on_poll(doc, problems, waited)
-            time.sleep(min(POLL_S, max(0.0, wait_s - waited)))
+        try:
+            while True:
+                scanned_at = time.monotonic()
+                doc = scan.collect(args, source)
+                doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
+                free, problems = evaluate(doc, args.max_used_mib)
+                waited = time.monotonic() - started
+                if free or waited >= wait_s:
+                    return free, doc, problems, waited
+                if on_poll:
+                    on_poll(doc, problems, waited)
+                _until_rescan(doc, source, exits, args.max_used_mib, scanned_at,
+                              min(started + wait_s, scanned_at + RESCAN_EVERY_S))
+        finally:
+            exits.close()
+
+
+def _until_rescan(doc, source, exits, max_used_mib, scanned_at, until):
+    """Return when a new scan could say something new: every holder the scan found (not
+    protected) has exited and the quick read says free; at the latest at `until`."""
+    holders = [h for h in doc["holders"] if not h["protected"]]
+    while True:
+        now = time.monotonic()
+        if now >= until:
+            return
+        alive = [h for h in holders if procfs.same_process(h["pid"], h["start_time"])]
+        if alive:
+            exits.wait(alive, until - now)
+            continue
+        if gpuinfo.reads_free(source, max_used_mib) is None:  # no quick read: scan at the old pace
+            time.sleep(max(0.0, min(until, scanned_at + POLL_S) - now))
+            return
+        gpuinfo.until_reads_free(source, max_used_mib, until - now)
+        return
+
+
+PROGRESS_EVERY_S = 0.5  # a line a second or two is news; one per 50 ms poll is noise
+
+
+def _progress(args):
+    """on_poll for wait_free: with --progress, what --wait is waiting for (the holders that are
+    not protected, GPU memory still used, the first problems) at most twice a second."""
+    last = [-PROGRESS_EVERY_S]
+
+    def on_poll(doc, problems, waited):
+        if waited - last[0] < PROGRESS_EVERY_S:
+            return
+        last[0] = waited
+        holders = [{"pid": h["pid"], "argv": (h.get("argv") or [])[:12], "cmdline": h["cmdline"][:200]}
+                   for h in doc["holders"] if not h["protected"]][:8]
+        args.emit_progress(phase="verify-wait", elapsed_s=round(waited, 2), wait_s=args.wait, holders=holders,
+                           mib_left=gpuinfo.total_used_mib(doc["gpus"]), problems=problems[:3])
+
+    return on_poll
 
 
 def run(args):
-    free, doc, problems, waited = wait_free(args, args.wait)
+    with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
+        free, doc, problems, waited = wait_free(args, args.wait, on_poll=_progress(args), source=source)
+        doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
+        code, problems = checkup.verify_result(doc, source, free, problems, exit_code(doc, free, args.max_used_mib))
     out = scan.public(doc)
     out.update(free=free, problems=problems, waited_s=round(waited, 3), max_used_mib=args.max_used_mib,
                still_holding=[] if free else still_holding(doc), uninspected=len(doc.get("denied") or []))
-    return exit_code(doc, free, args.max_used_mib), out
+    return code, out

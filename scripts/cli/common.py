@@ -27,19 +27,31 @@ def code_for(exc: BaseException) -> int | None:
     nothing on the paths that succeed."""
     from scripts.agent import contract
     from scripts.config_error import ConfigError
-    from scripts.route import HostUnreachable
+    from scripts.route import HostTimedOut, HostUnreachable
+    from scripts.sandbox import SandboxStartError
     from scripts.transport import AgentError
 
     if isinstance(exc, ConfigError):
         return contract.EXIT_USAGE
+    if isinstance(exc, HostTimedOut):  # before HostUnreachable: it is one, with its own code
+        return contract.EXIT_TIMED_OUT
+    if isinstance(exc, SandboxStartError):  # the sandbox's processes did not start: nothing to use
+        return contract.EXIT_FAILED
     # StateDirError: a local state directory (audit log, ssh sockets) was refused
     if isinstance(exc, (HostUnreachable, AgentError, contract.statedir.StateDirError)):
         return contract.EXIT_UNREACHABLE
     return None
 
 
+INTERRUPTED_LINE = "gpu-pivot: interrupted (Ctrl-C): stopped here"
+
+
 def guarded(fn):
-    """Turn the errors users cause or meet into one line and the documented exit code."""
+    """Turn the errors users cause or meet into one line and the documented exit code.
+
+    Ctrl-C outside a teardown (which has its own handler, ctrl_c_continues) is one line and
+    exit 130: Invoke alone would print a bare ^C and exit 1, which README defines as
+    "done but not free"."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
@@ -47,6 +59,8 @@ def guarded(fn):
             return fn(*args, **kwargs)
         except Exit:
             raise
+        except KeyboardInterrupt:
+            raise Exit(INTERRUPTED_LINE, code=130) from None
         except Exception as exc:
             code = code_for(exc)
             if code is None:
@@ -57,18 +71,22 @@ def guarded(fn):
 
 
 def hosts_of(spec: str) -> list:
-    """The hosts a --host value names, from hosts.env and the built-ins (ConfigError if bad)."""
-    from scripts import hosts
+    """The hosts a --host value names, from hosts.env and the built-ins (ConfigError if bad,
+    naming GPU_PIVOT_HOST instead of --host when the value came from there)."""
+    from scripts import cliargs, hosts
 
-    return hosts.select(spec)
+    with cliargs.named("--host", cliargs.source_of("--host", "-H", defaults.HOST_ENV)):
+        return hosts.select(spec)
 
 
 def one_host(spec: str):
     hosts = hosts_of(spec)
     if len(hosts) != 1:
+        from scripts import cliargs
         from scripts.config_error import ConfigError
 
-        raise ConfigError(f"--host {spec!r}: this task takes exactly one host")
+        with cliargs.named("--host", cliargs.source_of("--host", "-H", defaults.HOST_ENV)):
+            raise ConfigError(f"--host {spec!r}: this task takes exactly one host")
     return hosts[0]
 
 

@@ -1,13 +1,12 @@
 """Tasks about a host's GPUs: status, verify, plan, teardown."""
 from __future__ import annotations
 
-from invoke import task
-
 from scripts import defaults
 from scripts.defaults import num
 
 from . import teardown_args as td
 from .common import HOST_HELP, codes, ctrl_c_continues, dumps, exit_worst, guarded, hosts_of, print_views
+from .flags import task
 
 VERIFY_WAIT = num(defaults.VERIFY_WAIT_S)
 
@@ -30,17 +29,20 @@ def _show(outcomes, json: bool, *views) -> None:
 def status(c, host=defaults.HOST, json=False):
     """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked).
 
-    Exit 0; 6 when some process could not be inspected (its open files are not readable by
-    this user, so it may hold a GPU unseen: run as root); 3 unreachable.
+    Also each GPU's health verdict (ok / reset needed / reboot needed / drain / unknown, with
+    its reasons), its MIG mode and instances, and any CUDA MPS server with the clients it
+    serves. Exit 0; 6 when some process could not be inspected (its open files are not
+    readable by this user, so it may hold a GPU unseen: run as root); 3 unreachable.
     """
-    from scripts import fleet, status_view
+    from scripts import fleet, health_view, status_view
     from scripts.transport import call_agent
 
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "scan"))
-    _show(outcomes, json, status_view.gpu_table, status_view.holder_table, status_view.last_teardown)
+    _show(outcomes, json, status_view.gpu_table, health_view.health, health_view.mig, status_view.holder_table,
+          health_view.mps, status_view.last_teardown)
 
 
-@task(help={"host": HOST_HELP, "wait": "poll up to this many seconds (every 50 ms) until free",
+@task(help={"host": HOST_HELP, "wait": "wait up to this many seconds until free",
             "max_used_mib": td.TEARDOWN_HELP["max_used_mib"],
             "json": "print the result as JSON"})
 @guarded
@@ -48,14 +50,27 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1.
 
     Exit 6 when the only obstacle is processes this user could not inspect (run as root:
-    a holder among them would be unseen, so FREE is never said).
+    a holder among them would be unseen, so FREE is never said). Exit 9 when free but a
+    GPU's health verdict is drain, reset needed or reboot needed ("unknown" never changes
+    the code); every GPU's verdict is printed with its reasons (JSON: gpus[].health).
     """
-    from scripts import cliargs, fleet, status_view
+    from scripts import cliargs, fleet, health_view, status_view
+    from scripts.render import Progress
     from scripts.transport import call_agent
 
-    args = ["--wait", cliargs.seconds("wait", wait), "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib)]
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "verify", args))
-    _show(outcomes, json, status_view.gpu_table, status_view.verdict, status_view.still_holding)
+    wait_s = cliargs.seconds("wait", wait)
+    args = ["--wait", wait_s, "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib)]
+    targets = hosts_of(host)
+    shown = Progress(live=len(targets) == 1)
+
+    def one(h):
+        on_progress = None if json or not wait_s else lambda p: shown.update(status_view.verify_progress(h.alias, p))
+        return call_agent(h, "verify", args, on_progress=on_progress)
+
+    outcomes = fleet.each_host(targets, one)
+    shown.done()
+    _show(outcomes, json, status_view.gpu_table, status_view.verdict, health_view.health, health_view.mps,
+          status_view.still_holding)
 
 
 @task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON"))
@@ -81,22 +96,27 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
     dry_run="show the plan and signal nothing",
     yes="do not ask before signalling (required when not on a terminal)",
     fanout=f"hosts torn down at once (default {defaults.FANOUT})",
+    mps="CUDA MPS: 'protect' (default) keeps the MPS control daemon and its server; 'quit' sends `quit` through"
+        " its control pipe once the targets are gone and waits for the server to exit",
 ))
 @guarded
 def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=False, grace=td.GRACE,
              timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK, max_used_mib=td.MAX_USED_MIB, dry_run=False, yes=False,
-             json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE):
+             json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE, mps="protect"):
     """Free every GPU of the host(s) and prove it, harming nothing else.
 
     Order: lock the host; plan (targets + their trees and process groups, orphans holding a
     GPU; protected: PID 1, sshd, nvidia-persistenced, DCGM, exporters, monitors, this
-    session); SIGTERM all targets at once; poll every 50 ms; SIGKILL what outlives --grace;
-    verify the GPUs free (NVML v2, 0 MiB used) and keep watching --settle seconds for a
-    respawn. Targets are PROGRAMS named by a pattern (module, script, executable or process
-    title), never a mere argument of another program. Exit 0 freed and verified, 1 done but
+    session); SIGTERM all targets at once; wake on each exit; SIGKILL what outlives --grace;
+    verify the GPUs free (NVML v2, 0 MiB used; `FREED at` is printed then) and keep watching
+    --settle seconds for a respawn (the exit code is that window's verdict). Targets are
+    PROGRAMS named by a pattern (module, script, executable or process title), never a mere
+    argument of another program. Exit 0 freed and verified, 1 done but
     not free, 2 bad input, 3 host unreachable or its state dir unusable (nothing signalled),
     4 locked by another teardown, 6 not every process could be inspected (run as root),
-    130 Ctrl-C (the host side goes on).
+    9 freed but a GPU's health verdict is drain / reset needed / reboot needed (each GPU's
+    verdict and its reasons are printed; `invoke reset` when it says reset), 130 Ctrl-C
+    (the host side goes on).
     """
     from scripts import audit_log, cliargs, fleet, teardown_view
     from scripts.agent import contract
@@ -104,6 +124,11 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
 
     hosts = hosts_of(host)
     args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
+    if mps not in ("protect", "quit"):
+        from scripts.config_error import ConfigError
+
+        raise ConfigError(f"--mps {mps!r}: expected 'protect' or 'quit'")
+    args += ["--mps", "quit"] if mps == "quit" else []  # 'protect' is the agent's default: the argv stays pivot's
     width = cliargs.whole("fanout", fanout, minimum=1)
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json)

@@ -3,42 +3,50 @@ from __future__ import annotations
 
 import sys
 
-from invoke import Exit, task
+from invoke import Exit
 
 from scripts import defaults
 from scripts.defaults import num
 
 from .common import HOST_HELP, codes, dumps, exit_worst, guarded, hosts_of
+from .flags import task
 
 ONELINER_GRACE = num(defaults.ONELINER_GRACE_S)
 
 
-@task(help={"json": "print the configuration as JSON"})
+@task(help={"json": "print the configuration as JSON (a list of hosts; phases a list)",
+            "names": "print only the aliases, one per line (for shell completion and scripts)"})
 @guarded
-def hosts(c, json=False):
+def hosts(c, json=False, names=False):
     """List host aliases, the route each one takes and its phases (validates hosts.env)."""
     from scripts import hosts as all_hosts
-    from scripts.render import table
+    from scripts.render import Col, table
 
-    head = ["alias", "route", "python", "devices", "phases", "source"]
-    rows = [[h.alias, h.describe(), h.python, h.devices, ",".join(sorted(h.phases)) or "-", h.source]
-            for h in all_hosts.load().values()]
+    known = all_hosts.load().values()
+    if names:
+        print("\n".join(h.alias for h in known))
+        return
+    docs = [{"alias": h.alias, "route": h.describe(), "python": h.python, "devices": h.devices,
+             "phases": sorted(h.phases), "source": h.source} for h in known]
     if json:
-        import json as json_
+        print(dumps(docs))
+        return
+    rows = [[d["alias"], d["route"], d["python"], d["devices"], ", ".join(d["phases"]) or "-", d["source"]]
+            for d in docs]
+    print(table(["alias", Col("route", "wrap", 24), "python", Col("devices", "wrap"), Col("phases", "wrap"), "from"],
+                rows))
 
-        print(json_.dumps([dict(zip(head, r, strict=True)) for r in rows], indent=1))
-    else:
-        print(table(head[:-1] + ["from"], rows))
 
-
-@task(help={"host": HOST_HELP, "json": "print the agent's JSON answer"})
+@task(help={"host": HOST_HELP, "json": "print the agent's JSON answer",
+            "timeout": "seconds before a host counts as timed out (exit 7; default 60)"})
 @guarded
-def ping(c, host=defaults.HOST, json=False):
+def ping(c, host=defaults.HOST, json=False, timeout=""):
     """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there."""
-    from scripts import fleet, status_view
+    from scripts import cliargs, fleet, status_view
     from scripts.transport import call_agent
 
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "ping"))
+    deadline = cliargs.seconds("timeout", timeout) if timeout else None
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "ping", deadline_s=deadline))
     docs = []
     for out in outcomes:
         if out.error is None:
@@ -51,53 +59,44 @@ def ping(c, host=defaults.HOST, json=False):
     exit_worst(codes(outcomes))
 
 
-@task(help={"host": HOST_HELP})
+@task(help={"host": HOST_HELP, "timeout": "seconds before a host counts as timed out (exit 7; default 600)"})
 @guarded
-def run(c, host=defaults.HOST):
+def run(c, host=defaults.HOST, timeout="600"):
     """Run `-- CMD ARGS...` on the host exactly (no re-quoting needed); returns its exit code.
 
     With one host, stdout and stderr pass through byte for byte. With several, each host's
-    output is printed under a header once it finishes. ssh's own failure exits 3.
+    output is printed under a header once it finishes. ssh's own failure exits 3, no answer
+    within --timeout (or ssh's connect / keep-alive timeout) exits 7; a command that exits
+    255 on the host exits 255; a missing command exits 127.
     """
-    import subprocess
-
-    from scripts import cliargs, fleet
-    from scripts.agent import contract
+    from scripts import cliargs, fleet, remote_cmd
     from scripts.config_error import ConfigError
-    from scripts.route import HostUnreachable
+
+    from .common import code_for
 
     argv = cliargs.remainder()
     if not argv:
         raise ConfigError("run needs a command after `--`, e.g. invoke run --host gpu1 -- nvidia-smi -L")
+    deadline = cliargs.seconds("timeout", timeout)
     targets = hosts_of(host)
     if len(targets) == 1:
-        route = targets[0].route
-        code = subprocess.run(route.wrap(argv)).returncode
-        if route.ssh_failed(code):
-            raise HostUnreachable(f"{targets[0].alias}: host unreachable (ssh exit 255)")
+        code = remote_cmd.run_on(targets[0], argv, capture=False, deadline_s=deadline).code
         if code:
             raise Exit(code=code)
         return
 
-    def one(h):
-        proc = subprocess.run(h.route.wrap(argv), capture_output=True)
-        if h.route.ssh_failed(proc.returncode):
-            raise HostUnreachable(f"{h.alias}: host unreachable (ssh exit 255: "
-                                  f"{proc.stderr.decode(errors='replace').strip()})")
-        return proc
-
     results = []
-    for out in fleet.each_host(targets, one):
+    for out in fleet.each_host(targets, lambda h: remote_cmd.run_on(h, argv, capture=True, deadline_s=deadline)):
         print(f"===== {out.host.alias} =====", flush=True)
         if out.error is None:
             sys.stdout.buffer.write(out.value.stdout)
             sys.stdout.flush()
             sys.stderr.buffer.write(out.value.stderr)
             sys.stderr.flush()
-            results.append(out.value.returncode)
+            results.append(out.value.code)
         else:
             print(f"gpu-pivot: {out.error}", file=sys.stderr)
-            results.append(contract.EXIT_UNREACHABLE)
+            results.append(code_for(out.error) or 1)
     exit_worst(results)
 
 

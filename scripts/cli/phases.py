@@ -1,17 +1,26 @@
 """Tasks about the work on a host: start, stop, logs, lint-launch, pivot."""
 from __future__ import annotations
 
-from invoke import Exit, task
+from invoke import Exit
 
 from scripts import defaults
 
 from . import teardown_args as td
-from .common import HOST_HELP, ctrl_c_continues, guarded, one_host, operator
+from .common import HOST_HELP, ctrl_c_continues, dumps, guarded, one_host, operator
+from .flags import task
+
+JSON_HELP = "print the host's answer as JSON, {alias: document}, as status and teardown do"
 
 
-@task(help={"host": HOST_HELP, "phase": "phase name (see `invoke hosts --json` / hosts.env.example)"})
+def _json(r) -> None:
+    """The agent's document for this host, printed the way every --json task prints one host's."""
+    print(dumps({r.host: r.doc}))
+
+
+@task(help={"host": HOST_HELP, "phase": "phase name (see `invoke hosts --json` / hosts.env.example)",
+            "json": JSON_HELP})
 @guarded
-def start(c, host=defaults.HOST, phase=""):
+def start(c, host=defaults.HOST, phase="", json=False):
     """Start a configured phase so it outlives the ssh session.
 
     Under systemd-run where systemd is PID 1, else setsid with a log file and a pid file.
@@ -22,14 +31,17 @@ def start(c, host=defaults.HOST, phase=""):
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
     r = phase_ops.start(h, ph)
+    if json:
+        _json(r)
     if r.code:
         raise Exit(f"gpu-pivot: {h.alias}: phase {ph.name}: {phase_view.start_line(r)}", code=contract.EXIT_NOT_FREE)
-    print(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}")
+    if not json:
+        print(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}")
 
 
-@task(help={"host": HOST_HELP, "phase": "phase name"})
+@task(help={"host": HOST_HELP, "phase": "phase name", "json": JSON_HELP})
 @guarded
-def stop(c, host=defaults.HOST, phase=""):
+def stop(c, host=defaults.HOST, phase="", json=False):
     """Stop a phase started by gpu-pivot: systemctl stop, or SIGTERM its session and SIGKILL after its stop timeout."""
     from scripts import audit_log, phase_ops, phase_view
     from scripts.agent import contract
@@ -39,33 +51,42 @@ def stop(c, host=defaults.HOST, phase=""):
     r = phase_ops.stop(h, ph, operator())
     if r.result.actions:
         audit_log.append(h.alias, r.result.actions)
-    print(f"{h.alias}: phase {ph.name}: {phase_view.stop_line(r)}")
+    if json:
+        _json(r)
+    else:
+        print(f"{h.alias}: phase {ph.name}: {phase_view.stop_line(r)}")
     if r.code:
         raise Exit(code=contract.EXIT_NOT_FREE)
 
 
 @task(help={"host": HOST_HELP, "phase": "phase name", "lines": f"how many lines (default {defaults.LOG_LINES})",
-            "follow": "keep printing new lines until Ctrl-C"})
+            "follow": "keep printing new lines until Ctrl-C", "json": JSON_HELP + " (not with --follow)"})
 @guarded
-def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=False):
+def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=False, json=False):
     """Show a phase's log (its log file, or journald for a systemd-run unit)."""
     from scripts import cliargs, phase_ops
     from scripts.agent import contract
+    from scripts.config_error import ConfigError
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
     n = cliargs.whole("lines", lines)
     if follow:
+        if json:
+            raise ConfigError("--json and --follow: pick one (--follow prints lines as they come)")
         raise Exit(code=phase_ops.follow_logs(h, ph, n))
     r = phase_ops.logs(h, ph, n)
+    if json:
+        _json(r)
     if r.code:
         raise Exit(f"gpu-pivot: {h.alias}: {r.result.error}", code=contract.EXIT_NOT_FREE)
-    print("\n".join(r.result.lines))
+    if not json:
+        print("\n".join(r.result.lines))
 
 
-@task(help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)"})
+@task(help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)", "json": JSON_HELP})
 @guarded
-def lint_launch(c, host=defaults.HOST, gpus=""):
+def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     """Check a server launch command (after `--`) on the host for known mistakes.
 
     EAGLE vs EAGLE3 draft, TP > GPUs, port taken, model/draft path missing, GPUs not free.
@@ -79,7 +100,9 @@ def lint_launch(c, host=defaults.HOST, gpus=""):
         raise ConfigError("lint-launch needs the launch command after `--`")
     h = one_host(host)
     r = phase_ops.lint(h, argv, gpus or None)
-    for line in phase_view.lint_lines(r) or [phase_view.lint_ok(r)]:
+    if json:
+        _json(r)
+    for line in [] if json else phase_view.lint_lines(r) or [phase_view.lint_ok(r)]:
         print(f"{h.alias}: {line}")
     if r.code:
         raise Exit(code=r.code)
@@ -89,16 +112,20 @@ def lint_launch(c, host=defaults.HOST, gpus=""):
     {k: "teardown: " + v for k, v in td.TEARDOWN_HELP.items()}, host=HOST_HELP, to="the phase to move to",
     dry_run="print every step and run none", yes="do not ask before the teardown",
     force="start even if the launch lint finds problems", drain="the running server's /metrics URL to drain first",
+    no_drain="skip the drain: requests in flight are cut off (without it, a /metrics that cannot be read stops "
+             "the pivot before its teardown)",
+    json="print the steps (step, result, exit, seconds) and the verdict as JSON",
     ready_timeout="override the phase's readiness timeout (seconds)"))
 @guarded
 def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable=False, dry_run=False, yes=False,
           force=False, drain="", grace=td.GRACE, timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK,
-          max_used_mib=td.MAX_USED_MIB, settle=td.SETTLE, ready_timeout=""):
+          max_used_mib=td.MAX_USED_MIB, settle=td.SETTLE, ready_timeout="", no_drain=False, json=False):
     """Move a host to the next phase: drain, teardown, gates, launch lint, start, wait ready, audit.
 
     The teardown step takes the same flags as `invoke teardown` and asks the same way.
     Exit 0 done; 1 not ready / rolled back / a prep job failed; 3 unreachable; 4 locked;
-    5 a gate or the launch lint blocked the start (nothing started).
+    5 the drain (its /metrics unreadable or still busy; see --no-drain), a gate or the launch
+    lint blocked the start (nothing started); 7 the host timed out; 8 declined at the prompt.
     """
     import re
 
@@ -107,7 +134,8 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     from scripts.pivot import Pivot, PivotOptions
 
     h = one_host(host)
-    ph = phase_ops.phase_of(h, to)
+    with cliargs.named("--phase", "--to"):  # the pivot's flag for a phase
+        ph = phase_ops.phase_of(h, to)
     if drain and not re.match(r"^https?://\S+$", drain):
         raise ConfigError(f"--drain {drain!r}: must be an http(s) URL")
     td_args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
@@ -115,9 +143,17 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     if not dry_run:
         approved = td.approve([h], td.selection_args(match, only_matching, disable), yes, "the steps")
         td_args += td.approved_args(approved, h.alias)
-    opts = PivotOptions(teardown_args=td_args, drain_url=drain or None, dry_run=dry_run, force=force,
-                        operator=operator(), ready_timeout=rt)
+    elif not json:  # what the teardown step would stop and keep, as `teardown --dry-run` shows it
+        td.show_plans([h], td.selection_args(match, only_matching, disable))
+    opts = PivotOptions(teardown_args=td_args, drain_url=drain or None, no_drain=no_drain, dry_run=dry_run,
+                        force=force, operator=operator(), ready_timeout=rt)
     with ctrl_c_continues([h], "the pivot stops here; a teardown already under way continues"):
-        code = Pivot(h, ph, opts, out=lambda line: print(line, flush=True)).run()
+        run = Pivot(h, ph, opts, out=(lambda line: None) if json else (lambda line: print(line, flush=True)))
+        code = run.run()
+    if json:
+        from .common import dumps
+
+        print(dumps(run.record if not dry_run else {"dry_run": True, "steps": [
+            {"step": name, "plan": what} for name, what in run.steps]}))
     if code:
         raise Exit(code=code)

@@ -1,9 +1,8 @@
 """The `sandbox` task: the built-in SANDBOX host (fake GPUs on this machine)."""
 from __future__ import annotations
 
-from invoke import task
-
 from .common import dumps, guarded
+from .flags import task
 
 
 @task(positional=["action"], help={"action": "up, down or status", "json": "print JSON"})

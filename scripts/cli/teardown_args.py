@@ -78,25 +78,37 @@ def approve(hosts: list, selection: list, yes: bool, see: str) -> dict:
     return confirm(hosts, selection)
 
 
+def show_plans(hosts: list, selection: list) -> dict:
+    """Print each host's teardown plan (what it would stop and keep, and why); returns
+    {alias: 'pid:start,...'} of the targets shown. Used before the confirmation prompt and by
+    `pivot --dry-run`, so what a person reads is what the teardown step would do."""
+    from scripts import fleet, teardown_view
+    from scripts.transport import call_agent
+
+    outcomes = fleet.each_host(hosts, lambda h: call_agent(h, "plan", selection))
+    shown = {}
+    for out in outcomes:
+        if out.error is not None:
+            raise out.error
+        print_views(out.host, out.value.result, teardown_view.plan_tables)
+        shown[out.host.alias] = out.value.result.plan.approved()
+    return shown
+
+
 def confirm(hosts: list, selection: list) -> dict:
     """Show each host's plan and ask once; returns {alias: 'pid:start,...'} that was approved,
     so the agent signals only those (a process that appeared since is reported, not hit)."""
     from invoke import Exit
 
-    from scripts import fleet, teardown_view
     from scripts.agent import contract
-    from scripts.transport import call_agent
 
-    outcomes = fleet.each_host(hosts, lambda h: call_agent(h, "plan", selection))
-    approved = {}
-    for out in outcomes:
-        if out.error is not None:
-            raise out.error
-        print_views(out.host, out.value.result, teardown_view.plan_tables)
-        approved[out.host.alias] = out.value.result.plan.approved()
-    answer = input("Signal the targets above? Only they will be signalled. [y/N] ").strip().lower()
+    approved = show_plans(hosts, selection)
+    try:
+        answer = input("Signal the targets above? Only they will be signalled. [y/N] ").strip().lower()
+    except EOFError:  # Ctrl-D at the prompt: no answer is no
+        answer = ""
     if answer not in ("y", "yes"):
-        raise Exit("aborted: nothing was signalled", code=contract.EXIT_NOT_FREE)
+        raise Exit("declined: nothing was signalled", code=contract.EXIT_DECLINED)
     return approved
 
 

@@ -1,0 +1,51 @@
+"""The task decorator of every gpu-pivot task: one meaning per short flag, and `-h` is help.
+
+Why not Invoke's own short flags: Invoke gives each flag the first free letter of its name,
+task by task, so `-a` was --action in one task, --drain in another and --max-used-mib in a
+third, `-m` was --match or --max-used-mib, `-t` --timeout or --to, and `-h` was --host (so
+`invoke teardown -h` did not show help). Here a flag gets a short form only from SHORT,
+the same in every task; a flag not in it (a new one, a dangerous one such as --disable
+or --force) has its long form only. With no task taking `-h`, Invoke reads `-h` as its own
+--help for the task, as Fabric does (which gives --host `-H` for the same reason).
+
+A task module uses `from .flags import task` instead of `from invoke import task`;
+tests/test_tasks_cli.py checks every task of tasks.py was made this way.
+"""
+from __future__ import annotations
+
+import invoke
+
+# flag (the Python parameter name) -> its one short form, in every task that has the flag
+SHORT = {
+    "host": "H",
+    "json": "j",
+    "yes": "y",
+    "match": "m",
+    "only_matching": "o",
+    "dry_run": "n",      # as make -n and rsync -n
+    "grace": "g",
+    "settle": "s",
+    "timeout": "T",      # Invoke's own -T is its command timeout too
+    "wait": "w",
+    "phase": "p",
+    "lines": "l",
+    "follow": "f",       # as tail -f
+    "action": "a",
+}
+
+
+class Task(invoke.Task):
+    """An Invoke task whose short flags come from SHORT only (see the module docstring)."""
+
+    def arg_opts(self, name, default, taken_names):
+        opts = super().arg_opts(name, default, taken_names)
+        long_names = [n for n in opts["names"] if len(n) > 1]
+        short = SHORT.get(name)
+        opts["names"] = long_names + ([short] if short and short not in taken_names else [])
+        return opts
+
+
+def task(*args, **kwargs):
+    """invoke.task with this module's Task (explicit short flags)."""
+    kwargs.setdefault("klass", Task)
+    return invoke.task(*args, **kwargs)

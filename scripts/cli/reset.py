@@ -1,0 +1,39 @@
+"""The reset task: reset one GPU once every precondition holds (a dry run unless --yes)."""
+from __future__ import annotations
+
+from scripts import defaults
+
+from .common import HOST_HELP, dumps, exit_worst, guarded, one_host
+from .flags import task
+
+
+@task(help={"host": HOST_HELP + "; exactly one host", "gpu": "index of the GPU to reset (as nvidia-smi numbers it)",
+            "yes": "run the reset (default: check every precondition and show the command, run nothing)",
+            "json": "print the result as JSON"})
+@guarded
+def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
+    """Reset one GPU (`nvidia-smi --gpu-reset -i N`) when a health verdict says "reset needed".
+
+    Checks first, and shows each answer: no process holds the GPU (monitors included), no
+    compute process on it, nvidia-persistenced handled, not a display GPU, no MIG instances,
+    nothing running on its NVLink peers. A dry run unless --yes; a teardown never runs it.
+    Exit 0 ready (dry run) or reset done; 1 a precondition failed (nothing run) or the reset
+    failed; 2 bad --gpu; 3 host unreachable.
+    """
+    from scripts import cliargs, reset_view
+    from scripts.agent import contract
+    from scripts.config_error import ConfigError
+    from scripts.transport import call_agent
+
+    if gpu in ("", None):
+        raise ConfigError("--gpu: required (the index of the GPU to reset, e.g. --gpu 0)")
+    target = one_host(host)
+    args = ["--gpu", str(cliargs.whole("gpu", gpu))] + (["--yes"] if yes else [])
+    result = call_agent(target, "reset", args, deadline_s=60.0 + contract.RESET_TIMEOUT_S)  # the reset may be slow
+    if json:
+        print(dumps({target.alias: result.doc}))
+    else:
+        record = result.result
+        assert isinstance(record, contract.ResetResult)  # what transport reads a reset's result into
+        print(reset_view.report(target.alias, record))
+    exit_worst([result.code])

@@ -1,0 +1,35 @@
+"""The `undrain` task: resume drained Slurm nodes once their GPUs verify free."""
+from __future__ import annotations
+
+from invoke import Exit
+
+from .common import HOST_HELP, exit_worst, guarded, hosts_of
+from .flags import task
+
+
+@task(help={"host": HOST_HELP + "; each alias is the node's Slurm name",
+            "force": "also resume nodes drained for a reason that is not about GPU leftovers (after a clean verify)"})
+@guarded
+def undrain(c, host="", force=False):
+    """Verify each drained node's GPUs over ssh and resume (scontrol) only the clean ones; one line per node.
+
+    Only nodes drained by gpu-pivot's epilog or prolog, or by Slurm's own "Epilog error",
+    "Prolog error" or "Kill task failed", are resumed unless --force. Exit 0 when every
+    drained node was resumed (or none was drained); 1 when a node stays drained (what holds
+    its GPUs is printed); 3 when a node could not be verified.
+    """
+    from scripts import fleet, undrain as logic
+    from scripts.transport import call_agent
+
+    if not host:
+        raise Exit("gpu-pivot: --host is required: the Slurm nodes to undrain, e.g. --host 'node[1-8]'", code=2)
+    hosts = hosts_of(host)
+    try:
+        results = logic.undrain(hosts, force, lambda h: call_agent(h, "verify"), fleet.each_host)
+    except logic.SlurmError as exc:
+        from scripts.agent import contract
+
+        raise Exit(f"gpu-pivot: {exc}", code=contract.EXIT_UNREACHABLE) from None
+    for r in results:
+        print(r.line())
+    exit_worst([r.code for r in results])

@@ -1,0 +1,27 @@
+"""Render `invoke reset`: each precondition with its answer, the command, what happened.
+
+Why its own view: the reset is the one task that can take a GPU (and, through NVLink, its
+peers) away from everything on it, so the operator must see every check it made and the
+exact command before anything runs, and the same lines after it ran.
+"""
+from __future__ import annotations
+
+from .agent import contract
+from .render import safe, table
+
+
+def report(alias: str, r: contract.ResetResult) -> str:
+    rows = [["ok" if c["ok"] else "NO", c["check"], c["detail"]] for c in r.checks]
+    cmd = " ".join(safe(a) for a in r.command)
+    if r.ran:
+        head = f"ran: {cmd}"
+    elif r.ready:
+        head = f"would run: {cmd}   (dry run: add --yes to run it)"
+    else:
+        head = f"refused: {cmd} was NOT run"
+    lines = [f"== {alias} ({r.hostname}) GPU {r.gpu}", table(["", "precondition", "detail"], rows, "  "), head]
+    if r.output:
+        lines.append("  " + safe(r.output).replace("\n", "\n  "))
+    if r.note:
+        lines.append(safe(r.note))
+    return "\n".join(lines)

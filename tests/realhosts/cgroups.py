@@ -1,0 +1,137 @@
+"""The real host's own cgroups: a child of the test process's cgroup in every hierarchy.
+
+Why: systemd, dockerd and LXC write cgroups. Inside a cgroup namespace rooted at a child
+of OUR cgroup they write only below it, so the machine's `/docker`, `/lxc`, `system.slice`
+are untouched, and `down` can prove nothing is left (no process in any of them) and remove
+them. The name carries the owner's pid and start time: a crashed run's leftovers are swept
+at the next session start, a live run's (another helper's) never.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+
+PREFIX = "gpu-pivot-realhost-"
+
+
+def hierarchies() -> list[tuple[str, str, str]]:
+    """[(mount dir, fstype, options for a fresh mount), ...] of the machine's cgroup mounts."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rest = left.split(), right.split()
+            where = fields[4]
+            if rest and rest[0] in ("cgroup", "cgroup2") and (where == "/sys/fs/cgroup"  # v2 only
+                                                                 or where.startswith("/sys/fs/cgroup/")):
+                opts = [o for o in rest[2].split(",") if o not in ("rw", "ro")] if rest[0] == "cgroup" else []
+                if rest[0] == "cgroup" and not any(not o.startswith("name=") for o in opts):
+                    opts.insert(0, "none")
+                out.append((fields[4], rest[0], ",".join(opts)))
+    return out
+
+
+def own_paths() -> dict[str, str]:
+    """hierarchy mount dir -> this process's cgroup path in it."""
+    by_key = {}
+    with open("/proc/self/cgroup") as f:
+        for line in f:
+            _, ctrl, path = line.rstrip("\n").split(":", 2)
+            by_key[ctrl] = path
+    out = {}
+    for mnt, fstype, opts in hierarchies():
+        key = "" if fstype == "cgroup2" else ",".join(o for o in opts.split(",") if o != "none")
+        if key in by_key:
+            out[mnt] = by_key[key]
+    return out
+
+
+def owner_tag() -> str:
+    with open("/proc/self/stat") as f:
+        start = f.read().rsplit(")", 1)[1].split()[19]
+    return f"{os.getpid()}-{start}"
+
+
+def _alive(tag: str) -> bool:
+    pid, _, start = tag.partition("-")
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[19] == start
+    except (OSError, IndexError):
+        return False
+
+
+def make(name: str, owner: str | None = None) -> list[Path]:
+    """Child cgroups named PREFIX<owner>-<name> under ours, one per hierarchy (owner: pid-starttime,
+    this process by default)."""
+    dirs = []
+    for mnt, path in own_paths().items():
+        d = Path(mnt) / path.lstrip("/") / f"{PREFIX}{owner or owner_tag()}-{name}"
+        d.mkdir()
+        for knob in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset refuses tasks until these are set
+            if (d / knob).exists():
+                (d / knob).write_text((d.parent / knob).read_text())
+        dirs.append(d)
+    return dirs
+
+
+def procs_in(d: Path) -> list[int]:
+    """Every pid in d and below it."""
+    pids = []
+    for root, _, files in os.walk(d):
+        if "cgroup.procs" in files:
+            try:
+                pids += [int(x) for x in Path(root, "cgroup.procs").read_text().split()]
+            except OSError:
+                pass
+    return pids
+
+
+def remove(d: Path) -> list[str]:
+    """rmdir d and everything below, deepest first; returns what could not be removed."""
+    left = []
+    for root, dirs, _ in os.walk(d, topdown=False):
+        for sub in dirs:
+            try:
+                os.rmdir(os.path.join(root, sub))
+            except OSError as exc:
+                left.append(f"{os.path.join(root, sub)}: {exc.strerror}")
+    try:
+        os.rmdir(d)
+    except OSError as exc:
+        left.append(f"{d}: {exc.strerror}")
+    return left
+
+
+def kill_and_remove(dirs: list[Path], timeout: float = 5.0) -> list[str]:
+    """SIGKILL every process in these cgroups (they are the real host's own), then remove them."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pids = sorted({p for d in dirs if d.exists() for p in procs_in(d)})
+        if not pids or time.monotonic() > deadline:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.05)
+    problems = [f"process {p} still in {d}" for d in dirs if d.exists() for p in procs_in(d)]
+    for d in dirs:
+        if d.exists():
+            problems += remove(d)
+    return problems
+
+
+def stale() -> list[Path]:
+    """Cgroups of earlier runs whose owner is gone (a crashed run), up to two levels deep."""
+    out = []
+    for mnt in own_paths():
+        for depth in ("", "*/", "*/*/"):  # another shell's run may sit under its own cgroup
+            for d in Path(mnt).glob(depth + PREFIX + "*"):
+                tag = "-".join(d.name[len(PREFIX):].split("-")[:2])
+                if d.is_dir() and not _alive(tag):
+                    out.append(d)
+    return out

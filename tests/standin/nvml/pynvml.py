@@ -1,0 +1,204 @@
+"""STAND-IN NVML for tests on machines without an NVIDIA GPU: replays recorded answers.
+
+Why: MIG cannot be switched on on the GPU machine, and a GPU asking for a reset, rows
+pending remapping or an Xid cannot be produced on demand; this machine has no GPU at all.
+The agent's health, MIG and reset code is exercised against answers in the shape NVML
+(nvidia-ml-py 13.615.71, driver 580.159.04, H200) gives them: the recording's healthy H200
+values are the ones measured on the GPU machine (issue 14: recovery action 0, remapped rows
+(0, 0, 0, 0), retired pages Not Supported, MIG mode (0, 0)); the MIG, fault and NVLink
+values are chosen by each test and say so. Put this directory first on PYTHONPATH and name
+the recording (JSON) in GPU_PIVOT_NVML_RECORDING; or call load(dict) in-process.
+
+Recording: {"gpus": [{"uuid", "name", "bus", "used", "reserved", "total", "processes": [[pid, bytes]],
+"mps_processes": [pid], "recovery_action": 0, "remapped_rows": [corr, unc, pending, failure],
+"retired_pending": "not supported" | 0 | 1, "mig_mode": [current, pending], "mig_devices":
+[{"gi", "ci", "uuid", "used", "total"}], "display_active": 0, "display_mode": 0, "nvlink": [peer bus, ...],
+"xid_events": [xid, ...]}], "hang": "nvmlDeviceGetRemappedRows" (that call never returns)}
+"""
+import json
+import os
+import threading
+from types import SimpleNamespace
+
+NVML_SUCCESS = 0
+NVML_ERROR_NOT_SUPPORTED = 3
+NVML_ERROR_NOT_FOUND = 6
+NVML_ERROR_TIMEOUT = 10
+nvmlMemory_v2 = 0x02000028
+nvmlEventTypeXidCriticalError = 0x0000000000000008
+
+STANDIN = True
+_rec: dict = {"gpus": []}
+RELEASE = threading.Event()  # set() lets a hung call return (tests end their threads)
+
+
+class NVMLError(Exception):
+    def __init__(self, value):
+        self.value = value
+        super().__init__({3: "Not Supported", 6: "Not Found", 10: "Timeout"}.get(value, "NVML error %d" % value))
+
+
+def load(recording):
+    _rec.clear()
+    _rec.update(recording)
+
+
+if os.environ.get("GPU_PIVOT_NVML_RECORDING"):
+    with open(os.environ["GPU_PIVOT_NVML_RECORDING"]) as f:
+        load(json.load(f))
+
+
+class _Handle:
+    def __init__(self, index, mig=None):
+        self.index, self.mig = index, mig
+
+
+def _gpu(h):
+    return _rec["gpus"][h.index]
+
+
+def _maybe_hang(name):
+    if _rec.get("hang") == name:
+        RELEASE.wait(3600)
+
+
+def nvmlInit():
+    pass
+
+
+def nvmlShutdown():
+    pass
+
+
+def nvmlDeviceGetCount():
+    return len(_rec["gpus"])
+
+
+def nvmlDeviceGetHandleByIndex(i):
+    if i >= len(_rec["gpus"]):
+        raise NVMLError(2)
+    return _Handle(i)
+
+
+def nvmlDeviceGetName(h):
+    return _gpu(h).get("name", "NVIDIA H200")
+
+
+def nvmlDeviceGetUUID(h):
+    if h.mig is not None:
+        return _gpu(h)["mig_devices"][h.mig]["uuid"]
+    return _gpu(h)["uuid"]
+
+
+def nvmlDeviceGetMemoryInfo(h, version=None):
+    if h.mig is not None:
+        d = _gpu(h)["mig_devices"][h.mig]
+        return SimpleNamespace(used=d["used"], total=d["total"], free=d["total"] - d["used"])
+    g = _gpu(h)
+    return SimpleNamespace(used=g["used"], reserved=g.get("reserved", 0), total=g["total"],
+                           free=g["total"] - g["used"])
+
+
+def nvmlDeviceGetComputeRunningProcesses(h):
+    return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in _gpu(h).get("processes", [])]
+
+
+def nvmlDeviceGetMPSComputeRunningProcesses(h):
+    return [SimpleNamespace(pid=pid, usedGpuMemory=None) for pid in _gpu(h).get("mps_processes", [])]
+
+
+def nvmlDeviceGetPciInfo(h):
+    return SimpleNamespace(busId=_gpu(h)["bus"])
+
+
+def nvmlDeviceGetFieldValues(h, ids):
+    _maybe_hang("nvmlDeviceGetFieldValues")
+    out = []
+    for fid in ids:
+        action = _gpu(h).get("recovery_action", "not supported")
+        ret = NVML_ERROR_NOT_SUPPORTED if action == "not supported" else NVML_SUCCESS
+        out.append(SimpleNamespace(fieldId=fid, nvmlReturn=ret, valueType=1,
+                                   value=SimpleNamespace(uiVal=0 if ret else action)))
+    return out
+
+
+def nvmlDeviceGetRemappedRows(h):
+    _maybe_hang("nvmlDeviceGetRemappedRows")
+    rows = _gpu(h).get("remapped_rows", "not supported")
+    if rows == "not supported":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return tuple(rows)
+
+
+def nvmlDeviceGetRetiredPagesPendingStatus(h):
+    value = _gpu(h).get("retired_pending", "not supported")
+    if value == "not supported":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return value
+
+
+def nvmlDeviceGetMigMode(h):
+    mode = _gpu(h).get("mig_mode", "not supported")
+    if mode == "not supported":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return tuple(mode)
+
+
+def nvmlDeviceGetMaxMigDeviceCount(h):
+    return 7
+
+
+def nvmlDeviceGetMigDeviceHandleByIndex(h, i):
+    if i >= len(_gpu(h).get("mig_devices", [])):
+        raise NVMLError(NVML_ERROR_NOT_FOUND)
+    return _Handle(h.index, i)
+
+
+def nvmlDeviceGetGpuInstanceId(mh):
+    return _gpu(mh)["mig_devices"][mh.mig]["gi"]
+
+
+def nvmlDeviceGetComputeInstanceId(mh):
+    return _gpu(mh)["mig_devices"][mh.mig]["ci"]
+
+
+def nvmlDeviceGetDisplayActive(h):
+    return _gpu(h).get("display_active", 0)
+
+
+def nvmlDeviceGetDisplayMode(h):
+    return _gpu(h).get("display_mode", 0)
+
+
+def nvmlDeviceGetNvLinkState(h, link):
+    peers = _gpu(h).get("nvlink", [])
+    if link >= len(peers):
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return 1
+
+
+def nvmlDeviceGetNvLinkRemotePciInfo_v2(h, link):
+    return SimpleNamespace(busId=_gpu(h)["nvlink"][link])
+
+
+class _EventSet:
+    def __init__(self):
+        self.pending = []
+
+
+def nvmlEventSetCreate():
+    return _EventSet()
+
+
+def nvmlDeviceRegisterEvents(h, types, evset):
+    evset.pending += [SimpleNamespace(device=h, eventData=x, eventType=types) for x in _gpu(h).get("xid_events", [])]
+
+
+def nvmlEventSetWait_v2(evset, timeout_ms):
+    if not evset.pending:
+        raise NVMLError(NVML_ERROR_TIMEOUT)
+    return evset.pending.pop(0)
+
+
+def nvmlEventSetFree(evset):
+    pass

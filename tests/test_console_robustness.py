@@ -1,0 +1,453 @@
+"""The operator's console in an incident (issue 11): it never hangs, never claims what did
+not happen, and gives one line and a documented exit code instead of a traceback.
+
+Real faults on loopback: a TCP tarpit (accepts, never speaks), a loopback sshd stopped with
+SIGSTOP mid-call, HTTP servers that answer 500 or never answer, a remote command that exits
+255 with no ControlMaster socket, a terminal that answers "n", Ctrl-C."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import pytest
+
+from scripts.agent import contract
+from scripts.hostconfig import build_host
+from scripts.route import HostTimedOut, HostUnreachable, SshHop
+from scripts.transport import AgentError, call_agent, deadline_for
+from tests import fleet_faults
+from tests.conftest import REPO, invoke
+from tests.loopback_sshd import LoopbackSshd
+from tests.procs import alive, wait_for
+
+
+def text_of(res) -> str:
+    return res.stdout.decode() + res.stderr.decode()
+
+
+def gpu_host(server, alias="gpu1", opts="", **extra):
+    keys = {"SSH": server.dest(), "SSH_OPTS": f"{server.ssh_opts} {opts}".strip()}
+    keys.update(extra)
+    return build_host(alias, keys, "test")
+
+
+# -- 1. hangs: ssh defaults, deadlines, exit 7 ---------------------------------------------------
+
+def test_ssh_gets_connect_and_keepalive_defaults_a_host_may_override():
+    hop = SshHop("u@192.0.2.1", ("-o", "ConnectTimeout=30"))
+    argv = ["ssh", *hop.machine_opts(), "-G", hop.dest]
+    seen = dict(line.split(" ", 1) for line in subprocess.run(argv, capture_output=True, text=True,
+                                                               check=True).stdout.splitlines() if " " in line)
+    assert seen["connecttimeout"] == "30"  # the host's own value wins (ssh keeps the first)
+    assert seen["serveraliveinterval"] == "5" and seen["serveralivecountmax"] == "3"
+    plain = SshHop("u@192.0.2.1")
+    out = subprocess.run(["ssh", *plain.machine_opts(), "-G", plain.dest], capture_output=True, text=True).stdout
+    assert "connecttimeout 10" in out
+
+
+def test_teardown_deadline_covers_its_waits():
+    args = ["--grace", "30", "--timeout", "60", "--wait-lock", "5", "--settle", "2"]
+    assert deadline_for("teardown", args) >= 30 + 2 * 60 + 5 + 2 + 30
+    assert deadline_for("ping") < deadline_for("teardown", args)
+    assert deadline_for("phase-ready", ["--wait", "1800"]) > 1800
+
+
+def test_tarpit_host_times_out_with_its_own_exit_code(sshd, hosts_env):
+    pit = fleet_faults.Tarpit()
+    try:
+        hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='-p {pit.port} -o UserKnownHostsFile={sshd.known_hosts} "
+                  "-o StrictHostKeyChecking=yes'\n")
+        started = time.monotonic()
+        res = invoke("ping", "--host", "gpu1", "--timeout", "2")
+        wall = time.monotonic() - started
+    finally:
+        pit.close()
+    lines = res.stderr.decode().strip().splitlines()
+    assert res.returncode == contract.EXIT_TIMED_OUT == 7, text_of(res)
+    assert len(lines) == 1 and "gpu1: host timed out: no answer within 2s" in lines[0], lines
+    assert "Traceback" not in text_of(res)
+    assert wall < 15
+
+
+@pytest.fixture
+def own_sshd(tmp_path, sshd):
+    server = LoopbackSshd(tmp_path / "own-sshd", keys_from=sshd,
+                          env={"GPU_PIVOT_RUN_DIR": str(tmp_path / "own-run")}).start()
+    yield server
+    fleet_faults.end_sshd(server)
+
+
+def _held_devices(ps):
+    """A holder of the test's fake GPU, so `verify --wait` keeps the agent busy on the host."""
+    ps.role("hold")
+    return {"DEVICES": ps.glob, "FAKE_DEVICES": "yes", "PYTHON": str(fleet_faults.python_with_run_dir(
+        ps.base / "py", ps.base / "run"))}
+
+
+@pytest.mark.parametrize("how", ["deadline", "keepalive"])
+def test_sshd_stopped_mid_call_times_out(own_sshd, ps, how):
+    opts = "-o ControlPath=none" + (" -o ServerAliveInterval=1 -o ServerAliveCountMax=2" if how == "keepalive" else "")
+    host = gpu_host(own_sshd, opts=opts, **_held_devices(ps))
+    caught: dict = {}
+    progressing = threading.Event()
+
+    def call():
+        try:
+            call_agent(host, "verify", ["--wait", "20"], deadline_s=6.0 if how == "deadline" else None,
+                       on_progress=lambda fields: progressing.set())
+        except Exception as exc:  # noqa: BLE001 (the test inspects it)
+            caught["exc"] = exc
+
+    worker = threading.Thread(target=call)
+    worker.start()
+    # mid-call: the agent's progress lines reach us, so it runs there (its proof line came first)
+    assert progressing.wait(20), "the agent's progress never arrived"
+    started = time.monotonic()
+    fleet_faults.stop_sshd(own_sshd)
+    worker.join(30)
+    wall = time.monotonic() - started
+    exc = caught.get("exc")
+    assert isinstance(exc, HostTimedOut), repr(exc)
+    assert wall < 10, wall  # after the stop: the deadline, or 2 unanswered keep-alives 1 s apart
+    if how == "deadline":
+        assert "no answer within 6s; it had started on the host" in str(exc)
+    else:
+        assert "host timed out (ssh: Timeout, server" in str(exc) and "had started there" in str(exc)
+
+
+def test_fleet_of_8_with_a_tarpit_and_a_stopped_sshd(sshd, tmp_path):
+    r = fleet_faults.fleet_run(sshd, tmp_path, timeout_s=4.0)
+    assert r["rc"] == contract.EXIT_TIMED_OUT, r["text"]
+    assert r["finished"] == [f"gpu{i}" for i in range(1, 7)], r["text"]
+    assert "gpu-pivot: gpu7: host timed out" in r["text"] and "gpu-pivot: gpu8: host timed out" in r["text"]
+    assert "gpu8: host timed out: no answer within 4s; it had started on the host" in r["text"]  # mid-call
+    assert "gpu7: host timed out: no answer within 4s; no sign it started there" in r["text"]
+    assert r["wall_s"] < 4.0 + 8, r
+    print(f"\nfleet of 8 (tarpit + stopped sshd): exit {r['rc']}, wall {r['wall_s']}s, finished {r['finished']}")
+
+
+# -- 2. 255: the remote command's, or ssh's -------------------------------------------------------
+
+def test_remote_exit_255_is_not_unreachable_without_a_control_socket(sshd, hosts_env, tmp_path):
+    hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='{sshd.ssh_opts} -o ControlPath=none'\n")
+    res = invoke("run", "--host", "gpu1", "--", "sh", "-c", "echo out; echo err >&2; exit 255")
+    assert res.returncode == 255, text_of(res)
+    assert res.stdout == b"out\n" and res.stderr == b"err\n"  # the proof line is not shown
+    fail = tmp_path / "exit255"
+    fail.write_text("#!/bin/sh\necho agent died >&2\nexit 255\n")
+    fail.chmod(0o755)
+    with pytest.raises(AgentError, match="exited 255.*agent died"):
+        call_agent(gpu_host(sshd, opts="-o ControlPath=none", PYTHON=str(fail)), "ping")
+
+
+def test_unreachable_is_still_unreachable_without_a_control_socket(sshd, hosts_env):
+    from tests.loopback_sshd import free_port
+
+    hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='-p {free_port()} -o ControlPath=none'\n")
+    res = invoke("run", "--host", "gpu1", "--", "true")
+    assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+    assert "gpu1: host unreachable" in res.stderr.decode()
+    with pytest.raises(HostUnreachable, match="host unreachable"):
+        call_agent(build_host("gpu1", {"SSH": sshd.dest(), "SSH_OPTS": f"-p {free_port()} -o ControlPath=none"},
+                              "test"), "ping")
+
+
+def test_missing_command_is_127_and_one_line(hosts_env):
+    hosts_env("")
+    res = invoke("run", "--host", "local", "--", "no-such-command-gp11")
+    assert res.returncode == 127, text_of(res)
+    lines = res.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "no-such-command-gp11" in lines[0] and "Traceback" not in text_of(res)
+
+
+# -- 3. drain, rollback, the verdict and the step table ------------------------------------------
+
+class _Metrics(BaseHTTPRequestHandler):
+    mode = "ok"
+
+    def do_GET(self):
+        if self.server.mode == "hang":  # type: ignore[attr-defined]
+            time.sleep(30)
+            return
+        if self.server.mode == "500":  # type: ignore[attr-defined]
+            self.send_response(500)
+            self.end_headers()
+            self.wfile.write(b"boom")
+            return
+        body = b'sglang:num_running_reqs{model_name="m"} 0\n'
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *a):
+        pass
+
+
+@pytest.fixture
+def metrics():
+    servers = []
+
+    def start(mode: str) -> str:
+        srv = ThreadingHTTPServer(("127.0.0.1", 0), _Metrics)
+        srv.mode = mode  # type: ignore[attr-defined]
+        srv.daemon_threads = True
+        threading.Thread(target=srv.serve_forever, daemon=True).start()
+        servers.append(srv)
+        return f"http://127.0.0.1:{srv.server_address[1]}/metrics"
+
+    yield start
+    for srv in servers:
+        srv.shutdown()
+        srv.server_close()
+
+
+def _local_phase(ps, hosts_env, **phase):
+    keys = {"ARGV": json.dumps(["sleep", "30"]), "READY": "alive", "LINT": "off", "DRAIN_TIMEOUT": "2"}
+    keys.update(phase)
+    lines = [f"LOCAL_DEVICES='{ps.glob}'", "LOCAL_TARGETS='sandbox_roles\\.py'", "LOCAL_FAKE_DEVICES=yes",
+             f"LOCAL_SCOPE='{ps.base}'"] + [f"LOCAL_PHASE_SERVE_{k}='{v}'" for k, v in keys.items()]
+    hosts_env("\n".join(lines) + "\n")
+
+
+@pytest.mark.parametrize("mode", ["500", "hang", "refused"])
+def test_drain_error_stops_the_pivot_before_its_teardown(ps, hosts_env, metrics, mode):
+    if mode == "refused":
+        from tests.loopback_sshd import free_port
+        url = f"http://127.0.0.1:{free_port()}/metrics"
+    else:
+        url = metrics(mode)
+    server = ps.role("hold")  # what the teardown would stop
+    _local_phase(ps, hosts_env, DRAIN_METRICS=url)
+    res = invoke("pivot", "--host", "local", "--to", "serve", "--yes", "--settle", "0", "--json")
+    doc = json.loads(res.stdout)
+    assert res.returncode == contract.EXIT_GATE, text_of(res)
+    assert [s["step"] for s in doc["steps"]] == ["drain"] and doc["steps"][0]["exit"] == contract.EXIT_FAILED
+    assert "not drained" in doc["steps"][0]["result"] and doc["verdict"].startswith("not drained")
+    assert doc["exit_code"] == contract.EXIT_GATE
+    assert alive(server)  # nothing was torn down
+
+
+def test_no_drain_goes_ahead_and_a_zero_reading_drains(ps, hosts_env, metrics):
+    _local_phase(ps, hosts_env, DRAIN_METRICS=metrics("500"))
+    res = invoke("pivot", "--host", "local", "--to", "serve", "--yes", "--settle", "0", "--no-drain")
+    text = text_of(res)
+    try:
+        assert res.returncode == 0, text
+        assert "drain: skipped (--no-drain)" in text
+        assert re.search(r"^step\s+result\s+exit\s+seconds", text, re.M)  # the step table
+        assert re.search(r"^drain\s+skipped \(--no-drain\)\s+0\s+\d+\.\d\d", text, re.M)
+    finally:
+        invoke("stop", "--host", "local", "--phase", "serve")
+    _local_phase(ps, hosts_env, DRAIN_METRICS=metrics("ok"))
+    res = invoke("pivot", "--host", "local", "--to", "serve", "--yes", "--settle", "0", "--json")
+    try:
+        doc = json.loads(res.stdout)
+        assert res.returncode == 0, text_of(res)
+        assert doc["steps"][0]["step"] == "drain" and doc["steps"][0]["result"].startswith("drained in")
+        assert doc["verdict"] == "done" and all(s["exit"] == 0 for s in doc["steps"])
+    finally:
+        invoke("stop", "--host", "local", "--phase", "serve")
+
+
+def test_a_failed_rollback_is_never_called_rolled_back(ps, hosts_env, tmp_path):
+    from scripts.sandbox import ROLES
+    from tests.loopback_sshd import free_port
+    from tests.test_pivot import broken_deploy
+
+    code, patch = broken_deploy(tmp_path)
+    silent = free_port()  # READY points where nothing ever answers: neither new nor old server is ready
+    argv = ["python3", str(ROLES), "server", "--devdir", str(ps.devdir), "--tp", "1", "--code-dir", str(code)]
+    _local_phase(ps, hosts_env, ARGV=json.dumps(argv), DIR=str(code), PATCH=str(patch),
+                 READY=f"http://127.0.0.1:{silent}/health", READY_TIMEOUT="1")
+    res = invoke("pivot", "--host", "local", "--to", "serve", "--yes", "--settle", "0", "--json")
+    try:
+        doc = json.loads(res.stdout)
+        assert res.returncode == contract.EXIT_FAILED, text_of(res)
+        steps = {s["step"]: s for s in doc["steps"]}
+        assert steps["rollback stop"]["exit"] == 0 and steps["rollback restore"]["exit"] == 0
+        assert steps["rollback ready"]["exit"] != 0
+        assert doc["verdict"].startswith("rollback FAILED at ready") and "rolled back" not in doc["verdict"]
+        assert (code / "server_config.json").read_text() == '{"healthy": true}\n'
+    finally:
+        invoke("stop", "--host", "local", "--phase", "serve")
+
+
+# -- 4. exit codes: declined, Ctrl-C --------------------------------------------------------------
+
+def test_declining_the_confirmation_is_its_own_exit_code(ps, hosts_env):
+    server = ps.role("hold")
+    hosts_env(f"LOCAL_DEVICES='{ps.glob}'\nLOCAL_TARGETS='sandbox_roles\\.py'\nLOCAL_FAKE_DEVICES=yes\n"
+              f"LOCAL_SCOPE='{ps.base}'\n")
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: invoke on a terminal
+        os.chdir(REPO)
+        os.execv(sys.executable, [sys.executable, "-m", "invoke", "teardown", "--host", "local", "--grace", "1"])
+    out = b""
+    deadline = time.monotonic() + 60
+    answered = False
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([fd], [], [], 0.5)
+        if ready:
+            try:
+                chunk = os.read(fd, 4096)
+            except OSError:
+                break
+            if not chunk:
+                break
+            out += chunk
+        if not answered and b"[y/N]" in out:
+            os.write(fd, b"n\n")
+            answered = True
+    _, status = os.waitpid(pid, 0)
+    os.close(fd)
+    assert answered, out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == contract.EXIT_DECLINED == 8, out.decode(errors="replace")
+    assert b"declined: nothing was signalled" in out
+    assert alive(server)
+
+
+def test_ctrl_c_is_130_and_one_line(hosts_env):
+    hosts_env("")
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", "--host", "local", "--", "sleep", "30"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        wait_for(lambda: any(fleet_faults.comm(p) == "sleep" for p in fleet_faults.descendants(proc.pid)),
+                 "the command to start", timeout=30)
+        os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130, (out, err)
+    lines = err.decode().strip().splitlines()
+    assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err.decode()
+
+
+# -- 4b. the sandbox: a failed start, a directory removed by hand ---------------------------------
+
+@pytest.fixture
+def own_sandbox(tmp_path, monkeypatch):
+    monkeypatch.setenv("GPU_PIVOT_SANDBOX_DIR", str(tmp_path / "sb"))
+    from scripts import sandbox
+    yield tmp_path / "sb"
+    sandbox.down()
+
+
+def test_failed_sandbox_up_is_one_line_with_stderr_and_leaves_nothing(own_sandbox, monkeypatch):
+    from scripts import sandbox
+    from scripts.sandbox_procs import SandboxStartError, members
+
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        taken = busy.getsockname()[1]
+        monkeypatch.setattr(sandbox, "free_port", lambda: taken)  # the server's port is taken when it binds
+        with pytest.raises(SandboxStartError) as info:
+            sandbox.up()
+    line = str(info.value)
+    assert "\n" not in line and "did not start" in line and "Address already in use" in line
+    assert members(own_sandbox) == []  # the server's workers went with it (its whole process group)
+    from scripts.cli.common import code_for
+    assert code_for(info.value) == contract.EXIT_FAILED
+
+
+def test_sandbox_down_finds_its_processes_after_the_directory_is_removed(tmp_path):
+    env = dict(os.environ, GPU_PIVOT_SANDBOX_DIR=str(tmp_path / "sb"))
+    assert invoke("sandbox", "up", env=env).returncode == 0
+    state = json.loads(invoke("sandbox", "status", "--json", env=env).stdout)
+    pids = [p["pid"] for p in state["processes"].values()]
+    assert len(pids) == 6 and all(alive(p) for p in pids)
+    shutil.rmtree(tmp_path / "sb")
+    res = invoke("sandbox", "down", env=env)
+    assert res.returncode == 0, text_of(res)
+    for pid in pids:
+        wait_for(lambda pid=pid: not alive(pid), f"sandbox process {pid} to be gone", timeout=10)
+
+
+def test_sandbox_ports_are_picked_free_and_recorded(tmp_path):
+    env = dict(os.environ, GPU_PIVOT_SANDBOX_DIR=str(tmp_path / "sb"))
+    held = []
+    for port in (30000, 30001):  # the old fixed ports, held by someone else
+        s = socket.socket()
+        try:
+            s.bind(("127.0.0.1", port))
+            s.listen()
+            held.append(s)
+        except OSError:
+            s.close()  # already held by something else: just as good
+    try:
+        res = invoke("sandbox", "up", env=env)
+        assert res.returncode == 0, text_of(res)
+        ports = json.loads(invoke("sandbox", "status", "--json", env=env).stdout)["ports"]
+        assert ports["server"] not in (30000, 30001) and ports["datagen"] not in (30000, 30001)
+        import urllib.request
+        with urllib.request.urlopen(f"http://127.0.0.1:{ports['server']}/metrics", timeout=5) as r:
+            assert b"sglang:num_running_reqs" in r.read()
+        hosts = json.loads(invoke("pivot", "--host", "sandbox", "--to", "datagen", "--dry-run", "--json",
+                                  env=env).stdout)
+        assert f"127.0.0.1:{ports['server']}/metrics" in json.dumps(hosts)
+    finally:
+        invoke("sandbox", "down", env=env)
+        for s in held:
+            s.close()
+
+
+# -- 5. gates: the kind is the JSON type ----------------------------------------------------------
+
+def test_a_gate_that_is_a_shell_group_runs_as_a_command(tmp_path):
+    gates = json.dumps(["{ test -d /; }", {"glob": str(tmp_path / "*.pt"), "min": 0}, "{ false; }"])
+    host = build_host("local", {}, "test")
+    from scripts import phase_ops
+    from scripts.phases import build_phase
+    phase = build_phase("local", "train", {"CMD": "true", "GATES": gates})
+    r = phase_ops.gates(host, phase)
+    got = [(g["gate"], g["ok"]) for g in r.result.gates]
+    assert got == [("{ test -d /; }", True), (f"at least 0 files match {tmp_path / '*.pt'}", True),
+                   ("{ false; }", False)]
+    assert r.code == contract.EXIT_GATE
+
+
+# -- 6. config lookup ----------------------------------------------------------------------------
+
+def test_hosts_file_lookup_order(tmp_path, monkeypatch):
+    from scripts import hostconfig
+
+    beside = tmp_path / "repo" / "hosts.env"
+    beside.parent.mkdir()
+    beside.write_text("GPU1_SSH=root@192.0.2.10\n")
+    sub = REPO / "runbooks"
+    monkeypatch.chdir(sub)  # an operator in runbooks/, where Invoke still finds tasks.py
+    monkeypatch.delenv("GPU_PIVOT_HOSTS_FILE", raising=False)
+    monkeypatch.setattr(hostconfig, "REPO_HOSTS_FILE", beside)
+    assert "gpu1" in hostconfig.load_hosts()
+    other = tmp_path / "other.env"
+    other.write_text("GPU2_SSH=root@192.0.2.11\n")
+    monkeypatch.setenv("GPU_PIVOT_HOSTS_FILE", str(other))
+    assert set(hostconfig.load_hosts()) >= {"gpu2"} and "gpu1" not in hostconfig.load_hosts()
+    monkeypatch.delenv("GPU_PIVOT_HOSTS_FILE")
+    monkeypatch.setattr(hostconfig, "REPO_HOSTS_FILE", tmp_path / "absent" / "hosts.env")
+    monkeypatch.chdir(tmp_path / "repo")
+    assert hostconfig.hosts_file() == Path("hosts.env") and "gpu1" in hostconfig.load_hosts()
+
+
+def test_new_exit_codes_are_documented():
+    import tasks
+    doc, readme = (" ".join(text.split()) for text in (tasks.__doc__ or "", (REPO / "README.md").read_text()))
+    for code, name in ((contract.EXIT_TIMED_OUT, "timed out"), (contract.EXIT_DECLINED, "answered no")):
+        assert f"{code} the" in doc and name in doc
+        assert f"{code} the" in readme and name in readme
+    assert "--no-drain" in readme and "GPU_PIVOT_HOSTS_FILE`, else `hosts.env`" in readme

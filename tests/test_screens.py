@@ -1,0 +1,216 @@
+"""The screens an operator reads at 3 a.m.: tables that fit the width and name each process by
+what it runs, headers on every column, reasons in words, colour on a terminal only, what
+`verify --wait` waits for, the teardown plan in `pivot --dry-run`, and a server's log not
+reported as data a stop could lose. Run against the real SANDBOX host and real processes."""
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import select
+import subprocess
+import sys
+
+import pytest
+
+from scripts.render import Col, Command, table
+from tests import scenario
+from tests.conftest import REPO, invoke
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    out = invoke("sandbox", "up", "--json")
+    assert out.returncode == 0, out.stderr
+    yield json.loads(out.stdout)
+    invoke("sandbox", "down")
+
+
+def env(**extra) -> dict:
+    """The test's environment without NO_COLOR (unless given), plus `extra`."""
+    e = {k: v for k, v in os.environ.items() if k != "NO_COLOR"}
+    e.update(extra)
+    return e
+
+
+def rules_have_headers(text: str) -> list:
+    """Columns whose rule (----) has no header word above its first character."""
+    bad, lines = [], text.splitlines()
+    for n, line in enumerate(lines[1:], 1):
+        if not re.fullmatch(r"\s*-+(\s+-+)+", line):
+            continue
+        above = lines[n - 1]
+        for m in re.finditer(r"-+", line):
+            if m.start() >= len(above) or above[m.start()] == " ":
+                bad.append((above, m.start()))
+    return bad
+
+
+def row_of(text: str, pid: int) -> str:
+    [line] = [line for line in text.splitlines() if line.split()[:1] == [str(pid)]]
+    return line
+
+
+@pytest.mark.parametrize("columns", [80, 100, 160])
+def test_status_fits_columns_and_names_programs(sandbox, columns):
+    out = invoke("status", "--host", "sandbox", env=env(COLUMNS=str(columns)))
+    assert out.returncode == 0, out.stderr
+    text = out.stdout.decode()
+    too_wide = [line for line in text.splitlines() if len(line) > columns]
+    assert not too_wide, too_wide
+    server = row_of(text, sandbox["processes"]["server"]["pid"])
+    assert "sglang.launch_server --" in server  # the program and its arguments, not the interpreter
+    assert sys.executable not in text and "/bin/python" not in server
+    if columns >= 100:
+        assert f"--port {sandbox['ports']['server']}" in server  # a key argument kept when others are left out
+    assert "sglang::scheduler_TP0" in row_of(text, sandbox["processes"]["worker0"]["pid"])
+    assert not rules_have_headers(text)
+    persistenced = row_of(text, sandbox["processes"]["persistenced"]["pid"])
+    assert "PROTECTED" in persistenced and "nvidia-persistenced" in persistenced
+    assert "protected: NVIDIA persistence daemon" in " ".join(text.split())  # why, in words (maybe wrapped)
+
+
+def test_plan_reasons_in_words_regex_unescaped_and_whole(sandbox):
+    text = invoke("plan", "--host", "sandbox", env=env(COLUMNS="100")).stdout.decode()
+    assert "why: runs module sglang.launch_server (target pattern" in text
+    joined = " ".join(text.split())  # the reason may wrap; it is never cut
+    assert "why: runs module sglang.launch_server (target pattern sglang\\.launch_server)" in joined
+    assert "\\\\" not in text and "..." not in joined.split("why: ")[1].split(")")[0]
+    assert not rules_have_headers(text)
+    assert all(len(line) <= 100 for line in text.splitlines())
+
+
+def test_teardown_dry_run_and_pivot_dry_run_show_the_plan(sandbox):
+    server = sandbox["processes"]["server"]["pid"]
+    for argv in (["teardown", "-H", "sandbox", "-n"], ["pivot", "-H", "sandbox", "--to", "datagen", "-n"]):
+        out = invoke(*argv, env=env(COLUMNS="100"))
+        text = out.stdout.decode()
+        assert out.returncode == 0, text + out.stderr.decode()
+        assert "Targets (3;" in text and "sglang.launch_server" in row_of(text, server), text
+        assert "Protected, never signalled" in text
+
+
+def test_verify_wait_says_what_it_waits_for(sandbox):
+    """Off a terminal: a line per progress report (at most twice a second), naming GPU memory
+    still used and the holders by pid and program."""
+    procs = sandbox["processes"]
+    out = invoke("verify", "--host", "sandbox", "--wait", "1.5", env=env(COLUMNS="100"))
+    assert out.returncode == 1
+    waiting = [line for line in out.stdout.decode().splitlines() if line.startswith("sandbox: waiting")]
+    assert 2 <= len(waiting) <= 6, waiting
+    assert "40960 MiB used" in waiting[0]
+    assert f"pid {procs['server']['pid']} sglang.launch_server" in waiting[0]
+    assert "\r" not in out.stdout.decode() and all(len(line) <= 100 for line in waiting)
+
+
+def run_in_pty(argv: list, extra_env: dict) -> str:
+    """Run invoke with its stdout on a pseudo-terminal, as on an operator's screen."""
+    master, slave = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", *argv], cwd=REPO, stdout=slave, stderr=subprocess.PIPE,
+                            stdin=subprocess.DEVNULL, env=env(**extra_env))
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 60)
+        if not ready:
+            break
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    proc.wait(timeout=60)
+    os.close(master)
+    return b"".join(chunks).decode(errors="replace")
+
+
+def test_colour_on_a_terminal_only_and_never_with_no_color(sandbox):
+    on_tty = run_in_pty(["status", "--host", "sandbox"], {"COLUMNS": "100", "TERM": "xterm"})
+    assert "\x1b[1;33mPROTECTED\x1b[0m" in on_tty
+    assert not re.search("\x1b\\[[0-9;]*m(?!PROTECTED|\x1b)", on_tty.replace("\x1b[0m", ""))  # only those words
+    no_color = run_in_pty(["status", "--host", "sandbox"], {"COLUMNS": "100", "TERM": "xterm", "NO_COLOR": "1"})
+    assert "PROTECTED" in no_color and "\x1b[" not in no_color
+    piped = invoke("status", "--host", "sandbox", env=env(TERM="xterm")).stdout.decode()
+    assert "PROTECTED" in piped and "\x1b[" not in piped
+
+
+def test_verify_wait_on_a_terminal_is_one_live_line(sandbox):
+    text = run_in_pty(["verify", "--host", "sandbox", "--wait", "1.5"], {"COLUMNS": "100", "TERM": "xterm"})
+    live = text.split("== sandbox")[0]
+    assert live.count("\rsandbox: waiting") >= 2 and "\x1b[K" in live
+    assert live.count("\n") <= 2  # the updates rewrite one line; a newline ends it
+
+
+def test_teardown_report_fits_and_names_programs(sandbox):
+    """Last of the tests on the module's sandbox: it tears the sandbox's server down."""
+    out = invoke("teardown", "--host", "sandbox", "--yes", "--grace", "5", env=env(COLUMNS="100"))
+    text = out.stdout.decode()
+    assert out.returncode == 0, text + out.stderr.decode()
+    assert all(len(line) <= 100 for line in text.splitlines()), text
+    server = sandbox["processes"]["server"]["pid"]
+    assert re.search(rf"^  SIGTERM\s+{server}\s+sent\s+sglang\.launch_server --", text, re.M), text
+    assert sys.executable not in text and not rules_have_headers(text)
+    assert "FREED and verified" in " ".join(text.split())
+
+
+def test_a_server_log_is_not_data_a_stop_could_lose(ps, hosts_env, tmp_path):
+    """A GPU job whose stdout goes to `> server.log` and that keeps an append-mode log and a
+    checkpoint open: only the checkpoint is what a stop may leave incomplete."""
+    job = tmp_path / "train_job.py"
+    job.write_text(
+        "import os, sys, time\n"
+        "d, dev = sys.argv[1], sys.argv[2]\n"
+        "ready = sys.argv[sys.argv.index('--ready') + 1]\n"
+        "log = os.open(d + '/server.log', os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)\n"
+        "os.dup2(log, 1); os.dup2(log, 2); os.close(log)\n"
+        "app = open(d + '/app.log', 'a'); ckpt = open(d + '/ckpt.pt', 'wb'); gpu = open(dev, 'rb')\n"
+        "open(ready + '.tmp', 'w').close(); os.rename(ready + '.tmp', ready)\n"
+        "time.sleep(300)\n")
+    hosts_env(scenario.env_lines(ps))
+    pid = ps.start(["python3", str(job), str(tmp_path), str(ps.devdir / "nvidia0")], executable=sys.executable)
+    text = invoke("plan", "--host", "local", env=env(COLUMNS="100")).stdout.decode()
+    assert "train_job.py" in row_of(text, pid)
+    joined = " ".join(text.split())
+    assert f"pid {pid} is writing {tmp_path}/ckpt.pt: stopping it may leave that file incomplete" in joined, text
+    assert "server.log" not in text and "app.log" not in text
+    status = invoke("status", "--host", "local", env=env(COLUMNS="100")).stdout.decode()
+    assert "ckpt.pt" in status and "server.log" not in status and "app.log" not in status
+
+
+# -- the renderer on its own ----------------------------------------------------------------------
+
+
+def test_command_keeps_program_and_key_arguments():
+    argv = ["/opt/conda/envs/serve/bin/python3.11", "-u", "-m", "sglang.launch_server", "--trust-remote-code",
+            "--model-path", "/models/k2", "--mem-fraction-static", "0.88", "--tp", "8", "--port", "30000"]
+    c = Command(argv)
+    assert str(c) == "sglang.launch_server --trust-remote-code --model-path /models/k2 " \
+                     "--mem-fraction-static 0.88 --tp 8 --port 30000"
+    assert c.fit(64) == "sglang.launch_server --model-path /models/k2 --port 30000 ..."
+    assert c.fit(40) == "sglang.launch_server --port 30000 ..."
+    assert Command(["/usr/bin/python3", "/usr/local/bin/torchrun", "--nproc-per-node", "8", "train.py"]).fit(200) \
+        == "torchrun --nproc-per-node 8 train.py"
+    assert str(Command(["/usr/bin/nvidia-persistenced", "--user", "nvidia"])) == "nvidia-persistenced --user nvidia"
+    assert str(Command(cmdline="VLLM::EngineCore")) == "VLLM::EngineCore"
+    assert str(Command(["x\x1b[2Jy"])) == "x\\x1b[2Jy"  # escape sequences from a host stay visible, harmless
+
+
+def test_table_fits_and_never_cuts_a_detail():
+    why = "runs module sglang.launch_server (target pattern sglang\\.launch_server) " * 2
+    argv = ["python3", "-m", "sglang.launch_server", "--port", "1"] * 9
+    text = table(["pid", Col("command", "command")], [[1, Command(argv)]], columns=50, details=[why])
+    assert all(len(line) <= 50 for line in text.splitlines())
+    assert " ".join(text.split()).count("sglang\\.launch_server)") == 2
+
+
+def test_shortened_command_keeps_its_words_in_order_and_quotes_scripts():
+    """A cut command must still read as the command: kept arguments in their own order,
+    a `sh -c` script quoted as one word (seen reordered in the docker host's report)."""
+    from scripts.render import Command
+    c = Command(["sh", "-c", "trap 'exit 0' TERM; sleep 9", "--tp", "8", "--port", "30000", "--log-level", "info"])
+    short = c.fit(32)
+    assert short.startswith("sh --tp 8 --port 30000"), short
+    assert "'trap '\"'\"'exit 0'\"'\"' TERM; sleep 9'" in str(c)

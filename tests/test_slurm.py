@@ -1,0 +1,321 @@
+"""The Slurm epilog, prolog and `invoke undrain` on a real one-node Slurm (tests/slurm_cluster.py).
+
+Real jobs run as a throwaway user made for this module (useradd, removed at the end), so the
+epilog, which only touches processes of the job's uid holding the job's GPUs, can match
+nothing but what these jobs left. The node's GPUs are mknod'ed character devices in the
+cluster's temp dir; a job's "CUDA context" is a read-only mapping of its GPU's node.
+
+The unkillable leftover is a job's orphan frozen in a cgroup-v1 freezer cgroup: it shows
+state D, as a process stuck in the driver does, and SIGKILL takes effect only when it is
+thawed - exactly what an epilog meets when a process will not die, and what `undrain`
+must refuse to resume until it is gone.
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, invoke
+from tests.procs import alive, state, wait_for
+from tests.second_user import make_user, remove_user
+from tests.slurm_cluster import NODE, SlurmCluster, available
+
+FREEZER = Path("/sys/fs/cgroup/freezer")
+
+# A job's worker that outlives it: double fork + setsid (out of the job's process tree and
+# session), then open and map the job's GPU node. Writes its pid; with a second argument it
+# keeps the job running until that file exists (so the test can freeze the orphan first).
+HOLDER = r"""
+import mmap, os, sys, time
+devdir, pidfile = sys.argv[1], sys.argv[2]
+hold_job_until = sys.argv[3] if len(sys.argv) > 3 else None
+gpu = os.environ["CUDA_VISIBLE_DEVICES"].split(",")[0]
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        fd = os.open(os.path.join(devdir, "nvidia" + gpu), os.O_RDONLY)
+        ctx = mmap.mmap(fd, 4096, prot=mmap.PROT_READ)
+        with open(pidfile + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(pidfile + ".tmp", pidfile)
+        time.sleep(600)
+    os._exit(0)
+while not os.path.exists(pidfile):
+    time.sleep(0.01)
+while hold_job_until and not os.path.exists(hold_job_until):
+    time.sleep(0.01)
+"""
+
+WRAPPER = """#!/bin/sh
+# What a cluster would set as {kind}=: gpu-pivot's {kind} with this cluster's settings.
+GPU_PIVOT_SLURM_CONF={conf}
+export GPU_PIVOT_SLURM_CONF
+exec {script} >>{log} 2>&1
+"""
+
+pytestmark = pytest.mark.skipif(bool(available()) and os.environ.get("CI") != "true",
+                                reason=available() or "")
+
+
+class Lab:
+    """The cluster, the job user and the files jobs and tests share."""
+
+    def __init__(self, cluster: SlurmCluster, user, sshd):
+        self.c = cluster
+        self.user = user
+        self.sshd = sshd
+        self.jobs = cluster.dir / "jobs"
+        self.holder = cluster.dir / "holder.py"
+        self.run_dir = cluster.dir / "run"
+
+    def submit(self, *script_args: str, gres: int = 1) -> str:
+        argv = ["sbatch", "--parsable", f"--gres=gpu:{gres}", f"--output={self.jobs}/job-%j.out",
+                f"--chdir={self.jobs}", "--wrap", " ".join(["/usr/bin/python3", str(self.holder), str(self.c.devdir),
+                                                            *script_args])]
+        done = self.user.run(argv, env=self.user.env(SLURM_CONF=str(self.c.conf)), text=True)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip().split(";")[0]
+
+    def log(self, kind: str) -> str:
+        path = self.c.dir / f"{kind}.log"
+        return path.read_text() if path.exists() else ""
+
+    def audit(self) -> list:
+        path = self.run_dir / "audit.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def hosts_env(self, tmp_path: Path) -> dict:
+        path = tmp_path / "hosts.env"
+        path.write_text(self.sshd.hosts_env(NODE, extra={"DEVICES": f"{self.c.devdir}/nvidia*",
+                                                        "FAKE_DEVICES": "yes"}))
+        return dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(path), SLURM_CONF=str(self.c.conf))
+
+
+@pytest.fixture(scope="module")
+def lab(sshd):
+    why = available()
+    if why:
+        pytest.fail(f"CI must run the Slurm tests: {why}")  # only reached under CI=true
+    user = make_user()
+    cluster = SlurmCluster(gpus=2)
+    try:
+        d = cluster.dir
+        conf = d / "gpu-pivot-slurm.env"
+        conf.write_text(f"DEVICES={cluster.devdir}/nvidia*\nFAKE_DEVICES=yes\nRUN_DIR={d / 'run'}\n"
+                        "GRACE=1\nTIMEOUT=1\nSETTLE=0.3\n")
+        os.chmod(conf, 0o644)
+        wrappers = {}
+        for kind in ("prolog", "epilog"):
+            path = d / f"{kind}.sh"
+            path.write_text(WRAPPER.format(kind=kind.capitalize(), conf=conf, script=REPO / "scripts" / "slurm" / kind,
+                                           log=d / f"{kind}.log"))
+            path.chmod(0o755)
+            wrappers[kind] = path
+        lab = Lab(cluster, user, sshd)
+        lab.holder.write_text(HOLDER)
+        lab.holder.chmod(0o644)
+        lab.jobs.mkdir()
+        os.chown(lab.jobs, user.uid, user.gid)
+        cluster.start(prolog=wrappers["prolog"], epilog=wrappers["epilog"])
+        yield lab
+    finally:
+        cluster.stop()
+        remove_user(user)
+        if not os.environ.get("GP_SLURM_KEEP"):
+            cluster.remove()
+
+
+@pytest.fixture
+def idle(lab):
+    """Each test starts on an idle node and leaves it so (resumed, whatever it did)."""
+    lab.c.wait_state("idle")
+    yield lab
+    if lab.c.node_state() != "idle":
+        lab.c.resume()
+
+
+def orphan_pid(lab: Lab, job: str) -> int:
+    path = lab.jobs / f"orphan-{job}"
+    return int(wait_for(lambda: path.exists() and path.read_text(), f"job {job}'s orphan"))
+
+
+def test_the_orphan_a_job_leaves_on_its_gpu_is_freed_and_the_node_stays_idle(idle):
+    lab = idle
+    job = lab.submit(str(lab.jobs / "orphan-$SLURM_JOB_ID"))
+    pid = wait_for(lambda: (lab.jobs / f"orphan-{job}").exists() and orphan_pid(lab, job), "orphan")
+    lab.c.wait_job_gone(job)
+    wait_for(lambda: not alive(pid), f"orphan {pid} gone", timeout=10)
+    sent = [a for a in lab.audit() if a["pid"] == pid]
+    assert [a["signal"] for a in sent][:1] == ["SIGTERM"] and sent[0]["result"] == "sent", sent
+    assert sent[0]["operator"] == f"slurm-epilog job {job} uid {lab.user.uid}"
+    assert f"gpu-pivot epilog job {job}: GPUs [0] free" in lab.log("epilog")
+    lab.c.wait_state("idle")
+    assert lab.c.reason() == ""
+
+
+def _freeze(pid: int) -> Path:
+    group = FREEZER / f"gp-test-{secrets.token_hex(4)}"
+    group.mkdir()
+    (group / "tasks").write_text(str(pid))
+    (group / "freezer.state").write_text("FROZEN")
+    wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", "frozen")
+    return group
+
+
+def _thaw(group: Path) -> None:
+    (group / "freezer.state").write_text("THAWED")
+
+
+def _remove_group(group: Path) -> None:
+    if group.exists():
+        _thaw(group)
+        for pid in filter(None, (group / "tasks").read_text().split()):
+            wait_for(lambda p=int(pid): not alive(p), f"pid {pid} gone after thaw")
+        wait_for(lambda: not (group / "tasks").read_text().strip(), "freezer cgroup empty")
+        group.rmdir()
+
+
+@pytest.mark.skipif(not (FREEZER / "freezer.state").exists() and not FREEZER.is_dir(),
+                    reason="needs the cgroup v1 freezer (/sys/fs/cgroup/freezer) to make a process SIGKILL cannot end")
+def test_an_unkillable_leftover_drains_with_a_specific_reason_and_undrain_waits_until_it_is_gone(idle, tmp_path):
+    lab = idle
+    release = lab.jobs / f"release-{secrets.token_hex(4)}"
+    job = lab.submit(str(lab.jobs / "orphan-$SLURM_JOB_ID"), str(release))
+    pid = orphan_pid(lab, job)
+    group = _freeze(pid)
+    try:
+        release.touch()
+        started = time.monotonic()
+        lab.c.wait_job_gone(job)
+        lab.c.wait_state("drained", timeout=15)
+        waited = time.monotonic() - started
+        reason = lab.c.reason()
+        assert reason.startswith(f"gpu-pivot epilog job {job}: pid {pid} (python3"), reason
+        assert "state D" in reason and "nvidia0" in reason and "after SIGKILL" in reason, reason
+        assert waited < 10, f"the epilog took {waited:.1f} s"
+        assert state(pid) == "D"
+        sent = {a["signal"] for a in lab.audit() if a["pid"] == pid}
+        assert {"SIGTERM", "SIGKILL"} <= sent, sent
+
+        env = lab.hosts_env(tmp_path)
+        still = invoke("undrain", "--host", NODE, env=env)
+        out = still.stdout.decode()
+        assert still.returncode == 1, out + still.stderr.decode()
+        assert f"{NODE}: left drained" in out and f"pid {pid}" in out, out
+        assert lab.c.node_state() == "drained" and lab.c.reason() == reason
+
+        _thaw(group)  # the pending SIGKILL ends it now, as a driver call that finally returns would
+        wait_for(lambda: not alive(pid), f"pid {pid} ends once thawed")
+        done = invoke("undrain", "--host", NODE, env=env)
+        out = done.stdout.decode()
+        assert done.returncode == 0, out + done.stderr.decode()
+        assert f"{NODE}: resumed" in out and reason in out, out
+        lab.c.wait_state("idle")
+        again = invoke("undrain", "--host", NODE, env=env)
+        assert again.returncode == 0 and f"{NODE}: not drained (idle): nothing to do" in again.stdout.decode()
+    finally:
+        _remove_group(group)
+
+
+def test_a_job_whose_gpus_are_held_is_requeued_held_and_the_node_drained(idle, shared_ps):
+    lab = idle
+    holders = []
+    for i in range(lab.c.gpus):  # whichever GPU the job gets is held, by a process the test started
+        holders.append(shared_ps.start([sys.executable, "-c", HOLD_AS_ROOT, str(lab.c.device(i))]))
+    job = lab.submit(str(lab.jobs / "never-$SLURM_JOB_ID"))
+    lab.c.wait_state("drained", timeout=15)
+    reason = lab.c.reason()
+    assert reason.startswith(f"gpu-pivot prolog job {job}: pid "), reason
+    assert any(f"pid {p} " in reason for p in holders) and "holds nvidia" in reason, reason
+    wait_for(lambda: "held" in lab.c.job_field(job, "%r").lower(), f"job {job} requeued held")
+    assert lab.c.job_field(job, "%T") == "PENDING"
+    assert not (lab.jobs / f"never-{job}").exists()  # the job never ran
+    lab.c.run("scancel", job)
+    shared_ps.kill_all()
+
+
+HOLD_AS_ROOT = r"""
+import mmap, os, sys, time
+ctx = mmap.mmap(os.open(sys.argv[1], os.O_RDONLY), 4096, prot=mmap.PROT_READ)
+open(sys.argv[-1], "w").close()
+time.sleep(600)
+"""
+
+
+def _epilog(env: dict) -> subprocess.CompletedProcess:
+    return subprocess.run([str(REPO / "scripts" / "slurm" / "epilog")], env=env, capture_output=True, text=True,
+                          timeout=30)
+
+
+def test_epilog_outside_slurm_is_bounded_idempotent_and_refuses_bad_input(tmp_path):
+    conf = tmp_path / "conf.env"
+    conf.write_text(f"DEVICES={tmp_path}/nvidia*\nFAKE_DEVICES=yes\nRUN_DIR={tmp_path / 'run'}\n")
+    os.mknod(tmp_path / "nvidia0", 0o600 | 0o020000, os.makedev(1, 5))
+    base = {"GPU_PIVOT_SLURM_CONF": str(conf), "SLURM_JOB_ID": "7", "SLURM_JOB_UID": "4000000",
+            "SLURM_JOB_GPUS": "0"}
+    for _ in range(2):  # nothing there: free, twice
+        started = time.monotonic()
+        done = _epilog(base)
+        assert done.returncode == 0, done.stderr
+        assert "gpu-pivot epilog job 7: GPUs [0] free" in done.stdout
+        assert time.monotonic() - started < 10
+    bad = _epilog(dict(base, SLURM_JOB_UID="nobody"))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1, bad.stderr
+    assert "SLURM_JOB_UID='nobody'" in bad.stderr
+    missing = _epilog(dict(base, SLURM_JOB_GPUS="3"))
+    assert missing.returncode == 1 and "GPU 3: no device file nvidia3" in missing.stderr
+    conf.write_text("GRACE=8\nTIMEOUT=5\n")
+    slow = _epilog(base)
+    assert slow.returncode == 2 and "must stay under" in slow.stderr, slow.stderr
+
+
+def test_undrain_resumes_only_nodes_drained_for_gpu_leftovers():
+    from scripts import undrain
+
+    assert undrain.decide("n1", "drained", "gpu-pivot epilog job 4: pid 9 ...", force=False) is None
+    assert undrain.decide("n1", "drained", "Kill task failed", force=False) is None
+    person = undrain.decide("n1", "drained", "bad DIMM, do not use", force=False)
+    assert person is not None and person.action == "left alone" and "--force" in person.detail and person.code == 1
+    assert undrain.decide("n1", "drained", "bad DIMM, do not use", force=True) is None
+    busy = undrain.decide("n1", "draining", "gpu-pivot epilog job 4: x", force=True)
+    assert busy is not None and busy.action == "left drained" and "jobs running" in busy.detail
+    unknown = undrain.decide("n9", None, "", force=False)
+    assert unknown is not None and unknown.code == 2
+
+
+def test_the_drain_reason_is_one_bounded_line():
+    from scripts.slurm_job import REASON_MAX, Job, reason_text
+
+    job = Job("12", 1000, (0,), "n1")
+    text = reason_text("epilog", job, ["pid 5 (x\ny, state D) still holds " + "a" * 400, "second"])
+    assert "\n" not in text and len(text) == REASON_MAX and text.startswith("gpu-pivot epilog job 12: pid 5 (x y")
+    assert reason_text("prolog", job, ["one", "two", "three"]).endswith("one (+2 more)")
+
+
+def test_a_neighbouring_jobs_busy_gpu_is_not_this_jobs_problem():
+    """NVML cannot exist here: the agent's document is written out as NVML's rows would read."""
+    from scripts.slurm_job import job_problems
+
+    def doc(**kw):
+        gpus = [{"index": i, "used_mib": used, "processes": procs} for i, used, procs in kw.get("gpus", [])]
+        return {"gpus": gpus, "holders": kw.get("holders", []), "denied": kw.get("denied", [])}
+
+    busy_neighbour = [(0, 0, []), (1, 80000, [{"pid": 77, "used_mib": 80000}])]
+    other = {"pid": 77, "state": "R", "devices": [], "gpu_mib": {"1": 80000}, "protected": None}
+    assert job_problems(doc(gpus=busy_neighbour, holders=[other]), (0,), 0) == []
+    assert job_problems(doc(gpus=busy_neighbour, holders=[other]), (1,), 0) == [
+        "GPU 1: compute process pid 77 (80000 MiB)", "GPU 1: 80000 MiB used > 0 MiB",
+        "pid 77 (state R) holds memory on GPU 1"]
+    holder = {"pid": 5, "state": "S", "devices": ["/dev/nvidia0"], "gpu_mib": {}, "protected": None}
+    assert job_problems(doc(gpus=busy_neighbour, holders=[holder]), (0,), 0) == ["pid 5 (state S) holds /dev/nvidia0"]
+    monitor = dict(holder, protected="GPU monitor", mapped_devices=[])
+    assert job_problems(doc(gpus=busy_neighbour, holders=[monitor]), (0,), 0) == []
+    assert job_problems(doc(gpus=busy_neighbour, denied=[12]), (0,), 0) == [
+        "not every process could be inspected, so nothing is called free"]
