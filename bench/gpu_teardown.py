@@ -77,7 +77,7 @@ def pivot_once(workdir, args, n, env):
     env = dict(env, GPU_PIVOT_HOSTS_FILE=str(Path(workdir) / "hosts.env"), GPU_PIVOT_RUN_DIR=str(run_dir))
     Path(env["GPU_PIVOT_HOSTS_FILE"]).write_text(
         f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS='gpu_tree\\.py'\nLOCAL_SCOPE={token}\n")
-    lines, code, wall = timed_lines([sys.executable, "-m", "invoke", "teardown", "--host", "local", "--yes"], env)
+    lines, code, wall = timed_lines([args.cli_python, "-m", "invoke", "teardown", "--host", "local", "--yes"], env)
     freed_line = next((t for t, line in lines if line.startswith(FREED_LINE)), None)
     record = json.loads((run_dir / "last.json").read_text())
     left = tree.alive()
@@ -108,17 +108,17 @@ def summary(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "n": len(values)}
 
 
-def warm_up(env):
+def warm_up(env, cli_python=sys.executable):
     """Byte-compile this checkout and start the CLI once, as an installed CLI would already be:
     the first rep must not pay for writing .pyc files."""
     subprocess.run([sys.executable, "-m", "compileall", "-q", "scripts", "tests", "tasks.py"], cwd=REPO, env=env,
                    stdout=subprocess.DEVNULL)
-    subprocess.run([sys.executable, "-m", "invoke", "--list"], cwd=REPO, env=env, stdout=subprocess.DEVNULL)
+    subprocess.run([cli_python, "-m", "invoke", "--list"], cwd=REPO, env=env, stdout=subprocess.DEVNULL)
 
 
 def measure(args):
     env = dict(os.environ, XDG_STATE_HOME=tempfile.mkdtemp())
-    warm_up(env)
+    warm_up(env, args.cli_python)
     floors, pivots = [], []
     with tempfile.TemporaryDirectory() as work:
         for n in range(args.reps):
@@ -136,7 +136,7 @@ def result_doc(args, floors, pivots):
     out = {
         "gpus": gpus_used(), "gpus_on_host": gpu_count(), "children": args.children, "gib_per_proc": args.gib_per_proc,
         "gib_per_gpu": (args.children + 1) * args.gib_per_proc, "reps_n": args.reps,
-        "settle_s": pivots[0]["settle_s"] if pivots else None,
+        "settle_s": pivots[0]["settle_s"] if pivots else None, "cli_python": args.cli_python,
         "floor_s": floor,
         "agent_free_at_s": summary([r["agent_free_at_s"] for r in pivots]),
         "agent_settled_s": summary([r["agent_settled_s"] for r in pivots]),
@@ -166,6 +166,8 @@ def main():
     p.add_argument("--children", type=int, default=3)
     p.add_argument("--gib-per-proc", type=float, default=20)
     p.add_argument("--out", required=True)
+    p.add_argument("--cli-python", default=sys.executable,
+                   help="interpreter of the operator's CLI (a venv as `make setup` makes; default: this one)")
     args = p.parse_args()
     floors, pivots = measure(args)
     result = result_doc(args, floors, pivots)

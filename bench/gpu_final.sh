@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# The closing GPU run (device tool, a 2-GPU host), results in $OUT: the GPU tests, the health
+# and MPS session, and the teardown-vs-floor benchmark for 1 GPU (CUDA_VISIBLE_DEVICES=0) and
+# 2 GPUs. The operator's CLI runs from its own venv as `make setup` makes one (no system
+# site-packages: the GPU image's .pth files cost ~55 ms a start that an operator's venv does not
+# pay); the agent runs on the system python3 that has pynvml, as on a GPU host.
+# Usage there: bash bench/gpu_final.sh   (wheels for invoke/dotenv/ClusterShell in .whl/)
+set -uo pipefail
+OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
+python3 -m venv --without-pip /tmp/cli-venv
+SITE=$(/tmp/cli-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$SITE" .whl/*.whl
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+{ echo "## pytest -m gpu"; timeout 200 python3 -m pytest -m gpu -rs -q tests/; echo "pytest exit $?"; } 2>&1 \
+    | tail -15 | tee "$OUT/gpu-tests.txt"
+N=$(nvidia-smi -L | wc -l)
+for n in 1 "$N"; do
+    if [ "$n" = 1 ]; then export CUDA_VISIBLE_DEVICES=0; else unset CUDA_VISIBLE_DEVICES; fi
+    timeout 200 env -u PYTHONPATH PYTHONPATH=/tmp/site python3 bench/gpu_teardown.py --reps "${REPS:-5}" \
+        --cli-python /tmp/cli-venv/bin/python --out "$OUT/gpu-teardown-${n}gpu.json" 2>&1 \
+        | grep -v "resource_tracker\|warnings.warn" | tail -40 > "$OUT/gpu-teardown-${n}gpu.txt"
+    grep -E '^rep|targets|median' "$OUT/gpu-teardown-${n}gpu.txt" | head -20
+done
+unset CUDA_VISIBLE_DEVICES
+[ "${HEALTH:-1}" = 1 ] && timeout 150 bash bench/gpu_health_session.sh >/dev/null 2>&1; echo "health session exit $?"
+ls "$OUT"
