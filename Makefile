@@ -36,7 +36,7 @@ lint: setup ## ruff on the Python, shellcheck on the shell scripts (apt-get inst
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck >/dev/null; }
 	$(VENV)/bin/ruff check .
 	shellcheck -s sh scripts/*.sh
-	shellcheck bench/*.sh .ci/run tests/standin/*
+	shellcheck bench/*.sh .ci/run tests/standin/pct tests/standin/bad-json-agent scripts/slurm/epilog scripts/slurm/prolog scripts/slurm/job.sh scripts/completion.bash
 
 .PHONY: typecheck
 typecheck: setup ## mypy on tasks.py and scripts/, the agent included (settings: pyproject.toml)

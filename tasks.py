@@ -11,8 +11,11 @@ by another teardown; 5 a pivot's drain, gate or launch lint blocked it (nothing 
 6 not every process could be inspected (run as root); 7 the host timed out (ssh connect or
 keep-alive timeout, or the call's deadline: `--timeout`); 8 the confirmation was answered
 no (nothing signalled); 9 freed, but a GPU's health verdict is drain / reset needed / reboot needed
-(verify, teardown; "unknown" never changes a code); 130 interrupted by Ctrl-C (the host
-side continues).
+(verify, teardown; "unknown" never changes a code); 126/127 `run` of a command not
+executable / not found, 128+N `run` of a command killed by signal N; 130 interrupted by
+Ctrl-C (the host side continues). Invoke's own parser is the exception: a command line it
+cannot read (unknown task or flag, a flag missing its value) exits 1 with "No idea what
+..." on stderr before any task runs, so nothing reached a host.
 Hosts come from $GPU_PIVOT_HOSTS_FILE, else hosts.env beside this file, else ./hosts.env
 (see hosts.env.example); `local` and `sandbox` are built in.
 """

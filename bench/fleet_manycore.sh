@@ -16,10 +16,11 @@ ls .debs/openssh-server_*.deb .debs/openssh-client_*.deb .debs/libc6_*.deb >/dev
 PREFIX=$(mktemp -d /tmp/gp-openssh.XXXXXX)   # 0700, ours: nothing in it is anyone else's
 trap 'rm -rf "$PREFIX"' EXIT
 for deb in .debs/*.deb; do
+    dest=$PREFIX/root; case $deb in .debs/libc6_*) dest=$PREFIX/libc;; esac  # kept apart: see below
     if command -v dpkg-deb >/dev/null; then
-        dpkg-deb -x "$deb" "$PREFIX/root"
+        dpkg-deb -x "$deb" "$dest"
     else  # not a Debian-family machine: a .deb is an ar archive holding data.tar.*
-        python3 - "$deb" "$PREFIX/root" <<'PY'
+        python3 - "$deb" "$dest" <<'PY'
 import io, sys, tarfile
 data = open(sys.argv[1], "rb").read()
 assert data[:8] == b"!<arch>\n", sys.argv[1]
@@ -37,20 +38,24 @@ while pos < len(data):
 PY
     fi
 done
-R=$PREFIX/root
-LOADER=""
-for cand in "$R/lib64/ld-linux-x86-64.so.2" "$R/usr/lib64/ld-linux-x86-64.so.2"; do
-    [ -z "$LOADER" ] && [ -e "$cand" ] && LOADER=$cand
-done
-[ -n "$LOADER" ] || { echo "no ld-linux-x86-64.so.2 in .debs/ (libc6)" >&2; exit 1; }
+R=$PREFIX/root; C=$PREFIX/libc
 LIBS="$R/lib/x86_64-linux-gnu:$R/usr/lib/x86_64-linux-gnu"
 mkdir -p "$PREFIX/bin"
-for tool in usr/bin/ssh usr/bin/ssh-keygen usr/sbin/sshd; do
-    name=$(basename "$tool")
-    extra=""; [ "$name" = sshd ] && extra="-r"   # no re-exec: it would lose the loader
-    printf '#!/bin/sh\nexec %s --library-path %s %s %s "$@"\n' "$LOADER" "$LIBS" "$R/$tool" "$extra" > "$PREFIX/bin/$name"
-    chmod 755 "$PREFIX/bin/$name"
-done
+wrap() {  # wrap MODE: "host" = this machine's loader and libc + the extracted libraries; "own" = Debian's loader and libc too
+    for tool in usr/bin/ssh usr/bin/ssh-keygen usr/sbin/sshd; do
+        name=$(basename "$tool")
+        extra=""; [ "$name" = sshd ] && extra="-r"   # no re-exec: it would lose the wrapper
+        if [ "$1" = host ]; then
+            printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s %s "$@"\n' "$LIBS" "$R/$tool" "$extra" > "$PREFIX/bin/$name"
+        else
+            printf '#!/bin/sh\nexec %s --library-path %s %s %s "$@"\n' "$C/lib64/ld-linux-x86-64.so.2" \
+                "$C/lib/x86_64-linux-gnu:$LIBS" "$R/$tool" "$extra" > "$PREFIX/bin/$name"
+        fi
+        chmod 755 "$PREFIX/bin/$name"
+    done
+}
+# The machine's own libc first (newer glibc runs Debian 12's binaries); Debian's loader only where that fails.
+wrap host; "$PREFIX/bin/ssh" -V 2>/dev/null || { wrap own; echo "using Debian's loader and libc"; }
 export PATH="$PREFIX/bin:$PATH"
 [ "$(command -v sshd)" = "$PREFIX/bin/sshd" ]
 ssh -V

@@ -110,10 +110,12 @@ def outcome(call: dict, rc: int, stdout: str, stderr: str, check_mode: bool) -> 
     facts: dict = {"state": call["state"], "subcommand": sub, "exit_code": rc, "targets": [], "protected": [],
                    "freed_mib": 0, "problems": []}
     if sub == "verify":
-        facts.update(verdict="free" if res.free else "not free", problems=res.problems,
+        # exit 0 only: "free" with exit 9 is a GPU nothing holds that still needs a reset or a reboot
+        failed, changed = rc != contract.EXIT_OK or not res.free, False
+        verdict = "free" if not failed else "not free" if not res.free else contract.exit_name(rc).replace("-", " ")
+        facts.update(verdict=verdict, problems=res.problems,
                      protected=_rows([h for h in res.scan.holders if h["protected"]], ("pid", "cmdline", "protected")))
-        failed, changed = not res.free, False
-        msg = "GPUs free" if res.free else "; ".join(res.problems[:5])
+        msg = "GPUs free" if not failed else "; ".join(res.problems[:5]) or contract.exit_name(rc).replace("-", " ")
     elif sub == "plan":
         plan = res.plan
         facts.update(verdict="planned (check mode: nothing signalled)", would_free_mib=plan.will_free_mib,

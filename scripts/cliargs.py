@@ -14,7 +14,7 @@ import os
 import sys
 
 from .agent import contract
-from .config_error import ConfigError
+from .config_error import ConfigError, show
 from .patterncheck import check_pattern
 
 
@@ -34,9 +34,9 @@ def seconds(name: str, value, minimum: float = 0.0, maximum: float = MAX_SECONDS
     try:
         out = float(value)
     except (TypeError, ValueError):
-        raise ConfigError(f"--{name} {value!r}: not a number of seconds") from None
+        raise ConfigError(f"--{name} {show(value)}: not a number of seconds") from None
     if out != out or out < minimum or out > maximum:
-        raise ConfigError(f"--{name} {value!r}: must be a number of seconds from {minimum:g} to {maximum:g}")
+        raise ConfigError(f"--{name} {show(value)}: must be a number of seconds from {minimum:g} to {maximum:g}")
     return out
 
 
@@ -45,9 +45,9 @@ def whole(name: str, value, minimum: int = 0) -> int:
     try:
         out = int(str(value))
     except ValueError:
-        raise ConfigError(f"--{name} {value!r}: not a whole number") from None
+        raise ConfigError(f"--{name} {show(value)}: not a whole number") from None
     if out < minimum:
-        raise ConfigError(f"--{name} {value!r}: must be >= {minimum}")
+        raise ConfigError(f"--{name} {show(value)}: must be >= {minimum}")
     return out
 
 
@@ -69,7 +69,7 @@ def typed(flag: str, short: str = "", argv: list | None = None) -> bool:
 def source_of(flag: str, short: str, env: str) -> str:
     """Where a flag's value came from, as the user knows it: `flag` when typed, else the
     environment variable `env` when it is set (it is the flag's default), else `flag`."""
-    return env if not typed(flag, short) and os.environ.get(env) else flag
+    return env if not typed(flag, short) and env in os.environ else flag
 
 
 @contextlib.contextmanager

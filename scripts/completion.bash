@@ -4,6 +4,8 @@
 # for the aliases of hosts.env and the built-ins. Load it from ~/.bashrc:
 #   source /path/to/gpu-pivot/scripts/completion.bash
 # It finds the tasks beside itself, so it completes from any directory.
+# Invoke's --complete expects the line to start with the word `invoke`: the first word is
+# replaced by it, so `.venv/bin/invoke teardown -<TAB>` (invoke typed by path) completes too.
 _gpu_pivot_root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 
 _gpu_pivot_complete() {
@@ -17,7 +19,7 @@ _gpu_pivot_complete() {
         --host|-H)
             candidates="$("${COMP_WORDS[0]}" --search-root "$_gpu_pivot_root" hosts --names 2>/dev/null)" ;;
         *)
-            candidates="$("${COMP_WORDS[0]}" --search-root "$_gpu_pivot_root" --complete -- "${COMP_WORDS[*]}" 2>/dev/null)" ;;
+            candidates="$("${COMP_WORDS[0]}" --search-root "$_gpu_pivot_root" --complete -- "invoke ${COMP_WORDS[*]:1}" 2>/dev/null)" ;;
     esac
     # shellcheck disable=SC2207  # one word per candidate: aliases, tasks and flags have no spaces
     COMPREPLY=($(compgen -W "$candidates" -- "$cur"))

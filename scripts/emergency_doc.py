@@ -47,9 +47,12 @@ def render() -> str:
         block(DIRECT.route.one_liner(MEMORY)),
         "## 3. Tear down: TERM every GPU holder at once, KILL after 30 s, skip the protected\n",
         "Skips PID 1, itself and its ancestors, sshd, nvidia-persistenced, nv-hostengine, dcgm-exporter and other "
-        "exporters, nvidia-smi/nvitop/gpustat/nvtop; checks each PID's start time before every signal; polls every "
-        "50 ms instead of sleeping; prints a report (`holders:`, `protected:`, `sigTERM:`, `sigKILL:`, "
-        "`remaining:`, `verdict:`) and exits 0 only when no unprotected holder is left and every GPU reads "
+        "exporters, nvidia-smi/nvitop/gpustat/nvtop - by their process name or argv[0], never an argument, and only "
+        "when every uid of the process is a system uid (below login.defs UID_MIN) and it runs a root-owned program "
+        "(a user's `exec -a Xorg` or `python3 ~/nvitop` is stopped like any holder); checks each PID's start time "
+        "before every signal; polls every 50 ms instead of sleeping; prints a report (`holders:`, `protected:`, "
+        "`sigTERM:`, `sigKILL:`, `remaining:`, `protected-mapped:`, `verdict:`) and exits 0 only when no unprotected "
+        "holder is left, no protected one maps a GPU device file (a CUDA context) and every GPU reads "
         "0 MiB used. It stops GPU holders only: a server's non-GPU children (tokenizers) are left; "
         "`invoke teardown` stops whole trees.\n",
         "Direct to the GPU container:\n",

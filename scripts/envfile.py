@@ -19,7 +19,9 @@ or line-separator character; a value over 4 KiB; a control character anywhere in
 """
 from __future__ import annotations
 
+import os
 import re
+import stat
 import unicodedata
 from pathlib import Path
 
@@ -121,12 +123,83 @@ def parse_text(text: str, source: str) -> tuple:
     return values, where_set
 
 
-def read_env_file(path: Path) -> tuple:
-    """Read and parse a hosts.env file: ({KEY: value}, {KEY: line number})."""
+def _trusted(st: os.stat_result, what: str, is_dir: bool) -> None:
+    """Owned by this user or root, and nobody else can write it (a directory may be
+    other-writable only when sticky, like /tmp: others cannot replace what is ours there)."""
+    if st.st_uid not in (0, os.geteuid()):
+        raise ConfigError(f"{what}: owned by uid {st.st_uid}, not by you or root: refusing to read hosts from it "
+                          "(its LOCAL_PYTHON, SSH_OPTS… would run as you)")
+    if st.st_mode & 0o022 and not (is_dir and st.st_mode & stat.S_ISVTX):
+        raise ConfigError(f"{what}: writable by group or others (mode {stat.S_IMODE(st.st_mode):o}): "
+                          "refusing to read hosts from it; chmod go-w it")
+
+
+MAX_LINKS = 40
+
+
+def trusted_real_path(path: Path) -> str:
+    """The file `path` names, walked one component at a time: every directory on the way and
+    every symbolic link followed must belong to this user or root, and no directory may be
+    writable by others unless sticky (_trusted). Why each: a link in, or a directory above,
+    another user's directory lets that user re-point which file is read, e.g. switch root
+    from the test cluster's hosts.env to another (found by a red team)."""
+    pending = [c for c in str(Path(path).absolute()).split("/") if c]
+    cur, links = "/", 0
+    _trusted(os.stat("/"), f"{path}: directory /", is_dir=True)
+    while pending:
+        name = pending.pop(0)
+        if name == ".":
+            continue
+        if name == "..":
+            cur = os.path.dirname(cur) or "/"
+            continue
+        nxt = os.path.join(cur, name)
+        try:
+            st = os.lstat(nxt)
+        except OSError as exc:
+            raise ConfigError(f"{path}: cannot read ({exc.strerror or exc}: {nxt})") from None
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                raise ConfigError(f"{path}: cannot read (too many symbolic links)")
+            if st.st_uid not in (0, os.geteuid()):  # a link's own mode is always 0777: its owner counts
+                raise ConfigError(f"{path}: link {nxt} is owned by uid {st.st_uid}, not by you or root: refusing "
+                                  "to read hosts through it")
+            target = os.readlink(nxt)
+            pending = [c for c in target.split("/") if c] + pending
+            if target.startswith("/"):
+                cur = "/"
+            continue
+        if pending:  # a directory on the way
+            if not stat.S_ISDIR(st.st_mode):
+                raise ConfigError(f"{path}: cannot read ({nxt} is not a directory)")
+            _trusted(st, f"{path}: directory {nxt}", is_dir=True)
+        cur = nxt
+    return cur
+
+
+def read_trusted_bytes(path: Path) -> bytes:
+    """The bytes of a file only this user or root controls, else ConfigError naming why.
+
+    Why: hosts.env says which programs run (LOCAL_PYTHON, ssh options): a file, a link or a
+    directory another user can write would make root run that user's code."""
+    real = trusted_real_path(path)
     try:
-        data = Path(path).read_bytes()
+        fd = os.open(real, os.O_RDONLY | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0))
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read ({exc.strerror or exc})") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise ConfigError(f"{path}: cannot read (not a regular file)")
+    with os.fdopen(fd, "rb") as f:
+        _trusted(st, str(path), is_dir=False)
+        return f.read()
+
+
+def read_env_file(path: Path) -> tuple:
+    """Read and parse a hosts.env file: ({KEY: value}, {KEY: line number})."""
+    data = read_trusted_bytes(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -36,7 +36,7 @@ def health(x, alias: str = "HOST") -> str:
     for g in gpus:
         h = contract.gpu_health(g)
         rows.append([g["index"], h["verdict"].upper() if h["verdict"] not in ("ok", "unknown") else h["verdict"],
-                     shorten("; ".join(h["reasons"][:2]) or "-", 100)])
+                     "; ".join(h["reasons"][:2]) or "-"])  # wrapped by the table, never cut
         if h["verdict"] in NEXT:
             steps.append(f"  GPU {g['index']}: {NEXT[h['verdict']].format(alias=alias, gpu=g['index'])}")
     out = "GPU health\n" + table(["gpu", "verdict", Col("why", "wrap", 24)], rows, "  ")  # fits COLUMNS

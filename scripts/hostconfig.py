@@ -90,7 +90,7 @@ def _split_key(key: str):
 
 def _check(key: str, value: str, pattern: re.Pattern, what: str) -> str:
     if not pattern.match(value):
-        raise ConfigError(f"{key}={value!r}: not a valid {what}")
+        raise ConfigError(f"{key}={show(value)}: not a valid {what}")
     return value
 
 
@@ -128,13 +128,13 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
         if ssh == "":
             raise ConfigError(f"{key('SSH')}='': empty ssh destination")
         if ssh.startswith("-"):
-            raise ConfigError(f"{key('SSH')}={ssh!r}: an ssh destination may not start with '-'")
+            raise ConfigError(f"{key('SSH')}={show(ssh)}: an ssh destination may not start with '-'")
         dest = _check(key("SSH"), ssh, _SSH_DEST, "ssh destination (user@host or alias; no spaces or shell characters)")
         hops.append(SshHop(dest, opts))
     if "CTID" in keys:
         ctid = keys["CTID"]
         if not ctid.isdigit() or not ctid.isascii() or int(ctid) < 100:
-            raise ConfigError(f"{key('CTID')}={ctid!r}: a Proxmox container id is a number of 100 or more")
+            raise ConfigError(f"{key('CTID')}={show(ctid)}: a Proxmox container id is a number of 100 or more")
         hops.append(PctHop(ctid))
     python = _check(key("PYTHON"), keys.get("PYTHON", DEFAULT_PYTHON), _PYTHON,
                     "interpreter (a name or an absolute path)")
@@ -216,5 +216,6 @@ def select_hosts(spec: str, hosts: dict) -> list:
     names = expand(spec)
     unknown = [n for n in names if n not in hosts]
     if unknown:
-        raise ConfigError(f"--host {spec!r}: unknown host alias {unknown[0]!r} (known: {', '.join(sorted(hosts))})")
+        known = ", ".join(sorted(hosts))
+        raise ConfigError(f"--host {show(spec)}: unknown host alias {show(unknown[0])} (known: {known})")
     return [hosts[n] for n in names]

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .hostconfig import load_hosts, select_hosts
-from .sandbox import sandbox_host
+from .sandbox import existing_dir, sandbox_host
 
 
 def load(path: Path | None = None) -> dict:
@@ -18,5 +18,12 @@ def load(path: Path | None = None) -> dict:
 
 
 def select(spec: str, path: Path | None = None) -> list:
-    """The hosts a --host value names ('gpu1,gpu2', 'gpu[1-8]'); ConfigError if unknown or bad."""
-    return select_hosts(spec, load(path))
+    """The hosts a --host value names ('gpu1,gpu2', 'gpu[1-8]'); ConfigError if unknown or bad.
+
+    A sandbox directory another user owns (or a loose or linked one) is refused here, for
+    every task, not only by `sandbox up` (StateDirError, exit 3): status, verify and
+    teardown ran against it and wrote into it (found by a red team)."""
+    chosen = select_hosts(spec, load(path))
+    if any(h.sandbox for h in chosen):
+        existing_dir()
+    return chosen

@@ -26,6 +26,8 @@ def stop_line(x) -> str:
     r = _r(x)
     if r.note and not r.stopped:
         return r.note
+    if not r.stopped and not r.left:  # a second `stop`: say so, not "stopped []"
+        return "nothing to stop: no process of the phase was running"
     return f"stopped {r.stopped}" + (f", still alive {r.left}" if r.left else "") + (f"; {r.note}" if r.note else "")
 
 

@@ -298,7 +298,7 @@ def _what_ran(step: str) -> str:
 
 def step_table(steps: list) -> str:
     """The pivot's steps as a table: step, result, exit, seconds."""
-    from .render import table
+    from .render import Col, table
 
     rows = [[s["step"], s["result"], str(s["exit"]), f"{s['seconds']:.2f}"] for s in steps]
-    return table(["step", "result", "exit", "seconds"], rows)
+    return table(["step", Col("result", "wrap", 24), "exit", "seconds"], rows)  # a long result wraps to COLUMNS

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from .agent import contract
-from .route import ran_line, unreachable
+from .route import ran_line, read_ssh_log, ssh_log, unreachable
 from .transport import timed_out
 
 RUN_DEADLINE_S = 600.0  # `invoke run` default --timeout: operator commands may be long, never endless
@@ -39,36 +39,59 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
     own exit code, 255 included."""
     nonce = contract.new_nonce()
     mark = ran_line(nonce).encode()
-    cmd = host.route.wrap(host.route.marked(argv, nonce))
-    seen: dict = {"ran": host.route.ssh is None, "err": [], "partial": b""}
-    # Both streams go to files, never pipes: a ControlPersist master forked by this ssh keeps
-    # them open for minutes, so EOF on a pipe would come only then (transport.call_agent).
-    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if capture else None,
-                                    stdout=out if capture else None, stderr=err)
-        except OSError as exc:  # only on this machine (no hops): ssh itself is always there
-            return _not_started(host, argv, exc, capture)
-        done = threading.Event()
-        follower = threading.Thread(target=_follow, args=(err, mark, seen, capture, done), daemon=True)
-        follower.start()
-        try:
-            code = proc.wait(timeout=deadline_s if deadline_s > 0 else None)
-            cut_off = False
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            code, cut_off = proc.wait(), True
-        finally:
-            done.set()
-            follower.join()
-        out.seek(0)
-        stdout = out.read()
-    text = b"".join(seen["err"]).decode("utf-8", "replace")
-    if cut_off:
-        raise timed_out(host.alias, deadline_s, seen["ran"])
-    if host.route.ssh_failed(code, seen["ran"], text):
-        raise unreachable(host.alias, text, seen["ran"])
-    return Ran(code, stdout, text.encode())
+    with ssh_log(host.route) as log:
+        cmd = host.route.wrap(_marked(host, argv, nonce), ssh_log=log.path if log else None)
+        seen: dict = {"ran": host.route.ssh is None, "err": [], "partial": b""}
+        # Both streams go to files, never pipes: a ControlPersist master forked by this ssh keeps
+        # them open for minutes, so EOF on a pipe would come only then (transport.call_agent).
+        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+            try:
+                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if capture else None,
+                                        stdout=out if capture else None, stderr=err)
+            except OSError as exc:  # only on this machine (no hops): ssh itself is always there
+                return _not_started(host, argv, exc, capture)
+            done = threading.Event()
+            follower = threading.Thread(target=follow_stderr, args=(err, mark, seen, capture, done), daemon=True)
+            follower.start()
+            try:
+                code = proc.wait(timeout=deadline_s if deadline_s > 0 else None)
+                cut_off = False
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                code, cut_off = proc.wait(), True
+            finally:
+                done.set()
+                follower.join()
+            out.seek(0)
+            stdout = out.read()
+        text = b"".join(seen["err"]).decode("utf-8", "replace")
+        ssh_said = read_ssh_log(log)
+        if cut_off:
+            raise timed_out(host.alias, deadline_s, seen["ran"], local=not host.route.hops)
+        if host.route.ssh_failed(code, seen["ran"], ssh_said):
+            raise unreachable(host.alias, ssh_said or text, seen["ran"])
+        return Ran(SIGNALLED + -code if code < 0 else code, stdout, text.encode())
+
+
+SIGNALLED = 128  # a command killed by signal N exits 128+N, as a shell reports it
+# The far side's wrapper: the proof line (route.marked), then the command as a child of sh,
+# not exec'd. Why not exec: ssh reports a command killed by a signal as 255 (it has no exit
+# status), the same as its own failure; sh's wait turns that death into 128+N. Why check
+# the command first: sh's own "exec: X: not found" names no host; this line does, like
+# `local` (_not_started).
+_WRAPPER = (
+    'printf "%s\\n" "$1" >&2; alias=$2; shift 2; '
+    'case "$1" in */*) [ -f "$1" ] && [ -x "$1" ] ;; *) command -v "$1" >/dev/null 2>&1 ;; esac || { '
+    'if [ -e "$1" ]; then printf "gpu-pivot: %s: %s: not executable\\n" "$alias" "$1" >&2; exit 126; fi; '
+    'printf "gpu-pivot: %s: %s: command not found\\n" "$alias" "$1" >&2; exit 127; }; '
+    '"$@"')
+
+
+def _marked(host, argv: list, nonce: str) -> list:
+    """argv behind the proof line over ssh (see _WRAPPER); argv itself with no ssh hop."""
+    if host.route.ssh is None:
+        return list(argv)
+    return ["sh", "-c", _WRAPPER, "gpu-pivot", ran_line(nonce), host.alias, *argv]
 
 
 def _not_started(host, argv: list, exc: OSError, capture: bool) -> Ran:
@@ -82,7 +105,7 @@ def _not_started(host, argv: list, exc: OSError, capture: bool) -> Ran:
     return Ran(code, b"", line)
 
 
-def _follow(err, mark: bytes, seen: dict, capture: bool, done: threading.Event) -> None:
+def follow_stderr(err, mark: bytes, seen: dict, capture: bool, done: threading.Event) -> None:
     """Read the stderr file as it grows (until `done`, then what is left), line by line."""
     pos = 0
     while True:

@@ -36,7 +36,10 @@ def safe(text) -> str:
 
 
 def width() -> int:
-    """Columns to fit: `COLUMNS` when it is a positive number, else the terminal's, else 100."""
+    """Columns to fit: `COLUMNS` when it is a positive number, else the terminal's, else 100.
+
+    A terminal that reports 0 columns (a serial or IPMI console, `script`, `kubectl exec`)
+    does not know its width: 0 is read as unknown, not as a screen no table fits."""
     try:
         cols = int(os.environ.get("COLUMNS", ""))
         if cols > 0:
@@ -44,9 +47,10 @@ def width() -> int:
     except ValueError:
         pass
     try:
-        return os.get_terminal_size(sys.stdout.fileno()).columns
+        cols = os.get_terminal_size(sys.stdout.fileno()).columns
     except (OSError, ValueError, AttributeError):
         return DEFAULT_WIDTH
+    return cols if cols > 0 else DEFAULT_WIDTH
 
 
 def colour_on(stream=None) -> bool:

@@ -7,7 +7,7 @@ exact command before anything runs, and the same lines after it ran.
 from __future__ import annotations
 
 from .agent import contract
-from .render import safe, table
+from .render import Col, safe, table
 
 
 def report(alias: str, r: contract.ResetResult) -> str:
@@ -19,7 +19,8 @@ def report(alias: str, r: contract.ResetResult) -> str:
         head = f"would run: {cmd}   (dry run: add --yes to run it)"
     else:
         head = f"refused: {cmd} was NOT run"
-    lines = [f"== {alias} ({r.hostname}) GPU {r.gpu}", table(["", "precondition", "detail"], rows, "  "), head]
+    checks = table(["", "precondition", Col("detail", "wrap", 24)], rows, "  ")  # a long detail wraps
+    lines = [f"== {alias} ({r.hostname}) GPU {r.gpu}", checks, head]
     if r.output:
         lines.append("  " + safe(r.output).replace("\n", "\n  "))
     if r.note:

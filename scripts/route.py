@@ -14,9 +14,11 @@ line for a terminal (the terminal's shell is one more layer: one more shlex.join
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shlex
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -99,9 +101,12 @@ class SshHop:
             *control_opts(),
         ]
 
-    def wrap(self, argv: list, for_paste: bool) -> list:
+    def wrap(self, argv: list, for_paste: bool, ssh_log: str | None = None) -> list:
         opts = list(self.opts) if for_paste else self.machine_opts()
-        return ["ssh", *opts, self.dest, shlex.join(argv)]
+        # -E: ssh's own messages (refused, timed out, keep-alive lost) to a file of ours, so
+        # a remote command cannot fake them on its stderr (ssh_failed reads only the file).
+        log = ["-E", ssh_log] if ssh_log and not for_paste else []
+        return ["ssh", *log, *opts, self.dest, shlex.join(argv)]
 
     def describe(self) -> str:
         return "ssh " + " ".join([*map(shlex.quote, self.opts), self.dest]).strip()
@@ -113,7 +118,7 @@ class PctHop:
 
     ctid: str
 
-    def wrap(self, argv: list, for_paste: bool) -> list:
+    def wrap(self, argv: list, for_paste: bool, ssh_log: str | None = None) -> list:
         return ["pct", "exec", self.ctid, "--", *argv]
 
     def describe(self) -> str:
@@ -126,12 +131,13 @@ class Route:
 
     hops: tuple = ()
 
-    def wrap(self, argv: list, for_paste: bool = False) -> list:
+    def wrap(self, argv: list, for_paste: bool = False, ssh_log: str | None = None) -> list:
+        """argv behind every hop; `ssh_log`: where the ssh hop writes its own messages (-E)."""
         if not argv:
             raise ValueError("empty command")
         out = list(argv)
         for hop in reversed(self.hops):
-            out = hop.wrap(out, for_paste)
+            out = hop.wrap(out, for_paste, ssh_log)
         return out
 
     def one_liner(self, argv: list) -> str:
@@ -166,6 +172,68 @@ class Route:
         if returncode != SSH_UNREACHABLE or self.ssh is None:
             return False
         return not ran or keepalive_lost(stderr)
+
+
+SSH_LOG_MAX_BYTES = 256 * 1024
+
+
+@dataclass
+class SshLog:
+    """ssh's own messages for one call (`ssh -E path`): the text written after `offset`."""
+
+    path: str
+    offset: int = 0
+    temporary: bool = False
+
+    def read(self) -> str:
+        try:
+            with open(self.path, "rb") as f:
+                f.seek(self.offset)
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+
+@contextlib.contextmanager
+def ssh_log(route: Route):
+    """Where ssh writes its own messages (-E) during one call; None with no ssh hop.
+
+    One file per destination in the private ControlMaster directory, appended to and read
+    from where this call began: the master connection (ControlPersist) was started by an
+    earlier call and keeps writing to that call's -E file, and it is the master that says
+    "Timeout, server ... not responding" when keep-alives go unanswered (a file per call,
+    deleted after it, lost that line: found by a red team). Without a usable private
+    directory, a fresh mkstemp file (ssh then runs without a master)."""
+    hop = route.ssh
+    if hop is None:
+        yield None
+        return
+    try:
+        directory = control_dir()
+    except statedir.StateDirError:
+        fd, path = tempfile.mkstemp(prefix="gpu-pivot-ssh-", suffix=".log")
+        os.close(fd)
+        try:
+            yield SshLog(path, 0, temporary=True)
+        finally:
+            os.unlink(path)
+        return
+    name = hashlib.sha1("\0".join([hop.dest, *hop.opts]).encode()).hexdigest()[:16] + ".log"
+    path = str(directory / name)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        size = os.fstat(fd).st_size
+        if size > SSH_LOG_MAX_BYTES:
+            os.ftruncate(fd, 0)  # a master appending (O_APPEND) goes on at the new end
+            size = 0
+    finally:
+        os.close(fd)
+    yield SshLog(path, size)
+
+
+def read_ssh_log(log: SshLog | None) -> str:
+    """What ssh itself said during the call ("" with no ssh hop or an unreadable file)."""
+    return log.read() if log is not None else ""
 
 
 def ran_line(nonce: str) -> str:

@@ -240,9 +240,12 @@ def status() -> dict:
              for role, info in record.items()}
     where = sandbox_dir()
     server_port, datagen_port = ports(base)
+    recorded = {(p["pid"], p["start_time"]) for p in procs.values()}
     return {"dir": str(where), "devices": f"{where}/dev/nvidia*", "processes": procs,
             "ports": {"server": server_port, "datagen": datagen_port},
-            "alive": [r for r, p in procs.items() if p["alive"]]}
+            "alive": [r for r, p in procs.items() if p["alive"]],
+            # processes of this sandbox its state does not list (its directory was removed by hand)
+            "unrecorded": [pid for pid, start in members(where) if (pid, start) not in recorded]}
 
 
 def down() -> dict:
@@ -252,7 +255,7 @@ def down() -> dict:
 
     base = existing_dir()
     state = status()
-    _stop_members(sandbox_dir())
+    state["stopped_unrecorded"] = _stop_members(sandbox_dir())
     if base is None:
         return state
     host = sandbox_host()
@@ -273,7 +276,7 @@ def down() -> dict:
     return state
 
 
-def _stop_members(base: Path) -> None:
+def _stop_members(base: Path) -> list:
     """SIGKILL the processes that carry this sandbox's identity (sandbox_procs.members):
     the ones a state.json no longer lists, e.g. after the directory was removed by hand."""
     found = members(base)
@@ -282,6 +285,7 @@ def _stop_members(base: Path) -> None:
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline and any(procfs.same_process(pid, start) for pid, start in found):
         time.sleep(0.02)
+    return [pid for pid, _start in found]
 
 
 DEMO_TREE = ("server", "worker0", "worker1")

@@ -90,7 +90,9 @@ def member_env(base: Path, env: dict | None = None) -> dict:
 def members(base: Path) -> list:
     """[(pid, start_time)] of this user's processes whose environment names `base` as their
     sandbox, ourselves excluded. Read from /proc/PID/environ (only our own are readable to
-    a non-root user; root also checks the owner)."""
+    a non-root user). Every uid of the process (real, effective, saved, fs) must be ours:
+    the owner of /proc/PID is only the effective uid, so another user's setuid `su` started
+    with the variable set would otherwise look like root's own (found by a red team)."""
     want = f"{MEMBER_ENV}={base}".encode()
     uid, me = os.geteuid(), os.getpid()
     found = []
@@ -105,7 +107,7 @@ def members(base: Path) -> list:
                 environ = f.read().split(b"\0")
         except OSError:
             continue
-        if want in environ:
+        if want in environ and set(procfs.uids(pid) or ()) == {uid}:
             start = procfs.start_time(pid)
             if start is not None:
                 found.append((pid, start))

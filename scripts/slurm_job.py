@@ -10,9 +10,23 @@ user's other job) is ever a target: only holders of the job's GPUs are. The agen
 first and only its targets on the job's GPUs are approved for the `teardown`: on a GPU node
 NVML also lists the same user's processes on the node's other GPUs (another of its jobs).
 
-Why bounded: Slurm waits for the epilog with the node half-released; the agent gets
-grace + kill wait + settle inside BUDGET_S (a run over 10 s is a bug), and the call is
-cut off at the budget's end (a cut-off run drains the node, naming the timeout).
+Why job by job, not only user by user: with shared GPUs (gres/shard, gres/mps,
+OverSubscribe) the same user's NEXT job may be running on the finished job's GPU. A process
+in another job's cgroup, as Slurm's cgroup plugins make it (root-owned, in Slurm's own
+layout: slurm_cgroup says why a `job_<N>` folder alone proves nothing), is that job's: it is
+never approved as a target, and it does not count against this job's GPUs (other_job).
+With proctrack/linuxproc there are no such cgroups, and no holder is excused.
+
+Why no protection by name for the job's user: whatever a leftover of the job's user calls
+itself (`exec -a Xorg`, a command line that matches the host's PROTECT), the job is over and
+the process holds the job's GPU. So the scoped epilog call carries no PROTECT patterns (they
+could only ever spare the job's user's processes: nothing else is in scope), and SLURM_JOB_UID=0
+is refused: root's processes are the node's, never a job's leftovers.
+
+Why bounded: Slurm waits for the epilog with the node half-released; the whole run, the
+drain calls included, stays inside BUDGET_S (a run over 10 s is a bug): the agent gets
+AGENT_S (grace + kill wait + settle) and is cut off at its end (a cut-off run drains the
+node, naming the timeout), and the two Slurm calls that set the reason share what is left.
 
 Why `scontrol` for the reason, and only for it: a non-zero exit already makes Slurm drain
 the node, but with the reason "Epilog error" (or "Prolog error"), which tells the admin
@@ -21,7 +35,7 @@ reason (`sinfo` to read the current one, `scontrol update` to set it) just befor
 non-zero; Slurm then keeps it. Nothing else of Slurm is called.
 
 Configuration (optional): an env file at $GPU_PIVOT_SLURM_CONF or /etc/gpu-pivot/slurm.env
-with the host keys of hosts.env, without an alias (DEVICES, FAKE_DEVICES, PROTECT), plus
+with the host keys of hosts.env, without an alias (DEVICES, FAKE_DEVICES, PROTECT: the prolog's only), plus
 RUN_DIR, GRACE, TIMEOUT, SETTLE (seconds) and MAX_USED_MIB.
 """
 from __future__ import annotations
@@ -37,6 +51,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from . import slurm_cgroup
 from .agent import contract
 from .config_error import ConfigError, show
 from .envfile import read_env_file
@@ -45,8 +60,11 @@ from .transport import AgentError, call_agent
 
 CONF_ENV = "GPU_PIVOT_SLURM_CONF"
 DEFAULT_CONF = "/etc/gpu-pivot/slurm.env"
-BUDGET_S = 9.0  # the whole run, agent start to drain; Slurm's epilog must be quick
-SCONTROL_S = 3.0  # scontrol's own limit (a controller that does not answer must not hold the node)
+BUDGET_S = 9.5  # the whole run, agent start to drain; Slurm's epilog must be quick
+DRAIN_S = 1.5  # kept back from the agent for sinfo + scontrol (a controller that does not answer must not hold it)
+AGENT_S = BUDGET_S - DRAIN_S
+SCONTROL_S = 3.0  # scontrol's own limit when more of the budget is left
+DIGITS = re.compile(r"[0-9]+")  # ASCII only: str.isdigit() accepts '²', which int() refuses
 HOST_KEYS = ("DEVICES", "FAKE_DEVICES", "PROTECT")
 # Names of a program never contain NUL (argv words are NUL-separated), so this pattern
 # names no program: the plan's targets are then only the holders of the job's GPUs.
@@ -76,16 +94,19 @@ class Job:
 def job_from_env(env) -> Job:
     """The job Slurm describes in the environment; ConfigError names a bad value."""
     job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or ""
-    if not job_id.isdigit():
+    if not DIGITS.fullmatch(job_id):
         raise ConfigError(f"SLURM_JOB_ID={show(job_id)}: not a job id (is this run by slurmd?)")
     uid = env.get("SLURM_JOB_UID", "")
-    if not uid.isdigit():
+    if not DIGITS.fullmatch(uid):
         raise ConfigError(f"SLURM_JOB_UID={show(uid)}: not a uid; without it the job's processes cannot be told "
                           "from others'")
+    if int(uid) == 0:
+        raise ConfigError("SLURM_JOB_UID='0': root's processes are the node's, never a job's leftovers; "
+                          "gpu-pivot does not clean up after root's jobs")
     raw = env.get("SLURM_JOB_GPUS") or env.get("CUDA_VISIBLE_DEVICES") or ""
     gpus = []
     for word in filter(None, raw.split(",")):
-        if not word.isdigit():
+        if not DIGITS.fullmatch(word):
             raise ConfigError(f"SLURM_JOB_GPUS={show(raw)}: expected GPU indices such as 0,1")
         gpus.append(int(word))
     return Job(job_id, int(uid), tuple(sorted(set(gpus))), env.get("SLURMD_NODENAME") or None)
@@ -112,13 +133,13 @@ def load_settings(env) -> Settings:
                         timeout=_seconds(path, "TIMEOUT", values.get("TIMEOUT"), default.timeout),
                         settle=_seconds(path, "SETTLE", values.get("SETTLE"), default.settle))
     if "MAX_USED_MIB" in values:
-        if not values["MAX_USED_MIB"].isdigit():
+        if not DIGITS.fullmatch(values["MAX_USED_MIB"]):
             raise ConfigError(f"{path}: MAX_USED_MIB={show(values['MAX_USED_MIB'])}: not a whole number of MiB")
         settings = dataclasses.replace(settings, max_used_mib=int(values["MAX_USED_MIB"]))
     worst = settings.wait_lock + settings.grace + 2 * settings.timeout + settings.settle
-    if worst > BUDGET_S - 1:
+    if worst > AGENT_S - 0.5:
         raise ConfigError(f"{path}: GRACE + 2*TIMEOUT + SETTLE + {settings.wait_lock:g} s lock wait = {worst:g} s; "
-                          f"must stay under {BUDGET_S - 1:g} s (an epilog must be quick)")
+                          f"must stay under {AGENT_S - 0.5:g} s (an epilog must be quick)")
     return settings
 
 
@@ -191,20 +212,42 @@ def _comm(row: dict) -> str:
     return os.path.basename(cmd[0]) if cmd else "?"
 
 
-def epilog_problems(res, view: DeviceView, gpus: tuple) -> list:
+def epilog_problems(res, view: DeviceView, job: Job) -> list:
     """Specific lines, most telling first: stuck after SIGKILL, not the epilog's to kill,
-    signals refused, respawned, then whatever still holds the job's GPUs."""
+    signals refused, respawned, then whatever still holds the job's GPUs; never what
+    another job's cgroup holds (that job is running on a shared GPU)."""
+    gpus = job.gpus
     out = [_pid_line(s, view, "still holds after SIGKILL:") + (" stuck in the driver" if s.get("state") == "D"
                                                                 else "")
            for s in res.stuck]
-    foreign = [r for r in (res.plan.left_alone if res.plan else []) if on_job(r, gpus)]
+    foreign = _foreign(res, job)
     out += [_pid_line(r, view, "is not the job's user's, not the epilog's to kill; holds") for r in foreign]
     out += [f"{f['signal']} to pid {f['pid']} failed: {f['result']}" for f in res.signal_failures]
-    out += [f"pid {a.get('pid')} ({_comm(a)}) appeared on the GPU during the settle window" for a in res.appeared]
+    out += [f"pid {a.get('pid')} ({_comm(a)}) appeared on the GPU during the settle window"
+            for a in _appeared(res, job)]
     seen = {s["pid"] for s in res.stuck} | {r["pid"] for r in foreign}
     out += [_pid_line(r, view, "still holds") for r in res.still_holding if r.get("pid") not in seen and (
-        r.get("devices") or r.get("gpu") is None or r.get("gpu") in gpus)]
+        r.get("devices") or r.get("gpu") is None or r.get("gpu") in gpus) and not other_job(r, job.id)]
     return out or [view.real(p) for p in res.problems] or ["not free (no detail in the agent's result)"]
+
+
+def _foreign(res, job: Job) -> list:
+    """Holders of the job's GPUs outside the scope (another user's), not in another job's cgroup."""
+    return [r for r in (res.plan.left_alone if res.plan else []) if on_job(r, job.gpus) and not other_job(r, job.id)]
+
+
+def _appeared(res, job: Job) -> list:
+    return [a for a in res.appeared if not other_job(a, job.id)]
+
+
+def other_job(row: dict, job_id: str | None) -> bool:
+    """Is this holder (a scan or plan row) in ANOTHER running job's cgroup? Then it is that
+    job's, on a shared GPU: never this job's to signal or to blame. Only a cgroup Slurm
+    itself made counts (slurm_cgroup.job_of): a `job_<N>` folder a user made names nothing."""
+    if job_id is None:
+        return False
+    job = slurm_cgroup.job_of(row.get("pid"), row.get("start_time"))
+    return job is not None and job != job_id
 
 
 def on_job(row: dict, gpus: tuple) -> bool:
@@ -213,7 +256,7 @@ def on_job(row: dict, gpus: tuple) -> bool:
     return bool(row.get("devices")) or bool(set(row.get("gpu_mib") or {}) & {str(i) for i in gpus})
 
 
-def job_problems(doc: dict, gpus: tuple, max_used_mib: int) -> list:
+def job_problems(doc: dict, gpus: tuple, max_used_mib: int, job_id: str | None = None) -> list:
     """What keeps THE JOB'S GPUs from being free, from an agent verify or teardown document.
 
     Why here: the agent's verdict covers every GPU NVML reports, and on a node shared by
@@ -222,18 +265,25 @@ def job_problems(doc: dict, gpus: tuple, max_used_mib: int) -> list:
     (NVML's index taken as the N of /dev/nvidiaN, which is also Slurm's gres index when
     gres.conf lists /dev/nvidia[0-N]), holders count when they hold one of the job's device
     files (the agent looked at no others) or GPU memory on one of its GPUs, and a process
-    that could not be inspected still blocks: it might hold anything."""
+    that could not be inspected still blocks: it might hold anything. With `job_id`, what
+    another job's cgroup holds is that job's (a shared GPU), and so is the memory used on a
+    GPU one of its processes is on."""
     wanted = {str(i) for i in gpus}
+    holders = doc.get("holders") or []
+    others = {h["pid"] for h in holders if other_job(h, job_id)}
     out = []
     for g in doc.get("gpus") or []:
         if str(g.get("index")) not in wanted:
             continue
-        out += [f"GPU {g['index']}: compute process pid {p['pid']} ({p['used_mib']} MiB)" for p in g["processes"]]
-        if g.get("used_mib") is not None and g["used_mib"] > max_used_mib:
+        procs = g["processes"]
+        out += [f"GPU {g['index']}: compute process pid {p['pid']} ({p['used_mib']} MiB)" for p in procs
+                if p["pid"] not in others]
+        shared = any(p["pid"] in others for p in procs)
+        if g.get("used_mib") is not None and g["used_mib"] > max_used_mib and not shared:
             out.append(f"GPU {g['index']}: {g['used_mib']} MiB used > {max_used_mib} MiB")
-    for h in doc.get("holders") or []:
+    for h in holders:
         context = h.get("gpu_mib") or h.get("mapped_devices")
-        if on_job(h, gpus) and (not h.get("protected") or context):
+        if on_job(h, gpus) and h["pid"] not in others and (not h.get("protected") or context):
             held = ", ".join(h.get("devices") or []) or "memory on GPU " + ", ".join(sorted(h.get("gpu_mib") or {}))
             out.append(f"pid {h['pid']} (state {h.get('state', '?')}) holds {held}")
     if doc.get("denied") or doc.get("proc_hidden"):
@@ -252,8 +302,8 @@ def reason_text(kind: str, job: Job, problems: list) -> str:
 
 def _job_host(settings: Settings, job: Job, view: DeviceView, scoped: bool):
     host = dataclasses.replace(settings.host, devices=view.glob)
-    if scoped:
-        host = dataclasses.replace(host, targets=(NO_PROGRAM,), scope_uid=job.uid)
+    if scoped:  # no PROTECT: in scope is only the job's user, whose leftovers no name may spare
+        host = dataclasses.replace(host, targets=(NO_PROGRAM,), scope_uid=job.uid, protect=())
     return host
 
 
@@ -276,27 +326,28 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
         return early
     try:
         host = _job_host(settings, job, view, scoped=True)
-        planned = call_agent(host, "plan", deadline_s=BUDGET_S - (time.monotonic() - started))
+        planned = call_agent(host, "plan", deadline_s=AGENT_S - (time.monotonic() - started))
         if planned.code != contract.EXIT_OK:
             return planned.code, [view.real(p) for p in planned.doc.get("problems") or []] or [
                 planned.doc.get(contract.USAGE_ERROR) or f"the agent's plan exited {planned.code}"]
-        # only what holds the job's GPUs: NVML also lists the same user's processes on the node's other GPUs
-        mine = [t for t in planned.result.plan.targets if on_job(t, job.gpus)]
+        # only what holds the job's GPUs (NVML also lists the same user's processes on the node's other
+        # GPUs), and not what another job's cgroup holds (the same user's running job on a shared GPU)
+        mine = [t for t in planned.result.plan.targets if on_job(t, job.gpus) and not other_job(t, job.id)]
         args = ["--grace", settings.grace, "--timeout", settings.timeout, "--settle", settings.settle,
                 "--wait-lock", settings.wait_lock, "--max-used-mib", settings.max_used_mib,
                 "--approved", ",".join(f"{t['pid']}:{t['start_time']}" for t in mine),
                 "--operator", f"slurm-epilog job {job.id} uid {job.uid}"]
-        res = call_agent(host, "teardown", args, deadline_s=BUDGET_S - (time.monotonic() - started))
+        res = call_agent(host, "teardown", args, deadline_s=AGENT_S - (time.monotonic() - started))
         r = res.result
         if r.locked:
             return res.code, [f"another teardown holds the node's lock: {r.error}"]
         if r.state_error:
             return res.code, [f"agent state directory unusable: {r.state_error}"]
         if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE and not (
-                r.stuck or r.signal_failures or r.appeared or any(on_job(a, job.gpus) for a in r.plan.left_alone))
-                and not job_problems(res.doc, job.gpus, settings.max_used_mib)):
+                r.stuck or r.signal_failures or _appeared(r, job) or _foreign(r, job))
+                and not job_problems(res.doc, job.gpus, settings.max_used_mib, job.id)):
             return contract.EXIT_OK, []
-        return res.code, epilog_problems(r, view, job.gpus)
+        return res.code, epilog_problems(r, view, job)
     finally:
         view.close()
 
@@ -310,30 +361,34 @@ def prolog(job: Job, settings: Settings, started: float) -> tuple:
         wait = min(1.0, BUDGET_S / 4)
         res = call_agent(_job_host(settings, job, view, scoped=False), "verify",
                          ["--wait", wait, "--max-used-mib", settings.max_used_mib],
-                         deadline_s=BUDGET_S - (time.monotonic() - started))
+                         deadline_s=AGENT_S - (time.monotonic() - started))
         if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE
-                                            and not job_problems(res.doc, job.gpus, settings.max_used_mib)):
+                                            and not job_problems(res.doc, job.gpus, settings.max_used_mib, job.id)):
             return contract.EXIT_OK, []
-        holders = [h for h in res.result.scan.holders if not h["protected"]]
+        holders = [h for h in res.result.scan.holders if not h["protected"] and not other_job(h, job.id)]
         lines = [_pid_line(h, view, "holds") for h in holders]
         return res.code, lines or [view.real(p) for p in res.result.problems]
     finally:
         view.close()
 
 
-def drain(node: str, reason: str) -> str | None:
+def drain(node: str, reason: str, until: float) -> str | None:
     """Set the node's drain reason; returns why it did not (the exit code still drains).
+    Both Slurm calls end by `until` (monotonic): the epilog's budget covers them too.
 
     A reason gpu-pivot already set is kept: after a failed prolog Slurm runs the epilog for
     the same job, and the first cause (the prolog's "held by pid N") is the one to read."""
+    def left(share: float) -> float:
+        return max(0.1, min(SCONTROL_S, (until - time.monotonic()) * share))
+
     try:
         now = subprocess.run(["sinfo", "-h", "-N", "-n", node, "-o", "%T|%E"], capture_output=True, text=True,
-                             timeout=SCONTROL_S).stdout.strip()
+                             timeout=left(0.5)).stdout.strip()
         state, _, current = now.partition("|")
         if state.startswith("drain") and current.startswith("gpu-pivot "):
             return f"kept the reason already set: {current}"
         done = subprocess.run(["scontrol", "update", f"nodename={node}", "state=drain", f"reason={reason}"],
-                              capture_output=True, text=True, timeout=SCONTROL_S)
+                              capture_output=True, text=True, timeout=left(1.0))
     except (OSError, subprocess.TimeoutExpired) as exc:
         return f"scontrol: {exc}"
     return None if done.returncode == 0 else f"scontrol exited {done.returncode}: {done.stderr.strip()}"
@@ -366,7 +421,7 @@ def main(argv=None, env=None) -> int:
     reason = reason_text(kind, job, problems)
     print(f"{reason} [{wall:.2f} s]", file=sys.stderr)
     if node:
-        failed = drain(node, reason)
+        failed = drain(node, reason, started + BUDGET_S)
         if failed:
             print(f"gpu-pivot {kind}: drain reason not set: {failed}", file=sys.stderr)
     return code

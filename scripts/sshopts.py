@@ -18,6 +18,8 @@ whitespace or `=`, case-insensitive, may be quoted). Refused:
   -E (log file), -S / -o ControlPath (except `none`), -M, -o IdentityAgent,
   -L / -D / LocalForward / DynamicForward / StreamLocalBindUnlink, -f, -N, RemoteCommand:
       write, bind or trust a local path, or change what gpu-pivot runs
+  -q, -y, -o LogLevel QUIET/FATAL: silence ssh's own messages (gpu-pivot reads them from its
+      -E file to tell a dead host from a remote command that exits 255)
 ProxyJump is allowed (ssh builds that connection itself).
 """
 from __future__ import annotations
@@ -69,6 +71,10 @@ FORBIDDEN_FLAGS.update({
     "M": ("-M", "makes this ssh a control master (gpu-pivot manages its own)"),
     "f": ("-f", "sends ssh to the background, away from gpu-pivot's deadline"),
     "N": ("-N", "runs no remote command"),
+    # ssh's own messages (to gpu-pivot's -E file) are how a refused or timed-out host is told
+    # from a remote command that exits 255; these silence them or clash with -E
+    "q": ("-q", "silences ssh's own messages, which tell an unreachable or timed-out host from the command's exit"),
+    "y": ("-y", "sends ssh's messages to syslog, where gpu-pivot cannot tell a dead host from the command's exit"),
 })
 # Allowed only with these values: with them ssh never writes the known-hosts file (so a
 # UserKnownHostsFile naming any file stays read-only) and host keys stay checked.
@@ -76,6 +82,9 @@ _ONLY_VALUES = {
     "stricthostkeychecking": ({"yes"}, "must be yes: other values let ssh write host keys to a local file and "
                                         "accept unknown hosts"),
     "updatehostkeys": ({"no"}, "must be no: other values let ssh rewrite a local known-hosts file"),
+    "loglevel": ({"error", "info", "verbose", "debug", "debug1", "debug2", "debug3"},
+                 "QUIET and FATAL silence ssh's own messages, which tell an unreachable or timed-out host from the "
+                 "command's exit"),
 }
 
 

@@ -34,11 +34,13 @@ def gpu_table(x) -> str:
         return f"GPU memory: no source on this host ({tried or 'none tried'}); holders below come from /proc only"
     rows = []
     for g in scan.gpus:
-        procs = ", ".join(f"{p['pid']}({_mib(p['used_mib'])})" for p in g["processes"]) or "-"
+        procs = " ".join(f"{p['pid']}({_mib(p['used_mib'])})" for p in g["processes"]) or "-"  # wraps between pids
         rows.append([g["index"], g["name"], _mib(g["used_mib"]), _mib(g["reserved_mib"]), _mib(g["total_mib"]), procs])
-    return f"GPU memory (source: {scan.gpu_source}; MiB, used excludes reserved)\n" + \
-        table(["gpu", Col("name", "cut", 16), "used", "reserved", "total", Col("compute processes pid(MiB)", "wrap")],
-              rows, "  ")
+    # short headers and small floors: the table fits 60 columns (a split tmux pane); the
+    # title says what the last column holds
+    return note(f"GPU memory (source: {scan.gpu_source}; MiB, used excludes reserved; compute processes as "
+                "pid(MiB))", indent="", hang="  ") + "\n" + \
+        table(["gpu", Col("name", "cut", 8), "used", "reserved", "total", Col("processes", "wrap", 12)], rows, "  ")
 
 
 def where(h: dict) -> str:
@@ -98,9 +100,9 @@ def last_teardown(x) -> str:
     last = scan_of(x).last_teardown
     if not last:
         return ""
+    when = last.get("finished") or last.get("started")
     return note(f"Last teardown on this host: {last.get('state')} {last.get('verdict') or ''} "
-                f"exit {last.get('exit_code')} by {last.get('operator')} at {last.get('finished') or last.get('started')}",
-                indent="", hang="  ")
+                f"exit {last.get('exit_code')} by {last.get('operator')} at {when}", indent="", hang="  ")
 
 
 def verdict(x) -> str:

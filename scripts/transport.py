@@ -17,7 +17,7 @@ from typing import Any
 from .agent import contract
 from .bundle import agent_stream
 from .config_error import ConfigError
-from .route import RAN_PREFIX, HostTimedOut, ran_line, unreachable
+from .route import RAN_PREFIX, HostTimedOut, ran_line, read_ssh_log, ssh_log, unreachable
 
 
 class AgentError(RuntimeError):
@@ -86,6 +86,9 @@ def deadline_for(subcommand: str, args=()) -> float:
     waits = sum(_flag_seconds(args, f) for f in _WAIT_FLAGS.get(subcommand, ()))
     if subcommand == "teardown":
         waits += _flag_seconds(args, "--timeout")
+        words = [str(a) for a in args]
+        if "--mps=quit" in words or any(w == "--mps" and words[i + 1:i + 2] == ["quit"] for i, w in enumerate(words)):
+            waits += contract.MPS_QUIT_TIMEOUT_S  # every MPS daemon's quit, one shared limit (agent mps.py)
     spec = _spec_of(args)
     if subcommand == "gates":
         waits += GATE_TIMEOUT_S * len(spec.get("gates") or ())
@@ -109,8 +112,12 @@ def _spec_of(args) -> dict:
     return {}
 
 
-def timed_out(alias: str, seconds: float, ran: bool) -> HostTimedOut:
-    """The one line for a call cut off at its deadline: whether the host had started it."""
+def timed_out(alias: str, seconds: float, ran: bool, local: bool = False) -> HostTimedOut:
+    """The one line for a call cut off at its deadline: whether the host had started it.
+    On this machine (`local`: no ssh) the process itself was killed, so nothing goes on."""
+    if local:
+        return HostTimedOut(f"{alias}: timed out: no answer within {seconds:g}s; the command was stopped "
+                            "(see `invoke status`); raise it with --timeout")
     where = ("it had started on the host and may still finish there" if ran
              else "no sign it started there")
     return HostTimedOut(f"{alias}: host timed out: no answer within {seconds:g}s; {where}; raise it with --timeout")
@@ -124,9 +131,26 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
     exit 2, nothing done)."""
     nonce = contract.new_nonce()
     deadline = deadline_s if deadline_s is not None else deadline_for(subcommand, args)
+    with ssh_log(host.route) as log:
+        code, out_lines, stderr, ssh_said, cut_off, wall = _run(host, subcommand, args, on_progress, nonce,
+                                                                deadline, log)
+    ran = route_ran(host, stderr, nonce)
+    if cut_off:
+        raise timed_out(host.alias, deadline, ran, local=not host.route.hops)
+    doc = _parse(host, "".join(out_lines), nonce, code, stderr, ran, ssh_said)
+    try:
+        result = contract.read(subcommand, code, doc)
+    except contract.ContractError as exc:
+        raise AgentError(f"{host.alias}: {exc} (exit {code})") from None
+    return AgentResult(host.alias, code, doc, wall, result)
+
+
+def _run(host, subcommand: str, args, on_progress, nonce: str, deadline: float, log):
+    """Start the agent on host (ssh's own messages to `log`), feed it, read it until it exits
+    or the deadline passes: (code, stdout lines, stderr, what ssh said, cut off?, seconds)."""
     try:
         cmd = host.route.wrap(host.route.marked(agent_argv(host, subcommand, args, nonce, on_progress is not None),
-                                                nonce))
+                                                nonce), ssh_log=log.path if log else None)
     except contract.statedir.StateDirError as exc:  # the local ssh ControlPath directory was refused
         raise AgentError(f"{host.alias}: {exc}") from None
     payload = agent_stream(compiled=not host.route.hops)  # this machine's Python: bytecode too (bundle.py)
@@ -155,16 +179,7 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
         reader.join(timeout=5)  # EOF follows the exit; never wait on a pipe another process holds
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
-    wall = time.monotonic() - started
-    ran = route_ran(host, stderr, nonce)
-    if cut_off:
-        raise timed_out(host.alias, deadline, ran)
-    doc = _parse(host, "".join(out_lines), nonce, code, stderr, ran)
-    try:
-        result = contract.read(subcommand, code, doc)
-    except contract.ContractError as exc:
-        raise AgentError(f"{host.alias}: {exc} (exit {code})") from None
-    return AgentResult(host.alias, code, doc, wall, result)
+    return code, out_lines, stderr, read_ssh_log(log), cut_off, time.monotonic() - started
 
 
 def route_ran(host, stderr: str, nonce: str) -> bool:
@@ -177,7 +192,10 @@ def _read(proc, out_lines: list, on_progress) -> None:
         line = raw.decode("utf-8", "replace")
         fields = contract.parse_progress(line) if on_progress else None
         if fields is not None:
-            on_progress(fields)
+            try:
+                on_progress(fields)
+            except Exception:  # noqa: BLE001  a display error must never stop reading the result
+                pass
             continue
         out_lines.append(line)
 
@@ -190,12 +208,12 @@ def _feed(proc, payload: bytes) -> None:
         pass  # the far side exited early; its exit code and stderr say why
 
 
-def _parse(host, stdout: str, nonce: str, code: int, stderr: str, ran: bool) -> dict:
+def _parse(host, stdout: str, nonce: str, code: int, stderr: str, ran: bool, ssh_said: str = "") -> dict:
     try:
         body = contract.extract(stdout, nonce)
     except contract.MarkerError as exc:
-        if host.route.ssh_failed(code, ran, stderr):
-            raise unreachable(host.alias, stderr, ran) from None
+        if host.route.ssh_failed(code, ran, ssh_said):
+            raise unreachable(host.alias, ssh_said or stderr, ran) from None  # -E empty: what stderr had
         stderr = "\n".join(line for line in stderr.splitlines() if RAN_PREFIX not in line)
         raise AgentError(f"{host.alias}: {exc}; the command exited {code}; stderr: {_tail(stderr)}") from None
     try:

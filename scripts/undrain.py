@@ -7,6 +7,12 @@ agent's `verify`, the same FREE as a teardown's) before it is resumed, and a nod
 resumed that was drained for a reason that is not about leftover GPU processes (a person's
 "bad DIMM, do not use" stays until `--force`).
 
+Why only on exit 0: `verify` reads "free" also when a GPU has no process left but needs a
+reset or the node a reboot (exit 9, REBOOT NEEDED); a node resumed then fails its next job.
+Why the state is read again right before the resume: the verify takes seconds over ssh, and
+a person may drain the node meanwhile for another reason ("bad DIMM"); that drain is theirs
+to lift. The second read narrows the window to the two Slurm calls, never a verify long.
+
 Slurm is asked through its own client commands on this machine (`sinfo`, `scontrol`; a
 login or controller node has them, with SLURM_CONF as usual); a node's gpu-pivot host alias
 is its Slurm node name.
@@ -84,8 +90,13 @@ def decide(node: str, state: str | None, reason: str, force: bool) -> NodeResult
 
 
 def after_verify(node: str, reason: str, result) -> NodeResult:
-    """Resume on a clean verify (contract.VerifyResult), else say what still holds the GPUs."""
-    if result.free:
+    """Resume on a clean verify (contract.VerifyResult with exit 0) when the node is still
+    drained for the reason read before it, else say what still holds the GPUs or what changed."""
+    if result.code == contract.EXIT_OK and result.free:
+        state, now = node_states([node]).get(node, (None, ""))
+        if state is None or not state.startswith("drained") or now != reason:
+            return NodeResult(node, "left alone", f"changed during the verify: now {state or 'unknown'} "
+                              f"({now!r}), was drained: {reason}", contract.EXIT_NOT_FREE)
         resume(node)
         return NodeResult(node, "resumed", f"GPUs verified free; was drained: {reason}", contract.EXIT_OK)
     problems = result.problems or ["not free"]

@@ -141,3 +141,22 @@ def test_inventory_mirrors_hosts_env(lab):
     assert gpa["ansible_host"] == "127.0.0.1" and isinstance(gpa["ansible_port"], int)
     assert gpa["gpu_pivot_fake_devices"] is True and gpa["gpu_pivot_devices"].endswith("/dev/nvidia*")
     assert "StrictHostKeyChecking=yes" in gpa["ansible_ssh_common_args"]
+
+
+def test_a_verify_that_exits_9_fails_the_task_though_no_process_holds_a_gpu(tmp_path):
+    """Red team A, finding 5: `verify` reads free with exit 9 (a GPU needs a reset or the node
+    a reboot: NVML's health verdict, which cannot exist without a GPU). The agent really runs
+    here on free fake devices; only its exit code is NVML's."""
+    from scripts import ansible_task
+
+    procs = ProcessSet(tmp_path)
+    call = ansible_task.agent_call({"state": "verified", "devices": procs.glob, "fake_devices": True,
+                                    "python": sys.executable}, check_mode=False)
+    done = subprocess.run(call["argv"], input=ansible_task.agent_source(), capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    clean = ansible_task.outcome(call, 0, done.stdout, done.stderr, check_mode=False)
+    assert clean["failed"] is False and clean["ansible_facts"]["gpu_pivot"]["verdict"] == "free", clean
+    reboot = ansible_task.outcome(call, 9, done.stdout, done.stderr, check_mode=False)
+    assert reboot["failed"] is True, reboot
+    assert reboot["ansible_facts"]["gpu_pivot"]["verdict"] != "free" and reboot["msg"], reboot

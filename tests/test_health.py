@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -239,7 +240,8 @@ def test_reset_checks_every_precondition_and_is_a_dry_run_by_default(tmp_path, p
     assert doc["command"] == ["nvidia-smi", "--gpu-reset", "-i", "1"]
     assert "dry run" in doc["note"]
     assert {c["check"] for c in doc["checks"]} == {
-        "no process holds the GPU", "no compute process on the GPU", "persistence daemon handled",
+        "every process inspected", "no process holds the GPU", "no compute process on the GPU",
+        "persistence daemon handled",
         "not a display GPU", "no MIG instances", "nothing on NVLink peers"}
     record = contract.read("reset", code, doc)
     assert record.ready and "would run: nvidia-smi --gpu-reset -i 1" in reset_view.report("gpu1", record)
@@ -355,6 +357,20 @@ CLIENT = ("#!/bin/sh\n# stand-in for nvidia-cuda-mps-control without -d: writes 
           "exec cat > \"$CUDA_MPS_PIPE_DIRECTORY/control\"\n")
 
 
+def mps_program(tmp_path, name):
+    """A root-owned program file named like an MPS program: a copy of this Python (MPS is known
+    by its executable's real path, a root-owned file; argv[0] and comm do not count)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: the MPS programs are root-owned files")
+    progdir = tmp_path / "mps-programs"
+    progdir.mkdir(mode=0o755, exist_ok=True)
+    path = progdir / name
+    if not path.exists():
+        shutil.copy(os.path.realpath(sys.executable), path)
+        path.chmod(0o755)
+    return str(path)
+
+
 def mps_setup(tmp_path, ps):
     pipe = tmp_path / ("gp-mps-%d" % os.getpid())  # the scope of the teardowns below: its pipe dir
     pipe.mkdir(mode=0o700)
@@ -363,8 +379,9 @@ def mps_setup(tmp_path, ps):
     client = bindir / mps.CONTROL
     client.write_text(CLIENT)
     client.chmod(0o755)
-    server = ps.start([mps.SERVER, "-c", HOLD, str(ps.devdir / "nvidia0")], executable=sys.executable)
-    control = ps.start([mps.CONTROL, "-c", CONTROL, str(server)], executable=sys.executable,
+    server = ps.start([mps.SERVER, "-c", HOLD, str(ps.devdir / "nvidia0")],
+                      executable=mps_program(tmp_path, mps.SERVER))
+    control = ps.start([mps.CONTROL, "-c", CONTROL, str(server)], executable=mps_program(tmp_path, mps.CONTROL),
                        env=dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe)))
     return pipe, bindir, server, control
 
@@ -383,20 +400,33 @@ def test_mps_is_described_and_an_idle_server_is_named_as_such(tmp_path, ps):
     assert [c["pid"] for c in mps.describe(procs, gpus)["servers"][0]["clients"]] == [control]
 
 
-def test_the_mps_control_daemons_mappings_do_not_block_free_its_servers_memory_does():
+def test_the_mps_control_daemons_mappings_do_not_block_free_its_servers_memory_does(tmp_path, ps):
+    """Real processes: the MPS daemon (its executable a root-owned file of that name) maps the
+    device and holds no memory - free; a program that only CALLS itself nvidia-cuda-mps-control
+    (argv[0] and comm, this Python's file) while mapping the device is not exempted."""
     from scripts.agent import verify
 
-    def holder(pid, argv0, gpu_mib):
-        return {"pid": pid, "argv": [argv0, "-d"], "cmdline": argv0, "state": "S", "devices": ["/dev/nvidia0"],
-                "mapped_devices": ["/dev/nvidia0", "/dev/nvidiactl"], "gpu_mib": gpu_mib,
-                "protected": rules.PROTECTED_NAMES[argv0]}
+    def holder(pid, gpu_mib):
+        info = procscan.basic(pid)
+        return dict(info, state="S", devices=["/dev/nvidia0"], mapped_devices=["/dev/nvidia0", "/dev/nvidiactl"],
+                    gpu_mib=gpu_mib, protected=rules.PROTECTED_NAMES[os.path.basename(info["argv"][0])])
 
+    control = ps.start([mps.CONTROL, "-c", HOLD], executable=mps_program(tmp_path, mps.CONTROL))
     doc = {"gpus": [{"index": 0, "used_mib": 0, "processes": []}], "devices": ["/dev/nvidia0"], "denied": [],
-           "holders": [holder(10, mps.CONTROL, {})]}
+           "holders": [holder(control, {})]}
     assert verify.evaluate(doc, 0) == (True, [])
-    doc["holders"].append(holder(11, mps.SERVER, {"0": 66}))
+    link = tmp_path / mps.CONTROL  # comm from the link's name, argv[0] set: the real file is python
+    link.symlink_to(os.path.realpath(sys.executable))
+    look_alike = ps.start([mps.CONTROL, "-c", HOLD], executable=str(link))
+    assert procscan.basic(look_alike)["comm"] == mps.CONTROL[:15]
+    assert not mps.is_control(procscan.basic(look_alike)) and mps.is_control(procscan.basic(control))
+    doc["holders"] = [holder(look_alike, {})]
     free, problems = verify.evaluate(doc, 0)
-    assert not free and [p for p in problems if "pid 11 " in p]
+    assert not free and [p for p in problems if "pid %d " % look_alike in p], problems
+    server = ps.start([mps.SERVER, "-c", HOLD], executable=mps_program(tmp_path, mps.SERVER))
+    doc["holders"] = [holder(control, {}), holder(server, {"0": 66})]
+    free, problems = verify.evaluate(doc, 0)
+    assert not free and [p for p in problems if "pid %d " % server in p]
 
 
 def test_mps_quit_refuses_a_pipe_that_is_not_the_daemons(tmp_path, second_user):

@@ -249,7 +249,7 @@ def test_patterns_matching_everything_are_refused(hosts_env, key, pattern):
     with pytest.raises(ConfigError) as err:
         load_hosts()
     msg = str(err.value)
-    assert msg.startswith(f"GPU1_{key}={pattern!r}: matches ") and "\n" not in msg
+    assert msg.startswith(f"GPU1_{key}='{pattern}': matches ") and "\n" not in msg  # as typed: no doubled \\
     assert ("protect" if key == "PROTECT" else "target") + " every process" in msg
 
 

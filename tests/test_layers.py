@@ -31,7 +31,7 @@ LOCAL_LAYERS = (
                               "scripts.phase_ops", "scripts.pivot", "scripts.fleet", "scripts.sandbox",
                               "scripts.remote_cmd",
                               "scripts.hosts", "scripts.emergency_doc",
-                              "scripts.slurm_job", "scripts.undrain", "scripts.ansible_task")),
+                              "scripts.slurm_job", "scripts.slurm_cgroup", "scripts.undrain", "scripts.ansible_task")),
     ("tasks", ("tasks", "scripts.cli", "scripts.cli.*", "scripts.tasks_*")),
 )
 # The agent is its own stack: the two primitives the contract re-exports, the contract, the

@@ -61,7 +61,7 @@ def test_shell_protect_list_is_the_agents():
     from scripts.agent import contract
 
     text = shell_teardown.SCRIPT.read_text()
-    assert f"            {shell_teardown.protected_case()}) return 0 ;;" in text.splitlines()
+    assert f"        {shell_teardown.protected_case()}) return 0 ;;" in text.splitlines()
     script = shell_teardown.script_text()
     assert f"{shell_teardown.protected_case()}) return 0 ;;" in script
     for name in [*contract.PROTECTED_NAMES, "node-exporter", "gpu_exporter", "sshd:"]:
@@ -69,3 +69,145 @@ def test_shell_protect_list_is_the_agents():
         assert subprocess.run(["sh", "-c", probe, name]).returncode == 0, name
     assert subprocess.run(["sh", "-c", f'case python3 in {shell_teardown.protected_case()}) exit 0;; esac; exit 1']
                           ).returncode == 1
+
+
+# -- who a protected name may protect (red team C2) ------------------------------------------------
+# Runs as PID 1 of its own PID namespace (unshare --pid --fork --mount-proc): the teardown there
+# sees only the processes started here, and every one of them ends when this driver exits.
+NS_DRIVER = r"""
+import json, os, shutil, subprocess, sys, time
+base, script, uid, gid, python = sys.argv[1:6]
+dev = base + "/nvidia0"
+hold = base + "/hold.py"
+procs, roles = [], {}
+
+
+def start(role, argv, user=False, executable=None, stdin=None, mapped=False):
+    if user:  # setpriv runs argv[0] as the path: exec the program under its argv[0] after it
+        argv = ["setpriv", "--reuid=" + uid, "--regid=" + gid, "--clear-groups", "--", python, "-c",
+                "import os, sys; os.execv(sys.argv[1], sys.argv[2:])", executable or argv[0]] + argv
+        executable = None
+    proc = subprocess.Popen(argv, executable=executable, stdin=stdin, cwd=base)
+    procs.append(proc)
+    roles[role] = proc.pid
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:  # ready: it holds (and maps) the device file
+        try:
+            fds = [os.readlink("/proc/%d/fd/%s" % (proc.pid, fd)) for fd in os.listdir("/proc/%d/fd" % proc.pid)]
+            with open("/proc/%d/maps" % proc.pid) as f:
+                maps = f.read()
+        except OSError:
+            fds, maps = [], ""
+        if dev in fds and (not mapped or dev in maps):
+            return
+        time.sleep(0.02)
+    raise SystemExit("%s never held %s" % (role, dev))
+
+
+def teardown():
+    # cwd holds a file named Xorg: a comm `*` that the shell expanded would read as Xorg
+    out = subprocess.run(["sh", "-c", script, "gpu-pivot-teardown", base + "/nvidia*", "1"], cwd=base,
+                         capture_output=True, text=True, timeout=60)
+    return {"rc": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
+
+
+def alive():
+    res = {}
+    for role, pid in roles.items():
+        try:
+            with open("/proc/%d/stat" % pid) as f:
+                res[role] = f.read().rsplit(") ", 1)[1][0] != "Z"
+        except OSError:
+            res[role] = False
+    return res
+
+
+# a user's programs under protected names: argv[0] Xorg; `python3 ~/nvitop` (argv[1] only)
+start("user_argv0_xorg", ["Xorg", hold, "map"], user=True, executable=python, mapped=True)
+start("user_nvitop_script", [python, base + "/nvitop", "plain"], user=True)
+# root's: a protected name only as argv[1]; a comm with a space; a comm `*`; a program a user owns;
+# a root-owned program that its group may change
+start("root_nvitop_script", [python, base + "/nvitop", "plain"])
+start("root_comm_space", [python, hold, "comm:x Xorg"])
+start("root_comm_star", [python, hold, "comm:*"])
+with open(dev) as d:
+    start("root_user_owned_exe", [base + "/Xorg", "600"], stdin=d)
+    start("root_group_writable_exe", [base + "/nvtop", "600"], stdin=d)
+# trusted: system uid, root-owned interpreter, argv[0] Xorg, no mapping
+start("root_xorg", ["Xorg", hold, "plain"], executable=python)
+first = teardown()
+first_alive = alive()
+# trusted and protected, but with a CUDA context (the device file mapped): never "free"
+start("root_persistenced_mapped", ["nvidia-persistenced", hold, "map"], executable=python, mapped=True)
+second = teardown()
+print(json.dumps({"roles": roles, "first": first, "first_alive": first_alive, "second": second,
+                  "second_alive": alive()}))
+for proc in procs:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+"""
+
+HOLD = r"""
+import ctypes, mmap, os, sys, time
+how = sys.argv[-1]
+if how.startswith("comm:"):
+    ctypes.CDLL(None).prctl(15, ctypes.c_char_p(how[5:].encode()), 0, 0, 0)  # PR_SET_NAME
+fd = os.open(os.path.join(os.path.dirname(os.path.abspath(sys.argv[0])), "nvidia0"), os.O_RDONLY)
+held = mmap.mmap(fd, 4096, prot=mmap.PROT_READ) if how == "map" else None
+time.sleep(600)
+"""
+
+
+def test_protected_names_trusted_only_from_system_uids_and_root_programs(second_user):
+    """C2: a name protects only a process whose uids are all system uids and whose program is a
+    root-owned file only root can change; names come from comm and argv[0] only, matched whole
+    (no word splitting, no globbing); a trusted protected holder that maps the device (a CUDA
+    context) keeps the verdict not-free. Real processes of a real second user, fake device files,
+    inside a PID namespace so the teardown can see nothing else."""
+    import json
+    import os
+    import shutil
+    import tempfile
+
+    if not shutil.which("unshare"):
+        pytest.skip("no unshare")
+    python = os.path.realpath("/usr/bin/python3")
+    if os.stat(python).st_uid != 0:
+        pytest.skip("no root-owned /usr/bin/python3")
+    base = tempfile.mkdtemp(prefix="gp-c2-", dir="/tmp")
+    try:
+        os.chmod(base, 0o755)
+        with open(os.path.join(base, "nvidia0"), "wb") as f:
+            f.write(bytes(4096))
+        for name in ("hold.py", "nvitop"):
+            with open(os.path.join(base, name), "w") as f:
+                f.write(HOLD)
+        sleep = shutil.which("sleep") or "/bin/sleep"
+        shutil.copy(sleep, os.path.join(base, "Xorg"))
+        os.chown(os.path.join(base, "Xorg"), second_user.uid, second_user.gid)
+        shutil.copy(sleep, os.path.join(base, "nvtop"))
+        os.chmod(os.path.join(base, "nvtop"), 0o775)
+        ran = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", python, "-c", NS_DRIVER, base,
+                              shell_teardown.script_text(), str(second_user.uid), str(second_user.gid), python],
+                             capture_output=True, text=True, timeout=120)
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        res = json.loads(ran.stdout.strip().splitlines()[-1])
+    finally:
+        subprocess.run(["rm", "-rf", base])
+    roles = res["roles"]
+    first = shell_teardown.parse_report(res["first"]["stdout"])
+    stopped = {"user_argv0_xorg", "user_nvitop_script", "root_nvitop_script", "root_comm_space", "root_comm_star",
+               "root_user_owned_exe", "root_group_writable_exe"}
+    assert res["first"]["rc"] == 0, res["first"]
+    assert set(first["holders"]) == {roles[r] for r in stopped | {"root_xorg"}}
+    assert first["protected"] == [roles["root_xorg"]]
+    assert set(first["sigTERM"]) == {roles[r] for r in stopped}
+    assert first["remaining"] == [] and first["protected-mapped"] == [] and first["verdict"] == "free"
+    assert res["first_alive"] == {r: r == "root_xorg" for r in roles if r != "root_persistenced_mapped"}
+    second = shell_teardown.parse_report(res["second"]["stdout"])
+    assert res["second"]["rc"] == 1, res["second"]
+    assert set(second["protected"]) == {roles["root_xorg"], roles["root_persistenced_mapped"]}
+    assert second["sigTERM"] == [] and second["remaining"] == []
+    assert second["protected-mapped"] == [roles["root_persistenced_mapped"]] and second["verdict"] == "not-free"
+    assert res["second_alive"]["root_xorg"] and res["second_alive"]["root_persistenced_mapped"]

@@ -123,3 +123,75 @@ def test_emergency_holders_and_teardown_through_ssh_and_pct(sandbox, sshd):
     from tests.procs import alive
     assert alive(procs["persistenced"]) and alive(procs["monitor"]) and alive(procs["bystander"])
     assert not alive(procs["server"]) and not alive(procs["worker0"])
+
+
+# -- hosts and phases the runbooks name exist in hosts.env.example --------------------------------
+INLINE = re.compile(r"`(invoke [^`]+)`")
+
+
+def every_invoke(path: Path) -> list:
+    """Each `invoke ...` of a runbook: in its code blocks and in its inline code spans."""
+    return list(commands(path)) + INLINE.findall(path.read_text())
+
+
+@cache
+def example_hosts() -> dict:
+    """{alias: [phases]} of hosts.env.example, as `invoke hosts --json` reads it."""
+    import json
+    import os
+
+    env = dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(REPO / "hosts.env.example"))
+    out = invoke("hosts", "--json", env=env)
+    assert out.returncode == 0, out.stderr
+    return {h["alias"]: h["phases"] for h in json.loads(out.stdout)}
+
+
+def host_and_phase(command: str):
+    """(host, phase) an invoke command names with --host/-H and --to/--phase/-p (None if absent)."""
+    words = shlex.split(command)
+    words = words[:words.index("--")] if "--" in words else words
+    found = {}
+    for i, w in enumerate(words):
+        for flag, key in (("--host", "host"), ("-H", "host"), ("--to", "phase"), ("--phase", "phase"),
+                          ("-p", "phase")):
+            if w == flag and i + 1 < len(words):
+                found[key] = words[i + 1]
+            elif w.startswith(flag + "=") and flag.startswith("--"):
+                found[key] = w.split("=", 1)[1]
+    return found.get("host"), found.get("phase")
+
+
+def check_names(name: str, command: str) -> None:
+    """A command naming a phase names a host of hosts.env.example that has it. (Commands
+    without a phase may name other hosts: the Slurm runbook's aliases are node names.)"""
+    host, phase = host_and_phase(command)
+    if phase is None:
+        return
+    hosts = example_hosts()
+    assert host is not None, f"{name}: `{command}` names a phase but no host"
+    assert host in hosts, f"{name}: `{command}` names host {host!r}, not in hosts.env.example"
+    assert phase in hosts[host], f"{name}: `{command}`: hosts.env.example gives {host} no phase {phase!r}"
+
+
+@pytest.mark.parametrize("path", [p for p in RUNBOOKS if p.name != "emergency-one-liners.md"], ids=lambda p: p.name)
+def test_runbook_hosts_and_phases_are_the_examples(path):
+    for command in every_invoke(path):
+        check_names(path.name, command)
+
+
+def test_name_checker_catches_an_unknown_phase_and_host():
+    with pytest.raises(AssertionError, match="no phase 'extract'"):
+        check_names("x.md", "invoke pivot --host gpu1 --to extract")
+    with pytest.raises(AssertionError, match="host 'gpu7'"):
+        check_names("x.md", "invoke logs --host gpu7 --phase datagen")
+    with pytest.raises(AssertionError, match="no phase 'eagle3'"):
+        check_names("x.md", "invoke pivot --host gpu1 --to eagle3")
+    check_names("x.md", "invoke logs -H gpu1pct -p train --follow")
+
+
+def test_runbook_patch_paths_are_the_examples():
+    """A patch file a runbook applies by hand is the one the example's deploy phase names."""
+    example = (REPO / "hosts.env.example").read_text()
+    for path in RUNBOOKS:
+        for patch in re.findall(r"/opt/patches/\S+\.patch", path.read_text()):
+            assert patch in example, f"{path.name}: {patch} is not the patch of hosts.env.example"

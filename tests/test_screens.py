@@ -214,3 +214,75 @@ def test_shortened_command_keeps_its_words_in_order_and_quotes_scripts():
     short = c.fit(32)
     assert short.startswith("sh --tp 8 --port 30000"), short
     assert "'trap '\"'\"'exit 0'\"'\"' TERM; sleep 9'" in str(c)
+
+
+# -- tables that did not fit COLUMNS (second red-team pass) ---------------------------------------
+
+def section(text: str, title: str) -> list:
+    """The lines of one titled block of a screen (up to the next unindented line)."""
+    lines = text.splitlines()
+    start = next(n for n, line in enumerate(lines) if line.startswith(title))
+    out = [lines[start]]
+    for line in lines[start + 1:]:
+        if line and not line.startswith(" "):
+            break
+        out.append(line)
+    return out
+
+
+def test_status_gpu_memory_and_health_fit_60_columns(sandbox):
+    text = invoke("status", "--host", "sandbox", env=env(COLUMNS="60")).stdout.decode()
+    for title in ("GPU memory", "GPU health"):
+        block = section(text, title)
+        assert len(block) > 3 and all(len(line) <= 60 for line in block), block
+
+
+def test_gpu_memory_table_wraps_between_processes_at_60_columns(monkeypatch):
+    """Long pids (pid_max 4194304) and H200 sizes: each pid(MiB) stays whole on its line."""
+    from types import SimpleNamespace
+
+    from scripts.status_view import gpu_table
+
+    monkeypatch.setenv("COLUMNS", "60")
+    gpus = [{"index": i, "name": "NVIDIA H200 NVL", "used_mib": 143000, "reserved_mib": 512, "total_mib": 143771,
+             "processes": [{"pid": pid, "used_mib": 142000}, {"pid": pid + 1, "used_mib": 1000}]}
+            for i, pid in ((0, 4194301), (1, 123456))]
+    text = gpu_table(SimpleNamespace(scan=SimpleNamespace(gpus=gpus, gpu_source="nvml", gpu_source_tried=[])))
+    assert all(len(line) <= 60 for line in text.splitlines()), text
+    for whole in ("4194301(142000)", "4194302(1000)", "123456(142000)", "123457(1000)"):
+        assert re.search(rf"(^|\s){re.escape(whole)}($|\s)", text, re.M), text
+
+
+def test_reset_preconditions_fit_and_keep_every_detail(sandbox):
+    out = invoke("reset", "--host", "sandbox", "--gpu", "0", env=env(COLUMNS="100"))
+    text = out.stdout.decode()
+    assert "precondition" in text and all(len(line) <= 100 for line in text.splitlines()), text
+    assert "systemctl stop nvidia-persistenced" in " ".join(text.split())  # wrapped, never cut
+
+
+def test_pivot_step_table_fits_80_columns(monkeypatch):
+    from scripts.pivot import step_table
+
+    monkeypatch.setenv("COLUMNS", "80")
+    long = ("NOT READY after 600.0s: http://127.0.0.1:30000/health answered 503 Service Unavailable; "
+            "the server's log ends with CUDA out of memory")
+    text = step_table([{"step": "ready", "result": long, "exit": 1, "seconds": 600.04},
+                       {"step": "rollback stop", "result": "stopped [4242]", "exit": 0, "seconds": 1.5}])
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    assert " ".join(text.split()).count("CUDA out of memory") == 1 and not rules_have_headers(text)
+
+
+def test_health_reasons_are_wrapped_never_cut_at_any_width(monkeypatch):
+    from types import SimpleNamespace
+
+    from scripts.health_view import health
+
+    reasons = ["Xid 79 (GPU has fallen off the bus) at 2026-11-30T03:12:09 in dmesg: " + "x" * 60,
+               "remapped rows: 3 pending, the GPU needs a reset for them to take effect"]
+    scan = SimpleNamespace(gpus=[{"index": 0, "health": {"verdict": "reset needed", "reasons": reasons}}])
+    for columns in ("200", "80"):
+        monkeypatch.setenv("COLUMNS", columns)
+        text = health(scan, "gpu1")
+        assert all(len(line) <= int(columns) for line in text.splitlines()), text
+        assert "".join("; ".join(reasons).split()) in "".join(text.split()), text  # whole, maybe wrapped
+        assert "..." not in text

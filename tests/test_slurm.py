@@ -12,12 +12,16 @@ must refuse to resume until it is gone.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
+import signal
 import subprocess
 import sys
+import threading
 import time
+import types
 from pathlib import Path
 
 import pytest
@@ -319,3 +323,91 @@ def test_a_neighbouring_jobs_busy_gpu_is_not_this_jobs_problem():
     assert job_problems(doc(gpus=busy_neighbour, holders=[monitor]), (0,), 0) == []
     assert job_problems(doc(gpus=busy_neighbour, denied=[12]), (0,), 0) == [
         "not every process could be inspected, so nothing is called free"]
+
+
+def test_the_epilog_ends_within_its_budget_when_the_controller_does_not_answer(idle):
+    """Red team A, finding 10: sinfo and scontrol (3 s each) ran after the agent's budget,
+    so a leftover SIGKILL cannot end, another teardown's lock held for most of the lock wait,
+    and a controller that does not answer (slurmctld stopped with SIGSTOP: its socket
+    accepts, nothing replies) made the epilog run over 10 s."""
+    from scripts.agent import hostlock
+
+    lab = idle
+    conf = lab.c.dir / "slow-epilog.env"
+    conf.write_text(f"DEVICES={lab.c.devdir}/nvidia*\nFAKE_DEVICES=yes\nRUN_DIR={lab.run_dir}\n"
+                    "GRACE=2\nTIMEOUT=2\nSETTLE=0.5\n")
+    ready = lab.jobs / f"ready-{secrets.token_hex(4)}"
+    holder = lab.user.popen([lab.user.python, "-c", HOLD_AS_ROOT, str(lab.c.device(0)), str(ready)])
+    wait_for(ready.exists, "the job user's leftover mapped nvidia0")
+    group = _freeze(holder.pid)
+    ctld = int((lab.c.dir / "slurmctld.pid").read_text())
+    lab.run_dir.mkdir(mode=0o700, exist_ok=True)
+    lock = os.open(lab.run_dir / hostlock.LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_EX)
+
+    def release_when_waited():  # the epilog's teardown waits 0.8 s of its 1 s for the lock
+        wait_for(lambda: any("slurm-epilog job 990 " in a["cmdline"] for a in hostlock.teardown_agents()),
+                 "the epilog's teardown agent", timeout=15)
+        time.sleep(0.8)
+        os.close(lock)
+
+    releaser = threading.Thread(target=release_when_waited)
+    os.kill(ctld, signal.SIGSTOP)
+    try:
+        releaser.start()
+        started = time.monotonic()
+        done = subprocess.run([str(REPO / "scripts" / "slurm" / "epilog")], capture_output=True, text=True, timeout=30,
+                              env={"GPU_PIVOT_SLURM_CONF": str(conf), "SLURM_JOB_ID": "990", "SLURMD_NODENAME": NODE,
+                                   "SLURM_JOB_UID": str(lab.user.uid), "SLURM_JOB_GPUS": "0",
+                                   "SLURM_CONF": str(lab.c.conf)})
+        wall = time.monotonic() - started
+        assert done.returncode == 1, done.stderr
+        assert f"pid {holder.pid} " in done.stderr and "drain reason not set" in done.stderr, done.stderr
+        assert wall < 10, f"the epilog took {wall:.1f} s: {done.stderr}"
+    finally:
+        releaser.join(20)
+        os.kill(ctld, signal.SIGCONT)
+        if alive(holder.pid):
+            os.kill(holder.pid, signal.SIGKILL)
+        _remove_group(group)
+        holder.wait(10)
+
+
+class _Verified:
+    """What `verify` read: NVML's health verdict cannot exist without a GPU, so its result is written out."""
+
+    def __init__(self, code: int, problems: list):
+        self.result = types.SimpleNamespace(code=code, free=True, problems=problems)
+
+
+def _undrain(lab: Lab, verify) -> list:
+    from scripts import fleet, undrain
+
+    return undrain.undrain([types.SimpleNamespace(alias=NODE)], False, verify, fleet.each_host)
+
+
+def test_undrain_resumes_only_on_exit_0_and_only_a_node_still_drained_as_it_read(idle, monkeypatch):
+    """Red team A, finding 5 (exit 9: free, but the GPU needs a reset or a reboot) and the
+    race seen in code: a person drains the node for another reason during the verify."""
+    lab = idle
+    monkeypatch.setenv("SLURM_CONF", str(lab.c.conf))
+    reason = "gpu-pivot epilog job 4: pid 5 (python3 user x, state D) still holds after SIGKILL: nvidia0"
+    lab.c.run("scontrol", "update", f"nodename={NODE}", "state=drain", f"reason={reason}")
+    lab.c.wait_state("drained")
+
+    [reboot] = _undrain(lab, lambda h: _Verified(9, ["GPU 0: Xid 79 (fell off the bus): reboot the node"]))
+    assert reboot.action == "left drained" and "Xid 79" in reboot.detail and reboot.code == 9, reboot
+    assert lab.c.node_state() == "drained" and lab.c.reason() == reason
+
+    def person_drains_meanwhile(h):
+        lab.c.run("scontrol", "update", f"nodename={NODE}", "state=drain", "reason=bad DIMM, do not use")
+        return _Verified(0, [])
+
+    [raced] = _undrain(lab, person_drains_meanwhile)
+    assert raced.action == "left alone" and "bad DIMM" in raced.detail and raced.code == 1, raced
+    assert lab.c.node_state() == "drained" and lab.c.reason() == "bad DIMM, do not use"
+
+    lab.c.run("scontrol", "update", f"nodename={NODE}", "state=drain", f"reason={reason}")
+    [resumed] = _undrain(lab, lambda h: _Verified(0, []))
+    assert resumed.action == "resumed" and resumed.code == 0, resumed
+    lab.c.wait_state("idle")

@@ -456,6 +456,9 @@ def test_roots_teardown_reports_second_users_running_teardown(second_user, ps):
     """A teardown beside root's is noticed: root lists it (concurrent_teardowns), and its
     teardown result carries it. (The result key depends on the lead wiring
     hostlock.concurrent_teardowns() into teardown.execute.)"""
+    from scripts.agent import procscan
+
+    procscan._USER_NAMES.clear()  # this pytest process may have cached the uid of an earlier, deleted test user
     user_agent = _fake_agent([second_user.python], second_user.popen)
     try:
         seen = wait_for(lambda: [a for a in hostlock.concurrent_teardowns() if a["pid"] == user_agent.pid],

@@ -7,17 +7,44 @@ which must stay cheap.
 """
 import os
 
-from . import contract, health, lastrun, mig, mps, procscan, xid
+from . import contract, gpuinfo, health, lastrun, mig, mps, xid
 
 
 def annotate(doc, source, since_us=None, stuck=(), watch=None):
-    """Add health and mig to every GPU row and mps to the document (a scan.collect result)."""
+    """Add health and mig to every GPU row and mps to the document (a scan.collect result).
+
+    A hang is itself a verdict: once a driver call has not returned (source.hung, set by
+    health.assess), the MIG and MPS queries are not made - each would wait on the same stuck
+    driver - and those made are bounded like the health calls."""
     health.assess(doc["gpus"], source, since_us=since_us, stuck=stuck, watch=watch)
-    for index, m in mig.read_all(source).items():
+    source = source.opened()[0] if hasattr(type(source), "opened") else source
+    migs = _nvml_bounded(source, lambda: mig.read_all(source), {}, "NVML MIG queries")
+    for index, m in migs.items():
         if index < len(doc["gpus"]):
             doc["gpus"][index]["mig"] = m
-    doc["mps"] = mps.describe(doc.get("_procs") or {}, doc["gpus"], source)
+    procs = doc.get("_procs") or {}
+    if getattr(source, "name", None) == gpuinfo.SandboxSource.name:  # fake GPUs: no MPS server serves them
+        doc["mps"] = None
+        return doc
+    doc["mps"] = _nvml_bounded(source, lambda: mps.describe(procs, doc["gpus"], source), None, "NVML MPS queries")
+    if getattr(source, "hung", False) and doc["mps"] is None:
+        doc["mps"] = mps.describe(procs, doc["gpus"], None)  # /proc alone: no NVML call
     return doc
+
+
+def _nvml_bounded(source, fn, skipped, what):
+    """fn() within health's call limit; `skipped` without calling when the driver already hung,
+    or when this call hangs (which marks the source hung)."""
+    if getattr(source, "hung", False):
+        return skipped
+    try:
+        return health.bounded(fn, health.CALL_TIMEOUT_S, what)
+    except health.Hung:
+        try:
+            source.hung = True  # gpuinfo skips nvmlShutdown: it would wait on the stuck call
+        except AttributeError:
+            pass
+        return skipped
 
 
 def last_teardown_since_us():
@@ -69,18 +96,49 @@ def teardown_start(source):
     return {"since_us": xid.now_us(), "watch": watch, "pid": os.getpid()}
 
 
-def mps_quit(args, audit):
+def mps_quit(args, audit, source=None, rescan=None):
     """`teardown --mps quit`, once the targets (the clients) are gone: every control daemon on
-    the host is told `quit`, and its server waited for. Read from a fresh /proc table: a server
-    may have started (for a client) since the plan's scan. A scoped teardown (--scope TEXT,
-    --scope-uid UID) quits only the daemons of that uid whose pipe directory or command line
-    holds TEXT: the scope narrows everything a teardown acts on."""
-    procs = {p: i for p, i in ((p, procscan.basic(p)) for p in procscan.all_pids()) if i}
-    info = mps.describe(procs, [], None) or {"controls": [], "servers": []}
+    the host is told `quit`, and its server waited for, all within contract.MPS_QUIT_TIMEOUT_S.
+    Read from a fresh scan: a server may have started (for a client) since the plan's scan. A
+    daemon whose server still serves a process - an MPS client NVML lists, or an unprotected
+    holder of the server's GPU - is left running: that process is outside the plan (the
+    plan's targets are gone by now), and `quit` would end its CUDA work. A scoped teardown
+    (--scope TEXT, --scope-uid UID) quits only the daemons of that uid whose pipe directory or
+    command line holds TEXT: the scope narrows everything a teardown acts on. `rescan()`: that
+    fresh scan (scan.collect; passed in by the teardown, since scan's status pass imports this
+    module)."""
+    doc = rescan()
+    procs = doc["_procs"]
+    live = None if getattr(source, "hung", False) else source
+    info = _nvml_bounded(live, lambda: mps.describe(procs, doc["gpus"], live), None, "NVML MPS queries") \
+        if live is not None else None
+    info = info or mps.describe(procs, doc["gpus"], None) or {"controls": [], "servers": []}
     scope, uid = getattr(args, "scope", None), getattr(args, "scope_uid", None)
     info["controls"] = [c for c in info["controls"] if (uid is None or c["uid"] == uid) and (
         not scope or scope in (c["pipe_dir"] or "") or scope in (c["cmdline"] or ""))]
-    return mps.quit_all(info, audit)
+    return mps.quit_all(info, audit, skip=served_outside(info, doc))
+
+
+def served_outside(info, doc):
+    """{control pid: why} for daemons whose server still has a client: NVML's MPS clients, or
+    a holder (neither MPS process nor protected) of a GPU the server is on."""
+    indices = [g["index"] for g in doc["gpus"]] or sorted(
+        {int(d[len("nvidia"):]) for d in map(os.path.basename, doc.get("devices") or [])
+         if d.startswith("nvidia") and d[len("nvidia"):].isdigit()})
+    mps_pids = {c["pid"] for c in info["controls"]} | {s["pid"] for s in info["servers"]}
+    rows = {h["pid"]: h for h in doc["holders"]}
+    others = [h for h in doc["holders"] if h["pid"] not in mps_pids and not h["protected"]]
+    skip = {}
+    for s in info["servers"]:
+        if s["control"] is None:
+            continue
+        on = {int(k) for k in s["gpus"]} or set(health.gpus_of(rows.get(s["pid"]) or {}, indices))
+        users = [c["pid"] for c in s["clients"] if c["pid"] not in mps_pids]
+        users += [h["pid"] for h in others if h["pid"] not in users and set(health.gpus_of(h, indices)) & on]
+        if users:
+            skip[s["control"]] = "MPS server pid %s still serves pid %s (outside the plan): quit would end its work" % (
+                s["pid"], ", ".join(map(str, users[:8])))
+    return skip
 
 
 def teardown_result(out, after_doc, source, start, code):

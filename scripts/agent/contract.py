@@ -73,6 +73,7 @@ def exit_name(code):
 DEVICE_GLOB = "/dev/nvidia*"          # the GPU device files, when a host names none
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # audit records, last.json, pivot records: ISO 8601 with offset
 MAX_WAIT_S = 3600  # the longest wait either side accepts: a typo must not hold a host's lock for days
+MPS_QUIT_TIMEOUT_S = 10.0  # `teardown --mps quit`: every daemon's quit together (mps.py); the caller waits more
 RESET_TIMEOUT_S = 120  # `nvidia-smi --gpu-reset` may take this long on the host (reset.py); the caller waits more
 
 # -- subcommands and their flags -----------------------------------------------------------------

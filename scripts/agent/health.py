@@ -28,7 +28,7 @@ import os
 import subprocess
 import threading
 
-from . import contract, xid
+from . import contract, gpuinfo, xid
 
 OK, UNKNOWN, DRAIN, RESET, REBOOT = xid.OK, xid.UNKNOWN, xid.DRAIN, xid.RESET, xid.REBOOT
 ORDER = (OK, UNKNOWN, DRAIN, RESET, REBOOT)  # worst last
@@ -190,29 +190,35 @@ def stuck_findings(stuck, indices):
 
 
 def xid_findings(events, bus_to_index, indices):
-    """{gpu: [(verdict, reason)]} from Xid events; one on a bus no listed GPU has goes to every GPU."""
+    """({gpu: [(verdict, reason)]}, [notes]) from Xid events. An Xid is held against a GPU only
+    when it names that GPU (NVML's event) or its bus: one on a bus no listed GPU has, or read
+    where no bus is known (fake GPUs, no NVML), is only noted - spread to every GPU, one forged
+    or foreign line would make the whole node read "reboot needed" and drain it."""
     out: dict = {}
+    elsewhere = []
     for e in events:
         v, why = xid.resolve(e)
-        on = [e["gpu"]] if e.get("gpu") is not None else (
-            [bus_to_index[e["bus"]]] if e.get("bus") in bus_to_index else list(indices))
-        where = "" if e.get("bus") in bus_to_index or e.get("gpu") is not None else \
-            " (on PCI %s, not among the GPUs listed here)" % e.get("bus")
         pid = " pid %s" % e["pid"] if e.get("pid") else ""
-        reason = "Xid %d%s%s: %s%s" % (e["xid"], pid, where, why,
-                                      (" [%s]" % e["message"][:80]) if e.get("message") else "")
+        text = (" [%s]" % e["message"][:80]) if e.get("message") else ""
+        on = [e["gpu"]] if e.get("gpu") is not None else (
+            [bus_to_index[e["bus"]]] if e.get("bus") in bus_to_index else [])
+        if not on:
+            elsewhere.append("Xid %d%s on PCI %s, not among the GPUs listed here: not held against them (%s: %s)%s"
+                             % (e["xid"], pid, e.get("bus"), v, why, text))
+            continue
         for g in on:
-            out.setdefault(g, []).append((v, reason))
-    return out
+            out.setdefault(g, []).append((v, "Xid %d%s: %s%s" % (e["xid"], pid, why, text)))
+    return out, elsewhere
 
 
-def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=CALL_TIMEOUT_S, kmsg="/dev/kmsg"):
+def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, kmsg="/dev/kmsg"):
     """Set g['health'] = {verdict, reasons, read} on every GPU row; returns the rows.
 
     since_us: Xids logged from then (kernel-log clock, xid.now_us()) count; None: no window
     (verify and status without a teardown: the kernel log is not consulted). watch: an
     xid.NvmlWatch started with the teardown (its events are used instead of the log)."""
     source = source.opened()[0] if hasattr(type(source), "opened") else source  # a gpuinfo.Opening: the source
+    timeout_s = CALL_TIMEOUT_S if timeout_s is None else timeout_s
     indices = [g["index"] for g in gpus]
     per: dict = {i: [] for i in indices}
     read: dict = {i: [] for i in indices}
@@ -267,17 +273,17 @@ def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=CALL_TIM
         events = watch.drain()
         for i in indices:
             read[i].append("NVML Xid events since the teardown started")
-        per_x = xid_findings(events, bus_to_index, indices)
-    elif since_us is not None:
+        per_x, elsewhere = xid_findings(events, bus_to_index, indices)
+    elif since_us is not None and name != gpuinfo.SandboxSource.name:  # fake GPUs: the machine's log is not theirs
         events, where, error = xid.kernel_log(since_us, kmsg)
         for i in indices:
             if where:
                 read[i].append("kernel log (%s) since the teardown started" % where)
             else:
                 notes[i].append("kernel log not readable: %s" % error)
-        per_x = xid_findings(events, bus_to_index, indices)
+        per_x, elsewhere = xid_findings(events, bus_to_index, indices)
     else:
-        per_x = {}
+        per_x, elsewhere = {}, []
     for i, f in per_x.items():
         per[i] += f
     for i, f in stuck_findings(stuck, indices).items():
@@ -285,7 +291,7 @@ def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=CALL_TIM
     for g in gpus:
         i = g["index"]
         h = verdict(per[i], answered[i])
-        h["reasons"] += notes[i] if h["verdict"] == UNKNOWN else []
+        h["reasons"] += (notes[i] if h["verdict"] == UNKNOWN else []) + elsewhere
         h["read"] = read[i]
         g["health"] = h
     return gpus

@@ -15,6 +15,14 @@ MPS's default /tmp/nvidia-mps. Since /tmp is anyone's, the directory and its `co
 pipe are used only if they belong to the daemon's user (or root) and are not links.
 Clients come from NVML's MPS process list (nvmlDeviceGetMPSComputeRunningProcesses) where
 the driver has it, and the other compute processes on the server's GPU (each says which).
+
+The daemon and the server are known by the program they run - the real path of their
+executable, a root-owned file (rules.root_owned_exe) - never by argv[0] or comm, which any
+user sets: a look-alike would otherwise be exempted by verify or cost every quit its wait.
+`quit` runs the MPS client found on PATH, else the daemon's own verified executable, never
+/proc/PID/exe; all quits share one deadline (contract.MPS_QUIT_TIMEOUT_S, which the caller's
+deadline counts); a daemon whose server still serves a process outside the plan is left
+running (checkup.mps_quit).
 """
 import os
 import shutil
@@ -22,12 +30,15 @@ import stat
 import subprocess
 import time
 
+from . import contract, rules
+
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
-QUIT_TIMEOUT_S = 10.0
+QUIT_TIMEOUT_S = contract.MPS_QUIT_TIMEOUT_S
 POLL_S = 0.05
+CLIENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the quit client's environment
 
 
 def _program(proc):
@@ -35,12 +46,20 @@ def _program(proc):
     return os.path.basename(argv[0]) if argv else proc.get("comm") or ""
 
 
+def _runs(proc, name):
+    """Does the process run the root-owned program `name`? (Its names first: the cheap filter.)"""
+    if _program(proc) != name and (proc.get("comm") or "") != name[:15]:
+        return False
+    exe = rules.root_owned_exe(proc["pid"])
+    return bool(exe) and os.path.basename(exe) == name
+
+
 def is_control(proc):
-    return _program(proc) == CONTROL
+    return _runs(proc, CONTROL)
 
 
 def is_server(proc):
-    return _program(proc) == SERVER
+    return _runs(proc, SERVER)
 
 
 def pipe_dir(pid):
@@ -154,23 +173,42 @@ def _as_user(uid):
     return drop
 
 
+def client_program(pid):
+    """The MPS client to send `quit` with: on PATH, else the daemon's own executable when it is a
+    root-owned file still at its path (the same file the daemon runs); never /proc/PID/exe."""
+    found = shutil.which(CONTROL)
+    if found:
+        return found
+    path = rules.root_owned_exe(pid)
+    if not path or os.path.basename(path) != CONTROL:
+        return None
+    try:
+        same = path and os.path.samestat(os.stat(path), os.stat("/proc/%d/exe" % pid))
+    except OSError:
+        same = False
+    return path if same else None
+
+
 def quit_daemon(control, servers, timeout_s=QUIT_TIMEOUT_S, exe=None):
-    """Send `quit` to one control daemon and wait for its server(s) to exit. Returns a record
-    {control, pipe_dir, sent, output, servers_gone, waited_s, error}."""
+    """Send `quit` to one control daemon and wait for its server(s) to exit, all within
+    timeout_s. Returns a record {control, pipe_dir, sent, output, servers_gone, waited_s, error}."""
     from . import procfs
 
     rec = {"control": control["pid"], "pipe_dir": control["pipe_dir"], "sent": False, "output": "",
            "servers_gone": False, "waited_s": 0.0, "error": None}
+    if timeout_s <= 0:
+        rec["error"] = "not sent: the --mps quit time (%g s for all daemons) was spent" % QUIT_TIMEOUT_S
+        return rec
     try:
         check_pipe_dir(control["pipe_dir"], control.get("uid"))
     except PipeRefused as exc:
         rec["error"] = "refused: %s" % exc
         return rec
-    exe = exe or shutil.which(CONTROL) or _exe_of(control["pid"])
+    exe = exe or client_program(control["pid"])
     if not exe:
         rec["error"] = "%s not found on PATH" % CONTROL
         return rec
-    env = dict(os.environ, **{PIPE_ENV: control["pipe_dir"]})
+    env = {"PATH": CLIENT_PATH, "LANG": "C", PIPE_ENV: control["pipe_dir"]}  # not the agent's environment
     t0 = time.monotonic()
     try:
         done = subprocess.run([exe], input="quit\n", capture_output=True, text=True, env=env, timeout=timeout_s,
@@ -181,6 +219,7 @@ def quit_daemon(control, servers, timeout_s=QUIT_TIMEOUT_S, exe=None):
             rec["error"] = "%s exited %d" % (CONTROL, done.returncode)
     except (OSError, subprocess.SubprocessError) as exc:
         rec["error"] = "%s: %s" % (CONTROL, exc)
+        rec["waited_s"] = round(time.monotonic() - t0, 3)
         return rec
     mine = [(s["pid"], s["start_time"]) for s in servers if s.get("control") == control["pid"]]
     while time.monotonic() - t0 < timeout_s:
@@ -194,19 +233,18 @@ def quit_daemon(control, servers, timeout_s=QUIT_TIMEOUT_S, exe=None):
     return rec
 
 
-def _exe_of(pid):
-    try:
-        path = os.readlink("/proc/%d/exe" % pid)
-    except OSError:
-        return None
-    return None if path.endswith(" (deleted)") else path
-
-
-def quit_all(info, audit=None, timeout_s=QUIT_TIMEOUT_S):
-    """`--mps quit`: quit every control daemon seen (each logged to the audit log)."""
+def quit_all(info, audit=None, timeout_s=QUIT_TIMEOUT_S, skip=None):
+    """`--mps quit`: quit every control daemon seen (each logged to the audit log), all within
+    one timeout_s. skip: {control pid: why} for daemons left running (their server has clients)."""
     out = []
+    deadline = time.monotonic() + timeout_s
     for control in (info or {}).get("controls", []):
-        rec = quit_daemon(control, info.get("servers", []), timeout_s)
+        why = (skip or {}).get(control["pid"])
+        if why:
+            rec = {"control": control["pid"], "pipe_dir": control["pipe_dir"], "sent": False, "output": "",
+                   "servers_gone": False, "waited_s": 0.0, "error": "not sent: " + why}
+        else:
+            rec = quit_daemon(control, info.get("servers", []), deadline - time.monotonic())
         if audit is not None:
             audit.log({"pid": control["pid"], "start_time": control["start_time"], "cmdline": control.get("cmdline")},
                       "mps quit", "servers gone" if rec["servers_gone"] else (rec["error"] or "sent"))

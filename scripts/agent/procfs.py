@@ -82,3 +82,16 @@ def signal_if_same(pid, start, sig):
     finally:
         if pidfd is not None:
             os.close(pidfd)
+
+
+def uids(pid):
+    """[real, effective, saved, fs] uid of a process (/proc/PID/status), or None. One reader for every
+    "is every uid of it X" rule (protected names, the sandbox's members, Slurm job cgroups)."""
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except (OSError, ValueError):
+        pass
+    return None

@@ -9,7 +9,9 @@ listed with its answer, a dry run is the default (`--yes` runs it), and the comm
 shown either way. A teardown never resets a GPU on its own: its health verdict says when
 one is needed, and a person runs this.
 
-Checks: the GPU exists; no process holds it (any holder, protected or not, except this
+Checks: the GPU exists; every process could be inspected (a process whose open files this
+agent cannot read, or a /proc that hides others' processes, may hold the GPU unseen: the
+check refuses, as verify refuses to call the GPU free); no process holds it (any holder, protected or not, except this
 agent: a monitor's handle also blocks a reset); no MIG instance; not a display GPU (NVML
 display mode/active, or an X server holding it); nvidia-persistenced (it keeps the device
 open; current drivers release it for the reset, so it is reported and, where it still
@@ -64,6 +66,11 @@ def holders_on(doc, index):
 def checks(doc, source, index):
     """The precondition checks, in order: [{check, ok, detail}]."""
     out = []
+    denied, hidden = doc.get("denied") or [], doc.get("proc_hidden")
+    out.append(_check("every process inspected", not denied and not hidden, "; ".join(
+        ["%d process(es) could not be inspected (pids %s%s): one may hold the GPU unseen; run as root"
+         % (len(denied), ", ".join(map(str, denied[:8])), ", ..." if len(denied) > 8 else "")] * bool(denied)
+        + ([str(hidden)] if hidden else [])) or "every process's open files were read"))
     holders = holders_on(doc, index)
     blocking = [h for h in holders if not _is_persistenced(h)]
     out.append(_check("no process holds the GPU", not blocking, "; ".join(
@@ -104,7 +111,8 @@ def checks(doc, source, index):
 
 
 def _is_persistenced(h):
-    return bool(rules.names_of(h) & {"nvidia-persistenced", "nvidia-persiste"})
+    """The persistence daemon by name, where its name can be trusted (rules.trusted_names)."""
+    return bool(rules.names_of(h) & {"nvidia-persistenced", "nvidia-persiste"}) and rules.trusted_names(h)
 
 
 def _nvml_bool(nv, name, handle):

@@ -132,7 +132,10 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
                 break
         else:
             free_at = None
-        if now - t0 >= args.timeout:  # also when free but an adopted process will not die (state D)
+        # also when free but an adopted process will not die (state D); a free stretch already
+        # begun is watched to its whole window even past --timeout (cut short, a respawn at 1 s
+        # of a 5 s window went unseen: found by a red team)
+        if now - t0 >= args.timeout and free_at is None:
             break
         if first_foreign and not pending and now - first_foreign >= args.settle:
             free = False

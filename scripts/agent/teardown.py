@@ -275,7 +275,9 @@ def execute(args, operator, started, source):
             targets.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
         timings["targets_gone_s"] = None if alive else _since(started)
-        mps_quit = checkup.mps_quit(args, audit) if args.mps == "quit" else []  # clients gone: the MPS daemon next
+        # clients gone: the MPS daemon next
+        mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
+                    if args.mps == "quit" else [])
         before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
 
         def on_free(free_at_s):  # the moment it is seen free: the operator's FREED line, the settle still running

@@ -12,7 +12,14 @@ https://docs.nvidia.com/deploy/xid-errors/ : `NVRM: Xid (PCI:0000:03:00): 14, Ch
 `pid=..., name=...` before the message, e.g. `NVRM: Xid (PCI:0000:10:1c): 63, pid=1896,
 Row Remapper: New row marked for remapping, reset gpu to activate.`). It is read from
 /dev/kmsg (each record carries microseconds since boot, so "since the teardown started" is
-exact), else from `dmesg` (bounded by a timeout).
+exact), else from `dmesg --kernel` (bounded by a timeout).
+
+Only the kernel's own records count, and only when the record's text STARTS with `NVRM: Xid`:
+any local user can put text into the kernel log (a write to /dev/kmsg is logged with the
+user facility; an overlay mount's error message quotes the user's option string), and an
+Xid 79 read out of such text would mark every GPU "reboot needed" and drain the node. The
+driver prints its Xid line at the start of a record with facility 0 (kernel), which no
+unprivileged user can forge.
 
 RESOLUTION: the "Resolution Bucket (Immediate Action)" column of NVIDIA's Xid catalog for
 Ampere and newer GPUs (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html),
@@ -72,14 +79,17 @@ RECOVERY_ACTIONS = {
 _ACTION_154 = re.compile(r"to\s+0x([0-9a-fA-F]+)")
 
 LINE = re.compile(
-    r"NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): "
-    r"(?P<xid>\d+),\s*(?:pid=(?P<pid>'?[^,]*'?),\s*)?(?:name=(?P<name>[^,]*),\s*)?(?P<msg>.*)$")
-_DMESG_TIME = re.compile(r"^\[\s*(\d+\.\d+)\]\s*")
+    r"^NVRM: Xid \((?:PCI:)?(?P<bus>[0-9a-fA-F]{4,8}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2})(?:\.[0-7])?\): "
+    r"(?P<xid>[0-9]+),\s*(?:pid=(?P<pid>'?[^,]*'?),\s*)?(?:name=(?P<name>[^,]*),\s*)?(?P<msg>.*)$")
+DMESG = ["dmesg", "--kernel"]  # facility kern only: what users write to the log is left out
+_DMESG_TIME = re.compile(r"^\[\s*([0-9]+\.[0-9]+)\]\s*(?:\[\s*[TC][0-9]+\]\s*)?")  # [time] [caller id]
 
 
 def parse_line(line):
-    """One Xid from a kernel-log line ({bus, xid, pid, name, message}), or None."""
-    m = LINE.search(line)
+    """One Xid from the text of one kernel-log record ({bus, xid, pid, name, message}), or None.
+    Anchored: `NVRM: Xid` must open the text; quoted further in (another message carrying
+    a user's words) it is not the driver's."""
+    m = LINE.match(line)
     if not m:
         return None
     pid = (m.group("pid") or "").strip("'")
@@ -111,13 +121,24 @@ def resolve(event):
     return UNKNOWN, "not in this tool's table: look it up in NVIDIA's Xid catalog"
 
 
+KERNEL_FACILITY = 0  # LOG_KERN; the kernel logs writes to /dev/kmsg from user space as LOG_USER
+
+
 def parse_kmsg_record(record):
-    """(usec since boot, text) of one /dev/kmsg record 'PRI,SEQ,USEC,FLAGS;TEXT', or None."""
+    """(usec since boot, text) of one /dev/kmsg record 'PRI,SEQ,USEC,FLAGS;TEXT', or None.
+    PRI is facility * 8 + level: a record of any facility but the kernel's is None (what a
+    user writes to /dev/kmsg is forced to the user facility, so it can never pass for the driver)."""
     head, sep, text = record.partition(";")
     fields = head.split(",")
-    if not sep or len(fields) < 3 or not fields[2].isdigit():
+    if not sep or len(fields) < 3 or not _digits(fields[0]) or not _digits(fields[2]):
+        return None
+    if int(fields[0]) >> 3 != KERNEL_FACILITY:
         return None
     return int(fields[2]), text.split("\n", 1)[0]
+
+
+def _digits(text):
+    return bool(re.fullmatch(r"[0-9]+", text))
 
 
 def parse_dmesg_line(line):
@@ -131,7 +152,8 @@ def parse_dmesg_line(line):
 def kernel_log(since_us, kmsg="/dev/kmsg", timeout_s=3.0):
     """(Xid events logged at or after since_us microseconds since boot, source, error or None).
 
-    /dev/kmsg first (root, or kernel.dmesg_restrict=0); else `dmesg` with a timeout."""
+    /dev/kmsg first (root, or kernel.dmesg_restrict=0); else `dmesg --kernel` (the kernel's
+    own records only) with a timeout."""
     lines, source, error = [], None, None
     try:
         lines = list(_read_kmsg(kmsg, timeout_s))
@@ -139,7 +161,7 @@ def kernel_log(since_us, kmsg="/dev/kmsg", timeout_s=3.0):
     except OSError as exc:
         error = "%s: %s" % (kmsg, exc.strerror or exc)
         try:
-            out = subprocess.run(["dmesg"], capture_output=True, text=True, timeout=timeout_s, check=True).stdout
+            out = subprocess.run(DMESG, capture_output=True, text=True, timeout=timeout_s, check=True).stdout
             lines = [r for r in map(parse_dmesg_line, out.splitlines()) if r]
             source, error = "dmesg", None
         except (OSError, subprocess.SubprocessError) as exc2:

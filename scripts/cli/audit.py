@@ -1,6 +1,8 @@
 """The `audit` task: the operator's local audit log of every signal, unit stop and pivot."""
 from __future__ import annotations
 
+import sys
+
 from scripts import defaults
 
 from .common import guarded
@@ -15,7 +17,12 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     from scripts.render import Col, Command, table
 
     n = cliargs.whole("lines", lines)
-    recs = audit_log.read()[-n:] if n else []  # [-0:] would be every record
+    everything = audit_log.read()
+    recs = [r for r in everything if isinstance(r, dict)]  # valid JSON but not a record ([1,2]): skipped
+    if len(recs) < len(everything):
+        print(f"gpu-pivot: audit: {len(everything) - len(recs)} line(s) of {audit_log.audit_path()} are not records;"
+              " skipped", file=sys.stderr)
+    recs = recs[-n:] if n else []  # [-0:] would be every record
     if json:
         import json as json_
 
@@ -23,8 +30,24 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
             print(json_.dumps(r, sort_keys=True))
         return
     print(f"audit log: {audit_log.audit_path()}")
-    rows = [[r.get("time", ""), r.get("alias", ""), r.get("operator", ""), r.get("signal") or r.get("event"),
+    rows = [[_when(r.get("time", "")), r.get("alias", ""), r.get("operator", ""), r.get("signal") or r.get("event"),
              r.get("pid", r.get("to", "")), r.get("result") or r.get("verdict"),
              Command.of(r) if r.get("cmdline") else "-"] for r in recs]
-    heads = ["time", "host", "operator", "action", "pid/phase", Col("result", "wrap"), Col("command", "command", 24)]
+    # every column but the time may give way, down to what fits 80 columns
+    heads = ["time (UTC)", Col("host", "cut", 6), Col("operator", "cut", 8), Col("action", "cut", 7),
+             Col("pid/to", "cut", 6), Col("result", "wrap", 10), Col("command", "command", 12)]
     print(table(heads, rows))
+
+
+def _when(stamp) -> str:
+    """A record's time in UTC, in 19 columns ('2026-11-30 10:48:44'): records carry each
+    host's own offset (contract.TIME_FORMAT). Text that is not such a time is shown as it is."""
+    import datetime
+
+    from scripts.agent import contract
+
+    try:
+        when = datetime.datetime.strptime(str(stamp), contract.TIME_FORMAT)
+    except ValueError:
+        return str(stamp)
+    return when.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")

@@ -46,15 +46,64 @@ def code_for(exc: BaseException) -> int | None:
 INTERRUPTED_LINE = "gpu-pivot: interrupted (Ctrl-C): stopped here"
 
 
+class ClosedStdoutSafe:
+    """sys.stdout that outlives its reader: `invoke teardown | head -1`, or quitting `less`,
+    closes the pipe; the first write after that would raise BrokenPipeError mid-task (a
+    teardown reported "agent failed" after freeing the GPUs; a pivot stopped between its
+    teardown and its start: found by a red team). Here the first BrokenPipeError points fd 1
+    at /dev/null and the task runs to its end and exits with its own code."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.closed_by_reader = False
+
+    def _guard(self, op, *args):
+        try:
+            return op(*args)
+        except BrokenPipeError:
+            self.closed_by_reader = True
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
+            return None
+
+    def write(self, text):
+        if self.closed_by_reader:
+            return len(text)
+        return self._guard(self._stream.write, text)
+
+    def flush(self):
+        if not self.closed_by_reader:
+            self._guard(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def guard_stdout() -> None:
+    """Install ClosedStdoutSafe; with fd 1 closed at start (`>&-`: sys.stdout is None) point
+    fd 1 at /dev/null first, so the task runs and exits with its own code."""
+    if sys.stdout is None:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        if devnull != 1:
+            os.dup2(devnull, 1)
+            os.close(devnull)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115  fd 1 lives as long as the process
+    if not isinstance(sys.stdout, ClosedStdoutSafe):
+        sys.stdout = ClosedStdoutSafe(sys.stdout)
+
+
 def guarded(fn):
     """Turn the errors users cause or meet into one line and the documented exit code.
 
     Ctrl-C outside a teardown (which has its own handler, ctrl_c_continues) is one line and
     exit 130: Invoke alone would print a bare ^C and exit 1, which README defines as
-    "done but not free"."""
+    "done but not free". A reader that closes stdout early does not stop the task
+    (ClosedStdoutSafe)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        guard_stdout()
         try:
             return fn(*args, **kwargs)
         except Exit:
@@ -83,10 +132,10 @@ def one_host(spec: str):
     hosts = hosts_of(spec)
     if len(hosts) != 1:
         from scripts import cliargs
-        from scripts.config_error import ConfigError
+        from scripts.config_error import ConfigError, show
 
         with cliargs.named("--host", cliargs.source_of("--host", "-H", defaults.HOST_ENV)):
-            raise ConfigError(f"--host {spec!r}: this task takes exactly one host")
+            raise ConfigError(f"--host {show(spec)}: this task takes exactly one host")
     return hosts[0]
 
 
@@ -120,15 +169,16 @@ def operator() -> str:
     return f"{getpass.getuser()}@{socket.gethostname()}"
 
 
-def print_views(host, result, *views) -> None:
-    """The host's header line, then each non-empty view of the agent's result (its record)."""
+def print_views(host, result, *views, file=None) -> None:
+    """The host's header line, then each non-empty view of the agent's result (its record),
+    to `file` (default stdout; stderr where stdout holds --json)."""
     from scripts import status_view
 
-    print(status_view.header(host.alias, result, host.sandbox))
+    print(status_view.header(host.alias, result, host.sandbox), file=file)
     for view in views:
         text = view(result)
         if text:
-            print(text)
+            print(text, file=file)
 
 
 def dumps(value) -> str:

@@ -35,7 +35,26 @@ SHORT = {
 
 
 class Task(invoke.Task):
-    """An Invoke task whose short flags come from SHORT only (see the module docstring)."""
+    """An Invoke task whose short flags come from SHORT only (see the module docstring), and
+    that refuses words after `--` unless it takes a command there (`remainder=True`: run,
+    oneliner, lint-launch). Why: Invoke hands those words to every task, and `invoke status
+    -- foo` silently ignored foo; a word the user typed is either used or refused (exit 2)."""
+
+    def __init__(self, *args, remainder: bool = False, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.remainder = remainder
+
+    def __call__(self, *args, **kwargs):
+        if not self.remainder:
+            from scripts import cliargs
+
+            extra = cliargs.remainder()
+            if extra:
+                import shlex
+
+                raise invoke.Exit(f"gpu-pivot: {self.name}: takes no words after `--` (got: {shlex.join(extra)})",
+                                  code=2)
+        return super().__call__(*args, **kwargs)
 
     def arg_opts(self, name, default, taken_names):
         opts = super().arg_opts(name, default, taken_names)

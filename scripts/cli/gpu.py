@@ -13,14 +13,14 @@ VERIFY_WAIT = num(defaults.VERIFY_WAIT_S)
 
 def _show(outcomes, json: bool, *views) -> None:
     """Each answering host's views (or all documents as JSON), then exit with the worst code."""
-    docs = {}
-    for out in outcomes:
-        if out.error is None:
-            docs[out.host.alias] = out.value.doc
-            if not json:
-                print_views(out.host, out.value.result, *views)
+    from .jsonout import docs
+
     if json:
-        print(dumps(docs))
+        print(dumps(docs(outcomes)))  # a failed host too: {alias: {"error", "exit_code"}}
+    else:
+        for out in outcomes:
+            if out.error is None:
+                print_views(out.host, out.value.result, *views)
     exit_worst(codes(outcomes, agent_code=True))
 
 
@@ -83,7 +83,9 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
     args = td.selection_args(match, only_matching, disable)
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args))
     if json:
-        print(dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}))
+        from .jsonout import docs
+
+        print(dumps(docs(outcomes)))
     else:
         for out in outcomes:
             if out.error is None:
@@ -125,14 +127,15 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     hosts = hosts_of(host)
     args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
     if mps not in ("protect", "quit"):
-        from scripts.config_error import ConfigError
+        from scripts.config_error import ConfigError, show
 
-        raise ConfigError(f"--mps {mps!r}: expected 'protect' or 'quit'")
+        raise ConfigError(f"--mps {show(mps)}: expected 'protect' or 'quit'")
     args += ["--mps", "quit"] if mps == "quit" else []  # 'protect' is the agent's default: the argv stays pivot's
     width = cliargs.whole("fanout", fanout, minimum=1)
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json)
-    approved = td.approve(hosts, td.selection_args(match, only_matching, disable), yes, "the plan")
+    approved = td.approve(hosts, td.selection_args(match, only_matching, disable), yes, "the plan",
+                          td.declined_doc(hosts) if json else None)
     fleet_mode = len(hosts) > 1
 
     def one(h):
@@ -150,7 +153,9 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
         outcomes = fleet.each_host(hosts, one, width, on_done=done)
     results = codes(outcomes, agent_code=True)
     if json:
-        print(dumps({o.host.alias: o.value.doc for o in outcomes if o.error is None}))
+        from .jsonout import docs
+
+        print(dumps(docs(outcomes)))
     elif fleet_mode:
         for out in outcomes:  # details only where something needs a person
             if out.error is None and out.value.code:

@@ -38,7 +38,8 @@ def hosts(c, json=False, names=False):
 
 
 @task(help={"host": HOST_HELP, "json": "print the agent's JSON answer",
-            "timeout": "seconds before a host counts as timed out (exit 7; default 60)"})
+            "timeout": "seconds before a host counts as timed out (exit 7; default 60;"
+                       " 0: no limit of its own, the longest wait: 3600)"})
 @guarded
 def ping(c, host=defaults.HOST, json=False, timeout=""):
     """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there."""
@@ -46,20 +47,27 @@ def ping(c, host=defaults.HOST, json=False, timeout=""):
     from scripts.transport import call_agent
 
     deadline = cliargs.seconds("timeout", timeout) if timeout else None
+    if deadline == 0:  # 0 is no limit, as `run -T 0` (the agent's longest wait bounds it)
+        deadline = cliargs.MAX_SECONDS
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "ping", deadline_s=deadline))
+    from .jsonout import failed
+
     docs = []
     for out in outcomes:
-        if out.error is None:
-            r = out.value
-            docs.append(dict(r.doc, host=r.host, wall_s=round(r.wall_s, 3)))
-            if not json:
-                print(status_view.ping_line(r.host, r.result, r.wall_s))
+        if out.error is not None:  # in the list too, with its error and exit code
+            docs.append(dict(failed(out.error), host=out.host.alias))
+            continue
+        r = out.value
+        docs.append(dict(r.doc, host=r.host, wall_s=round(r.wall_s, 3)))
+        if not json:
+            print(status_view.ping_line(r.host, r.result, r.wall_s))
     if json:
         print(dumps(docs))
     exit_worst(codes(outcomes))
 
 
-@task(help={"host": HOST_HELP, "timeout": "seconds before a host counts as timed out (exit 7; default 600)"})
+@task(remainder=True, help={
+    "host": HOST_HELP, "timeout": "seconds before a host counts as timed out (exit 7; default 600; 0: no limit)"})
 @guarded
 def run(c, host=defaults.HOST, timeout="600"):
     """Run `-- CMD ARGS...` on the host exactly (no re-quoting needed); returns its exit code.
@@ -100,7 +108,8 @@ def run(c, host=defaults.HOST, timeout="600"):
     exit_worst(results)
 
 
-@task(help={"host": HOST_HELP, "action": "'teardown': print the POSIX-shell emergency teardown instead of `-- CMD`",
+@task(remainder=True, help={
+    "host": HOST_HELP, "action": "'teardown': print the POSIX-shell emergency teardown instead of `-- CMD`",
             "grace": f"for --action teardown: seconds between TERM and KILL (default {ONELINER_GRACE})"})
 @guarded
 def oneliner(c, host=defaults.HOST, action="", grace=ONELINER_GRACE):
@@ -110,14 +119,14 @@ def oneliner(c, host=defaults.HOST, action="", grace=ONELINER_GRACE):
     the device files (fuser or /proc), protected names skipped, TERM, poll, KILL, report.
     """
     from scripts import cliargs
-    from scripts.config_error import ConfigError
+    from scripts.config_error import ConfigError, show
 
     argv = cliargs.remainder()
     if action:
         from scripts import shell_teardown
 
         if action != "teardown":
-            raise ConfigError(f"--action {action!r}: the only action is 'teardown'")
+            raise ConfigError(f"--action {show(action)}: the only action is 'teardown'")
         if argv:
             raise ConfigError("give either --action or `-- CMD`, not both")
         grace_s = cliargs.seconds("grace", grace)

@@ -5,7 +5,7 @@ from invoke import Exit
 
 from scripts import defaults
 
-from . import teardown_args as td
+from . import jsonout, teardown_args as td
 from .common import HOST_HELP, ctrl_c_continues, dumps, guarded, one_host, operator
 from .flags import task
 
@@ -30,7 +30,8 @@ def start(c, host=defaults.HOST, phase="", json=False):
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
-    r = phase_ops.start(h, ph)
+    with jsonout.one_host(h.alias, json):
+        r = phase_ops.start(h, ph)
     if json:
         _json(r)
     if r.code:
@@ -48,7 +49,8 @@ def stop(c, host=defaults.HOST, phase="", json=False):
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
-    r = phase_ops.stop(h, ph, operator())
+    with jsonout.one_host(h.alias, json):
+        r = phase_ops.stop(h, ph, operator())
     if r.result.actions:
         audit_log.append(h.alias, r.result.actions)
     if json:
@@ -74,8 +76,12 @@ def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=
     if follow:
         if json:
             raise ConfigError("--json and --follow: pick one (--follow prints lines as they come)")
-        raise Exit(code=phase_ops.follow_logs(h, ph, n))
-    r = phase_ops.logs(h, ph, n)
+        code, doc = phase_ops.follow_logs(h, ph, n)
+        if doc is not None and doc.get("error"):  # e.g. the phase was never started there
+            raise Exit(f"gpu-pivot: {h.alias}: {doc['error']}", code=contract.EXIT_NOT_FREE)
+        raise Exit(code=code)
+    with jsonout.one_host(h.alias, json):
+        r = phase_ops.logs(h, ph, n)
     if json:
         _json(r)
     if r.code:
@@ -84,7 +90,8 @@ def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=
         print("\n".join(r.result.lines))
 
 
-@task(help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)", "json": JSON_HELP})
+@task(remainder=True, help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)",
+                            "json": JSON_HELP})
 @guarded
 def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     """Check a server launch command (after `--`) on the host for known mistakes.
@@ -99,7 +106,8 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     if not argv:
         raise ConfigError("lint-launch needs the launch command after `--`")
     h = one_host(host)
-    r = phase_ops.lint(h, argv, gpus or None)
+    with jsonout.one_host(h.alias, json):
+        r = phase_ops.lint(h, argv, gpus or None)
     if json:
         _json(r)
     for line in [] if json else phase_view.lint_lines(r) or [phase_view.lint_ok(r)]:
@@ -130,18 +138,23 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     import re
 
     from scripts import cliargs, phase_ops
-    from scripts.config_error import ConfigError
+    from scripts.agent import contract
+    from scripts.config_error import ConfigError, show
     from scripts.pivot import Pivot, PivotOptions
 
     h = one_host(host)
     with cliargs.named("--phase", "--to"):  # the pivot's flag for a phase
         ph = phase_ops.phase_of(h, to)
     if drain and not re.match(r"^https?://\S+$", drain):
-        raise ConfigError(f"--drain {drain!r}: must be an http(s) URL")
+        raise ConfigError(f"--drain {show(drain)}: must be an http(s) URL")
+    if drain and no_drain:
+        raise ConfigError(f"--drain {show(drain)} and --no-drain: pick one (drain first, or skip the drain)")
     td_args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
     rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
     if not dry_run:
-        approved = td.approve([h], td.selection_args(match, only_matching, disable), yes, "the steps")
+        declined = {"event": "pivot", "host": h.alias, "to": ph.name, "steps": [], "verdict": td.DECLINED,
+                    "exit_code": contract.EXIT_DECLINED} if json else None
+        approved = td.approve([h], td.selection_args(match, only_matching, disable), yes, "the steps", declined)
         td_args += td.approved_args(approved, h.alias)
     elif not json:  # what the teardown step would stop and keep, as `teardown --dry-run` shows it
         td.show_plans([h], td.selection_args(match, only_matching, disable))

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from scripts import defaults
 
+from . import jsonout
 from .common import HOST_HELP, dumps, exit_worst, guarded, one_host
 from .flags import task
 
@@ -29,7 +30,8 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
         raise ConfigError("--gpu: required (the index of the GPU to reset, e.g. --gpu 0)")
     target = one_host(host)
     args = ["--gpu", str(cliargs.whole("gpu", gpu))] + (["--yes"] if yes else [])
-    result = call_agent(target, "reset", args, deadline_s=60.0 + contract.RESET_TIMEOUT_S)  # the reset may be slow
+    with jsonout.one_host(target.alias, json):
+        result = call_agent(target, "reset", args, deadline_s=60.0 + contract.RESET_TIMEOUT_S)  # may be slow
     if json:
         print(dumps({target.alias: result.doc}))
     else:

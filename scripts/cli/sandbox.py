@@ -34,5 +34,11 @@ def sandbox(c, action, json=False):
     print(f"SANDBOX ({state['dir']}; device files {state['devices']})")
     rows = [[role, p["pid"], "alive" if p["alive"] else "gone"] for role, p in sorted(state["processes"].items())]
     if action == "down":
-        print("stopped:" if rows else "nothing was running")
+        unrecorded = [p for p in state.get("stopped_unrecorded", ()) if p not in {r[1] for r in rows}]
+        print("stopped:" if rows else ("nothing recorded was running" if unrecorded else "nothing was running"))
+        if unrecorded:
+            print(f"also stopped (this sandbox's processes its state no longer listed): pids {unrecorded}")
     print(table(["role", "pid", "now" if action != "down" else "before"], rows) if rows else "(no sandbox processes)")
+    if action == "status" and state.get("unrecorded"):
+        print(f"NOT RECORDED: pids {state['unrecorded']} belong to this sandbox but its state no longer lists them "
+              "(directory removed by hand?): `invoke sandbox down` stops them")

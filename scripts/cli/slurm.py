@@ -29,7 +29,9 @@ def undrain(c, host="", force=False):
     except logic.SlurmError as exc:
         from scripts.agent import contract
 
-        raise Exit(f"gpu-pivot: {exc}", code=contract.EXIT_UNREACHABLE) from None
+        # one line: sinfo's stderr may have several (e.g. it cannot reach slurmctld)
+        one_line = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
+        raise Exit(f"gpu-pivot: {one_line}", code=contract.EXIT_UNREACHABLE) from None
     for r in results:
         print(r.line())
     exit_worst([r.code for r in results])

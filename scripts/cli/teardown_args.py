@@ -12,7 +12,7 @@ import sys
 from scripts import defaults
 from scripts.defaults import num
 
-from .common import operator, print_views
+from .common import dumps, operator, print_views
 
 SELECTION_HELP = {
     "match": "extra target pattern, repeatable: a regex naming PROGRAMS (the executable, the module or script"
@@ -65,51 +65,75 @@ def teardown_argv(match=None, only_matching=False, disable=False, grace=GRACE, t
         "--operator", operator()]
 
 
-def approve(hosts: list, selection: list, yes: bool, see: str) -> dict:
+def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | None = None) -> dict:
     """{alias: 'pid:start,...'} the person approved; {} with --yes (the agent then takes its
     own plan). Off a terminal without --yes nothing is signalled: `see` names what
-    --dry-run shows instead ('the plan', 'the steps')."""
+    --dry-run shows instead ('the plan', 'the steps').
+
+    `declined` (given with --json) is the document printed when the answer is no: stdout
+    then holds one JSON document whatever the answer, because the plans and the prompt go
+    to stderr (`invoke teardown -j > out.json` on a terminal)."""
     if yes:
         return {}
     if not sys.stdin.isatty():
         from scripts.config_error import ConfigError
 
         raise ConfigError(f"not on a terminal and no --yes: refusing to signal anything (see {see} with --dry-run)")
-    return confirm(hosts, selection)
+    return confirm(hosts, selection, declined)
 
 
-def show_plans(hosts: list, selection: list) -> dict:
-    """Print each host's teardown plan (what it would stop and keep, and why); returns
-    {alias: 'pid:start,...'} of the targets shown. Used before the confirmation prompt and by
-    `pivot --dry-run`, so what a person reads is what the teardown step would do."""
+def show_plans(hosts: list, selection: list, out=None, json: bool = False) -> dict:
+    """Print each host's teardown plan (what it would stop and keep, and why) to `out`
+    (default stdout); returns {alias: 'pid:start,...'} of the targets shown. Used before the
+    confirmation prompt and by `pivot --dry-run`, so what a person reads is what the teardown
+    step would do. A host that cannot be planned stops it (with --json its failure is
+    printed as the --json document first)."""
     from scripts import fleet, teardown_view
     from scripts.transport import call_agent
 
+    from .jsonout import failed
+
     outcomes = fleet.each_host(hosts, lambda h: call_agent(h, "plan", selection))
+    errors = {o.host.alias: o.error for o in outcomes if o.error is not None}
+    if errors:
+        if json:
+            print(dumps({alias: failed(e) for alias, e in errors.items()}), flush=True)
+        raise next(iter(errors.values()))
     shown = {}
-    for out in outcomes:
-        if out.error is not None:
-            raise out.error
-        print_views(out.host, out.value.result, teardown_view.plan_tables)
-        shown[out.host.alias] = out.value.result.plan.approved()
+    for o in outcomes:
+        print_views(o.host, o.value.result, teardown_view.plan_tables, file=out)
+        shown[o.host.alias] = o.value.result.plan.approved()
     return shown
 
 
-def confirm(hosts: list, selection: list) -> dict:
+def confirm(hosts: list, selection: list, declined: dict | None = None) -> dict:
     """Show each host's plan and ask once; returns {alias: 'pid:start,...'} that was approved,
-    so the agent signals only those (a process that appeared since is reported, not hit)."""
+    so the agent signals only those (a process that appeared since is reported, not hit).
+    With `declined` (--json) the plans and the prompt go to stderr and a "no" prints it."""
     from invoke import Exit
 
     from scripts.agent import contract
 
-    approved = show_plans(hosts, selection)
-    try:
-        answer = input("Signal the targets above? Only they will be signalled. [y/N] ").strip().lower()
-    except EOFError:  # Ctrl-D at the prompt: no answer is no
-        answer = ""
+    to = sys.stderr if declined is not None else sys.stdout
+    approved = show_plans(hosts, selection, out=to, json=declined is not None)
+    to.write("Signal the targets above? Only they will be signalled. [y/N] ")
+    to.flush()
+    answer = sys.stdin.readline().strip().lower()  # "" at Ctrl-D: no answer is no
     if answer not in ("y", "yes"):
-        raise Exit("declined: nothing was signalled", code=contract.EXIT_DECLINED)
+        if declined is not None:
+            print(dumps(declined), flush=True)
+        raise Exit(DECLINED, code=contract.EXIT_DECLINED)
     return approved
+
+
+DECLINED = "declined: nothing was signalled"
+
+
+def declined_doc(hosts: list) -> dict:
+    """teardown --json's document when the answer is no: every host, with its error and exit 8."""
+    from scripts.agent import contract
+
+    return {h.alias: {"error": DECLINED, "exit_code": contract.EXIT_DECLINED} for h in hosts}
 
 
 def approved_args(approved: dict, alias: str) -> list:
