@@ -15,7 +15,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
 { echo "## pytest -m gpu"; timeout 200 python3 -m pytest -m gpu -rs -q tests/; echo "pytest exit $?"; } 2>&1 \
     | tail -15 | tee "$OUT/gpu-tests.txt"
 N=$(nvidia-smi -L | wc -l)
-for n in 1 "$N"; do
+for n in $(printf "%s\n" 1 "$N" | sort -un); do
     if [ "$n" = 1 ]; then export CUDA_VISIBLE_DEVICES=0; else unset CUDA_VISIBLE_DEVICES; fi
     timeout 200 env -u PYTHONPATH PYTHONPATH=/tmp/site python3 bench/gpu_teardown.py --reps "${REPS:-5}" \
         --cli-python /tmp/cli-venv/bin/python --out "$OUT/gpu-teardown-${n}gpu.json" 2>&1 \
