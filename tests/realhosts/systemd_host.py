@@ -3,7 +3,7 @@
 Why real: gpu-pivot stops a unit's processes with `systemctl stop`, asks whether it is
 enabled, runs phases with `systemd-run` and reads `journalctl -u`. A fake would agree with
 what we assume; this image's systemd 252 boots as PID 1 of new PID, mount, cgroup, UTS and
-IPC namespaces in about 1.5 s (../shared/REALHOSTS.md has the measurements).
+IPC namespaces in about 1.5 s (the project notes, REALHOSTS.md, have the measurements).
 
 What keeps it from damaging the machine (seen happen without it): private tmpfs on /run,
 /tmp, /var/tmp, /root, /dev (minimal nodes, fake GPU files) and the journal; a unit dir
