@@ -3,7 +3,8 @@
 Why real: what the epilog and prolog must get right is Slurm's: which environment they run
 in (SLURM_JOB_GPUS, SLURM_JOB_UID), what a non-zero exit does to the node (DRAIN, "Epilog
 error") and to the job (requeued held), and whether the reason they set survives. A stand-in
-would agree with our assumptions. Facts this is built on: the measurements of Slurm on these machines (ENGINES.md in the project notes).
+would agree with our assumptions.
+Facts this is built on: the measurements of Slurm on these machines (ENGINES.md in the project notes).
 
 The node's GPUs are character devices made with mknod on /dev/zero's numbers (1:5) in the
 temp dir: Slurm's gres needs character devices (a plain file makes slurmd refuse it and no
