@@ -58,7 +58,7 @@ def follow_logs(host, phase, lines: int):
     import threading
 
     from .remote_cmd import follow_stderr
-    from .route import ran_line, read_ssh_log, ssh_log, unreachable
+    from .route import ran_line, read_ssh_log, ssh_failure, ssh_log
     from .transport import AgentError, _feed as feed, _parse as parse_result, route_ran  # as every agent call
 
     nonce = contract.new_nonce()
@@ -97,8 +97,9 @@ def follow_logs(host, phase, lines: int):
     ran = seen["ran"] or route_ran(host, stderr, nonce)
     if frame:
         return code, parse_result(host, b"".join(frame).decode("utf-8", "replace"), nonce, code, stderr, ran, ssh_said)
-    if host.route.ssh_failed(code, ran, ssh_said):
-        raise unreachable(host.alias, ssh_said, ran)
+    failure = ssh_failure(host.route, host.alias, code, ran, ssh_said, stderr)
+    if failure is not None:
+        raise failure
     return code, None
 
 

@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass
 
 from .agent import contract
-from .route import ran_line, read_ssh_log, ssh_log, unreachable
+from .route import ran_line, read_ssh_log, ssh_failure, ssh_log
 from .transport import timed_out
 
 RUN_DEADLINE_S = 600.0  # `invoke run` default --timeout: operator commands may be long, never endless
@@ -68,8 +68,9 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
         ssh_said = read_ssh_log(log)
         if cut_off:
             raise timed_out(host.alias, deadline_s, seen["ran"], local=not host.route.hops)
-        if host.route.ssh_failed(code, seen["ran"], ssh_said):
-            raise unreachable(host.alias, ssh_said or text, seen["ran"])
+        failure = ssh_failure(host.route, host.alias, code, seen["ran"], ssh_said, text)
+        if failure is not None:
+            raise failure
         return Ran(SIGNALLED + -code if code < 0 else code, stdout, text.encode())
 
 

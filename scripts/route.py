@@ -259,6 +259,16 @@ def unreachable(alias: str, stderr: str, ran: bool = False) -> HostUnreachable:
     return HostUnreachable(f"{alias}: host unreachable (ssh exit 255: {tail or 'nothing on stderr'})")
 
 
+def ssh_failure(route: Route, alias: str, code: int, ran: bool, ssh_said: str, stderr: str):
+    """The error for a call whose exit was ssh's own failure (Route.ssh_failed), else None.
+    Decided from ssh's -E log alone (a remote command cannot fake it); the message shows that
+    log, or the call's stderr when the log is empty. One place for every ssh call (agent
+    calls, `run`, `logs --follow`)."""
+    if not route.ssh_failed(code, ran, ssh_said):
+        return None
+    return unreachable(alias, ssh_said or stderr, ran)
+
+
 class HostUnreachable(RuntimeError):
     """ssh itself failed (exit 255): the host was not reached, nothing ran there."""
 

@@ -17,7 +17,7 @@ from typing import Any
 from .agent import contract
 from .bundle import agent_stream
 from .config_error import ConfigError
-from .route import RAN_PREFIX, HostTimedOut, ran_line, read_ssh_log, ssh_log, unreachable
+from .route import RAN_PREFIX, HostTimedOut, ran_line, read_ssh_log, ssh_failure, ssh_log
 
 
 class AgentError(RuntimeError):
@@ -212,8 +212,9 @@ def _parse(host, stdout: str, nonce: str, code: int, stderr: str, ran: bool, ssh
     try:
         body = contract.extract(stdout, nonce)
     except contract.MarkerError as exc:
-        if host.route.ssh_failed(code, ran, ssh_said):
-            raise unreachable(host.alias, ssh_said or stderr, ran) from None  # -E empty: what stderr had
+        failure = ssh_failure(host.route, host.alias, code, ran, ssh_said, stderr)
+        if failure is not None:
+            raise failure from None
         stderr = "\n".join(line for line in stderr.splitlines() if RAN_PREFIX not in line)
         raise AgentError(f"{host.alias}: {exc}; the command exited {code}; stderr: {_tail(stderr)}") from None
     try:

@@ -76,9 +76,6 @@ def uid_min(path=LOGIN_DEFS):
     return _state["uid_min"]
 
 
-uids = procfs.uids  # kept under this name for the rules' readers
-
-
 def root_owned_exe(pid):
     """The real path of the program the process runs when that file is a regular file owned by
     root and writable by root only; else None. stat() of /proc/PID/exe is the running file
@@ -109,7 +106,7 @@ def trusted_names(proc):
     process wholly of system uids is trusted then (no user can take a system uid), and such an
     agent could not signal it anyway."""
     pid = proc["pid"]
-    ids = uids(pid)
+    ids = procfs.uids(pid)
     if not ids:
         return False
     sandbox = _state["sandbox_uid"]
