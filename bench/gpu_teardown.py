@@ -67,7 +67,7 @@ def timed_lines(argv, env):
     assert proc.stdout is not None  # stdout=PIPE
     lines = [(time.monotonic() - t0, raw.decode("utf-8", "replace").rstrip("\n")) for raw in proc.stdout]
     code = proc.wait()
-    return lines, code, time.monotonic() - t0
+    return lines, code, time.monotonic() - t0, t0
 
 
 def pivot_once(workdir, args, n, env):
@@ -77,7 +77,8 @@ def pivot_once(workdir, args, n, env):
     env = dict(env, GPU_PIVOT_HOSTS_FILE=str(Path(workdir) / "hosts.env"), GPU_PIVOT_RUN_DIR=str(run_dir))
     Path(env["GPU_PIVOT_HOSTS_FILE"]).write_text(
         f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS='gpu_tree\\.py'\nLOCAL_SCOPE={token}\n")
-    lines, code, wall = timed_lines([args.cli_python, "-m", "invoke", "teardown", "--host", "local", "--yes"], env)
+    argv = [args.cli_python, "-m", "invoke", "teardown", "--host", "local", "--yes"]
+    lines, code, wall, enter = timed_lines(argv, env)
     freed_line = next((t for t, line in lines if line.startswith(FREED_LINE)), None)
     record = json.loads((run_dir / "last.json").read_text())
     left = tree.alive()
@@ -85,6 +86,8 @@ def pivot_once(workdir, args, n, env):
     return {"cli_freed_line_s": freed_line, "cli_exit_s": wall, "exit": code,
             "agent_free_at_s": record.get("free_at_s"), "agent_settled_s": record.get("settled_at_s"),
             "agent_wall_s": record.get("wall_s"), "settle_s": record.get("settle_s"),
+            # the same clock (CLOCK_MONOTONIC is the host's): Enter -> the agent's start of the teardown
+            "enter_to_agent_started_s": (record.get("timings") or {}).get("started_monotonic", enter) - enter,
             "timings": record.get("timings"), "fork_watch": record.get("fork_watch"),
             "gpu_source": record.get("gpu_source"),
             "freed_mib": record.get("freed_mib"), "after_used": nvml_used_mib() if not left else None, "left": left,
@@ -142,6 +145,7 @@ def result_doc(args, floors, pivots):
         "agent_settled_s": summary([r["agent_settled_s"] for r in pivots]),
         "cli_freed_line_s": summary([r["cli_freed_line_s"] for r in pivots]),
         "cli_exit_s": summary([r["cli_exit_s"] for r in pivots]),
+        "enter_to_agent_started_s": summary([r["enter_to_agent_started_s"] for r in pivots]),
         "all_exit_0": all(r["exit"] == 0 for r in pivots),
         "all_freed_to_0": all(r["after_used"] == [0] * gpu_count() for r in pivots),
         "gpu_sources": sorted({str(r["gpu_source"]) for r in pivots}),

@@ -230,7 +230,7 @@ def execute(args, operator, started, source):
     is started after the SIGTERM batch and read first then: "before" is that read (the
     driver frees a target's memory only as it exits, 0.1 s and more later). The sandbox's
     fake source costs nothing and is read before the signals."""
-    age, timings = _age_s(), {"lock_s": _since(started)}
+    age, timings = _age_s(), {"lock_s": _since(started), "started_monotonic": round(started, 4)}
     timings["startup_s"] = None if age is None else round(age - timings["lock_s"], 3)
     record = {"started": time.strftime(contract.TIME_FORMAT), "operator": operator, "state": "running",
               "host": socket.gethostname(), "exit_code": None, "agent": lastrun.agent_identity()}

@@ -1,0 +1,142 @@
+"""GPU probe: what the driver's release of a torch tree costs under the conditions a teardown creates.
+
+Issue 15 asks for the agent's "free at" within 1.15x the floor (SIGKILL the tree, NVML reads 0).
+The agent sends SIGTERM, not SIGKILL, and opens NVML (import + init) while the driver is
+releasing the targets' memory. This probe times, on fresh trees, alternating:
+  kill:        SIGKILL the tree, NVML already open (the floor)
+  term:        SIGTERM the tree, NVML already open
+  kill+init:   SIGKILL, and at the same instant another process imports pynvml and inits NVML
+               (what the agent does after its signals)
+  init idle:   that import + init alone, the tree alive and untouched (before each kill+init)
+For each kill: seconds to every tree process gone (no /proc entry or a zombie: its files are
+closed) and to every GPU reading 0 MiB (NVML v2, 2 ms poll). Medians of --reps.
+Usage (GPU machine): python3 bench/exit_probe.py --reps 5 --out FILE.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.gpu_support import GpuTree  # noqa: E402
+
+INIT_CHILD = r"""
+import sys, time
+sys.stdin.readline()
+t0 = time.monotonic()
+import pynvml
+t1 = time.monotonic()
+pynvml.nvmlInit()
+t2 = time.monotonic()
+h = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+[pynvml.nvmlDeviceGetMemoryInfo(x, version=pynvml.nvmlMemory_v2).used for x in h]
+t3 = time.monotonic()
+print("%.4f %.4f %.4f %.4f" % (t0, t1 - t0, t2 - t1, t3 - t2), flush=True)
+"""
+
+
+def gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except OSError:
+        return True
+
+
+def init_child():
+    return subprocess.Popen([sys.executable, "-c", INIT_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+
+
+def init_idle() -> dict:
+    child = init_child()
+    time.sleep(0.3)  # let the interpreter start: only the import and init are timed
+    child.stdin.write("go\n")
+    child.stdin.flush()
+    _, imp, init, read = map(float, child.stdout.readline().split())
+    child.wait()
+    return {"import_s": imp, "init_s": init, "read_s": read}
+
+
+def one(workdir, args, n, how):
+    import pynvml
+
+    tree = GpuTree(workdir, f"probe-{how}-{n}", args.children, args.gib_per_proc)
+    pynvml.nvmlInit()
+    handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+    out = {"how": how}
+    if how == "kill+init":
+        out["idle"] = init_idle()
+        child = init_child()
+        time.sleep(0.3)
+    sig = signal.SIGTERM if how == "term" else signal.SIGKILL
+    t0 = time.monotonic()
+    for pid in tree.starts:
+        os.kill(pid, sig)
+    if how == "kill+init":
+        child.stdin.write("go\n")
+        child.stdin.flush()
+    t_gone = t_free = None
+    while t_gone is None or t_free is None:
+        now = time.monotonic() - t0
+        if now > 60:
+            break
+        if t_gone is None and all(gone(p) for p in tree.starts):
+            t_gone = now
+        if t_free is None and not any(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used
+                                      for h in handles):
+            t_free = now
+        time.sleep(0.002)
+    out.update(gone_s=t_gone, free_s=t_free)
+    if how == "kill+init":
+        start, imp, init, read = map(float, child.stdout.readline().split())
+        child.wait()
+        out["during"] = {"start_after_kill_s": start - t0, "import_s": imp, "init_s": init, "read_s": read}
+    pynvml.nvmlShutdown()
+    tree.kill()
+    return out
+
+
+def med(values):
+    values = [v for v in values if v is not None]
+    return {"median": round(statistics.median(values), 4), "min": round(min(values), 4),
+            "max": round(max(values), 4)} if values else None
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--children", type=int, default=3)
+    p.add_argument("--gib-per-proc", type=float, default=20)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as work:
+        for n in range(args.reps):
+            for how in ("kill", "term", "kill+init"):
+                rows.append(one(work, args, n, how))
+                print(json.dumps(rows[-1]), flush=True)
+    summary = {}
+    for how in ("kill", "term", "kill+init"):
+        mine = [r for r in rows if r["how"] == how]
+        summary[how] = {"gone_s": med([r["gone_s"] for r in mine]), "free_s": med([r["free_s"] for r in mine])}
+    inits = [r for r in rows if r["how"] == "kill+init"]
+    for key in ("import_s", "init_s", "read_s"):
+        summary["init idle " + key] = med([r["idle"][key] for r in inits])
+        summary["init during kill " + key] = med([r["during"][key] for r in inits])
+    Path(args.out).write_text(json.dumps({"summary": summary, "rows": rows}, indent=1))
+    print(json.dumps(summary, indent=1))
+
+
+if __name__ == "__main__":
+    main()
