@@ -9,7 +9,6 @@ import json
 import subprocess
 
 from .agent import contract
-from .bundle import agent_stream
 from .config_error import ConfigError, show
 from .transport import agent_argv, call_agent
 
@@ -70,7 +69,8 @@ def follow_logs(host, phase, lines: int):
             proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
         except OSError as exc:  # LOCAL_PYTHON names no program
             raise AgentError(f"{host.alias}: could not start {cmd[0]!r}: {exc.strerror or exc}") from None
-        threading.Thread(target=feed, args=(proc, agent_stream(compiled=not host.route.hops)), daemon=True).start()
+        build_failed: list = []
+        threading.Thread(target=feed, args=(proc, not host.route.hops, build_failed), daemon=True).start()
         seen: dict = {"ran": host.route.ssh is None, "err": [], "partial": b""}
         done = threading.Event()
         stderr_reader = threading.Thread(target=follow_stderr, args=(err, ran_line(nonce).encode(), seen, False, done),
@@ -93,6 +93,8 @@ def follow_logs(host, phase, lines: int):
             done.set()
             stderr_reader.join()
         ssh_said = read_ssh_log(log)
+    if build_failed:
+        raise AgentError(f"{host.alias}: could not build the agent bundle: {build_failed[0]}")
     stderr = b"".join(seen["err"]).decode("utf-8", "replace")
     ran = seen["ran"] or route_ran(host, stderr, nonce)
     if frame:

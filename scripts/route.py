@@ -15,7 +15,6 @@ line for a terminal (the terminal's shell is one more layer: one more shlex.join
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import shlex
 import tempfile
@@ -54,7 +53,7 @@ def control_dir(base: str | None = None) -> Path:
     configured = base or os.environ.get(CONTROL_DIR_ENV)
     base = configured or _default_base()
     if len(base) > 40:
-        base, configured = f"/tmp/gpu-pivot-ssh-{os.getuid()}-{hashlib.sha1(base.encode()).hexdigest()[:10]}", None
+        base, configured = f"/tmp/gpu-pivot-ssh-{os.getuid()}-{_digest(base, 10)}", None
     return Path(statedir.private_dir(base, parents=bool(configured), env=CONTROL_DIR_ENV))
 
 
@@ -218,7 +217,7 @@ def ssh_log(route: Route):
         finally:
             os.unlink(path)
         return
-    name = hashlib.sha1("\0".join([hop.dest, *hop.opts]).encode()).hexdigest()[:16] + ".log"
+    name = _digest("\0".join([hop.dest, *hop.opts]), 16) + ".log"
     path = str(directory / name)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
@@ -277,3 +276,11 @@ class HostTimedOut(HostUnreachable):
     """No answer in time: ssh's connect or keep-alive timeout, or the call's deadline.
     Its own exit code (contract.EXIT_TIMED_OUT); a HostUnreachable for code that only
     needs to know the host gave no result."""
+
+
+def _digest(text: str, chars: int) -> str:
+    """A short hex name for `text` (a file name that fits where the text would not). hashlib is
+    imported here: only ssh routes need it, and a teardown of this machine should not pay for it."""
+    import hashlib
+
+    return hashlib.sha1(text.encode()).hexdigest()[:chars]

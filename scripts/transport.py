@@ -153,7 +153,6 @@ def _run(host, subcommand: str, args, on_progress, nonce: str, deadline: float, 
                                                 nonce), ssh_log=log.path if log else None)
     except contract.statedir.StateDirError as exc:  # the local ssh ControlPath directory was refused
         raise AgentError(f"{host.alias}: {exc}") from None
-    payload = agent_stream(compiled=not host.route.hops)  # this machine's Python: bytecode too (bundle.py)
     started = time.monotonic()
     # stderr goes to a file, not a pipe: a ControlPersist master forked by this ssh keeps
     # its stderr open for minutes, and waiting for EOF on a pipe would hang until then.
@@ -165,7 +164,10 @@ def _run(host, subcommand: str, args, on_progress, nonce: str, deadline: float, 
                                     start_new_session=not host.route.hops)
         except OSError as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
             raise AgentError(f"{host.alias}: could not start {cmd[0]!r}: {exc.strerror or exc}") from None
-        threading.Thread(target=_feed, args=(proc, payload), daemon=True).start()
+        # The bundle is built on the feeding thread, after the spawn: its ~10 ms run while the
+        # agent's interpreter starts (or ssh connects) instead of before them.
+        build_failed: list = []
+        threading.Thread(target=_feed, args=(proc, not host.route.hops, build_failed), daemon=True).start()
         out_lines: list = []
         reader = threading.Thread(target=_read, args=(proc, out_lines, on_progress), daemon=True)
         reader.start()
@@ -179,6 +181,8 @@ def _run(host, subcommand: str, args, on_progress, nonce: str, deadline: float, 
         reader.join(timeout=5)  # EOF follows the exit; never wait on a pipe another process holds
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
+    if build_failed:
+        raise AgentError(f"{host.alias}: could not build the agent bundle: {build_failed[0]}")
     return code, out_lines, stderr, read_ssh_log(log), cut_off, time.monotonic() - started
 
 
@@ -200,7 +204,15 @@ def _read(proc, out_lines: list, on_progress) -> None:
         out_lines.append(line)
 
 
-def _feed(proc, payload: bytes) -> None:
+def _feed(proc, compiled: bool, build_failed: list) -> None:
+    """Build the agent's stdin (bundle.agent_stream; `compiled`: this machine's bytecode too)
+    and write it; a bundle that cannot be built is noted in `build_failed` and the agent gets
+    an empty stdin, so it stops before doing anything."""
+    try:
+        payload = agent_stream(compiled=compiled)
+    except Exception as exc:  # noqa: BLE001  reported by _run once the agent has stopped
+        build_failed.append(exc)
+        payload = b""
     try:
         proc.stdin.write(payload)
         proc.stdin.close()

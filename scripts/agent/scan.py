@@ -28,8 +28,10 @@ def collect(args, source=None):
     """One scan. `source` (an open GPU reader) is reused by callers that poll."""
     started = time.monotonic()
     snap = procscan.snapshot(device_set(args))
+    procs_done = time.monotonic()
     with gpuinfo.reader(args, source) as (source, tried):
         gpus = source.read()
+    gpus_done = time.monotonic()
     procs = snap["procs"]
     chain = procscan.self_chain(procs)
     me = os.getpid()
@@ -76,6 +78,8 @@ def collect(args, source=None):
         "proc_hidden": snap["hidden"],
         "processes_scanned": len(procs),
         "scan_ms": round((time.monotonic() - started) * 1000, 2),
+        "proc_scan_ms": round((procs_done - started) * 1000, 2),
+        "gpu_read_ms": round((gpus_done - procs_done) * 1000, 2),
         "_procs": procs,
         "_chain": chain,
     }

@@ -98,6 +98,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
     first_foreign = None
     patterns = plan.patterns_of(args)
     respawned: dict = {}
+    first_free: dict = {}  # the first free stretch's steps, for the teardown's timings
     while True:
         if free_at is None and not targets.alive(targets.added):
             gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + args.timeout -
@@ -126,6 +127,9 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
         if free and not pending:
             if free_at is None:
                 free_at = scanned_at
+                first_free = first_free or {
+                    "confirm_proc_ms": doc.get("proc_scan_ms"), "confirm_gpu_ms": doc.get("gpu_read_ms"),
+                    "confirmed_s": round(time.monotonic() - started, 3)}
                 if on_free:
                     on_free(round(free_at - started, 3))
             if now - free_at >= args.settle:
@@ -149,6 +153,6 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
     listed = {k for k in appeared if k in holding}
     live_appeared += [r for k, r in respawned.items() if k not in listed and procfs.same_process(*k)]
     return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
-            "scans": scans,
+            "scans": scans, "first_free": first_free,
             "free_at_s": None if free_at is None else round(free_at - started, 3),
             "settled_at_s": round(time.monotonic() - started, 3) if free else None}

@@ -293,7 +293,8 @@ def execute(args, operator, started, source):
         if targets.failed:
             code = contract.EXIT_NOT_FREE
         timings.update(free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"],
-                       scans=result.get("scans"), source_open_s=getattr(source, "open_s", None))
+                       scans=result.get("scans"), source_open_s=getattr(source, "open_s", None),
+                       **result.get("first_free", {}))
         record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
                       after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
                       still_holding=[] if free else verify.still_holding(after),
