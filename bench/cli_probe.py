@@ -52,7 +52,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="gp-cli-probe-"))
     (work / "hosts.env").write_text(f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS=gp_probe_no_such_program\n"
                                     "LOCAL_SCOPE=gp-probe-no-such-token\n")
-    env = dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(work / "hosts.env"), XDG_STATE_HOME=str(work))
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the CLI's venv has its own packages
+    env.update(GPU_PIVOT_HOSTS_FILE=str(work / "hosts.env"), XDG_STATE_HOME=str(work))
     py = args.cli_python
     rows = {
         "interpreter start (python -c pass)": [wall([py, "-c", "pass"], env) for _ in range(args.reps)],

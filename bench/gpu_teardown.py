@@ -112,15 +112,22 @@ def summary(values):
 
 
 def warm_up(env, cli_python=sys.executable):
-    """Byte-compile this checkout and start the CLI once, as an installed CLI would already be:
-    the first rep must not pay for writing .pyc files."""
+    """Byte-compile this checkout and pynvml, and start the CLI once, as an installed CLI and an
+    installed pynvml would already be: no rep may pay for compiling sources. (The GPU image sets
+    PYTHONDONTWRITEBYTECODE=1 and ships pynvml without its .pyc: the agent would compile its
+    ~200 KB on every teardown, which no pip-installed host does.)"""
     subprocess.run([sys.executable, "-m", "compileall", "-q", "scripts", "tests", "tasks.py"], cwd=REPO, env=env,
                    stdout=subprocess.DEVNULL)
+    subprocess.run([sys.executable, "-c", "import py_compile, pynvml; py_compile.compile(pynvml.__file__)"],
+                   env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     subprocess.run([cli_python, "-m", "invoke", "--list"], cwd=REPO, env=env, stdout=subprocess.DEVNULL)
 
 
 def measure(args):
-    env = dict(os.environ, XDG_STATE_HOME=tempfile.mkdtemp())
+    # The operator's environment: the CLI's venv has its own packages; a PYTHONPATH the GPU
+    # session sets for its own scripts would make the CLI import invoke from there instead.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env["XDG_STATE_HOME"] = tempfile.mkdtemp()
     warm_up(env, args.cli_python)
     floors, pivots = [], []
     with tempfile.TemporaryDirectory() as work:

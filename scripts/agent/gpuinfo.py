@@ -14,8 +14,6 @@ import contextlib
 import glob
 import json
 import os
-import shutil
-import subprocess
 import sys
 import threading
 import time
@@ -115,6 +113,8 @@ class SmiSource:
     name = "nvidia-smi"
 
     def __init__(self):
+        import shutil  # here: only hosts without NVML come this way
+
         if not shutil.which("nvidia-smi"):
             raise FileNotFoundError("nvidia-smi not on PATH")
 
@@ -131,6 +131,8 @@ class SmiSource:
 
 
 def _run(argv):
+    import subprocess
+
     return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=20).stdout
 
 

@@ -11,7 +11,6 @@ nothing may be called free. Kernel threads have no fds and are skipped.
 """
 import ctypes
 import os
-import platform
 import pwd
 import re
 import stat
@@ -88,7 +87,7 @@ _kcmp_fn: list = []  # [(syscall, nr) or None], filled once by _kcmp()
 
 def _kcmp():
     if not _kcmp_fn:
-        nr = _KCMP_NR.get(platform.machine())
+        nr = _KCMP_NR.get(os.uname().machine)  # platform.machine(), without importing platform
         try:
             libc = ctypes.CDLL(None, use_errno=True) if nr else None
         except OSError:

@@ -19,28 +19,12 @@ than the log): it is reported in `record_errors`. The agent ignores SIGHUP and S
 survives a dropped connection or a Ctrl-C on the operator's side: it finishes and keeps
 the result in last.json on the host, which `invoke status` shows.
 """
-import getpass
 import os
 import signal
 import socket
-import subprocess
 import time
 
-from . import (
-    checkup,
-    contract,
-    forkwatch,
-    gpuinfo,
-    hostlock,
-    lastrun,
-    options,
-    plan,
-    procfs,
-    scan,
-    settle,
-    units,
-    verify,
-)
+from . import contract, forkwatch, gpuinfo, hostlock, lastrun, options, plan, procfs, scan, units
 from .auditlog import Audit
 from .targets import Targets
 
@@ -101,6 +85,8 @@ def _stop_units(the_plan, audit, targets_by_pid):
     """Start the manager's stop for each unit or container (units.stop_argv); returns the
     Popens. With --disable a container's restart policy is set to `no` first, so nothing
     brings it back between the stop and the update."""
+    import subprocess  # here: a teardown without units or containers starts no process
+
     running = []
     for item in the_plan["units"] + the_plan["containers"]:
         first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
@@ -124,6 +110,10 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
     (enabled at boot, a docker restart policy); `wait_s`: how long to wait for one still running.
     Its processes still alive once the stop has ended (KillMode=process, a stop that failed)
     get SIGTERM then, audited, instead of waiting out the grace period unsignalled."""
+    if not running:
+        return
+    import subprocess  # loaded by _stop_units already: it started these
+
     for argv, item, proc in running:
         if proc.returncode is not None:
             continue
@@ -258,6 +248,10 @@ def execute(args, operator, started, source):
         # stop job makes Restart=always (or a docker restart policy) start it again
         targets.signal([t for t in planned if t.get("via", "signal") == "signal"], signal.SIGTERM, "SIGTERM")
         source.start()
+        # What runs only after the signals is imported only now, while the driver releases the
+        # targets' memory (0.3 s and more): health, Xid, MPS, MIG, the settle window, the verdict.
+        from . import checkup, settle, verify
+
         before_gpus = doc["gpus"] if early else _read_gpus(source)
         timings["before_read_s"] = _since(started)
         doc["gpu_source_tried"] = source.tried
@@ -336,7 +330,12 @@ def run(args):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # the ssh session may drop: finish anyway
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C on the operator's side: finish anyway
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # writes to a dead pipe fail quietly instead
-    operator = args.operator or "%s@%s" % (getpass.getuser(), socket.gethostname())
+    if args.operator:
+        operator = args.operator
+    else:
+        import getpass  # the CLI always names the operator; a direct run may not
+
+        operator = "%s@%s" % (getpass.getuser(), socket.gethostname())
     scan.device_set(args)  # a bad device glob is bad input: exit 2 before anything
     parse_approved(args.approved)
     for flag in ("grace", "timeout", "settle", "wait_lock"):

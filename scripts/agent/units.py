@@ -12,7 +12,6 @@ next boot, and a stopped `--restart=always` container when the docker daemon res
 Items are the plan's rows: units {unit, pids, disable, ctid (a unit inside an LXC
 container) or None}, containers {id, pids, disable}.
 """
-import subprocess
 
 COMES_BACK_POLICIES = ("always",)  # `unless-stopped` stays stopped after `docker stop`, even over a restart
 
@@ -37,6 +36,8 @@ def before_stop(item):
 
 
 def _out(argv):
+    import subprocess  # here: only a teardown that stopped a unit or container asks
+
     try:
         proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired):
