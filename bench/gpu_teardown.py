@@ -141,6 +141,30 @@ def measure(args):
     return floors, pivots
 
 
+def _step(pivots, end, start=None):
+    """One step's seconds per rep from the agent's timings (end - start; start None: from the
+    agent's start of the teardown), as a summary."""
+    values = []
+    for r in pivots:
+        t = r["timings"] or {}
+        if t.get(end) is not None and (start is None or t.get(start) is not None):
+            values.append(t[end] - (t[start] if start else 0.0))
+    return summary(values)
+
+
+def breakdown(pivots):
+    """Where the CLI's time to FREED goes, step by step (medians of the reps): each step's
+    median, so they add up to about the whole, not exactly."""
+    return {
+        "Enter -> agent started (CLI start, invoke, the agent's interpreter and imports)":
+            summary([r["enter_to_agent_started_s"] for r in pivots]),
+        "agent started -> SIGTERM sent (lock, /proc scan, plan)": _step(pivots, "sigterm_s"),
+        "SIGTERM sent -> every target gone (the driver's release)": _step(pivots, "targets_gone_s", "sigterm_s"),
+        "targets gone -> every GPU reads free (NVML)": _step(pivots, "free_at_s", "targets_gone_s"),
+        "GPUs read free -> FREED confirmed (full /proc holder scan)": _step(pivots, "confirmed_s", "free_at_s"),
+    }
+
+
 def result_doc(args, floors, pivots):
     floor = summary(floors)
     out = {
@@ -153,6 +177,7 @@ def result_doc(args, floors, pivots):
         "cli_freed_line_s": summary([r["cli_freed_line_s"] for r in pivots]),
         "cli_exit_s": summary([r["cli_exit_s"] for r in pivots]),
         "enter_to_agent_started_s": summary([r["enter_to_agent_started_s"] for r in pivots]),
+        "breakdown_s": breakdown(pivots),
         "all_exit_0": all(r["exit"] == 0 for r in pivots),
         "all_freed_to_0": all(r["after_used"] == [0] * gpu_count() for r in pivots),
         "gpu_sources": sorted({str(r["gpu_source"]) for r in pivots}),

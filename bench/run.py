@@ -224,6 +224,14 @@ def gpu_section(paths: list) -> list:
         rows.append(row)
     lines.append(table(head, rows))
     lines.append("")
+    steps = [g for g in runs if g.get("breakdown_s")]
+    if steps:
+        lines += ["Where the CLI's time to FREED goes (medians of the same reps; each step's own median):", ""]
+        head = ["step"] + [f"{g['gpus']} GPU median (min-max) s" for g in steps]
+        rows = [[label] + ["-" if not g["breakdown_s"].get(label) else
+                           "{median:.3f} ({min:.3f}-{max:.3f})".format(**g["breakdown_s"][label]) for g in steps]
+                for label in steps[0]["breakdown_s"]]
+        lines += [table(head, rows), ""]
     for g in runs:
         f = g["floor_s"]["median"]
         agent, cli = g["agent_free_at_s"], g["cli_freed_line_s"]
