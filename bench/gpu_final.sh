@@ -23,5 +23,5 @@ for n in $(printf "%s\n" 1 "$N" | sort -un); do
     grep -E '^rep|targets|median' "$OUT/gpu-teardown-${n}gpu.txt" | head -20
 done
 unset CUDA_VISIBLE_DEVICES
-[ "${HEALTH:-1}" = 1 ] && timeout 150 bash bench/gpu_health_session.sh >/dev/null 2>&1; echo "health session exit $?"
+if [ "${HEALTH:-1}" = 1 ]; then timeout 150 bash bench/gpu_health_session.sh >/dev/null 2>&1; echo "health session exit $?"; else echo "health session: skipped (HEALTH=0)"; fi
 ls "$OUT"

@@ -14,6 +14,7 @@ import contextlib
 import glob
 import json
 import os
+import shutil
 import sys
 import threading
 import time
@@ -113,8 +114,6 @@ class SmiSource:
     name = "nvidia-smi"
 
     def __init__(self):
-        import shutil  # here: only hosts without NVML come this way
-
         if not shutil.which("nvidia-smi"):
             raise FileNotFoundError("nvidia-smi not on PATH")
 

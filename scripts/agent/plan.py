@@ -17,6 +17,7 @@ matches no pattern and holds no GPU is never touched. Units and containers are s
 through their manager.
 """
 import os
+import shutil
 
 from . import cgroup, contract, procfs, procscan, rules, scan
 
@@ -35,17 +36,11 @@ def add_arguments(parser):
 def systemd_running():
     try:
         with open("/proc/1/comm") as f:
-            return f.read().strip() == "systemd" and _which("systemctl") is not None
+            return f.read().strip() == "systemd" and shutil.which("systemctl") is not None
     except OSError:
         return False
 
 
-def _which(name):
-    """shutil.which, imported here: most teardowns have no unit or container to stop, and
-    shutil (with bz2 and lzma) is ~2.5 ms of the agent's start before its first signal."""
-    import shutil
-
-    return shutil.which(name)
 
 
 def _unit_to_stop(unit):
@@ -174,9 +169,9 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
     containers: dict = {}
     found: dict = {}
 
-    def have(manager):  # looked up once, and only when a target is run by such a manager
+    def have(manager):  # looked up once, and only when a target is run by such a manager (PATH stats before the signal)
         if manager not in found:
-            found[manager] = systemd_running() if manager == "systemd" else _which(manager) is not None
+            found[manager] = systemd_running() if manager == "systemd" else shutil.which(manager) is not None
         return found[manager]
 
     whole = _wholly_targeted(targets, procs)

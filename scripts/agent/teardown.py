@@ -4,9 +4,10 @@ Why this order: every target gets SIGTERM in the same instant so a server
 and its workers shut down together (signalling only the parent leaves workers holding
 memory); the wait wakes on each target's exit (pidfds, targets.py) or fork (the fork
 watch's socket), instead of a fixed sleep or a 50 ms tick; SIGKILL only what outlives the
-grace period. Nothing that can wait runs before the signals: NVML opens on a thread while
-the lock is taken and /proc is scanned, and the "running" record, the audit lines and the
-look for other users' teardowns are written or made right after the SIGTERM batch.
+grace period. Nothing that can wait runs before the signals: NVML opens on a thread right
+after the SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and
+so are the "running" record, the audit lines, the look for other users' teardowns and even
+the imports of what only runs later (health, settle window, verdict: tests/test_floor_path.py).
 Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never
 hit, and only to processes the plan listed (and the operator approved, when a plan was
 shown first) and, as the plan states, the processes those fork meanwhile (targets.py).
@@ -85,10 +86,13 @@ def _stop_units(the_plan, audit, targets_by_pid):
     """Start the manager's stop for each unit or container (units.stop_argv); returns the
     Popens. With --disable a container's restart policy is set to `no` first, so nothing
     brings it back between the stop and the update."""
+    items = the_plan["units"] + the_plan["containers"]
+    if not items:
+        return []
     import subprocess  # here: a teardown without units or containers starts no process
 
     running = []
-    for item in the_plan["units"] + the_plan["containers"]:
+    for item in items:
         first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
         for argv in units.before_stop(item):
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)

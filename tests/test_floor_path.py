@@ -1,0 +1,156 @@
+"""Issue 15, teardown at the floor: what keeps the path from Enter to the first signal short.
+
+The time itself is measured on the GPU machine (bench/gpu_teardown.py, its step breakdown in
+bench/RESULTS.md section 5); these tests pin the structure the time rests on, so a later
+change cannot quietly put work back in front of the signals:
+- before its first SIGTERM the agent has imported only what signalling needs: the health
+  pass, the settle window, the verdict, ping, subprocess and typing come after (they
+  then run while the driver releases the targets' memory, 0.3 s and more);
+- the agent bundle is built on the feeding thread after the spawn, and a bundle that cannot be
+  built stops the call with one clear error and nothing done on the host;
+- `--host gpu1` does not load ClusterShell (a bracketed node set still does, and a bad one is
+  still one line);
+- the /proc holder scan stat()s each fd once (no readlink first) and still tells a device
+  from a socket, a pipe and a plain file.
+Every process is the test's own (fake device files in its temp dir, its dir as the scope).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from scripts import transport
+from scripts.agent import contract, devices, procscan
+from scripts.config_error import ConfigError
+from scripts.hostconfig import build_host
+from scripts.nodeset import expand
+from tests import scenario
+from tests.conftest import REPO
+from tests.procs import alive
+
+# Runs the agent as the transport does (package `agent`, -S) and prints, at its first signal,
+# every module loaded by then; then lets the teardown go on.
+SPY = r"""
+import json, sys
+sys.path.insert(0, "scripts")
+from agent import targets
+real = targets.Targets.signal
+def spy(self, items, sig, name):
+    if not getattr(spy, "done", False):
+        spy.done = True
+        sys.stdout.write("LOADED " + json.dumps(sorted(sys.modules)) + "\n")
+        sys.stdout.flush()
+    return real(self, items, sig, name)
+targets.Targets.signal = spy
+from agent.cli import main
+sys.exit(main(json.loads(sys.argv[1])))
+"""
+
+# (shutil is not among them: argparse imports it for its help formatter)
+AFTER_THE_SIGNALS = ("agent.checkup", "agent.settle", "agent.verify", "agent.health", "agent.xid", "agent.mps",
+                     "agent.mig", "agent.ping", "subprocess", "typing", "platform", "getpass", "base64")
+
+
+def host(ps, **keys):
+    base = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
+    base.update(keys)
+    return dataclasses.replace(build_host("local", base, "test"), fake_gpus=str(ps.memdir))
+
+
+def test_before_its_first_signal_the_agent_has_loaded_only_what_signalling_needs(ps):
+    parent, workers = ps.server(tp=2)
+    argv = transport.agent_argv(host(ps), "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0",
+                                                       "--operator", "test@floor"], contract.new_nonce(), False)
+    words = argv[argv.index(contract.STDIN) + 1:]
+    out = subprocess.run([sys.executable, "-S", "-c", SPY, json.dumps(words)], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    loaded_lines = [line for line in out.stdout.splitlines() if line.startswith("LOADED ")]
+    assert loaded_lines, out.stderr[-800:]
+    loaded = set(json.loads(loaded_lines[0][len("LOADED "):]))
+    assert "agent.teardown" in loaded and "agent.targets" in loaded  # it did reach the signal through the agent
+    assert sorted(m for m in AFTER_THE_SIGNALS if m in loaded) == []
+    assert out.returncode == 0, out.stdout[-800:]  # and the teardown still went all the way: freed
+    assert not [p for p in [parent, *workers] if alive(p)]
+
+
+def test_a_bundle_that_cannot_be_built_stops_the_call_and_nothing_runs(ps, monkeypatch):
+    parent, workers = ps.server(tp=1)
+
+    def broken(compiled=False):
+        raise FileNotFoundError("scripts/agent/teardown.py is imported by the agent but does not exist")
+
+    monkeypatch.setattr(transport, "agent_stream", broken)
+    with pytest.raises(transport.AgentError) as caught:
+        transport.call_agent(host(ps), "teardown", ["--grace", "1", "--timeout", "5", "--settle", "0"])
+    text = str(caught.value)
+    assert text.startswith("local: could not build the agent bundle: ") and "teardown.py" in text
+    assert "\n" not in text
+    assert all(alive(p) for p in [parent, *workers])  # the agent got no code: nothing was signalled
+
+
+def test_a_plain_host_name_does_not_load_clustershell():
+    probe = ("import sys; from scripts.nodeset import expand; "
+             "assert expand('gpu1,GPU2') == ['gpu1', 'gpu2']; print('ClusterShell' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "False", out.stderr[-500:]
+    assert expand("gpu[1-3],big1") == ["gpu1", "gpu2", "gpu3", "big1"]  # a node set still expands
+    with pytest.raises(ConfigError) as caught:
+        expand("gpu[3-x]")
+    assert "bad node set 'gpu[3-x]'" in str(caught.value) and "\n" not in str(caught.value)
+
+
+def test_scan_tells_a_device_fd_from_sockets_pipes_and_files_with_one_stat_each(tmp_path):
+    dev = tmp_path / "nvidia0"
+    dev.write_bytes(b"")
+    devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
+    other = tmp_path / "plain.txt"
+    other.write_text("x")
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(dev), str(other)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        held, problem = procscan.held_devices(child.pid, devset, 1, links={})
+        assert (held, problem) == ([str(dev)], None)
+        quiet = subprocess.Popen([sys.executable, "-c", HOLDER, str(other), str(other)], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert quiet.stdout.readline().strip() == "ready"
+            assert procscan.held_devices(quiet.pid, devset, 1) == ([], None)
+        finally:
+            quiet.kill()
+            quiet.wait()
+    finally:
+        child.kill()
+        child.wait()
+
+
+# Holds, open: the file argv[1] (the fake device, or a plain file), a plain file, a socket pair,
+# a pipe and an eventfd-like anon inode where there is one.
+HOLDER = r"""
+import os, socket, sys, time
+keep = [open(sys.argv[1], "rb"), open(sys.argv[2], "rb"), *socket.socketpair(), *os.pipe()]
+if hasattr(os, "eventfd"):
+    keep.append(os.eventfd(0))
+print("ready", flush=True)
+time.sleep(60)
+"""
+
+
+def test_holder_helper_is_what_the_scan_test_thinks(tmp_path):
+    """The scan test's fixture holds what it says (so a pass means the scan skipped them right)."""
+    plain = tmp_path / "p"
+    plain.write_text("x")
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(plain), str(plain)], stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        links = [os.readlink(f"/proc/{child.pid}/fd/{fd}") for fd in os.listdir(f"/proc/{child.pid}/fd")]
+        assert any(x.startswith("socket:[") for x in links) and any(x.startswith("pipe:[") for x in links)
+        assert links.count(str(plain)) == 2
+    finally:
+        child.kill()
+        child.wait()
