@@ -12,8 +12,9 @@ SITE=$(/tmp/cli-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths(
 python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$SITE" .whl/*.whl
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
-{ echo "## pytest -m gpu"; timeout 200 python3 -m pytest -m gpu -rs -q tests/; echo "pytest exit $?"; } 2>&1 \
-    | tail -15 | tee "$OUT/gpu-tests.txt"
+{ echo "## pytest -m gpu"; timeout 200 python3 -m pytest -m gpu -rs -q tests/; echo "pytest exit $?"; } \
+    > "$OUT/gpu-tests-full.txt" 2>&1  # whole: a failure's traceback comes before its captured output
+grep -E "^(FAILED|ERROR|E  )|passed|failed|pytest exit" "$OUT/gpu-tests-full.txt" | tail -15 | tee "$OUT/gpu-tests.txt"
 N=$(nvidia-smi -L | wc -l)
 for n in $(printf "%s\n" 1 "$N" | sort -un); do
     if [ "$n" = 1 ]; then export CUDA_VISIBLE_DEVICES=0; else unset CUDA_VISIBLE_DEVICES; fi

@@ -204,7 +204,7 @@ def gpu_section(paths: list) -> list:
     if not runs:
         return lines + ["No GPU results yet: run `bash bench/gpu_session.sh` (or `python3 bench/gpu_teardown.py`) "
                         "on a GPU machine and copy its gpu-teardown-<N>gpu.json to bench/results/.", ""]
-    lines += ["Measured on the GPU machine by `python3 bench/gpu_teardown.py` (run by `bash bench/gpu_session.sh`); "
+    lines += ["Measured on the GPU machine by `python3 bench/gpu_teardown.py` (run by `bash bench/gpu_final.sh`); "
               "merged from bench/results/, not re-measured by this run. Tree: a parent + "
               f"{runs[0]['children']} spawned torch children, {runs[0]['gib_per_proc']:g} GiB each on every GPU = "
               f"{runs[0]['gib_per_gpu']:g} GiB per GPU; floor and gpu-pivot alternate, {runs[0]['reps_n']} reps each; "
@@ -244,7 +244,28 @@ def gpu_section(paths: list) -> list:
         lines.append(f"- {g['gpus']} GPU{host}: agent free at / floor = **{agent['median'] / f:.2f}x** (target <= "
                      f"1.15x); CLI to FREED - floor = **{cli['median'] - f:+.2f} s** (target <= +0.30 s); "
                      f"{runs_text}; every GPU read 0 MiB afterwards: {g['all_freed_to_0']}.")
-    return lines + [""]
+    return lines + [""] + exit_probe_lines(GPU_RESULTS / "exit-probe-1gpu.json")
+
+
+def exit_probe_lines(path: Path) -> list:
+    """What the driver's release costs under the agent's own conditions (bench/exit_probe.py):
+    why the agent may send SIGTERM rather than SIGKILL, and open NVML only after its signals."""
+    if not path.exists():
+        return []
+    s = json.loads(path.read_text())["summary"]
+
+    def m(key, field=None):
+        v = s[key][field] if field else s[key]
+        return f"{v['median']:.3f} s ({v['min']:.3f}-{v['max']:.3f})"
+
+    return ["The driver's release under the agent's conditions (`python3 bench/exit_probe.py`, 1 GPU, the same "
+            "tree, median (min-max) of 5 fresh trees each): every GPU reads 0 after SIGKILL in "
+            f"{m('kill', 'free_s')}, after SIGTERM in {m('term', 'free_s')}, and after SIGKILL while another "
+            f"process opens NVML at the same instant in {m('kill+init', 'free_s')}: neither the gentler signal nor "
+            "the agent's NVML open slows the release. The other way round it does: NVML's init takes "
+            f"{m('init during kill init_s')} during a release against {m('init idle init_s')} on an idle GPU, "
+            "which is why the agent opens NVML on a thread after its signals and never waits for it before them.",
+            ""]
 
 
 def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str:

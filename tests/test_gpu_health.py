@@ -164,5 +164,5 @@ def test_mps_server_with_a_live_client_then_none_then_mps_quit(tmp_path, mps_dae
     assert result.code == 0, result.doc["problems"]
     q = result.doc["mps_quit"]
     assert len(q) == 1 and q[0]["control"] == daemon and q[0]["sent"] and q[0]["servers_gone"], q
-    assert not _servers() and not _daemons(str(pipe))
-    assert all(g["health"]["verdict"] == "ok" for g in result.doc["after"])
+    assert not _servers() and not _daemons(str(pipe)), (_servers(), _daemons(str(pipe)))
+    assert all(g["health"]["verdict"] == "ok" for g in result.doc["after"]), health_of(result.doc, "after")
