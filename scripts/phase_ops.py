@@ -10,7 +10,7 @@ import subprocess
 
 from .agent import contract
 from .config_error import ConfigError, show
-from .transport import agent_argv, call_agent
+from .transport import agent_argv, call_agent, kill_and_reap
 
 
 def phase_of(host, name: str):
@@ -111,8 +111,7 @@ def _end(proc) -> None:
     try:
         proc.wait(timeout=5)
     except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+        kill_and_reap(proc)
 
 
 def drain(host, url: str, timeout_s: float, on_progress=None):

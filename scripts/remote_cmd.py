@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .agent import contract
 from .route import ran_line, read_ssh_log, ssh_failure, ssh_log
-from .transport import timed_out
+from .transport import kill_and_reap, timed_out
 
 RUN_DEADLINE_S = 600.0  # `invoke run` default --timeout: operator commands may be long, never endless
 NOT_FOUND, NOT_EXECUTABLE = 127, 126  # what a shell exits with, so `local` agrees with ssh hosts
@@ -53,12 +53,14 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
             done = threading.Event()
             follower = threading.Thread(target=follow_stderr, args=(err, mark, seen, capture, done), daemon=True)
             follower.start()
+            stuck = None
+            code: int | None
             try:
                 code = proc.wait(timeout=deadline_s if deadline_s > 0 else None)
                 cut_off = False
             except subprocess.TimeoutExpired:
-                proc.kill()
-                code, cut_off = proc.wait(), True
+                code, cut_off = kill_and_reap(proc), True
+                stuck = proc.pid if code is None else None
             finally:
                 done.set()
                 follower.join()
@@ -66,8 +68,8 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
             stdout = out.read()
         text = b"".join(seen["err"]).decode("utf-8", "replace")
         ssh_said = read_ssh_log(log)
-        if cut_off:
-            raise timed_out(host.alias, deadline_s, seen["ran"], local=not host.route.hops)
+        if cut_off or code is None:
+            raise timed_out(host.alias, deadline_s, seen["ran"], local=not host.route.hops, stuck_pid=stuck)
         failure = ssh_failure(host.route, host.alias, code, seen["ran"], ssh_said, text)
         if failure is not None:
             raise failure

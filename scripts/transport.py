@@ -112,9 +112,29 @@ def _spec_of(args) -> dict:
     return {}
 
 
-def timed_out(alias: str, seconds: float, ran: bool, local: bool = False) -> HostTimedOut:
+KILL_WAIT_S = 5.0
+
+
+def kill_and_reap(proc) -> int | None:
+    """SIGKILL a process this CLI started and reap it: its exit code, or None when it has not
+    died KILL_WAIT_S later. Why not wait for ever: a process in the kernel's uninterruptible
+    sleep (state D: a call into a hung NFS or FUSE mount, or into a driver) dies only when that
+    call returns, and the CLI must not hang past its own deadline waiting for it."""
+    proc.kill()
+    try:
+        return proc.wait(KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def timed_out(alias: str, seconds: float, ran: bool, local: bool = False, stuck_pid: int | None = None) -> HostTimedOut:
     """The one line for a call cut off at its deadline: whether the host had started it.
-    On this machine (`local`: no ssh) the process itself was killed, so nothing goes on."""
+    On this machine (`local`: no ssh) the process itself was killed, so nothing goes on;
+    unless it did not die (`stuck_pid`): then it says so, and that it may still hold the lock."""
+    if stuck_pid is not None:
+        return HostTimedOut(f"{alias}: timed out: no answer within {seconds:g}s, and pid {stuck_pid} did not stop "
+                            "on SIGKILL: it is stuck in the kernel (state D: a hung NFS or FUSE mount, or a driver "
+                            "call) and holds what it held, the host's teardown lock too, until that call returns")
     if local:
         return HostTimedOut(f"{alias}: timed out: no answer within {seconds:g}s; the command was stopped "
                             "(see `invoke status`); raise it with --timeout")
@@ -136,7 +156,7 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
                                                                 deadline, log)
     ran = route_ran(host, stderr, nonce)
     if cut_off:
-        raise timed_out(host.alias, deadline, ran, local=not host.route.hops)
+        raise timed_out(host.alias, deadline, ran, local=not host.route.hops, stuck_pid=cut_off.get("stuck"))
     doc = _parse(host, "".join(out_lines), nonce, code, stderr, ran, ssh_said)
     try:
         result = contract.read(subcommand, code, doc)
@@ -147,7 +167,8 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
 
 def _run(host, subcommand: str, args, on_progress, nonce: str, deadline: float, log):
     """Start the agent on host (ssh's own messages to `log`), feed it, read it until it exits
-    or the deadline passes: (code, stdout lines, stderr, what ssh said, cut off?, seconds)."""
+    or the deadline passes: (code, stdout lines, stderr, what ssh said, cut off, seconds).
+    `cut off`: {} when it ended by itself, else {"stuck": pid or None} (pid: it outlived SIGKILL)."""
     try:
         cmd = host.route.wrap(host.route.marked(agent_argv(host, subcommand, args, nonce, on_progress is not None),
                                                 nonce), ssh_log=log.path if log else None)
@@ -171,14 +192,17 @@ def _run(host, subcommand: str, args, on_progress, nonce: str, deadline: float, 
         out_lines: list = []
         reader = threading.Thread(target=_read, args=(proc, out_lines, on_progress), daemon=True)
         reader.start()
+        cut_off: dict = {}
+        code: int | None
         try:
             code = proc.wait(timeout=deadline)
-            cut_off = False
         except subprocess.TimeoutExpired:
-            proc.kill()  # ssh (the far side's agent ignores the hangup) or this machine's agent
-            code = proc.wait()
-            cut_off = True
-        reader.join(timeout=5)  # EOF follows the exit; never wait on a pipe another process holds
+            # ssh (the far side's agent ignores the hangup) or this machine's agent
+            code = kill_and_reap(proc)
+            cut_off = {"stuck": proc.pid if code is None else None}
+        # EOF follows the exit; never wait on a pipe another process holds (nor on one a process
+        # that outlived SIGKILL still holds: it gave no answer, and the line says so)
+        reader.join(timeout=5 if code is not None else 0.2)
         err.seek(0)
         stderr = err.read().decode("utf-8", "replace")
     if build_failed:

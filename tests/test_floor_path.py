@@ -21,10 +21,12 @@ import json
 import os
 import subprocess
 import sys
+import zlib
+from pathlib import Path
 
 import pytest
 
-from scripts import transport
+from scripts import bundle, transport
 from scripts.agent import contract, devices, procscan
 from scripts.config_error import ConfigError
 from scripts.hostconfig import build_host
@@ -154,3 +156,64 @@ def test_holder_helper_is_what_the_scan_test_thinks(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+O_PATH_HOLDER = ("import os, sys, time; "
+                 "fd = os.open(sys.argv[1], os.O_PATH if sys.argv[2] == 'path' else os.O_RDONLY); "
+                 "print('ready', flush=True); time.sleep(60)")
+
+
+def test_an_o_path_handle_on_the_device_is_not_holding_it(tmp_path):
+    """An O_PATH fd names a file without opening it (no driver open, no context, no memory),
+    and anyone who can see the path can make one: a process keeping one is not a holder (it
+    would be planned for a signal). Its fdinfo flags tell it apart from a real open, which
+    still counts (found by a red team: stat() through /proc/PID/fd looks the same for both)."""
+    dev = tmp_path / "nvidia0"
+    dev.write_bytes(b"")
+    devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
+    seen = {}
+    for how in ("path", "open"):
+        child = subprocess.Popen([sys.executable, "-c", O_PATH_HOLDER, str(dev), how], stdout=subprocess.PIPE,
+                                 text=True)
+        try:
+            assert child.stdout.readline().strip() == "ready"
+            seen[how] = procscan.held_devices(child.pid, devset, 1)
+        finally:
+            child.kill()
+            child.wait()
+    assert seen == {"path": ([], None), "open": ([str(dev)], None)}
+
+
+def _stream_without(ps, sources):
+    """The agent's argv for a teardown of ps's server, and a stream carrying `sources` (no bytecode)."""
+    host_ = host(ps)
+    argv = transport.agent_argv(host_, "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0",
+                                                    "--operator", "test@floor"], contract.new_nonce(), False)
+    script = bundle._STREAM_HEAD + "_CODE_MAGIC = b''\n" + bundle._LOADER
+    return argv, zlib.compress(b"\0".join([script.encode(), json.dumps(sources).encode(), b""]))
+
+
+def test_an_agent_missing_a_module_it_needs_after_the_signals_sends_none(ps):
+    parent, workers = ps.server(tp=1)
+    sources = bundle.agent_sources()
+    del sources["agent.settle"]  # a bundle that lost a module only the post-signal steps import
+    argv, stream = _stream_without(ps, sources)
+    out = subprocess.run(argv, input=stream, capture_output=True, timeout=60)
+    assert out.returncode == contract.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
+    assert "the agent lacks module(s) settle: nothing was signalled" in out.stdout.decode()
+    assert all(alive(p) for p in [parent, *workers])
+
+
+def test_a_post_signal_module_that_cannot_load_still_sees_the_targets_through(ps):
+    parent, workers = ps.server(tp=1)
+    sources = bundle.agent_sources()
+    sources["agent.settle"] = "def watch(:\n"  # present, but not Python this host can compile
+    argv, stream = _stream_without(ps, sources)
+    out = subprocess.run(argv, input=stream, capture_output=True, timeout=60)
+    assert out.returncode == contract.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
+    text = out.stdout.decode()
+    assert "not verified" in text and "SyntaxError" in text
+    assert not [p for p in [parent, *workers] if alive(p)]  # signalled, and seen through to the end
+    last = json.loads((Path(os.environ["GPU_PIVOT_RUN_DIR"]) / "last.json").read_text())  # conftest's run dir
+    assert last["state"] == "finished" and last["verdict"] == "not verified" and "SyntaxError" in last["error"]
+    assert {a["pid"] for a in last["actions"] if a["signal"] == "SIGTERM"} >= {parent, *workers}

@@ -15,7 +15,7 @@ import pwd
 import re
 import stat
 
-from . import cgroup, procfs
+from . import cgroup, fdstat, procfs
 
 PROC = "/proc"
 O_ACCMODE = 0o3  # fdinfo flags & 3: 0 read-only, 1 write-only, 2 read-write
@@ -79,8 +79,12 @@ def basic(pid, proc=PROC):
 
 # Every fd is stat()-ed through /proc/PID/fd/N (the open file itself, in the holder's mount
 # namespace: a device bind-mounted under /proc/... or /sys/..., or opened by any other name,
-# is still the device). No readlink() first to skip sockets and pipes: stat() tells them
-# apart as cheaply, and one syscall per fd instead of two is ~20% of a scan of a busy host.
+# is still the device), from cached attributes (fdstat.py: a dead NFS server or a hung FUSE
+# daemon must not hang the scan). No readlink() first to skip sockets and pipes: stat() tells
+# them apart as cheaply, and one syscall per fd instead of two is ~20% of a scan of a busy host.
+# An O_PATH fd (a path handle: the device was never opened, its driver never called) is not
+# holding the device, whoever could make one: its fdinfo flags say so.
+O_PATH = 0o10000000
 KCMP_FILES = 2
 _KCMP_NR = {"x86_64": 312, "aarch64": 272, "ppc64le": 354, "s390x": 343}
 _kcmp_fn: list = []  # [(syscall, nr) or None], filled once by _kcmp()
@@ -133,14 +137,14 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
             with os.scandir(fd_dir) as entries:
                 for entry in entries:
                     try:
-                        st = os.stat(entry.path)  # the open file itself, whatever name it was opened by
+                        st = fdstat.stat_open_file(entry.path)  # the open file itself, whatever its name
                     except PermissionError:
                         denied = "permission denied"  # listed, but not readable (no CAP_SYS_PTRACE)
                         continue
                     except OSError:
                         continue  # closed while we looked
                     name = devset.identify(st)
-                    if name:
+                    if name and not _path_only(fd_dir, entry.name):
                         held.add(name)
                         if links is not None:
                             links[(st.st_dev, st.st_ino)] = name
@@ -151,6 +155,18 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
     if denied and not held:
         return [], denied
     return sorted(held), None
+
+
+def _path_only(fd_dir, name):
+    """True when fd `name` is an O_PATH handle (fdinfo flags), or is gone by now."""
+    try:
+        with open("%sinfo/%s" % (fd_dir, name)) as f:
+            for line in f:
+                if line.startswith("flags:"):
+                    return bool(int(line.split()[1], 8) & O_PATH)
+    except OSError:
+        return True
+    return False
 
 
 def _needle(key):

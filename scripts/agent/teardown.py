@@ -20,6 +20,7 @@ than the log): it is reported in `record_errors`. The agent ignores SIGHUP and S
 survives a dropped connection or a Ctrl-C on the operator's side: it finishes and keeps
 the result in last.json on the host, which `invoke status` shows.
 """
+import importlib.util
 import os
 import signal
 import socket
@@ -30,6 +31,11 @@ from .auditlog import Audit
 from .targets import Targets
 
 SETTLE_S = 2.0
+LATER = ("checkup", "settle", "verify")  # imported only after the signals (execute), checked present before them
+
+
+class AgentIncomplete(Exception):
+    """A module of the agent is missing (a broken bundle): nothing may be signalled."""
 PROGRESS_EVERY_S = 0.5
 PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
 
@@ -231,6 +237,9 @@ def execute(args, operator, started, source):
     recorder = Recorder()
     watch = targets = None
     try:
+        missing = [m for m in LATER if importlib.util.find_spec("." + m, __package__) is None]
+        if missing:  # an incomplete agent must fail here, before any signal, not after them
+            raise AgentIncomplete("the agent lacks module(s) %s: nothing was signalled" % ", ".join(missing))
         since = procfs.read_stat(os.getpid())["start_time"]
         early = bool(args.fake_gpus)
         doc = scan.collect(args, source if early else gpuinfo.NoSource())
@@ -254,7 +263,10 @@ def execute(args, operator, started, source):
         source.start()
         # What runs only after the signals is imported only now, while the driver releases the
         # targets' memory (0.3 s and more): health, Xid, MPS, MIG, the settle window, the verdict.
-        from . import checkup, settle, verify
+        try:
+            from . import checkup, settle, verify
+        except Exception as exc:  # present (checked before the signals) but not loadable here: see unverified()
+            return unverified(args, targets, started, record, recorder, audit, timings, doc, exc)
 
         before_gpus = doc["gpus"] if early else _read_gpus(source)
         timings["before_read_s"] = _since(started)
@@ -317,6 +329,25 @@ def execute(args, operator, started, source):
             watch.close()
 
 
+def unverified(args, targets, started, record, recorder, audit, timings, doc, exc):
+    """The signals went out but what follows them could not be loaded (a syntax this host's
+    Python lacks, no memory): still see the targets through (grace, SIGKILL for what outlives
+    it), then record and answer "not verified" (exit 3) instead of dying with the targets
+    half-signalled and no record."""
+    alive = wait_gone(args, targets, args.grace, None, started, "grace")
+    if alive:
+        targets.signal(alive, signal.SIGKILL, "SIGKILL")
+        alive = wait_gone(args, targets, min(5.0, args.timeout), None, started, "sigkill", among=alive)
+    timings["targets_gone_s"] = None if alive else _since(started)
+    error = "the agent could not load what checks the GPUs after the signals (%s: %s)" % (type(exc).__name__, exc)
+    record.update(state="finished", exit_code=contract.EXIT_UNREACHABLE, verdict="not verified", error=error,
+                  problems=[error], actions=audit.records, still_alive=[t["pid"] for t in alive], timings=timings,
+                  finished=time.strftime(contract.TIME_FORMAT))
+    out = _result(record, scan.public(doc), started)
+    recorder.save(out)
+    return contract.EXIT_UNREACHABLE, out
+
+
 def _merge(first, later):
     """Other users' teardowns seen at the start or the end (one that began meanwhile counts)."""
     seen = {c["pid"] for c in first}
@@ -367,6 +398,9 @@ def run(args):
                                                "verdict": "not started: nothing was signalled"}
         try:
             return execute(args, operator, started, source)
+        except AgentIncomplete as exc:
+            return contract.EXIT_UNREACHABLE, {"error": str(exc), "hostname": socket.gethostname(),
+                                               "verdict": "not started: nothing was signalled"}
         finally:
             hostlock.release(fd)
     finally:
