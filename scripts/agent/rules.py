@@ -19,7 +19,7 @@ import os
 import re
 import stat
 
-from . import contract, procfs, program
+from . import contract, fdstat, procfs, program
 
 # Each names a PROGRAM (see program.py): matched whole against its module, script,
 # executable or process title - never against the arguments of another program.
@@ -81,7 +81,7 @@ def root_owned_exe(pid):
     root and writable by root only; else None. stat() of /proc/PID/exe is the running file
     itself, whatever was since renamed over its path."""
     try:
-        st = os.stat("/proc/%d/exe" % pid)
+        st = fdstat.stat_open_file("/proc/%d/exe" % pid)  # cached attributes: a program on a dead NFS server
         path = os.readlink("/proc/%d/exe" % pid)
     except OSError:
         return None
@@ -92,7 +92,7 @@ def root_owned_exe(pid):
 
 def _exe_unreadable(pid):
     try:
-        os.stat("/proc/%d/exe" % pid)
+        fdstat.stat_open_file("/proc/%d/exe" % pid)
     except PermissionError:
         return True
     except OSError:
