@@ -3,8 +3,11 @@ like to a process scan. Speaks the raw /dev/fuse protocol (no libfuse needed): i
 file, `f`, until that file is opened, and from then on answers nothing, so any stat() of it
 waits until this process exits (which aborts the connection and frees every waiter).
 
-  python3 tests/hung_fuse.py MOUNTPOINT READYFILE   (root, /dev/fuse)
-READYFILE gets "mounted", then "opened" once `f` is opened.
+  python3 tests/hung_fuse.py MOUNTPOINT READYFILE [--answer] [--owner UID]   (root, /dev/fuse)
+READYFILE gets "mounted", then "opened" once `f` is opened (written before the open is
+answered, so whoever sees the open return sees "opened"). --answer: keep answering (a live
+server). --owner UID: mounted for that user without allow_other, as sshfs or gcsfuse mount
+for a user: the kernel then refuses every other user, root included, at its getattr.
 """
 import ctypes
 import errno
@@ -23,19 +26,27 @@ def attr(ino):
     return struct.pack("<QQQQQQIIIIIIIIII", ino, 0, 0, 0, 0, 0, 0, 0, 0, mode, 1, 0, 0, 0, 4096, 0)
 
 
+def say(ready, text):
+    with open(ready + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(ready + ".tmp", ready)
+
+
 def main():
     mountpoint, ready = sys.argv[1], sys.argv[2]
+    answer = "--answer" in sys.argv[3:]
+    owner = int(sys.argv[sys.argv.index("--owner") + 1]) if "--owner" in sys.argv[3:] else None
     fd = os.open("/dev/fuse", os.O_RDWR)
     libc = ctypes.CDLL(None, use_errno=True)
-    opts = ("fd=%d,rootmode=40000,user_id=0,group_id=0,allow_other" % fd).encode()
+    who = "user_id=0,group_id=0,allow_other" if owner is None else "user_id=%d,group_id=%d" % (owner, owner)
+    opts = ("fd=%d,rootmode=40000,%s" % (fd, who)).encode()
     if libc.mount(b"gp-hung-fuse", mountpoint.encode(), b"fuse", 0, opts) != 0:
         sys.exit("mount failed: %s" % os.strerror(ctypes.get_errno()))
 
     def reply(unique, err=0, body=b""):
         os.write(fd, struct.pack("<IiQ", 16 + len(body), -err, unique) + body)
 
-    with open(ready, "w") as f:
-        f.write("mounted")
+    say(ready, "mounted")
     hung = False
     while True:
         try:
@@ -58,10 +69,9 @@ def main():
         elif op == FUSE_GETATTR:
             reply(unique, 0, struct.pack("<QII", 0, 0, 0) + attr(node))
         elif op == FUSE_OPEN:
+            say(ready, "opened")
+            hung = not answer
             reply(unique, 0, struct.pack("<QII", 0, 0, 0))
-            hung = True
-            with open(ready, "w") as f:
-                f.write("opened")
         else:
             reply(unique, errno.ENOSYS)
 

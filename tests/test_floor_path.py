@@ -217,3 +217,30 @@ def test_a_post_signal_module_that_cannot_load_still_sees_the_targets_through(ps
     last = json.loads((Path(os.environ["GPU_PIVOT_RUN_DIR"]) / "last.json").read_text())  # conftest's run dir
     assert last["state"] == "finished" and last["verdict"] == "not verified" and "SyntaxError" in last["error"]
     assert {a["pid"] for a in last["actions"] if a["signal"] == "SIGTERM"} >= {parent, *workers}
+
+
+MAPPER = ("import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ); "
+          "f.close(); print('mapped', flush=True); time.sleep(60)")
+
+
+def test_a_mapped_file_whose_name_spells_a_devices_identity_is_not_a_holder(tmp_path):
+    """/proc/PID/maps is read for the device's MAJ:MIN and inode in their own columns only:
+    any user can name a file '... 00:05 412 ...', and whoever mapped it was called a GPU
+    holder (a default target; found by a red team). A real mapping of the device counts."""
+    dev = tmp_path / "nvidia0"
+    dev.write_bytes(b"x" * 4096)
+    devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
+    st = dev.stat()
+    bait = tmp_path / ("innocent" + procscan._needle((st.st_dev, st.st_ino)).decode() + "data")
+    bait.write_bytes(b"x" * 4096)
+    needles = {procscan._needle(k): n for k, n in devset.inode_keys().items()}
+    seen = {}
+    for name, path in (("bait", bait), ("device", dev)):
+        child = subprocess.Popen([sys.executable, "-c", MAPPER, str(path)], stdout=subprocess.PIPE, text=True)
+        try:
+            assert child.stdout.readline().strip() == "mapped"
+            seen[name] = procscan.mapped_by_identity(child.pid, needles)
+        finally:
+            child.kill()
+            child.wait()
+    assert seen == {"bait": [], "device": [str(dev)]}

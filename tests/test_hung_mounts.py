@@ -14,16 +14,18 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 import stat
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from scripts import transport
-from scripts.agent import fdstat, procscan
+from scripts.agent import devices, fdstat, procscan
 from scripts.hostconfig import build_host
 from scripts.route import HostTimedOut
 from scripts.transport import call_agent
@@ -51,10 +53,7 @@ def hung_holder(tmp_path):
                               stderr=subprocess.PIPE, text=True)
     started: list = [server]
     try:
-        wait_for(lambda: (ready.exists() and ready.read_text() == "mounted") or server.poll() is not None,
-                 "the FUSE mount", timeout=20)
-        if server.poll() is not None:
-            pytest.skip(f"cannot mount FUSE here: {server.stderr.read().strip()[-200:]}")
+        _mounted(server, ready)
         holder = subprocess.Popen([sys.executable, "-c", HOLD, str(mnt / "f")], stdout=subprocess.PIPE, text=True)
         started.append(holder)
         assert holder.stdout.readline().strip() == "open"
@@ -66,6 +65,60 @@ def hung_holder(tmp_path):
                 proc.kill()
             proc.wait(30)
         subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def _mounted(server, ready):
+    """Wait for the FUSE server's "mounted" (or its exit: no FUSE here, skip)."""
+    wait_for(lambda: (ready.exists() and ready.read_text() in ("mounted", "opened")) or server.poll() is not None,
+             "the FUSE mount", timeout=20)
+    if server.poll() is not None:
+        pytest.skip(f"cannot mount FUSE here: {server.stderr.read().strip()[-200:]}")
+
+
+@pytest.fixture
+def users_fuse_holder(second_user):
+    """A live FUSE mount made for the second user without allow_other (as sshfs, gcsfuse or
+    s3fs mount for a user: the kernel refuses everyone else, root included, at getattr) and a
+    process of that user holding its file open; yields the holder's pid."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE filesystem")
+    base = Path(tempfile.mkdtemp(prefix="gp-users-fuse-"))  # reachable by the user (a test's tmp_path is not)
+    base.chmod(0o755)
+    mnt, ready = base / "mnt", base / "ready"
+    mnt.mkdir()
+    server = subprocess.Popen([sys.executable, str(HERE / "hung_fuse.py"), str(mnt), str(ready), "--answer",
+                               "--owner", str(second_user.uid)], stderr=subprocess.PIPE, text=True)
+    try:
+        _mounted(server, ready)
+        holder = second_user.popen([second_user.python, "-c", HOLD, str(mnt / "f")], stdout=subprocess.PIPE,
+                                   text=True)
+        assert holder.stdout.readline().strip() == "open"
+        with pytest.raises(PermissionError):
+            os.stat(mnt / "f")  # root is refused by this mount, as the scan would be without care
+        yield holder.pid
+    finally:
+        second_user.end_processes()
+        if server.poll() is None:
+            server.kill()
+        server.wait(30)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def test_a_users_fuse_file_that_refuses_root_does_not_make_its_holder_uninspected(users_fuse_holder, tmp_path):
+    dev = tmp_path / "nvidia0"
+    dev.write_bytes(b"")
+    devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
+    assert procscan.held_devices(users_fuse_holder, devset) == ([], None)  # read, and not a GPU: not "denied"
+
+
+def test_a_root_teardown_beside_a_users_fuse_file_frees_and_is_not_exit_6(users_fuse_holder, ps):
+    parent, workers = ps.server(tp=1)
+    keys = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
+    host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
+    result = call_agent(host, "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0.5"], deadline_s=40)
+    assert result.code == 0, (result.code, result.doc.get("problems"))  # not 6: every process was inspected
+    assert not [p for p in [parent, *workers] if alive(p)] and alive(users_fuse_holder)
 
 
 def test_the_fd_scan_does_not_stat_a_file_on_a_hung_mount(hung_holder, tmp_path):

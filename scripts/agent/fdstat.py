@@ -31,6 +31,11 @@ _BUF = ctypes.create_string_buffer(256)  # one answer at a time: scans run on th
 _MASK = STATX_TYPE | STATX_MODE | STATX_UID | STATX_INO
 
 
+def _clear(buf):
+    ctypes.memset(buf, 0, ctypes.sizeof(buf))
+    return buf
+
+
 def _statx():
     if not _impl:
         _impl.append(_find_statx())
@@ -53,18 +58,27 @@ def _find_statx():
     return lambda *a: libc.syscall(nr, *a)
 
 
-def stat_open_file(path):
+def stat_open_file(path, refused_ok=False):
     """(st_mode, st_ino, st_dev, st_rdev, st_uid) of the file `path` (a /proc/PID/fd/N or
-    /proc/PID/exe link) refers to, from cached attributes; raises OSError as os.stat() would."""
+    /proc/PID/exe link) refers to, from cached attributes; raises OSError as os.stat() would.
+
+    `refused_ok`: when the file's own filesystem refuses root (a user's FUSE mount without
+    allow_other, as sshfs or gcsfuse make one), answer with what the kernel still gives for an
+    empty request (the filesystem's device; mode 0: no file type) instead of EACCES, which
+    would read as "this process cannot be inspected" (exit 6 for root, found by a red team).
+    A process whose fds /proc itself will not show still raises EACCES: the retry fails the
+    same way, before any filesystem is asked."""
     fn = _statx()
     if fn is None:
         return os.stat(path)
     buf = _BUF
-    if fn(AT_FDCWD, os.fsencode(path), AT_STATX_DONT_SYNC, _MASK, buf) != 0:
+    name = os.fsencode(path)
+    if fn(AT_FDCWD, name, AT_STATX_DONT_SYNC, _MASK, buf) != 0:
         err = ctypes.get_errno()
         if err == 38:  # ENOSYS: a kernel older than statx (4.11)
             _impl[0] = None
             return os.stat(path)
-        raise OSError(err, os.strerror(err), path)
+        if not (refused_ok and err == 13 and fn(AT_FDCWD, name, AT_STATX_DONT_SYNC, 0, _clear(buf)) == 0):
+            raise OSError(err, os.strerror(err), path)
     _, _, uid, mode, ino, rdev_major, rdev_minor, dev_major, dev_minor = _LAYOUT.unpack_from(buf)
     return Stat(mode, ino, os.makedev(dev_major, dev_minor), os.makedev(rdev_major, rdev_minor), uid)

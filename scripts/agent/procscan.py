@@ -137,7 +137,7 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
             with os.scandir(fd_dir) as entries:
                 for entry in entries:
                     try:
-                        st = fdstat.stat_open_file(entry.path)  # the open file itself, whatever its name
+                        st = fdstat.stat_open_file(entry.path, refused_ok=True)  # the open file itself
                     except PermissionError:
                         denied = "permission denied"  # listed, but not readable (no CAP_SYS_PTRACE)
                         continue
@@ -186,7 +186,20 @@ def mapped_by_identity(pid, needles, proc=PROC):
         return []
     except OSError:
         return None
-    return sorted({name for needle, name in needles.items() if needle in data})
+    by_key = {needle.strip(): name for needle, name in needles.items()}
+    if not by_key:
+        return []
+    return sorted({by_key[m.group(1)] for m in _maps_pattern(tuple(sorted(by_key))).finditer(data)})
+
+
+def _maps_pattern(keys):
+    """One regex for every device's b'MAJ:MIN INODE', anchored on those two columns of a maps
+    line (address, perms, offset, then them): a mapped file whose NAME spells a device's
+    identity must not count (found by a red team: any user can name a file so, and whoever
+    maps it was called a GPU holder). A path cannot fake the start of a line: the kernel
+    writes a newline in it as \\012. re caches the compiled pattern across processes."""
+    alternatives = b"|".join(re.escape(k) for k in keys)
+    return re.compile(rb"^[0-9a-f]+-[0-9a-f]+ \S+ [0-9a-f]+ (" + alternatives + rb")(?= |$)", re.M)
 
 
 def write_files(pid, proc=PROC):
