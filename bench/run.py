@@ -241,10 +241,29 @@ def gpu_section(paths: list) -> list:
         runs_text = ("every run exited 0" if not failed else
                      f"{len(failed)} of {len(g['reps'])} runs exited {', '.join(map(str, failed))} (see those reps in "
                      "the JSON)")
-        lines.append(f"- {g['gpus']} GPU{host}: agent free at / floor = **{agent['median'] / f:.2f}x** (target <= "
-                     f"1.15x); CLI to FREED - floor = **{cli['median'] - f:+.2f} s** (target <= +0.30 s); "
-                     f"{runs_text}; every GPU read 0 MiB afterwards: {g['all_freed_to_0']}.")
-    return lines + [""] + exit_probe_lines(GPU_RESULTS / "exit-probe-1gpu.json")
+        ratio, margin = agent["median"] / f, cli["median"] - f
+        lines.append(f"- {g['gpus']} GPU{host}: agent free at / floor = **{ratio:.3f}x** (target <= 1.15x: "
+                     f"{'met' if ratio <= 1.15 else 'MISSED'}); CLI to FREED - floor = **{margin:+.3f} s** (target <= "
+                     f"+0.300 s: {'met' if margin <= 0.3 else 'MISSED'}); {runs_text}; every GPU read 0 MiB "
+                     f"afterwards: {g['all_freed_to_0']}.")
+    lines += [""] + history_lines(GPU_RESULTS / "history")
+    return lines + exit_probe_lines(GPU_RESULTS / "exit-probe-1gpu.json")
+
+
+def history_lines(folder: Path) -> list:
+    """Earlier closing-run results kept for comparison (bench/results/history/runN-gpu-teardown-
+    <G>gpu.json; which code each measured: that folder's README.md): the two headline numbers."""
+    rows = []
+    for path in sorted(folder.glob("run*-gpu-teardown-*gpu.json")):
+        g = json.loads(path.read_text())
+        f = g["floor_s"]["median"]
+        rows.append([path.name.split("-")[0], f"{g['gpus']}", f"{f:.3f}", f"{g['agent_free_at_s']['median'] / f:.3f}x",
+                     f"{g['cli_freed_line_s']['median'] - f:+.3f}"])
+    if not rows:
+        return []
+    return ["Earlier runs of the same benchmark on the way here (bench/results/history/, README.md there says "
+            "what code each measured):", "",
+            table(["run", "GPUs", "floor s", "agent free at / floor", "CLI to FREED - floor s"], rows), ""]
 
 
 def exit_probe_lines(path: Path) -> list:
