@@ -184,13 +184,17 @@ def test_an_o_path_handle_on_the_device_is_not_holding_it(tmp_path):
     assert seen == {"path": ([], None), "open": ([str(dev)], None)}
 
 
-def _stream_without(ps, sources):
-    """The agent's argv for a teardown of ps's server, and a stream carrying `sources` (no bytecode)."""
-    host_ = host(ps)
-    argv = transport.agent_argv(host_, "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0",
-                                                    "--operator", "test@floor"], contract.new_nonce(), False)
+def _stream_of(sources):
+    """An agent stream (bundle.agent_stream's form) carrying these sources and no bytecode."""
     script = bundle._STREAM_HEAD + "_CODE_MAGIC = b''\n" + bundle._LOADER
-    return argv, zlib.compress(b"\0".join([script.encode(), json.dumps(sources).encode(), b""]))
+    return zlib.compress(b"\0".join([script.encode(), json.dumps(sources).encode(), b""]))
+
+
+def _stream_without(ps, sources):
+    """The agent's argv for a teardown of ps's server, and a stream carrying `sources`."""
+    argv = transport.agent_argv(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0",
+                                                       "--operator", "test@floor"], contract.new_nonce(), False)
+    return argv, _stream_of(sources)
 
 
 def test_an_agent_missing_a_module_it_needs_after_the_signals_sends_none(ps):
@@ -200,7 +204,7 @@ def test_an_agent_missing_a_module_it_needs_after_the_signals_sends_none(ps):
     argv, stream = _stream_without(ps, sources)
     out = subprocess.run(argv, input=stream, capture_output=True, timeout=60)
     assert out.returncode == contract.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
-    assert "the agent lacks module(s) settle: nothing was signalled" in out.stdout.decode()
+    assert "the agent lacks module(s) settle (a broken bundle)" in out.stdout.decode()
     assert all(alive(p) for p in [parent, *workers])
 
 
@@ -244,3 +248,33 @@ def test_a_mapped_file_whose_name_spells_a_devices_identity_is_not_a_holder(tmp_
             child.kill()
             child.wait()
     assert seen == {"bait": [], "device": [str(dev)]}
+
+
+def test_the_operator_reads_what_happened_when_the_post_signal_steps_could_not_load(ps, monkeypatch):
+    """Through the CLI's own transport and report: NOT FREE with the reason, the signals listed,
+    exit 3 (the agent failed there), not a contract error about missing fields."""
+    from scripts import teardown_view
+
+    parent, workers = ps.server(tp=1)
+    sources = bundle.agent_sources()
+    sources["agent.settle"] = "def watch(:\n"
+    monkeypatch.setattr(transport, "agent_stream", lambda compiled=False: _stream_of(sources))
+    result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
+    assert result.code == contract.EXIT_UNREACHABLE
+    text = teardown_view.report("local", result)
+    assert "NOT FREE" in text and "SyntaxError" in text and "SIGTERM" in text, text
+    assert not [p for p in [parent, *workers] if alive(p)]
+
+
+def test_the_operator_reads_not_started_when_the_agent_is_incomplete(ps, monkeypatch):
+    from scripts import teardown_view
+
+    parent, workers = ps.server(tp=1)
+    sources = bundle.agent_sources()
+    del sources["agent.verify"]
+    monkeypatch.setattr(transport, "agent_stream", lambda compiled=False: _stream_of(sources))
+    result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
+    assert result.code == contract.EXIT_UNREACHABLE
+    assert teardown_view.report("local", result) == (
+        "== local: NOT STARTED: the agent lacks module(s) verify (a broken bundle) (nothing was signalled)")
+    assert all(alive(p) for p in [parent, *workers])

@@ -239,7 +239,7 @@ def execute(args, operator, started, source):
     try:
         missing = [m for m in LATER if importlib.util.find_spec("." + m, __package__) is None]
         if missing:  # an incomplete agent must fail here, before any signal, not after them
-            raise AgentIncomplete("the agent lacks module(s) %s: nothing was signalled" % ", ".join(missing))
+            raise AgentIncomplete("the agent lacks module(s) %s (a broken bundle)" % ", ".join(missing))
         since = procfs.read_stat(os.getpid())["start_time"]
         early = bool(args.fake_gpus)
         doc = scan.collect(args, source if early else gpuinfo.NoSource())
@@ -266,6 +266,7 @@ def execute(args, operator, started, source):
         try:
             from . import checkup, settle, verify
         except Exception as exc:  # present (checked before the signals) but not loadable here: see unverified()
+            record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved)
             return unverified(args, targets, started, record, recorder, audit, timings, doc, exc)
 
         before_gpus = doc["gpus"] if early else _read_gpus(source)
@@ -342,7 +343,7 @@ def unverified(args, targets, started, record, recorder, audit, timings, doc, ex
     error = "the agent could not load what checks the GPUs after the signals (%s: %s)" % (type(exc).__name__, exc)
     record.update(state="finished", exit_code=contract.EXIT_UNREACHABLE, verdict="not verified", error=error,
                   problems=[error], actions=audit.records, still_alive=[t["pid"] for t in alive], timings=timings,
-                  finished=time.strftime(contract.TIME_FORMAT))
+                  after=[], finished=time.strftime(contract.TIME_FORMAT))
     out = _result(record, scan.public(doc), started)
     recorder.save(out)
     return contract.EXIT_UNREACHABLE, out
@@ -398,8 +399,9 @@ def run(args):
                                                "verdict": "not started: nothing was signalled"}
         try:
             return execute(args, operator, started, source)
-        except AgentIncomplete as exc:
-            return contract.EXIT_UNREACHABLE, {"error": str(exc), "hostname": socket.gethostname(),
+        except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled
+            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+                                               "hostname": socket.gethostname(),
                                                "verdict": "not started: nothing was signalled"}
         finally:
             hostlock.release(fd)
