@@ -11,7 +11,11 @@ change cannot quietly put work back in front of the signals:
 - `--host gpu1` does not load ClusterShell (a bracketed node set still does, and a bad one is
   still one line);
 - the /proc holder scan stat()s each fd once (no readlink first) and still tells a device
-  from a socket, a pipe and a plain file.
+  from a socket, a pipe and a plain file; an O_PATH handle is no holder, nor is a mapped
+  file whose name spells a device's identity (both found by red teams);
+- what moved after the signals cannot make them unsafe: an agent missing one of those
+  modules sends nothing (NOT STARTED); one that cannot load it after the signals still sees
+  the targets through and says NOT FREE with the reason (exit 3).
 Every process is the test's own (fake device files in its temp dir, its dir as the scope).
 """
 from __future__ import annotations
