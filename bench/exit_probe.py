@@ -28,7 +28,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.gpu_support import GpuTree  # noqa: E402
+from tests.gpu_support import GpuTree, add_tree_arguments  # noqa: E402
 
 INIT_CHILD = r"""
 import sys, time
@@ -115,10 +115,7 @@ def med(values):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--children", type=int, default=3)
-    p.add_argument("--gib-per-proc", type=float, default=20)
-    p.add_argument("--out", required=True)
+    add_tree_arguments(p)
     args = p.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as work:

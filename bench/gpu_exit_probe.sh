@@ -3,13 +3,8 @@
 # under SIGKILL / SIGTERM / a concurrent NVML open (exit_probe.py), where `import invoke` spends
 # its time in the CLI's own venv, and the teardown benchmark with Enter -> agent start.
 # Usage there: bash bench/gpu_exit_probe.sh   (wheels for invoke/dotenv/ClusterShell in .whl/)
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-python3 -m venv --without-pip /tmp/cli-venv
-SITE=$(/tmp/cli-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$SITE" .whl/*.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu_cli_venv.sh
+. "$(dirname "$0")/gpu_cli_venv.sh"
 nproc; python3 --version; /tmp/cli-venv/bin/python --version
 for i in 1 2 3 4 5; do /tmp/cli-venv/bin/python -X importtime -c 'import invoke' 2>"$OUT/importtime-invoke-$i.txt"; done
 sort -t'|' -k2 -n "$OUT/importtime-invoke-5.txt" | tail -12

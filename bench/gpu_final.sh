@@ -5,13 +5,8 @@
 # site-packages: the GPU image's .pth files cost ~55 ms a start that an operator's venv does not
 # pay); the agent runs on the system python3 that has pynvml, as on a GPU host.
 # Usage there: bash bench/gpu_final.sh   (wheels for invoke/dotenv/ClusterShell in .whl/)
-set -uo pipefail
-OUT=${OUT:-/tmp/gpu-out}; mkdir -p "$OUT"
-python3 -m venv --without-pip /tmp/cli-venv
-SITE=$(/tmp/cli-venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
-python3 -m pip install -q --no-index --no-deps --no-cache-dir --target "$SITE" .whl/*.whl
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1
+# shellcheck source=bench/gpu_cli_venv.sh
+. "$(dirname "$0")/gpu_cli_venv.sh"
 { echo "## pytest -m gpu"; timeout 200 python3 -m pytest -m gpu -rs -q tests/; echo "pytest exit $?"; } \
     > "$OUT/gpu-tests-full.txt" 2>&1  # whole: a failure's traceback comes before its captured output
 grep -E "^(FAILED|ERROR|E  )|passed|failed|pytest exit" "$OUT/gpu-tests-full.txt" | tail -15 | tee "$OUT/gpu-tests.txt"

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.gpu_support import GpuTree, gpu_count, nvml_used_mib  # noqa: E402
+from tests.gpu_support import GpuTree, add_tree_arguments, gpu_count, nvml_used_mib  # noqa: E402
 
 FREED_LINE = "local: FREED at "
 AGENT_LIMIT = 1.15   # agent "free at" <= 1.15 x the floor (median of the reps)
@@ -198,10 +198,7 @@ def result_doc(args, floors, pivots):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--children", type=int, default=3)
-    p.add_argument("--gib-per-proc", type=float, default=20)
-    p.add_argument("--out", required=True)
+    add_tree_arguments(p)
     p.add_argument("--cli-python", default=sys.executable,
                    help="interpreter of the operator's CLI (a venv as `make setup` makes; default: this one)")
     args = p.parse_args()

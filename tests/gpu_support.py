@@ -13,6 +13,15 @@ from scripts.agent import procfs
 HERE = Path(__file__).resolve().parent
 
 
+def add_tree_arguments(parser) -> None:
+    """The flags the GPU benchmarks share (bench/gpu_teardown.py, bench/exit_probe.py): how many
+    reps, the tree (a parent + CHILDREN, each holding GIB on every GPU) and where the JSON goes."""
+    parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--children", type=int, default=3)
+    parser.add_argument("--gib-per-proc", type=float, default=20)
+    parser.add_argument("--out", required=True)
+
+
 def gpu_count() -> int:
     """Visible NVIDIA GPUs through NVML, 0 where there is no driver, no GPU or no pynvml."""
     try:
