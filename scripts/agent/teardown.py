@@ -31,13 +31,13 @@ from .auditlog import Audit
 from .targets import Targets
 
 SETTLE_S = 2.0
+PROGRESS_EVERY_S = 0.5
+PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
 LATER = ("checkup", "settle", "verify")  # imported only after the signals (execute), checked present before them
 
 
 class AgentIncomplete(Exception):
     """A module of the agent is missing (a broken bundle): nothing may be signalled."""
-PROGRESS_EVERY_S = 0.5
-PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
 
 
 def add_arguments(parser):
