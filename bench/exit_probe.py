@@ -7,9 +7,12 @@ releasing the targets' memory. This probe times, on fresh trees, alternating:
   term:        SIGTERM the tree, NVML already open
   kill+init:   SIGKILL, and at the same instant another process imports pynvml and inits NVML
                (what the agent does after its signals)
+  kill+watch:  kill+init, and the other process then registers NVML Xid events on every GPU, as
+               the agent's health check does during the release (checkup.teardown_start)
   init idle:   that import + init alone, the tree alive and untouched (before each kill+init)
-For each kill: seconds to every tree process gone (no /proc entry or a zombie: its files are
-closed) and to every GPU reading 0 MiB (NVML v2, 2 ms poll). Medians of --reps.
+For each kill: seconds to every tree process's leader gone (no /proc entry or a zombie), to
+every process exited as the agent sees it (pidfd readable: its whole thread group is gone; a
+thread on its own clock), and to every GPU reading 0 MiB (NVML v2, 2 ms poll). Medians of --reps.
 Usage (GPU machine): python3 bench/exit_probe.py --reps 5 --out FILE.json
 """
 from __future__ import annotations
@@ -17,11 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import select
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -39,6 +44,10 @@ t1 = time.monotonic()
 pynvml.nvmlInit()
 t2 = time.monotonic()
 h = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+if sys.argv[1:] == ["watch"]:
+    events = pynvml.nvmlEventSetCreate()
+    for x in h:
+        pynvml.nvmlDeviceRegisterEvents(x, pynvml.nvmlEventTypeXidCriticalError, events)
 [pynvml.nvmlDeviceGetMemoryInfo(x, version=pynvml.nvmlMemory_v2).used for x in h]
 t3 = time.monotonic()
 print("%.4f %.4f %.4f %.4f" % (t0, t1 - t0, t2 - t1, t3 - t2), flush=True)
@@ -53,9 +62,36 @@ def gone(pid: int) -> bool:
         return True
 
 
-def init_child():
-    return subprocess.Popen([sys.executable, "-c", INIT_CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+def init_child(watch=False):
+    return subprocess.Popen([sys.executable, "-c", INIT_CHILD, *(["watch"] if watch else [])], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+
+
+class ExitClock:
+    """When every pid's thread group is gone, from pidfds polled on a thread (the agent's own
+    wait): a leader can be a zombie while its other threads still release the GPU."""
+
+    def __init__(self, pids):
+        self.fds = [os.pidfd_open(p) for p in pids]
+        self.at = None
+        self.thread = threading.Thread(target=self._wait, daemon=True)
+        self.thread.start()
+
+    def _wait(self):
+        poller, left = select.poll(), set(self.fds)
+        for fd in self.fds:
+            poller.register(fd, select.POLLIN)
+        while left:
+            for fd, _ in poller.poll(60_000):
+                left.discard(fd)
+                poller.unregister(fd)
+        self.at = time.monotonic()
+
+    def seconds_after(self, t0):
+        self.thread.join(60)
+        for fd in self.fds:
+            os.close(fd)
+        return None if self.at is None else self.at - t0
 
 
 def init_idle() -> dict:
@@ -75,15 +111,17 @@ def one(workdir, args, n, how):
     pynvml.nvmlInit()
     handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
     out = {"how": how}
-    if how == "kill+init":
+    with_init = how in ("kill+init", "kill+watch")
+    if with_init:
         out["idle"] = init_idle()
-        child = init_child()
+        child = init_child(watch=how == "kill+watch")
         time.sleep(0.3)
     sig = signal.SIGTERM if how == "term" else signal.SIGKILL
+    clock = ExitClock(list(tree.starts))
     t0 = time.monotonic()
     for pid in tree.starts:
         os.kill(pid, sig)
-    if how == "kill+init":
+    if with_init:
         child.stdin.write("go\n")
         child.stdin.flush()
     t_gone = t_free = None
@@ -97,14 +135,17 @@ def one(workdir, args, n, how):
                                       for h in handles):
             t_free = now
         time.sleep(0.002)
-    out.update(gone_s=t_gone, free_s=t_free)
-    if how == "kill+init":
+    out.update(gone_s=t_gone, free_s=t_free, exited_s=clock.seconds_after(t0))
+    if with_init:
         start, imp, init, read = map(float, child.stdout.readline().split())
         child.wait()
         out["during"] = {"start_after_kill_s": start - t0, "import_s": imp, "init_s": init, "read_s": read}
     pynvml.nvmlShutdown()
     tree.kill()
     return out
+
+
+MODES = ("kill", "term", "kill+init", "kill+watch")
 
 
 def med(values):
@@ -120,13 +161,13 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as work:
         for n in range(args.reps):
-            for how in ("kill", "term", "kill+init"):
+            for how in MODES:
                 rows.append(one(work, args, n, how))
                 print(json.dumps(rows[-1]), flush=True)
     summary = {}
-    for how in ("kill", "term", "kill+init"):
+    for how in MODES:
         mine = [r for r in rows if r["how"] == how]
-        summary[how] = {"gone_s": med([r["gone_s"] for r in mine]), "free_s": med([r["free_s"] for r in mine])}
+        summary[how] = {key: med([r[key] for r in mine]) for key in ("gone_s", "exited_s", "free_s")}
     inits = [r for r in rows if r["how"] == "kill+init"]
     for key in ("import_s", "init_s", "read_s"):
         summary["init idle " + key] = med([r["idle"][key] for r in inits])

@@ -4,7 +4,7 @@ The time itself is measured on the GPU machine (bench/gpu_teardown.py, its step 
 bench/RESULTS.md section 5); these tests pin the structure the time rests on, so a later
 change cannot quietly put work back in front of the signals:
 - before its first SIGTERM the agent has imported only what signalling needs: the health
-  pass, the settle window, the verdict, ping, subprocess and typing come after (they
+  pass, the settle window, the verdict, ping, subprocess, shutil and typing come after (they
   then run while the driver releases the targets' memory, 0.3 s and more);
 - the agent bundle is built on the feeding thread after the spawn, and a bundle that cannot be
   built stops the call with one clear error and nothing done on the host;
@@ -57,9 +57,11 @@ from agent.cli import main
 sys.exit(main(json.loads(sys.argv[1])))
 """
 
-# (shutil is not among them: argparse imports it for its help formatter)
+# shutil (with bz2 and lzma) too: plan and gpuinfo import it only to look a program up, and the
+# agent's argparse formatter finds the terminal width without it
 AFTER_THE_SIGNALS = ("agent.checkup", "agent.settle", "agent.verify", "agent.health", "agent.xid", "agent.mps",
-                     "agent.mig", "agent.ping", "subprocess", "typing", "platform", "getpass", "base64")
+                     "agent.mig", "agent.ping", "subprocess", "typing", "platform", "getpass", "base64", "shutil",
+                     "bz2", "lzma")
 
 
 def host(ps, **keys):
@@ -282,3 +284,23 @@ def test_the_operator_reads_not_started_when_the_agent_is_incomplete(ps, monkeyp
     assert teardown_view.report("local", result) == (
         "== local: NOT STARTED: the agent lacks module(s) verify (a broken bundle) (nothing was signalled)")
     assert all(alive(p) for p in [parent, *workers])
+
+
+def test_the_agents_help_is_argparses_own_at_the_terminal_width_without_shutil(monkeypatch):
+    import argparse
+
+    from scripts.agent import cli
+
+    def teardown_help(formatter):
+        parser = cli.build_parser("teardown")
+        sub = parser._subparsers._group_actions[0].choices["teardown"]
+        sub.formatter_class = formatter
+        return sub.format_help()
+
+    for columns in ("52", "131"):
+        monkeypatch.setenv("COLUMNS", columns)
+        ours = teardown_help(cli.HelpFormatter)
+        assert ours == teardown_help(argparse.HelpFormatter)  # the stock one asks shutil for the width
+        assert max(len(line) for line in ours.splitlines()) > int(columns) - 20  # wrapped at that width
+    monkeypatch.setenv("COLUMNS", "not-a-number")
+    assert cli.terminal_columns() >= 1  # a bad COLUMNS falls back to the terminal, else 80

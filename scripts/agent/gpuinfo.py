@@ -14,7 +14,6 @@ import contextlib
 import glob
 import json
 import os
-import shutil
 import sys
 import threading
 import time
@@ -114,6 +113,7 @@ class SmiSource:
     name = "nvidia-smi"
 
     def __init__(self):
+        import shutil  # here, not at the top: shutil (bz2, lzma) would cost every teardown's start ~3 ms
         if not shutil.which("nvidia-smi"):
             raise FileNotFoundError("nvidia-smi not on PATH")
 
