@@ -132,8 +132,8 @@ def terminal_columns():
     except ValueError:
         pass
     try:
-        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80
-    except (AttributeError, ValueError, OSError):
+        return os.get_terminal_size(sys.__stdout__.fileno()).columns or 80  # type: ignore[union-attr]
+    except (AttributeError, ValueError, OSError):  # no stdout, or not a terminal
         return 80
 
 
