@@ -159,8 +159,9 @@ def breakdown(pivots):
         "Enter -> agent started (CLI start, invoke, the agent's interpreter and imports)":
             summary([r["enter_to_agent_started_s"] for r in pivots]),
         "agent started -> SIGTERM sent (lock, /proc scan, plan)": _step(pivots, "sigterm_s"),
-        "SIGTERM sent -> every target gone (the driver's release)": _step(pivots, "targets_gone_s", "sigterm_s"),
-        "targets gone -> every GPU reads free (NVML)": _step(pivots, "free_at_s", "targets_gone_s"),
+        "SIGTERM sent -> every target in its exit (signal delivery)": _step(pivots, "targets_exiting_s", "sigterm_s"),
+        "targets in their exit -> every GPU reads free (the driver's release)":
+            _step(pivots, "free_at_s", "targets_exiting_s"),
         "GPUs read free -> FREED confirmed (full /proc holder scan)": _step(pivots, "confirmed_s", "free_at_s"),
     }
 

@@ -19,7 +19,7 @@ import sys
 
 import pytest
 
-from scripts.agent import scan
+from scripts.agent import procfs, scan
 from scripts.agent.devices import DeviceError, DeviceSet
 from scripts.hostconfig import build_host
 from scripts.transport import call_agent
@@ -136,6 +136,9 @@ def test_thread_with_its_own_fd_table(ps):
 def test_live_thread_of_a_zombie_leader(ps):
     pid = holder(ps, "zombie-leader", ps.devdir / "nvidia0")
     wait_for(lambda: state(pid) == "Z", "leader to exit")
+    start = procfs.start_time(pid)
+    assert procfs.read_stat(pid)["flags"] & procfs.PF_EXITING  # the leader is in its exit ...
+    assert not procfs.exiting(pid, start)  # ... but its live thread runs: a teardown still waits for it
     assert_seen_then_freed(ps, pid, str(ps.devdir / "nvidia0"))
 
 

@@ -9,6 +9,11 @@ is stat()-ed from the kernel's cached attributes (statx AT_STATX_DONT_SYNC, agen
 which never asks the server; and a process that outlives SIGKILL (stuck in such a call) is
 named by the CLI instead of waited for. The hung mount is real: a FUSE server speaking the kernel protocol that stops
 answering once its file is opened. Root and /dev/fuse are needed; elsewhere these skip.
+
+The same mount makes a process that is stuck in its own exit (its close of the hung file
+waits on the server, uninterruptibly, with a fake GPU still open behind it): the teardown
+leaves a target in its exit to finish (no SIGKILL, no grace waited out) and still never
+calls the GPU free while the source counts its memory.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from pathlib import Path
 import pytest
 
 from scripts import transport
-from scripts.agent import devices, fdstat, procscan
+from scripts.agent import devices, fdstat, procfs, procscan
 from scripts.hostconfig import build_host
 from scripts.route import HostTimedOut
 from scripts.transport import call_agent
@@ -73,6 +78,28 @@ def _mounted(server, ready):
              "the FUSE mount", timeout=20)
     if server.poll() is not None:
         pytest.skip(f"cannot mount FUSE here: {server.stderr.read().strip()[-200:]}")
+
+
+@pytest.fixture
+def hung_fuse(tmp_path):
+    """A FUSE mount whose server stops answering once its file is opened; yields (server,
+    mount point, ready file, [processes to end]). The server is killed first at the end."""
+    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
+        pytest.skip("needs root and /dev/fuse to mount a FUSE filesystem")
+    mnt, ready = tmp_path / "mnt", tmp_path / "ready"
+    mnt.mkdir()
+    server = subprocess.Popen([sys.executable, str(HERE / "hung_fuse.py"), str(mnt), str(ready)],
+                              stderr=subprocess.PIPE, text=True)
+    started: list = [server]
+    try:
+        _mounted(server, ready)
+        yield server, mnt, ready, started
+    finally:
+        for proc in started:
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
 
 
 @pytest.fixture
@@ -169,6 +196,53 @@ def test_an_agent_that_outlives_sigkill_is_named_and_the_cli_does_not_wait_for_i
     pid = int(text.split(" pid ")[1].split()[0])
     assert procscan.basic(pid)["state"] == "D"  # it really is stuck in the kernel, as the line says
     assert waited < 2 + transport.KILL_WAIT_S + 3  # the CLI gave up on it instead of hanging too
+
+
+# Holds the hung file at fd 3 and a (fake) GPU at fd 4, and declares GPU memory as a sandbox
+# worker does: when it exits, the kernel closes fd 3 first and that close waits on the FUSE
+# server for ever (a forced FLUSH), so it stays in its exit with the GPU still open.
+STUCK_IN_EXIT = r"""
+import json, os, sys, time
+fuse_file, dev, memdir = sys.argv[1:4]
+fd = os.open(fuse_file, os.O_RDONLY)
+gpu = os.open(dev, os.O_RDWR)
+with open("/proc/self/stat") as f:
+    start = int(f.read().rsplit(")", 1)[1].split()[19])
+with open(os.path.join(memdir, "%d.json" % os.getpid()), "w") as f:
+    json.dump({"gpu": 0, "mib": 4096, "start_time": start}, f)
+print("holding", fd, gpu, flush=True)
+time.sleep(300)
+"""
+
+
+def test_a_target_stuck_in_its_exit_is_not_sigkilled_nor_waited_for_nor_called_free(hung_fuse, ps):
+    server, mnt, ready, started = hung_fuse
+    script = ps.base / "stuck_exit_server.py"
+    script.write_text(STUCK_IN_EXIT)
+    target = subprocess.Popen([sys.executable, str(script), str(mnt / "f"), str(ps.devdir / "nvidia0"),
+                               str(ps.memdir)], stdout=subprocess.PIPE, text=True)
+    started.append(target)
+    assert target.stdout.readline().split() == ["holding", "3", "4"]
+    assert ready.read_text() == "opened"
+    start = procfs.start_time(target.pid)
+    keys = dict(scenario.host_keys(ps), TARGETS=r"stuck_exit_server\.py")
+    host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
+    t0 = time.monotonic()
+    result = call_agent(host, "teardown", ["--grace", "20", "--timeout", "2", "--settle", "0.5"], deadline_s=60)
+    took = time.monotonic() - t0
+    doc = result.doc
+    assert result.code != 0 and doc["verdict"] == "not free", (result.code, doc.get("problems"))
+    assert [a["signal"] for a in doc["actions"] if a["pid"] == target.pid] == ["SIGTERM"]  # no SIGKILL
+    assert took < 15, took  # the 20 s grace was not waited out for a process already in its exit
+    assert doc["timings"]["targets_exiting_s"] is not None
+    stuck = [s for s in doc["stuck"] if s["pid"] == target.pid]
+    assert stuck and stuck[0]["state"] == "D", doc["stuck"]  # named, with why
+    # the kernel's view behind those words: alive, in its exit, its fd table already detached
+    assert procfs.same_process(target.pid, start) and procfs.exiting(target.pid, start)
+    assert os.listdir(f"/proc/{target.pid}/fd") == []
+    server.kill()  # aborts the connection: the close returns and the exit ends
+    target.wait(30)
+    assert not procfs.same_process(target.pid, start)
 
 
 def _fd_of(pid, suffix):

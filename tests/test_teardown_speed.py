@@ -59,7 +59,7 @@ def test_free_at_is_streamed_at_free_at_and_reported_apart_from_settled(ps):
     assert len(freed) == 1 and freed[0][1]["free_at_s"] == doc["free_at_s"]
     assert ended - freed[0][0] >= 0.8  # it came at free-at, while the window was still running
     t = doc["timings"]
-    assert t["sigterm_s"] <= t["targets_gone_s"] <= t["free_at_s"] <= t["settled_at_s"]
+    assert t["sigterm_s"] <= t["targets_exiting_s"] <= t["free_at_s"] <= t["settled_at_s"]
 
 
 def _cli(env, *args):
@@ -188,3 +188,31 @@ def test_bytecode_is_used_only_with_the_same_magic():
     assert ping(script.replace(magic, b"_CODE_MAGIC = b'XXXX'", 1)) == 42  # another Python's: the source
     # the bytecode came from this interpreter's own cache, checked as an import checks it
     assert bundle.cached_code(bundle.AGENT_DIR / "teardown.py") is not None
+
+
+def _fake_proc(tmp_path, pid, start, threads):
+    """A /proc with one process: `threads` = [(tid, state, flags)], the leader's first."""
+    def stat_line(tid, state, flags):
+        fields = [state, "1", str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 10 + [str(len(threads)), "0",
+                                                                                      str(start)]
+        return "%d (py) %s\n" % (tid, " ".join(fields))
+    for tid, st, flags in threads:
+        d = tmp_path / str(pid) / "task" / str(tid)
+        d.mkdir(parents=True)
+        (d / "stat").write_text(stat_line(tid, st, flags))
+    leader = threads[0]
+    (tmp_path / str(pid) / "stat").write_text(stat_line(pid, leader[1], leader[2]))
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize("threads, in_exit", [
+    ([(40, "R", 0), (41, "S", 0)], False),                                           # running
+    ([(40, "D", procfs.PF_EXITING), (41, "D", procfs.PF_EXITING)], True),             # killed: every thread exiting
+    ([(40, "Z", procfs.PF_EXITING), (41, "R", 0)], False),                           # pthread_exit leader, live thread
+    ([(40, "D", procfs.PF_EXITING), (41, "S", 0), (42, "D", procfs.PF_EXITING)], False),  # one thread not yet
+])
+def test_a_process_is_in_its_exit_only_when_every_thread_is(tmp_path, threads, in_exit):
+    proc = _fake_proc(tmp_path, 40, 777, threads)
+    assert procfs.exiting(40, 777, proc) is in_exit
+    assert procfs.exiting(40, 778, proc) is True  # another start time: the target is gone (pid reused)
+    assert procfs.exiting(41, 777, proc) is True  # no such process: gone

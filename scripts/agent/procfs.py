@@ -46,6 +46,38 @@ def finished(stat):
     return stat["state"] in ("Z", "X") and stat["threads"] <= 1
 
 
+PF_EXITING = 0x4  # a task flag (stat field 9): the thread is in the kernel's exit path
+
+
+def exiting(pid, start, proc=PROC):
+    """True when (pid, start) has exited, or every thread of it is in the kernel's exit path
+    (PF_EXITING): it runs none of its own code any more - it cannot fork, respawn, or open a
+    GPU again - and what it holds is being released. Why a teardown needs it: a CUDA
+    process's GPU memory is released while it exits, ~0.1 s before its last thread is gone
+    (2xH200, bench/exit_probe.py: NVML reads 0 at 0.57 s, the thread group is gone at 0.67 s),
+    and waiting for the reaping before looking at the GPUs made FREED that much later. Not
+    exiting: any thread still running its code (a leader that called pthread_exit while the
+    others work on, a server handling SIGTERM itself). Whether the GPU is free is never
+    decided here: the settle window's NVML read and /proc holder scan decide that."""
+    stat = read_stat(pid, proc)
+    if stat is None or stat["start_time"] != start or finished(stat):
+        return True
+    if not stat["flags"] & PF_EXITING:
+        return False  # its leader runs: one read, the usual answer while a target lives
+    try:
+        tids = os.listdir("%s/%d/task" % (proc, pid))
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False  # cannot tell: it counts as running
+    threads = "%s/%d/task" % (proc, pid)
+    for tid in tids:
+        task = read_stat(int(tid), threads)
+        if task is not None and not task["flags"] & PF_EXITING:
+            return False
+    return True
+
+
 def same_process(pid, start, proc=PROC):
     """True while (pid, start) still names a live process (not one that has exited)."""
     stat = read_stat(pid, proc)

@@ -1,4 +1,4 @@
-"""After the targets are gone: wait for the GPUs to read free, then keep watching.
+"""After the targets are gone or in their exit: wait for the GPUs to read free, then keep watching.
 
 Why a settle window: a supervisor (`while true; do python3 -m sglang.launch_server; done`,
 a Restart=always unit we could not stop through systemd, a cron job) restarts the server
@@ -16,10 +16,14 @@ makes the verdict "not free" too. It is reported, never signalled (it was not in
 `on_free` is called at free-at so the operator sees it then; the verdict stays the
 window's: a respawn inside it still makes the teardown "not free".
 
-Until free-at, the driver is what is waited on: it frees a context's memory 0.1-0.3 s
-after its process exits, so the source's quick read (NVML memory and compute processes,
-gpuinfo.until_reads_free) is polled every 2 ms and the full scan (/proc holders: tens of
-ms on a busy host) runs when it reads free, or every FAST_WAIT_MAX_S regardless.
+Until free-at, the driver is what is waited on: it frees a CUDA process's memory during its
+exit (on 2xH200 ~0.1 s before the last thread is gone, bench/exit_probe.py), which is why
+the window starts once every target is in its exit (procfs.exiting), not once it is reaped.
+The source's quick read (NVML memory and compute processes, gpuinfo.until_reads_free) is
+polled every 2 ms and the full scan (/proc holders: tens of ms on a busy host) runs when it
+reads free, or every FAST_WAIT_MAX_S regardless. A target still exiting holds nothing the
+scan can see once its fd table is detached (the kernel does that before closing the files;
+until then the scan sees its device fds and it is not free).
 """
 import re
 import time
@@ -100,7 +104,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
     respawned: dict = {}
     first_free: dict = {}  # the first free stretch's steps, for the teardown's timings
     while True:
-        if free_at is None and not targets.alive(targets.added):
+        if free_at is None and not targets.running(targets.added):
             gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + args.timeout -
                                                                                  time.monotonic())))
         scanned_at = time.monotonic()
@@ -123,7 +127,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
             problems = problems + ["could not signal pid %s (%s: %s); it was not stopped"
                                    % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
         now = time.monotonic()
-        pending = targets.alive(targets.added)
+        pending = targets.running(targets.added)
         if free and not pending:
             if free_at is None:
                 free_at = scanned_at

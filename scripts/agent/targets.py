@@ -132,6 +132,11 @@ class Targets:
     def alive(self, among=None):
         return [t for t in (self.items if among is None else among) if procfs.same_process(t["pid"], t["start_time"])]
 
+    def running(self, among=None):
+        """Those still running their own code: alive and not in their exit (procfs.exiting).
+        What a teardown waits on and escalates; alive() is what it reports as stuck."""
+        return [t for t in (self.items if among is None else among) if not procfs.exiting(t["pid"], t["start_time"])]
+
     def wait(self, alive, timeout, extra_fds=()):
         """Block until one of `alive` exits, the fork watch's socket (in `extra_fds`) turns
         readable, or `timeout` passes (ExitWaiter.wait)."""
@@ -195,7 +200,7 @@ class Targets:
     def escalate(self, grace_s):
         """SIGKILL adopted descendants that outlived their own grace after SIGTERM."""
         now = time.monotonic()
-        late = [t for t in self.alive(self.added)
+        late = [t for t in self.running(self.added)
                 if key(t) not in self.killed and now - self.term_at.get(key(t), now) >= grace_s]
         if late:
             self.signal(late, signal.SIGKILL, "SIGKILL")

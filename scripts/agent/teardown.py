@@ -3,11 +3,15 @@
 Why this order: every target gets SIGTERM in the same instant so a server
 and its workers shut down together (signalling only the parent leaves workers holding
 memory); the wait wakes on each target's exit (pidfds, targets.py) or fork (the fork
-watch's socket), instead of a fixed sleep or a 50 ms tick; SIGKILL only what outlives the
-grace period. Nothing that can wait runs before the signals: NVML opens on a thread right
-after the SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and
-so are the "running" record, the audit lines, the look for other users' teardowns and even
-the imports of what only runs later (health, settle window, verdict: tests/test_floor_path.py).
+watch's socket), instead of a fixed sleep or a 50 ms tick, and ends once every target is in
+its exit (procfs.exiting: it runs no code of its own any more), not when the last is reaped:
+the driver releases a CUDA process's memory during its exit, ~0.1 s before that on 2xH200
+(bench/exit_probe.py), and the settle window's NVML read and holder scan then say when the
+GPUs are free; SIGKILL only what still runs after the grace period. Nothing that can
+wait runs before the signals: NVML opens on a thread right after the SIGTERM batch (while
+the driver releases the targets' memory, 0.3 s and more), and so are the "running" record,
+the audit lines, the look for other users' teardowns and even the imports of what only
+runs later (health, settle window, verdict: tests/test_floor_path.py).
 Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never
 hit, and only to processes the plan listed (and the operator approved, when a plan was
 shown first) and, as the plan states, the processes those fork meanwhile (targets.py).
@@ -33,6 +37,7 @@ from .targets import Targets
 SETTLE_S = 2.0
 PROGRESS_EVERY_S = 0.5
 PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
+EXIT_LOOK_S = (0.002, 0.05)  # wait_gone: first look for targets in their exit, doubling up to the last
 LATER = ("checkup", "settle", "verify")  # imported only after the signals (execute), checked present before them
 
 
@@ -134,22 +139,30 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
         first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
         rec = audit.log(first, " ".join(argv), _exit_text(proc.returncode, proc.stderr.read()))
         rec["comes_back"] = units.comes_back(item)  # the report says it (teardown_view.verdict_lines)
-        left = targets.alive([targets_by_pid[p] for p in item["pids"] if p in targets_by_pid]) if targets else []
+        left = targets.running([targets_by_pid[p] for p in item["pids"] if p in targets_by_pid]) if targets else []
         if left:
             targets.signal(left, signal.SIGTERM, "SIGTERM")
 
 
-def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wake=None):
-    """Wait until every target is gone or limit_s passes, waking on each exit (pidfd) and
-    each fork (connector socket); adopt and signal what they fork meanwhile (without the
-    connector: a /proc walk every PROC_WALK_EVERY_S, and always before saying none is left);
-    progress lines every half second; `on_wake()` each time it wakes (manager stops that ended)."""
+def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wake=None, until_gone=False):
+    """Wait until no target runs its own code any more (each has exited or every thread of it
+    is in its exit: procfs.exiting; `until_gone`: until each has exited) or limit_s passes,
+    waking on each exit (pidfd), each fork (connector socket), and to look again for targets
+    that entered their exit (which no fd reports): every 2 ms at first, backing off to 50 ms
+    while they live on (a server's own SIGTERM handling). A process in its exit is left to
+    finish: it needs no SIGKILL, and whether the GPUs are free is the settle window's NVML
+    read and holder scan to say (its memory is released during the exit). Adopts and
+    signals what targets fork meanwhile (without the connector: a /proc walk every
+    PROC_WALK_EVERY_S, and always before saying none is left); progress lines every half
+    second; `on_wake()` each time it wakes (manager stops that ended). Returns those still running."""
     t0 = last = time.monotonic()
     watch_fd = targets.watch.fileno() if targets.watch is not None else None
     next_walk = t0 + PROC_WALK_EVERY_S
+    look_again = EXIT_LOOK_S[0]
 
     def current():
-        return targets.alive(None if among is None else among + targets.added)
+        among_now = None if among is None else among + targets.added
+        return targets.alive(among_now) if until_gone else targets.running(among_now)
 
     alive = current()
     while alive:
@@ -160,8 +173,10 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
             last = now
             args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
                                mib_left=_mib_left(source))
-        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S, next_walk if watch_fd is None else t0 + limit_s)
+        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S, now + look_again,
+                   next_walk if watch_fd is None else t0 + limit_s)
         targets.wait(alive, wake - now, [watch_fd])
+        look_again = min(look_again * 2, EXIT_LOOK_S[1])
         if on_wake is not None:
             on_wake()
         alive = current()
@@ -285,8 +300,10 @@ def execute(args, operator, started, source):
         if alive:
             targets.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
-        timings["targets_gone_s"] = None if alive else _since(started)
-        # clients gone: the MPS daemon next
+        timings["targets_exiting_s"] = None if alive else _since(started)
+        # clients gone: the MPS daemon next (told to quit once they have exited, not while they exit)
+        if args.mps == "quit" and not alive:
+            wait_gone(args, targets, min(5.0, args.timeout), source, started, "exit", until_gone=True)
         mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
                     if args.mps == "quit" else [])
         before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
@@ -339,7 +356,7 @@ def unverified(args, targets, started, record, recorder, audit, timings, doc, ex
     if alive:
         targets.signal(alive, signal.SIGKILL, "SIGKILL")
         alive = wait_gone(args, targets, min(5.0, args.timeout), None, started, "sigkill", among=alive)
-    timings["targets_gone_s"] = None if alive else _since(started)
+    timings["targets_exiting_s"] = None if alive else _since(started)
     error = "the agent could not load what checks the GPUs after the signals (%s: %s)" % (type(exc).__name__, exc)
     record.update(state="finished", exit_code=contract.EXIT_UNREACHABLE, verdict="not verified", error=error,
                   problems=[error], actions=audit.records, still_alive=[t["pid"] for t in alive], timings=timings,
