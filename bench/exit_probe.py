@@ -9,6 +9,8 @@ releasing the targets' memory. This probe times, on fresh trees, alternating:
                (what the agent does after its signals)
   kill+watch:  kill+init, and the other process then registers NVML Xid events on every GPU, as
                the agent's health check does during the release (checkup.teardown_start)
+In kill+init and kill+watch that other process then polls its fresh NVML as the agent does
+(memory, and the compute process list) and reports when each first reads empty.
   init idle:   that import + init alone, the tree alive and untouched (before each kill+init)
 For each kill: seconds to every tree process's leader gone (no /proc entry or a zombie), to
 every process exited as the agent sees it (pidfd readable: its whole thread group is gone; a
@@ -44,13 +46,20 @@ t1 = time.monotonic()
 pynvml.nvmlInit()
 t2 = time.monotonic()
 h = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-if sys.argv[1:] == ["watch"]:
+if "watch" in sys.argv[1:]:
     events = pynvml.nvmlEventSetCreate()
     for x in h:
         pynvml.nvmlDeviceRegisterEvents(x, pynvml.nvmlEventTypeXidCriticalError, events)
 [pynvml.nvmlDeviceGetMemoryInfo(x, version=pynvml.nvmlMemory_v2).used for x in h]
 t3 = time.monotonic()
-print("%.4f %.4f %.4f %.4f" % (t0, t1 - t0, t2 - t1, t3 - t2), flush=True)
+mem0 = procs0 = -1.0
+while "poll" in sys.argv[1:] and (mem0 < 0 or procs0 < 0) and time.monotonic() - t0 < 30:
+    if mem0 < 0 and not any(pynvml.nvmlDeviceGetMemoryInfo(x, version=pynvml.nvmlMemory_v2).used for x in h):
+        mem0 = time.monotonic()
+    if procs0 < 0 and not any(pynvml.nvmlDeviceGetComputeRunningProcesses(x) for x in h):
+        procs0 = time.monotonic()
+    time.sleep(0.002)
+print("%.4f %.4f %.4f %.4f %.4f %.4f" % (t0, t1 - t0, t2 - t1, t3 - t2, mem0, procs0), flush=True)
 """
 
 
@@ -62,8 +71,10 @@ def gone(pid: int) -> bool:
         return True
 
 
-def init_child(watch=False):
-    return subprocess.Popen([sys.executable, "-c", INIT_CHILD, *(["watch"] if watch else [])], stdin=subprocess.PIPE,
+def init_child(*flags):
+    """`watch`: also register Xid events; `poll`: then poll until every GPU reads 0 and lists no
+    compute process (what the agent's fresh NVML sees, on the shared monotonic clock)."""
+    return subprocess.Popen([sys.executable, "-c", INIT_CHILD, *flags], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, text=True)
 
 
@@ -99,7 +110,7 @@ def init_idle() -> dict:
     time.sleep(0.3)  # let the interpreter start: only the import and init are timed
     child.stdin.write("go\n")
     child.stdin.flush()
-    _, imp, init, read = map(float, child.stdout.readline().split())
+    _, imp, init, read, _, _ = map(float, child.stdout.readline().split())
     child.wait()
     return {"import_s": imp, "init_s": init, "read_s": read}
 
@@ -114,7 +125,7 @@ def one(workdir, args, n, how):
     with_init = how in ("kill+init", "kill+watch")
     if with_init:
         out["idle"] = init_idle()
-        child = init_child(watch=how == "kill+watch")
+        child = init_child("poll", *(["watch"] if how == "kill+watch" else []))
         time.sleep(0.3)
     sig = signal.SIGTERM if how == "term" else signal.SIGKILL
     clock = ExitClock(list(tree.starts))
@@ -124,8 +135,8 @@ def one(workdir, args, n, how):
     if with_init:
         child.stdin.write("go\n")
         child.stdin.flush()
-    t_gone = t_free = None
-    while t_gone is None or t_free is None:
+    t_gone = t_free = t_procs = None
+    while t_gone is None or t_free is None or t_procs is None:
         now = time.monotonic() - t0
         if now > 60:
             break
@@ -134,12 +145,16 @@ def one(workdir, args, n, how):
         if t_free is None and not any(pynvml.nvmlDeviceGetMemoryInfo(h, version=pynvml.nvmlMemory_v2).used
                                       for h in handles):
             t_free = now
+        if t_procs is None and not any(pynvml.nvmlDeviceGetComputeRunningProcesses(h) for h in handles):
+            t_procs = time.monotonic() - t0
         time.sleep(0.002)
-    out.update(gone_s=t_gone, free_s=t_free, exited_s=clock.seconds_after(t0))
+    out.update(gone_s=t_gone, free_s=t_free, no_procs_s=t_procs, exited_s=clock.seconds_after(t0))
     if with_init:
-        start, imp, init, read = map(float, child.stdout.readline().split())
+        start, imp, init, read, mem0, procs0 = map(float, child.stdout.readline().split())
         child.wait()
-        out["during"] = {"start_after_kill_s": start - t0, "import_s": imp, "init_s": init, "read_s": read}
+        out["during"] = {"start_after_kill_s": start - t0, "import_s": imp, "init_s": init, "read_s": read,
+                         "its_free_s": mem0 - t0 if mem0 > 0 else None,
+                         "its_no_procs_s": procs0 - t0 if procs0 > 0 else None}
     pynvml.nvmlShutdown()
     tree.kill()
     return out
@@ -167,7 +182,10 @@ def main():
     summary = {}
     for how in MODES:
         mine = [r for r in rows if r["how"] == how]
-        summary[how] = {key: med([r[key] for r in mine]) for key in ("gone_s", "exited_s", "free_s")}
+        summary[how] = {key: med([r[key] for r in mine]) for key in ("gone_s", "exited_s", "free_s", "no_procs_s")}
+        if how != "kill" and how != "term":
+            for key in ("its_free_s", "its_no_procs_s"):
+                summary[how]["fresh NVML " + key] = med([r["during"][key] for r in mine])
     inits = [r for r in rows if r["how"] == "kill+init"]
     for key in ("import_s", "init_s", "read_s"):
         summary["init idle " + key] = med([r["idle"][key] for r in inits])

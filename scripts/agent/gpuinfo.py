@@ -192,7 +192,7 @@ def reads_free(source, max_used_mib):
     return all(procs == 0 and (used is None or used <= max_used_mib) for used, procs in usage())
 
 
-FAST_POLL_S = 0.002  # the driver frees memory 0.1-0.3 s after a holder exits: look every 2 ms
+FAST_POLL_S = 0.002  # the driver frees a holder's memory as it exits, 0.3-0.7 s after the signal: look every 2 ms
 
 
 def until_reads_free(source, max_used_mib, limit_s):

@@ -52,13 +52,13 @@ PF_EXITING = 0x4  # a task flag (stat field 9): the thread is in the kernel's ex
 def exiting(pid, start, proc=PROC):
     """True when (pid, start) has exited, or every thread of it is in the kernel's exit path
     (PF_EXITING): it runs none of its own code any more - it cannot fork, respawn, or open a
-    GPU again - and what it holds is being released. Why a teardown needs it: a CUDA
-    process's GPU memory is released while it exits, ~0.1 s before its last thread is gone
-    (2xH200, bench/exit_probe.py: NVML reads 0 at 0.57 s, the thread group is gone at 0.67 s),
-    and waiting for the reaping before looking at the GPUs made FREED that much later. Not
-    exiting: any thread still running its code (a leader that called pthread_exit while the
-    others work on, a server handling SIGTERM itself). Whether the GPU is free is never
-    decided here: the settle window's NVML read and /proc holder scan decide that."""
+    GPU again - and what it holds is being released. Why a teardown needs it: such a process
+    needs no SIGKILL and no grace period waited out (one stuck in its exit, in a driver or on
+    a dead mount, used to cost the whole grace and a useless SIGKILL); the GPUs are then the
+    settle window's to judge. Not exiting: any thread still running its code (a leader that
+    called pthread_exit while the others work on, a server handling SIGTERM itself). Whether
+    the GPU is free is never decided here: NVML's read and the /proc holder scan decide it
+    (NVML lists a CUDA process among the GPU's compute processes until its exit has ended)."""
     stat = read_stat(pid, proc)
     if stat is None or stat["start_time"] != start or finished(stat):
         return True

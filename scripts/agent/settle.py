@@ -16,14 +16,15 @@ makes the verdict "not free" too. It is reported, never signalled (it was not in
 `on_free` is called at free-at so the operator sees it then; the verdict stays the
 window's: a respawn inside it still makes the teardown "not free".
 
-Until free-at, the driver is what is waited on: it frees a CUDA process's memory during its
-exit (on 2xH200 ~0.1 s before the last thread is gone, bench/exit_probe.py), which is why
-the window starts once every target is in its exit (procfs.exiting), not once it is reaped.
+Until free-at, the driver is what is waited on. The window starts once every target is in
+its exit (procfs.exiting), not once the last is reaped, and free still needs every GPU to
+read free AND list no compute process: on 2xH200 (bench/exit_probe.py) a handle opened before
+the kill sees the memory at 0 50-75 ms before the processes have exited, but the compute
+process list (and a handle opened after the signals, as ours is) clears only at the exit.
 The source's quick read (NVML memory and compute processes, gpuinfo.until_reads_free) is
 polled every 2 ms and the full scan (/proc holders: tens of ms on a busy host) runs when it
-reads free, or every FAST_WAIT_MAX_S regardless. A target still exiting holds nothing the
-scan can see once its fd table is detached (the kernel does that before closing the files;
-until then the scan sees its device fds and it is not free).
+reads free, or every FAST_WAIT_MAX_S regardless; a target still in its exit whose fd table
+is not yet detached is a holder the scan sees.
 """
 import re
 import time

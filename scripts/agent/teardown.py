@@ -4,10 +4,9 @@ Why this order: every target gets SIGTERM in the same instant so a server
 and its workers shut down together (signalling only the parent leaves workers holding
 memory); the wait wakes on each target's exit (pidfds, targets.py) or fork (the fork
 watch's socket), instead of a fixed sleep or a 50 ms tick, and ends once every target is in
-its exit (procfs.exiting: it runs no code of its own any more), not when the last is reaped:
-the driver releases a CUDA process's memory during its exit, ~0.1 s before that on 2xH200
-(bench/exit_probe.py), and the settle window's NVML read and holder scan then say when the
-GPUs are free; SIGKILL only what still runs after the grace period. Nothing that can
+its exit (procfs.exiting: it runs no code of its own any more), not when the last is reaped;
+the settle window's NVML read and holder scan then say when the GPUs are free. SIGKILL
+only what still runs after the grace period (never one already in its exit). Nothing that can
 wait runs before the signals: NVML opens on a thread right after the SIGTERM batch (while
 the driver releases the targets' memory, 0.3 s and more), and so are the "running" record,
 the audit lines, the look for other users' teardowns and even the imports of what only
