@@ -236,7 +236,8 @@ def test_a_target_stuck_in_its_exit_is_not_sigkilled_nor_waited_for_nor_called_f
     assert took < 15, took  # the 20 s grace was not waited out for a process already in its exit
     assert doc["timings"]["targets_exiting_s"] is not None
     stuck = [s for s in doc["stuck"] if s["pid"] == target.pid]
-    assert stuck and stuck[0]["state"] == "D", doc["stuck"]  # named, with why
+    assert stuck and stuck[0]["state"] == "D" and stuck[0]["in_exit"], doc["stuck"]  # named, with why
+    assert "in its exit" in stuck[0]["why"] and "SIGKILL" not in stuck[0]["why"]
     # the kernel's view behind those words: alive, in its exit, its fd table already detached
     assert procfs.same_process(target.pid, start) and procfs.exiting(target.pid, start)
     assert os.listdir(f"/proc/{target.pid}/fd") == []

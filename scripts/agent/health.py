@@ -172,17 +172,18 @@ def gpus_of(holder, indices):
 
 
 def stuck_findings(stuck, indices):
-    """{gpu: [(verdict, reason)]} for targets that outlived SIGKILL (teardown.stuck_report rows)."""
+    """{gpu: [(verdict, reason)]} for targets that did not end (teardown.stuck_report rows:
+    after SIGKILL, or stuck in their exit, where no SIGKILL is sent)."""
     out: dict = {}
     for s in stuck:
+        how = "is stuck in its exit" if s.get("in_exit") else "outlived SIGKILL"
         if s.get("state") == "D":
-            reason = ("pid %s (%s) is stuck in the kernel (state D, wchan %s) and outlived SIGKILL: a GPU reset "
-                      "needs it gone, so only a reboot frees this GPU" % (s["pid"], (s.get("cmdline") or "")[:60],
-                                                                           s.get("wchan") or wchan(s["pid"])))
+            reason = ("pid %s (%s) is stuck in the kernel (state D, wchan %s) and %s: a GPU reset needs it gone, "
+                      "so only a reboot frees this GPU" % (s["pid"], (s.get("cmdline") or "")[:60],
+                                                           s.get("wchan") or wchan(s["pid"]), how))
             verdict_ = REBOOT
         else:
-            reason = "pid %s (%s) outlived SIGKILL in state %s" % (s["pid"], (s.get("cmdline") or "")[:60],
-                                                                  s.get("state"))
+            reason = "pid %s (%s) %s in state %s" % (s["pid"], (s.get("cmdline") or "")[:60], how, s.get("state"))
             verdict_ = UNKNOWN
         for g in gpus_of(s, indices):
             out.setdefault(g, []).append((verdict_, reason))

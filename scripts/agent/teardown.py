@@ -188,18 +188,24 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
 
 
 def stuck_report(alive, doc):
-    """Targets that outlived SIGKILL: state D means stuck in the driver."""
+    """Targets that did not end: after SIGKILL, or already in their exit (procfs.exiting: no
+    SIGKILL is sent to those, it would change nothing). State D means stuck in the driver."""
     holders = {h["pid"]: h for h in doc.get("holders", [])}
     out = []
     for t in alive:
         stat = procfs.read_stat(t["pid"]) or {}
         h = holders.get(t["pid"], {})
         state = stat.get("state", "?")
-        out.append({"pid": t["pid"], "state": state, "cmdline": t["cmdline"],
+        in_exit = procfs.exiting(t["pid"], t["start_time"])
+        if state == "D":
+            why = ("stuck in the driver (state D, uninterruptible%s): a kill takes effect only when the driver "
+                   "call returns; if it never does, the GPU needs a reset or the host a reboot"
+                   % (", in its exit" if in_exit else ""))
+        else:
+            why = ("still in its exit (state %s)" if in_exit else "still alive after SIGKILL (state %s)") % state
+        out.append({"pid": t["pid"], "state": state, "cmdline": t["cmdline"], "in_exit": in_exit,
                     "gpu_mib": h.get("gpu_mib") or t["gpu_mib"], "devices": h.get("devices") or t["devices"],
-                    "why": "stuck in the driver (state D, uninterruptible): SIGKILL takes effect only when the "
-                           "driver call returns; if it never does, the GPU needs a reset or the host a reboot"
-                    if state == "D" else "still alive after SIGKILL (state %s)" % state})
+                    "why": why})
     return out
 
 
