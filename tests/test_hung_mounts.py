@@ -46,30 +46,16 @@ STUCK = "#!/bin/sh\nexec cat %s\n"
 
 
 @pytest.fixture
-def hung_holder(tmp_path):
+def hung_holder(hung_fuse):
     """A process holding a file open on a FUSE mount that no longer answers; yields its pid.
-    Teardown: the FUSE server is killed first (that aborts the connection and frees anything
-    waiting on it), then the holder, then the mount is detached."""
-    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root and /dev/fuse to mount a FUSE filesystem")
-    mnt, ready = tmp_path / "mnt", tmp_path / "ready"
-    mnt.mkdir()
-    server = subprocess.Popen([sys.executable, str(HERE / "hung_fuse.py"), str(mnt), str(ready)],
-                              stderr=subprocess.PIPE, text=True)
-    started: list = [server]
-    try:
-        _mounted(server, ready)
-        holder = subprocess.Popen([sys.executable, "-c", HOLD, str(mnt / "f")], stdout=subprocess.PIPE, text=True)
-        started.append(holder)
-        assert holder.stdout.readline().strip() == "open"
-        assert ready.read_text() == "opened"  # from here on, a stat() of that file never returns
-        yield holder.pid, started, mnt
-    finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+    Teardown (hung_fuse's): the FUSE server is killed first (that aborts the connection and
+    frees anything waiting on it), then the holder, then the mount is detached."""
+    _, mnt, ready, started = hung_fuse
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(mnt / "f")], stdout=subprocess.PIPE, text=True)
+    started.append(holder)
+    assert holder.stdout.readline().strip() == "open"
+    assert ready.read_text() == "opened"  # from here on, a stat() of that file never returns
+    yield holder.pid, started, mnt
 
 
 def _mounted(server, ready):
