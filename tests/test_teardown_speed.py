@@ -59,7 +59,7 @@ def test_free_at_is_streamed_at_free_at_and_reported_apart_from_settled(ps):
     assert len(freed) == 1 and freed[0][1]["free_at_s"] == doc["free_at_s"]
     assert ended - freed[0][0] >= 0.8  # it came at free-at, while the window was still running
     t = doc["timings"]
-    assert t["sigterm_s"] <= t["targets_exiting_s"] <= t["free_at_s"] <= t["settled_at_s"]
+    assert t["sigterm_s"] <= t["targets_exiting_s"] <= t["targets_gone_s"] <= t["free_at_s"] <= t["settled_at_s"]
 
 
 def _cli(env, *args):

@@ -64,18 +64,20 @@ def exiting(pid, start, proc=PROC):
         return True
     if not stat["flags"] & PF_EXITING:
         return False  # its leader runs: one read, the usual answer while a target lives
+    threads = "%s/%d/task" % (proc, pid)
     try:
-        tids = os.listdir("%s/%d/task" % (proc, pid))
+        tids = sorted(os.listdir(threads))
+        for tid in tids:
+            task = read_stat(int(tid), threads)
+            if task is None or not task["flags"] & PF_EXITING:
+                return False  # running, or gone under us: not sure, and the next look decides
+        # A thread listed, read as exiting, then gone may have started another first (a relay
+        # of short-lived threads: found by a red team): only the same threads twice will do.
+        return sorted(os.listdir(threads)) == tids
     except FileNotFoundError:
         return True
     except OSError:
         return False  # cannot tell: it counts as running
-    threads = "%s/%d/task" % (proc, pid)
-    for tid in tids:
-        task = read_stat(int(tid), threads)
-        if task is not None and not task["flags"] & PF_EXITING:
-            return False
-    return True
 
 
 def same_process(pid, start, proc=PROC):

@@ -185,17 +185,51 @@ def mapped_by_identity(pid, needles, proc=PROC):
     /proc/PID/maps shows for each mapping - not by its path text, so a mapping made through a
     hard link or under another name still counts, and so does one whose fd was closed.
     `needles`: {b' MAJ:MIN INODE ': device}. Returns a sorted list, or None if unreadable."""
-    try:
-        with open("%s/%d/maps" % (proc, pid), "rb") as f:
-            data = f.read()
-    except (FileNotFoundError, ProcessLookupError):
-        return []
-    except OSError:
+    data = _maps(pid, proc)
+    if data is None:
         return None
     if not any(needle in data for needle in needles):  # the common case, at memchr speed
         return []
     by_key = {needle.strip(): name for needle, name in needles.items()}
     return sorted({by_key[m.group(1)] for m in _maps_pattern(tuple(sorted(by_key))).finditer(data)})
+
+
+def _maps(pid, proc=PROC):
+    """The process's /proc maps: its leader's, or - when those read empty while threads live
+    on (a leader that exited first: its own maps are empty, its threads still share the
+    mappings; found by a red team) - a live thread's. b"" when it maps nothing; None when it
+    could not be read (threads that kept exiting under us, three listings running, count as
+    not inspected rather than as mapping nothing)."""
+    try:
+        data = _read("%s/%d/maps" % (proc, pid))
+    except (FileNotFoundError, ProcessLookupError):
+        return b""
+    except OSError:
+        return None
+    if data:
+        return data
+    task = "%s/%d/task" % (proc, pid)
+    for _ in range(3):
+        try:
+            tids = [t for t in os.listdir(task) if t != str(pid)]
+        except (FileNotFoundError, ProcessLookupError):
+            return b""
+        except OSError:
+            return None
+        vanished = False
+        for tid in tids:
+            try:
+                data = _read("%s/%s/maps" % (task, tid))
+            except (FileNotFoundError, ProcessLookupError):
+                vanished = True
+                continue
+            except OSError:
+                return None
+            if data:
+                return data
+        if not vanished:
+            return b""  # no thread left, or every one maps nothing: its memory is gone
+    return None
 
 
 def _maps_pattern(keys):

@@ -1,4 +1,4 @@
-"""After the targets are gone or in their exit: wait for the GPUs to read free, then keep watching.
+"""After the targets are gone: wait for the GPUs to read free, then keep watching.
 
 Why a settle window: a supervisor (`while true; do python3 -m sglang.launch_server; done`,
 a Restart=always unit we could not stop through systemd, a cron job) restarts the server
@@ -16,15 +16,16 @@ makes the verdict "not free" too. It is reported, never signalled (it was not in
 `on_free` is called at free-at so the operator sees it then; the verdict stays the
 window's: a respawn inside it still makes the teardown "not free".
 
-Until free-at, the driver is what is waited on. The window starts once every target is in
-its exit (procfs.exiting), not once the last is reaped, and free still needs every GPU to
-read free AND list no compute process: on 2xH200 (bench/exit_probe.py) a handle opened before
-the kill sees the memory at 0 50-75 ms before the processes have exited, but the compute
-process list (and a handle opened after the signals, as ours is) clears only at the exit.
-The source's quick read (NVML memory and compute processes, gpuinfo.until_reads_free) is
-polled every 2 ms and the full scan (/proc holders: tens of ms on a busy host) runs when it
-reads free, or every FAST_WAIT_MAX_S regardless; a target still in its exit whose fd table
-is not yet detached is a holder the scan sees.
+Until free-at, the driver is what is waited on. Free needs every GPU to read free AND list no
+compute process, no holder in the /proc scan, AND every target (adopted ones included) to
+have exited: on 2xH200 (bench/exit_probe.py) the compute process list clears only with the
+exit, and a process stuck in its exit can still have a GPU open after its fd table is
+detached, where no scan sees it (a red team's find, on a host without NVML). The teardown
+waits for that exit on the pidfds before this window starts; a target that has still not
+exited when the window runs out makes the verdict "not free", with why. The source's quick
+read (NVML memory and compute processes, gpuinfo.until_reads_free) is polled every 2 ms and
+the full scan (/proc holders: tens of ms on a busy host) runs when it reads free, or every
+FAST_WAIT_MAX_S regardless.
 """
 import re
 import time
@@ -89,12 +90,15 @@ def _respawns(doc, targets, args, patterns, known):
     return out
 
 
-def watch(args, source, targets, started, before=(), on_poll=None, on_free=None):
-    """Poll until free for args.settle seconds, or args.timeout passes, or something that
-    is not ours holds a GPU for a whole window. `before`: (pid, start) of the holders the
-    plan already saw (left alone or out of scope: not "appeared"). `on_free(free_at_s)` is
-    called each time a free stretch begins. Returns a dict."""
+def watch(args, source, targets, started, before=(), on_poll=None, on_free=None, timeout_s=None):
+    """Poll until free for args.settle seconds, or timeout_s (default args.timeout) passes, or
+    something that is not ours holds a GPU for a whole window. Free also needs every target,
+    adopted ones included, to have exited (not only to be in its exit: see the module's
+    docstring). `before`: (pid, start) of the holders the plan already saw (left alone or out
+    of scope: not "appeared"). `on_free(free_at_s)` is called each time a free stretch
+    begins. Returns a dict."""
     t0 = time.monotonic()
+    timeout = args.timeout if timeout_s is None else timeout_s
     scans = 0
     free_at = None
     appeared = {}
@@ -105,14 +109,15 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
     respawned: dict = {}
     first_free: dict = {}  # the first free stretch's steps, for the teardown's timings
     while True:
-        if free_at is None and not targets.running(targets.added):
-            gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + args.timeout -
+        if free_at is None and not targets.alive(targets.items + targets.added):
+            gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + timeout -
                                                                                  time.monotonic())))
         scanned_at = time.monotonic()
         doc = scan.collect(args, source)
         scans += 1
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
+        targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
         for k, rec in _respawns(doc, targets, args, patterns, set(respawned) | before).items():
             respawned[k] = rec
             first_foreign = first_foreign or time.monotonic()
@@ -128,7 +133,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
             problems = problems + ["could not signal pid %s (%s: %s); it was not stopped"
                                    % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
         now = time.monotonic()
-        pending = targets.running(targets.added)
+        pending = targets.alive(targets.items + targets.added)
         if free and not pending:
             if free_at is None:
                 free_at = scanned_at
@@ -144,7 +149,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
         # also when free but an adopted process will not die (state D); a free stretch already
         # begun is watched to its whole window even past --timeout (cut short, a respawn at 1 s
         # of a 5 s window went unseen: found by a red team)
-        if now - t0 >= args.timeout and free_at is None:
+        if now - t0 >= timeout and free_at is None:
             break
         if first_foreign and not pending and now - first_foreign >= args.settle:
             free = False
@@ -157,6 +162,11 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None)
     live_appeared = [a for k, a in appeared.items() if k in holding]
     listed = {k for k in appeared if k in holding}
     live_appeared += [r for k, r in respawned.items() if k not in listed and procfs.same_process(*k)]
+    if pending and free:  # the window ran out with a target not yet exited: no holder seen is not enough
+        free = False
+        problems = problems + ["pid %d (%s) has not exited (%s)" % (
+            t["pid"], (t.get("cmdline") or "")[:60],
+            "in its exit" if procfs.exiting(t["pid"], t["start_time"]) else "still running") for t in pending]
     return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
             "scans": scans, "first_free": first_free,
             "free_at_s": None if free_at is None else round(free_at - started, 3),

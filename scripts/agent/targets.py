@@ -197,10 +197,11 @@ class Targets:
                 out[(pid, info["start_time"])] = parent
         return out
 
-    def escalate(self, grace_s):
-        """SIGKILL adopted descendants that outlived their own grace after SIGTERM."""
+    def escalate(self, grace_s, among=None):
+        """SIGKILL those of `among` (default: the adopted descendants) that still run their
+        own code grace_s after their SIGTERM."""
         now = time.monotonic()
-        late = [t for t in self.running(self.added)
+        late = [t for t in self.running(self.added if among is None else among)
                 if key(t) not in self.killed and now - self.term_at.get(key(t), now) >= grace_s]
         if late:
             self.signal(late, signal.SIGKILL, "SIGKILL")

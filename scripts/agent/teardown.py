@@ -3,10 +3,11 @@
 Why this order: every target gets SIGTERM in the same instant so a server
 and its workers shut down together (signalling only the parent leaves workers holding
 memory); the wait wakes on each target's exit (pidfds, targets.py) or fork (the fork
-watch's socket), instead of a fixed sleep or a 50 ms tick, and ends once every target is in
-its exit (procfs.exiting: it runs no code of its own any more), not when the last is reaped;
-the settle window's NVML read and holder scan then say when the GPUs are free. SIGKILL
-only what still runs after the grace period (never one already in its exit). Nothing that can
+watch's socket), instead of a fixed sleep or a 50 ms tick. SIGKILL only what still runs its
+own code after the grace period: a target in its exit (procfs.exiting) needs none and its
+grace is not waited out; its exit itself is then waited for on the pidfds (no signal speeds
+it, and free needs it), and the settle window's NVML read and holder scan say when the GPUs
+are free. Nothing that can
 wait runs before the signals: NVML opens on a thread right after the SIGTERM batch (while
 the driver releases the targets' memory, 0.3 s and more), and so are the "running" record,
 the audit lines, the look for other users' teardowns and even the imports of what only
@@ -306,9 +307,16 @@ def execute(args, operator, started, source):
             targets.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
         timings["targets_exiting_s"] = None if alive else _since(started)
-        # clients gone: the MPS daemon next (told to quit once they have exited, not while they exit)
-        if args.mps == "quit" and not alive:
-            wait_gone(args, targets, min(5.0, args.timeout), source, started, "exit", until_gone=True)
+        # Then the exit itself, on the pidfds: no signal speeds it, and free needs it (NVML lists
+        # a process until its exit has ended; a process stuck in its exit may still hold a GPU
+        # open with its fds no longer visible: a red team's find). A target that runs after all
+        # (one procfs.exiting could not see for what it is) gets SIGKILL here once its grace is over.
+        exit_wait = time.monotonic()
+        if not alive:
+            wait_gone(args, targets, args.timeout, source, started, "exit", until_gone=True,
+                      on_wake=lambda: targets.escalate(args.grace, among=targets.items))
+        timings["targets_gone_s"] = None if targets.alive(targets.items + targets.added) else _since(started)
+        # clients gone: the MPS daemon next
         mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
                     if args.mps == "quit" else [])
         before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
@@ -319,7 +327,8 @@ def execute(args, operator, started, source):
 
         result = settle.watch(args, source, targets, started, before, on_poll=lambda d, p: args.emit_progress(
             phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=p[:5],
-            mib_left=gpuinfo.total_used_mib(d["gpus"])), on_free=on_free)
+            mib_left=gpuinfo.total_used_mib(d["gpus"])), on_free=on_free,
+            timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
         after, free, problems = result["doc"], result["free"], result["problems"]
         alive = targets.alive()
         code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)

@@ -1,0 +1,85 @@
+"""A target "in its exit" (procfs.exiting: every thread of it in the kernel's exit path) is
+left to finish, without SIGKILL; these are the cases a red team built to make that wrong.
+
+- A process that runs on as a relay of short-lived threads (each starts the next, then
+  returns) behind a leader that called pthread_exit, ignoring SIGTERM: listing its threads
+  and then reading each one's flags can catch only threads that are exiting while their
+  successor, started in between, was not listed. exiting() lists them again and answers yes
+  only for the same threads twice; a teardown still sends it SIGKILL after its grace.
+- A GPU mapped (its fd closed, as a CUDA context may leave it) by a live thread of a leader
+  that exited first: the leader's own /proc maps read empty, so the scan reads a live
+  thread's (they share the mappings) and `verify` does not call the GPU free.
+Every process is the test's own (its temp dir's fake devices, its dir as the scope).
+"""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+
+from scripts.agent import procfs
+from scripts.hostconfig import build_host
+from scripts.transport import call_agent
+from tests import scenario
+from tests.procs import state, wait_for
+
+# argv: DEVICE READY open|mapped. Holds DEVICE (mapped: only mapped, fd closed), ignores SIGTERM,
+# runs on in a relay of threads, and its leader calls pthread_exit (a zombie leader).
+RELAY = r"""
+import ctypes, mmap, os, signal, sys, threading
+dev, ready, how = sys.argv[1:4]
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+libc = ctypes.CDLL(None, use_errno=True)
+fd = os.open(dev, os.O_RDWR)
+if how == "mapped":
+    os.ftruncate(fd, 4096)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long)
+    assert libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0) not in (None, 2 ** 64 - 1)
+    os.close(fd)  # mapped only (mmap.mmap would keep a dup of the fd)
+def relay():
+    threading.Thread(target=relay).start()
+threading.Thread(target=relay).start()
+open(ready, "w").close()
+libc.pthread_exit(None)
+"""
+
+
+def relay(ps, how="open"):
+    ready = ps.base / f"relay-ready-{len(ps.pids)}"
+    p = subprocess.Popen([sys.executable, "-c", RELAY, str(ps.devdir / "nvidia0"), str(ready), how,
+                          "relay_server"], start_new_session=True)
+    ps.adopt(p.pid)
+    wait_for(ready.exists, "relay ready")
+    wait_for(lambda: state(p.pid) == "Z", "the leader's pthread_exit")
+    return p
+
+
+def host_for(ps, targets):
+    keys = dict(scenario.host_keys(ps), TARGETS=targets)
+    return dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
+
+
+def test_a_process_running_on_in_a_relay_of_threads_is_never_in_its_exit(ps):
+    p = relay(ps)
+    start = procfs.start_time(p.pid)
+    wrong = sum(procfs.exiting(p.pid, start) for _ in range(3000))
+    assert procfs.same_process(p.pid, start)  # it ran all along
+    assert wrong == 0, f"procfs.exiting said True {wrong}/3000 times for a process running its code"
+
+
+def test_a_relay_that_ignores_sigterm_gets_sigkill_after_its_grace(ps):
+    p = relay(ps)
+    result = call_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "4", "--settle",
+                                                                    "0.3"], deadline_s=60)
+    sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
+    assert sent == ["SIGTERM", "SIGKILL"], (sent, result.doc.get("stuck"))
+    p.wait(10)
+    assert result.code == 0, result.doc.get("problems")  # and then it was gone and the GPU free
+
+
+def test_a_gpu_mapped_by_a_live_thread_of_an_exited_leader_is_not_free(ps):
+    p = relay(ps, "mapped")
+    doc = call_agent(host_for(ps, "nothing-here"), "verify").doc
+    assert not doc["free"], f"verify called the GPUs free while pid {p.pid} maps {ps.devdir / 'nvidia0'}"
+    assert p.pid in {h["pid"] for h in doc["holders"]} or p.pid in doc.get("denied", []), doc["holders"]
