@@ -162,6 +162,10 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
     live_appeared = [a for k, a in appeared.items() if k in holding]
     listed = {k for k in appeared if k in holding}
     live_appeared += [r for k, r in respawned.items() if k not in listed and procfs.same_process(*k)]
+    if not free and not problems and not live_appeared:  # a holder or respawn that came and went in the window
+        problems = ["pid %d (%s): %s; gone by the end of the window" % (a["pid"], (a.get("cmdline") or "")[:60],
+                                                                         a["why"])
+                    for a in list(appeared.values()) + list(respawned.values())] or problems
     if pending and free:  # the window ran out with a target not yet exited: no holder seen is not enough
         free = False
         problems = problems + ["pid %d (%s) has not exited (%s)" % (
