@@ -201,8 +201,9 @@ class Targets:
         """SIGKILL those of `among` (default: the adopted descendants) that still run their
         own code grace_s after their SIGTERM."""
         now = time.monotonic()
-        late = [t for t in self.running(self.added if among is None else among)
-                if key(t) not in self.killed and now - self.term_at.get(key(t), now) >= grace_s]
+        due = [t for t in (self.added if among is None else among)
+               if key(t) not in self.killed and now - self.term_at.get(key(t), now) >= grace_s]
+        late = self.running(due) if due else []  # /proc is read only for those whose grace is over
         if late:
             self.signal(late, signal.SIGKILL, "SIGKILL")
         return late

@@ -147,9 +147,9 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
 def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wake=None, until_gone=False):
     """Wait until no target runs its own code any more (each has exited or every thread of it
     is in its exit: procfs.exiting; `until_gone`: until each has exited) or limit_s passes,
-    waking on each exit (pidfd), each fork (connector socket), and to look again for targets
-    that entered their exit (which no fd reports): every 2 ms at first, backing off to 50 ms
-    while they live on (a server's own SIGTERM handling). A process in its exit is left to
+    waking on each exit (pidfd), each fork (connector socket), and - unless `until_gone` - to
+    look again for targets that entered their exit (which no fd reports): every 2 ms at
+    first, backing off to 50 ms while they live on (a server's own SIGTERM handling). A process in its exit is left to
     finish: it needs no SIGKILL, and whether the GPUs are free is the settle window's NVML
     read and holder scan to say (its memory is released during the exit). Adopts and
     signals what targets fork meanwhile (without the connector: a /proc walk every
@@ -173,8 +173,8 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
             last = now
             args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
                                mib_left=_mib_left(source))
-        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S, now + look_again,
-                   next_walk if watch_fd is None else t0 + limit_s)
+        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S, t0 + limit_s if until_gone else now + look_again,
+                   next_walk if watch_fd is None else t0 + limit_s)  # an exit itself wakes the pidfds
         targets.wait(alive, wake - now, [watch_fd])
         look_again = min(look_again * 2, EXIT_LOOK_S[1])
         if on_wake is not None:
