@@ -9,6 +9,10 @@ left to finish, without SIGKILL; these are the cases a red team built to make th
 - A GPU mapped (its fd closed, as a CUDA context may leave it) by a live thread of a leader
   that exited first: the leader's own /proc maps read empty, so the scan reads a live
   thread's (they share the mappings) and `verify` does not call the GPU free.
+- The same relay hides its command line and its open fds from one listing of its threads
+  (each listed thread is gone when read, its successor was not listed: a second red team):
+  the scan lists them again, and after THREAD_LISTINGS tries calls the process not
+  inspected, never one outside the scope nor one holding nothing.
 Every process is the test's own (its temp dir's fake devices, its dir as the scope).
 """
 from __future__ import annotations
@@ -17,7 +21,7 @@ import dataclasses
 import subprocess
 import sys
 
-from scripts.agent import procfs
+from scripts.agent import devices, procfs, procscan
 from scripts.hostconfig import build_host
 from scripts.transport import call_agent
 from tests import scenario
@@ -83,3 +87,38 @@ def test_a_gpu_mapped_by_a_live_thread_of_an_exited_leader_is_not_free(ps):
     doc = call_agent(host_for(ps, "nothing-here"), "verify").doc
     assert not doc["free"], f"verify called the GPUs free while pid {p.pid} maps {ps.devdir / 'nvidia0'}"
     assert p.pid in {h["pid"] for h in doc["holders"]} or p.pid in doc.get("denied", []), doc["holders"]
+
+
+def test_a_zombie_leaders_command_line_is_read_or_said_unreadable_never_lost(ps):
+    p = relay(ps)
+    full = None
+    for _ in range(3000):
+        info = procscan.basic(p.pid)
+        if info.get("unreadable"):
+            continue  # said so: the scan counts it as not inspected
+        full = full or info["cmdline"]
+        assert info["cmdline"] == full and "relay_server" in full, info["cmdline"]
+    assert procfs.same_process(p.pid, procfs.start_time(p.pid))
+
+
+def test_the_scan_never_misses_a_zombie_leaders_open_device(ps):
+    p = relay(ps)
+    devset = devices.DeviceSet(ps.glob, fake=True)
+    for _ in range(300):
+        snap = procscan.snapshot(devset)
+        assert p.pid in snap["holders"] or p.pid in snap["denied"], "the scan saw nothing of a process holding it"
+    assert procfs.same_process(p.pid, procfs.start_time(p.pid))
+
+
+def test_a_scoped_relay_target_is_never_called_free_while_it_holds_the_gpu(ps):
+    for attempt in range(4):
+        p = relay(ps)
+        start = procfs.start_time(p.pid)
+        result = call_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "3", "--settle",
+                                                                        "0.3"], deadline_s=60)
+        sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
+        alive = procfs.same_process(p.pid, start)
+        assert result.code != 0 or (not alive and sent == ["SIGTERM", "SIGKILL"]), (attempt, result.code, sent, alive)
+        if alive:
+            procfs.signal_if_same(p.pid, start, 9)
+        p.wait(10)

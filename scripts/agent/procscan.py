@@ -18,6 +18,7 @@ import stat
 from . import cgroup, fdstat, procfs
 
 PROC = "/proc"
+UNSETTLED = "its threads kept exiting while read"
 O_ACCMODE = 0o3  # fdinfo flags & 3: 0 read-only, 1 write-only, 2 read-write
 O_APPEND = 0o2000  # fdinfo flags are octal, in the kernel's numbering (x86 and arm64 alike)
 _NOT_FILES = ("/dev/", "/proc/", "/sys/", "pipe:", "socket:", "anon_inode:", "/memfd:")
@@ -43,15 +44,29 @@ def _escape(match):
     return "\\x%02x" % code if code < 256 else "\\u%04x" % code
 
 
+THREAD_LISTINGS = 3  # a zombie leader's threads, listed again while they vanish under us
+
+
 def _thread_cmdline(pid, proc):
-    for tid in os.listdir("%s/%d/task" % (proc, pid)):
-        try:
-            raw = _read("%s/%d/task/%s/cmdline" % (proc, pid, tid))
-        except OSError:
-            continue
-        if raw:
-            return raw
-    return b""
+    """A zombie leader's command line, from one of its live threads. Threads gone or in their
+    exit (their cmdline reads empty) are listed again while new ones keep appearing (a relay of
+    short-lived threads hides its command line from one listing: found by a red team); after
+    THREAD_LISTINGS listings that is None, and the process is not inspected, never taken for
+    one outside the scope. No new thread: it is winding down, and b"" is its answer."""
+    seen: set = set()
+    for _ in range(THREAD_LISTINGS):
+        tids = set(os.listdir("%s/%d/task" % (proc, pid))) - {str(pid)}
+        for tid in tids:
+            try:
+                raw = _read("%s/%d/task/%s/cmdline" % (proc, pid, tid))
+            except OSError:
+                continue
+            if raw:
+                return raw
+        if not tids - seen:
+            return b""
+        seen |= tids
+    return None
 
 
 def basic(pid, proc=PROC):
@@ -63,6 +78,9 @@ def basic(pid, proc=PROC):
         raw = _read("%s/%d/cmdline" % (proc, pid))
         if not raw and stat["threads"] > 1:
             raw = _thread_cmdline(pid, proc)  # a zombie leader: its live threads still show it
+            if raw is None:
+                stat["unreadable"] = UNSETTLED
+                raw = b""
     except (FileNotFoundError, ProcessLookupError):
         return None
     except PermissionError:
@@ -127,12 +145,37 @@ def fd_dirs(pid, threads, proc=PROC):
 
 
 def held_devices(pid, devset, threads=1, proc=PROC, links=None):
-    """(sorted GPU devices this pid holds open, None) or ([], 'permission denied').
+    """(sorted GPU devices this pid holds open, None) or ([], why it could not be read).
     `links`, when a dict, gathers (st_dev, st_ino) -> device of the files opened (a mapping of
-    the same inode is the same device, whatever name it was opened by)."""
-    held = set()
+    the same inode is the same device, whatever name it was opened by). A leader that exited
+    first shows no fds of its own; when no thread listed shows one either (gone, or in its
+    exit) while new threads keep appearing, they are listed again (a relay of short-lived
+    threads hides its fds from one listing: found by a red team), THREAD_LISTINGS times, then
+    the process is not inspected. No new thread: it is winding down and holds none we can see."""
+    seen: set = set()
+    for _ in range(THREAD_LISTINGS):
+        dirs = fd_dirs(pid, threads, proc)
+        held, denied, quiet = _held_once(dirs, devset, links)
+        fresh = set(dirs[1:]) - seen
+        if not quiet or not fresh:
+            break
+        seen |= fresh
+        threads = 2  # list them again, whatever the stat read before said
+    else:
+        return [], UNSETTLED
+    if denied and not held:
+        return [], denied
+    return sorted(held), None
+
+
+def _held_once(dirs, devset, links):
+    """(devices held, 'permission denied' or None, quiet): quiet when no directory listed was
+    read whole (the leader's shows no fd; its threads' were gone, or let go while read)."""
+    held: set = set()
     denied = None
-    for fd_dir in fd_dirs(pid, threads, proc):
+    shown = False
+    for fd_dir in dirs:
+        whole, read = True, 0
         try:
             with os.scandir(os.fsencode(fd_dir)) as entries:  # bytes: what statx() takes, no encoding per fd
                 for entry in entries:
@@ -145,10 +188,15 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
                         denied = "permission denied"
                         break
                     except OSError:
-                        continue  # closed while we looked
+                        whole = False  # closed while we looked (or its thread's table let go in its exit)
+                        continue
+                    read += 1
                     name = devset.identify(st)
                     # an O_PATH handle does not hold the device; fdinfo is read only for a device not yet held
-                    if name and (name in held or not _path_only(fd_dir, os.fsdecode(entry.name))):
+                    path_only = False if not name or name in held else _path_only(fd_dir, os.fsdecode(entry.name))
+                    if path_only is None:
+                        whole = False  # gone between its stat and its fdinfo
+                    elif name and not path_only:
                         held.add(name)
                         if links is not None:
                             links[(st.st_dev, st.st_ino)] = name
@@ -156,22 +204,21 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
             denied = "permission denied"
         except (FileNotFoundError, ProcessLookupError, NotADirectoryError):
             continue
+        shown = shown or (whole and read > 0)
         if denied:
             break
-    if denied and not held:
-        return [], denied
-    return sorted(held), None
+    return held, denied, not held and not denied and not shown and len(dirs) > 1
 
 
 def _path_only(fd_dir, name):
-    """True when fd `name` is an O_PATH handle (fdinfo flags), or is gone by now."""
+    """True when fd `name` is an O_PATH handle (fdinfo flags), None when it is gone by now."""
     try:
         with open("%sinfo/%s" % (fd_dir, name)) as f:
             for line in f:
                 if line.startswith("flags:"):
                     return bool(int(line.split()[1], 8) & O_PATH)
     except OSError:
-        return True
+        return None
     return False
 
 
@@ -321,6 +368,9 @@ def snapshot(devset, proc=PROC):
         if info is None:
             continue
         procs[pid] = info
+        if info.get("unreadable"):  # its command line could not be read: it may be anything
+            denied.append(pid)
+            continue
         if not devset or info["flags"] & PF_KTHREAD:
             continue
         held, problem = held_devices(pid, devset, info["threads"], proc, keys)

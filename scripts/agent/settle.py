@@ -163,13 +163,12 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
     listed = {k for k in appeared if k in holding}
     live_appeared += [r for k, r in respawned.items() if k not in listed and procfs.same_process(*k)]
     if not free and not problems and not live_appeared:  # a holder or respawn that came and went in the window
-        problems = ["pid %d (%s): %s; gone by the end of the window" % (a["pid"], (a.get("cmdline") or "")[:60],
-                                                                         a["why"])
+        problems = ["pid %d (%s): %s; gone by the end of the window" % (a["pid"], verify.who(a), a["why"])
                     for a in list(appeared.values()) + list(respawned.values())] or problems
     if pending and free:  # the window ran out with a target not yet exited: no holder seen is not enough
         free = False
         problems = problems + ["pid %d (%s) has not exited (%s)" % (
-            t["pid"], (t.get("cmdline") or "")[:60],
+            t["pid"], verify.who(t),
             "in its exit" if procfs.exiting(t["pid"], t["start_time"]) else "still running") for t in pending]
     return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
             "scans": scans, "first_free": first_free,

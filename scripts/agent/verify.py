@@ -37,11 +37,11 @@ def evaluate(doc, max_used_mib):
             problems.append("GPU %s: %s MiB used > %s MiB%s" % (g["index"], used, max_used_mib, note))
     for h in doc["holders"]:
         if not h["protected"]:
-            problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], _who(h), h["state"],
+            problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], who(h), h["state"],
                                                                   ", ".join(h["devices"]) or "GPU memory"))
         elif h["gpu_mib"] or (h.get("mapped_devices") and not mps.is_control(h)):  # the MPS daemon maps, holds none
             problems.append("pid %s (%s) is protected (%s) but has a CUDA context on %s" % (
-                h["pid"], _who(h), h["protected"], ", ".join(h["devices"]) or "the GPU"))
+                h["pid"], who(h), h["protected"], ", ".join(h["devices"]) or "the GPU"))
     if doc.get("denied"):
         problems.append(uninspected_problem(doc["denied"]))
     if doc.get("proc_hidden"):
@@ -49,7 +49,7 @@ def evaluate(doc, max_used_mib):
     return not problems, problems
 
 
-def _who(h):
+def who(h):
     """The program a holder runs, for a problem line: `sglang.launch_server`, not the
     interpreter's path that a cut command line mostly shows."""
     argv = h.get("argv") or []
@@ -57,8 +57,9 @@ def _who(h):
 
 
 def uninspected_problem(denied):
-    return ("%d process(es) could not be inspected (their open files are not readable by this user: pids %s%s); "
-            "they may hold a GPU, so nothing is called free: run as root"
+    return ("%d process(es) could not be inspected (their open files are not readable by this user, or their "
+            "threads kept exiting while read: pids %s%s); they may hold a GPU, so nothing is called free: run as "
+            "root, or again"
             % (len(denied), ", ".join(map(str, denied[:8])), ", ..." if len(denied) > 8 else ""))
 
 
