@@ -190,7 +190,8 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
 
 def stuck_report(alive, doc):
     """Targets that did not end: after SIGKILL, or already in their exit (procfs.exiting: no
-    SIGKILL is sent to those, it would change nothing). State D means stuck in the driver."""
+    SIGKILL is sent to those, it would change nothing). State D means stuck in a kernel call:
+    the GPU driver's, or a dead mount's (health.py shows its wait channel)."""
     holders = {h["pid"]: h for h in doc.get("holders", [])}
     out = []
     for t in alive:
@@ -199,9 +200,9 @@ def stuck_report(alive, doc):
         state = stat.get("state", "?")
         in_exit = procfs.exiting(t["pid"], t["start_time"])
         if state == "D":
-            why = ("stuck in the driver (state D, uninterruptible%s): a kill takes effect only when the driver "
-                   "call returns; if it never does, the GPU needs a reset or the host a reboot"
-                   % (", in its exit" if in_exit else ""))
+            why = ("stuck in the kernel (state D, uninterruptible%s): a kill takes effect only when that call "
+                   "returns (the GPU driver's, or a dead mount's); if it never does, the GPU needs a reset or the host "
+                   "a reboot" % (", in its exit" if in_exit else ""))
         else:
             why = ("still in its exit (state %s)" if in_exit else "still alive after SIGKILL (state %s)") % state
         out.append({"pid": t["pid"], "state": state, "cmdline": t["cmdline"], "in_exit": in_exit,
