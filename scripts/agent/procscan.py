@@ -47,22 +47,24 @@ def _escape(match):
 THREAD_LISTINGS = 3  # a zombie leader's threads, listed again while they vanish under us
 
 
-def _thread_cmdline(pid, proc):
-    """A zombie leader's command line, from one of its live threads. Threads gone or in their
-    exit (their cmdline reads empty) are listed again while new ones keep appearing (a relay of
-    short-lived threads hides its command line from one listing: found by a red team); after
-    THREAD_LISTINGS listings that is None, and the process is not inspected, never taken for
-    one outside the scope. No new thread: it is winding down, and b"" is its answer."""
+def _from_threads(pid, name, proc=PROC):
+    """/proc/PID/task/TID/<name> of the first thread besides the leader that shows it (a
+    leader that exited first shows an empty cmdline and maps; its threads still share them).
+    Threads gone or in their exit read empty too, so they are listed again while new ones keep
+    appearing (a relay of short-lived threads hides itself from one listing: found by red
+    teams); after THREAD_LISTINGS listings that is None, and the caller counts the process as
+    not inspected. No new thread: it is winding down, and b"" is the answer. Listing errors
+    propagate (FileNotFoundError: the process is gone)."""
     seen: set = set()
     for _ in range(THREAD_LISTINGS):
         tids = set(os.listdir("%s/%d/task" % (proc, pid))) - {str(pid)}
         for tid in tids:
             try:
-                raw = _read("%s/%d/task/%s/cmdline" % (proc, pid, tid))
+                data = _read("%s/%d/task/%s/%s" % (proc, pid, tid, name))
             except OSError:
                 continue
-            if raw:
-                return raw
+            if data:
+                return data
         if not tids - seen:
             return b""
         seen |= tids
@@ -77,7 +79,7 @@ def basic(pid, proc=PROC):
     try:
         raw = _read("%s/%d/cmdline" % (proc, pid))
         if not raw and stat["threads"] > 1:
-            raw = _thread_cmdline(pid, proc)  # a zombie leader: its live threads still show it
+            raw = _from_threads(pid, "cmdline", proc)  # a zombie leader: its live threads still show it
             if raw is None:
                 stat["unreadable"] = UNSETTLED
                 raw = b""
@@ -242,41 +244,16 @@ def mapped_by_identity(pid, needles, proc=PROC):
 
 
 def _maps(pid, proc=PROC):
-    """The process's /proc maps: its leader's, or - when those read empty while threads live
-    on (a leader that exited first: its own maps are empty, its threads still share the
-    mappings; found by a red team) - a live thread's. b"" when it maps nothing; None when it
-    could not be read (threads that kept exiting under us, three listings running, count as
-    not inspected rather than as mapping nothing)."""
+    """The process's /proc maps: its leader's, or - when those read empty (a leader that exited
+    first) - a live thread's (_from_threads). b"" when it maps nothing; None when it could not be
+    read, which counts as not inspected rather than as mapping nothing."""
     try:
         data = _read("%s/%d/maps" % (proc, pid))
+        return data or _from_threads(pid, "maps", proc)
     except (FileNotFoundError, ProcessLookupError):
         return b""
     except OSError:
         return None
-    if data:
-        return data
-    task = "%s/%d/task" % (proc, pid)
-    for _ in range(3):
-        try:
-            tids = [t for t in os.listdir(task) if t != str(pid)]
-        except (FileNotFoundError, ProcessLookupError):
-            return b""
-        except OSError:
-            return None
-        vanished = False
-        for tid in tids:
-            try:
-                data = _read("%s/%s/maps" % (task, tid))
-            except (FileNotFoundError, ProcessLookupError):
-                vanished = True
-                continue
-            except OSError:
-                return None
-            if data:
-                return data
-        if not vanished:
-            return b""  # no thread left, or every one maps nothing: its memory is gone
-    return None
 
 
 def _maps_pattern(keys):

@@ -7,11 +7,10 @@ watch's socket), instead of a fixed sleep or a 50 ms tick. SIGKILL only what sti
 own code after the grace period: a target in its exit (procfs.exiting) needs none and its
 grace is not waited out; its exit itself is then waited for on the pidfds (no signal speeds
 it, and free needs it), and the settle window's NVML read and holder scan say when the GPUs
-are free. Nothing that can
-wait runs before the signals: NVML opens on a thread right after the SIGTERM batch (while
-the driver releases the targets' memory, 0.3 s and more), and so are the "running" record,
-the audit lines, the look for other users' teardowns and even the imports of what only
-runs later (health, settle window, verdict: tests/test_floor_path.py).
+are free. Nothing that can wait runs before the signals: NVML opens on a thread right after
+the SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and so
+are the "running" record, the audit lines, the look for other users' teardowns and even the
+imports of what only runs later (health, settle window, verdict: tests/test_floor_path.py).
 Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never
 hit, and only to processes the plan listed (and the operator approved, when a plan was
 shown first) and, as the plan states, the processes those fork meanwhile (targets.py).
@@ -149,9 +148,8 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
     is in its exit: procfs.exiting; `until_gone`: until each has exited) or limit_s passes,
     waking on each exit (pidfd), each fork (connector socket), and - unless `until_gone` - to
     look again for targets that entered their exit (which no fd reports): every 2 ms at
-    first, backing off to 50 ms while they live on (a server's own SIGTERM handling). A process in its exit is left to
-    finish: it needs no SIGKILL, and whether the GPUs are free is the settle window's NVML
-    read and holder scan to say (its memory is released during the exit). Adopts and
+    first, backing off to 50 ms while they live on (a server's own SIGTERM handling). A
+    process in its exit is left to finish: it needs no SIGKILL. Adopts and
     signals what targets fork meanwhile (without the connector: a /proc walk every
     PROC_WALK_EVERY_S, and always before saying none is left); progress lines every half
     second; `on_wake()` each time it wakes (manager stops that ended). Returns those still running."""
