@@ -3,7 +3,7 @@
 Runs, with the operator's CLI interpreter (`--cli-python`, a venv as `make setup` makes), the
 interpreter alone, `import invoke`, and `invoke plan --host local` with subprocess.Popen hooked
 to note when the agent is spawned, measured from the CLI process's own start. Medians of --reps.
-Usage: python3 bench/cli_probe.py --cli-python .venv/bin/python [--reps 7]
+Usage: python3 bench/cli_probe.py --cli-python .venv/bin/python [--against-python OTHER/bin/python] [--reps 7]
 """
 from __future__ import annotations
 
@@ -44,9 +44,28 @@ def spawn_at(py: str, env) -> float:
     return next(float(line.split()[1]) for line in out.splitlines() if line.startswith("AGENT_SPAWN"))
 
 
+def measures(py: str, env) -> dict:
+    """One sample of each measure for the CLI interpreter `py` (seconds)."""
+    return {
+        "interpreter start (python -c pass)": wall([py, "-c", "pass"], env),
+        "python -c 'import invoke'": wall([py, "-c", "import invoke"], env),
+        "invoke --list": wall([py, "-m", "invoke", "--list"], env),
+        "CLI start -> agent spawned (invoke plan)": spawn_at(py, env),
+        "whole `invoke plan --host local`": wall([py, "-m", "invoke", "plan", "--host", "local"], env),
+    }
+
+
+def invoke_version(py: str, env) -> str:
+    return subprocess.run([py, "-c", "import invoke; print(invoke.__version__)"], env=env, capture_output=True,
+                          text=True).stdout.strip() or "?"
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--cli-python", default=sys.executable)
+    p.add_argument("--against-python", default=None,
+                   help="a second CLI interpreter (another venv, e.g. another Invoke) measured alternately "
+                        "with --cli-python in the same run, side by side")
     p.add_argument("--reps", type=int, default=7)
     args = p.parse_args()
     work = Path(tempfile.mkdtemp(prefix="gp-cli-probe-"))
@@ -54,18 +73,20 @@ def main() -> None:
                                     "LOCAL_SCOPE=gp-probe-no-such-token\n")
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}  # the CLI's venv has its own packages
     env.update(GPU_PIVOT_HOSTS_FILE=str(work / "hosts.env"), XDG_STATE_HOME=str(work))
-    py = args.cli_python
-    rows = {
-        "interpreter start (python -c pass)": [wall([py, "-c", "pass"], env) for _ in range(args.reps)],
-        "python -c 'import invoke'": [wall([py, "-c", "import invoke"], env) for _ in range(args.reps)],
-        "invoke --list": [wall([py, "-m", "invoke", "--list"], env) for _ in range(args.reps)],
-        "CLI start -> agent spawned (invoke plan)": [spawn_at(py, env) for _ in range(args.reps)],
-        "whole `invoke plan --host local`": [wall([py, "-m", "invoke", "plan", "--host", "local"], env)
-                                             for _ in range(args.reps)],
-    }
-    print(f"CLI interpreter: {py}; median of {args.reps} (min-max), seconds")
-    for name, values in rows.items():
-        print(f"  {name:44s} {statistics.median(values):.3f} ({min(values):.3f}-{max(values):.3f})")
+    pythons = [args.cli_python] + ([args.against_python] if args.against_python else [])
+    samples: dict = {py: {} for py in pythons}
+    for _ in range(args.reps):  # alternate, so a busy moment of the machine hits every interpreter
+        for py in pythons:
+            for name, value in measures(py, env).items():
+                samples[py].setdefault(name, []).append(value)
+    heads = [f"{py} (invoke {invoke_version(py, env)})" for py in pythons]
+    print(f"CLI interpreters: {'; '.join(heads)}; median of {args.reps} (min-max), seconds")
+    for name in samples[pythons[0]]:
+        cells = [samples[py][name] for py in pythons]
+        line = "   ".join(f"{statistics.median(v):.3f} ({min(v):.3f}-{max(v):.3f})" for v in cells)
+        if len(cells) == 2:
+            line += f"   diff {statistics.median(cells[0]) - statistics.median(cells[1]):+.3f}"
+        print(f"  {name:44s} {line}")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@
 # 2 GPUs. The operator's CLI runs from its own venv as `make setup` makes one (no system
 # site-packages: the GPU image's .pth files cost ~55 ms a start that an operator's venv does not
 # pay); the agent runs on the system python3 that has pynvml, as on a GPU host.
-# Usage there: bash bench/gpu_final.sh   (wheels for invoke/dotenv/ClusterShell in .whl/)
+# Usage there: bash bench/gpu_final.sh   (wheels for invoke/dotenv/ClusterShell in .whl/; another
+# Invoke wheel in .whl-alt/ adds bench/cli_probe.py's side-by-side of the two)
 # shellcheck source=bench/gpu_cli_venv.sh
 . "$(dirname "$0")/gpu_cli_venv.sh"
 { echo "## pytest -m gpu"; timeout 200 python3 -m pytest -m gpu -rs -q tests/; echo "pytest exit $?"; } \
@@ -19,5 +20,10 @@ for n in $(printf "%s\n" 1 "$N" | sort -un); do
     grep -E '^rep|targets|median' "$OUT/gpu-teardown-${n}gpu.txt" | head -20
 done
 unset CUDA_VISIBLE_DEVICES
+if [ -x /tmp/cli-venv-alt/bin/python ]; then  # the Invoke pin's cost, both CLI venvs alternately
+    timeout 120 python3 bench/cli_probe.py --cli-python /tmp/cli-venv/bin/python \
+        --against-python /tmp/cli-venv-alt/bin/python --reps 9 > "$OUT/cli-probe.txt" 2>&1
+    cat "$OUT/cli-probe.txt"
+fi
 if [ "${HEALTH:-1}" = 1 ]; then timeout 150 bash bench/gpu_health_session.sh >/dev/null 2>&1; echo "health session exit $?"; else echo "health session: skipped (HEALTH=0)"; fi
 ls "$OUT"
