@@ -22,7 +22,7 @@ done
 unset CUDA_VISIBLE_DEVICES
 if [ -x /tmp/cli-venv-alt/bin/python ]; then  # the Invoke pin's cost, both CLI venvs alternately
     timeout 120 python3 bench/cli_probe.py --cli-python /tmp/cli-venv/bin/python \
-        --against-python /tmp/cli-venv-alt/bin/python --reps 9 > "$OUT/cli-probe.txt" 2>&1
+        --against-python /tmp/cli-venv-alt/bin/python --reps 15 > "$OUT/cli-probe.txt" 2>&1
     cat "$OUT/cli-probe.txt"
 fi
 if [ "${HEALTH:-1}" = 1 ]; then timeout 150 bash bench/gpu_health_session.sh >/dev/null 2>&1; echo "health session exit $?"; else echo "health session: skipped (HEALTH=0)"; fi
