@@ -15,7 +15,9 @@ no (nothing signalled); 9 freed, but a GPU's health verdict is drain / reset nee
 executable / not found, 128+N `run` of a command killed by signal N; 130 interrupted by
 Ctrl-C (the host side continues). Invoke's own parser is the exception: a command line it
 cannot read (unknown task or flag, a flag missing its value) exits 1 with "No idea what
-..." on stderr before any task runs, so nothing reached a host.
+..." on stderr before any task runs, so nothing reached a host. One task per command line:
+a second one is refused (exit 2) before the first runs (scripts/cli/executor.py, named by
+invoke.json beside this file).
 Hosts come from $GPU_PIVOT_HOSTS_FILE, else hosts.env beside this file, else ./hosts.env
 (see hosts.env.example); `local` and `sandbox` are built in.
 """

@@ -96,6 +96,22 @@ def test_run_without_command_is_bad_input():
     assert b"needs a command after `--`" in out.stderr
 
 
+@pytest.mark.parametrize("argv", [
+    ["run", "--host", "local", "version", "--", "sh", "-c", "echo RAN >> {mark}"],  # run first, then a refusal
+    ["version", "run", "--host", "local", "--", "sh", "-c", "echo RAN >> {mark}"],
+])
+def test_a_second_task_is_refused_before_the_first_runs(tmp_path, argv):
+    """Exit 2 means nothing ran: a command line naming two tasks used to run the first one
+    (here a command on the host) before the second refused its flags."""
+    mark = tmp_path / "ran"
+    out = invoke(*[a.format(mark=mark) for a in argv])
+    assert out.returncode == 2, out
+    assert not mark.exists(), "the first task ran"
+    lines = out.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and "one task per command line, got 2" in lines[0] and "nothing ran" in lines[0], lines
+    assert out.stdout == b""
+
+
 # -- start-up: loading the tasks imports none of what they use --------------------------------------
 
 

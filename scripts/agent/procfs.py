@@ -10,14 +10,32 @@ import os
 import signal
 
 PROC = "/proc"
+READ_CHUNK = 1 << 16
+
+
+def read_bytes(path):
+    """The whole file, read with os.read until EOF (a /proc file may come in several pieces).
+    Why not open().read(): a scan reads three or more small /proc files per process, before the
+    first signal and again to confirm FREED, and the buffered file object costs ~3 us of each
+    ~5 us read (~10% of a scan). Errors are open()'s: FileNotFoundError, PermissionError,
+    ProcessLookupError (the process went away mid-read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks: list = []
+        while True:
+            chunk = os.read(fd, READ_CHUNK)
+            if not chunk:
+                return b"".join(chunks)
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
 
 
 def read_stat(pid, proc=PROC):
     """Parsed /proc/PID/stat, or None when the process is gone. comm may hold ') ' itself,
     so the fields are taken after the LAST ')'."""
     try:
-        with open("%s/%d/stat" % (proc, pid), "rb") as f:
-            raw = f.read().decode("utf-8", "replace")
+        raw = read_bytes("%s/%d/stat" % (proc, pid)).decode("utf-8", "replace")
     except (FileNotFoundError, ProcessLookupError):
         return None
     lpar, rpar = raw.index("("), raw.rindex(")")

@@ -25,8 +25,8 @@ _NOT_FILES = ("/dev/", "/proc/", "/sys/", "pipe:", "socket:", "anon_inode:", "/m
 
 
 def _read(path, mode="rb"):
-    with open(path, mode) as f:
-        return f.read()
+    data = procfs.read_bytes(path)
+    return data if mode == "rb" else data.decode("utf-8", "replace")
 
 
 _UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")

@@ -1,0 +1,24 @@
+"""One task per command line.
+
+Why: Invoke runs the tasks of one command line one after another, and ours check their flags
+when each starts. `invoke teardown --host gpu1 --yes verify --host gpu1 --wait abc` tore the
+host down and only then said "--wait 'abc': not a number" with exit 2, the code that promises
+"bad input, nothing ran" (found by a red team). Refusing a second task before the first runs
+keeps that promise without checking every task's flags ahead of time. Invoke takes this class
+from `tasks.executor_class` in invoke.json beside tasks.py (its project configuration).
+"""
+from __future__ import annotations
+
+from invoke import Executor, Exit
+
+
+class OneTaskExecutor(Executor):
+    """Invoke's Executor, refusing a command line that names more than one task (exit 2)."""
+
+    def execute(self, *tasks):
+        if len(tasks) > 1:
+            names = ", ".join(getattr(t, "name", None) or str(t) for t in tasks)
+            first = getattr(tasks[0], "name", "TASK")
+            raise Exit(f"gpu-pivot: one task per command line, got {len(tasks)}: {names}; nothing ran "
+                       f"(run them one after another: `invoke {first} ... && invoke ...`)", code=2)
+        return super().execute(*tasks)
