@@ -253,7 +253,41 @@ def gpu_section(paths: list) -> list:
                      f"afterwards: {g['all_freed_to_0']}.{against_strict}")
     lines += [""] + history_lines(GPU_RESULTS / "history")
     return lines + exit_probe_lines(GPU_RESULTS / "exit-probe-1gpu.json") + \
-        exit_probe_2gpu_lines(GPU_RESULTS / "exit-probe-2gpu.json")
+        exit_probe_2gpu_lines(GPU_RESULTS / "exit-probe-2gpu.json") + \
+        cli_probe_lines(GPU_RESULTS / "cli-probe-2gpu.txt", GPU_RESULTS / "cli-probe-local.txt")
+
+
+def manycore_fleet_lines(path: Path) -> list:
+    """Section 4b: section 4's fleet run on the 32-CPU GPU machine (bench/fleet_manycore.sh
+    writes the markdown there; merged, not re-measured), and what its parallel rows mean."""
+    if not path.exists():
+        return []
+    return [path.read_text().rstrip("\n"), "",
+            "The parallel rows run `--fanout 16`: 32 hosts are two waves of 16, so the 32-host row is two "
+            "teardowns back to back plus the ssh set-up of 32 connections.", ""]
+
+
+def cli_probe_lines(gpu: Path, local: Path) -> list:
+    """Where the CLI's time goes before the agent starts (bench/cli_probe.py, the operator's CLI
+    venv beside the same venv with another Invoke, alternately): the GPU run's and a dev
+    machine's, and what the Invoke pin takes off the row a teardown pays."""
+    if not gpu.exists():
+        return []
+    out = ["Where the whole CLI's time goes before the agent starts, in the same GPU run (`python3 "
+           "bench/cli_probe.py --cli-python /tmp/cli-venv/bin/python --against-python /tmp/cli-venv-alt/bin/python`: "
+           "the CLI in its own venv as `make setup` makes, beside the same venv with another Invoke, alternately):",
+           "", "```", gpu.read_text().rstrip("\n"), "```", ""]
+    if local.exists():
+        out += [f"The same on a development machine (`bench/results/{local.name}`):", "", "```",
+                local.read_text().rstrip("\n"), "```", ""]
+    out += ["Invoke 3.x reads its own version through importlib.metadata when it is imported; 2.2.1, the pinned "
+            "version, does not, and gpu-pivot uses nothing 3.0 added. `diff` is the first interpreter's median "
+            "minus the second's; on the GPU machine single rows swing by tens of ms between reps, so the row a "
+            "teardown pays, CLI start -> agent spawned, is the one to read (each run's is in "
+            "bench/results/history/README.md). The rest of `import invoke` (unittest.mock with asyncio, the "
+            "vendored yaml) is Invoke's own; gpu-pivot's own imports, hosts.env and the task body are ~0.03 s, and "
+            "the agent then starts in ~0.05 s (`timings.startup_s`).", ""]
+    return out
 
 
 def history_lines(folder: Path) -> list:
@@ -378,6 +412,7 @@ def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str
               f"All {big} hosts and their agents run on this one machine ({os.cpu_count()} CPUs), so the parallel rows "
               "are bounded by local CPU (each agent's Python start, scan and ssh crypto), not by the network; on a "
               "real fleet each agent runs on its own host and only the ssh clients share the operator's CPU.", ""]
+    lines += manycore_fleet_lines(GPU_RESULTS / "fleet-manycore.md")
     lines += gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json")))
     lines += ["", "Reference floor from the fixture `release-floor.json` (20-80 GB): "
               f"{floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
