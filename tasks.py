@@ -21,9 +21,13 @@ invoke.json beside this file).
 Hosts come from $GPU_PIVOT_HOSTS_FILE, else hosts.env beside this file, else ./hosts.env
 (see hosts.env.example); `local` and `sandbox` are built in.
 """
+import os
+
 from invoke import Collection
 
-from scripts.cli import about, audit, gpu, hosts, phases, reset, sandbox, slurm
+from scripts.cli import about, audit, executor, gpu, hosts, phases, reset, sandbox, slurm
+
+executor.check_project_config(os.path.dirname(os.path.abspath(__file__)))
 
 ns = Collection(
     hosts.hosts, hosts.ping, hosts.run, hosts.oneliner,

@@ -112,6 +112,30 @@ def test_a_second_task_is_refused_before_the_first_runs(tmp_path, argv):
     assert out.stdout == b""
 
 
+@pytest.mark.parametrize("name", ["invoke.yaml", "invoke.yml"])
+def test_a_project_config_read_before_ours_is_refused(tmp_path, name):
+    """Invoke reads one project file beside tasks.py, invoke.yaml and invoke.yml before
+    invoke.json: one of them would silently turn the one-task refusal off (a red team's find),
+    so the tasks refuse to load instead. A copy of the project, with the file beside it."""
+    project = tmp_path / "checkout"
+    project.mkdir()
+    for f in ("tasks.py", "invoke.json"):
+        (project / f).write_bytes((REPO / f).read_bytes())
+    (project / "scripts").symlink_to(REPO / "scripts")
+    (project / name).write_text("run: {echo: false}\n")
+    mark = tmp_path / "ran"
+    out = invoke("--search-root", str(project), "run", "--host", "local", "version", "--", "sh", "-c",
+                 f"echo RAN >> {mark}")
+    assert out.returncode == 2, out
+    assert not mark.exists(), "a task ran"
+    lines = out.stderr.decode().strip().splitlines()
+    assert len(lines) == 1 and f"{project / name}: Invoke reads it instead of invoke.json" in lines[0], lines
+    (project / name).unlink()  # the same copy without it: the refusal of two tasks is back
+    out = invoke("--search-root", str(project), "run", "--host", "local", "version", "--", "sh", "-c",
+                 f"echo RAN >> {mark}")
+    assert out.returncode == 2 and "one task per command line" in out.stderr.decode() and not mark.exists(), out
+
+
 # -- start-up: loading the tasks imports none of what they use --------------------------------------
 
 

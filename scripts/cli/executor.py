@@ -9,7 +9,23 @@ from `tasks.executor_class` in invoke.json beside tasks.py (its project configur
 """
 from __future__ import annotations
 
+import os
+
 from invoke import Executor, Exit
+
+# Invoke reads ONE project configuration file beside tasks.py, the first of these it finds;
+# one named before invoke.json would replace it and silently turn the refusal off (red team).
+READ_BEFORE_OURS = ("invoke.yaml", "invoke.yml")
+
+
+def check_project_config(project_dir: str) -> None:
+    """Refuse to load the tasks (exit 2, one line) when a project file Invoke reads instead of
+    invoke.json sits beside tasks.py: every command would lose one task per command line."""
+    for name in READ_BEFORE_OURS:
+        path = os.path.join(project_dir, name)
+        if os.path.lexists(path):
+            raise Exit(f"gpu-pivot: {path}: Invoke reads it instead of invoke.json, which keeps one task per "
+                       "command line; move its settings into invoke.json and remove it", code=2)
 
 
 class OneTaskExecutor(Executor):
