@@ -7,9 +7,10 @@ the user's private runtime dir (root: /run/gpu-pivot/sandbox; others:
 $XDG_RUNTIME_DIR/gpu-pivot/sandbox, else $XDG_STATE_HOME/gpu-pivot/sandbox), created
 0700 or checked like every gpu-pivot state directory (scripts/agent/statedir.py): not a
 symlink, owned by us, not writable by group or others; a directory that fails is refused
-with one line naming it, never reused. $GPU_PIVOT_SANDBOX_DIR overrides the location and
-is checked the same way, and so is the directory it sits in (its owner could otherwise
-swap ours for theirs after the check). Every file is written O_NOFOLLOW (a link there is
+with one line naming it, never reused. $GPU_PIVOT_SANDBOX_DIR overrides the location: it
+must be absolute (a relative one is refused, exit 2: it made the sandbox inside whatever
+directory a task ran from) and is checked the same way, and so is the directory it sits in
+(its owner could otherwise swap ours for theirs after the check). Every file is written O_NOFOLLOW (a link there is
 refused); the one script the sandbox executes is created O_EXCL.
 """
 from __future__ import annotations
@@ -37,7 +38,12 @@ def sandbox_dir() -> Path:
     """The sandbox's path (nothing is created or checked here: `invoke hosts` reads it too)."""
     override = os.environ.get(SANDBOX_DIR_ENV)
     if override:
-        return Path(os.path.abspath(override))
+        if not os.path.isabs(override):  # relative: a sandbox in whatever directory a task runs from
+            from .config_error import ConfigError, show
+
+            raise ConfigError(f"{SANDBOX_DIR_ENV}={show(override)}: must be an absolute path (relative, it would "
+                              f"put the sandbox in the directory a task runs from: {os.path.abspath(override)})")
+        return Path(os.path.normpath(override))
     if os.geteuid() == 0:
         return Path(statedir.ROOT_RUN_DIR) / "sandbox"
     runtime = os.environ.get("XDG_RUNTIME_DIR")
