@@ -100,9 +100,15 @@ def last_teardown(x) -> str:
     last = scan_of(x).last_teardown
     if not last:
         return ""
+    by = f" by {last['operator']}" if last.get("operator") else ""
+    if last.get("state") == "running":  # no exit code yet: "exit None" read like a result
+        return note(f"Last teardown on this host: running{by} since {last.get('started')} (its result shows here "
+                    "when it ends)", indent="", hang="  ")
     when = last.get("finished") or last.get("started")
-    return note(f"Last teardown on this host: {last.get('state')} {last.get('verdict') or ''} "
-                f"exit {last.get('exit_code')} by {last.get('operator')} at {when}", indent="", hang="  ")
+    parts = [last.get("state"), last.get("verdict"),
+             None if last.get("exit_code") is None else f"exit {last['exit_code']}"]
+    return note(f"Last teardown on this host: {' '.join(str(p) for p in parts if p)}{by} at {when}", indent="",
+                hang="  ")
 
 
 def verdict(x) -> str:
