@@ -46,8 +46,10 @@ def names(proc):
     if not argv:
         add(comm, "is process %s" % comm)
         return out
-    argv0 = argv[0].strip()
-    base = os.path.basename(argv0.split()[0]) if argv0 else ""
+    argv0 = argv[0].strip() or comm.strip()  # `exec -a '' sleep 100`: the kernel's comm names it
+    if not argv0:
+        return out
+    base = os.path.basename(argv0.split()[0])
     if INTERPRETERS.match(base):
         kind, value, rest = _interpreted(argv)
         if kind == "module":
