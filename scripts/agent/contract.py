@@ -24,7 +24,8 @@ import re
 # host; the local audit log, ssh ControlPath and sandbox directories here), and procfs
 # identifies a process by pid + start time and signals it only if it is still that one (the
 # agent's targets; the sandbox's processes here). A second copy on the local side would drift.
-from . import procfs, statedir  # noqa: F401  (re-exported)
+# textsafe is the one escaping rule for host text (terminals) and JSON (valid Unicode).
+from . import procfs, statedir, textsafe  # noqa: F401  (re-exported)
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
 if TYPE_CHECKING:
@@ -42,7 +43,9 @@ EXIT_UNINSPECTED = 6
 EXIT_TIMED_OUT = 7     # no answer in time: ssh's connect or keep-alive timeout, or the call's deadline
 EXIT_DECLINED = 8      # the operator answered no at the confirmation: nothing was done
 EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or reboot (agent/health.py)
+EXIT_OUTPUT = 10       # stdout could not be written (disk full, I/O error): the task's own code is on stderr
 EXIT_INTERRUPTED = 130
+EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, as a shell reports a program its reader left: Invoke's own output
 EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
 
 # (code, name, meaning): the one table the README, the task docstrings and both sides follow.
@@ -58,7 +61,10 @@ EXIT_CODES = (
                                   "call's --timeout); other hosts of a fleet still finish"),
     (EXIT_DECLINED, "declined", "the confirmation was answered no: nothing was signalled or started"),
     (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is drain, reset needed or reboot needed"),
+    (EXIT_OUTPUT, "output-failed", "stdout could not be written (disk full, I/O error); the task ran to its end "
+                                   "and its own exit code is named on stderr"),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),
+    (EXIT_CLOSED_PIPE, "closed-pipe", "the reader closed the pipe of Invoke's own --list, --help or --version"),
 )
 
 
@@ -348,6 +354,7 @@ def spec_args(spec):
 # renders each kind of row.
 
 USAGE_ERROR = "usage_error"
+AGENT_ERROR = "agent_error"  # {"agent_error": "IndexError: ... at program.py:72 in names"}: the agent failed (exit 3)
 
 
 class ContractError(ValueError):
