@@ -96,8 +96,8 @@ def ssh_costs(work: Path, reps: int) -> dict:
                        capture_output=True, check=True)
         per_teardown = sshd.connections() - before
         cold, warm = [], []
-        ctl = ["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={route.control_dir(env['GPU_PIVOT_CONTROL_DIR'])}/%C",
-               "-O", "exit", sshd.dest()]
+        socket = route.control_path(sshd.dest(), sshd.ssh_opts.split(), env["GPU_PIVOT_CONTROL_DIR"])
+        ctl = ["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={socket}", "-O", "exit", sshd.dest()]
         for _ in range(reps):
             subprocess.run(ctl, capture_output=True)
             cold.append(_timed(invoke_argv("ping", "--host", "gpu1"), env))

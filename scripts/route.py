@@ -37,14 +37,18 @@ ALIVE_COUNT = 3
 # ssh's own words when it gave up waiting (connect, banner, keep-alive): a time-out, not a refusal
 _SSH_TIMEOUT_WORDS = ("timed out", "Timeout, server", "Connection timed out")
 RAN_PREFIX = "=====gpu-pivot-ran"
+# 36 + "/" + 40 (%C) + 9 (control_name's "-" + 8) + 17 (ssh's ".XXXXXXXXXXXXXXXX") = 103: a
+# socket path fits sun_path on Linux (107) and on macOS (103), where operators' laptops run ssh
+CONTROL_DIR_MAX = 36
 
 
 def control_dir(base: str | None = None) -> Path:
     """Where ssh ControlMaster sockets live: private, and short enough for a socket name.
 
-    A unix socket path holds about 104 bytes and ssh appends a 40-character %C hash plus
-    a temporary suffix, so a long configured directory is swapped for a short one
-    derived from it (same directory every time for the same setting).
+    A unix socket path holds about 104 bytes and a socket's name is ssh's 40-character %C
+    hash, 9 characters of ours (control_name) and ssh's 17-character temporary suffix, so a
+    directory longer than CONTROL_DIR_MAX is swapped for a short one derived from it (same
+    directory every time for the same setting).
     Private and checked (statedir.private_dir: created 0700, or ours, not a link, not
     group/other writable): the default lives in /tmp, where another user could create
     it first and plant a socket that our ssh would take for its master connection.
@@ -52,7 +56,7 @@ def control_dir(base: str | None = None) -> Path:
     """
     configured = base or os.environ.get(CONTROL_DIR_ENV)
     base = configured or _default_base()
-    if len(base) > 40:
+    if len(base) > CONTROL_DIR_MAX:
         base, configured = f"/tmp/gpu-pivot-ssh-{os.getuid()}-{_digest(base, 10)}", None
     return Path(statedir.private_dir(base, parents=bool(configured), env=CONTROL_DIR_ENV))
 
@@ -63,22 +67,40 @@ def _default_base() -> str:
     if os.geteuid() == 0:
         return os.path.join(statedir.run_dir(), "ssh")
     runtime = os.environ.get("XDG_RUNTIME_DIR")
-    if runtime and len(runtime) < 24 and statedir.is_private(runtime):  # not a dir another user can swap
+    # not a dir another user can swap, and short enough for a socket
+    if runtime and len(runtime) <= CONTROL_DIR_MAX - len("/gpu-pivot-ssh") and statedir.is_private(runtime):
         return os.path.join(runtime, "gpu-pivot-ssh")
     return f"/tmp/gpu-pivot-ssh-{os.getuid()}"
 
 
-def control_opts() -> list:
-    """ssh options for connection sharing. A default directory that another user squatted
-    (possible only for the /tmp fallback) costs the sharing, never the teardown: ssh then
-    runs without a master. A directory the operator configured is refused instead (exit 3)."""
+def control_name(dest: str, opts: tuple | list) -> str:
+    """The master socket's name for one connection: ssh's %C (local host, remote host, port,
+    user, ProxyJump as ssh resolves them) and a digest of the destination and every ssh option.
+
+    Why the options too: %C alone let two aliases reaching the same user@host:port share one
+    master, so an alias with its own UserKnownHostsFile (or key, or any other option) rode on
+    the other's connection and its host-key check never ran (issue 27)."""
+    return f"%C-{_digest(chr(0).join([dest, *opts]), 8)}"
+
+
+def control_path(dest: str, opts: tuple | list, base: str | None = None) -> str:
+    """The ControlPath of one connection (%C unexpanded), e.g. for `ssh -S PATH -O exit DEST`;
+    `base`: a control directory setting other than this process's (control_dir)."""
+    return f"{control_dir(base)}/{control_name(dest, opts)}"
+
+
+def control_opts(dest: str = "", opts: tuple | list = ()) -> list:
+    """ssh options for connection sharing, a master per destination + options (control_name).
+    A default directory that another user squatted (possible only for the /tmp fallback)
+    costs the sharing, never the teardown: ssh then runs without a master. A directory the
+    operator configured is refused instead (exit 3)."""
     try:
-        path = control_dir()
+        path = control_path(dest, opts)
     except statedir.StateDirError:
         if os.environ.get(CONTROL_DIR_ENV):
             raise
         return ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
-    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={path}/%C", "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+    return ["-o", "ControlMaster=auto", "-o", f"ControlPath={path}", "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
 
 
 @dataclass(frozen=True)
@@ -97,7 +119,7 @@ class SshHop:
             "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
             "-o", f"ServerAliveInterval={ALIVE_INTERVAL_S}",
             "-o", f"ServerAliveCountMax={ALIVE_COUNT}",
-            *control_opts(),
+            *control_opts(self.dest, self.opts),
         ]
 
     def wrap(self, argv: list, for_paste: bool, ssh_log: str | None = None) -> list:
@@ -249,8 +271,11 @@ def keepalive_lost(stderr: str) -> bool:
     return any(line.startswith("Timeout, server ") and "not responding" in line for line in stderr.splitlines())
 
 
-def unreachable(alias: str, stderr: str, ran: bool = False) -> HostUnreachable:
-    """The error for ssh's own exit 255: HostTimedOut when ssh said it waited in vain."""
+def unreachable(alias: str, stderr: str, ran: bool = False, hop: SshHop | None = None) -> HostUnreachable:
+    """The error for ssh's own exit 255: HostTimedOut when ssh said it waited in vain,
+    HostKeyFailed when it refused the host's key (`hop`: the ssh hop, for its known_hosts)."""
+    if "Host key verification failed" in stderr:
+        return host_key_failed(alias, stderr, hop)
     tail = " | ".join(line for line in stderr.strip().splitlines() if line.strip() and RAN_PREFIX not in line)[-300:]
     if ssh_timed_out(stderr):
         where = "; the command had started there and may still finish (see `invoke status`)" if ran else ""
@@ -265,11 +290,53 @@ def ssh_failure(route: Route, alias: str, code: int, ran: bool, ssh_said: str, s
     calls, `run`, `logs --follow`)."""
     if not route.ssh_failed(code, ran, ssh_said):
         return None
-    return unreachable(alias, ssh_said or stderr, ran)
+    return unreachable(alias, ssh_said or stderr, ran, route.ssh)
+
+
+def known_hosts_files(opts: tuple | list) -> list:
+    """The UserKnownHostsFile values among a host's ssh options (`-o K=V`, `-oK V`), in order."""
+    import re
+
+    out, i = [], 0
+    while i < len(opts):
+        tok = opts[i]
+        i += 1
+        arg = tok[2:] if tok.startswith("-o") and len(tok) > 2 else (opts[i] if tok == "-o" and i < len(opts) else "")
+        i += tok == "-o"
+        m = re.match(r"\s*[\"']?userknownhostsfile[\"']?\s*(?:=\s*|\s+)(.*)", arg, re.IGNORECASE)
+        if m:
+            out += [w.strip("\"'") for w in m.group(1).split()]
+    return out
+
+
+def host_key_failed(alias: str, stderr: str, hop: SshHop | None) -> HostKeyFailed:
+    """One line for ssh's "Host key verification failed": the host as ssh names it, whether its
+    key changed or is unknown, and the known_hosts file (from ssh's own words, else the host's
+    UserKnownHostsFile option, else ssh's default)."""
+    import re
+
+    host = re.search(r"(?:Host key for|host key is known for) (\S+)", stderr)
+    name = host.group(1) if host else (hop.dest.rsplit("@", 1)[-1] if hop else alias)
+    offending = re.search(r"Offending \S+ key in (.+?):(\d+)\s*$", stderr, re.M)
+    if offending:
+        where = f"{offending.group(1)} (line {offending.group(2)})"
+        what = (f"the key {name} sent does not match the one {where} holds; if the host was reinstalled, check "
+                f"its new key, then: ssh-keygen -f {shlex.quote(offending.group(1))} -R {shlex.quote(name)}")
+    else:
+        files = known_hosts_files(hop.opts) if hop else []
+        where = " and ".join(files) if files else ("~/.ssh/known_hosts (or the UserKnownHostsFile your ~/.ssh/config "
+                                                   "sets for it)")
+        what = f"no key for {name} is known in {where}; add the host's key there once its fingerprint is checked"
+    return HostKeyFailed(f"{alias}: host key verification failed for {name}: {what}; nothing ran there")
 
 
 class HostUnreachable(RuntimeError):
     """ssh itself failed (exit 255): the host was not reached, nothing ran there."""
+
+
+class HostKeyFailed(HostUnreachable):
+    """ssh refused the host's key (changed, or unknown with StrictHostKeyChecking=yes): the
+    host was not reached, nothing ran there; exit 3 like any unreachable host, on its own line."""
 
 
 class HostTimedOut(HostUnreachable):

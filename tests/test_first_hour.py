@@ -72,3 +72,74 @@ def test_status_during_a_running_teardown_says_running(ps, hosts_env):
     finally:
         ps.kill_all()  # the server goes; the teardown then ends on its own
         teardown.communicate(timeout=120)
+
+
+# -- 9 and 10. host keys: their own line; a master per connection, options included -------------------
+
+def _wrong_known_hosts(sshd, path):
+    """A known_hosts that holds a key for the sshd's [host]:port, but not the sshd's key."""
+    from tests.loopback_sshd import _keygen
+
+    key = path.parent / "not-the-host-key"
+    _keygen(key)
+    kind, blob = (path.parent / "not-the-host-key.pub").read_text().split()[:2]
+    path.write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
+    return path
+
+
+def _exit_master(sshd, opts: str) -> None:
+    from scripts.route import control_path
+
+    subprocess.run(["ssh", *opts.split(), "-o", f"ControlPath={control_path(sshd.dest(), opts.split())}", "-O", "exit",
+                    sshd.dest()], capture_output=True, timeout=30)
+
+
+def test_host_key_mismatch_gets_its_own_line_naming_file_and_host(sshd, hosts_env, tmp_path, monkeypatch):
+    """Item 9: a changed host key read "host unreachable"."""
+    monkeypatch.setenv("GPU_PIVOT_CONTROL_DIR", str(tmp_path / "cm"))
+    bad = _wrong_known_hosts(sshd, tmp_path / "known_hosts_old")
+    hosts_env(f"GPU7_SSH={sshd.dest()}\nGPU7_SSH_OPTS='{sshd.ssh_opts.replace(str(sshd.known_hosts), str(bad))}'\n")
+    res = invoke("ping", "--host", "gpu7")
+    assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+    lines = res.stderr.decode().splitlines()
+    assert len(lines) == 1, lines
+    line = lines[0]
+    assert line.startswith("gpu-pivot: gpu7: host key verification failed for [127.0.0.1]:%d" % sshd.port), line
+    assert f"{bad} (line 1)" in line and "unreachable" not in line and "@@@" not in line
+    assert f"ssh-keygen -f {bad} -R '[127.0.0.1]:{sshd.port}'" in line
+    doc = json.loads(invoke("status", "--host", "gpu7", "--json").stdout)
+    assert doc["gpu7"]["exit_code"] == contract.EXIT_UNREACHABLE
+    assert doc["gpu7"]["error"].startswith("gpu7: host key verification failed")
+    # a host no key is known for: the known_hosts file named is the one its options give
+    empty = tmp_path / "known_hosts_empty"
+    empty.write_text("")
+    hosts_env(f"GPU7_SSH={sshd.dest()}\nGPU7_SSH_OPTS='{sshd.ssh_opts.replace(str(sshd.known_hosts), str(empty))}'\n")
+    res = invoke("ping", "--host", "gpu7")
+    assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+    assert f"host key verification failed for [127.0.0.1]:{sshd.port}: no key" in res.stderr.decode()
+    assert f"is known in {empty};" in res.stderr.decode()
+
+
+def test_aliases_with_different_options_never_share_a_master(sshd, hosts_env, tmp_path, monkeypatch):
+    """Item 10: gpu2 reaches the same user@host:port as gpu1 with its own UserKnownHostsFile,
+    which does not hold the host's key; it rode on gpu1's master and was never checked."""
+    monkeypatch.setenv("GPU_PIVOT_CONTROL_DIR", str(tmp_path / "cm"))
+    bad = _wrong_known_hosts(sshd, tmp_path / "known_hosts_gpu2")
+    opts2 = sshd.ssh_opts.replace(str(sshd.known_hosts), str(bad))
+    hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='{sshd.ssh_opts}'\n"
+              f"GPU2_SSH={sshd.dest()}\nGPU2_SSH_OPTS='{opts2}'\n")
+    try:
+        before = sshd.connections()
+        assert invoke("ping", "--host", "gpu1").returncode == 0  # gpu1's master now runs (ControlPersist)
+        assert sshd.connections() - before == 1
+        res = invoke("ping", "--host", "gpu2")
+        assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+        assert "gpu2: host key verification failed" in res.stderr.decode()
+        assert invoke("ping", "--host", "gpu1").returncode == 0
+        assert sshd.connections() - before == 1  # gpu1 still rides on its own master
+        from scripts.route import control_dir
+
+        sockets = sorted(p.name for p in control_dir().iterdir() if p.is_socket())
+        assert len(sockets) == 1, sockets  # gpu1's: gpu2 never got one
+    finally:
+        _exit_master(sshd, sshd.ssh_opts)

@@ -97,6 +97,7 @@ def test_control_master_reuses_one_connection(sshd, hosts_env, tmp_path, monkeyp
         assert invoke("ping", "--host", "gpu1").returncode == 0
     assert invoke("run", "--host", "gpu1", "--", "true").returncode == 0
     assert sshd.connections() - before == 1
-    from scripts.route import control_dir
-    subprocess.run(["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={control_dir()}/%C", "-O", "exit", sshd.dest()],
+    from scripts.route import control_path
+    socket = control_path(sshd.dest(), sshd.ssh_opts.split())
+    subprocess.run(["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={socket}", "-O", "exit", sshd.dest()],
                    capture_output=True)
