@@ -261,4 +261,7 @@ def _parse(host, stdout: str, nonce: str, code: int, stderr: str, ran: bool, ssh
         raise AgentError(f"{host.alias}: the agent's result is not a JSON object; exit {code}")
     if doc.get(contract.USAGE_ERROR):
         raise ConfigError(f"{host.alias}: {doc[contract.USAGE_ERROR]}")
+    if doc.get(contract.AGENT_ERROR):  # the agent caught its own failure (agent/cli.py main): exit 3, named
+        raise AgentError(f"{host.alias}: the agent failed: {doc[contract.AGENT_ERROR]} (exit {code}; please report "
+                         "it with this line)")
     return doc

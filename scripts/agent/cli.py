@@ -164,7 +164,7 @@ def build_parser(only=None):
 
 
 def emit(args, doc):
-    text = json.dumps(doc, sort_keys=True, default=str)
+    text = contract.textsafe.dumps(doc, sort_keys=True)  # valid Unicode: a non-UTF-8 byte is U+EF80+
     if args.marker:
         out = contract.frame(args.marker, text)
     elif args.json:
@@ -184,8 +184,24 @@ def human(doc):
         value = doc[key]
         if isinstance(value, (dict, list)):
             value = json.dumps(value, sort_keys=True, default=str)
-        lines.append("%s: %s" % (key, value))
+        lines.append("%s: %s" % (key, contract.textsafe.printable(value)))
     return "\n".join(lines) + "\n"
+
+
+def failure(exc):
+    """One line naming an exception and where it was raised, for the operator to report:
+    `IndexError: list index out of range (program.py:72 in names)`. The traceback goes to
+    stderr too. Why: a bare traceback reaches the operator as "the agent gave no result",
+    and a crash in one subcommand must still be a result the local side reads (issue 23)."""
+    import traceback  # only on this path: a teardown's start does not pay for it
+
+    try:
+        traceback.print_exc()
+    except Exception:  # stderr gone too: the result below still names it
+        pass
+    where = traceback.extract_tb(exc.__traceback__)[-1:]
+    at = " (%s:%s in %s)" % (os.path.basename(where[0].filename), where[0].lineno, where[0].name) if where else ""
+    return "%s: %s%s" % (type(exc).__name__, exc, at)
 
 
 def main(argv=None):
@@ -200,6 +216,8 @@ def main(argv=None):
         code, doc = module_for(args.command).run(args)
     except (options.UsageError, devices.DeviceError) as exc:
         code, doc = contract.EXIT_USAGE, {contract.USAGE_ERROR: str(exc)}
+    except Exception as exc:  # anything left (a bug, data no parser here understood): a result naming it
+        code, doc = contract.EXIT_UNREACHABLE, {contract.AGENT_ERROR: failure(exc)}
     doc.setdefault("command", args.command)
     doc.setdefault("exit_code", code)
     emit(args, doc)

@@ -62,39 +62,78 @@ class NvmlSource:
         self._v2 = True         # False once the driver refused the v2 memory call
 
     def _memory(self, h):
-        """(used, reserved, total, call): v2 where the driver has it (used without reserved)."""
+        """(used, reserved, total, call): v2 where the driver has it (used without reserved).
+        Only a driver or binding without the v2 call turns it off, for every GPU: one GPU's
+        failing query says nothing about the others (it raises, and read() notes it)."""
         nv = self.nvml
         if self._v2:
             try:
                 mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
                 return mem.used, mem.reserved, mem.total, "v2"
-            except (nv.NVMLError, AttributeError, TypeError):
+            except (AttributeError, TypeError):
+                self._v2 = False
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) not in NO_V2:
+                    raise
                 self._v2 = False
         mem = nv.nvmlDeviceGetMemoryInfo(h)  # old driver: v1 used includes reserved
         return mem.used, None, mem.total, "v1"
 
+    def _processes(self, h):
+        out = []
+        for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h):
+            raw = p.usedGpuMemory
+            out.append({"pid": int(p.pid), "used_mib": None if raw is None or raw >= 2 ** 64 - 1 else _mib(raw)})
+        return out
+
     def usage(self):
         """[(used MiB, compute processes)] per GPU: the two calls a teardown polls every few
-        ms while the driver frees memory (each about 0.01 ms), without names or UUIDs."""
+        ms while the driver frees memory (each about 0.01 ms), without names or UUIDs. A GPU
+        whose calls fail reads (None, None): unknown, which reads_free never calls free."""
         nv = self.nvml
-        return [(_mib(self._memory(h)[0]), len(nv.nvmlDeviceGetComputeRunningProcesses(h))) for h in self.handles]
+        out: list = []
+        for h in self.handles:
+            try:
+                out.append((_mib(self._memory(h)[0]), len(nv.nvmlDeviceGetComputeRunningProcesses(h))))
+            except Exception:
+                out.append((None, None))
+        return out
 
     def read(self):
-        nv = self.nvml
+        """Every GPU's row. Each query is asked on its own, as health.py asks its own (issue 23:
+        one failing field of one GPU made the whole scan raise): a field that fails is None (or
+        no process listed) and is named in the row's `unread`, which verify.evaluate counts as
+        not free: an unknown value is never "free"."""
         gpus = []
         for index, h in enumerate(self.handles):
-            used, reserved, total, memory_call = self._memory(h)
-            procs = []
-            for p in nv.nvmlDeviceGetComputeRunningProcesses(h):
-                raw = p.usedGpuMemory
-                procs.append({"pid": p.pid, "used_mib": None if raw is None or raw >= 2 ** 64 - 1 else _mib(raw)})
-            if index not in self._names:
-                self._names[index] = (_text(nv.nvmlDeviceGetUUID(h)), _text(nv.nvmlDeviceGetName(h)))
-            uuid, name = self._names[index]
-            gpus.append({"index": index, "uuid": uuid, "name": name,
-                         "used_mib": _mib(used), "reserved_mib": _mib(reserved), "total_mib": _mib(total),
-                         "memory_call": memory_call, "processes": procs})
+            unread = []
+            try:
+                used, reserved, total, memory_call = self._memory(h)
+            except Exception as exc:
+                used = reserved = total = memory_call = None
+                unread.append("memory: %s" % _error(exc))
+            try:
+                procs = self._processes(h)
+            except Exception as exc:
+                procs = []
+                unread.append("compute processes: %s" % _error(exc))
+            uuid, name = self._identity(index, h)
+            row = {"index": index, "uuid": uuid, "name": name,
+                   "used_mib": _mib(used), "reserved_mib": _mib(reserved), "total_mib": _mib(total),
+                   "memory_call": memory_call, "processes": procs}
+            if unread:
+                row["unread"] = unread
+            gpus.append(row)
         return gpus
+
+    def _identity(self, index, h):
+        """(uuid, name), read once (fixed for the life of the handle); (None, '?') while they fail."""
+        if index not in self._names:
+            try:
+                self._names[index] = (_text(self.nvml.nvmlDeviceGetUUID(h)), _text(self.nvml.nvmlDeviceGetName(h)))
+            except Exception:
+                return None, "?"
+        return self._names[index]
 
     def close(self):
         if getattr(self, "hung", False):  # health.py saw a call not return: shutdown would wait on it
@@ -106,7 +145,14 @@ class NvmlSource:
 
 
 def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+NO_V2 = (3, 13, 25)  # NVML_ERROR_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH: no v2 memory call
+
+
+def _error(exc):
+    return "%s: %s" % (type(exc).__name__, exc) if str(exc) else type(exc).__name__
 
 
 class SmiSource:

@@ -9,6 +9,8 @@ check and the signal cannot race); elsewhere the start time is checked just befo
 import os
 import signal
 
+from . import textsafe
+
 PROC = "/proc"
 READ_CHUNK = 1 << 16
 
@@ -35,7 +37,7 @@ def read_stat(pid, proc=PROC):
     """Parsed /proc/PID/stat, or None when the process is gone. comm may hold ') ' itself,
     so the fields are taken after the LAST ')'."""
     try:
-        raw = read_bytes("%s/%d/stat" % (proc, pid)).decode("utf-8", "replace")
+        raw = textsafe.decode(read_bytes("%s/%d/stat" % (proc, pid)))  # comm is any 15 bytes its process chose
     except (FileNotFoundError, ProcessLookupError):
         return None
     lpar, rpar = raw.index("("), raw.rindex(")")

@@ -15,7 +15,7 @@ import pwd
 import re
 import stat
 
-from . import cgroup, fdstat, procfs
+from . import cgroup, fdstat, procfs, textsafe
 
 PROC = "/proc"
 UNSETTLED = "its threads kept exiting while read"
@@ -29,19 +29,11 @@ def _read(path, mode="rb"):
     return data if mode == "rb" else data.decode("utf-8", "replace")
 
 
-_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
-
-
 def printable(text):
-    """Text safe to show on a terminal: control characters (an escape sequence in a process
-    title could erase "NOT FREE" from the operator's screen) and bidi overrides are written
-    as \\xNN / \\uNNNN. Used for every command line shown; matching uses the raw argv."""
-    return _UNSAFE.sub(_escape, text)
-
-
-def _escape(match):
-    code = ord(match.group())
-    return "\\x%02x" % code if code < 256 else "\\u%04x" % code
+    """Text safe to show on a terminal (textsafe.printable: control characters, newlines and
+    bidi overrides as \\xNN / \\uNNNN; an escape sequence in a process title could erase "NOT
+    FREE" from the operator's screen). Used for every command line shown; matching uses argv."""
+    return textsafe.printable(text)
 
 
 THREAD_LISTINGS = 3  # a zombie leader's threads, listed again while they vanish under us
@@ -87,7 +79,7 @@ def basic(pid, proc=PROC):
         return None
     except PermissionError:
         raw = b""
-    argv = [a.decode("utf-8", "replace") for a in raw.split(b"\0")[:-1]] if raw else []
+    argv = [textsafe.decode(a) for a in raw.split(b"\0")[:-1]] if raw else []  # bytes not UTF-8: U+EF80+
     stat["argv"] = argv
     stat["cmdline"] = printable(" ".join(argv) if argv else "[%s]" % stat["comm"])
     try:
@@ -282,7 +274,7 @@ def write_files(pid, proc=PROC):
         if fd in ("1", "2"):
             continue
         try:
-            target = os.readlink("%s/%s" % (fd_dir, fd))
+            target = textsafe.clean(os.readlink("%s/%s" % (fd_dir, fd)))  # a name's non-UTF-8 bytes: U+EF80+
             if not target.startswith("/") or target.startswith(_NOT_FILES):
                 continue
             info = _read("%s/%d/fdinfo/%s" % (proc, pid, fd), "r")
@@ -324,7 +316,7 @@ def user_name(uid):
     if uid not in _USER_NAMES:
         try:
             _USER_NAMES[uid] = pwd.getpwuid(uid).pw_name
-        except KeyError:
+        except (KeyError, OverflowError, TypeError, ValueError):
             _USER_NAMES[uid] = str(uid)
     return _USER_NAMES[uid]
 
@@ -341,7 +333,10 @@ def snapshot(devset, proc=PROC):
     """
     procs, holders, denied, keys = {}, {}, [], devset.inode_keys()
     for pid in all_pids(proc):
-        info = basic(pid, proc)
+        try:
+            info = basic(pid, proc)
+        except Exception as exc:  # data no parser here understands: not inspected, never a crash
+            info = not_understood(pid, exc)
         if info is None:
             continue
         procs[pid] = info
@@ -350,7 +345,10 @@ def snapshot(devset, proc=PROC):
             continue
         if not devset or info["flags"] & PF_KTHREAD:
             continue
-        held, problem = held_devices(pid, devset, info["threads"], proc, keys)
+        try:
+            held, problem = held_devices(pid, devset, info["threads"], proc, keys)
+        except Exception as exc:
+            held, problem = [], "its open files could not be understood (%s)" % type(exc).__name__
         if problem:
             denied.append(pid)
         elif held:
@@ -361,7 +359,10 @@ def snapshot(devset, proc=PROC):
     for pid, info in procs.items():  # mappings: a holder may have closed its fd after mmap
         if not needles or info["flags"] & PF_KTHREAD or pid in unreadable:
             continue
-        names = mapped_by_identity(pid, needles, proc)
+        try:
+            names = mapped_by_identity(pid, needles, proc)
+        except Exception:  # maps text no parser here understands: not inspected
+            names = None
         if names is None:
             denied.append(pid)
         elif names:
@@ -370,6 +371,19 @@ def snapshot(devset, proc=PROC):
     hidden = proc_hidden(proc)
     return {"procs": procs, "holders": holders, "denied": sorted(denied), "devices": list(devset.paths),
             "mapped": mapped, "hidden": hidden}
+
+
+def not_understood(pid, exc):
+    """The record of a process whose /proc data made a parser fail: counted as not inspected
+    (exit 6: it may hold a GPU, so nothing is called free), never the end of the scan. One
+    process of any user must not be able to stop root's teardown (issue 23)."""
+    try:
+        uid = os.stat("%s/%d" % (PROC, pid)).st_uid
+    except OSError:
+        uid = -1
+    return {"pid": pid, "comm": "?", "state": "?", "ppid": 0, "pgid": 0, "sid": 0, "flags": 0, "threads": 1,
+            "start_time": 0, "argv": [], "cmdline": "[pid %d: not understood]" % pid, "uid": uid,
+            "unreadable": "its /proc data could not be understood (%s)" % type(exc).__name__}
 
 
 def proc_hidden(proc=PROC):

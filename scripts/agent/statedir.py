@@ -18,6 +18,8 @@ import json
 import os
 import stat
 
+from . import textsafe
+
 RUN_DIR_ENV = "GPU_PIVOT_RUN_DIR"
 ROOT_RUN_DIR = "/run/gpu-pivot"        # tmpfs: cleared at reboot, like the GPUs' state
 ROOT_PERSIST_DIR = "/var/lib/gpu-pivot"
@@ -263,7 +265,7 @@ def write_atomic(path, data):
 
 
 def write_json_atomic(path, doc):
-    write_atomic(path, json.dumps(doc, sort_keys=True, default=str).encode())
+    write_atomic(path, textsafe.dumps(doc, sort_keys=True).encode())
 
 
 def read_bytes(path, limit=64 * 1024 * 1024):
@@ -287,15 +289,22 @@ def read_json(path):
 
 
 def append_line(path, line):
-    """Append one line in one write() (O_APPEND: lines of concurrent writers never mix)."""
+    """Append one line in one write() (O_APPEND: lines of concurrent writers never mix). It
+    always starts a line of its own: a file whose last line was torn (a writer killed, or the
+    disk full, mid-write) gets that line closed first, or the new record would be glued to
+    the torn one and both lost to every reader (issue 23). Two writers that both see the torn
+    tail leave an empty line between them, which readers skip."""
     if not line.endswith("\n"):
         line += "\n"
-    fd = open_private(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+    fd = open_private(path, os.O_RDWR | os.O_APPEND | os.O_CREAT)
     try:
+        size = os.fstat(fd).st_size
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            line = "\n" + line
         _write_all(fd, line.encode())
     finally:
         os.close(fd)
 
 
 def append_json(path, rec):
-    append_line(path, json.dumps(rec, sort_keys=True, default=str))
+    append_line(path, textsafe.dumps(rec, sort_keys=True))

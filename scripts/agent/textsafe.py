@@ -57,8 +57,12 @@ def clean(text):
 
 
 def decode(raw):
-    """Bytes from the host (argv, a file name) as valid Unicode, losing nothing."""
-    return clean(raw.decode("utf-8", "surrogateescape"))
+    """Bytes from the host (argv, a file name) as valid Unicode, losing nothing. Strict UTF-8
+    first: the usual case, and as fast as the decode it replaces in every /proc read."""
+    try:
+        return raw.decode("utf-8")  # never yields a surrogate: UTF-8 that encodes one is refused
+    except UnicodeDecodeError:
+        return clean(raw.decode("utf-8", "surrogateescape"))
 
 
 def encode(text):

@@ -35,6 +35,8 @@ def evaluate(doc, max_used_mib):
         if used is not None and used > max_used_mib:
             note = " (v1 memory call: includes reserved memory)" if g.get("memory_call") == "v1" else ""
             problems.append("GPU %s: %s MiB used > %s MiB%s" % (g["index"], used, max_used_mib, note))
+        for what in g.get("unread") or ():  # a query that failed (gpuinfo.read): unknown is never free
+            problems.append("GPU %s: %s could not be read, so it is not called free" % (g["index"], what))
     for h in doc["holders"]:
         if not h["protected"]:
             problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], who(h), h["state"],

@@ -13,7 +13,9 @@ Recording: {"gpus": [{"uuid", "name", "bus", "used", "reserved", "total", "proce
 "mps_processes": [pid], "recovery_action": 0, "remapped_rows": [corr, unc, pending, failure],
 "retired_pending": "not supported" | 0 | 1, "mig_mode": [current, pending], "mig_devices":
 [{"gi", "ci", "uuid", "used", "total"}], "display_active": 0, "display_mode": 0, "nvlink": [peer bus, ...],
-"xid_events": [xid, ...]}], "hang": "nvmlDeviceGetRemappedRows" (that call never returns)}
+"xid_events": [xid, ...], "fail": ["nvmlDeviceGetMemoryInfo", ...]}], "hang": "nvmlDeviceGetRemappedRows"
+(that call never returns)}. A GPU's "fail" names calls that raise NVMLError (999, Unknown Error)
+for that GPU only: one bad field of one GPU (issue 23).
 """
 import json
 import os
@@ -35,7 +37,8 @@ RELEASE = threading.Event()  # set() lets a hung call return (tests end their th
 class NVMLError(Exception):
     def __init__(self, value):
         self.value = value
-        super().__init__({3: "Not Supported", 6: "Not Found", 10: "Timeout"}.get(value, "NVML error %d" % value))
+        super().__init__({3: "Not Supported", 6: "Not Found", 10: "Timeout", 999: "Unknown Error"}.get(
+            value, "NVML error %d" % value))
 
 
 def load(recording):
@@ -55,6 +58,14 @@ class _Handle:
 
 def _gpu(h):
     return _rec["gpus"][h.index]
+
+
+NVML_ERROR_UNKNOWN = 999
+
+
+def _maybe_fail(h, name):
+    if name in _gpu(h).get("fail", ()):
+        raise NVMLError(NVML_ERROR_UNKNOWN)
 
 
 def _maybe_hang(name):
@@ -81,16 +92,19 @@ def nvmlDeviceGetHandleByIndex(i):
 
 
 def nvmlDeviceGetName(h):
+    _maybe_fail(h, "nvmlDeviceGetName")
     return _gpu(h).get("name", "NVIDIA H200")
 
 
 def nvmlDeviceGetUUID(h):
+    _maybe_fail(h, "nvmlDeviceGetUUID")
     if h.mig is not None:
         return _gpu(h)["mig_devices"][h.mig]["uuid"]
     return _gpu(h)["uuid"]
 
 
 def nvmlDeviceGetMemoryInfo(h, version=None):
+    _maybe_fail(h, "nvmlDeviceGetMemoryInfo")
     if h.mig is not None:
         d = _gpu(h)["mig_devices"][h.mig]
         return SimpleNamespace(used=d["used"], total=d["total"], free=d["total"] - d["used"])
@@ -100,6 +114,7 @@ def nvmlDeviceGetMemoryInfo(h, version=None):
 
 
 def nvmlDeviceGetComputeRunningProcesses(h):
+    _maybe_fail(h, "nvmlDeviceGetComputeRunningProcesses")
     return [SimpleNamespace(pid=pid, usedGpuMemory=used) for pid, used in _gpu(h).get("processes", [])]
 
 

@@ -1,0 +1,176 @@
+"""Nothing on the host can crash a teardown or forge its output (issue 23), each case on the
+input that broke it.
+
+- a process of any user with an empty or blank argv[0] (`exec -a '' sleep 100`) crashed the
+  scan (IndexError in program.names): plan and teardown exited 3, the server kept its GPUs;
+- one failing NVML field of one GPU made the scan raise; an unknown value must never read free;
+- whatever is left that raises in the agent is a result naming it, which the CLI reports;
+- one process whose /proc data no parser understands is "not inspected", never the end of a scan.
+
+Every process is the test's own, ended by PID; every teardown is scoped to the test's temp
+dir (fake devices + SCOPE).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.agent import cli, contract, gpuinfo, procscan, program, verify
+from scripts.hostconfig import build_host
+from scripts.transport import AgentError, _parse, call_agent
+from tests import scenario
+from tests.conftest import REPO
+from tests.procs import alive, wait_for
+
+STANDIN = REPO / "tests" / "standin" / "nvml"
+AGENT = REPO / "scripts" / "gpuagent.py"
+
+
+def host(ps, **keys):
+    base = dict(scenario.host_keys(ps), TARGETS=r"sglang\.launch_server")
+    base.update(keys)
+    return dataclasses.replace(build_host("local", base, "test"), fake_gpus=str(ps.memdir))
+
+
+def nameless(ps, argv0: str) -> int:
+    """`exec -a ARGV0 sleep 100`, as any user could start it; returns its pid once exec'd."""
+    p = subprocess.Popen(["bash", "-c", f"exec -a '{argv0}' sleep 100"], start_new_session=True)
+    ps.adopt(p.pid)
+    want = argv0.encode() + b"\0"
+    wait_for(lambda: Path(f"/proc/{p.pid}/cmdline").read_bytes().startswith(want)
+             and Path(f"/proc/{p.pid}/comm").read_text().strip() == "sleep", "the nameless sleep")
+    return p.pid
+
+
+# -- one process, one field ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [[""], [" "], ["", "100"], [" ", "100"], ["\t\n"]])
+def test_a_blank_argv0_is_named_by_its_comm(argv):
+    names = program.names({"argv": argv, "comm": "sleep"})
+    assert ("sleep", "is program sleep") in names
+    assert program.names({"argv": argv, "comm": ""}) == []
+    assert program.match({"argv": argv, "comm": "sleep"}, [r"sglang\.launch_server"]) is None
+
+
+@pytest.mark.parametrize("argv0", ["", " "])
+def test_a_nameless_process_anywhere_does_not_stop_plan_or_teardown(ps, argv0):
+    blank = nameless(ps, argv0)
+    server = scenario._server(ps, "--tp", "1")
+    planned = call_agent(host(ps), "plan")
+    assert planned.code == 0, planned.doc
+    assert [t["pid"] for t in planned.doc["plan"]["targets"]][:1] == [server]
+    assert blank not in [t["pid"] for t in planned.doc["plan"]["targets"]]
+    done = call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.2"])
+    assert done.code == 0, done.doc.get("problems")
+    assert not alive(server) and alive(blank)
+
+
+def standin_source(recording: dict):
+    """gpuinfo.NvmlSource over the stand-in NVML (tests/standin/nvml), loaded in-process."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("standin_pynvml_%d" % id(recording), STANDIN / "pynvml.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    mod.load(recording)
+    src = gpuinfo.NvmlSource.__new__(gpuinfo.NvmlSource)
+    src.nvml, src._names, src._v2 = mod, {}, True
+    src.handles = [mod.nvmlDeviceGetHandleByIndex(i) for i in range(mod.nvmlDeviceGetCount())]
+    return src
+
+
+H200 = {"uuid": "GPU-0", "name": "NVIDIA H200", "bus": "00000000:19:00.0", "used": 0, "reserved": 645922816,
+        "total": 150754820096, "processes": []}
+
+
+@pytest.mark.parametrize("call,field", [("nvmlDeviceGetMemoryInfo", "memory"),
+                                        ("nvmlDeviceGetComputeRunningProcesses", "compute processes")])
+def test_one_failing_nvml_field_of_one_gpu_is_that_field_unread_and_never_free(call, field):
+    src = standin_source({"gpus": [H200, dict(H200, uuid="GPU-1", fail=[call])]})
+    gpus = src.read()
+    assert "unread" not in gpus[0] and gpus[0]["used_mib"] == 0
+    assert [u.split(":")[0] for u in gpus[1]["unread"]] == [field]
+    assert src.usage()[1] == (None, None) and gpuinfo.reads_free(src, 0) is False
+    assert src._v2  # one GPU's failure does not switch every GPU to the v1 call (reserved counted)
+    doc = {"gpus": gpus, "devices": ["/dev/nvidia0"], "devices_glob": "", "holders": []}
+    free, problems = verify.evaluate(doc, 0)
+    assert not free and problems == [f"GPU 1: {gpus[1]['unread'][0]} could not be read, so it is not called free"]
+
+
+def test_a_failing_name_or_uuid_is_shown_unknown_and_read_again():
+    src = standin_source({"gpus": [dict(H200, fail=["nvmlDeviceGetUUID"])]})
+    assert (src.read()[0]["uuid"], src.read()[0]["name"]) == (None, "?")
+    src.nvml._rec["gpus"][0]["fail"] = []
+    assert src.read()[0]["uuid"] == "GPU-0"
+
+
+def test_the_agent_with_one_bad_nvml_field_answers_not_free(tmp_path):
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps({"gpus": [H200, dict(H200, uuid="GPU-1", fail=["nvmlDeviceGetMemoryInfo"])]}))
+    env = dict(__import__("os").environ, PYTHONPATH=str(STANDIN), GPU_PIVOT_NVML_RECORDING=str(rec))
+    done = subprocess.run([sys.executable, str(AGENT), "verify", "--json", "--devices", str(tmp_path / "none*")],
+                          capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+    doc = json.loads(done.stdout)
+    assert done.returncode == contract.EXIT_NOT_FREE, doc
+    assert doc["gpu_source"] == "nvml" and "Traceback" not in done.stderr
+    assert any(p.startswith("GPU 1: memory: NVMLError") for p in doc["problems"]), doc["problems"]
+
+
+# -- what still raises: a result naming it ------------------------------------------------------
+
+class Broken:
+    """A subcommand module whose run raises: stands for any bug left in the agent."""
+
+    @staticmethod
+    def add_arguments(parser):
+        pass
+
+    @staticmethod
+    def run(args):
+        return [][0]
+
+
+def test_an_exception_in_the_agent_is_a_result_naming_it(monkeypatch, capsys):
+    monkeypatch.setitem(cli.MODULES, "scan", Broken)
+    code = cli.main(["scan", "--json"])
+    out = capsys.readouterr()
+    doc = json.loads(out.out)
+    assert code == contract.EXIT_UNREACHABLE == doc["exit_code"]
+    assert doc[contract.AGENT_ERROR].startswith("IndexError: list index out of range (test_hostile_host.py:")
+    assert "in run)" in doc[contract.AGENT_ERROR] and "Traceback" in out.err
+
+
+def test_the_cli_reports_the_agents_own_failure_as_one_line():
+    host_ = build_host("local", {}, "test")
+    nonce = contract.new_nonce()
+    body = json.dumps({contract.AGENT_ERROR: "IndexError: boom (program.py:72 in names)", "command": "scan",
+                       "exit_code": 3})
+    with pytest.raises(AgentError, match=r"local: the agent failed: IndexError: boom \(program\.py:72 in names\)"):
+        _parse(host_, contract.frame(nonce, body), nonce, 3, "", True)
+
+
+def test_a_process_no_parser_understands_is_not_inspected(monkeypatch, ps):
+    server = scenario._server(ps, "--tp", "1")
+    real = procscan.basic
+
+    def basic(pid, proc=procscan.PROC):
+        if pid == server:
+            raise ValueError("a stat line no kernel writes")
+        return real(pid, proc)
+
+    monkeypatch.setattr(procscan, "basic", basic)
+    from scripts.agent import devices
+
+    snap = procscan.snapshot(devices.DeviceSet(ps.glob, fake=True))
+    assert server in snap["denied"]
+    assert snap["procs"][server]["unreadable"] == "its /proc data could not be understood (ValueError)"
+
+
+def test_human_output_of_the_agent_is_escaped():
+    text = cli.human({"error": "x\n\x1b[2JFREED", "list": ["a\nb"]})
+    assert "\x1b" not in text and text.count("\n") == 2 and "x\\x0a\\x1b[2JFREED" in text
