@@ -48,7 +48,8 @@ def where(h: dict) -> str:
     if h.get("container"):
         if h["container"].get("label"):  # `ct 129 pid 9 (node pid 814)`, seen from a Proxmox node
             return h["container"]["label"]
-        return f"{h['container']['kind']}:{h['container']['id'][:12]}"
+        c = h["container"]
+        return f"{c['kind']}:{c['name']} ({c['id'][:12]})" if c.get("name") else f"{c['kind']}:{c['id'][:12]}"
     return h.get("unit") or "-"
 
 

@@ -57,6 +57,13 @@ def plan_tables(plan) -> str:
     for u in plan.units:
         how = f"pct exec {u['ctid']} -- systemctl" if u.get("ctid") else "systemctl"  # a unit inside an LXC CT
         out.append(f"  unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}")
+    for c in plan.containers:
+        name = f"{c['name']} ({c['id'][:12]})" if c.get("name") else c["id"][:12]
+        out.append(f"  container {name} will be stopped with docker stop"
+                   + (" (its restart policy set to no first)" if c.get("disable") else ""))
+    for s in plan.supervisors:
+        out.append(note(f"SUPERVISOR pid {s['pid']} ({command(s, 60)}) {s['reason']}; not signalled: it can start "
+                        f"them again (to stop it too: {s.get('hint')})"))
     scope = plan.scope
     if scope.get("text") or scope.get("uid") is not None:
         out.append(note(f"scope: only processes with {scope.get('text')!r} in their command line"
@@ -73,8 +80,9 @@ def progress_line(alias: str, p: dict) -> str:
 
 def _progress_text(alias: str, p: dict) -> str:
     if p.get("phase") == "free":  # seen free now; the verdict (exit code) comes after the settle window
-        return (f"{alias}: FREED at {p.get('free_at_s', 0):.2f}s: every GPU read free, no holder left "
-                f"(watching {p.get('settle_s', 0):g}s more for a respawn before the verdict)")
+        watch = (f"watching {p['settle_s']:g}s more for a respawn before the verdict" if p.get("settle_s")
+                 else "nothing left that could restart a target")
+        return f"{alias}: FREED at {p.get('free_at_s', 0):.2f}s: every GPU read free, no holder left ({watch})"
     alive = p.get("alive")
     parts = [f"{alias}: [{p.get('elapsed_s', 0):6.2f}s] {p.get('phase')}"]
     if alive is not None:
@@ -160,7 +168,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     for a in t.appeared:
         lines.append(f"  RESPAWN pid {a['pid']} ({command(a, 60)}) {a['why']}")
         if a.get("include"):
-            lines.append(f"    to include it: {a['include']}")
+            lines.append(f"    to stop what restarts it: {a['include']}")
     for a in t.actions:  # a stopped unit or container that starts again by itself (agent/units.py)
         if a.get("comes_back"):
             lines.append(f"  NOTE {shorten(a['signal'], 60)}: {a['comes_back']}")
@@ -172,9 +180,11 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
     timing = f"in {t.wall_s:.2f}s"
-    if t.free_at_s is not None:
-        timing = f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s or 0:.2f}s " \
-                 f"({t.settle_s:g}s watched for respawns)"
+    if t.free_at_s is not None and t.settled_at_s is not None:
+        timing = f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s:.2f}s " + (
+            f"({t.settle_s:g}s watched for respawns)" if not t.settle_ended else f"(settle: {t.settle_ended})")
+    elif t.free_at_s is not None:
+        timing = f"free at {t.free_at_s:.2f}s, then not free; in {t.wall_s:.2f}s"
     verdict = "FREED and verified" if t.code == contract.EXIT_OK else (
         "FREED, but a GPU needs a reset, a reboot or draining (GPU health below)"
         if t.code == contract.EXIT_UNHEALTHY else

@@ -108,7 +108,7 @@ def test_real_device_found_by_identity_under_another_name(tmp_path):
         held = {h["pid"]: h for h in doc["holders"]}
         assert proc.pid in held, "a GPU node under another name is a holder"
         assert held[proc.pid]["devices"] == ["/dev/nvidia0"]
-        assert "NVML/driver handle only" in (held[proc.pid]["protected"] or "")
+        assert "no CUDA context" in (held[proc.pid]["protected"] or "")
     finally:
         proc.kill()
         proc.wait()

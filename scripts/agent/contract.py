@@ -107,9 +107,9 @@ SUBCOMMANDS = {
     "ping": (),
     "scan": (),
     "verify": ("--max-used-mib", "--wait"),
-    "plan": ("--only-matching", "--disable"),
-    "teardown": ("--only-matching", "--disable", "--max-used-mib", "--grace", "--timeout", "--wait-lock",
-                 "--operator", "--approved", "--settle", "--mps"),
+    "plan": ("--only-matching", "--stop-supervisors", "--disable"),
+    "teardown": ("--only-matching", "--stop-supervisors", "--disable", "--max-used-mib", "--grace", "--timeout",
+                 "--wait-lock", "--operator", "--approved", "--settle", "--mps"),
     "phase-start": (SPEC_FLAG,),
     "phase-ready": (SPEC_FLAG, "--wait"),
     "phase-stop": (SPEC_FLAG, "--operator"),
@@ -482,6 +482,8 @@ class Plan(Record):
     left_alone: list[dict[str, Any]] = []
     will_free_mib: int = 0
     units: list[dict[str, Any]] = []
+    containers: list[dict[str, Any]] = []
+    supervisors: list[dict[str, Any]] = []
     writing: list[dict[str, Any]] = []
     scope: dict[str, Any] = {}
     rules: list[str] = []
@@ -521,7 +523,9 @@ class TeardownResult(Record):
     unapproved: list[dict[str, Any]] = []
     adopted: list[dict[str, Any]] = []
     signal_failures: list[dict[str, Any]] = []
-    appeared: list[dict[str, Any]] = []
+    appeared: list[dict[str, Any]] = []  # respawns: {pid, cmdline, why, started_by, include}
+    ignored: list[dict[str, Any]] = []  # seen in the settle window, not a respawn: {pid, cmdline, why}
+    settle_ended: str | None = None  # why the window ended as soon as the GPUs read free
     stuck: list[dict[str, Any]] = []
     concurrent_teardowns: list[dict[str, Any]] = []
     record_errors: list[str] = []

@@ -18,7 +18,7 @@ through their manager.
 """
 import os
 
-from . import cgroup, contract, procfs, procscan, rules, scan
+from . import cgroup, contract, procfs, procscan, rules, scan, units, wrappers
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
 
@@ -27,6 +27,9 @@ def add_arguments(parser):
     """plan's own flags (teardown takes them too); the selection flags are cli.py's to add."""
     parser.add_argument("--only-matching", action="store_true",
                         help="signal only pattern matches and their trees; report other GPU holders")
+    parser.add_argument("--stop-supervisors", action="store_true",
+                        help="also stop a free-standing supervisor of the targets (a `bash -c` or script that "
+                             "waits for them or restarts them in a loop, outside any unit or container)")
     parser.add_argument("--disable", action="store_true",
                         help="also disable what is stopped: `systemctl disable` a unit, "
                              "`docker update --restart=no` a container")
@@ -49,18 +52,21 @@ def systemd_running():
 
 
 
-def _unit_to_stop(unit):
+def stoppable_unit(unit):
+    """The unit, when it is a system service the plan may stop (not sshd, docker, a login scope
+    or a user's manager); else None."""
     if not unit or not unit.endswith(".service") or unit in UNIT_NEVER_STOPPED or unit.startswith("user@"):
         return None
     return unit
 
 
-def _wholly_targeted(targets, procs):
-    """Units and containers whose every process is a target: only those may be stopped
-    through their manager. A GPU job started from cron, supervisord or a notebook server
-    lives in that daemon's unit; `systemctl stop` would end the daemon and everything else
-    in it, none of which the plan lists. A unit under a user manager (user@UID.service) is
-    not the system manager's to stop. Reads /proc/*/cgroup only when there is a candidate."""
+def _wholly_targeted(targets, procs, extra=frozenset()):
+    """Units and containers whose every process is a target, a wrapper of targets or a log
+    filter of theirs (`extra`, wrappers.py): only those may be stopped through their manager.
+    A GPU job started from cron, supervisord or a notebook server lives in that daemon's unit;
+    `systemctl stop` would end the daemon and everything else in it, none of which the plan
+    lists. A unit under a user manager (user@UID.service) is not the system manager's to
+    stop. Reads /proc/*/cgroup only when there is a candidate."""
     wanted = {owner_key(t) for t in targets} - {None}
     if not wanted:
         return set()
@@ -73,7 +79,7 @@ def _wholly_targeted(targets, procs):
             members.setdefault(key, set()).add(pid)
             if "/user@" in (cg["path"] or ""):
                 user_units.add(key)
-    mine = {t["pid"] for t in targets}
+    mine = {t["pid"] for t in targets} | set(extra)
     return {key for key, pids in members.items() if pids <= mine and key not in user_units}
 
 
@@ -102,6 +108,8 @@ def in_scope(info, args):
 RULES = (
     "targets: programs named by the patterns, the processes they started, and other unprotected GPU holders",
     "processes a target forks during the teardown (its new descendants) are signalled too",
+    "what a target left in the process group or session it leads is stopped with it",
+    "a unit or container holding only targets and their wrappers is stopped through its manager",
     "anything else that holds a GPU after the targets are gone is reported, never signalled",
 )
 
@@ -138,10 +146,8 @@ def build(doc, args):
             for child in kids.get(stack.pop(), []):
                 if add(child, "started by target %d" % root) or child in reasons:
                     stack.append(child)
-    leaders = {pid for pid in reasons if procs[pid]["sid"] == pid}
-    for pid, info in procs.items():  # a session a target leads holds only what it started
-        if info["sid"] in leaders and pid not in reasons:
-            add(pid, "in the session of target %d (started by it, then reparented)" % info["sid"])
+    for pid, why in _left_in_group(reasons, procs):
+        add(pid, why)
     left_alone = []
     for pid, h in holders.items():
         if pid in reasons or h["protected"]:
@@ -153,7 +159,42 @@ def build(doc, args):
             left_alone.append(_row(h, "holds a GPU but is outside the scope (--scope/--scope-uid)"))
         else:
             add(pid, why)
-    return _assemble(doc, reasons, holders, procs, left_alone, args)
+    wrapped, filters = wrappers.find(reasons, procs, kids, never=chain)
+    wrapped = {pid: pids for pid, pids in wrapped.items() if not protect(pid) and in_scope(procs[pid], args)}
+    return _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters)
+
+
+PIPELINE_SIBLING_S = 0.1  # a shell forks a pipeline's members together; a server's helper comes later
+
+
+def _left_in_group(reasons, procs):
+    """(pid, why) for what a target left in the session or process group it leads: a
+    double-forked helper, reparented to PID 1 or a subreaper. Everything in a session a target
+    leads was started by it. A server started from an interactive shell leads its job's
+    process group, not the session (the shell leads that), so the group is looked at too;
+    but a shell puts a pipeline's other members in it (`server | tee log`), so a member of the
+    group is left alone when its parent is a live non-target ancestor of the leader other
+    than PID 1 (the shell that started both), or when it is reparented but started within
+    PIPELINE_SIBLING_S of the leader (forked with it by that shell, which has left since)."""
+    leaders = {pid for pid in reasons if procs[pid]["sid"] == pid or procs[pid]["pgid"] == pid}
+    if not leaders:
+        return []
+    lineage = {pid: set(procscan.ancestors(procs[pid]["ppid"], procs)) - {1} - set(reasons) for pid in leaders}
+    together = PIPELINE_SIBLING_S * procscan.clock_ticks()
+    out = []
+    for pid, info in procs.items():
+        if pid in reasons:
+            continue
+        if info["sid"] in leaders and procs[info["sid"]]["sid"] == info["sid"]:
+            out.append((pid, "in the session of target %d (started by it, then reparented)" % info["sid"]))
+            continue
+        leader = procs.get(info["pgid"])
+        if info["pgid"] not in leaders or leader is None or info["ppid"] in lineage[info["pgid"]]:
+            continue
+        if info["ppid"] not in reasons and info["start_time"] - leader["start_time"] <= together:
+            continue
+        out.append((pid, "in the process group of target %d (left there by it)" % info["pgid"]))
+    return out
 
 
 def _row(info, why):
@@ -164,13 +205,16 @@ def _row(info, why):
     return out
 
 
-def _assemble(doc, reasons, holders, procs, left_alone, args):
+def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
     now = scan.procfs_now_ticks()
-    targets = []
-    for pid in sorted(reasons):
+
+    def row(pid, why):
         info = holders.get(pid) or procscan.detail(procs[pid], [], now_ticks=now)
         info.setdefault("gpu_mib", {})
-        targets.append(_row(info, reasons[pid]))
+        return _row(info, why)
+
+    targets = [row(pid, reasons[pid]) for pid in sorted(reasons)]
+    wrapper_rows = [row(pid, _wrapper_why(pid, pids, procs)) for pid, pids in sorted(wrapped.items())]
     units: dict = {}
     containers: dict = {}
     found: dict = {}
@@ -180,12 +224,13 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
             found[manager] = systemd_running() if manager == "systemd" else on_path(manager)
         return found[manager]
 
-    whole = _wholly_targeted(targets, procs)
-    for t in targets:
+    whole = _wholly_targeted(targets + wrapper_rows, procs, set(filters))
+    supervisors = []
+    for t in targets + wrapper_rows:
         # a unit or container that runs other processes too (cron, a notebook server): signal ours only
         key = owner_key(t) if owner_key(t) in whole else None
         container = t["container"]
-        unit = _unit_to_stop(t["unit"]) if key else None
+        unit = stoppable_unit(t["unit"]) if key else None
         if unit and container is None and have("systemd"):
             units.setdefault((unit, None), []).append(t["pid"])
             t["via"] = "systemctl stop %s" % unit
@@ -197,20 +242,80 @@ def _assemble(doc, reasons, holders, procs, left_alone, args):
             t["via"] = "docker stop %s" % container["id"][:12]
         else:
             t["via"] = "signal"
+        if t["pid"] in wrapped:
+            if t["via"] != "signal" or args.stop_supervisors:
+                targets.append(t)
+            else:
+                supervisors.append(t)
+    names = _container_names(targets + supervisors, have)
+    for t in targets + supervisors:
+        _name_container(t, names)
+        if t["pid"] in wrapped and t["via"] == "signal":
+            t["reason"] = "supervisor of target(s) %s, stopped too (--stop-supervisors)" % _pids(wrapped[t["pid"]])
+    for t in supervisors:
+        t["hint"] = supervisor_hint(t)
     protected = [_row(h, h["protected"]) for h in doc["holders"] if h["protected"]]
     return {
-        "targets": targets,
+        "targets": sorted(targets, key=lambda t: t["pid"]),
         "protected": protected,
         "left_alone": left_alone,
+        "supervisors": supervisors,
         "units": [{"unit": u, "ctid": ct, "pids": p, "disable": bool(args.disable)}
                   for (u, ct), p in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))],
-        "containers": [{"id": c, "pids": p, "disable": bool(args.disable)} for c, p in sorted(containers.items())],
+        "containers": [{"id": c, "name": names.get(c), "pids": p, "disable": bool(args.disable)}
+                       for c, p in sorted(containers.items())],
         "patterns": patterns_of(args),
         "scope": {"text": args.scope, "uid": args.scope_uid},
         "rules": list(RULES),
         "will_free_mib": sum(v for t in targets for v in t["gpu_mib"].values() if v),
         "writing": [{"pid": t["pid"], "files": t["write_files"]} for t in targets if t["write_files"]],
     }
+
+
+def _pids(pids):
+    return ", ".join(map(str, pids[:8])) + (", ..." if len(pids) > 8 else "")
+
+
+def _wrapper_why(pid, wrapped_pids, procs):
+    what = "an init" if wrappers.kind(procs[pid]) == "init" else "a shell"
+    return "wraps target(s) %s (%s that waits for them, or starts them again)" % (_pids(wrapped_pids), what)
+
+
+def supervisor_hint(info):
+    """What stops a process that restarts targets, in words an operator can run: its unit's
+    or container's stop, never its PID (a unit's main process is restarted by systemd), else
+    the teardown flag that includes it."""
+    container, unit = info.get("container"), info.get("unit")
+    if container and container.get("kind") == "docker":
+        return "docker stop %s" % container_label(container)
+    if container and container.get("kind") == "lxc":
+        return "pct exec %s -- systemctl stop %s" % (container["id"], unit) if unit and unit != "init.scope" \
+            else "pct stop %s" % container["id"]
+    if stoppable_unit(unit):
+        return "systemctl stop %s" % unit
+    return "--stop-supervisors (also stops PID %d: %s)" % (info["pid"], (info.get("cmdline") or "")[:60])
+
+
+def container_label(container):
+    """`vllm (3f2a1b4c5d6e)`: a docker container by name and short id; the id alone when no
+    name is known."""
+    short = (container.get("id") or "")[:12]
+    return "%s (%s)" % (container["name"], short) if container.get("name") else short
+
+
+def _container_names(rows, have):
+    ids = sorted({r["container"]["id"] for r in rows if r.get("container") and r["container"]["kind"] == "docker"})
+    if not ids or not have("docker"):
+        return {}
+    return units.container_names(ids)
+
+
+def _name_container(row, names):
+    container = row.get("container")
+    if container and container.get("kind") == "docker" and names.get(container["id"]):
+        row["container"] = dict(container, name=names[container["id"]])
+        if row.get("via", "").startswith("docker stop"):
+            row["via"] = "docker stop %s" % container_label(row["container"])
 
 
 def run(args):

@@ -84,21 +84,67 @@ def names(proc):
     return out
 
 
+def alternatives(pattern):
+    """The top-level alternatives of a regex: `x\\.launch_server|x serve` is two patterns,
+    each judged on its own terms (a single name, or `program subcommand`). A `|` inside a
+    group, a character class or after a backslash does not split."""
+    out, depth, in_class, escaped, start, last = [], 0, False, False, 0, 0
+    for i, ch in enumerate(pattern):
+        if escaped:
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif in_class:
+            in_class = ch != "]" or i == start
+        elif ch == "[":  # a `]` first in the class (after an optional `^`) is a literal
+            in_class, start = True, i + (2 if pattern[i + 1:i + 2] == "^" else 1)
+        elif ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth = max(0, depth - 1)
+        elif ch == "|" and depth == 0:
+            out.append(pattern[last:i])
+            last = i + 1
+    return out + [pattern[last:]]
+
+
 def match(proc, patterns):
     """(pattern, why) for the first pattern naming this process's program, or None.
 
-    A pattern with a space is matched only against `program subcommand` names; one
-    without a space only against single names. Both must match the whole name."""
+    Each top-level alternative of a pattern (alternatives()) is matched on its own: one
+    with a space only against `program subcommand` names, one without a space only against
+    single names. Either must match the whole name."""
     known = names(proc)
     for pattern in patterns:
-        spaced = " " in pattern
-        rx = re.compile(pattern)
-        for name, why in known:
-            if (" " in name) == spaced and rx.fullmatch(name):
-                return pattern, why
+        for alt in alternatives(pattern):
+            spaced = " " in alt
+            rx = _compiled(alt)
+            for name, why in known:
+                if (" " in name) == spaced and rx.fullmatch(name):
+                    return pattern, why
     return None
 
 
+_COMPILED: dict = {}
+
+
+def _compiled(pattern):
+    """re.compile, memoised here: a scan matches every process against every alternative."""
+    rx = _COMPILED.get(pattern)
+    if rx is None:
+        rx = _COMPILED[pattern] = re.compile(pattern)
+    return rx
+
+
+def identity(proc):
+    """The names that say WHICH program a process runs: its module, script, executable or
+    title, never a bare interpreter's name (`python3 -c ...` shares `python3` with every
+    Python on the host). What "runs the same program as a target" compares."""
+    return {n for n, why in names(proc) if " " not in n and not why.startswith("is the interpreter")
+            and not INTERPRETERS.match(n)}
+
+
 def matches_empty(pattern):
-    """True when the regex matches the empty string (and so would match everything)."""
-    return re.compile(pattern).search("") is not None
+    """True when the regex, or one of its alternatives, matches the empty string (and so
+    would match everything). Raises re.error for an alternative that does not compile alone."""
+    return any(re.compile(p).search("") is not None for p in [pattern] + alternatives(pattern))

@@ -46,10 +46,11 @@ def collect(args, source=None):
     holder_pids = (set(snap["holders"]) | set(gpu_mib)) - {me}  # our own NVML handle is not a holder
     now = procfs_now_ticks()
     holders = []
+    lists = context_source(source.name, foreign)
     for pid in sorted(holder_pids):
         rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now, mapped=snap["mapped"].get(pid))
         rec["gpu_mib"] = gpu_mib.get(pid, {})
-        rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _nvml_only(rec)
+        rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _no_context(rec, lists)
         holders.append(rec)
     related = _related(procs, holder_pids, chain | {me})
     # An unreadable process might be a holder we cannot see: it blocks FREE (exit 6). Only
@@ -73,6 +74,7 @@ def collect(args, source=None):
         "holders": holders,
         "related": related,
         "foreign_gpu_pids": foreign,
+        "context_source": lists,
         "denied": denied,
         "denied_protected": denied_protected,
         "proc_hidden": snap["hidden"],
@@ -85,10 +87,25 @@ def collect(args, source=None):
     }
 
 
-def _nvml_only(rec):
-    """A holder of real GPU nodes with no CUDA context (nothing mapped, no GPU memory) is a
-    monitor-like NVML/driver handle: it does not keep memory from the next job."""
-    if rec["gpu_mib"] or rec["mapped_devices"] != [] or not procscan.real_devices(rec["devices"]):
+def context_source(source_name, foreign):
+    """Which source says who has a CUDA context: NVML's or nvidia-smi's process lists, when
+    every process they list is one of ours (in a container that does not share the node's PID
+    namespace, NVML's pids are the node's and cannot be told apart: then nobody is vouched
+    for, and the GPU those pids are on is not free anyway). None: no such source (fake
+    devices, no driver), and a device mapping is taken for a context as before."""
+    return source_name if source_name in ("nvml", "nvidia-smi") and not foreign else None
+
+
+def _no_context(rec, lists):
+    """A holder of real GPU nodes with no CUDA context does not keep memory from the next job:
+    nvidia-smi, DCGM and every NVML client open and map the device files. With a process list
+    to ask (context_source), no context means not listed on any GPU; without one, nothing
+    mapped and no GPU memory."""
+    if rec["gpu_mib"] or not procscan.real_devices(rec["devices"]):
+        return None
+    if lists:
+        return "no CUDA context (%s lists no GPU process for it: a device handle, as every NVML client has)" % lists
+    if rec["mapped_devices"] != []:
         return None
     return "NVML/driver handle only (no CUDA context: device files not mapped, no GPU memory)"
 

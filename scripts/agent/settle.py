@@ -1,39 +1,50 @@
-"""After the targets are gone: wait for the GPUs to read free, then keep watching.
+"""After the targets are gone: wait for the GPUs to read free, then answer one question:
+can anything bring the targets back?
 
-Why a settle window: a supervisor (`while true; do python3 -m sglang.launch_server; done`,
-a Restart=always unit we could not stop through systemd, a cron job) restarts the server
-0.1 s after the last target exits, and a check made at that instant says "FREED" while
-the GPU is being taken again. So free must hold for the whole window (default 2 s),
-rescanning every poll. A holder that appears meanwhile is
-- a new descendant of a target: signalled (the rule the plan states), and waited for;
-- anything else: reported with the process that started it ("respawned by PID 812: bash
-  supervise.sh") and the flag that would include it; the verdict is "not free".
-A server takes seconds to import before it opens a GPU, so a restart is also caught before
-it holds anything: a process started during the teardown that runs a target program (a
-target pattern, or the same program as a signalled target) and is still alive at the end
-makes the verdict "not free" too. It is reported, never signalled (it was not in the plan).
+Why a settle window: a supervisor (`while true; do python3 -m sglang.launch_server; done`, a
+Restart=always unit we could not stop through systemd) restarts the server 0.1 s after the
+last target exits, and a check made at that instant says "FREED" while the GPU is being
+taken again. So the GPUs are watched for a window (default 2 s) after they first read free.
+
+What counts as a respawn (the only thing that makes a free host NOT FREE): a process started
+during the teardown that
+  (a) is a target by program identity (a target pattern, or the same module, script,
+      executable or title as a signalled target: program.identity, never a shared
+      interpreter name such as `python3`), or has a CUDA context (scan.context_source), and
+  (b) was started by something that survives from the original targets' ancestry (their
+      parents up to the session leader: a shell loop, a wrapper, a terminal's shell; never PID
+      1 or this agent's own chain), or by the manager of a target's unit or container (a
+      process that turns up in that unit or container).
+It is reported with what started it and what would stop it (`systemctl stop UNIT`,
+`docker stop NAME`, --stop-supervisors), never signalled (it was not in the plan). Nothing
+else restarts the window or makes the verdict NOT FREE: a monitor's poll (nvidia-smi holds
+device files and no context), a passing NVML query, an unrelated new job that is gone by the
+verdict. Those are listed in `ignored`, with why. A process that still holds a GPU with a
+context when the window ends keeps the GPU from being free, whoever started it: the verdict
+waits for it (up to --timeout) and says so.
+
 "Free at" (the first moment every GPU read free) and "settled at" are reported apart, and
-`on_free` is called at free-at so the operator sees it then; the verdict stays the
-window's: a respawn inside it still makes the teardown "not free".
+`on_free` is called at free-at so the operator sees it then: once, and again only after the
+verdict changed (a respawn seen, then free once more).
 
 Until free-at, the driver is what is waited on. Free needs every GPU to read free AND list no
 compute process, no holder in the /proc scan, AND every target (adopted ones included) to
-have exited: on 2xH200 (bench/exit_probe.py) the compute process list clears only with the
-exit, and a process stuck in its exit can still have a GPU open after its fd table is
-detached, where no scan sees it (a red team's find, on a host without NVML). The teardown
-waits for that exit on the pidfds before this window starts; a target that has still not
-exited when the window runs out makes the verdict "not free", with why. The source's quick
+have exited: the compute process list clears only with the exit, and a process stuck in its
+exit can still have a GPU open after its fd table is detached, where no scan sees it. The
+teardown waits for that exit on the pidfds before this window starts; a target that has still
+not exited when the window runs out makes the verdict "not free", with why. The source's quick
 read (NVML memory and compute processes, gpuinfo.until_reads_free) is polled every 2 ms and
 the full scan (/proc holders: tens of ms on a busy host) runs when it reads free, or every
 FAST_WAIT_MAX_S regardless.
 """
-import re
+import os
 import time
 
-from . import gpuinfo, plan, procfs, program, rules, scan, verify
+from . import cgroup, gpuinfo, plan, procfs, program, rules, scan, verify
 
 PROGRESS_EVERY_S = 0.5
 FAST_WAIT_MAX_S = 0.2
+IGNORED_KEPT = 20  # the seen-and-ignored list is for people: the first few say what happened
 
 
 def _parent_text(procs, pid):
@@ -43,71 +54,147 @@ def _parent_text(procs, pid):
     return "PID %d: %s" % (pid, info["cmdline"][:100])
 
 
-def _suggest(procs, holder):
-    """The --match that would include this holder's starter (or itself) next time."""
-    starter = procs.get(holder["ppid"])
-    who = starter if starter and holder["ppid"] != 1 and not rules.protect_reason(starter, set()) else holder
-    names = [n for n, _ in program.names(who) if " " not in n and "/" not in n and not program.INTERPRETERS.match(n)]
-    if not names:  # e.g. `sh -c 'while :; do ...; done'`: no program name to give
-        return "stop PID %d (%s) first: it starts the holder again" % (who["pid"], who["cmdline"][:60])
-    return "--match %s" % _quote(re.escape(names[0]))
+class Lineage:
+    """What could start the targets again, taken from the plan's scan before any signal:
+    `starters` {(pid, start): cmdline}, the targets' ancestors up to their session leader (a
+    shell loop, a wrapper, a terminal's shell; not PID 1, not this agent's chain, not a
+    target), and `managers` {owner key: hint}, the units and containers the targets ran in
+    (a service unit, a docker or LXC container). `stopped`: owner keys whose stop was run."""
+
+    def __init__(self, doc, planned, stopped=()):
+        procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
+        mine = {t["pid"] for t in planned}
+        self.starters: dict = {}
+        self.managers: dict = {}
+        self.identities = set()
+        for t in planned:
+            self.identities |= program.identity(t)
+            pid = t["ppid"]
+            while pid not in (0, 1) and pid in procs and pid not in chain:
+                info = procs[pid]
+                if pid not in mine:
+                    self.starters[(pid, info["start_time"])] = info["cmdline"]
+                if info["sid"] == pid:  # the session leader: a terminal's shell, a unit's or container's first process
+                    break
+                pid = info["ppid"]
+            key = manager_key(t)
+            if key is not None:
+                self.managers[key] = plan.supervisor_hint(t)
+        self.stopped = set(stopped)
+
+    def surviving(self):
+        """The starters still alive, and the managers not stopped: what could restart a target."""
+        alive = [(k, cmd) for k, cmd in self.starters.items() if procfs.same_process(*k)]
+        return alive, {k: v for k, v in self.managers.items() if k not in self.stopped}
 
 
-def _quote(text):
-    return "'%s'" % text.replace("'", "'\\''")
+def manager_key(info):
+    """plan.owner_key, for the owners that start processes by themselves: a service unit
+    (not a login session's scope or a user's manager) or a container."""
+    container = info.get("container")
+    if container and container.get("kind") in ("docker", "lxc", "kubernetes"):
+        return plan.owner_key(info)
+    return info.get("unit") if plan.stoppable_unit(info.get("unit")) else None
 
 
-def appeared_report(doc, holder):
+def _starter(info, procs, since_ticks):
+    """The first process in `info`'s ancestry that was not started during the teardown."""
+    seen = set()
+    while info is not None and info["start_time"] >= since_ticks and info["pid"] not in seen:
+        seen.add(info["pid"])
+        info = procs.get(info["ppid"])
+    return info
+
+
+def _classify(doc, targets, args, patterns, lineage, known):
+    """({key: respawn record}, {key: ignored record}) for processes started during the
+    teardown that are not ours: few, usually none."""
     procs = doc["_procs"]
-    return {"pid": holder["pid"], "start_time": holder["start_time"], "cmdline": holder["cmdline"],
-            "devices": holder["devices"], "ppid": holder["ppid"],
-            "why": "appeared after the targets were gone; started by %s" % _parent_text(procs, holder["ppid"]),
-            "include": _suggest(procs, holder)}
-
-
-def _respawns(doc, targets, args, patterns, known):
-    """Processes started during the teardown that run a target program (not yet holding a GPU)."""
-    chain = doc["_chain"]
-    fresh = [info for pid, info in doc["_procs"].items()  # started during the teardown: few, usually none
-             if info["start_time"] >= targets.since_ticks and (pid, info["start_time"]) not in known
-             and (pid, info["start_time"]) not in targets.keys and not procfs.finished(info)]
-    if not fresh:
-        return {}
-    programs = {n for t in targets.items for n, _ in program.names(t) if " " not in n}
-    out = {}
-    for info in fresh:
-        pid, k = info["pid"], (info["pid"], info["start_time"])
-        if not plan.in_scope(info, args) or rules.protect_reason(info, chain, args.protect):
+    context = {h["pid"] for h in doc["holders"]
+               if h["gpu_mib"] or (not h["protected"] and not doc.get("context_source"))}
+    respawns, ignored = {}, {}
+    for pid, info in procs.items():
+        k = (pid, info["start_time"])
+        if info["start_time"] < targets.since_ticks or k in known or k in targets.keys or procfs.finished(info):
             continue
-        names = {n for n, _ in program.names(info) if " " not in n}
-        why = rules.target_reason(info, patterns) or (names & programs and "runs the same program as a target")
-        if why:
-            out[k] = {"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"], "devices": [],
-                      "ppid": info["ppid"],
-                      "why": "a target program started during the teardown (%s), not holding a GPU yet; started by %s"
-                             % (why, _parent_text(doc["_procs"], info["ppid"])),
-                      "include": _suggest(doc["_procs"], info)}
-    return out
+        if not plan.in_scope(info, args) or rules.protect_reason(info, doc["_chain"], args.protect):
+            continue
+        what = rules.target_reason(info, patterns) or (
+            program.identity(info) & lineage.identities and "runs the same program as a target") or (
+            pid in context and "has a CUDA context")
+        if not what:
+            if any(h["pid"] == pid for h in doc["holders"]):
+                ignored[k] = _ignored(info, "holds GPU device files, no CUDA context and no target program "
+                                            "(a monitor or an NVML query)")
+            continue
+        by = _respawned_by(info, procs, targets.since_ticks, lineage)
+        if by is None:
+            ignored[k] = _ignored(info, "%s, but was not started by anything that started the targets "
+                                        "(an unrelated job)" % what)
+            continue
+        started_by, hint = by
+        held: list = next((h["devices"] for h in doc["holders"] if h["pid"] == pid), [])
+        respawns[k] = {"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"],
+                       "devices": held, "ppid": info["ppid"], "started_by": started_by,
+                       "why": "a target started again during the teardown (%s), %s; started by %s"
+                              % (what, "holding a GPU" if held or pid in context else "not holding a GPU yet",
+                                 started_by),
+                       "include": hint}
+    return respawns, ignored
 
 
-def watch(args, source, targets, started, before=(), on_poll=None, on_free=None, timeout_s=None):
-    """Poll until free for args.settle seconds, or timeout_s (default args.timeout) passes, or
-    something that is not ours holds a GPU for a whole window. Free also needs every target,
-    adopted ones included, to have exited (not only to be in its exit: see the module's
-    docstring). `before`: (pid, start) of the holders the plan already saw (left alone or out
-    of scope: not "appeared"). `on_free(free_at_s)` is called each time a free stretch
-    begins. Returns a dict."""
+def _respawned_by(info, procs, since_ticks, lineage):
+    """(who started it, what stops that) when `info` was started by a survivor of the
+    targets' ancestry or by a target's unit or container manager; else None."""
+    starter = _starter(info, procs, since_ticks)
+    if starter is not None:
+        k = (starter["pid"], starter["start_time"])
+        if k in lineage.starters:
+            return _parent_text(procs, k[0]), plan.supervisor_hint(_owned(starter))
+    key = manager_key(_owned(info))
+    if key is not None and key in lineage.managers and key not in lineage.stopped:  # a stop job's own ExecStop
+        return "its %s" % _manager_words(key), lineage.managers[key]
+    return None
+
+
+def _owned(info):
+    """The process with its unit and container, as manager_key and plan.supervisor_hint read them."""
+    cg = cgroup.read(info["pid"])
+    return dict(info, unit=cg["unit"], container=cgroup.with_pids(cg["container"], info["pid"]))
+
+
+def _manager_words(key):
+    if isinstance(key, tuple):
+        return "unit %s in container %s" % (key[2], key[1])
+    return ("container %s" % key[:12]) if len(key) == 64 and "." not in key else "unit %s" % key
+
+
+def _ignored(info, why):
+    return {"pid": info["pid"], "cmdline": info["cmdline"][:200], "why": why}
+
+
+def watch(args, source, targets, started, before=(), on_poll=None, on_free=None, timeout_s=None, lineage=None):
+    """Poll until the GPUs have read free for the window (args.settle seconds; none when
+    args.settle_auto and nothing that could restart a target survives), or timeout_s
+    (default args.timeout) passes, or a respawn has been seen for a whole window. Free also
+    needs every target, adopted ones included, to have exited (see the module's docstring).
+    `before`: (pid, start) of the holders the plan already saw (left alone or out of scope).
+    `lineage`: a Lineage (what could restart the targets). `on_free(free_at_s, window_s)` is called when
+    the GPUs first read free, and again only after a respawn broke that. Returns a dict."""
     t0 = time.monotonic()
     timeout = args.timeout if timeout_s is None else timeout_s
+    lineage = lineage or Lineage({"_procs": {}, "_chain": set()}, [])
     scans = 0
     free_at = None
-    appeared = {}
+    announced = False
     before = set(before)
     last_progress = 0.0
-    first_foreign = None
+    first_respawn = None
     patterns = plan.patterns_of(args)
     respawned: dict = {}
+    ignored: dict = {}
     first_free: dict = {}  # the first free stretch's steps, for the teardown's timings
+    window, ended_early = args.settle, None
     while True:
         if free_at is None and not targets.alive(targets.items + targets.added):
             gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + timeout -
@@ -118,15 +205,13 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
         targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
-        for k, rec in _respawns(doc, targets, args, patterns, set(respawned) | before).items():
-            respawned[k] = rec
-            first_foreign = first_foreign or time.monotonic()
-        for h in doc["holders"]:
-            k = (h["pid"], h["start_time"])
-            if h["protected"] or k in targets.keys or k in appeared or k in before:
-                continue
-            appeared[k] = appeared_report(doc, h)
-            first_foreign = first_foreign or time.monotonic()
+        new, seen = _classify(doc, targets, args, patterns, lineage, set(respawned) | set(ignored) | before)
+        respawned.update(new)
+        for k, rec in seen.items():
+            if len(ignored) < IGNORED_KEPT:
+                ignored[k] = rec
+        if new:
+            first_respawn = first_respawn or time.monotonic()
         free, problems = verify.evaluate(doc, args.max_used_mib)
         if targets.failed:
             free = False
@@ -134,43 +219,45 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
                                    % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
         now = time.monotonic()
         pending = targets.alive(targets.items + targets.added)
-        if free and not pending:
+        if free and not pending and not new:
             if free_at is None:
                 free_at = scanned_at
                 first_free = first_free or {
                     "confirm_proc_ms": doc.get("proc_scan_ms"), "confirm_gpu_ms": doc.get("gpu_read_ms"),
                     "confirmed_s": round(time.monotonic() - started, 3)}
-                if on_free:
-                    on_free(round(free_at - started, 3))
-            if now - free_at >= args.settle:
+                if getattr(args, "settle_auto", False) and not respawned and not any(lineage.surviving()):
+                    window, ended_early = 0.0, "nothing left that could restart a target"
+                if on_free and not announced:
+                    announced = True
+                    on_free(round(free_at - started, 3), window)
+            if now - free_at >= window:
                 break
-        else:
-            free_at = None
-        # also when free but an adopted process will not die (state D); a free stretch already
-        # begun is watched to its whole window even past --timeout (cut short, a respawn at 1 s
-        # of a 5 s window went unseen: found by a red team)
-        if now - t0 >= timeout and free_at is None:
+        elif new or pending or free_at is None:
+            free_at = None  # a respawn (or a target not yet gone) starts the window again
+            announced = announced and not new  # the verdict changed: the next free is news again
+        # a free stretch already begun is watched to its whole window even past --timeout (cut
+        # short, a respawn at 1 s of a 5 s window would go unseen)
+        if now - t0 >= timeout and (free_at is None or not free):
             break
-        if first_foreign and not pending and now - first_foreign >= args.settle:
+        if first_respawn and not pending and now - first_respawn >= args.settle:
             free = False
             break
         if on_poll and now - last_progress >= PROGRESS_EVERY_S:  # a line a second is news; 20 are noise
             last_progress = now
             on_poll(doc, problems)
         time.sleep(verify.POLL_S)
-    holding = {(h["pid"], h["start_time"]) for h in doc["holders"]}
-    live_appeared = [a for k, a in appeared.items() if k in holding]
-    listed = {k for k in appeared if k in holding}
-    live_appeared += [r for k, r in respawned.items() if k not in listed and procfs.same_process(*k)]
-    if not free and not problems and not live_appeared:  # a holder or respawn that came and went in the window
+    live = [r for k, r in respawned.items() if procfs.same_process(*k)]
+    if respawned and not live and not problems:  # a respawn that came and went in the window
         problems = ["pid %d (%s): %s; gone by the end of the window" % (a["pid"], verify.who(a), a["why"])
-                    for a in list(appeared.values()) + list(respawned.values())] or problems
+                    for a in respawned.values()]
     if pending and free:  # the window ran out with a target not yet exited: no holder seen is not enough
         free = False
         problems = problems + ["pid %d (%s) has not exited (%s)" % (
             t["pid"], verify.who(t),
             "in its exit" if procfs.exiting(t["pid"], t["start_time"]) else "still running") for t in pending]
-    return {"free": free and not live_appeared, "doc": doc, "problems": problems, "appeared": live_appeared,
-            "scans": scans, "first_free": first_free,
+    free = free and not respawned
+    return {"free": free, "doc": doc, "problems": problems, "appeared": list(respawned.values()),
+            "ignored": list(ignored.values()), "scans": scans, "first_free": first_free,
+            "settle_ended": ended_early if free else None, "window_s": window,
             "free_at_s": None if free_at is None else round(free_at - started, 3),
             "settled_at_s": round(time.monotonic() - started, 3) if free else None}

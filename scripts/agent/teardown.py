@@ -57,8 +57,10 @@ def add_arguments(parser):
     parser.add_argument("--mps", choices=("protect", "quit"), default="protect",
                         help="CUDA MPS: protect the control daemon and its server (default), or quit it through its "
                              "control pipe once the targets are gone and wait for its server to exit")
-    parser.add_argument("--settle", type=float, default=SETTLE_S,
-                        help="seconds the GPUs must stay free after the targets are gone (catches respawns)")
+    parser.add_argument("--settle", type=float, default=None,
+                        help="seconds the GPUs must stay free after the targets are gone, to catch a respawn "
+                             "(default %g, and none when nothing that could restart a target survives: settle.py; "
+                             "given, the whole window is always watched)" % SETTLE_S)
 
 
 def parse_approved(text):
@@ -320,14 +322,16 @@ def execute(args, operator, started, source):
                     if args.mps == "quit" else [])
         before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
 
-        def on_free(free_at_s):  # the moment it is seen free: the operator's FREED line, the settle still running
-            args.emit_progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=args.settle,
+        def on_free(free_at_s, window_s):  # the moment it is seen free: the operator's FREED line
+            args.emit_progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=window_s,
                                mib_left=0)
 
+        lineage = settle.Lineage(doc, planned, stopped={settle.manager_key(t) for t in planned
+                                                        if t.get("via", "signal") != "signal"})
         result = settle.watch(args, source, targets, started, before, on_poll=lambda d, p: args.emit_progress(
             phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=p[:5],
             mib_left=gpuinfo.total_used_mib(d["gpus"])), on_free=on_free,
-            timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
+            timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)), lineage=lineage)
         after, free, problems = result["doc"], result["free"], result["problems"]
         alive = targets.alive()
         code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
@@ -343,7 +347,8 @@ def execute(args, operator, started, source):
                       signalled=sum(1 for a in audit.records
                                     if a["result"] == "sent" and a["signal"].startswith("SIG")),
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
-                      free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=args.settle,
+                      ignored=result["ignored"], settle_ended=result["settle_ended"],
+                      free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"], hostlock.concurrent_teardowns()),
                       timings=timings, finished=time.strftime(contract.TIME_FORMAT))
@@ -402,6 +407,9 @@ def run(args):
         import getpass  # the CLI always names the operator; a direct run may not
 
         operator = "%s@%s" % (getpass.getuser(), socket.gethostname())
+    args.settle_auto = args.settle is None
+    if args.settle_auto:
+        args.settle = SETTLE_S
     scan.device_set(args)  # a bad device glob is bad input: exit 2 before anything
     parse_approved(args.approved)
     for flag in ("grace", "timeout", "settle", "wait_lock"):

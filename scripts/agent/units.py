@@ -59,3 +59,15 @@ def comes_back(item):
         return ("restart policy %s: it comes back when docker restarts unless its policy changes "
                 "(--disable runs docker update --restart=no)" % policy)
     return "restart policy %s: it stays stopped" % policy if policy else None
+
+
+def container_names(ids):
+    """{id: name} of docker containers, from one `docker inspect` (names are for people: the
+    stop itself goes by id, which no other container can take)."""
+    text = _out(["docker", "inspect", "--format", "{{.Id}} {{.Name}}"] + list(ids))
+    out = {}
+    for line in (text or "").splitlines():
+        cid, _, name = line.partition(" ")
+        if cid in ids and name.strip("/ "):
+            out[cid] = name.strip().lstrip("/")
+    return out

@@ -41,7 +41,7 @@ def evaluate(doc, max_used_mib):
         if not h["protected"]:
             problems.append("pid %s (%s, state %s) holds %s" % (h["pid"], who(h), h["state"],
                                                                   ", ".join(h["devices"]) or "GPU memory"))
-        elif h["gpu_mib"] or (h.get("mapped_devices") and not mps.is_control(h)):  # the MPS daemon maps, holds none
+        elif has_context(h, doc.get("context_source")):
             problems.append("pid %s (%s) is protected (%s) but has a CUDA context on %s" % (
                 h["pid"], who(h), h["protected"], ", ".join(h["devices"]) or "the GPU"))
     if doc.get("denied"):
@@ -49,6 +49,15 @@ def evaluate(doc, max_used_mib):
     if doc.get("proc_hidden"):
         problems.append("%s, so a holder may be unseen and nothing is called free: run as root" % doc["proc_hidden"])
     return not problems, problems
+
+
+def has_context(h, lists):
+    """Does this (protected) holder have a CUDA context? GPU memory of its own, or, where no
+    process list can say (scan.context_source), device files mapped as a CUDA client maps
+    them (the MPS control daemon maps and holds none)."""
+    if h["gpu_mib"]:
+        return True
+    return not lists and bool(h.get("mapped_devices")) and not mps.is_control(h)
 
 
 def who(h):

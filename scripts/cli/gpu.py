@@ -75,12 +75,12 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
 
 @task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON"))
 @guarded
-def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False):
+def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_supervisors=False):
     """Dry run: what a teardown would stop (targets, with why) and keep (protected), and the MiB it frees."""
     from scripts import fleet, status_view, teardown_view
     from scripts.transport import call_agent
 
-    args = td.selection_args(match, only_matching, disable)
+    args = td.selection_args(match, only_matching, disable, stop_supervisors)
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args))
     if json:
         from .jsonout import docs
@@ -104,7 +104,7 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
 @guarded
 def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=False, grace=td.GRACE,
              timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK, max_used_mib=td.MAX_USED_MIB, dry_run=False, yes=False,
-             json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE, mps="protect"):
+             json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE, mps="protect", stop_supervisors=False):
     """Free every GPU of the host(s) and prove it, harming nothing else.
 
     Order: lock the host; plan (targets + their trees and process groups, orphans holding a
@@ -125,7 +125,8 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     from scripts.transport import call_agent
 
     hosts = hosts_of(host)
-    args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
+    args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
+                            stop_supervisors)
     if mps not in ("protect", "quit"):
         from scripts.config_error import ConfigError, show
 
@@ -133,8 +134,9 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     args += ["--mps", "quit"] if mps == "quit" else []  # 'protect' is the agent's default: the argv stays pivot's
     width = cliargs.whole("fanout", fanout, minimum=1)
     if dry_run:
-        return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json)
-    approved = td.approve(hosts, td.selection_args(match, only_matching, disable), yes, "the plan",
+        return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json,
+                    stop_supervisors=stop_supervisors)
+    approved = td.approve(hosts, td.selection_args(match, only_matching, disable, stop_supervisors), yes, "the plan",
                           td.declined_doc(hosts) if json else None)
     fleet_mode = len(hosts) > 1
 

@@ -127,7 +127,8 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
 @guarded
 def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable=False, dry_run=False, yes=False,
           force=False, drain="", grace=td.GRACE, timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK,
-          max_used_mib=td.MAX_USED_MIB, settle=td.SETTLE, ready_timeout="", no_drain=False, json=False):
+          max_used_mib=td.MAX_USED_MIB, settle=td.SETTLE, ready_timeout="", no_drain=False, json=False,
+          stop_supervisors=False):
     """Move a host to the next phase: drain, teardown, gates, launch lint, start, wait ready, audit.
 
     The teardown step takes the same flags as `invoke teardown` and asks the same way.
@@ -149,15 +150,17 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
         raise ConfigError(f"--drain {show(drain)}: must be an http(s) URL")
     if drain and no_drain:
         raise ConfigError(f"--drain {show(drain)} and --no-drain: pick one (drain first, or skip the drain)")
-    td_args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle)
+    td_args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
+                               stop_supervisors)
+    selection = td.selection_args(match, only_matching, disable, stop_supervisors)
     rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
     if not dry_run:
         declined = {"event": "pivot", "host": h.alias, "to": ph.name, "steps": [], "verdict": td.DECLINED,
                     "exit_code": contract.EXIT_DECLINED} if json else None
-        approved = td.approve([h], td.selection_args(match, only_matching, disable), yes, "the steps", declined)
+        approved = td.approve([h], selection, yes, "the steps", declined)
         td_args += td.approved_args(approved, h.alias)
     elif not json:  # what the teardown step would stop and keep, as `teardown --dry-run` shows it
-        td.show_plans([h], td.selection_args(match, only_matching, disable))
+        td.show_plans([h], selection)
     opts = PivotOptions(teardown_args=td_args, drain_url=drain or None, no_drain=no_drain, dry_run=dry_run,
                         force=force, operator=operator(), ready_timeout=rt)
     with ctrl_c_continues([h], "the pivot stops here; a teardown already under way continues"):

@@ -20,6 +20,9 @@ SELECTION_HELP = {
              " another program; one matching the empty string ('', '.*') is refused",
     "only_matching": "stop only pattern matches and their trees; leave other GPU holders and report them",
     "disable": "also `systemctl disable` a unit that is stopped (e.g. an auto-started vLLM service)",
+    "stop_supervisors": "also stop a free-standing supervisor of the targets: a `bash -c` or script outside any"
+                        " unit or container that waits for them or restarts them in a loop (the plan names it;"
+                        " without this flag it is never signalled, and a restart it makes is NOT FREE)",
 }
 
 TEARDOWN_HELP = dict(
@@ -28,16 +31,18 @@ TEARDOWN_HELP = dict(
     timeout=f"seconds to wait for the GPUs to be free after that (default {num(defaults.TIMEOUT_S)})",
     wait_lock="wait this many seconds if another teardown holds the host's lock (default: fail at once, exit 4)",
     max_used_mib=f"count a GPU as free at or under this many MiB used (default {defaults.MAX_USED_MIB})",
-    settle="seconds the GPUs must stay free after the targets are gone, to catch a respawn"
-           f" (default {num(defaults.SETTLE_S)})",
+    settle="seconds the GPUs must stay free after the targets are gone, to catch a respawn (default"
+           f" {num(defaults.SETTLE_S)}, and none when nothing that could restart a target survives; given, the"
+           " whole window is always watched)",
 )
 
 # The flag defaults, as strings: cliargs checks them (a typo is one line and exit 2, not a traceback).
-GRACE, TIMEOUT, SETTLE = num(defaults.GRACE_S), num(defaults.TIMEOUT_S), num(defaults.SETTLE_S)
+GRACE, TIMEOUT = num(defaults.GRACE_S), num(defaults.TIMEOUT_S)
+SETTLE = ""  # not given: the agent's own rule (defaults.SETTLE_S, or none when nothing can respawn)
 WAIT_LOCK, MAX_USED_MIB = num(defaults.WAIT_LOCK_S), str(defaults.MAX_USED_MIB)
 
 
-def selection_args(match, only_matching: bool, disable: bool) -> list:
+def selection_args(match, only_matching: bool, disable: bool, stop_supervisors: bool = False) -> list:
     """The agent flags that choose targets (plan and teardown take the same)."""
     from scripts import cliargs
 
@@ -48,21 +53,22 @@ def selection_args(match, only_matching: bool, disable: bool) -> list:
         args.append("--only-matching")
     if disable:
         args.append("--disable")
+    if stop_supervisors:
+        args.append("--stop-supervisors")
     return args
 
 
 def teardown_argv(match=None, only_matching=False, disable=False, grace=GRACE, timeout=TIMEOUT,
-                  wait_lock=WAIT_LOCK, max_used_mib=MAX_USED_MIB, settle=SETTLE) -> list:
+                  wait_lock=WAIT_LOCK, max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_supervisors=False) -> list:
     """The agent's `teardown` arguments from the task flags, each checked (ConfigError names
     the flag). Used by `invoke teardown` and by the teardown step of `invoke pivot`."""
     from scripts import cliargs
 
-    return selection_args(match, only_matching, disable) + [
+    return selection_args(match, only_matching, disable, stop_supervisors) + [
         "--grace", cliargs.seconds("grace", grace), "--timeout", cliargs.seconds("timeout", timeout),
         "--wait-lock", cliargs.seconds("wait-lock", wait_lock),
         "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib),
-        "--settle", cliargs.seconds("settle", settle),
-        "--operator", operator()]
+        "--operator", operator()] + (["--settle", cliargs.seconds("settle", settle)] if settle != SETTLE else [])
 
 
 def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | None = None) -> dict:

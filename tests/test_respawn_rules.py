@@ -1,0 +1,199 @@
+"""What brings a server back, and what does not: the rules of a teardown on a host as people
+run it (real process trees on this machine, each teardown scoped to the test's own temp dir).
+
+- a free-standing shell loop that restarts the server is named in the plan every time, a
+  restart it makes is NOT FREE with the loop named, and --stop-supervisors stops it for good;
+- a `TARGETS` alternation is split into its alternatives: a loading server named by one of
+  them is stopped with its child;
+- a helper the server left in its process group (a server started from a shell with job
+  control leads its group, not the session) is stopped;
+- an unrelated `python3 -c` loop on the host never makes the teardown NOT FREE (a shared
+  interpreter name is not "the same program"), and neither does a GPU monitor's poll;
+- the settle window ends at once when nothing that could restart a target survives, and is
+  watched whole when something could (or when --settle is given).
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from scripts.transport import call_agent
+from tests.procs import alive, children, wait_for
+from tests.test_teardown_honesty import host
+
+SERVER = """\
+import os, sys, time
+args = sys.argv[1:]
+def opt(name):
+    return args[args.index(name) + 1] if name in args else None
+if opt("--hold"):
+    fd = os.open(opt("--hold"), os.O_RDWR)
+if "--child" in args and os.fork() == 0:
+    time.sleep(600)
+    os._exit(0)
+if opt("--helper-after"):
+    time.sleep(float(opt("--helper-after")))
+    if os.fork() == 0:
+        if os.fork() == 0:
+            with open(opt("--ready") + ".helper", "w") as f:
+                f.write(str(os.getpid()))
+            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", opt("--ready")])
+        os._exit(0)
+    os.wait()
+with open(opt("--ready") + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(opt("--ready") + ".tmp", opt("--ready"))
+time.sleep(600)
+"""
+
+
+def server_pkg(ps) -> Path:
+    """A module `xsrv.launch_server` on a PYTHONPATH of the test's own."""
+    pkg = ps.base / "pkg"
+    (pkg / "xsrv").mkdir(parents=True, exist_ok=True)
+    (pkg / "xsrv" / "__init__.py").write_text("")
+    (pkg / "xsrv" / "launch_server.py").write_text(SERVER)
+    return pkg
+
+
+def server_cmd(ps, ready: Path, *flags: str) -> str:
+    return f"PYTHONPATH={server_pkg(ps)} {sys.executable} -m xsrv.launch_server --ready {ready} {' '.join(flags)}"
+
+
+def shell(ps, script: str) -> int:
+    """`bash -c SCRIPT` in a session of its own; its pid (ended by the ProcessSet)."""
+    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL)
+    ps.adopt(proc.pid)
+    return proc.pid
+
+
+def ready_pid(path: Path) -> int:
+    wait_for(path.exists, f"{path.name} written")
+    return int(path.read_text())
+
+
+def teardown(ps, *extra, **keys):
+    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+
+
+def test_a_shell_loop_supervisor_is_named_and_stopped_only_with_the_flag(ps):
+    ready = ps.base / "srv.ready"
+    loop = shell(ps, f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; done")
+    first = ready_pid(ready)
+    ps.adopt(first)
+    keys = dict(TARGETS=r"xsrv\.launch_server")
+    for _ in range(5):  # named every time, before anything is signalled
+        sup = call_agent(host(ps, **keys), "plan").doc["plan"]["supervisors"]
+        assert [s["pid"] for s in sup] == [loop], sup
+        assert sup[0]["hint"].startswith(f"--stop-supervisors (also stops PID {loop}: bash -c while true")
+    result = teardown(ps, "--settle", "1", **keys)
+    ps.pids.extend(children(loop))
+    assert result.code == 1, result.doc["problems"]
+    assert not alive(first) and alive(loop)
+    assert result.doc["appeared"], result.doc["problems"]
+    assert all(a["started_by"].startswith(f"PID {loop}: bash -c while true") for a in result.doc["appeared"])
+    assert result.doc["appeared"][0]["include"].startswith("--stop-supervisors")
+    again = ready_pid(ready)  # the loop started it again
+    ps.adopt(again)
+    result = teardown(ps, "--stop-supervisors", **keys)
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(loop) and not alive(again)
+    reasons = {t["pid"]: t["reason"] for t in result.doc["plan"]["targets"]}
+    assert "supervisor of target(s)" in reasons[loop]
+
+
+def test_an_alternative_of_a_targets_alternation_names_a_loading_server(ps):
+    pid = ps.start(["python3", "-m", "xsrv.launch_server", "--child"], env=dict(
+        os.environ, PYTHONPATH=str(server_pkg(ps))))  # holding no GPU yet
+    child = wait_for(lambda: children(pid), "the loading server's child")[0]
+    ps.adopt(child)
+    result = teardown(ps, TARGETS=r"xsrv\.launch_server|xsrv serve")
+    assert result.code == 0, result.doc["problems"]
+    reasons = {t["pid"]: t["reason"] for t in result.doc["plan"]["targets"]}
+    assert reasons[pid] == r"runs module xsrv.launch_server (target pattern xsrv\.launch_server|xsrv serve)"
+    assert child in reasons
+    assert not alive(pid) and not alive(child)
+
+
+def test_a_helper_left_in_the_process_group_of_a_job_control_server_is_stopped(ps):
+    ready = ps.base / "srv.ready"
+    shell(ps, f"set -m; {server_cmd(ps, ready, '--helper-after', '0.3')} & wait")
+    server = ready_pid(ready)
+    helper = ready_pid(Path(f"{ready}.helper"))
+    ps.pids.extend([server, helper])
+    with open(f"/proc/{server}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    assert int(fields[2]) == server and int(fields[3]) != server  # leads its group, not the session
+    result = teardown(ps, TARGETS=r"xsrv\.launch_server")
+    assert result.code == 0, result.doc["problems"]
+    reasons = {t["pid"]: t["reason"] for t in result.doc["plan"]["targets"]}
+    assert reasons[helper] == f"in the process group of target {server} (left there by it)"
+    assert not alive(server) and not alive(helper)
+
+
+def test_an_unrelated_python_c_loop_never_makes_a_teardown_not_free(ps):
+    token = str(ps.base)
+    nb_ready = ps.base / "nb.ready"
+    notebook = subprocess.Popen([sys.executable, "-c", "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR); "
+                                 "open(sys.argv[2], 'w').close(); time.sleep(600)", f"{ps.devdir}/nvidia0",
+                                 str(nb_ready), "--notebook", token], start_new_session=True).pid
+    ps.adopt(notebook)
+    wait_for(nb_ready.exists, "the notebook holding GPU 0")
+    loop = shell(ps, f"while :; do {sys.executable} -c 'import time; time.sleep(0.05)' {token}; sleep 0.2; done")
+    wait_for(lambda: children(loop), "the cron-like loop running")
+    result = teardown(ps, "--settle", "1.5", TARGETS="nothing-here")
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(notebook) and alive(loop)
+    assert result.doc["appeared"] == []
+
+
+def test_the_window_ends_at_once_when_nothing_could_restart_a_target(ps):
+    server, workers = ps.server(tp=1)
+    result = teardown(ps)  # no --settle: the agent's rule
+    assert result.code == 0, result.doc["problems"]
+    assert result.doc["settle_ended"] == "nothing left that could restart a target"
+    assert result.doc["settle_s"] == 0
+    assert not alive(server)
+    server, workers = ps.server(tp=1)
+    result = teardown(ps, "--settle", "0.7")  # given: the whole window is watched
+    assert result.code == 0 and result.doc["settle_ended"] is None and result.doc["settle_s"] == 0.7
+
+
+def test_a_surviving_supervisor_keeps_the_whole_window(ps):
+    ready = ps.base / "srv.ready"
+    shell(ps, f"{server_cmd(ps, ready)}; sleep 600")  # a wrapper that outlives its server
+    server = ready_pid(ready)
+    ps.adopt(server)
+    t0 = time.monotonic()
+    result = teardown(ps, TARGETS=r"xsrv\.launch_server")
+    assert result.code == 0, result.doc["problems"]
+    assert result.doc["settle_ended"] is None and result.doc["settle_s"] == 2.0
+    assert time.monotonic() - t0 >= 2.0
+
+
+@pytest.mark.parametrize("lists", ["nvml", "nvidia-smi"])
+def test_a_device_handle_without_a_context_is_not_a_holder_where_a_process_list_says_so(lists, tmp_path):
+    """nvidia-smi, DCGM and exporters open and map the device files and have no context: where
+    NVML or nvidia-smi lists the GPU's processes, one not listed is not in the way."""
+    from scripts.agent import scan, verify
+
+    os.mknod(tmp_path / "n0", 0o600 | 0o020000, os.makedev(1, 3))  # a character device, as a real node is
+    dev = str(tmp_path / "n0")
+    smi = {"pid": 7, "devices": [dev], "mapped_devices": [dev], "gpu_mib": {}, "state": "S", "cmdline": "nvidia-smi",
+           "argv": ["nvidia-smi"]}
+    assert scan.context_source(lists, []) == lists
+    assert scan.context_source(lists, [{"pid": 9}]) is None  # node pids we cannot map: nobody is vouched for
+    assert scan.context_source("fake", []) is None
+    assert "no CUDA context" in scan._no_context(smi, lists)
+    assert scan._no_context(dict(smi, gpu_mib={"0": 300}), lists) is None
+    assert scan._no_context(smi, None) is None  # no list to ask: a mapping is taken for a context
+    doc = {"gpus": [{"index": 0, "used_mib": 0, "processes": []}], "devices": [dev], "devices_glob": dev,
+           "holders": [dict(smi, protected="GPU monitor (nvidia-smi)")], "context_source": lists}
+    assert verify.evaluate(doc, 0) == (True, [])
+    free, problems = verify.evaluate(dict(doc, context_source=None), 0)
+    assert not free and "has a CUDA context" in problems[0]
