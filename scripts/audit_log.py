@@ -39,20 +39,51 @@ def append(alias: str, records: list) -> Path | None:
 
 
 def read() -> list:
-    """Every record; raises StateDirError when the directory or file is refused."""
+    """Every record that can be read (read_counted); raises StateDirError when the directory
+    or file is refused."""
+    return read_counted()[0]
+
+
+def read_counted() -> tuple:
+    """(records, how many lines were skipped): a torn line (a writer killed or the disk full
+    mid-write), text that is not JSON, or JSON that is not a record the table can show
+    (`"argv": 5` made `invoke audit` exit 1 with a TypeError: issue 23). One bad line must
+    not hide the others, and the count is shown so none disappears unnoticed."""
     if not audit_dir().exists() and not audit_dir().is_symlink():
-        return []
+        return [], 0
     statedir.private_dir(str(audit_dir()))  # checks it (exists already): never read through a link
     try:
         data = statedir.read_bytes(str(audit_path()))
     except FileNotFoundError:
-        return []
-    out = []
+        return [], 0
+    out, skipped = [], 0
     for line in data.decode("utf-8", "replace").splitlines():
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a torn last line (disk full) must not hide the others
-    return out
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except (ValueError, RecursionError):
+            rec = None
+        if usable(rec):
+            out.append(rec)
+        else:
+            skipped += 1
+    return out, skipped
+
+
+_TEXT = ("time", "alias", "host", "operator", "signal", "event", "result", "verdict", "cmdline", "to")
+
+
+def usable(rec) -> bool:
+    """A record whose fields have the types the writers give them (text, a pid, an argv list),
+    so that the table and --json show it as it is."""
+    if not isinstance(rec, dict):
+        return False
+    if any(rec.get(k) is not None and not isinstance(rec[k], str) for k in _TEXT):
+        return False
+    pid = rec.get("pid")
+    if pid is not None and (isinstance(pid, bool) or not isinstance(pid, int)):
+        return False
+    argv = rec.get("argv")
+    return argv is None or (isinstance(argv, list) and all(isinstance(a, str) for a in argv))
 

@@ -174,3 +174,84 @@ def test_a_process_no_parser_understands_is_not_inspected(monkeypatch, ps):
 def test_human_output_of_the_agent_is_escaped():
     text = cli.human({"error": "x\n\x1b[2JFREED", "list": ["a\nb"]})
     assert "\x1b" not in text and text.count("\n") == 2 and "x\\x0a\\x1b[2JFREED" in text
+
+
+# -- state files survive their own corruption ---------------------------------------------------
+
+TORN = '{"time": "2026-11-30T10:48:44+0100", "alias": "gpu1", "signal": "SIGTE'  # a writer killed mid-line
+
+
+def test_an_append_after_a_torn_line_starts_a_line_of_its_own(tmp_path, monkeypatch):
+    from scripts import audit_log
+    from scripts.agent.auditlog import Audit
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    audit_log.append("gpu1", [{"pid": 1, "signal": "SIGTERM", "result": "sent"}])
+    with open(audit_log.audit_path(), "a") as f:
+        f.write(TORN)
+    audit_log.append("gpu2", [{"pid": 2, "signal": "SIGKILL", "result": "sent"}])
+    recs, skipped = audit_log.read_counted()
+    assert [(r["alias"], r["signal"]) for r in recs] == [("gpu1", "SIGTERM"), ("gpu2", "SIGKILL")]
+    assert skipped == 1
+    host_log = tmp_path / "audit.jsonl"  # the host's copy: the agent's Audit appends the same way
+    host_log.write_text(TORN)
+    host_log.chmod(0o600)
+    Audit("op@test", path=str(host_log)).log({"pid": 3, "start_time": 1, "cmdline": "x"}, "SIGTERM", "sent")
+    lines = host_log.read_text().splitlines()
+    assert lines[0] == TORN and json.loads(lines[1])["pid"] == 3
+
+
+@pytest.mark.parametrize("bad", ['{"argv": 5, "signal": "SIGTERM", "pid": 7}', '{"pid": "seven", "signal": "x"}',
+                                 '{"cmdline": ["a"], "signal": "SIGTERM"}', '[1, 2]', '"text"', TORN, '{"a": ' * 900])
+def test_a_record_that_cannot_be_read_is_skipped_and_counted(tmp_path, bad):
+    from tests.conftest import invoke
+
+    state = tmp_path / "state"
+    (state / "gpu-pivot").mkdir(parents=True, mode=0o700)
+    state.chmod(0o700)
+    log = state / "gpu-pivot" / "audit.jsonl"
+    good = {"time": "2026-11-30T10:48:44+0100", "alias": "gpu1", "operator": "o@h", "signal": "SIGTERM", "pid": 812,
+            "result": "sent", "cmdline": "python3 -m sglang.launch_server", "argv": ["python3", "-m", "x"]}
+    log.write_text(json.dumps(good) + "\n" + bad + "\n" + json.dumps(dict(good, pid=813)) + "\n")
+    log.chmod(0o600)
+    env = dict(__import__("os").environ, XDG_STATE_HOME=str(state))
+    for args in (["audit"], ["audit", "--json"]):
+        out = invoke(*args, env=env)
+        assert out.returncode == 0 and b"Traceback" not in out.stderr, (args, out.stderr)
+        assert b"1 line(s)" in out.stderr and b"could not be read" in out.stderr
+        assert out.stdout.count(b"812") == 1 and out.stdout.count(b"813") == 1
+
+
+HOSTILE_OPERATOR = "\x1b]0;pwned\x07alice\x1b[2J\x1b[8m\nINJECTED-D local: FREED and verified"
+
+
+@pytest.mark.parametrize("content", [
+    "[1, 2]", "5", "null", '"text"', "{", "\xff\xfe garbage",
+    json.dumps({"operator": "bob", "pid": 1, "since": "yesterday"}),
+    json.dumps({"operator": "bob", "pid": 1, "since": 1e300}),
+    '{"operator": "bob", "since": NaN}', '{"operator": "bob", "since": [1]}',
+    json.dumps({"operator": HOSTILE_OPERATOR, "pid": 4242, "host": "h\u202eX", "since": 0}),
+])
+def test_whatever_a_held_lock_file_says_the_teardown_is_locked(ps, content):
+    import fcntl
+    import os
+
+    from scripts import teardown_view
+    from scripts.agent import hostlock
+
+    h = dataclasses.replace(host(ps), run_dir=str(ps.base / "run"))
+    os.makedirs(h.run_dir, mode=0o700)
+    path = os.path.join(h.run_dir, hostlock.LOCK_NAME)
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    os.write(fd, content.encode("utf-8", "surrogateescape") if content.isascii() else content.encode("latin-1"))
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by this process: the agent's flock on its own open fails
+    try:
+        td = call_agent(h, "teardown", ["--grace", "1", "--timeout", "1"])
+    finally:
+        os.close(fd)
+    assert td.code == contract.EXIT_LOCKED and td.result.locked, td.doc
+    line = teardown_view.report("local", td)
+    assert line.startswith("== local: LOCKED: host is locked by another teardown: ") and "\n" not in line
+    assert not any(c in line for c in "\x1b\x07\u202e")
+    if "alice" in content:
+        assert "\\x1b]0;pwned\\x07alice\\x1b[2J\\x1b[8m\\x0aINJECTED-D" in line

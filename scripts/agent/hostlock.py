@@ -23,7 +23,7 @@ import os
 import socket
 import time
 
-from . import contract, procfs, procscan, statedir
+from . import contract, procfs, procscan, statedir, textsafe
 
 LOCK_NAME = "gpu-pivot.lock"
 POLL_S = 0.05
@@ -36,10 +36,26 @@ class Locked(RuntimeError):
 
 
 def describe(holder):
-    if not holder:
+    """Who holds the lock, in words. The lock file's text is advisory: the flock is the lock,
+    and whatever the file holds (another user's LOGNAME with escape sequences, a JSON list, a
+    `since` of "yesterday" or 1e300) must still end in LOCKED and exit 4, never in a crash
+    (issue 23). Each field is shown escaped (textsafe.printable) and cut."""
+    if not isinstance(holder, dict) or not holder:
         return "unknown holder"
-    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(holder.get("since") or 0))
-    return "%s (agent pid %s on %s) since %s" % (holder.get("operator"), holder.get("pid"), holder.get("host"), since)
+    return "%s (agent pid %s on %s) since %s" % (_field(holder.get("operator")), _field(holder.get("pid")),
+                                                _field(holder.get("host")), _since(holder.get("since")))
+
+
+def _field(value, limit=80):
+    return textsafe.printable(value)[:limit]
+
+
+def _since(value):
+    """A lock's `since` (epoch seconds) as local time; its text, escaped, when it is not one."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "an unreadable time (%s)" % _field(value, 40)
 
 
 def lock_path():
@@ -150,10 +166,12 @@ def acquire(operator, wait_s=0.0, path=None):
 
 
 def _read(fd):
+    """Who holds the lock as the file says: a dict, or None for text that is not one."""
     try:
-        return json.loads(os.pread(fd, 4096, 0).decode() or "null")
-    except ValueError:
+        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "null")
+    except (ValueError, RecursionError, OSError):
         return None
+    return holder if isinstance(holder, dict) else None
 
 
 def release(fd):

@@ -14,22 +14,21 @@ from .flags import task
 def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     """Show the local audit log: every signal, unit stop and pivot, with host, operator and result."""
     from scripts import audit_log, cliargs
-    from scripts.render import Col, Command, table
+    from scripts.render import Col, Command, safe, table
 
     n = cliargs.whole("lines", lines)
-    everything = audit_log.read()
-    recs = [r for r in everything if isinstance(r, dict)]  # valid JSON but not a record ([1,2]): skipped
-    if len(recs) < len(everything):
-        print(f"gpu-pivot: audit: {len(everything) - len(recs)} line(s) of {audit_log.audit_path()} are not records;"
-              " skipped", file=sys.stderr)
+    recs, skipped = audit_log.read_counted()
+    if skipped:  # torn, not JSON, or not a record ([1,2], "argv": 5): skipped, never silently
+        print(f"gpu-pivot: audit: {skipped} line(s) of {safe(audit_log.audit_path())} could not be read (torn, or not "
+              "records); skipped", file=sys.stderr)
     recs = recs[-n:] if n else []  # [-0:] would be every record
     if json:
-        import json as json_
+        from scripts.agent.contract import textsafe
 
         for r in recs:
-            print(json_.dumps(r, sort_keys=True))
+            print(textsafe.dumps(r, sort_keys=True))  # valid Unicode: a non-UTF-8 byte is U+EF80+
         return
-    print(f"audit log: {audit_log.audit_path()}")
+    print(f"audit log: {safe(audit_log.audit_path())}")
     rows = [[_when(r.get("time", "")), r.get("alias", ""), r.get("operator", ""), r.get("signal") or r.get("event"),
              r.get("pid", r.get("to", "")), r.get("result") or r.get("verdict"),
              Command.of(r) if r.get("cmdline") else "-"] for r in recs]
