@@ -12,6 +12,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from scripts.agent import contract
 from tests import scenario
 from tests.conftest import REPO, invoke
@@ -143,3 +145,63 @@ def test_aliases_with_different_options_never_share_a_master(sshd, hosts_env, tm
         assert len(sockets) == 1, sockets  # gpu1's: gpu2 never got one
     finally:
         _exit_master(sshd, sshd.ssh_opts)
+
+
+# -- 4. --json keeps its promise: every error is one JSON document on stdout ---------------------------
+
+JSON_ERRORS = [
+    ["status", "--host", "nosuch", "--json"],
+    ["status", "--host", "gpu[", "--json"],
+    ["verify", "--wait", "abc", "--json"],
+    ["plan", "--match", "", "--json"],
+    ["teardown", "--host", "nosuch", "--json"],
+    ["teardown", "--grace", "x", "--json"],
+    ["teardown", "--json"],  # not on a terminal and no --yes
+    ["teardown", "--yes", "--mps", "x", "--json"],
+    ["ping", "--timeout", "x", "--json"],
+    ["start", "--phase", "nosuch", "--json"],
+    ["stop", "--phase", "nosuch", "--json"],
+    ["logs", "--json"],
+    ["lint-launch", "--json"],
+    ["pivot", "--to", "nosuch", "--json"],
+    ["reset", "--gpu", "x", "--json"],
+    ["sandbox", "nosuch", "--json"],
+    ["audit", "--lines", "x", "--json"],
+    ["status", "--json", "--", "foo"],  # words after `--` (refused before the task body)
+    ["status", "--json", "verify"],  # two tasks (refused by the executor)
+]
+
+
+@pytest.mark.parametrize("args", JSON_ERRORS, ids=lambda a: " ".join(a) or "''")
+def test_json_errors_are_one_document_on_stdout(args):
+    res = invoke(*args)
+    assert res.returncode == contract.EXIT_USAGE, text_of(res)
+    doc = json.loads(res.stdout)  # the whole of stdout is one document
+    assert set(doc) == {"error", "exit_code"} and doc["exit_code"] == contract.EXIT_USAGE, doc
+    line = res.stderr.decode().strip()
+    assert line == f"gpu-pivot: {doc['error']}"  # the same words as the one line on stderr
+
+
+def test_json_error_for_a_bad_hosts_env_and_the_environment_host(hosts_env):
+    hosts_env("GPU1_SSH=root@127.0.0.1\nGPU1_CTID=abc\n")
+    res = invoke("status", "--host", "gpu1", "--json")
+    assert res.returncode == contract.EXIT_USAGE
+    assert "GPU1_CTID" in json.loads(res.stdout)["error"]
+    env = {k: v for k, v in os.environ.items() if k != "GPU_PIVOT_HOSTS_FILE"}
+    res = invoke("status", "--json", env=dict(env, GPU_PIVOT_HOST="nosuch"))
+    assert res.returncode == contract.EXIT_USAGE
+    assert json.loads(res.stdout)["error"].startswith("GPU_PIVOT_HOST='nosuch': unknown host alias")
+
+
+def test_without_json_errors_stay_off_stdout():
+    res = invoke("status", "--host", "nosuch")
+    assert res.returncode == contract.EXIT_USAGE and res.stdout == b""
+
+
+def test_invokes_own_parser_errors_are_the_documented_exception():
+    """Invoke reads the command line before any task runs; its errors are not ours to shape.
+    README says so; this pins what it does, so the README stays true."""
+    res = invoke("status", "--json", "--hots", "x")
+    assert res.returncode == 1 and res.stdout == b"" and b"No idea what '--hots' is!" in res.stderr
+    readme = (REPO / "README.md").read_text()
+    assert "The one exception is Invoke's own" in readme and "No idea what" in readme

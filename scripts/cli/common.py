@@ -56,6 +56,7 @@ class ClosedStdoutSafe:
     def __init__(self, stream):
         self._stream = stream
         self.closed_by_reader = False
+        self.written = False  # anything printed yet: a --json error document only on an empty stdout
 
     def _guard(self, op, *args):
         try:
@@ -68,6 +69,7 @@ class ClosedStdoutSafe:
             return None
 
     def write(self, text):
+        self.written = self.written or bool(text)
         if self.closed_by_reader:
             return len(text)
         return self._guard(self._stream.write, text)
@@ -93,27 +95,48 @@ def guard_stdout() -> None:
         sys.stdout = ClosedStdoutSafe(sys.stdout)
 
 
+def json_error(message: str, code: int) -> None:
+    """With --json, an error that ends a task before it printed its document (a bad flag or
+    value, an unknown alias, a refused directory) is still one JSON document on stdout:
+    {"error": "<the line stderr gets, without `gpu-pivot: `>", "exit_code": N}. Nothing is
+    printed when the task already printed its document (a failed host is in it)."""
+    out = sys.stdout
+    if getattr(out, "written", True):  # not guarded (a test calling a task directly), or printed already
+        return
+    text = str(message)
+    print(dumps({"error": text[len("gpu-pivot: "):] if text.startswith("gpu-pivot: ") else text, "exit_code": code}),
+          flush=True)
+
+
 def guarded(fn):
     """Turn the errors users cause or meet into one line and the documented exit code.
 
     Ctrl-C outside a teardown (which has its own handler, ctrl_c_continues) is one line and
     exit 130: Invoke alone would print a bare ^C and exit 1, which README defines as
     "done but not free". A reader that closes stdout early does not stop the task
-    (ClosedStdoutSafe)."""
+    (ClosedStdoutSafe). With --json, each of those errors is also a JSON document on stdout
+    (json_error)."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         guard_stdout()
+        as_json = kwargs.get("json") is True
         try:
             return fn(*args, **kwargs)
-        except Exit:
+        except Exit as exc:
+            if as_json and exc.code and exc.message:
+                json_error(exc.message, exc.code)
             raise
         except KeyboardInterrupt:
+            if as_json:
+                json_error(INTERRUPTED_LINE, 130)
             raise Exit(INTERRUPTED_LINE, code=130) from None
         except Exception as exc:
             code = code_for(exc)
             if code is None:
                 raise
+            if as_json:
+                json_error(str(exc), code)
             raise Exit(f"gpu-pivot: {exc}", code=code) from None
 
     return wrapper

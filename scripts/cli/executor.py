@@ -35,6 +35,12 @@ class OneTaskExecutor(Executor):
         if len(tasks) > 1:
             names = ", ".join(getattr(t, "name", None) or str(t) for t in tasks)
             first = getattr(tasks[0], "name", "TASK")
-            raise Exit(f"gpu-pivot: one task per command line, got {len(tasks)}: {names}; nothing ran "
-                       f"(run them one after another: `invoke {first} ... && invoke ...`)", code=2)
+            line = (f"gpu-pivot: one task per command line, got {len(tasks)}: {names}; nothing ran "
+                    f"(run them one after another: `invoke {first} ... && invoke ...`)")
+            if any((getattr(t, "as_kwargs", None) or {}).get("json") is True for t in tasks):
+                from .common import guard_stdout, json_error
+
+                guard_stdout()
+                json_error(line, 2)  # --json asked: the refusal is a JSON document too
+            raise Exit(line, code=2)
         return super().execute(*tasks)

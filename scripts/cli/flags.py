@@ -52,8 +52,13 @@ class Task(invoke.Task):
             if extra:
                 import shlex
 
-                raise invoke.Exit(f"gpu-pivot: {self.name}: takes no words after `--` (got: {shlex.join(extra)})",
-                                  code=2)
+                line = f"gpu-pivot: {self.name}: takes no words after `--` (got: {shlex.join(extra)})"
+                if kwargs.get("json") is True:
+                    from .common import guard_stdout, json_error
+
+                    guard_stdout()
+                    json_error(line, 2)  # --json asked: the refusal is a JSON document too
+                raise invoke.Exit(line, code=2)
         return super().__call__(*args, **kwargs)
 
     def arg_opts(self, name, default, taken_names):
