@@ -108,11 +108,11 @@ def _stop_units(the_plan, audit, targets_by_pid):
         first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
         for argv in units.before_stop(item):
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
-            audit.log(first, " ".join(argv), _exit_text(proc.returncode, proc.stderr))
+            audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr))
         argv = units.stop_argv(item)
         running.append((argv, item, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                                      stderr=subprocess.PIPE)))
-        audit.log(first, " ".join(argv), "started")
+        audit.log(first, units.stop_text(item, argv), "started")
     return running
 
 
@@ -138,7 +138,7 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
         except subprocess.TimeoutExpired:
             continue
         first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
-        rec = audit.log(first, " ".join(argv), _exit_text(proc.returncode, proc.stderr.read()))
+        rec = audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr.read()))
         rec["comes_back"] = units.comes_back(item)  # the report says it (teardown_view.verdict_lines)
         left = targets.running([targets_by_pid[p] for p in item["pids"] if p in targets_by_pid]) if targets else []
         if left:

@@ -28,6 +28,14 @@ def stop_argv(item):
     return ["docker", "stop", item["id"]]
 
 
+def stop_text(item, argv):
+    """The stop as the audit log and the report show it: a container by name and short id
+    (`docker stop vllm (3f2a1b4c5d6e)`), the id alone being 64 characters no one reads."""
+    if "unit" in item or not item.get("name"):
+        return " ".join(argv)
+    return " ".join(argv[:-1] + ["%s (%s)" % (item["name"], item["id"][:12])])
+
+
 def before_stop(item):
     """Commands to run before the stop: with --disable, a container's restart policy off."""
     if "unit" not in item and item.get("disable"):
