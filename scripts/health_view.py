@@ -7,7 +7,7 @@ records come through the contract (contract.gpu_health reads a GPU row's verdict
 from __future__ import annotations
 
 from .agent import contract
-from .render import Col, shorten, table
+from .render import Col, shorten, shown, table
 
 RUNBOOK = "runbooks/gpu-unusable-after-teardown.md"
 NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot needed": "reboot the node",
@@ -16,7 +16,7 @@ NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot neede
 
 def _record(x):
     x = getattr(x, "result", x)
-    return contract.read_document(x) if isinstance(x, dict) else x
+    return shown(contract.read_document(x) if isinstance(x, dict) else x)  # host strings escaped (render.shown)
 
 
 def _gpus(x) -> list:

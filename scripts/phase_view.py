@@ -6,11 +6,11 @@ the contract's record (AgentResult.result, e.g. contract.StartResult) or the Age
 """
 from __future__ import annotations
 
-from .render import shorten
+from .render import shorten, shown
 
 
 def _r(x):
-    return getattr(x, "result", x)
+    return shown(getattr(x, "result", x))  # host strings escaped (render.shown)
 
 
 def start_line(x) -> str:
@@ -40,6 +40,7 @@ def ready_line(x) -> str:
 
 def ready_progress(p: dict) -> str:
     """A progress line of phase-ready (the fields of contract.parse_progress)."""
+    p = shown(p)
     return f"waiting {p['elapsed_s']:.0f}s: {p['detail']} | log: {shorten(p.get('last_log') or '', 70)}"
 
 

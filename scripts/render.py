@@ -17,19 +17,40 @@ import textwrap
 
 from .agent import contract
 
-_UNSAFE = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 _ANSI = re.compile("\x1b\\[[0-9;]*m")
 DEFAULT_WIDTH = 100  # neither COLUMNS nor a terminal (a pipe, a file, a CI log)
 ELLIPSIS = "..."
 
 
 def safe(text) -> str:
-    """Text from a host (command lines, titles, errors) made safe for a terminal: control
-    characters and bidi overrides become \\xNN / \\uNNNN, so a process titled with escape
-    sequences cannot erase "NOT FREE" from the screen. The agent escapes too; this is the
-    second line of defence for anything else a host sends."""
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}" if ord(m.group()) < 256 else f"\\u{ord(m.group()):04x}",
-                       str(text))
+    """Text from a host (command lines, titles, file, unit and user names, errors) as one line
+    safe for a terminal: control characters (newline and tab too), bidi overrides and
+    zero-width marks become \\xNN / \\uNNNN (contract.textsafe.printable: the one rule, the
+    agent's too), so a process titled with escape sequences cannot erase "NOT FREE" from the
+    screen, nor a title with a newline forge a line of its own (issue 23)."""
+    return contract.textsafe.printable(text)
+
+
+def safe_lines(text) -> str:
+    """Several lines a host wrote (a command's output), each made safe; its newlines kept."""
+    return "\n".join(safe(line) for line in str(text).split("\n"))
+
+
+def shown(x):
+    """A display copy of a record, document or progress line: every string in it through
+    safe(), keys included; numbers, booleans and None as they are. The views render from
+    this copy (status_view.record, teardown_view, health_view, phase_view), so no string a
+    host sent reaches a line raw, whichever f-string prints it; --json and the audit log keep
+    the originals."""
+    if isinstance(x, str):
+        return safe(x)
+    if isinstance(x, contract.Record):
+        return type(x)(**{k: shown(v) for k, v in vars(x).items()})
+    if isinstance(x, dict):
+        return {shown(k): shown(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return type(x)(shown(v) for v in x)
+    return x
 
 
 # -- width and colour ---------------------------------------------------------------------------

@@ -7,10 +7,12 @@ exact command before anything runs, and the same lines after it ran.
 from __future__ import annotations
 
 from .agent import contract
-from .render import Col, safe, table
+from .render import Col, safe, safe_lines, shown, table
 
 
 def report(alias: str, r: contract.ResetResult) -> str:
+    output = r.output  # a command's output: its lines kept, each escaped (safe_lines)
+    r = shown(r)  # every other host string escaped (render.shown)
     rows = [["ok" if c["ok"] else "NO", c["check"], c["detail"]] for c in r.checks]
     cmd = " ".join(safe(a) for a in r.command)
     if r.ran:
@@ -21,8 +23,8 @@ def report(alias: str, r: contract.ResetResult) -> str:
         head = f"refused: {cmd} was NOT run"
     checks = table(["", "precondition", Col("detail", "wrap", 24)], rows, "  ")  # a long detail wraps
     lines = [f"== {alias} ({r.hostname}) GPU {r.gpu}", checks, head]
-    if r.output:
-        lines.append("  " + safe(r.output).replace("\n", "\n  "))
+    if output:
+        lines.append("  " + safe_lines(output).replace("\n", "\n  "))
     if r.note:
         lines.append(safe(r.note))
     return "\n".join(lines)

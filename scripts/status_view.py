@@ -8,13 +8,14 @@ the contract first, in `record`, so these views never read the agent's keys them
 from __future__ import annotations
 
 from .agent import contract
-from .render import Col, Command, age, note, paint, shorten, table, width
+from .render import Col, Command, age, note, paint, shorten, shown, table, width
 
 
 def record(x):
-    """`x` as the contract's record: a record is returned as it is; an agent document (a dict,
-    which names its command) is read with contract.read_document."""
-    return contract.read_document(x) if isinstance(x, dict) else x
+    """`x` as the contract's record, as the views show it (render.shown: every host string
+    escaped): a record as it is; an agent document (a dict, which names its command) read
+    with contract.read_document."""
+    return shown(contract.read_document(x) if isinstance(x, dict) else x)
 
 
 def scan_of(x) -> contract.ScanResult:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from . import health_view
 from .agent import contract
-from .render import Col, Command, command, note, paint, shorten, table
+from .render import Col, Command, command, note, paint, shorten, shown, table
 from .status_view import header, still_holding, where, writing_line
 
 
@@ -24,7 +24,7 @@ def _mib(gpu_mib: dict) -> str:
 def _teardown(x) -> contract.TeardownResult:
     """The teardown record in `x`: an AgentResult, a TeardownResult, or an agent document."""
     x = getattr(x, "result", x)
-    return contract.read_document(x) if isinstance(x, dict) else x
+    return shown(contract.read_document(x) if isinstance(x, dict) else x)  # host strings escaped (render.shown)
 
 
 COMMAND = Col("command", "command", 30)
@@ -34,7 +34,7 @@ def plan_tables(plan) -> str:
     """The plan (contract.Plan, or a plan or teardown result holding one) as tables."""
     if isinstance(plan, dict):
         plan = contract.read_plan(plan["plan"]) if "command" in plan else contract.read_plan(plan)
-    plan = getattr(plan, "plan", plan)
+    plan = shown(getattr(plan, "plan", plan))
     out = []
     if plan.targets:
         rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], Command.of(t)] for t in plan.targets]

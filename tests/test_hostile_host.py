@@ -255,3 +255,68 @@ def test_whatever_a_held_lock_file_says_the_teardown_is_locked(ps, content):
     assert not any(c in line for c in "\x1b\x07\u202e")
     if "alice" in content:
         assert "\\x1b]0;pwned\\x07alice\\x1b[2J\\x1b[8m\\x0aINJECTED-D" in line
+
+
+# -- one escaping point: nothing a host sends reaches a terminal raw -------------------------------
+
+FORGED = b"INJECTED-A local: FREED and verified"
+HOLD_AND_WRITE = r"""
+import os, sys, time
+dev, out, ready = sys.argv[1], os.fsencode(sys.argv[2]), sys.argv[3]
+held = open(dev, "rb")
+w = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600)
+open(ready, "w").close()
+time.sleep(600)
+"""
+
+
+def forger(ps):
+    """A GPU holder titled with a newline, an escape sequence, a bidi override and bytes that
+    are not UTF-8, writing a file whose name holds the same: returns (pid, title, file name)."""
+    import os
+
+    title = b"sglang::scheduler_TP0\n" + FORGED + b"\x1b[2J\xe2\x80\xae\xff\xfe"
+    name = os.fsencode(ps.base) + b"/ckpt\nINJECTED-B local: FREED\xff\xfe.bin"
+    ready = ps.base / "forger-ready"
+    p = subprocess.Popen([title, b"-c", HOLD_AND_WRITE.encode(), os.fsencode(ps.devdir / "nvidia0"), name,
+                          os.fsencode(ready)], executable=sys.executable, start_new_session=True)
+    ps.adopt(p.pid)
+    wait_for(ready.exists, "the forger")
+    return p.pid, title, name
+
+
+def assert_nothing_forged(out: bytes):
+    text = out.decode()
+    lines = text.splitlines()
+    assert not [line for line in lines if line.lstrip().startswith("INJECTED")], text
+    assert not any(c in text for c in "\x1b\u202e\x07"), text
+    assert "\\x0aINJECTED-A" in text, text
+
+
+@pytest.mark.parametrize("args", [["status"], ["plan"], ["teardown", "--dry-run"], ["verify"]])
+def test_a_newline_in_a_holders_argv_forges_no_line(ps, hosts_env, args):
+    from tests.conftest import invoke
+
+    pid, _, _ = forger(ps)
+    hosts_env(scenario.env_lines(ps))
+    out = invoke(*args, "--host", "local", env=dict(__import__("os").environ, COLUMNS="200"))
+    assert b"Traceback" not in out.stderr, out.stderr
+    assert_nothing_forged(out.stdout + out.stderr)
+    assert str(pid).encode() in out.stdout
+    if args[0] in ("status", "plan"):
+        assert b"ckpt\\x0aINJECTED-B local: FREED\\xff\\xfe.bin" in out.stdout  # "pid N is writing ..."
+
+
+def test_json_keeps_non_utf8_bytes_losslessly_in_valid_unicode(ps, hosts_env):
+    from scripts.agent import textsafe
+    from tests.conftest import invoke
+
+    pid, title, name = forger(ps)
+    hosts_env(scenario.env_lines(ps))
+    out = invoke("status", "--host", "local", "--json")
+    text = out.stdout.decode("utf-8")  # strict: valid UTF-8
+    assert "\\ud" not in text.lower()  # no surrogate escape: strict parsers accept it
+    holder = next(h for h in json.loads(text)["local"]["holders"] if h["pid"] == pid)
+    assert textsafe.encode(holder["argv"][0]) == title  # every byte back
+    assert [textsafe.encode(f) for f in holder["write_files"]] == [name]
+    assert "\uefff\ueffe" in holder["argv"][0]  # 0xFF 0xFE as U+EFFF U+EFFE (README: "--json and bytes")
