@@ -11,10 +11,14 @@ help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
 
 .PHONY: setup
-setup: $(VENV)/.installed ## create .venv with the pinned runtime + development requirements
+setup: $(VENV)/.installed $(VENV)/.output-guard ## create .venv with the pinned runtime + development requirements
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
+	touch $@
+# Invoke's own --version (read before tasks.py) gets the closed-pipe / full-disk guard from a .pth
+$(VENV)/.output-guard: $(VENV)/.installed scripts/cli/output_guard.py
+	$(PY) -m scripts.cli.output_guard >/dev/null
 	touch $@
 
 .PHONY: system-deps

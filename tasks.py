@@ -11,9 +11,12 @@ by another teardown; 5 a pivot's drain, gate or launch lint blocked it (nothing 
 6 not every process could be inspected (run as root); 7 the host timed out (ssh connect or
 keep-alive timeout, or the call's deadline: `--timeout`); 8 the confirmation was answered
 no (nothing signalled); 9 freed, but a GPU's health verdict is drain / reset needed / reboot needed
-(verify, teardown; "unknown" never changes a code); 126/127 `run` of a command not
-executable / not found, 128+N `run` of a command killed by signal N; 130 interrupted by
-Ctrl-C (the host side continues). Invoke's own parser is the exception: a command line it
+(verify, teardown; "unknown" never changes a code); 10 stdout could not be written (a full
+disk, an I/O error: the task ran to its end, its own code named on stderr); 126/127 `run` of
+a command not executable / not found, 128+N `run` of a command killed by signal N; 130
+interrupted by Ctrl-C (the host side continues); 141 the reader closed the pipe of Invoke's
+own --list, --help or --version (a task's reader closing it changes nothing: the task runs to
+its end and exits with its own code). Invoke's own parser is the exception: a command line it
 cannot read (unknown task or flag, a flag missing its value) exits 1 with "No idea what
 ..." on stderr before any task runs, so nothing reached a host. One task per command line:
 a second one is refused (exit 2) before the first runs (scripts/cli/executor.py, named by
@@ -25,8 +28,9 @@ import os
 
 from invoke import Collection
 
-from scripts.cli import about, audit, executor, gpu, hosts, phases, reset, sandbox, slurm
+from scripts.cli import about, audit, executor, gpu, hosts, output_guard, phases, reset, sandbox, slurm
 
+output_guard.install()  # Invoke's own --list and --help: a closed pipe exits 141, a full disk 10 (also by .pth)
 executor.check_project_config(os.path.dirname(os.path.abspath(__file__)))
 
 ns = Collection(

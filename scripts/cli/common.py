@@ -7,6 +7,7 @@ imports of ours.
 """
 from __future__ import annotations
 
+import errno
 import functools
 import os
 import signal
@@ -46,16 +47,25 @@ def code_for(exc: BaseException) -> int | None:
 INTERRUPTED_LINE = "gpu-pivot: interrupted (Ctrl-C): stopped here"
 
 
+# A write to stdout that fails because of where stdout goes, not because of the task: a full
+# disk or quota (`> /dev/full`), an I/O error, a file grown past its limit.
+FAILED_WRITE = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
+
+
 class ClosedStdoutSafe:
     """sys.stdout that outlives its reader: `invoke teardown | head -1`, or quitting `less`,
     closes the pipe; the first write after that would raise BrokenPipeError mid-task (a
     teardown reported "agent failed" after freeing the GPUs; a pivot stopped between its
     teardown and its start: found by a red team). Here the first BrokenPipeError points fd 1
-    at /dev/null and the task runs to its end and exits with its own code."""
+    at /dev/null and the task runs to its end and exits with its own code. A stdout that
+    cannot be written (`> /dev/full`: ENOSPC, EIO) is treated the same way, and remembered in
+    `write_error`: `guarded` then ends the task with one line on stderr and exit 10
+    (output_failed), never with a traceback and exit 1, which reads "not free" (issue 23)."""
 
     def __init__(self, stream):
         self._stream = stream
         self.closed_by_reader = False
+        self.write_error: OSError | None = None
         self.written = False  # anything printed yet: a --json error document only on an empty stdout
 
     def _guard(self, op, *args):
@@ -63,19 +73,27 @@ class ClosedStdoutSafe:
             return op(*args)
         except BrokenPipeError:
             self.closed_by_reader = True
-            devnull = os.open(os.devnull, os.O_WRONLY)
-            os.dup2(devnull, self._stream.fileno())
-            os.close(devnull)
-            return None
+        except OSError as exc:
+            if exc.errno not in FAILED_WRITE:
+                raise
+            self.write_error = exc
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, self._stream.fileno())
+        os.close(devnull)
+        return None
+
+    @property
+    def gone(self) -> bool:
+        return self.closed_by_reader or self.write_error is not None
 
     def write(self, text):
         self.written = self.written or bool(text)
-        if self.closed_by_reader:
+        if self.gone:
             return len(text)
         return self._guard(self._stream.write, text)
 
     def flush(self):
-        if not self.closed_by_reader:
+        if not self.gone:
             self._guard(self._stream.flush)
 
     def __getattr__(self, name):
@@ -122,10 +140,13 @@ def guarded(fn):
         guard_stdout()
         as_json = kwargs.get("json") is True
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         except Exit as exc:
             if as_json and exc.code and exc.message:
                 json_error(exc.message, exc.code)
+            output_failed(exc.code or 0)
+            if exc.message and one_line(exc.message) != exc.message:  # host text in our words: escaped
+                raise Exit(one_line(exc.message), code=exc.code) from None
             raise
         except KeyboardInterrupt:
             if as_json:
@@ -137,9 +158,40 @@ def guarded(fn):
                 raise
             if as_json:
                 json_error(str(exc), code)
-            raise Exit(f"gpu-pivot: {exc}", code=code) from None
+            output_failed(code)
+            raise Exit(one_line(f"gpu-pivot: {exc}"), code=code) from None
+        output_failed(0)
+        return result
 
     return wrapper
+
+
+def one_line(text) -> str:
+    """An error line as a terminal gets it: what a host sent in it (an agent's stderr, a lock
+    holder's name) escaped, one visible line (render.safe's rule)."""
+    from scripts.agent.contract import textsafe
+
+    return textsafe.printable(text)
+
+
+def output_failed(code: int) -> None:
+    """After a task: stdout's last buffered text is flushed, and if stdout could not be
+    written (ClosedStdoutSafe.write_error) the task ends with one line on stderr naming the
+    task's own exit code, and exit 10, which no script reads as "not free". What the task did
+    stands: a teardown ran to its end, its record is in the host's last.json and audit log."""
+    out = sys.stdout
+    try:
+        out.flush()
+    except (OSError, ValueError):
+        pass
+    error = getattr(out, "write_error", None)
+    if error is None:
+        return
+    from scripts.agent import contract
+
+    raise Exit(f"gpu-pivot: the output could not be written ({error.strerror or error}); the task ran to its end "
+               f"with exit {code} ({contract.exit_name(code)}); a teardown's result stays on the host: `invoke "
+               "status`", code=contract.EXIT_OUTPUT)
 
 
 def hosts_of(spec: str) -> list:
@@ -179,7 +231,7 @@ def codes(outcomes: list, agent_code: bool = False) -> list:
         if o.error is None:
             out.append(o.value.code if agent_code else contract.EXIT_OK)
             continue
-        print(f"gpu-pivot: {o.error}", file=sys.stderr)
+        print(one_line(f"gpu-pivot: {o.error}"), file=sys.stderr)
         out.append(code_for(o.error) or contract.EXIT_NOT_FREE)
     return out
 
@@ -205,9 +257,10 @@ def print_views(host, result, *views, file=None) -> None:
 
 
 def dumps(value) -> str:
-    import json
+    """--json text: valid Unicode whatever the host sent (a non-UTF-8 byte as U+EF80+: textsafe)."""
+    from scripts.agent.contract import textsafe
 
-    return json.dumps(value, indent=1, sort_keys=True)
+    return textsafe.dumps(value, indent=1, sort_keys=True)
 
 
 class ctrl_c_continues:

@@ -1,0 +1,145 @@
+"""Invoke's own output (`--list`, `--help`, `--version`, `TASK --help`) when stdout fails.
+
+Why: `invoke --list | head -c 10` printed a BrokenPipeError traceback and exited 1, and
+`invoke --list > /dev/full` an OSError traceback and exit 1, which README defines as "done
+but not free" (issue 23). Those paths are Invoke's, outside every task's guard
+(scripts/cli/common.guarded): a closed pipe now ends the program quietly with 141 (128 +
+SIGPIPE, what a shell reports for a program its reader left), and a full disk or an I/O
+error on stdout with one line on stderr and exit 10 (contract.EXIT_OUTPUT). The tasks
+themselves handle both their own way (common.ClosedStdoutSafe).
+
+How it is reached: tasks.py installs it when Invoke loads the tasks (--list, --help, TASK
+--help). `--version` is answered before tasks.py is read, so `make setup` also puts a .pth
+file in the venv (scripts/cli/output_guard.pth.in) that runs this file at interpreter start;
+it installs itself only in an `invoke` (or `inv`) process. Standard library only, and
+nothing else of the project: it runs before anything else is imported.
+"""
+import atexit
+import errno
+import os
+import sys
+
+CLOSED_PIPE = 141  # contract.EXIT_CLOSED_PIPE (tests/test_hostile_output.py checks they agree)
+OUTPUT_FAILED = 10  # contract.EXIT_OUTPUT
+FAILED_WRITE = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
+
+
+class Recorder:
+    """sys.stdout as it was, noting the error a write or flush raised (and raising it on), so
+    the hook below knows a failure was stdout's and not another file's."""
+
+    def __init__(self, stream):
+        self._stream = stream
+        self.failed = None
+
+    def _call(self, op, *args):
+        try:
+            return op(*args)
+        except OSError as exc:
+            self.failed = exc
+            raise
+
+    def write(self, text):
+        return self._call(self._stream.write, text)
+
+    def flush(self):
+        return self._call(self._stream.flush)
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+
+def _is_invoke(argv):
+    """Is this interpreter running Invoke (`invoke ...`, `inv ...`, `python -m invoke ...`)?"""
+    words = list(argv[1:3])
+    if words[:1] == ["-m"]:
+        return words[1:2] in (["invoke"], ["inv"])
+    return bool(words) and os.path.basename(words[0]) in ("invoke", "inv")
+
+
+def _stdout_failure(exc):
+    """The exit for an exception that stdout's failure explains: 141, 10, or None."""
+    if isinstance(exc, BrokenPipeError):
+        return CLOSED_PIPE
+    failed = getattr(sys.stdout, "failed", None)
+    if isinstance(exc, OSError) and exc.errno in FAILED_WRITE and failed is exc:
+        return OUTPUT_FAILED
+    return None
+
+
+def _leave(code, exc):
+    """End now: fd 1 at /dev/null (nothing more is tried on it), one line for a failed write."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.close(devnull)
+    except OSError:
+        pass
+    if code == OUTPUT_FAILED:
+        line = "gpu-pivot: the output could not be written (%s); nothing else was done\n" % (
+            os.strerror(exc.errno) if exc.errno else exc)
+        try:
+            os.write(2, line.encode())
+        except OSError:
+            pass
+    os._exit(code)
+
+
+def _hook(kind, value, tb, default=sys.excepthook):
+    code = _stdout_failure(value)
+    if code is None:
+        default(kind, value, tb)
+        return
+    _leave(code, value)
+
+
+def _flush_at_exit():
+    """Flush stdout before Python's own last flush (whose failure would print "Exception
+    ignored" and exit 120): a buffered listing fails here, not in print()."""
+    try:
+        if sys.stdout is not None:
+            sys.stdout.flush()
+    except OSError as exc:
+        code = _stdout_failure(exc)
+        if code is not None:
+            _leave(code, exc)
+        raise
+
+
+def install():
+    """Hook this process once: the excepthook, the flush at exit, the recorder on stdout."""
+    if getattr(sys, "_gpu_pivot_output_guard", False):
+        return
+    sys._gpu_pivot_output_guard = True  # type: ignore[attr-defined]
+    if sys.stdout is not None and not isinstance(sys.stdout, Recorder):
+        sys.stdout = Recorder(sys.stdout)
+    sys.excepthook = _hook
+    atexit.register(_flush_at_exit)
+
+
+PTH_NAME = "gpu_pivot_output_guard.pth"
+# One line Python runs at every start of the venv's interpreter (site.py runs a .pth line that
+# begins with `import`). It costs nothing but an argv test unless the program is Invoke; then
+# this file is loaded (its cached bytecode: ~0.1 ms, importlib.util being Invoke's import too).
+PTH_LINE = ("import os, sys; a = getattr(sys, 'orig_argv', []); (a[1:3] in (['-m', 'invoke'], ['-m', 'inv']) or "
+            "os.path.basename((a[1:2] or [''])[0]) in ('invoke', 'inv')) and os.path.isfile(%r) and exec("
+            "\"import importlib.util as u; s = u.spec_from_file_location('gpu_pivot_output_guard', %r); "
+            "s.loader.exec_module(u.module_from_spec(s))\")\n")
+
+
+def write_pth(site_dir=None):
+    """Put PTH_LINE in the venv's site-packages (`make setup` runs this: python -m
+    scripts.cli.output_guard); returns the file written."""
+    import site
+
+    here = os.path.abspath(__file__)
+    path = os.path.join(site_dir or site.getsitepackages()[0], PTH_NAME)
+    with open(path, "w") as f:
+        f.write(PTH_LINE % (here, here))
+    return path
+
+
+if __name__ == "gpu_pivot_output_guard" and _is_invoke(getattr(sys, "orig_argv", [])):  # loaded by the .pth
+    install()
+elif __name__ == "__main__":
+    print(write_pth())
