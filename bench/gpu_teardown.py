@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.gpu_support import GpuTree, add_tree_arguments, gpu_count, nvml_used_mib  # noqa: E402
+from tests.gpu_support import POLLERS, GpuTree, Poller, add_tree_arguments, gpu_count, nvml_used_mib  # noqa: E402
 
 FREED_LINE = "local: FREED at "
 AGENT_LIMIT = 1.15   # agent "free at" <= 1.15 x the floor (median of the reps)
@@ -82,9 +82,20 @@ def timed_lines(argv, env):
     return lines, code, time.monotonic() - t0, t0
 
 
-def pivot_once(workdir, args, n, env):
-    token = f"bench-pivot-{n}-{os.getpid()}"
+def pivot_once(workdir, args, n, env, poller="none"):
+    """One gpu-pivot teardown of a fresh tree; with `poller` (tests/gpu_support.POLLERS)
+    someone watches the GPUs meanwhile (nvidia-smi in a loop, a pynvml exporter)."""
+    token = f"bench-pivot-{n}-{poller}-{os.getpid()}"
     tree = GpuTree(workdir, token, args.children, args.gib_per_proc)
+    watcher = None if poller == "none" else Poller(workdir, poller)
+    try:
+        return _teardown_once(workdir, token, tree, args, env)
+    finally:
+        if watcher is not None:
+            watcher.stop()
+
+
+def _teardown_once(workdir, token, tree, args, env):
     run_dir = Path(tempfile.mkdtemp(prefix="gp-bench-run-"))
     env = dict(env, GPU_PIVOT_HOSTS_FILE=str(Path(workdir) / "hosts.env"), GPU_PIVOT_RUN_DIR=str(run_dir))
     Path(env["GPU_PIVOT_HOSTS_FILE"]).write_text(
@@ -96,6 +107,7 @@ def pivot_once(workdir, args, n, env):
     left = tree.alive()
     tree.kill()
     return {"cli_freed_line_s": freed_line, "cli_exit_s": wall, "exit": code,
+            "freed_lines": sum(1 for _, line in lines if line.startswith(FREED_LINE)),
             "agent_free_at_s": record.get("free_at_s"), "agent_settled_s": record.get("settled_at_s"),
             "agent_wall_s": record.get("wall_s"), "settle_s": record.get("settle_s"),
             # the same clock (CLOCK_MONOTONIC is the host's): Enter -> the agent's start of the teardown
@@ -141,17 +153,34 @@ def measure(args):
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     env["XDG_STATE_HOME"] = tempfile.mkdtemp()
     warm_up(env, args.cli_python)
-    floors, pivots = [], []
+    floors, pivots = [], {kind: [] for kind in args.pollers}
     with tempfile.TemporaryDirectory() as work:
         for n in range(args.reps):
             floors.append(floor_once(work, args, n))
-            pivots.append(pivot_once(work, args, n, env))
-            p = pivots[-1]
-            print(f"rep {n}: floor {floors[-1][0]:.3f}s (strict {floors[-1][1]:.3f}s)  agent free at "
-                  f"{p['agent_free_at_s']}s settled {p['agent_settled_s']}s  "
-                  f"CLI FREED line {p['cli_freed_line_s'] or float('nan'):.3f}s "
-                  f"exit {p['cli_exit_s']:.3f}s (code {p['exit']})  timings {p['timings']}", flush=True)
+            for kind in args.pollers:  # alternating within the rep: side by side on the same machine state
+                pivots[kind].append(pivot_once(work, args, n, env, kind))
+                p = pivots[kind][-1]
+                print(f"rep {n} [{kind}]: floor {floors[-1][0]:.3f}s (strict {floors[-1][1]:.3f}s)  agent free at "
+                      f"{p['agent_free_at_s']}s settled {p['agent_settled_s']}s  "
+                      f"CLI FREED line {p['cli_freed_line_s'] or float('nan'):.3f}s ({p['freed_lines']} line(s)) "
+                      f"exit {p['cli_exit_s']:.3f}s (code {p['exit']})  timings {p['timings']}", flush=True)
     return floors, pivots
+
+
+def pollers_doc(pivots):
+    """Per poller: the CLI's exit and FREED line beside the run with no one watching (the
+    issue's acceptance: 5 of 5 FREED, exit 0, the exit within 0.5 s of the run without)."""
+    base = summary([r["cli_exit_s"] for r in next(iter(pivots.values()))])
+    out = {}
+    for kind, reps in pivots.items():
+        exit_s = summary([r["cli_exit_s"] for r in reps])
+        out[kind] = {"reps_n": len(reps), "exit_0": sum(1 for r in reps if r["exit"] == 0),
+                     "freed_lines_max": max((r["freed_lines"] for r in reps), default=0),
+                     "cli_exit_s": exit_s, "cli_freed_line_s": summary([r["cli_freed_line_s"] for r in reps]),
+                     "agent_free_at_s": summary([r["agent_free_at_s"] for r in reps]),
+                     "exit_minus_first_s": exit_s and base and exit_s["median"] - base["median"]}
+    return out
+
 
 
 def _step(pivots, end, start=None):
@@ -216,9 +245,17 @@ def main():
     add_tree_arguments(p)
     p.add_argument("--cli-python", default=sys.executable,
                    help="interpreter of the operator's CLI (a venv as `make setup` makes; default: this one)")
+    p.add_argument("--pollers", type=lambda v: v.split(","), default=["none"],
+                   help="comma list: none and/or who watches the GPUs meanwhile "
+                        f"({', '.join(POLLERS)}); the first is the base the others are compared with")
     args = p.parse_args()
+    unknown = [k for k in args.pollers if k != "none" and k not in POLLERS]
+    if unknown:
+        p.error(f"--pollers {','.join(unknown)}: expected none or {', '.join(POLLERS)}")
     floors, pivots = measure(args)
-    result = result_doc(args, floors, pivots)
+    result = result_doc(args, floors, pivots[args.pollers[0]])
+    result["pollers"] = pollers_doc(pivots)
+    result["poller_reps"] = {k: v for k, v in pivots.items() if k != args.pollers[0]}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("reps", "floor_reps")}, indent=1))
 

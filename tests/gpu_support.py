@@ -93,3 +93,42 @@ class Monitor:
         if self.proc.poll() is None:
             os.kill(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+POLLERS = ("smi-1s", "smi-0.2s", "renamed-smi-0.2s", "pynvml-0.2s")
+
+
+class Poller:
+    """What someone watching the GPUs runs beside a server: `watch -n 1 nvidia-smi` (a loop
+    that runs nvidia-smi every INTERVAL s), the same with a copy of nvidia-smi under another
+    name, or a pynvml loop that opens NVML, reads every GPU and closes it each time (an
+    exporter). `kind` is one of POLLERS. Its own session; ended by its process group, which
+    is its own."""
+
+    def __init__(self, workdir: Path, kind: str):
+        import shutil
+
+        interval = kind.rsplit("-", 1)[1].rstrip("s")
+        smi = shutil.which("nvidia-smi") or "nvidia-smi"
+        if kind.startswith("renamed"):
+            copy = Path(workdir) / "gpu-watch"
+            shutil.copy(smi, copy)
+            smi = str(copy)
+        if kind.startswith("pynvml"):
+            body = (f"{sys.executable} -c 'import pynvml; pynvml.nvmlInit(); "
+                    "[(pynvml.nvmlDeviceGetMemoryInfo(h), pynvml.nvmlDeviceGetComputeRunningProcesses(h)) "
+                    "for h in map(pynvml.nvmlDeviceGetHandleByIndex, range(pynvml.nvmlDeviceGetCount()))]; "
+                    "pynvml.nvmlShutdown()'")
+        else:
+            body = f"{smi} >/dev/null"
+        self.kind = kind
+        self.proc = subprocess.Popen(["bash", "-c", f"while :; do {body}; sleep {interval}; done"],
+                                     start_new_session=True, stdin=subprocess.DEVNULL)
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)  # the group is the loop's own (new session)
+            self.proc.wait()
