@@ -250,21 +250,55 @@ def _text(cell) -> str:
     return str(cell) if isinstance(cell, Command) else safe(cell)
 
 
-def _widths(cols: list, cells: list, room: int) -> list:
-    """Each column's width: natural, then the flexible ones shrunk (not below their minimum,
-    in proportion to their natural width) until the row fits `room` columns."""
-    natural = [max(visible_len(r[i]) for r in cells) for i in range(len(cols))]
-    flex = [i for i, c in enumerate(cols) if c.fit and natural[i] > max(c.minimum, len(c.header))]
-    excess = sum(natural) + 2 * (len(cols) - 1) - room
-    if excess <= 0 or not flex:
-        return natural
-    out = list(natural)
-    floor = {i: max(cols[i].minimum, len(cols[i].header)) for i in flex}
-    give = {i: natural[i] - floor[i] for i in flex}
+# A column that gives way is never narrower than this (or its header) when the screen is
+# narrow; a table's last column narrower than UNDER_BELOW (a command cut inside its program's
+# name) goes on a line of its own under each row instead.
+NARROWEST = 8
+UNDER_BELOW = 20
+
+
+def _shrink(widths: list, floors: dict, room: int) -> list:
+    """`widths` with the columns of `floors` ({index: narrowest}) shrunk, in proportion to what
+    each can give, until the row fits `room` columns or they are at their floors."""
+    excess = sum(widths) + 2 * (len(widths) - 1) - room
+    give = {i: widths[i] - f for i, f in floors.items() if widths[i] > f}
     total = sum(give.values())
-    for i in flex:
-        out[i] = natural[i] - min(give[i], -(-excess * give[i] // total))  # ceil: never overshoot room
+    if excess <= 0 or not total:
+        return widths
+    out = list(widths)
+    for i, g in give.items():
+        out[i] = widths[i] - min(g, -(-excess * g // total))  # ceil: never overshoot room
     return out
+
+
+def _header_word(header: str) -> int:
+    """The narrowest a header can be: its longest word (it wraps at its spaces)."""
+    return max((len(w) for w in header.split()), default=0)
+
+
+def _widths(cols: list, cells: list, room: int) -> list:
+    """Each column's width (cells[0]: the headers): natural, then, until the row fits `room`
+    columns, the flexible columns shrunk (not below their minimum or header, in proportion to
+    what each can give); on a screen still too narrow, a header wider than its cells wrapped
+    at its spaces (`used before` over two lines: nothing is lost), then the flexible columns
+    down to NARROWEST. Columns that identify a row (no Col.fit: pid, user, state) never
+    shrink below their cells."""
+    body = [max((visible_len(r[i]) for r in cells[1:]), default=0) for i in range(len(cols))]
+    natural = [max(b, visible_len(c.header)) for b, c in zip(body, cols, strict=True)]
+    flex = [i for i, c in enumerate(cols) if c.fit]
+    out = _shrink(natural, {i: max(cols[i].minimum, len(cols[i].header)) for i in flex}, room)
+    out = _shrink(out, {i: max(body[i] if i not in flex else min(out[i], cols[i].minimum), _header_word(c.header))
+                        for i, c in enumerate(cols)}, room)
+    return _shrink(out, {i: max(min(cols[i].minimum, NARROWEST), _header_word(cols[i].header)) for i in flex}, room)
+
+
+def _header_lines(cols: list, widths: list) -> list:
+    """The header row, over as many lines as its wrapped headers need, aligned at the bottom:
+    the line above the rule names every column."""
+    parts = [textwrap.wrap(c.header, w) if len(c.header) > w else [c.header] for c, w in zip(cols, widths, strict=True)]
+    depth = max(len(p) for p in parts)
+    parts = [[""] * (depth - len(p)) + p for p in parts]
+    return ["  ".join(p[k].ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip() for k in range(depth)]
 
 
 def _cell_lines(col: Col, cell, text: str, w: int) -> list:
@@ -285,7 +319,10 @@ def table(headers: list | tuple, rows: list, indent: str = "", columns: int | No
 
     A header is a name or a Col; a Command cell is shown by what it runs. Only columns
     that may give way (Col.fit) ever shrink; what does not fit is wrapped or shortened,
-    never silently cut off at the screen's edge. details[i], when given, is printed whole
+    never silently cut off at the screen's edge. On a screen too narrow even for that (a
+    split pane of 60 columns), a last column that may give way (a command) and would get
+    fewer than UNDER_BELOW columns is printed on a line of its own under each row, indented,
+    and its header under the header line. details[i], when given, is printed whole
     (wrapped, never cut) under row i from where its last column starts: a reason in words
     gets the width of the screen instead of a narrow column."""
     cols = [_as_col(h) for h in headers]
@@ -296,20 +333,52 @@ def table(headers: list | tuple, rows: list, indent: str = "", columns: int | No
     texts = [[c.header for c in cols]] + [[_text(c) for c in r] for r in rows]
     room = (width() if columns is None else columns) - len(indent)
     widths = _widths(cols, texts, room)
-    lines = [indent + "  ".join(c.header.ljust(w) for c, w in zip(cols, widths, strict=True)).rstrip(),
-             indent + "  ".join("-" * w for w in widths)]
-    at = sum(widths[:-1]) + 2 * (len(widths) - 1)  # where the last column starts
+    # the last columns, when they go on a line of their own under each row: the last one when
+    # it would be too narrow to read, then, while the row is still too wide, the one before it
+    under: list = []  # [(col, cells, texts)], in table order
+    last = max(visible_len(t[-1]) for t in texts)
+    if len(cols) > 1 and cols[-1].fit and widths[-1] < min(last, cols[-1].minimum, UNDER_BELOW):
+        under.insert(0, (cols.pop(), [r.pop() for r in rows], [t.pop() for t in texts]))
+        widths = _widths(cols, texts, room)
+    while len(cols) > 1 and cols[-1].fit and sum(widths) + 2 * (len(widths) - 1) > room:
+        under.insert(0, (cols.pop(), [r.pop() for r in rows], [t.pop() for t in texts]))
+        widths = _widths(cols, texts, room)
+    lines = [indent + h for h in _header_lines(cols, widths)]
+    if under:
+        lines.append(indent + UNDER + "  ".join(u[0].header for u in under))
+    lines.append(indent + "  ".join("-" * w for w in widths))
+    at = len(UNDER) if under else sum(widths[:-1]) + 2 * (len(widths) - 1)  # where the last column starts
+    if room - at < 30:  # a reason in words needs more than the last column of a narrow screen
+        at = len(UNDER)
     for n, (row, text) in enumerate(zip(rows, texts[1:], strict=True)):
         parts = [_cell_lines(c, cell, t, w) for c, cell, t, w in zip(cols, row, text, widths, strict=True)]
         for k in range(max(len(p) for p in parts)):
             cells = [p[k] if k < len(p) else "" for p in parts]
             lines.append(indent + "  ".join(c + " " * (w - visible_len(c))
                                             for c, w in zip(cells, widths, strict=True)).rstrip())
+        if under:
+            lines.extend(indent + UNDER + x for x in _under_lines(under, n, room - len(UNDER)))
         detail = details[n] if details else None
         if detail:
             lines.extend(indent + " " * at + d
                          for d in textwrap.wrap(safe(detail), max(20, room - at), break_on_hyphens=False))
     return "\n".join(lines)
+
+
+UNDER = "    "  # the indent of a last column (and reasons) printed under its row on a narrow screen
+
+
+def _under_lines(under: list, n: int, room: int) -> list:
+    """Row n's cells of the columns printed under it, on one line when they fit: the ones
+    before the last whole (wrapped if need be), the last (a command) fitted to what is left."""
+    lead = "  ".join(u[2][n + 1] for u in under[:-1])
+    col, cells, texts = under[-1]
+    if lead and visible_len(lead) + 2 + min(visible_len(texts[n + 1]), UNDER_BELOW) > room:
+        head = textwrap.wrap(lead, max(1, room), break_on_hyphens=False) or [""]
+        return head + _cell_lines(col, cells[n], texts[n + 1], max(1, room))
+    prefix = lead + "  " if lead else ""
+    tail = _cell_lines(col, cells[n], texts[n + 1], max(1, room - len(prefix)))
+    return [prefix + tail[0]] + [" " * len(prefix) + x for x in tail[1:]]
 
 
 def note(text: str, indent: str = "  ", hang: str = "    ") -> str:

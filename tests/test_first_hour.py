@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -205,3 +206,83 @@ def test_invokes_own_parser_errors_are_the_documented_exception():
     assert res.returncode == 1 and res.stdout == b"" and b"No idea what '--hots' is!" in res.stderr
     readme = (REPO / "README.md").read_text()
     assert "The one exception is Invoke's own" in readme and "No idea what" in readme
+
+
+# -- 5 and 7. screens: a PPID column, audit hosts whole, tables that fit 60 columns ---------------------
+
+@pytest.fixture(scope="module")
+def sandbox():
+    out = invoke("sandbox", "up", "--json")
+    assert out.returncode == 0, out.stderr
+    yield json.loads(out.stdout)
+    invoke("sandbox", "down")
+
+
+def _columns(n: int) -> dict:
+    return dict({k: v for k, v in os.environ.items() if k != "NO_COLOR"}, COLUMNS=str(n))
+
+
+def test_holder_table_has_a_ppid_column(sandbox):
+    """Item 5: the runbook sends people looking for orphans by PPID; only --json had it."""
+    text = invoke("status", "--host", "sandbox", env=_columns(100)).stdout.decode()
+    header = next(line for line in text.splitlines() if line.split()[:2] == ["pid", "ppid"])
+    assert header.split()[:3] == ["pid", "ppid", "user"], header
+    procs = sandbox["processes"]
+    for worker in ("worker0", "worker1"):
+        row = next(line for line in text.splitlines() if line.split()[:1] == [str(procs[worker]["pid"])])
+        assert row.split()[1] == str(procs["server"]["pid"]), row  # its parent, the server
+
+
+@pytest.mark.parametrize("args", [["status"], ["plan"], ["verify", "--wait", "0"], ["hosts"], ["audit"],
+                                  ["sandbox", "status"], ["teardown", "--dry-run"]], ids=" ".join)
+def test_tables_fit_60_columns_and_keep_pids_whole(sandbox, args):
+    """Item 7: at COLUMNS=60 the holder table was 77 wide. Command lines give way (cut, or on a
+    line of their own under the row); pids never do."""
+    res = invoke(*args, env=_columns(60))
+    text = res.stdout.decode()
+    assert res.returncode in (0, 1), text_of(res)
+    in_tables = [line for line in text.splitlines() if not line.startswith(("== ", "audit log: ", "SANDBOX ("))]
+    too_wide = [line for line in in_tables if len(line) > 60 and " " in line.strip()]  # a path alone: never cut
+    assert not too_wide, "\n".join(too_wide)
+    if args[0] in ("status", "plan", "teardown"):
+        for role in ("server", "worker0", "worker1"):
+            pid = str(sandbox["processes"][role]["pid"])
+            assert any(line.split()[:1] == [pid] for line in text.splitlines()), (role, text)
+        assert "sglang.launch_server" in text and "sglang::scheduler_TP0" in text
+
+
+def test_table_gives_way_in_order_and_never_cuts_identifying_columns():
+    from scripts.render import Col, Command, table
+
+    rows = [[4194301, 4194300, "a-long-user-name", "D", Command(["python3", "-m", "sglang.launch_server",
+                                                                   "--model-path", "/models/kimi-k2.5", "--tp", "8"])]]
+    heads = ["pid", "ppid", "user", "state", Col("command", "command", 30)]
+    wide = table(heads, rows, "  ", columns=120).splitlines()
+    assert len(wide) == 3 and "--model-path /models/kimi-k2.5" in wide[2]  # one line per process when it fits
+    narrow = table(heads, rows, "  ", columns=60).splitlines()
+    assert all(len(line) <= 60 for line in narrow), narrow
+    assert narrow[3].split() == ["4194301", "4194300", "a-long-user-name", "D"]  # identifying columns whole
+    assert narrow[4].strip().startswith("sglang.launch_server --")  # the command under its row
+    assert narrow[1].strip() == "command"  # and its header under the header line
+    # headers wider than their cells wrap at their spaces before anything is cut
+    two = table(["gpu", "used before", "used after", "procs before", "procs after"], [[0, 20480, 0, 1, 0]], "",
+                columns=40).splitlines()
+    assert all(len(line) <= 40 for line in two) and two[1].split() == ["gpu", "before", "after", "before", "after"]
+
+
+def test_audit_table_shows_host_names_whole(tmp_path):
+    """Item 5: the audit table cut host names to `san...`."""
+    from scripts.agent import contract as c
+
+    state = tmp_path / "xdg"
+    (state / "gpu-pivot").mkdir(parents=True, mode=0o700)
+    rec = {"time": time.strftime(c.TIME_FORMAT), "alias": "gpu-node-17-sandbox", "operator": "ana@laptop",
+           "signal": "SIGTERM", "pid": 4194301, "result": "sent", "cmdline": "python3 -m sglang.launch_server --tp 8"}
+    (state / "gpu-pivot" / "audit.jsonl").write_text(json.dumps(rec) + "\n")
+    (state / "gpu-pivot" / "audit.jsonl").chmod(0o600)
+    for columns in (60, 80, 120):
+        res = invoke("audit", env=dict(_columns(columns), XDG_STATE_HOME=str(state)))
+        assert res.returncode == 0, text_of(res)
+        lines = res.stdout.decode().splitlines()[1:]
+        assert all(len(line) <= columns for line in lines), lines
+        assert any("gpu-node-17-sandbox" in line and "4194301" in line for line in lines), lines

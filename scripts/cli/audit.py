@@ -14,7 +14,7 @@ from .flags import task
 def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     """Show the local audit log: every signal, unit stop and pivot, with host, operator and result."""
     from scripts import audit_log, cliargs
-    from scripts.render import Col, Command, safe, table
+    from scripts.render import Col, Command, safe, table, width
 
     n = cliargs.whole("lines", lines)
     recs, skipped = audit_log.read_counted()
@@ -29,18 +29,21 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
             print(textsafe.dumps(r, sort_keys=True))  # valid Unicode: a non-UTF-8 byte is U+EF80+
         return
     print(f"audit log: {safe(audit_log.audit_path())}")
-    rows = [[_when(r.get("time", "")), r.get("alias", ""), r.get("operator", ""), r.get("signal") or r.get("event"),
-             r.get("pid", r.get("to", "")), r.get("result") or r.get("verdict"),
+    short = width() < 70  # a narrow pane: the time without its year (14 columns, not 19)
+    rows = [[_when(r.get("time", ""), short), r.get("alias", ""), r.get("pid", r.get("to", "")), r.get("operator", ""),
+             r.get("signal") or r.get("event"), r.get("result") or r.get("verdict"),
              Command.of(r) if r.get("cmdline") else "-"] for r in recs]
-    # every column but the time may give way, down to what fits 80 columns
-    heads = ["time (UTC)", Col("host", "cut", 6), Col("operator", "cut", 8), Col("action", "cut", 7),
-             Col("pid/to", "cut", 6), Col("result", "wrap", 10), Col("command", "command", 12)]
+    # time, host and pid identify a record and come first, never cut (a host cut to `san...`
+    # named none); the others give way, and on a narrow screen go under the row, command first
+    heads = ["time (UTC)", "host", "pid/to", Col("operator", "cut", 8), Col("action", "cut", 7),
+             Col("result", "wrap", 10), Col("command", "command", 20)]
     print(table(heads, rows))
 
 
-def _when(stamp) -> str:
-    """A record's time in UTC, in 19 columns ('2026-11-30 10:48:44'): records carry each
-    host's own offset (contract.TIME_FORMAT). Text that is not such a time is shown as it is."""
+def _when(stamp, short: bool = False) -> str:
+    """A record's time in UTC, in 19 columns ('2026-11-30 10:48:44'; `short`: 14, '11-30
+    10:48:44'): records carry each host's own offset (contract.TIME_FORMAT). Text that is
+    not such a time is shown as it is."""
     import datetime
 
     from scripts.agent import contract
@@ -49,4 +52,4 @@ def _when(stamp) -> str:
         when = datetime.datetime.strptime(str(stamp), contract.TIME_FORMAT)
     except ValueError:
         return str(stamp)
-    return when.astimezone(datetime.UTC).strftime("%Y-%m-%d %H:%M:%S")
+    return when.astimezone(datetime.UTC).strftime("%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S")
