@@ -286,3 +286,21 @@ def test_audit_table_shows_host_names_whole(tmp_path):
         lines = res.stdout.decode().splitlines()[1:]
         assert all(len(line) <= columns for line in lines), lines
         assert any("gpu-node-17-sandbox" in line and "4194301" in line for line in lines), lines
+
+
+# -- 8. verify --wait in a pipe: a line per half second, as documented -------------------------------
+
+@pytest.mark.xfail(reason="the agent's throttle (scripts/agent/verify.py _progress, issue 22's file) drops a scan "
+                          "that comes a few ms under 0.5 s after the last line; fix handed to the lead", strict=False)
+def test_verify_wait_progress_is_a_line_per_half_second_in_a_pipe(sandbox):
+    proc = subprocess.Popen([sys.executable, "-m", "invoke", "verify", "--host", "sandbox", "--wait", "2"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, env=_columns(100))
+    seen = []
+    assert proc.stdout is not None
+    for raw in proc.stdout:
+        if raw.startswith(b"sandbox: waiting"):
+            seen.append(time.monotonic())
+    assert proc.wait(60) == 1
+    gaps = [round(b - a, 3) for a, b in zip(seen, seen[1:], strict=False)]
+    assert len(seen) >= 4, (len(seen), gaps)  # 0, 0.5, 1.0, 1.5 s
+    assert max(gaps) < 0.75 and min(gaps) > 0.3, gaps
