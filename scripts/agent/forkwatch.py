@@ -14,8 +14,12 @@ Two sources, one view:
   is wrong inside a container or `unshare --pid`. It is used only after a self-test at
   start proves that the PIDs it reports are ours (a thread of our own, created for the
   test, must be reported with our pid and its tid within 200 ms). Fork events are chained
-  transitively from the roots. If the socket's buffer overflows (ENOBUFS), `lost` is set
-  (events were dropped: the caller can say so) and a /proc walk fills the gap.
+  transitively from the roots, in the order the kernel sent them: a parent already gone when
+  its stat is read still chains the forks it made before its exit event (on a busy machine a
+  middle link forks the holder and exits before the agent runs again: issue 23). After the
+  self-test the kernel is asked to queue process forks and exits only (_filter): the threads
+  a server makes and ends no longer fill the buffer. If it overflows all the same (ENOBUFS),
+  `lost` is set (events were dropped: the caller can say so) and a /proc walk fills the gap.
 - "proc" (fallback, and the gap filler): a /proc walk. Descendants by the ppid tree, plus
   every process in a session whose leader is a tracked process: a session's members all
   descend, by fork, from its leader (setsid is the only way in, and it starts a new one),
@@ -75,6 +79,58 @@ _EVDATA = struct.Struct("=IIII")      # fork: parent_pid, parent_tgid, child_pid
 _EV_OFF = _NLMSG.size + _CNMSG.size   # 36: struct proc_event inside one netlink message
 _DATA_OFF = _EV_OFF + _EVHDR.size     # 52: its event_data union
 
+# The socket filter (classic BPF, SO_ATTACH_FILTER) that keeps process forks and exits only
+# (ForkWatch._filter). Its loads read big-endian; the event's fields are the host's order, so
+# the constants are compared as those bytes read big-endian, and the pid == tgid tests compare
+# two fields read the same way.
+SO_ATTACH_FILTER = 26
+_LD_ABS, _JEQ_K, _JEQ_X, _TAX, _RET_K = 0x20, 0x15, 0x1D, 0x07, 0x06
+
+
+def _as_loaded(value):
+    return struct.unpack(">I", struct.pack("=I", value))[0]
+
+
+_PROCESS_EVENTS = (
+    (_LD_ABS, 0, 0, _EV_OFF),                              # 0: what
+    (_JEQ_K, 1, 0, _as_loaded(PROC_EVENT_FORK)),           # 1: fork -> 3
+    (_JEQ_K, 4, 9, _as_loaded(PROC_EVENT_EXIT)),           # 2: exit -> 7, else drop
+    (_LD_ABS, 0, 0, _DATA_OFF + 8),                        # 3: child pid
+    (_TAX, 0, 0, 0),                                       # 4
+    (_LD_ABS, 0, 0, _DATA_OFF + 12),                       # 5: child tgid
+    (_JEQ_X, 4, 5, 0),                                     # 6: a process (pid == tgid) -> keep, else drop
+    (_LD_ABS, 0, 0, _DATA_OFF),                            # 7: exiting pid
+    (_TAX, 0, 0, 0),                                       # 8
+    (_LD_ABS, 0, 0, _DATA_OFF + 4),                        # 9: its tgid
+    (_JEQ_X, 0, 1, 0),                                     # 10: the process itself -> keep, else drop
+    (_RET_K, 0, 0, 0xFFFFFFFF),                            # 11: keep
+    (_RET_K, 0, 0, 0),                                     # 12: drop
+)
+
+
+def _fprog(program):
+    """struct sock_fprog for setsockopt: its length and a pointer to the instructions, which
+    stay alive in the returned object until the call has copied them."""
+    import ctypes  # here: only a connector watch needs it (procscan has loaded it already)
+
+    code = b"".join(struct.pack("=HBBI", *insn) for insn in program)
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+    buf = ctypes.create_string_buffer(code, len(code))
+    prog = Prog(len(program), ctypes.addressof(buf))
+    return _Pinned(bytes(prog), buf)
+
+
+class _Pinned(bytes):
+    """The bytes of a sock_fprog, holding the buffer its pointer names."""
+
+    def __new__(cls, data, keep):
+        obj = super().__new__(cls, data)
+        obj.keep = keep
+        return obj
+
 
 def _control(op):
     """A netlink message carrying a PROC_CN_MCAST_* op to the connector."""
@@ -127,6 +183,7 @@ class ForkWatch:
         self._roots = set()
         self._tracked = {}    # pid -> start time (None: fork seen, stat not read yet)
         self._dead = set()    # tracked pids seen exiting: their pid may now be reused
+        self._exited = set()  # tracked pids whose EXIT event was read: no fork of theirs can follow it
         self._lineage = {}    # pid -> [parent, grandparent, ..., root] when it was learned
         self._leaders = set()  # tracked pids seen leading their own session
         self._groups = {}     # tracked pid -> (pgid, sid) when its stat was read
@@ -221,12 +278,26 @@ class ForkWatch:
             backlog.extend(batch)
             if any(ev[0] == PROC_EVENT_FORK and ev[3] == tid[0] and ev[4] == me for ev in batch):
                 self.mode = "connector"
+                self._filter()
                 return backlog
             left = deadline - time.monotonic()
             if left <= 0:
                 raise OSError("self-test: no fork event with our pid %d within %d ms (PID namespace, "
                               "no CAP_NET_ADMIN, or another network namespace)" % (me, SELF_TEST_S * 1000))
             select.select([sock], [], [], left)
+
+    def _filter(self):
+        """Have the kernel queue only what _event reads: a process's fork (not a new thread) and
+        a process's exit (not a thread's); every other event (exec, uid, comm, a thread made or
+        ended) is dropped before it takes room in the socket's buffer. Why: a host's GPU servers
+        make and end threads by the thousand; their events filled the buffer while the agent was
+        busy (ENOBUFS), and a holder double-forked with setsid in that gap could no longer be tied
+        to its target from /proc (issue 23). After the self-test, which needs a thread's event.
+        A kernel that refuses the filter (no SO_ATTACH_FILTER) keeps every event: noted."""
+        try:
+            self._sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _fprog(_PROCESS_EVENTS))
+        except (OSError, ValueError, TypeError) as exc:
+            self.note = (self.note + "; " if self.note else "") + "event filter not attached: %s" % exc
 
     def close(self):
         """Unsubscribe (older kernels keep a global listener count that makes every fork on
@@ -369,17 +440,22 @@ class ForkWatch:
             # (c != d) names its process's parent as parent: not a fork, skip it.
             if c != d:
                 return
-            # A dead tracked parent cannot fork: its pid names a stranger now (whose own
-            # creation event we may have lost), so nothing is chained through it. The price:
-            # a process whose main thread exited while other threads live and fork.
-            if b in self._tracked and b not in self._dead:
+            # A tracked parent whose EXIT event came before this fork cannot have made it: its
+            # pid names a stranger now (whose own creation event we may have lost), so nothing
+            # is chained through it. Events come in the order they happened, so a parent that
+            # is merely known dead (its stat read found it gone) still chains the forks queued
+            # before its exit: a middle link that forks the holder and exits before we read
+            # its stat (a busy machine, issue 23). The price: a process whose main thread
+            # exited while other threads live and fork.
+            if b in self._tracked and b not in self._exited:
                 self._learn(d, b, None)
                 self._fresh.pop(d, None)
                 self._pending[d] = b
-            elif d in self._tracked and d in self._dead:
+            elif d in self._tracked and (d in self._dead or d in self._exited):
                 self._forget(d)  # a dead descendant's pid, reused by a stranger
         elif what == PROC_EVENT_EXIT and a == b and a in self._tracked:
             self._dead.add(a)
+            self._exited.add(a)
             self._pending.pop(a, None)
             self._fresh.pop(a, None)
 
@@ -503,6 +579,7 @@ class ForkWatch:
     def _learn(self, pid, parent, start):
         self._tracked[pid] = start
         self._dead.discard(pid)
+        self._exited.discard(pid)
         self._lineage[pid] = [parent] + self._lineage.get(parent, [])
 
     def _note_stat(self, pid, st):
@@ -514,6 +591,7 @@ class ForkWatch:
         for table in (self._tracked, self._lineage, self._groups, self._pending, self._fresh):
             table.pop(pid, None)
         self._dead.discard(pid)
+        self._exited.discard(pid)
         self._leaders.discard(pid)
 
     def _flush(self):
