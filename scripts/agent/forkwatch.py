@@ -126,6 +126,8 @@ def _fprog(program):
 class _Pinned(bytes):
     """The bytes of a sock_fprog, holding the buffer its pointer names."""
 
+    keep = None
+
     def __new__(cls, data, keep):
         obj = super().__new__(cls, data)
         obj.keep = keep
@@ -294,8 +296,11 @@ class ForkWatch:
         busy (ENOBUFS), and a holder double-forked with setsid in that gap could no longer be tied
         to its target from /proc (issue 23). After the self-test, which needs a thread's event.
         A kernel that refuses the filter (no SO_ATTACH_FILTER) keeps every event: noted."""
+        sock = self._sock
+        if sock is None:
+            return
         try:
-            self._sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _fprog(_PROCESS_EVENTS))
+            sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, _fprog(_PROCESS_EVENTS))
         except (OSError, ValueError, TypeError) as exc:
             self.note = (self.note + "; " if self.note else "") + "event filter not attached: %s" % exc
 
