@@ -57,7 +57,7 @@ def read_counted() -> tuple:
     except FileNotFoundError:
         return [], 0
     out, skipped = [], 0
-    for line in data.decode("utf-8", "replace").splitlines():
+    for line in data.decode("utf-8", "replace").split("\n"):  # JSON lines: \n ends one (splitlines: \x0b, \x85 too)
         if not line.strip():
             continue
         try:
