@@ -57,6 +57,7 @@ def follow_logs(host, phase, lines: int):
     import threading
 
     from .remote_cmd import follow_stderr
+    from .render import safe
     from .route import ran_line, read_ssh_log, ssh_failure, ssh_log
     from .transport import AgentError, _feed as feed, _parse as parse_result, route_ran  # as every agent call
 
@@ -83,7 +84,9 @@ def follow_logs(host, phase, lines: int):
                 if frame or raw.rstrip(b"\n") == begin:
                     frame.append(raw)
                     continue
-                sys.stdout.buffer.write(raw)
+                # a log line is the host's text: escaped (no escape sequence or bidi override reaches
+                # the terminal raw: render.safe), one line out per line in
+                sys.stdout.write(safe(contract.textsafe.decode(raw).rstrip("\n")) + "\n")
                 sys.stdout.flush()
             code = proc.wait()
         except KeyboardInterrupt:

@@ -87,7 +87,9 @@ def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=
     if r.code:
         raise Exit(f"gpu-pivot: {h.alias}: {r.result.error}", code=contract.EXIT_NOT_FREE)
     if not json:
-        print("\n".join(r.result.lines))
+        from scripts.render import safe
+
+        print("\n".join(safe(line) for line in r.result.lines))  # the host's log lines, each escaped
 
 
 @task(remainder=True, help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)",

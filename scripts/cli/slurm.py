@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from invoke import Exit
 
-from .common import HOST_HELP, exit_worst, guarded, hosts_of
+from .common import HOST_HELP, exit_worst, guarded, hosts_of, one_line as escaped
 from .flags import task
 
 
@@ -33,5 +33,5 @@ def undrain(c, host="", force=False):
         one_line = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
         raise Exit(f"gpu-pivot: {one_line}", code=contract.EXIT_UNREACHABLE) from None
     for r in results:
-        print(r.line())
+        print(escaped(r.line()))  # a node's answer holds host text (a holder's name): escaped
     exit_worst([r.code for r in results])
