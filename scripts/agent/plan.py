@@ -140,10 +140,15 @@ def build(doc, args):
         why = rules.target_reason(info, patterns)
         if why and in_scope(info, args) and add(pid, why):
             matched.append(pid)
+    walked: set = set()
     for root in list(matched):  # what the server started: its whole tree
         stack = [root]
         while stack:
-            for child in kids.get(stack.pop(), []):
+            parent = stack.pop()
+            if parent in walked:  # a torn snapshot (a pid reused between reads) can show a cycle
+                continue
+            walked.add(parent)
+            for child in kids.get(parent, []):
                 if add(child, "started by target %d" % root) or child in reasons:
                     stack.append(child)
     for pid, why in _left_in_group(reasons, procs):
@@ -171,30 +176,50 @@ def _left_in_group(reasons, procs):
     """(pid, why) for what a target left in the session or process group it leads: a
     double-forked helper, reparented to PID 1 or a subreaper. Everything in a session a target
     leads was started by it. A server started from an interactive shell leads its job's
-    process group, not the session (the shell leads that), so the group is looked at too;
-    but a shell puts a pipeline's other members in it (`server | tee log`), so a member of the
-    group is left alone when its parent is a live non-target ancestor of the leader other
-    than PID 1 (the shell that started both), or when it is reparented but started within
-    PIPELINE_SIBLING_S of the leader (forked with it by that shell, which has left since)."""
+    process group, not the session (the shell leads that), so the group is looked at too; but
+    a shell puts a pipeline's other members in it (`server | tee log`), and they are the
+    shell's, with whatever they start: see _beside_leader."""
     leaders = {pid for pid in reasons if procs[pid]["sid"] == pid or procs[pid]["pgid"] == pid}
     if not leaders:
         return []
-    lineage = {pid: set(procscan.ancestors(procs[pid]["ppid"], procs)) - {1} - set(reasons) for pid in leaders}
-    together = PIPELINE_SIBLING_S * procscan.clock_ticks()
     out = []
+    lineage: dict = {}
     for pid, info in procs.items():
         if pid in reasons:
             continue
         if info["sid"] in leaders and procs[info["sid"]]["sid"] == info["sid"]:
             out.append((pid, "in the session of target %d (started by it, then reparented)" % info["sid"]))
             continue
-        leader = procs.get(info["pgid"])
-        if info["pgid"] not in leaders or leader is None or info["ppid"] in lineage[info["pgid"]]:
+        leader = info["pgid"]
+        if leader not in leaders:
             continue
-        if info["ppid"] not in reasons and info["start_time"] - leader["start_time"] <= together:
-            continue
-        out.append((pid, "in the process group of target %d (left there by it)" % info["pgid"]))
+        if leader not in lineage:
+            lineage[leader] = set(procscan.ancestors(procs[leader]["ppid"], procs)) - {1} - set(reasons)
+        if not _beside_leader(pid, procs[leader], lineage[leader], procs, reasons):
+            out.append((pid, "in the process group of target %d (left there by it)" % leader))
     return out
+
+
+def _beside_leader(pid, leader, lineage, procs, reasons):
+    """Was this member of a target's process group started beside the target rather than by
+    it? Its line of parents is followed up: reaching a target, it is the target's; reaching the
+    leader's own ancestry (the shell that started both, not PID 1), it is that shell's, as is
+    all a pipeline's member starts; reaching PID 1 (or a parent /proc no longer shows: it was
+    reparented), its top is the target's unless it was started within PIPELINE_SIBLING_S of
+    the leader (forked with it by a shell that has left since)."""
+    together = PIPELINE_SIBLING_S * procscan.clock_ticks()
+    seen = set()
+    while pid in procs and pid not in seen:
+        seen.add(pid)
+        parent = procs[pid]["ppid"]
+        if parent in reasons:
+            return False
+        if parent in lineage:
+            return True
+        if parent in (0, 1) or parent not in procs:
+            return procs[pid]["start_time"] - leader["start_time"] <= together
+        pid = parent
+    return False
 
 
 def _row(info, why):
@@ -252,8 +277,8 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
         _name_container(t, names)
         if t["pid"] in wrapped and t["via"] == "signal":
             t["reason"] = "supervisor of target(s) %s, stopped too (--stop-supervisors)" % _pids(wrapped[t["pid"]])
-    for t in supervisors:
-        t["hint"] = supervisor_hint(t)
+    for t in supervisors:  # not stopped through a manager: its unit or container (if any) runs other processes
+        t["hint"] = supervisor_hint(t, managed=False)
     protected = [_row(h, h["protected"]) for h in doc["holders"] if h["protected"]]
     return {
         "targets": sorted(targets, key=lambda t: t["pid"]),
@@ -281,10 +306,13 @@ def _wrapper_why(pid, wrapped_pids, procs):
     return "wraps target(s) %s (%s that waits for them, or starts them again)" % (_pids(wrapped_pids), what)
 
 
-def supervisor_hint(info):
+def supervisor_hint(info, managed=True):
     """What stops a process that restarts targets, in words an operator can run: its unit's
     or container's stop, never its PID (a unit's main process is restarted by systemd), else
-    the teardown flag that includes it."""
+    the teardown flag that includes it. `managed` False: its unit or container runs other
+    processes too (cron.service and its other jobs), and stopping it is not ours to suggest."""
+    if not managed:
+        return "--stop-supervisors (also stops PID %d: %s)" % (info["pid"], (info.get("cmdline") or "")[:60])
     container, unit = info.get("container"), info.get("unit")
     if container and container.get("kind") == "docker":
         return "docker stop %s" % container_label(container)

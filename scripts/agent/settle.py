@@ -40,7 +40,7 @@ FAST_WAIT_MAX_S regardless.
 import os
 import time
 
-from . import cgroup, gpuinfo, plan, procfs, program, rules, scan, verify
+from . import cgroup, gpuinfo, plan, procfs, program, rules, scan, verify, wrappers
 
 PROGRESS_EVERY_S = 0.5
 FAST_WAIT_MAX_S = 0.2
@@ -58,34 +58,49 @@ class Lineage:
     """What could start the targets again, taken from the plan's scan before any signal:
     `starters` {(pid, start): cmdline}, the targets' ancestors up to their session leader (a
     shell loop, a wrapper, a terminal's shell; not PID 1, not this agent's chain, not a
-    target), and `managers` {owner key: hint}, the units and containers the targets ran in
-    (a service unit, a docker or LXC container). `stopped`: owner keys whose stop was run."""
+    target), past a session leader that is itself a wrapper (`setsid bash -c SERVER` in a
+    loop: the loop is what restarts it), plus every supervisor the plan named; and `managers`
+    {owner key: hint}, the units and containers the targets ran in (a service unit, a docker
+    or LXC container). `stopped`: owner keys whose stop was run."""
 
-    def __init__(self, doc, planned, stopped=()):
+    def __init__(self, doc, planned, stopped=(), supervisors=()):
         procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
         mine = {t["pid"] for t in planned}
-        self.starters: dict = {}
+        self.starters: dict = {(s["pid"], s["start_time"]): s["cmdline"] for s in supervisors}
         self.managers: dict = {}
         self.identities = set()
         for t in planned:
             self.identities |= program.identity(t)
-            pid = t["ppid"]
-            while pid not in (0, 1) and pid in procs and pid not in chain:
-                info = procs[pid]
-                if pid not in mine:
-                    self.starters[(pid, info["start_time"])] = info["cmdline"]
-                if info["sid"] == pid:  # the session leader: a terminal's shell, a unit's or container's first process
-                    break
-                pid = info["ppid"]
+            self.starters.update(_ancestry(t["ppid"], procs, chain, mine))
             key = manager_key(t)
             if key is not None:
-                self.managers[key] = plan.supervisor_hint(t)
+                managed = t.get("via", "signal") != "signal"
+                self.managers[key] = plan.supervisor_hint(t) if managed else (
+                    "%s runs other processes too, so it is not stopped: stop what starts the server there"
+                    % _manager_words(key))
         self.stopped = set(stopped)
 
     def surviving(self):
         """The starters still alive, and the managers not stopped: what could restart a target."""
         alive = [(k, cmd) for k, cmd in self.starters.items() if procfs.same_process(*k)]
         return alive, {k: v for k, v in self.managers.items() if k not in self.stopped}
+
+
+def _ancestry(pid, procs, chain, mine):
+    """{(pid, start): cmdline} from `pid` up: stops after a session leader that is no wrapper
+    (a terminal's shell, a unit's main process), at PID 1, at the agent's chain, and at a cycle
+    (a pid reused between two reads)."""
+    out: dict = {}
+    seen = set()
+    while pid not in (0, 1) and pid in procs and pid not in chain and pid not in seen:
+        seen.add(pid)
+        info = procs[pid]
+        if pid not in mine:
+            out[(pid, info["start_time"])] = info["cmdline"]
+        if info["sid"] == pid and wrappers.kind(info) is None:
+            break
+        pid = info["ppid"]
+    return out
 
 
 def manager_key(info):
@@ -127,7 +142,7 @@ def _classify(doc, targets, args, patterns, lineage, known):
                 ignored[k] = _ignored(info, "holds GPU device files, no CUDA context and no target program "
                                             "(a monitor or an NVML query)")
             continue
-        by = _respawned_by(info, procs, targets.since_ticks, lineage)
+        by = _respawned_by(info, procs, targets.since_ticks, lineage, what)
         if by is None:
             ignored[k] = _ignored(info, "%s, but was not started by anything that started the targets "
                                         "(an unrelated job)" % what)
@@ -143,18 +158,32 @@ def _classify(doc, targets, args, patterns, lineage, known):
     return respawns, ignored
 
 
-def _respawned_by(info, procs, since_ticks, lineage):
+def _respawned_by(info, procs, since_ticks, lineage, what):
     """(who started it, what stops that) when `info` was started by a survivor of the
-    targets' ancestry or by a target's unit or container manager; else None."""
+    targets' ancestry or by a target's unit or container manager, or - a target by program
+    identity - by something that left at once (a watchdog's double fork: `( server & )`
+    reparents it to PID 1); else None."""
     starter = _starter(info, procs, since_ticks)
     if starter is not None:
         k = (starter["pid"], starter["start_time"])
         if k in lineage.starters:
-            return _parent_text(procs, k[0]), plan.supervisor_hint(_owned(starter))
+            return _parent_text(procs, k[0]), _stop_hint(_owned(starter))
     key = manager_key(_owned(info))
     if key is not None and key in lineage.managers and key not in lineage.stopped:  # a stop job's own ExecStop
         return "its %s" % _manager_words(key), lineage.managers[key]
+    if (starter is None or starter["pid"] == 1) and what != "has a CUDA context":
+        return ("a process that left at once (it was reparented to PID 1: a double fork, as a watchdog does)",
+                "find what starts it: nothing the teardown saw does")
     return None
+
+
+def _stop_hint(starter):
+    """The hint for a starter: --stop-supervisors for a wrapper (plan.supervisor_hint), else (a
+    terminal's shell, a multiplexer, a daemon such as cron) words that say it is not ours to stop."""
+    if wrappers.kind(starter) is not None:
+        return plan.supervisor_hint(starter, managed=False)
+    return ("stop what PID %d runs (%s): it is no wrapper gpu-pivot stops (a terminal's shell, a multiplexer, "
+            "a daemon)" % (starter["pid"], starter["cmdline"][:60]))
 
 
 def _owned(info):
@@ -205,11 +234,13 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
         targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
-        new, seen = _classify(doc, targets, args, patterns, lineage, set(respawned) | set(ignored) | before)
+        new, seen = _classify(doc, targets, args, patterns, lineage, set(respawned) | before)  # ignored: again
         respawned.update(new)
         for k, rec in seen.items():
-            if len(ignored) < IGNORED_KEPT:
+            if k in ignored or len(ignored) < IGNORED_KEPT:
                 ignored[k] = rec
+        for k in new:
+            ignored.pop(k, None)
         if new:
             first_respawn = first_respawn or time.monotonic()
         free, problems = verify.evaluate(doc, args.max_used_mib)
@@ -246,10 +277,8 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
             last_progress = now
             on_poll(doc, problems)
         time.sleep(verify.POLL_S)
-    live = [r for k, r in respawned.items() if procfs.same_process(*k)]
-    if respawned and not live and not problems:  # a respawn that came and went in the window
-        problems = ["pid %d (%s): %s; gone by the end of the window" % (a["pid"], verify.who(a), a["why"])
-                    for a in respawned.values()]
+    problems = problems + ["pid %d (%s): %s%s" % (a["pid"], verify.who(a), a["why"], "" if procfs.same_process(
+        *k) else "; gone by the end of the window") for k, a in respawned.items()]
     if pending and free:  # the window ran out with a target not yet exited: no holder seen is not enough
         free = False
         problems = problems + ["pid %d (%s) has not exited (%s)" % (

@@ -327,7 +327,8 @@ def execute(args, operator, started, source):
                                mib_left=0)
 
         lineage = settle.Lineage(doc, planned, stopped={settle.manager_key(t) for t in planned
-                                                        if t.get("via", "signal") != "signal"})
+                                                        if t.get("via", "signal") != "signal"},
+                                 supervisors=the_plan["supervisors"])
         result = settle.watch(args, source, targets, started, before, on_poll=lambda d, p: args.emit_progress(
             phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=p[:5],
             mib_left=gpuinfo.total_used_mib(d["gpus"])), on_free=on_free,

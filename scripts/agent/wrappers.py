@@ -18,11 +18,14 @@ someone's process, and the flag is how the operator says it may go).
 import os
 import re
 
-from . import contract, procfs
+from . import procfs
 
 INITS = ("docker-init", "tini", "tini-static", "dumb-init", "catatonit")
 LOG_FILTERS = ("tee", "logger", "cat", "ts", "rotatelogs", "multilog", "svlogd", "cronolog")
 _SHELL = re.compile(r"^(bash|sh|dash|zsh|ksh|ash|busybox)$")
+
+
+_SHELL_OPT_WITH_VALUE = ("--rcfile", "--init-file", "-O", "+O", "-o", "+o")
 
 
 def kind(info):
@@ -32,9 +35,35 @@ def kind(info):
     base = os.path.basename(argv[0]) if argv else ""
     if base in INITS or comm in INITS:
         return "init"
-    if argv and _SHELL.match(base) and contract.interpreted(argv)[0] in ("code", "script"):
+    if argv and _SHELL.match(base) and _runs_code_or_script(argv[1:]):
         return "shell"
     return None
+
+
+def _runs_code_or_script(args):
+    """Does a shell with these arguments run `-c` code or a script (not someone's terminal)?
+    Interactive (`-i`, in any cluster of short options) never; `--rcfile FILE` and the other
+    options that take a value are skipped with it (`bash --rcfile venv.rc -i` is a terminal)."""
+    code = False
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg in _SHELL_OPT_WITH_VALUE:
+            i += 2
+            continue
+        if arg == "--":
+            return code or i + 1 < len(args)
+        if arg.startswith("--"):
+            if arg == "--interactive":
+                return False
+        elif arg[:1] in "-+" and len(arg) > 1:
+            if "i" in arg[1:]:
+                return False
+            code = code or "c" in arg[1:]
+        else:
+            return True  # code's text, or a script's path
+        i += 1
+    return False
 
 
 def find(target_pids, procs, kids, never=frozenset()):
