@@ -23,7 +23,7 @@ from tests.realhosts.systemd_host import INNER, SystemdHost
 from tests.test_real_systemd import holders, invoke, text, wait_for
 
 SGLANG_WRAPPED = f"""[Service]
-ExecStart=/bin/bash -c "cd {INNER}/srv && . ./env.sh && python3 -m sglang.launch_server --port 30000; echo server exited"
+ExecStart=/bin/bash -c "cd {INNER}/srv && . ./env.sh && python3 -m sglang.launch_server --port 30000; echo exited"
 Restart=always
 RestartSec=1
 """
