@@ -310,3 +310,27 @@ def test_the_fake_proc_tree_is_read_through_its_own_path(fake_proc):
     (fake_proc / str(PID) / "stat").write_bytes(_stat_line(b"fake"))
     assert procfs.read_stat(PID, str(fake_proc))["comm"] == "fake"
     assert Path(fake_proc).is_dir()
+
+
+@given(st.binary(max_size=120))
+@FAST
+def test_a_cgroup_file_of_any_bytes_names_a_unit_or_none(fake_proc, raw):
+    """A user with a delegated cgroup subtree may name a cgroup with any bytes: reading it made
+    the scan of that user's GPU holder raise UnicodeDecodeError (issue 23)."""
+    from scripts.agent import cgroup
+
+    (fake_proc / str(PID) / "cgroup").write_bytes(raw)
+    got = cgroup.read(PID, str(fake_proc))
+    assert set(got) == {"path", "unit", "container"}
+    json.loads(textsafe.dumps(got)) and textsafe.dumps(got).encode("utf-8")
+
+
+def test_a_holder_in_a_cgroup_named_with_bytes_that_are_not_utf8_is_detailed(fake_proc):
+    from scripts.agent import cgroup
+
+    (fake_proc / str(PID) / "stat").write_bytes(_stat_line(b"holder"))
+    (fake_proc / str(PID) / "cmdline").write_bytes(b"python3\0-m\0x\0")
+    (fake_proc / str(PID) / "cgroup").write_bytes(b"0::/system.slice/\xff\xfe.service\n")
+    rec = procscan.detail(procscan.basic(PID, str(fake_proc)), ["/dev/nvidia0"], str(fake_proc))
+    unit = cgroup.read(PID, str(fake_proc))["unit"]
+    assert textsafe.encode(rec["unit"]) == b"\xff\xfe.service" == textsafe.encode(unit)

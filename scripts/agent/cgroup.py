@@ -6,6 +6,8 @@ cgroup v2 (`0::/path`) and v1 (`N:controller:/path`, the name=systemd or pids li
 """
 import re
 
+from . import textsafe
+
 _HEX64 = r"[0-9a-f]{64}"
 _DOCKER = [
     re.compile(r"/docker-(%s)\.scope" % _HEX64),      # systemd cgroup driver
@@ -84,7 +86,7 @@ def with_pids(container, pid, proc="/proc"):
 
 def read(pid, proc="/proc"):
     try:
-        with open("%s/%d/cgroup" % (proc, pid)) as f:
-            return parse(f.read())
+        with open("%s/%d/cgroup" % (proc, pid), "rb") as f:  # a cgroup's name is any bytes its maker chose
+            return parse(textsafe.decode(f.read()))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
         return {"path": None, "unit": None, "container": None}
