@@ -392,7 +392,7 @@ def proc_hidden(proc=PROC):
     if os.geteuid() == 0:
         return None
     try:
-        with open("%s/self/mountinfo" % proc) as f:
+        with open("%s/self/mountinfo" % proc, errors="surrogateescape") as f:  # a user's FUSE mount: any bytes
             for line in f:
                 left, _, right = line.partition(" - ")
                 fields = left.split()
