@@ -161,7 +161,7 @@ def _progress(args):
     last = [-PROGRESS_EVERY_S]
 
     def on_poll(doc, problems, waited):
-        if waited - last[0] < PROGRESS_EVERY_S:
+        if waited - last[0] < PROGRESS_EVERY_S * 0.8:  # scans come every RESCAN_EVERY_S, a little late or early
             return
         last[0] = waited
         holders = [{"pid": h["pid"], "argv": (h.get("argv") or [])[:12], "cmdline": h["cmdline"][:200]}
