@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from . import audit_log, phase_ops, phase_view, teardown_view
 from .agent import contract
+from .render import safe
 from .route import HostTimedOut, HostUnreachable
 from .transport import AgentError, call_agent
 
@@ -104,9 +105,9 @@ class Pivot:
         now = time.monotonic()
         if numbered:
             self.n += 1
-            self.out(f"[{self.n}/{len(self.steps)}] {name}: {text}")
+            self.out(f"[{self.n}/{len(self.steps)}] {name}: {safe(text)}")  # host text in it: escaped
         else:
-            self.out(f"    {name}: {text}")
+            self.out(f"    {name}: {safe(text)}")
         self.record["steps"].append({"step": name, "result": text, "exit": code,
                                      "seconds": round(now - self.step_started, 2)})
         self.step_started = now
@@ -165,7 +166,7 @@ class Pivot:
             audit_log.append(alias, t.actions)
         if r.code:
             for problem in t.problems:
-                self.out("    " + problem)
+                self.out("    " + safe(problem))
             return self.finish(r.code, "GPUs not free: nothing started")
         return None
 
@@ -264,7 +265,7 @@ class Pivot:
         return r.code
 
     def rollback(self, why: str) -> int:
-        self.out(f"    rolling back: {why}")
+        self.out(f"    rolling back: {safe(why)}")
         parts = [
             ("stop", lambda: phase_ops.stop(self.host, self.phase, self.opts.operator), phase_view.stop_line),
             ("restore", lambda: phase_ops.deploy(self.host, self.phase, "rollback"),
