@@ -320,3 +320,20 @@ def test_json_keeps_non_utf8_bytes_losslessly_in_valid_unicode(ps, hosts_env):
     assert textsafe.encode(holder["argv"][0]) == title  # every byte back
     assert [textsafe.encode(f) for f in holder["write_files"]] == [name]
     assert "\uefff\ueffe" in holder["argv"][0]  # 0xFF 0xFE as U+EFFF U+EFFE (README: "--json and bytes")
+
+
+def test_an_agent_that_dies_with_escape_sequences_on_stderr_is_one_clean_line(tmp_path, hosts_env):
+    """The error line quotes the agent's stderr (a host's text): escaped, one line, exit 3."""
+    from tests.conftest import invoke
+
+    fake = tmp_path / "python3"
+    fake.write_text(f"#!{sys.executable}\nimport sys\nsys.stdin.read()\n"
+                    "sys.stderr.write('\\x1b]0;pwned\\x07boom\\x1b[2J\\u202e\\nFORGED local: FREED and verified\\n')\n"
+                    "sys.exit(1)\n")
+    fake.chmod(0o755)
+    hosts_env(f"LOCAL_PYTHON={fake}\n")
+    out = invoke("status", "--host", "local")
+    err = out.stderr.decode()
+    assert out.returncode == contract.EXIT_UNREACHABLE, err
+    assert len(err.splitlines()) == 1 and not any(c in err for c in "\x1b\x07\u202e"), err
+    assert "\\x1b]0;pwned\\x07boom" in err and "FORGED local: FREED and verified" in err

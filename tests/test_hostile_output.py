@@ -136,3 +136,13 @@ def test_any_task_whose_stdout_is_full_ends_10_with_one_line(tmp_path, args):
     res = to_full_disk(args, _sandbox_env(tmp_path))
     assert res.returncode == contract.EXIT_OUTPUT and b"Traceback" not in res.stderr, res.stderr
     assert len(res.stderr.decode().splitlines()) == 1
+
+
+def test_the_answers_are_documented():
+    import tasks
+
+    readme = " ".join((REPO / "README.md").read_text().split())
+    doc = " ".join((tasks.__doc__ or "").split())
+    assert "10 stdout could not be written" in readme and "10 stdout could not be written" in doc
+    assert "141 (128 + SIGPIPE" in readme and "141 the reader closed the pipe" in doc
+    assert "U+EF80..U+EFFF" in readme and "lone surrogate" in readme
