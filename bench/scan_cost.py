@@ -1,13 +1,21 @@
-"""Scan cost: one agent scan (every process's stat/cmdline, every fd readlink) over all
-processes on this machine, and optionally with N extra idle processes started for it.
+"""Scan cost: the agent's holder scan beside `fuser` over the same device files, alternating,
+in one run: on this machine as it is, and with N extra idle processes started for it.
 
-  python3 bench/scan_cost.py [--extra 100 1000 5000] [--reps 7] [--out FILE.json]
-Reports the median and min-max of the agent's own `scan_ms` for each process count.
+  python3 bench/scan_cost.py [--extra 1000 5000 20000] [--reps 5] [--devices GLOB] [--out FILE.json]
+For each row: the agent's holder scan (`proc_scan_ms`: every process's stat and command line,
+its fd table by identity, its maps; one worker per core on a big host, agent/fanout.py), the
+whole `scan.collect` (plus the GPU source's read and the records of the holders), and `fuser`
+run on the files the glob names (a fresh fuser each rep, as an operator's one-liner runs it),
+each the median of the reps, with the cores the scan could use. Why beside fuser: fuser is
+what the incidents used to find holders, and the scan must not be the slower way to do it.
 """
 from __future__ import annotations
 
 import argparse
+import glob
 import json
+import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -17,44 +25,83 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.agent import scan  # noqa: E402
+from scripts.agent import fanout, scan  # noqa: E402
 
 
-def measure(reps):
-    ns = argparse.Namespace(devices="/dev/nvidia*", protect=[], target=[], match=[], fake_gpus=None)
-    times, count = [], 0
+def _median(values):
+    return statistics.median(values) if values else None
+
+
+def measure(reps, devices, fake=False):
+    ns = argparse.Namespace(devices=devices, protect=[], target=[], match=[], fake_gpus=None, fake_devices=fake)
+    paths = sorted(glob.glob(devices))
+    holder, whole, fuser, count, source = [], [], [], 0, None
     for _ in range(reps):
+        if paths:
+            t0 = time.monotonic()
+            subprocess.run(["fuser", *paths], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            fuser.append((time.monotonic() - t0) * 1000)
         doc = scan.collect(ns)
-        times.append(doc["scan_ms"])
-        count = doc["processes_scanned"]
-    return {"processes": count, "median_ms": statistics.median(times), "min_ms": min(times), "max_ms": max(times),
-            "reps": reps, "gpu_source": doc["gpu_source"]}
+        holder.append(doc["proc_scan_ms"])
+        whole.append(doc["scan_ms"])
+        count, source = doc["processes_scanned"], doc["gpu_source"]
+    row = {"processes": count, "median_ms": _median(whole), "min_ms": min(whole), "max_ms": max(whole),
+           "holder_scan_ms": _median(holder), "fuser_ms": _median(fuser), "reps": reps, "gpu_source": source,
+           "cores": fanout.cores(), "workers": fanout.workers_for(count), "device_files": len(paths)}
+    row["scan_vs_fuser"] = row["fuser_ms"] and row["holder_scan_ms"] / row["fuser_ms"]
+    return row
 
 
-def with_extra(n, reps):
-    procs = [subprocess.Popen(["sleep", "600"], stdin=subprocess.DEVNULL) for _ in range(n)]
-    time.sleep(0.2)
+def bystanders(n):
+    """n idle `sleep` processes under one shell of their own session (ended by its group);
+    returns the shell once every one runs."""
+    shell = subprocess.Popen(["bash", "-c", f"for i in $(seq {n}); do sleep 3600 & done; wait"],
+                             start_new_session=True, stdin=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while len(_children(shell.pid)) < n:
+        if time.monotonic() > deadline or shell.poll() is not None:
+            stop(shell)
+            raise SystemExit(f"could not start {n} processes (pid_max, or a ulimit?)")
+        time.sleep(0.2)
+    return shell
+
+
+def _children(pid):
     try:
-        return measure(reps)
-    finally:
-        for p in procs:
-            p.kill()
-        for p in procs:
-            p.wait()
+        with open(f"/proc/{pid}/task/{pid}/children") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def stop(shell):
+    try:
+        os.killpg(shell.pid, signal.SIGKILL)  # its own group (a new session): only the sleeps it started
+    except ProcessLookupError:
+        pass
+    shell.wait()
 
 
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--extra", type=int, nargs="*", default=[])
     p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--devices", default="/dev/nvidia*", help="the device files both look for (default /dev/nvidia*)")
+    p.add_argument("--fake-devices", action="store_true", help="the glob names plain files (a machine with no GPU)")
     p.add_argument("--out")
     args = p.parse_args()
-    rows = [dict(measure(args.reps), label="this machine")]
+    rows = [dict(measure(args.reps, args.devices, args.fake_devices), label="this machine")]
     for n in args.extra:
-        rows.append(dict(with_extra(n, args.reps), label=f"+{n} processes"))
+        shell = bystanders(n)
+        try:
+            rows.append(dict(measure(args.reps, args.devices, args.fake_devices), label=f"+{n} processes"))
+        finally:
+            stop(shell)
     for r in rows:
-        print(f"{r['label']:>16}: {r['processes']:5d} processes  median {r['median_ms']:.1f} ms "
-              f"(min {r['min_ms']:.1f}, max {r['max_ms']:.1f}; GPU source {r['gpu_source']})")
+        fuser = f"fuser {r['fuser_ms']:.1f} ms, scan/fuser {r['scan_vs_fuser']:.2f}x" if r["fuser_ms"] else "no fuser"
+        print(f"{r['label']:>18}: {r['processes']:6d} processes  holder scan {r['holder_scan_ms']:.1f} ms, "
+              f"{fuser}, whole scan {r['median_ms']:.1f} ms ({r['workers']} worker(s) of {r['cores']} cores; "
+              f"GPU source {r['gpu_source']})", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 
 import pytest
+from hypothesis import given, settings, strategies as st
 
 from scripts.agent import program
 from scripts.hostconfig import build_host
@@ -127,3 +129,27 @@ def test_default_patterns_spare_log_tails_greps_flags_and_multiplexers(ps, tmp_p
     for name, pid in pids.items():
         assert alive(pid), f"{name} was killed"
     bystanders["grep"].stdin.close()
+
+
+_WORDS = ["python3", "-m", "sglang.launch_server", "vllm", "serve", "sglang::scheduler_TP0", "/opt/x/vllm",
+          "launch_server.py", "bash", "-c", "torchrun", "x y", "VLLM::EngineCore", "--port", "serve.py", ""]
+_PATTERNS = [r"sglang\.launch_server", r"sglang serve", r"sglang::.*", r"vllm serve", r"vllm\.entrypoints",
+             r"VLLM::.*", r"torchrun", r"x\.launch_server|x serve", r"launch_server", r"serve\.py|bash",
+             r"[a-z]+ serve", r"(vllm|sglang) serve", r"VLLM::Engine\w+"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(argv=st.lists(st.sampled_from(_WORDS), max_size=5), comm=st.sampled_from(["python3", "vllm", "bash", ""]),
+       patterns=st.lists(st.sampled_from(_PATTERNS), min_size=1, max_size=4))
+def test_the_prefilter_never_hides_a_name_that_matches(argv, comm, patterns):
+    """program.match's prefilter (one search over the process's text) is only a shortcut: it
+    answers what matching every name of the process answers."""
+    proc = {"argv": argv, "comm": comm}
+    slow = None
+    for pattern in patterns:
+        for alt in program.alternatives(pattern):
+            hit = next((why for name, why in program.names(proc)
+                        if (" " in name) == (" " in alt) and re.fullmatch(alt, name)), None)
+            if hit and slow is None:
+                slow = (pattern, hit)
+    assert program.match(proc, patterns) == slow

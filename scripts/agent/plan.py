@@ -67,7 +67,7 @@ def _wholly_targeted(targets, procs, extra=frozenset()):
     `systemctl stop` would end the daemon and everything else in it, none of which the plan
     lists. A unit under a user manager (user@UID.service) is not the system manager's to
     stop. Reads /proc/*/cgroup only when there is a candidate."""
-    wanted = {owner_key(t) for t in targets} - {None}
+    wanted = {owner_key(t) for t in targets if t["container"] or stoppable_unit(t["unit"])} - {None}
     if not wanted:
         return set()
     members: dict = {}

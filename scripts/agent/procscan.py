@@ -15,9 +15,10 @@ import pwd
 import re
 import stat
 
-from . import cgroup, fdstat, procfs, textsafe
+from . import cgroup, fanout, fdstat, procfs, textsafe
 
 PROC = "/proc"
+PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (no command line, no files)
 UNSETTLED = "its threads kept exiting while read"
 O_ACCMODE = 0o3  # fdinfo flags & 3: 0 read-only, 1 write-only, 2 read-write
 O_APPEND = 0o2000  # fdinfo flags are octal, in the kernel's numbering (x86 and arm64 alike)
@@ -68,8 +69,11 @@ def basic(pid, proc=PROC):
     stat = procfs.read_stat(pid, proc)
     if stat is None:
         return None
+    if stat["flags"] & PF_KTHREAD:  # a kernel thread: no command line, no files, root's
+        stat.update(argv=[], cmdline="[%s]" % printable(stat["comm"]), uid=0)
+        return stat
     try:
-        raw = _read("%s/%d/cmdline" % (proc, pid))
+        raw = procfs.read_record("%s/%d/cmdline" % (proc, pid))
         if not raw and stat["threads"] > 1:
             raw = _from_threads(pid, "cmdline", proc)  # a zombie leader: its live threads still show it
             if raw is None:
@@ -321,18 +325,36 @@ def user_name(uid):
     return _USER_NAMES[uid]
 
 
-PF_KTHREAD = 0x00200000
-
-
 def snapshot(devset, proc=PROC):
     """Every process (basic fields) and which of them hold a GPU device (devices.DeviceSet).
 
     Returns {'procs': {pid: info}, 'holders': {pid: [devices]}, 'denied': [pids],
     'devices': [paths]}. 'denied' lists processes whose fds could not be read (kernel
-    threads, which have none, excepted).
+    threads, which have none, excepted). On a host of many processes the pids are scanned by
+    one worker per core (fanout.py); a device opened under another name by a process of one
+    worker and mapped by a process of another is then matched once the parts are merged.
     """
-    procs, holders, denied, keys = {}, {}, [], devset.inode_keys()
-    for pid in all_pids(proc):
+    pids = all_pids(proc)
+    keys = devset.inode_keys()
+    parts = fanout.map_chunks(lambda chunk: _scan_part(chunk, devset, proc, keys), pids,
+                              fanout.workers_for(len(pids)) if proc == PROC else 1)
+    procs, holders, denied, mapped, links = {}, {}, [], {}, dict(keys)
+    for part in parts:
+        procs.update(part["procs"])
+        holders.update(part["holders"])
+        denied.extend(part["denied"])
+        mapped.update(part["mapped"])
+        links.update(part["links"])
+    if len(parts) > 1 and len(links) > len(keys):  # another name's identity one part learnt: every part's maps again
+        _map_pass(procs, set(denied), {_needle(k): name for k, name in links.items()}, proc, holders, denied, mapped)
+    return {"procs": procs, "holders": holders, "denied": sorted(set(denied)), "devices": list(devset.paths),
+            "mapped": mapped, "hidden": proc_hidden(proc)}
+
+
+def _scan_part(pids, devset, proc, keys):
+    """The scan of some pids: their records, the devices their fds hold, then their maps."""
+    procs, holders, denied, links = {}, {}, [], dict(keys)
+    for pid in pids:
         try:
             info = basic(pid, proc)
         except Exception as exc:  # data no parser here understands: not inspected, never a crash
@@ -346,31 +368,36 @@ def snapshot(devset, proc=PROC):
         if not devset or info["flags"] & PF_KTHREAD:
             continue
         try:
-            held, problem = held_devices(pid, devset, info["threads"], proc, keys)
+            held, problem = held_devices(pid, devset, info["threads"], proc, links)
         except Exception as exc:
             held, problem = [], "its open files could not be understood (%s)" % type(exc).__name__
         if problem:
             denied.append(pid)
         elif held:
             holders[pid] = held
-    needles = {_needle(k): name for k, name in keys.items()}
-    mapped = {}
-    unreadable = set(denied)
-    for pid, info in procs.items():  # mappings: a holder may have closed its fd after mmap
-        if not needles or info["flags"] & PF_KTHREAD or pid in unreadable:
+    mapped: dict = {}
+    _map_pass(procs, set(denied), {_needle(k): name for k, name in links.items()}, proc, holders, denied, mapped)
+    return {"procs": procs, "holders": holders, "denied": denied, "mapped": mapped,
+            "links": {k: v for k, v in links.items() if k not in keys}}
+
+
+def _map_pass(procs, unreadable, needles, proc, holders, denied, mapped):
+    """Mappings: a holder may have closed its fd after mmap. Adds to holders, denied, mapped."""
+    if not needles:
+        return
+    for pid, info in procs.items():
+        if info["flags"] & PF_KTHREAD or pid in unreadable:
             continue
         try:
             names = mapped_by_identity(pid, needles, proc)
         except Exception:  # maps text no parser here understands: not inspected
             names = None
         if names is None:
-            denied.append(pid)
+            if pid not in denied:
+                denied.append(pid)
         elif names:
             mapped[pid] = names
             holders[pid] = sorted(set(holders.get(pid, [])) | set(names))
-    hidden = proc_hidden(proc)
-    return {"procs": procs, "holders": holders, "denied": sorted(denied), "devices": list(devset.paths),
-            "mapped": mapped, "hidden": hidden}
 
 
 def not_understood(pid, exc):

@@ -114,15 +114,51 @@ def match(proc, patterns):
     Each top-level alternative of a pattern (alternatives()) is matched on its own: one
     with a space only against `program subcommand` names, one without a space only against
     single names. Either must match the whole name."""
+    prefilter, compiled = _matcher(tuple(patterns))
+    if prefilter is not None and not prefilter.search(_text(proc)):
+        return None  # no name of this process can match: see _matcher
     known = names(proc)
-    for pattern in patterns:
-        for alt in alternatives(pattern):
-            spaced = " " in alt
-            rx = _compiled(alt)
+    for pattern, alts in compiled:
+        for spaced, rx in alts:
             for name, why in known:
                 if (" " in name) == spaced and rx.fullmatch(name):
                     return pattern, why
     return None
+
+
+def _text(proc):
+    """Every name names() gives is a piece of this text: argv joined by spaces, comm, and the
+    `program subcommand` of a titled process (its title's first word, then argv[1])."""
+    argv = [a for a in (proc.get("argv") or []) if a is not None]
+    words = argv[0].split() if argv else []
+    first = os.path.basename(words[0]) if words else ""
+    return "%s\0%s\0%s %s" % (" ".join(argv), proc.get("comm") or "", first, argv[1] if len(argv) > 1 else "")
+
+
+_MATCHERS: dict = {}
+_CONTEXT = re.compile(r"\\[AZbBG0-9]|[$^]|\(\?(?:[=!<]|P=)")  # anchors, lookarounds, backreferences
+
+
+def _matcher(patterns):
+    """(prefilter, [(pattern, [(spaced, compiled alternative)])]), built once per pattern list.
+
+    The prefilter: a scan matches every process of the host against the patterns (20,000 on a
+    big host, before the first signal), and names() for each costs more than one search. A
+    regex that fully matches a name also finds a match in any text the name is a piece of,
+    unless it depends on what surrounds the match (an anchor, a lookaround, a backreference):
+    with none of those, a process whose text has no match has no name that matches. Otherwise
+    there is no prefilter."""
+    found = _MATCHERS.get(patterns)
+    if found is None:
+        compiled = [(p, [(" " in alt, _compiled(alt)) for alt in alternatives(p)]) for p in patterns]
+        alts = [alt for p in patterns for alt in alternatives(p)]
+        safe = alts and not any(_CONTEXT.search(alt) for alt in alts)
+        try:
+            prefilter = re.compile("|".join("(?:%s)" % alt for alt in alts)) if safe else None
+        except re.error:  # an inline flag, valid alone, is refused inside a group
+            prefilter = None
+        found = _MATCHERS[patterns] = (prefilter, compiled)
+    return found
 
 
 _COMPILED: dict = {}

@@ -1,0 +1,73 @@
+"""The holder scan split across forked workers (scripts/agent/fanout.py) says what a one-core
+scan says: the same processes, holders and mappings (a device opened or mapped under another
+name too), and a worker that fails costs only speed."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from scripts.agent import devices, fanout, procscan
+from tests.procs import wait_for
+
+HOLD = """
+import mmap, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR)
+if sys.argv[2] == "map-then-close":
+    m = mmap.mmap(fd, 4096)
+    os.close(fd)
+open(sys.argv[3], "w").close()
+time.sleep(600)
+"""
+
+
+def test_map_chunks_gives_every_chunk_back_in_order_and_runs_a_failed_one_here():
+    items = list(range(1000))
+    parts = fanout.map_chunks(lambda chunk: sorted(chunk), items, 4)
+    assert sorted(x for p in parts for x in p) == items and len(parts) == 4
+    here = os.getpid()
+
+    def fails_in_a_worker(chunk):
+        if os.getpid() != here:
+            raise RuntimeError("a worker that fails")
+        return list(chunk)
+
+    parts = fanout.map_chunks(fails_in_a_worker, items, 3)
+    assert sorted(x for p in parts for x in p) == items
+
+
+def test_workers_are_one_per_core_and_never_for_a_short_list(monkeypatch):
+    monkeypatch.setattr(fanout, "cores", lambda: 16)
+    assert fanout.workers_for(100) == 1
+    assert fanout.workers_for(1000) == 4
+    assert fanout.workers_for(20000) == 16
+
+
+def test_a_scan_in_workers_says_what_a_one_core_scan_says(tmp_path, monkeypatch):
+    gpu = tmp_path / "nvidia0"
+    gpu.write_bytes(b"\0" * 4096)
+    alias = tmp_path / "another-name"
+    os.link(gpu, alias)  # the same inode under another name: a holder by identity
+    procs = []
+    try:
+        for how, path in (("hold", gpu), ("map-then-close", alias), ("hold", alias)):
+            ready = tmp_path / f"ready-{len(procs)}"
+            procs.append(subprocess.Popen([sys.executable, "-c", HOLD, str(path), how, str(ready)]))
+            wait_for(ready.exists, f"holder {len(procs)}")
+        devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
+        monkeypatch.setattr(fanout, "workers_for", lambda n: 1)
+        one = procscan.snapshot(devset)
+        monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
+        three = procscan.snapshot(devset)
+        mine = {p.pid for p in procs}
+        for snap in (one, three):
+            assert {pid for pid in snap["holders"] if pid in mine} == mine, snap["holders"]
+            assert set(snap["mapped"]) & mine == {procs[1].pid}
+        assert {k: three["holders"][k] for k in mine} == {k: one["holders"][k] for k in mine}
+        common = set(one["procs"]) & set(three["procs"])  # others on the machine come and go meanwhile
+        assert len(common) > 0.9 * len(one["procs"])
+        assert all(one["procs"][p]["cmdline"] == three["procs"][p]["cmdline"] for p in common & mine)
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
