@@ -153,14 +153,16 @@ class Targets:
             for pid, start, parent in self.watch.poll():
                 found[(pid, start)] = parent
         if procs is None and (self.watch is None or self.watch.mode != "connector"):
-            procs = {p: i for p, i in ((p, procscan.basic(p)) for p in procscan.all_pids()) if i}
+            # only the stat of each process: who is whose; the rest is read for what is adopted
+            procs = {p: i for p, i in ((p, procfs.read_stat(p)) for p in procscan.all_pids()) if i}
         if procs:
             found.update(self._by_parentage(procs))
         new = []
         for (pid, start), parent in sorted(found.items()):
             if (pid, start) in self.keys:
                 continue
-            info = (procs or {}).get(pid) or procscan.basic(pid)
+            info = (procs or {}).get(pid)
+            info = info if info and "argv" in info else procscan.basic(pid)
             if not info or info["start_time"] != start or procfs.finished(info) or start < self.since_ticks:
                 continue  # gone, reused, or there before the teardown: the plan decided about it
             if self.scope_uid is not None and info["uid"] != self.scope_uid:
@@ -187,8 +189,8 @@ class Targets:
                 if t["pid"] in procs and procs[t["pid"]]["start_time"] == t["start_time"]}
         out = {}
         for pid, info in procs.items():
-            if (pid, info["start_time"]) in self.keys:
-                continue
+            if info["start_time"] < self.since_ticks or (pid, info["start_time"]) in self.keys:
+                continue  # there before the teardown: the plan decided about it (and most of a big host is)
             chain = procscan.ancestors(pid, procs)[1:]
             parent = next((p for p in chain if p in live), None)
             if parent is None and info["sid"] in live and info["sid"] != pid:
