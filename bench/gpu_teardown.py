@@ -36,6 +36,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.gpu_support import POLLERS, GpuTree, Poller, add_tree_arguments, gpu_count, nvml_used_mib  # noqa: E402
+from tests.procs import Bystanders  # noqa: E402
 
 FREED_LINE = "local: FREED at "
 AGENT_LIMIT = 1.15   # agent "free at" <= 1.15 x the floor (median of the reps)
@@ -154,7 +155,7 @@ def measure(args):
     env["XDG_STATE_HOME"] = tempfile.mkdtemp()
     warm_up(env, args.cli_python)
     floors, pivots = [], {kind: [] for kind in args.pollers}
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, Bystanders(args.bystanders):
         for n in range(args.reps):
             floors.append(floor_once(work, args, n))
             for kind in args.pollers:  # alternating within the rep: side by side on the same machine state
@@ -245,6 +246,8 @@ def main():
     add_tree_arguments(p)
     p.add_argument("--cli-python", default=sys.executable,
                    help="interpreter of the operator's CLI (a venv as `make setup` makes; default: this one)")
+    p.add_argument("--bystanders", type=int, default=0,
+                   help="idle processes started on the host for the whole run (a busy host: 20000)")
     p.add_argument("--pollers", type=lambda v: v.split(","), default=["none"],
                    help="comma list: none and/or who watches the GPUs meanwhile "
                         f"({', '.join(POLLERS)}); the first is the base the others are compared with")
@@ -255,6 +258,8 @@ def main():
     floors, pivots = measure(args)
     result = result_doc(args, floors, pivots[args.pollers[0]])
     result["pollers"] = pollers_doc(pivots)
+    result["bystanders"] = args.bystanders
+    result["cli_exit_minus_floor_s"] = result["cli_exit_s"]["median"] - result["floor_s"]["median"]
     result["poller_reps"] = {k: v for k, v in pivots.items() if k != args.pollers[0]}
     Path(args.out).write_text(json.dumps(result, indent=1))
     print(json.dumps({k: v for k, v in result.items() if k not in ("reps", "floor_reps")}, indent=1))

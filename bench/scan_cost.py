@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 import glob
 import json
-import os
-import signal
 import statistics
 import subprocess
 import sys
@@ -26,6 +24,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts.agent import fanout, scan  # noqa: E402
+from tests.procs import Bystanders  # noqa: E402
 
 
 def _median(values):
@@ -52,36 +51,6 @@ def measure(reps, devices, fake=False):
     return row
 
 
-def bystanders(n):
-    """n idle `sleep` processes under one shell of their own session (ended by its group);
-    returns the shell once every one runs."""
-    shell = subprocess.Popen(["bash", "-c", f"for i in $(seq {n}); do sleep 3600 & done; wait"],
-                             start_new_session=True, stdin=subprocess.DEVNULL)
-    deadline = time.monotonic() + 300
-    while len(_children(shell.pid)) < n:
-        if time.monotonic() > deadline or shell.poll() is not None:
-            stop(shell)
-            raise SystemExit(f"could not start {n} processes (pid_max, or a ulimit?)")
-        time.sleep(0.2)
-    return shell
-
-
-def _children(pid):
-    try:
-        with open(f"/proc/{pid}/task/{pid}/children") as f:
-            return f.read().split()
-    except OSError:
-        return []
-
-
-def stop(shell):
-    try:
-        os.killpg(shell.pid, signal.SIGKILL)  # its own group (a new session): only the sleeps it started
-    except ProcessLookupError:
-        pass
-    shell.wait()
-
-
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--extra", type=int, nargs="*", default=[])
@@ -92,11 +61,8 @@ def main():
     args = p.parse_args()
     rows = [dict(measure(args.reps, args.devices, args.fake_devices), label="this machine")]
     for n in args.extra:
-        shell = bystanders(n)
-        try:
+        with Bystanders(n):
             rows.append(dict(measure(args.reps, args.devices, args.fake_devices), label=f"+{n} processes"))
-        finally:
-            stop(shell)
     for r in rows:
         fuser = f"fuser {r['fuser_ms']:.1f} ms, scan/fuser {r['scan_vs_fuser']:.2f}x" if r["fuser_ms"] else "no fuser"
         print(f"{r['label']:>18}: {r['processes']:6d} processes  holder scan {r['holder_scan_ms']:.1f} ms, "

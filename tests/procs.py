@@ -106,3 +106,28 @@ def children(pid: int) -> list:
             return [int(p) for p in f.read().split()]
     except OSError:
         return []
+
+
+class Bystanders:
+    """`with Bystanders(n):` n idle `sleep` processes under one shell of their own session, the
+    many processes of a busy host (DataLoader workers, Ray, containers), ended on exit by
+    their process group, which is theirs alone."""
+
+    def __init__(self, n: int, timeout: float = 300.0):
+        self.n, self.timeout = n, timeout
+        self.shell: subprocess.Popen | None = None
+
+    def __enter__(self):
+        self.shell = subprocess.Popen(["bash", "-c", f"for i in $(seq {self.n}); do sleep 3600 & done; wait"],
+                                      start_new_session=True, stdin=subprocess.DEVNULL)
+        wait_for(lambda: len(children(self.shell.pid)) >= self.n or self.shell.poll() is not None,
+                 f"{self.n} bystanders", self.timeout)
+        if len(children(self.shell.pid)) < self.n:
+            self.__exit__()
+            raise RuntimeError(f"could not start {self.n} processes (pid_max, or a ulimit?)")
+        return self
+
+    def __exit__(self, *exc):
+        if self.shell is not None and self.shell.poll() is None:
+            os.killpg(self.shell.pid, signal.SIGKILL)
+            self.shell.wait()

@@ -21,19 +21,20 @@ time.sleep(600)
 """
 
 
-def test_map_chunks_gives_every_chunk_back_in_order_and_runs_a_failed_one_here():
+def test_map_pieces_gives_every_piece_back_and_runs_what_a_worker_did_not_send_here():
     items = list(range(1000))
-    parts = fanout.map_chunks(lambda chunk: sorted(chunk), items, 4)
-    assert sorted(x for p in parts for x in p) == items and len(parts) == 4
+    parts = fanout.map_pieces(lambda piece: sorted(piece), items, 4, piece=50)
+    assert sorted(x for p in parts for x in p) == items and len(parts) == 20
     here = os.getpid()
 
-    def fails_in_a_worker(chunk):
-        if os.getpid() != here:
-            raise RuntimeError("a worker that fails")
-        return list(chunk)
+    def dies_halfway(piece):
+        if os.getpid() != here and 500 in piece:
+            os._exit(3)  # a worker gone mid-share: its later pieces never come
+        return list(piece)
 
-    parts = fanout.map_chunks(fails_in_a_worker, items, 3)
-    assert sorted(x for p in parts for x in p) == items
+    for workers in (3, fanout.HERE_MAX + 2):  # with a share read here, and with every share in a worker
+        parts = fanout.map_pieces(dies_halfway, items, workers, piece=40)
+        assert sorted(x for p in parts for x in p) == items
 
 
 def test_workers_are_one_per_core_and_never_for_a_short_list(monkeypatch):

@@ -5,10 +5,14 @@ its maps), before the first signal and again to confirm FREED. On a host of 20,0
 (DataLoader workers, Ray, many containers) that was 1.6 s a scan on one core, twice `fuser`,
 and seconds before the first SIGTERM. The reads are independent system calls, so the list is
 split across forked workers (the standard library only: the agent runs on any Python >= 3.8,
-and multiprocessing's start-up would cost more than it saves). Each worker sends its part
-back through a pipe as marshal data (dicts, lists, tuples, sets, str, int, None: what a scan
-record is made of). A worker that fails, or cannot be started, costs only speed: its chunk is
-run here instead, so the answer is the same as a one-core scan's.
+and multiprocessing's start-up would cost more than it saves).
+
+Each worker sends its share back in pieces through a pipe, each piece a frame of marshal data
+(dicts, lists, tuples, sets, str, int, None: what a scan record is made of), and this process
+loads the pieces as they come, while the workers still read /proc: loading 20,000 records
+takes this process about as long as a worker takes to read its share, so it must not wait
+for the end to start. A worker that fails, or cannot be started, costs only speed: the pieces
+it did not send are run here, so the answer is the same as a one-core scan's.
 
 A worker runs nothing but `func` and leaves through os._exit: no atexit handler, no buffered
 output of the agent's is flushed twice, and nothing of the GPU source (NVML, opened on a
@@ -16,8 +20,13 @@ thread of the agent) is touched in it.
 """
 import marshal
 import os
+import select
+import struct
 
 MIN_PER_WORKER = 250  # items: below this a fork (and its copied page tables) costs more than it saves
+PIECE = 250           # items a frame carries: small enough that loading overlaps the reading
+_HEAD = struct.Struct("<II")  # piece index, payload length
+HERE_MAX = 4  # with this many workers or fewer, loading their pieces is little: this process reads a share too
 
 
 def cores():
@@ -33,72 +42,85 @@ def workers_for(count):
     return max(1, min(cores(), count // MIN_PER_WORKER))
 
 
-def map_chunks(func, items, workers):
-    """[func(chunk) for each of `workers` interleaved chunks of items], the first chunk run
-    here while the others run in forked workers. Interleaved (items[i::n]): neighbouring pids
-    are often alike (a server's workers, a container's processes), so chunks cost about the
-    same."""
+def map_pieces(func, items, workers, piece=PIECE):
+    """[func(p) for every piece p of items], in no set order, each piece run in one of
+    `workers` forked workers (interleaved shares, items[i::n]: neighbouring pids are often
+    alike, a server's workers or a container's processes, so shares cost about the same)."""
     if workers <= 1 or len(items) < 2:
         return [func(items)]
-    chunks = [items[i::workers] for i in range(workers)]
-    started = [_start(func, chunk) for chunk in chunks[1:]]
-    out = [func(chunks[0])]
-    for pid, fd, chunk in started:
-        out.append(_collect(pid, fd, chunk, func))
-    return out
+    shares = [items[i::workers] for i in range(workers)]
+    pieces = [[share[j:j + piece] for j in range(0, len(share), piece)] for share in shares]
+    here = workers <= HERE_MAX  # few workers: this process reads a share too, loading the rest after
+    running = {}
+    for w, mine in enumerate(pieces):
+        fd, pid = _start(func, mine) if w or not here else (None, None)
+        if fd is not None:
+            running[fd] = (pid, w, bytearray())
+    done: dict = {(0, j): func(p) for j, p in enumerate(pieces[0])} if here else {}
+    _gather(running, done)
+    return [done[(w, j)] if (w, j) in done else func(p) for w, mine in enumerate(pieces) for j, p in enumerate(mine)]
 
 
-def _start(func, chunk):
-    """(pid, read fd, chunk) of a worker running func(chunk); (None, None, chunk) when none
-    could be started (no fds or processes left: the chunk is run here)."""
+def _start(func, pieces):
+    """(read fd, pid) of a worker sending func(piece) for each piece, (None, None) when none
+    could be started (no fds or processes left: its pieces are run here)."""
     try:
         r, w = os.pipe()
     except OSError:
-        return None, None, chunk
+        return None, None
     try:
         pid = os.fork()
     except OSError:
         os.close(r)
         os.close(w)
-        return None, None, chunk
+        return None, None
     if pid == 0:  # the worker
         code = 1
         try:
             os.close(r)
-            _write_all(w, marshal.dumps(func(chunk)))
+            for j, piece in enumerate(pieces):
+                data = marshal.dumps(func(piece))
+                _write_all(w, _HEAD.pack(j, len(data)) + data)
             code = 0
         finally:
             os._exit(code)
     os.close(w)
-    return pid, r, chunk
+    return r, pid
 
 
-def _collect(pid, fd, chunk, func):
-    if pid is None:
-        return func(chunk)
-    try:
-        data = _read_all(fd)
-    finally:
-        os.close(fd)
-    _, status = os.waitpid(pid, 0)
-    if status == 0 and data:
+def _gather(running, done):
+    """Read every worker's frames as they come and load each; {(worker, piece): result}."""
+    poller = select.poll()
+    for fd in running:
+        poller.register(fd, select.POLLIN)
+    while running:
+        for fd, _ in poller.poll():
+            pid, w, buf = running[fd]
+            chunk = os.read(fd, 1 << 20)
+            if chunk:
+                buf += chunk
+                _frames(buf, w, done)
+                continue
+            poller.unregister(fd)
+            os.close(fd)
+            del running[fd]
+            os.waitpid(pid, 0)  # a worker that died sent fewer frames: the rest is run here
+
+
+def _frames(buf, w, done):
+    """Load the complete frames at the start of buf, and drop them from it."""
+    while len(buf) >= _HEAD.size:
+        j, size = _HEAD.unpack_from(buf)
+        if len(buf) < _HEAD.size + size:
+            return
         try:
-            return marshal.loads(data)
+            done[(w, j)] = marshal.loads(bytes(buf[_HEAD.size:_HEAD.size + size]))
         except (EOFError, ValueError, TypeError):
-            pass
-    return func(chunk)  # the worker failed: the same answer, one core slower
+            pass  # run here instead
+        del buf[:_HEAD.size + size]
 
 
 def _write_all(fd, data):
     view = memoryview(data)
     while view:
         view = view[os.write(fd, view):]
-
-
-def _read_all(fd):
-    parts: list = []
-    while True:
-        part = os.read(fd, 1 << 20)
-        if not part:
-            return b"".join(parts)
-        parts.append(part)

@@ -201,11 +201,14 @@ class ForkWatch:
     # ---------------------------------------------------------------- start / close
 
     @classmethod
-    def start(cls, roots, connector=True, rcvbuf=RCVBUF, proc=procfs.PROC):
+    def start(cls, roots, connector=True, rcvbuf=RCVBUF, proc=procfs.PROC, listed=None):
         """Watch the descendants of `roots` ((pid, start_time) pairs). Never raises: a root
         whose start time no longer matches is left out (its pid names someone else now) and
         any failure of the connector leaves mode "proc" with the reason in `note`.
-        `connector=False` forces the /proc view; `rcvbuf` sizes the event buffer."""
+        `connector=False` forces the /proc view; `rcvbuf` sizes the event buffer. `listed`:
+        the pids of a scan just made, whose descendants of the roots ARE the roots (a plan
+        takes a target's whole tree): the first walk then reads only pids new since, not
+        every process's stat again (20,000 reads, 0.3 s before the first signal on a big host)."""
         w = cls(proc)
         notes: list = []
         try:
@@ -222,8 +225,10 @@ class ForkWatch:
         else:
             backlog = None
             notes.append("connector not requested")
+        if listed is not None:
+            w._listed = {str(pid) for pid in listed}
         try:
-            w._walk(full=True)
+            w._walk(full=listed is None)
         except OSError as e:
             notes.append("/proc not readable: %s" % e)
         if backlog is not None:

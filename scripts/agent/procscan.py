@@ -336,7 +336,7 @@ def snapshot(devset, proc=PROC):
     """
     pids = all_pids(proc)
     keys = devset.inode_keys()
-    parts = fanout.map_chunks(lambda chunk: _scan_part(chunk, devset, proc, keys), pids,
+    parts = fanout.map_pieces(lambda piece: _scan_part(piece, devset, proc, keys), pids,
                               fanout.workers_for(len(pids)) if proc == PROC else 1)
     procs, holders, denied, mapped, links = {}, {}, [], {}, dict(keys)
     for part in parts:

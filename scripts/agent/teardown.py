@@ -211,9 +211,9 @@ def stuck_report(alive, doc):
     return out
 
 
-def _start_watch(planned):
+def _start_watch(planned, procs):
     try:
-        return forkwatch.ForkWatch.start([(t["pid"], t["start_time"]) for t in planned])
+        return forkwatch.ForkWatch.start([(t["pid"], t["start_time"]) for t in planned], listed=procs)
     except Exception:  # the watch is an aid: /proc parentage still works without it
         return None
 
@@ -271,7 +271,7 @@ def execute(args, operator, started, source):
         unapproved = [t for t in the_plan["targets"] if t not in planned]
         timings["planned_s"] = _since(started)
         audit = Audit(operator)
-        watch = _start_watch(planned)
+        watch = _start_watch(planned, doc["_procs"])
         targets = Targets(planned, audit, watch, chain=doc["_chain"] | {os.getpid()}, protect=args.protect,
                           since_ticks=since, scope_uid=args.scope_uid)
         by_pid = {t["pid"]: t for t in planned}
@@ -297,7 +297,7 @@ def execute(args, operator, started, source):
         health_start = checkup.teardown_start(source)  # Xids from here on count (checkup.py)
         # Right after the batch, not before it: nothing here changes what is signalled.
         record.update(plan=the_plan, before=before_gpus, unapproved=unapproved,
-                      concurrent_teardowns=hostlock.concurrent_teardowns())
+                      concurrent_teardowns=hostlock.concurrent_teardowns(doc["_procs"]))
         recorder.save(record)
         args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
                            alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
@@ -351,7 +351,8 @@ def execute(args, operator, started, source):
                       ignored=result["ignored"], settle_ended=result["settle_ended"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
-                      concurrent_teardowns=_merge(record["concurrent_teardowns"], hostlock.concurrent_teardowns()),
+                      concurrent_teardowns=_merge(record["concurrent_teardowns"],
+                                                                 hostlock.concurrent_teardowns(after["_procs"])),
                       timings=timings, finished=time.strftime(contract.TIME_FORMAT))
         out = _result(record, scan.public(after), started)
         code = out["exit_code"] = checkup.teardown_result(out, after, source, health_start, code)
