@@ -68,6 +68,7 @@ def _wholly_targeted(targets, procs, extra=frozenset()):
     lists. A unit under a user manager (user@UID.service) is not the system manager's to
     stop. Reads /proc/*/cgroup only when there is a candidate."""
     wanted = {owner_key(t) for t in targets if t["container"] or stoppable_unit(t["unit"])} - {None}
+    wanted.discard(owner_key(cgroup.read(os.getpid())))  # the agent's own container: never ours to stop
     if not wanted:
         return set()
     members: dict = {}
@@ -272,7 +273,7 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
                 targets.append(t)
             else:
                 supervisors.append(t)
-    names = _container_names(targets + supervisors, have)
+    names = _container_names([t for t in targets if t["via"].startswith("docker stop")], have)
     for t in targets + supervisors:
         _name_container(t, names)
         if t["pid"] in wrapped and t["via"] == "signal":
