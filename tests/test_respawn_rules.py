@@ -221,3 +221,36 @@ def test_a_server_in_a_tmux_pane_is_stopped_and_tmux_survives(ps, tmp_path):
     assert result.code == 0, result.doc["problems"]
     assert not alive(server) and alive(pane) and alive(tmux_server)
     assert result.doc["plan"]["supervisors"] == [] and result.doc["appeared"] == []
+
+
+class _ListingSource:
+    """A GPU source that lists each GPU's processes, as NVML does (the machine has no GPU)."""
+
+    name = "nvml"
+
+    def __init__(self, gpus):
+        self.gpus = gpus
+
+    def read(self):
+        return [dict(g) for g in self.gpus]
+
+
+def test_the_confirming_scan_reads_fd_tables_only_where_a_context_could_be(ps):
+    """Once NVML lists no process and no memory is used, no process has a CUDA context: the
+    scan that confirms FREED reads the process records (what a respawn is told by), not every
+    fd table and mapping again. Where a process is listed, or memory is used, it reads them."""
+    import argparse
+
+    from scripts.agent import scan
+
+    holder = ps.role("worker", "--gpu", "0")  # holds a device file (a monitor-like handle, here)
+    args = argparse.Namespace(devices=ps.glob, fake_devices=True, protect=[], fake_gpus=None, max_used_mib=0)
+    idle = [{"index": 0, "used_mib": 0, "processes": []}]
+    doc = scan.collect(args, _ListingSource(idle), confirm=True)
+    assert doc["holders_read"] is False and holder in doc["_procs"] and doc["holders"] == []
+    busy = [{"index": 0, "used_mib": 300, "processes": [{"pid": holder, "used_mib": 300}]}]
+    doc = scan.collect(args, _ListingSource(busy), confirm=True)
+    assert doc["holders_read"] is True and [h["pid"] for h in doc["holders"]] == [holder]
+    used = [{"index": 0, "used_mib": 300, "processes": []}]  # memory without a listed process: look at everything
+    assert scan.collect(args, _ListingSource(used), confirm=True)["holders_read"] is True
+    assert scan.collect(args, _ListingSource(idle))["holders_read"] is True  # only the confirming scan is light

@@ -325,7 +325,7 @@ def user_name(uid):
     return _USER_NAMES[uid]
 
 
-def snapshot(devset, proc=PROC):
+def snapshot(devset, proc=PROC, fds=True):
     """Every process (basic fields) and which of them hold a GPU device (devices.DeviceSet).
 
     Returns {'procs': {pid: info}, 'holders': {pid: [devices]}, 'denied': [pids],
@@ -333,9 +333,13 @@ def snapshot(devset, proc=PROC):
     threads, which have none, excepted). On a host of many processes the pids are scanned by
     one worker per core (fanout.py); a device opened under another name by a process of one
     worker and mapped by a process of another is then matched once the parts are merged.
+    `fds` False: the records only, no fd table or maps read (scan.collect's confirm=True).
     """
     pids = all_pids(proc)
     keys = devset.inode_keys()
+    paths = devset.paths
+    if not fds:
+        devset = None
     parts = fanout.map_pieces(lambda piece: _scan_part(piece, devset, proc, keys), pids,
                               fanout.workers_for(len(pids)) if proc == PROC else 1)
     procs, holders, denied, mapped, links = {}, {}, [], {}, dict(keys)
@@ -347,7 +351,7 @@ def snapshot(devset, proc=PROC):
         links.update(part["links"])
     if len(parts) > 1 and len(links) > len(keys):  # another name's identity one part learnt: every part's maps again
         _map_pass(procs, set(denied), {_needle(k): name for k, name in links.items()}, proc, holders, denied, mapped)
-    return {"procs": procs, "holders": holders, "denied": sorted(set(denied)), "devices": list(devset.paths),
+    return {"procs": procs, "holders": holders, "denied": sorted(set(denied)), "devices": list(paths),
             "mapped": mapped, "hidden": proc_hidden(proc)}
 
 
@@ -376,7 +380,8 @@ def _scan_part(pids, devset, proc, keys):
         elif held:
             holders[pid] = held
     mapped: dict = {}
-    _map_pass(procs, set(denied), {_needle(k): name for k, name in links.items()}, proc, holders, denied, mapped)
+    if devset:
+        _map_pass(procs, set(denied), {_needle(k): name for k, name in links.items()}, proc, holders, denied, mapped)
     return {"procs": procs, "holders": holders, "denied": denied, "mapped": mapped,
             "links": {k: v for k, v in links.items() if k not in keys}}
 

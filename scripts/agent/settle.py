@@ -229,7 +229,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
             gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + timeout -
                                                                                  time.monotonic())))
         scanned_at = time.monotonic()
-        doc = scan.collect(args, source)
+        doc = scan.collect(args, source, confirm=True)
         scans += 1
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
