@@ -9,6 +9,11 @@ SUDO    := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 .PHONY: help
 help: ## list the targets
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-15s %s\n", $$1, $$2}'
+	@echo
+	@echo "The tasks themselves (README.md, runbooks/): in a shell with the venv activated,"
+	@echo "  . $(VENV)/bin/activate        # once per shell, after make setup or make demo"
+	@echo "  invoke --list               # every task; invoke TASK --help for one"
+	@echo "  invoke status               # no --host: the built-in sandbox host"
 
 .PHONY: setup
 setup: $(VENV)/.installed $(VENV)/.output-guard ## create .venv with the pinned runtime + development requirements
@@ -47,7 +52,7 @@ typecheck: setup ## mypy on tasks.py and scripts/, the agent included (settings:
 	$(VENV)/bin/mypy
 
 .PHONY: demo
-demo: setup ## the main job on the SANDBOX host (only its own private dir): see holders, tear down, verify, bystanders alive
+demo: setup ## the main job on the SANDBOX host (only its own private dir): see holders, tear down, verify, bystanders alive; leaves the sandbox up and says how to stop it
 	$(INVOKE) sandbox up
 	$(INVOKE) ping --host sandbox
 	$(INVOKE) status --host sandbox

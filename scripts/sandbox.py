@@ -292,22 +292,41 @@ DEMO_TREE = ("server", "worker0", "worker1")
 DEMO_KEPT = ("persistenced", "monitor", "bystander")
 
 
+DEMO_NAMES = {"persistenced": "nvidia-persistenced", "monitor": "the nvitop monitor", "bystander": "the unrelated job",
+              "server": "the server", "worker0": "worker 0", "worker1": "worker 1"}
+STOP_LINE = "Stop them with: invoke sandbox down   (in the venv: . .venv/bin/activate, as README.md says)"
+
+
 def demo_check() -> int:
-    """`make demo`'s last line, checked rather than printed: 0 when the server tree is gone
-    and nvidia-persistenced, the monitor and the unrelated job still run, else 1."""
+    """`make demo`'s last lines, checked rather than printed: 0 when the server tree is gone
+    and nvidia-persistenced, the monitor and the unrelated job still run, else 1. Either way
+    it ends by naming what still runs and the one command that stops it: the demo leaves the
+    sandbox up, for `invoke status` to show (README, "First commands")."""
     procs = status()["processes"]
     alive = {r: procs.get(r, {}).get("alive", False) for r in DEMO_TREE + DEMO_KEPT}
     left = [r for r in DEMO_TREE if alive[r]]
     lost = [r for r in DEMO_KEPT if not alive[r]]
-    if not left and not lost and procs:
+    ok = not left and not lost and bool(procs)
+    if ok:
         print("SANDBOX demo done: the server tree is gone; nvidia-persistenced, the nvitop monitor and the "
               "unrelated job are alive.")
-        return 0
-    print(f"SANDBOX demo FAILED: still running {left or 'none'}; killed by mistake {lost or 'none'}", file=sys.stderr)
-    return 1
+    else:
+        print(f"SANDBOX demo FAILED: still running {left or 'none'}; killed by mistake {lost or 'none'}",
+              file=sys.stderr)
+    running = [f"{DEMO_NAMES.get(r, r)} (pid {procs[r]['pid']})" for r in sorted(procs) if procs[r]["alive"]]
+    if running:
+        print(f"Still running (the SANDBOX, left up to look at: invoke status): {', '.join(running)}.")
+        print(STOP_LINE)
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
     if sys.argv[1:] != ["check"]:
         sys.exit("usage: python -m scripts.sandbox check")
-    sys.exit(demo_check())
+    from .config_error import ConfigError
+
+    try:
+        sys.exit(demo_check())
+    except (ConfigError, StateDirError) as exc:  # a bad or refused sandbox dir: one line, as the tasks say it
+        print(f"gpu-pivot: {exc}", file=sys.stderr)
+        sys.exit(2 if isinstance(exc, ConfigError) else 3)

@@ -302,3 +302,63 @@ def test_verify_wait_progress_is_a_line_per_half_second_in_a_pipe(sandbox):
     gaps = [round(b - a, 3) for a, b in zip(seen, seen[1:], strict=False)]
     assert len(seen) >= 4, (len(seen), gaps)  # 0, 0.5, 1.0, 1.5 s
     assert max(gaps) < 0.75 and min(gaps) > 0.3, gaps
+
+
+# -- 1, 2, 3. the first commands: how the tool is run, what make demo leaves, the --host default ------
+
+def _first_block() -> list:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## First commands", 1)[1]
+    block = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    return [line.split(" #", 1)[0].strip() for line in block.splitlines() if line.strip()]
+
+
+def test_readme_first_screen_says_how_the_tool_is_run():
+    """Item 1: after `make demo`, `invoke status` answered `bash: invoke: command not found`."""
+    first_screen = "\n".join((REPO / "README.md").read_text().splitlines()[:45])
+    assert ". .venv/bin/activate" in first_screen and "invoke: command" in first_screen
+    assert "Without `--host`" in first_screen and "`sandbox`" in first_screen  # item 3: the default
+    assert _first_block()[:4] == ["make demo", ". .venv/bin/activate", "invoke status", "invoke sandbox down"]
+    # one way everywhere: bare `invoke` in an activated venv, never the path
+    for path in [REPO / "README.md", *sorted((REPO / "runbooks").glob("*.md"))]:
+        assert ".venv/bin/invoke" not in path.read_text(), path.name
+    helptext = subprocess.run(["make", "-s", "help"], cwd=REPO, capture_output=True, text=True).stdout
+    assert ". .venv/bin/activate" in helptext and "invoke --list" in helptext
+
+
+def test_without_host_a_task_acts_on_the_sandbox():
+    env = {k: v for k, v in os.environ.items() if k not in ("GPU_PIVOT_HOST", "GPU_PIVOT_HOSTS_FILE")}
+    res = invoke("verify", "--wait", "0", env=env)
+    assert res.stdout.decode().startswith("== sandbox ("), text_of(res)
+    help_text = invoke("status", "--help", env=env).stdout.decode()
+    assert "'sandbox'" in help_text
+
+
+def test_readme_first_commands_run_as_printed_from_a_fresh_shell():
+    """Items 1 and 2: the README's first block, as a newcomer types it, in a shell whose PATH
+    does not hold the venv: `make demo` ends naming what it left running and the command that
+    stops it; after `. .venv/bin/activate`, `invoke status` works; `invoke sandbox down` stops it."""
+    if subprocess.run(["make", "-q", ".venv/.installed"], cwd=REPO, capture_output=True).returncode:
+        pytest.skip("the venv is older than the requirements: `make demo` would run pip (run `make setup` first)")
+    venv_bin = str(REPO / ".venv" / "bin")
+    path = ":".join(p for p in os.environ["PATH"].split(":") if os.path.realpath(p) != os.path.realpath(venv_bin)
+                    and not os.path.exists(os.path.join(p, "invoke")))
+    env = dict({k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "GPU_PIVOT_HOST",
+                                                                 "GPU_PIVOT_HOSTS_FILE")}, PATH=path)
+    lines = [line for line in _first_block() if line != "make test"]  # the suite: this test is in it
+    assert subprocess.run(["bash", "-c", "command -v invoke"], env=env, capture_output=True).returncode != 0
+    script = "set -e\n" + "\n".join(f"echo '>>> {line}'\n{line}" for line in lines) + "\n"
+    try:
+        res = subprocess.run(["bash", "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+        assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-3000:]
+        demo = res.stdout.split(">>> make demo", 1)[1].split(">>> . .venv/bin/activate", 1)[0]
+        tail = demo.strip().splitlines()[-2:]
+        assert tail[0].startswith("Still running") and "nvidia-persistenced (pid" in tail[0], tail
+        assert "the nvitop monitor (pid" in tail[0] and "the unrelated job (pid" in tail[0], tail
+        assert tail[1].startswith("Stop them with: invoke sandbox down"), tail
+        status = res.stdout.split(">>> invoke status", 1)[1].split(">>>", 1)[0]
+        assert status.startswith("\n== sandbox (") and "Holders" in status
+        state = json.loads(invoke("sandbox", "status", "--json").stdout)
+        assert state["alive"] == [], state  # `invoke sandbox down` stopped what the demo left
+    finally:
+        invoke("sandbox", "down")
