@@ -96,7 +96,7 @@ def owner_key(info):
 
 
 def patterns_of(args):
-    return list(args.target or rules.DEFAULT_TARGETS) + list(args.match)
+    return rules.patterns_of(args)
 
 
 def in_scope(info, args):
@@ -138,7 +138,7 @@ def build(doc, args):
 
     matched = []
     for pid, info in procs.items():
-        why = rules.target_reason(info, patterns)
+        why = info["mark"] if "mark" in info else rules.target_reason(info, patterns)  # scan.collect tried them
         if why and in_scope(info, args) and add(pid, why):
             matched.append(pid)
     walked: set = set()

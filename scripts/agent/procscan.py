@@ -325,7 +325,7 @@ def user_name(uid):
     return _USER_NAMES[uid]
 
 
-def snapshot(devset, proc=PROC, fds=True):
+def snapshot(devset, proc=PROC, fds=True, mark=None):
     """Every process (basic fields) and which of them hold a GPU device (devices.DeviceSet).
 
     Returns {'procs': {pid: info}, 'holders': {pid: [devices]}, 'denied': [pids],
@@ -334,14 +334,16 @@ def snapshot(devset, proc=PROC, fds=True):
     one worker per core (fanout.py); a device opened under another name by a process of one
     worker and mapped by a process of another is then matched once the parts are merged.
     `fds` False: the records only, no fd table or maps read (scan.collect's confirm=True).
+    `mark(info)`: its answer is kept in each record as info["mark"], worked out where the
+    record is read (in the workers: the plan's target patterns, tried on every process).
     """
     pids = all_pids(proc)
     keys = devset.inode_keys()
     paths = devset.paths
     if not fds:
         devset = None
-    parts = fanout.map_pieces(lambda piece: _scan_part(piece, devset, proc, keys), pids,
-                              fanout.workers_for(len(pids)) if proc == PROC else 1)
+    workers = fanout.workers_for(len(pids)) if proc == PROC else 1
+    parts = fanout.map_pieces(lambda piece: _scan_part(piece, devset, proc, keys, mark), pids, workers)
     procs, holders, denied, mapped, links = {}, {}, [], {}, dict(keys)
     for part in parts:
         procs.update(part["procs"])
@@ -352,15 +354,17 @@ def snapshot(devset, proc=PROC, fds=True):
     if len(parts) > 1 and len(links) > len(keys):  # another name's identity one part learnt: every part's maps again
         _map_pass(procs, set(denied), {_needle(k): name for k, name in links.items()}, proc, holders, denied, mapped)
     return {"procs": procs, "holders": holders, "denied": sorted(set(denied)), "devices": list(paths),
-            "mapped": mapped, "hidden": proc_hidden(proc)}
+            "mapped": mapped, "hidden": proc_hidden(proc), "workers": workers}
 
 
-def _scan_part(pids, devset, proc, keys):
+def _scan_part(pids, devset, proc, keys, mark=None):
     """The scan of some pids: their records, the devices their fds hold, then their maps."""
     procs, holders, denied, links = {}, {}, [], dict(keys)
     for pid in pids:
         try:
             info = basic(pid, proc)
+            if info is not None and mark is not None:
+                info["mark"] = mark(info)
         except Exception as exc:  # data no parser here understands: not inspected, never a crash
             info = not_understood(pid, exc)
         if info is None:
@@ -444,6 +448,7 @@ def detail(info, held, proc=PROC, now_ticks=None, mapped=None):
     pid = info["pid"]
     cg = cgroup.read(pid, proc)
     out = dict(info)
+    out.pop("mark", None)  # the scan's own note (snapshot's mark), not part of the record
     out["user"] = user_name(info["uid"])
     out["devices"] = held
     out["unit"] = cg["unit"]

@@ -148,6 +148,11 @@ def protect_reason(proc, self_chain, extra_protect=()):
     return None
 
 
+def patterns_of(args):
+    """The target patterns of a run: the host's TARGETS (or the defaults) and every --match."""
+    return list(getattr(args, "target", None) or DEFAULT_TARGETS) + list(args.match)
+
+
 def target_reason(proc, patterns):
     """Why this process is a target in words ("runs module sglang.launch_server"), or None."""
     hit = program.match(proc, patterns)
