@@ -195,3 +195,149 @@ def test_runbook_patch_paths_are_the_examples():
     for path in RUNBOOKS:
         for patch in re.findall(r"/opt/patches/\S+\.patch", path.read_text()):
             assert patch in example, f"{path.name}: {patch} is not the patch of hosts.env.example"
+
+
+# -- every command block of every runbook runs as printed against the SANDBOX (issue 27) -----------
+# Runbooks are for people under pressure: a command that fails as printed, once the host name is
+# changed, costs minutes at 3 a.m. Each runbook's blocks run in order, from runbooks/ (make from
+# the checkout), against a fresh sandbox; each command must exit as the runbook says: a `# exit N`
+# comment on its line, else 0. Where the sandbox differs from a GPU host, SANDBOX_EXITS says how.
+
+EXECUTED = [p for p in RUNBOOKS if p.name not in ("README.md", "emergency-one-liners.md")]  # the one-liners
+# reach documented addresses; they are run through the loopback sshd above instead
+HOST_WORDS = re.compile(r"(--host |-H |HOST=)(gpu1pct|gpu1|node3|node\[1-8\])(?=\s|$)")
+EXIT_NOTE = re.compile(r"#.*?\bexit (\d+)")
+# a runbook's starting point on the sandbox: its server tree holding the GPUs, or already torn down
+FREED_FIRST = {"gpu-unusable-after-teardown.md"}
+# (runbook, command as printed) -> (exit codes on the sandbox, why the sandbox differs from a GPU host);
+# None: not run, with why
+SANDBOX_EXITS = {
+    ("gpu-unusable-after-teardown.md", "invoke run --host gpu1 -- nvidia-smi -q -d ROW_REMAPPER,ECC"):
+        ({127}, "no nvidia-smi on a machine without an NVIDIA driver: `run` exits 127 as a shell would"),
+    ("gpu-unusable-after-teardown.md", "invoke run --host gpu1 -- dmesg --level=err,warn"):
+        ({0, 1}, "a container may not be allowed to read the kernel log"),
+    ("gpu-unusable-after-teardown.md", "invoke reset --host gpu1 --gpu 0"):
+        ({1}, "fake GPUs: no NVML, so the MIG precondition cannot be read and the reset is refused"),
+    ("gpu-unusable-after-teardown.md", "invoke reset --host gpu1 --gpu 0 --yes"):
+        ({1}, "the same refusal: nothing is reset"),
+    ("host-crash-recovery.md", "invoke run --host gpu1 -- systemctl is-enabled vllm.service"):
+        ({1, 4, 127}, "the sandbox has no vllm.service (systemctl: no such unit, or no systemd)"),
+    ("slurm-node-drained.md", "invoke undrain --host node[1-8]"):
+        (None, "Slurm only: sinfo here would look for a slurmctld over DNS; tests/test_slurm.py runs undrain "
+               "against a real one"),
+    ("slurm-node-drained.md", "sinfo -R"): (None, "Slurm's own command (tests/test_slurm.py)"),
+    ("slurm-node-drained.md", "scontrol release JOBID"): (None, "Slurm's own command (tests/test_slurm.py)"),
+}
+
+
+def sandbox_paths(base: str) -> list:
+    """The runbooks' host paths, as the sandbox has them (longest first)."""
+    return [("/opt/patches/dynamic_spec_v1.patch", f"{base}/patches/dynamic-spec.patch"),
+            ("/opt/sglang", f"{base}/server-code"), ("/data/hidden_states", f"{base}/hidden_states"),
+            ("/data", base), ("/models/kimi-k2.5", f"{base}/fake-model"),
+            ("/models/eagle3-draft", f"{base}/fake-eagle3-draft")]
+
+
+def on_sandbox(line: str, base: str) -> str:
+    """A runbook command pointed at the sandbox: its host name and its host paths replaced."""
+    out = HOST_WORDS.sub(r"\1sandbox", line)
+    for path, there in sandbox_paths(base):
+        out = re.sub(r"(?<![\w/.-])" + re.escape(path) + r"(?=[/\s'\"]|$)", there, out)
+    return out
+
+
+def steps(path: Path) -> list:
+    """[(command, expected exit or None, why, alternative)] of a runbook's code blocks, in order.
+    `alternative`: the block's paragraph starts with "or" (another way to do the block before
+    it), so it runs from the state that block started from."""
+    text, out, end = path.read_text(), [], 0
+    for m in re.finditer(r"```(?:sh|bash)?\n(.*?)```", text, re.S):
+        alternative = text[end:m.start()].strip().lower().startswith("or")
+        end = m.end()
+        for raw in m.group(1).splitlines():
+            line = raw.split(" #", 1)[0].strip()
+            if not line:
+                continue
+            note = EXIT_NOTE.search(raw)
+            codes, why = SANDBOX_EXITS.get((path.name, line), ({int(note.group(1))} if note else {0}, ""))
+            out.append((line, codes, why, alternative))
+            alternative = False
+    return out
+
+
+def test_every_runbook_command_has_an_expectation():
+    """A command that is neither invoke nor make must be listed, with why it is not run here."""
+    for path in EXECUTED:
+        for line, codes, why, _alt in steps(path):
+            if not line.startswith(("invoke ", "make ")):
+                assert codes is None and why, f"{path.name}: `{line}` is not run here and says nothing about why"
+    assert on_sandbox("make pivot-train HOST=gpu1pct", "/s") == "make pivot-train HOST=sandbox"
+    assert on_sandbox("invoke run --host gpu1 -- df -h /data", "/s") == "invoke run --host sandbox -- df -h /s"
+    assert on_sandbox("invoke undrain --host node[1-8]", "/s") == "invoke undrain --host sandbox"
+
+
+def _start(freed: bool) -> None:
+    invoke("sandbox", "down")
+    assert invoke("sandbox", "up").returncode == 0
+    if freed:
+        res = invoke("teardown", "--host", "sandbox", "--yes")
+        assert res.returncode == 0, res.stdout.decode() + res.stderr.decode()
+
+
+def _run(line: str) -> tuple:
+    """(exit code, output tail) of one command as a person runs it: invoke from runbooks/, make
+    from the checkout; a --follow runs until Ctrl-C (SIGINT once it printed something)."""
+    import os
+    import signal
+    import time
+
+    cwd = REPO if line.startswith("make ") else REPO / "runbooks"
+    if "--follow" in line.split():
+        import select
+
+        proc = subprocess.Popen(["bash", "-c", f"exec {line}"], cwd=cwd, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        assert proc.stdout is not None
+        try:
+            # it follows: its first output (a log may have none yet: then 5 s), then Ctrl-C
+            first = os.read(proc.stdout.fileno(), 65536) if select.select([proc.stdout], [], [], 5)[0] else b""
+            time.sleep(0.3)  # past Invoke's own first ~0.1 s, where a Ctrl-C is Invoke's exit 1
+            os.killpg(proc.pid, signal.SIGINT)
+            rest, _ = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        return proc.returncode, (first + rest).decode(errors="replace")[-1500:]
+    res = subprocess.run(["bash", "-c", line], cwd=cwd, capture_output=True, timeout=300)
+    return res.returncode, (res.stdout + res.stderr).decode(errors="replace")[-1500:]
+
+
+@pytest.mark.parametrize("path", EXECUTED, ids=lambda p: p.name)
+def test_runbook_runs_as_printed_on_the_sandbox(path):
+    import os
+
+    if any(line.startswith("make ") for line, *_ in steps(path)):
+        stale = subprocess.run(["make", "-q", ".venv/.installed"], cwd=REPO, capture_output=True).returncode
+        if stale:
+            pytest.skip("the venv is older than the requirements: `make` would run pip (run `make setup` first)")
+    base = os.environ["GPU_PIVOT_SANDBOX_DIR"]
+    freed = path.name in FREED_FIRST
+    failures, ran = [], 0
+    try:
+        _start(freed)
+        for line, codes, why, alternative in steps(path):
+            if codes is None:
+                continue  # not runnable here: SANDBOX_EXITS says why
+            if alternative:
+                _start(freed)  # the same starting point as the block it replaces
+            command = on_sandbox(line, base)
+            code, tail = _run(command)
+            ran += 1
+            if code not in codes:
+                failures.append(f"`{line}` (run as `{command}`) exited {code}, the runbook says {sorted(codes)}"
+                                f"{' (' + why + ')' if why else ''}:\n{tail}")
+    finally:
+        invoke("sandbox", "down")
+    assert ran >= 3
+    assert not failures, f"{path.name}:\n" + "\n\n".join(failures)
