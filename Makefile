@@ -82,8 +82,12 @@ pivot-deploy: setup ## patched-server deploy: old server -> patched server; smok
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to deploy $(PIVOT_YES)
 
 .PHONY: bench
-bench: setup system-deps ## run every benchmark side by side and write bench/RESULTS.md (GPU rows: bench/gpu_session.sh)
+bench: setup system-deps ## run every benchmark side by side; results to bench/results/local-<date>.md (git-ignored), RESULTS.md untouched
 	$(PY) bench/run.py
+
+.PHONY: bench-publish
+bench-publish: setup system-deps ## make bench, then also write the tracked bench/RESULTS.md (not when a section failed; GPU rows: bench/gpu_session.sh)
+	$(PY) bench/run.py --publish
 
 .PHONY: bench-startup
 bench-startup: setup ## start-up only: `import tasks`, `invoke --list`, a local `invoke status`, beside the numbers from before

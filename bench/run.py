@@ -8,6 +8,11 @@ per teardown, cold vs warm ControlMaster; (3) scan cost vs process count; (4) fl
 GPU machine by bench/gpu_session.sh and merged from bench/results/gpu-teardown.json;
 (6) start-up of the command line (bench/startup.py), beside the numbers from before tasks.py
 was split into scripts/cli/.
+
+Running it (issue 27): a section that fails is recorded in the results (a fleet run that
+fails, in its own row) and the run goes on; every section prints what it does at least every
+HEARTBEAT_S; results go to bench/results/local-<date>.md (git-ignored), and the tracked
+bench/RESULTS.md changes only with --publish (`make bench-publish`).
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +42,68 @@ from tests.procs import ProcessSet  # noqa: E402
 
 FIXTURE_FLOOR = REPO / "tests" / "fixtures" / "h200-driver580" / "release-floor.json"
 GPU_RESULTS = REPO / "bench" / "results"  # gpu-teardown-<N>gpu.json from bench/gpu_session.sh
+RESULTS_MD = REPO / "bench" / "RESULTS.md"  # tracked: rewritten only with --publish (make bench-publish)
+HEARTBEAT_S = 10.0  # a section says what it is doing at least this often
+
+
+def local_results() -> Path:
+    """Where a run's results go unless told otherwise: bench/results/local-<date>.md (git-ignored)."""
+    return GPU_RESULTS / f"local-{time.strftime('%Y-%m-%d')}.md"
+
+
+class Progress:
+    """What a section does, printed when it changes (`step`) and, while it does not, every
+    HEARTBEAT_S with the time spent: a section silent for minutes looked hung."""
+
+    def __init__(self, name: str, every: float | None = None, out=None):
+        self.name, self.every, self.out = name, every or HEARTBEAT_S, out or sys.stdout
+        self.text, self.started = "starting", time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True)
+
+    def _say(self, text: str) -> None:
+        print(f"  {self.name} [{time.monotonic() - self.started:5.0f}s] {text}", file=self.out, flush=True)
+
+    def step(self, text: str) -> None:
+        self.text = text
+        self._say(text)
+
+    def _beat(self) -> None:
+        while not self._stop.wait(self.every):
+            self._say(f"still running: {self.text}")
+
+    def __enter__(self) -> Progress:
+        global _current
+        _current = self
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        global _current
+        self._stop.set()
+        self._thread.join()
+        _current = None
+
+
+_current: Progress | None = None
+
+
+def progress(text: str) -> None:
+    """A section's step, shown at once (and repeated by the heartbeat while it lasts)."""
+    if _current is not None:
+        _current.step(text)
+
+
+def run_section(name: str, fn, every: float | None = None) -> tuple:
+    """(fn's value, None), or (None, one line saying why) when it failed: the run goes on."""
+    with Progress(name, every):
+        try:
+            return fn(), None
+        except Exception as exc:  # noqa: BLE001  a benchmark's failure is a result: recorded, the run goes on
+            words = str(exc).strip().splitlines()
+            line = f"{type(exc).__name__}: {words[0] if words else ''}".strip()[:300]
+            print(f"  {name}: FAILED ({line}); the run goes on", flush=True)
+            return None, line
 
 
 def med(values):
@@ -61,6 +129,7 @@ def oneliner_comparison(work: Path, reps: int) -> list:
         walls, gone, kept, correct, said = [], [], [], [], ""
         runs = reps if name == "gpu-pivot" else max(1, reps // 2)  # the one-liners sleep 5 s per run
         for i in range(runs):
+            progress(f"{name}: run {i + 1}/{runs}")
             wd = work / f"sequence-{NAMES.index(name)}-{i}"
             wd.mkdir()
             out = subprocess.run(namespace_command(wd, sequences(wd)[name]), capture_output=True, text=True,
@@ -98,7 +167,8 @@ def ssh_costs(work: Path, reps: int) -> dict:
         cold, warm = [], []
         socket = route.control_path(sshd.dest(), sshd.ssh_opts.split(), env["GPU_PIVOT_CONTROL_DIR"])
         ctl = ["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={socket}", "-O", "exit", sshd.dest()]
-        for _ in range(reps):
+        for i in range(reps):
+            progress(f"ping cold and warm, {i + 1}/{reps}")
             subprocess.run(ctl, capture_output=True)
             cold.append(_timed(invoke_argv("ping", "--host", "gpu1"), env))
             warm.append(_timed(invoke_argv("ping", "--host", "gpu1"), env))
@@ -117,6 +187,7 @@ def _timed(argv, env) -> float:
 
 # -- 3. scan cost -------------------------------------------------------------------------------
 def scan_costs(extra: list, reps: int) -> list:
+    progress(f"bench/scan_cost.py: {reps} reps at {len(extra)} process counts")
     out = subprocess.run([sys.executable, str(REPO / "bench" / "scan_cost.py"), "--reps", str(reps), "--extra",
                           *map(str, extra), "--out", "/dev/stdout"], capture_output=True, text=True, check=True)
     text = out.stdout
@@ -146,8 +217,9 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
     try:
         for size in sizes:
             for mode, fanout in (("parallel", "16"), ("one after another", "1")):
-                walls, cpus = [], []
+                walls, cpus, failed = [], [], []
                 for r in range(reps):
+                    progress(f"{size} host(s), {mode}, run {r + 1}/{reps}")
                     sets = []
                     text = ""
                     for i, sshd in enumerate(servers[:size], 1):
@@ -162,14 +234,16 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
                     spec = f"node[01-{size:02d}]" if size > 1 else "node01"
                     res, wall, cpu = runner(invoke_argv("teardown", "--host", spec, "--yes", "--fanout", fanout,
                                                         "--grace", "5"), env)
-                    walls.append(wall)
-                    cpus.append(cpu)
                     for ps in sets:
                         ps.kill_all()
-                    if res.returncode:
-                        raise RuntimeError(f"fleet teardown of {size} failed: {res.stdout[-2000:]} "
-                                           f"{res.stderr[-2000:]}")
-                rows.append({"hosts": size, "mode": mode, "walls": walls, "cpu_s": cpus})
+                    if res.returncode:  # recorded in its row, not timed; the other runs go on
+                        said = (res.stderr or res.stdout or "").strip().splitlines()
+                        failed.append(f"exit {res.returncode}: {said[-1][:200] if said else 'nothing said'}")
+                        progress(f"{size} host(s), {mode}, run {r + 1}/{reps}: FAILED ({failed[-1]})")
+                        continue
+                    walls.append(wall)
+                    cpus.append(cpu)
+                rows.append({"hosts": size, "mode": mode, "walls": walls, "cpu_s": cpus, "failed": failed})
                 if size == 1:
                     break  # one host: parallel and sequential are the same run
     finally:
@@ -181,6 +255,7 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
 # -- 6. start-up ----------------------------------------------------------------------------------
 def startup(reps: int) -> str:
     """bench/startup.py's table (its own process: it times fresh interpreters anyway)."""
+    progress(f"bench/startup.py: {reps} reps")
     return subprocess.run([sys.executable, str(REPO / "bench" / "startup.py"), "--reps", str(reps)],
                           capture_output=True, text=True, check=True).stdout.rstrip()
 
@@ -358,13 +433,40 @@ def exit_probe_2gpu_lines(path: Path) -> list:
             "same polling loop.", ""]
 
 
-def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str:
+def _not_measured(failed: dict, key: str) -> list:
+    return [f"**Not measured in this run**: FAILED ({failed.get(key, 'no result')}).", ""]
+
+
+def fleet_table(rows: list) -> str:
+    """Section 4's rows: a run that failed is counted in its row, with what it said."""
+    base_rows = [r for r in rows if r["hosts"] == 1 and r["walls"]]
+    base = med(base_rows[0]["walls"]) if base_rows else None
+    out = []
+    for r in rows:
+        failed = r.get("failed") or []
+        timed = [f"{med(r['walls']):.2f}", span(r["walls"]), f"{med(r['walls']) / base:.2f}x" if base else "-"] \
+            if r["walls"] else ["-", "-", "-"]
+        runs = len(r["walls"]) + len(failed)
+        out.append([r["hosts"], r["mode"], *timed,
+                    f"{len(failed)}/{runs}: {failed[0]}" if failed else "-"])
+    return table(["hosts", "mode", "wall s (median)", "min-max", "vs 1 host", "failed runs"], out)
+
+
+def report(args, results: dict, failed: dict | None = None) -> str:
+    """The results as markdown. `results`: each section's value (keys: oneliners, ssh, scans,
+    fleet, startup), None for a section that failed; `failed`: {key: the line saying why}."""
+    failed = failed or {}
+    oneliner_rows, ssh, scans = results.get("oneliners"), results.get("ssh"), results.get("scans")
+    fleet_rows, startup_table = results.get("fleet"), results.get("startup")
     floor = release_floor(FIXTURE_FLOOR)
     lines = ["# gpu-pivot benchmark results", "",
              f"Produced by `make bench` ({' '.join(sys.argv[1:]) or 'defaults'}) on {platform.node()} "
              f"({platform.machine()}, {os.cpu_count()} CPUs, Linux {platform.release()}, "
              f"Python {platform.python_version()}) at {time.strftime('%Y-%m-%d %H:%M:%S %Z')}. "
              "Medians of the runs; min-max beside them.", ""]
+    if failed:
+        lines += [f"**This run is incomplete**: {len(failed)} section(s) failed ({', '.join(sorted(failed))}); each "
+                  "says why below.", ""]
     lines += ["## 1. Sandbox teardown: gpu-pivot vs the incidents' one-liners", "",
               "The one-liners typed in two real incidents: the EAGLE3 data-generation pivot "
               "(`pkill -f`, `pkill -9 -f python3`, `fuser -k`, run over ssh as `bash -c` or from a script file) "
@@ -376,88 +478,136 @@ def report(args, oneliner_rows, ssh, scans, fleet_rows, startup_table="") -> str
               "`unshare --pid --fork --mount-proc` holding only these processes. Wall time = the sequence's own run "
               "time (to 'GPUs free' for gpu-pivot, which verifies it; the one-liners include their fixed sleeps). "
               "gpu-pivot runs with `--grace 1` so the SIGTERM-ignoring server costs 1 s.", ""]
-    lines.append(table(["sequence", "wall s (median)", "min-max", "targets gone (worst run)",
-                        "bystanders alive (worst run)", "verdict correct", "last line it printed", "runs"],
-                       oneliner_rows))
-    pivot_row = next(r for r in oneliner_rows if r[0] == "gpu-pivot")
-    script_row = next(r for r in oneliner_rows if r[0] == DATAGEN_SCRIPT)
-    ratio = float(script_row[1]) / float(pivot_row[1])
-    lines += ["", f"Ratio: datagen one-liner (script) / gpu-pivot wall time = **{ratio:.1f}x**; gpu-pivot stops "
-              f"{pivot_row[3]} targets and keeps {pivot_row[4]} bystanders, the one-liner keeps {script_row[4]}.", ""]
-    lines += ["## 2. Through the loopback sshd", "",
-              "- ssh connections opened by one `invoke teardown --host gpu1 --yes`: "
-              f"**{ssh['connections_per_teardown']}** (counted in sshd's log).",
-              f"- `invoke ping --host gpu1` wall time, cold ControlMaster (no master; this call starts one): median "
-              f"**{med(ssh['cold']):.3f} s** ({span(ssh['cold'])}); warm (reusing it): median "
-              f"**{med(ssh['warm']):.3f} s** ({span(ssh['warm'])}); ratio cold/warm "
-              f"{med(ssh['cold']) / med(ssh['warm']):.2f}x over {len(ssh['cold'])} "
-              "runs each, alternating. Both include starting Python and Invoke locally.", ""]
+    if oneliner_rows is None:
+        lines += _not_measured(failed, "oneliners")
+    else:
+        lines.append(table(["sequence", "wall s (median)", "min-max", "targets gone (worst run)",
+                            "bystanders alive (worst run)", "verdict correct", "last line it printed", "runs"],
+                           oneliner_rows))
+        pivot_row = next(r for r in oneliner_rows if r[0] == "gpu-pivot")
+        script_row = next(r for r in oneliner_rows if r[0] == DATAGEN_SCRIPT)
+        ratio = float(script_row[1]) / float(pivot_row[1])
+        lines += ["", f"Ratio: datagen one-liner (script) / gpu-pivot wall time = **{ratio:.1f}x**; gpu-pivot stops "
+                  f"{pivot_row[3]} targets and keeps {pivot_row[4]} bystanders, the one-liner keeps {script_row[4]}.",
+                  ""]
+    lines += ["## 2. Through the loopback sshd", ""]
+    if ssh is None:
+        lines += _not_measured(failed, "ssh")
+    else:
+        lines += ["- ssh connections opened by one `invoke teardown --host gpu1 --yes`: "
+                  f"**{ssh['connections_per_teardown']}** (counted in sshd's log).",
+                  f"- `invoke ping --host gpu1` wall time, cold ControlMaster (no master; this call starts one): "
+                  f"median **{med(ssh['cold']):.3f} s** ({span(ssh['cold'])}); warm (reusing it): median "
+                  f"**{med(ssh['warm']):.3f} s** ({span(ssh['warm'])}); ratio cold/warm "
+                  f"{med(ssh['cold']) / med(ssh['warm']):.2f}x over {len(ssh['cold'])} "
+                  "runs each, alternating. Both include starting Python and Invoke locally.", ""]
     lines += ["## 3. Scan cost (agent `scan`: every process's stat and cmdline, every fd link, GPU source)", ""]
-    lines.append(table(["processes", "median ms", "min-max ms", "GPU source"],
-                       [[s["processes"], f"{s['median_ms']:.1f}", f"{s['min_ms']:.1f}-{s['max_ms']:.1f}",
-                         s["gpu_source"]] for s in scans]))
-    lines += ["", "## 4. Fleet: teardown of N hosts (one loopback sshd and its own process set per host)", "",
+    if scans is None:
+        lines += _not_measured(failed, "scans")
+    else:
+        lines += [table(["processes", "median ms", "min-max ms", "GPU source"],
+                        [[s["processes"], f"{s['median_ms']:.1f}", f"{s['min_ms']:.1f}-{s['max_ms']:.1f}",
+                          s["gpu_source"]] for s in scans]), ""]
+    lines += ["## 4. Fleet: teardown of N hosts (one loopback sshd and its own process set per host)", "",
               "Each host: a server + 2 workers (targets) and an `nvidia-persistenced` (kept). "
               "`--fanout 16` (parallel) vs `--fanout 1` (one after another); wall time of the whole "
-              "`invoke teardown` command.", ""]
-    base = med(next(r["walls"] for r in fleet_rows if r["hosts"] == 1))
-    lines.append(table(["hosts", "mode", "wall s (median)", "min-max", "vs 1 host"],
-                       [[r["hosts"], r["mode"], f"{med(r['walls']):.2f}", span(r["walls"]),
-                         f"{med(r['walls']) / base:.2f}x"] for r in fleet_rows]))
-    big = max(r["hosts"] for r in fleet_rows)
-    par = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] == "parallel"))
-    seq = med(next(r["walls"] for r in fleet_rows if r["hosts"] == big and r["mode"] != "parallel"))
-    lines += ["", f"Ratio: {big} hosts in parallel / 1 host = **{par / base:.2f}x**; {big} hosts one after another / "
-              f"parallel = **{seq / par:.1f}x**.", "",
-              f"All {big} hosts and their agents run on this one machine ({os.cpu_count()} CPUs), so the parallel rows "
-              "are bounded by local CPU (each agent's Python start, scan and ssh crypto), not by the network; on a "
-              "real fleet each agent runs on its own host and only the ssh clients share the operator's CPU.", ""]
+              "`invoke teardown` command; a run that failed is not timed and is counted in its row.", ""]
+    if fleet_rows is None:
+        lines += _not_measured(failed, "fleet")
+    else:
+        lines.append(fleet_table(fleet_rows))
+        timed = {(r["hosts"], r["mode"] == "parallel"): med(r["walls"]) for r in fleet_rows if r["walls"]}
+        big = max(r["hosts"] for r in fleet_rows)
+        base, par, seq = timed.get((1, True)), timed.get((big, True)), timed.get((big, False))
+        lines.append("")
+        if base and par and seq:
+            lines += [f"Ratio: {big} hosts in parallel / 1 host = **{par / base:.2f}x**; {big} hosts one after "
+                      f"another / parallel = **{seq / par:.1f}x**.", ""]
+        lines += [f"All {big} hosts and their agents run on this one machine ({os.cpu_count()} CPUs), so the parallel "
+                  "rows are bounded by local CPU (each agent's Python start, scan and ssh crypto), not by the network; "
+                  "on a real fleet each agent runs on its own host and only the ssh clients share the operator's CPU.",
+                  ""]
     lines += manycore_fleet_lines(GPU_RESULTS / "fleet-manycore.md")
     lines += gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json")))
     lines += ["", "Reference floor from the fixture `release-floor.json` (20-80 GB): "
               f"{floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
-    if startup_table:
-        lines += ["", "## 6. Start-up of the command line", "",
-                  "`bench/startup.py`: wall time of fresh processes, no hosts.env, medians; `before` is "
+    lines += ["", "## 6. Start-up of the command line", ""]
+    if startup_table is None:
+        lines += _not_measured(failed, "startup")
+    else:
+        lines += ["`bench/startup.py`: wall time of fresh processes, no hosts.env, medians; `before` is "
                   "bench/results/startup-before.json (tasks.py as one 576-line module importing everything). "
                   "`invoke status --host local` includes the local agent's own start and scan.", "",
                   startup_table]
     return "\n".join(lines) + "\n"
 
 
-def main():
+# (title, results key, section): each runs on its own; one that fails is recorded, the run goes on
+SECTIONS = (
+    ("1/5 one-liner comparison", "oneliners", lambda args, work: oneliner_comparison(work, args.reps)),
+    ("2/5 ssh", "ssh", lambda args, work: ssh_costs(work, args.reps)),
+    ("3/5 scan cost", "scans", lambda args, work: scan_costs(args.scan_extra, args.reps)),
+    ("4/5 fleet", "fleet", lambda args, work: fleet(work, args.fleet, max(1, args.reps // 2))),
+    ("5/5 start-up", "startup", lambda args, work: startup(args.reps)),
+)
+
+
+def run_all(args, work: Path, sections=SECTIONS, every: float | None = None) -> tuple:
+    """({key: value or None}, {key: why it failed}) of every section, one after another."""
+    results, failed = {}, {}
+    for title, key, section in sections:
+        print(f"{title} ...", flush=True)
+        results[key], why = run_section(title, lambda s=section: s(args, work), every)
+        if why:
+            failed[key] = why
+    return results, failed
+
+
+def write_results(text: str, out: Path, publish: bool, failed: dict) -> int:
+    """Write the run's results to `out`; with `publish`, to the tracked RESULTS.md too, unless
+    a section failed (a partial run is not published). Exit code: 1 when a section failed."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text)
+    print(f"results: {out}")
+    if publish and not failed:
+        RESULTS_MD.write_text(text)
+        print(f"published: {RESULTS_MD}")
+    elif publish:
+        print(f"NOT published: {len(failed)} section(s) failed ({', '.join(sorted(failed))}); {RESULTS_MD} unchanged")
+    elif out.resolve() != RESULTS_MD.resolve():
+        print(f"{RESULTS_MD.name} unchanged (`make bench-publish` writes it)")
+    return 1 if failed else 0
+
+
+def main(argv=None) -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--fleet", type=int, nargs="*", default=[1, 4, 16, 32])
     p.add_argument("--scan-extra", type=int, nargs="*", default=[100, 1000, 5000])
-    p.add_argument("--out", default=str(REPO / "bench" / "RESULTS.md"))
+    p.add_argument("--out", default=None,
+                   help="the results file (default bench/results/local-<date>.md, git-ignored; --gpu-only: RESULTS.md)")
+    p.add_argument("--publish", action="store_true",
+                   help="also write the tracked bench/RESULTS.md (make bench-publish); not after a failed section")
     p.add_argument("--gpu-only", action="store_true",
                    help="only rewrite section 5 of --out from bench/results/gpu-teardown-*gpu.json (after a GPU run)")
-    args = p.parse_args()
+    args = p.parse_args(argv)
     if args.gpu_only:
-        text = Path(args.out).read_text()
+        target = Path(args.out) if args.out else RESULTS_MD
+        text = target.read_text()
         start, end = text.index("## 5. GPU"), text.index("Reference floor from the fixture")
         gpu = "\n".join(gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json")))) + "\n"
-        Path(args.out).write_text(text[:start] + gpu + text[end:])
+        target.write_text(text[:start] + gpu + text[end:])
         print(gpu)
-        return
+        return 0
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-bench-"))
     try:
-        print("1/5 one-liner comparison ...", flush=True)
-        oneliner_rows = oneliner_comparison(work, args.reps)
-        print("2/5 ssh ...", flush=True)
-        ssh = ssh_costs(work, args.reps)
-        print("3/5 scan cost ...", flush=True)
-        scans = scan_costs(args.scan_extra, args.reps)
-        print("4/5 fleet ...", flush=True)
-        fleet_rows = fleet(work, args.fleet, max(1, args.reps // 2))
-        print("5/5 start-up ...", flush=True)
-        text = report(args, oneliner_rows, ssh, scans, fleet_rows, startup(args.reps))
-        Path(args.out).write_text(text)
+        results, failed = run_all(args, work)
+        text = report(args, results, failed)
         print(text)
+        return write_results(text, Path(args.out) if args.out else local_results(), args.publish, failed)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
