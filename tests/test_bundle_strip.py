@@ -1,0 +1,60 @@
+"""What ships to a host is the agent without its docstrings and comment lines (every call
+sends it), and is still the same code on the same lines: a traceback on the host names the
+line it would name here."""
+from __future__ import annotations
+
+import ast
+import base64
+import json
+import zlib
+
+import pytest
+
+from scripts import bundle
+
+
+def _without_docstrings(source: str) -> str:
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(node, (ast.Module, ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and body and \
+                isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) and \
+                isinstance(body[0].value.value, str):
+            del body[0]  # with its own place: a shipped docstring is shorter
+            if not body:  # a class that is only its docstring ends where the shorter one does
+                node.end_lineno = node.end_col_offset = None
+    return ast.dump(tree, include_attributes=True)
+
+
+@pytest.mark.parametrize("name", sorted(bundle.agent_sources(stripped=False)))
+def test_each_module_ships_the_same_code_on_the_same_lines(name):
+    original = bundle.agent_sources(stripped=False)[name]
+    shipped = bundle.agent_sources()[name]
+    assert shipped.count("\n") == original.count("\n")
+    assert _without_docstrings(shipped) == _without_docstrings(original)  # positions included
+
+
+@pytest.mark.parametrize("name", ["agent.teardown", "agent.phase"])
+def test_a_docstrings_first_line_stays_for_the_subcommands_help(name):
+    """agent/cli.py shows a module's docstring, or a class's (phase.Start), as a subcommand's help."""
+    def firsts(source):
+        return [ast.get_docstring(n).splitlines()[0] for n in ast.walk(ast.parse(source))
+                if isinstance(n, (ast.Module, ast.ClassDef)) and ast.get_docstring(n)]
+
+    assert firsts(bundle.agent_sources()[name]) == firsts(bundle.agent_sources(stripped=False)[name])
+    assert len(firsts(bundle.agent_sources()[name])) >= 1
+
+
+def test_strip_keeps_strings_that_only_look_like_docstrings_or_comments():
+    source = 'X = (\n    """not a docstring"""\n)\nY = """\n# not a comment\n"""\ndef f():\n    """doc"""\n    # note\n'
+    assert bundle.strip_source(source) == 'X = (\n    """not a docstring"""\n)\nY = """\n# not a comment\n"""\n' \
+                                          "def f():\n    'doc'\n\n"
+
+
+def test_the_bundle_is_at_least_a_quarter_smaller():
+    def size(sources):
+        return len(base64.b64encode(zlib.compress(json.dumps(sources, sort_keys=True).encode(), 6)))
+
+    before, after = size(bundle.agent_sources(stripped=False)), size(bundle.agent_sources())
+    print(f"bundle sources on the wire: {before} -> {after} bytes per call")
+    assert after <= 0.75 * before
