@@ -58,3 +58,13 @@ def test_the_bundle_is_at_least_a_quarter_smaller():
     before, after = size(bundle.agent_sources(stripped=False)), size(bundle.agent_sources())
     print(f"bundle sources on the wire: {before} -> {after} bytes per call")
     assert after <= 0.75 * before
+
+
+def test_a_kept_copy_is_used_only_for_the_very_file_it_was_made_from(tmp_path):
+    module = tmp_path / "m.py"
+    module.write_text('"""Doc.\n\nMore."""\nX = 1  # one\n')
+    assert bundle.shipped_source(module) == "'Doc.'\n\n\nX = 1\n"
+    kept = tmp_path / "__pycache__" / "m.shipped.py"
+    assert kept.exists()
+    module.write_text('"""Doc.\n\nMore."""\nX = 22  # two\n')  # another size, another mtime
+    assert bundle.shipped_source(module) == "'Doc.'\n\n\nX = 22\n"
