@@ -17,6 +17,7 @@ bench/RESULTS.md changes only with --publish (`make bench-publish`).
 from __future__ import annotations
 
 import argparse
+import glob
 import json
 import os
 import platform
@@ -186,12 +187,95 @@ def _timed(argv, env) -> float:
 
 
 # -- 3. scan cost -------------------------------------------------------------------------------
-def scan_costs(extra: list, reps: int) -> list:
-    progress(f"bench/scan_cost.py: {reps} reps at {len(extra)} process counts")
-    out = subprocess.run([sys.executable, str(REPO / "bench" / "scan_cost.py"), "--reps", str(reps), "--extra",
-                          *map(str, extra), "--out", "/dev/stdout"], capture_output=True, text=True, check=True)
+def scan_costs(extra: list, reps: int, work: Path | None = None) -> list:
+    """bench/scan_cost.py's rows (the holder scan beside fuser). On a machine with no NVIDIA
+    device files both look for two plain files of the run's own (--fake-devices)."""
+    progress(f"bench/scan_cost.py: {reps} reps at {len(extra)} process counts, beside fuser")
+    devices = []
+    if not glob.glob("/dev/nvidia*") and work is not None:
+        for i in range(2):
+            (work / f"nvidia{i}").touch()
+        devices = ["--fake-devices", "--devices", str(work / "nvidia*")]
+    out = subprocess.run([sys.executable, str(REPO / "bench" / "scan_cost.py"), "--reps", str(reps), *devices,
+                          "--extra", *map(str, extra), "--out", "/dev/stdout"], capture_output=True, text=True,
+                         check=True)
     text = out.stdout
     return json.loads(text[text.index("["):])
+
+
+def scan_rows(scans: list) -> str:
+    """The scan-vs-fuser table: processes, the holder scan, fuser, their ratio, workers."""
+    return table(["processes", "holder scan ms (median)", "fuser ms (median)", "scan / fuser", "workers / cores",
+                  "whole scan ms", "GPU source"],
+                 [[s["processes"], f"{s['holder_scan_ms']:.1f}",
+                   "-" if s.get("fuser_ms") is None else f"{s['fuser_ms']:.1f}",
+                   "-" if not s.get("scan_vs_fuser") else f"{s['scan_vs_fuser']:.2f}x",
+                   f"{s.get('workers', 1)} / {s.get('cores', '?')}", f"{s['median_ms']:.1f}", s["gpu_source"]]
+                  for s in scans])
+
+
+def gpu_scan_lines(path: Path) -> list:
+    """Section 3b: the same benchmark on the 16-core GPU machine, over its real /dev/nvidia*."""
+    if not path.exists():
+        return []
+    rows = json.loads(path.read_text())
+    return ["### 3b. On the GPU machine (H200 host, real /dev/nvidia*)", "",
+            f"`python3 bench/scan_cost.py --extra 1000 5000 20000 --reps 5` (run by `bench/gpu_scale.sh`), merged "
+            f"from `bench/results/{path.name}`; each extra process is an idle `sleep`; fuser and the scan alternate, "
+            f"median of the reps; {rows[0].get('cores', '?')} cores.", "", scan_rows(rows), ""]
+
+
+def gpu_lines() -> list:
+    """Sections 5, 5b and 5c: every GPU result in bench/results, merged, not re-measured."""
+    return gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json"))) + [""] + \
+        watched_lines(GPU_RESULTS / "gpu-monitors.json") + \
+        busy_host_lines(GPU_RESULTS / "gpu-scale-by0.json", GPU_RESULTS / "gpu-scale-by20000.json")
+
+
+def watched_lines(path: Path) -> list:
+    """Section 5b: a teardown while someone watches the GPUs, beside the run with no one."""
+    if not path.exists():
+        return []
+    g = json.loads(path.read_text())
+    rows = [[kind, f"{p['exit_0']}/{p['reps_n']}", p["freed_lines_max"],
+             "{median:.3f} ({min:.3f}-{max:.3f})".format(**p["cli_freed_line_s"]),
+             "{median:.3f} ({min:.3f}-{max:.3f})".format(**p["cli_exit_s"]), f"{p['exit_minus_first_s']:+.3f}"]
+            for kind, p in g["pollers"].items()]
+    return ["## 5b. GPU: a teardown while someone watches the GPUs", "",
+            "`bench/gpu_monitors.sh` on the H200 (merged from `bench/results/gpu-monitors.json`): a one-process "
+            f"torch server holding {g['gib_per_proc']:g} GiB; in each rep, side by side: nobody watching, "
+            "`nvidia-smi` every 1 s (`watch -n 1 nvidia-smi`), every 0.2 s, a renamed copy of nvidia-smi every "
+            "0.2 s, and a pynvml loop opening NVML, reading every GPU and closing it every 0.2 s. Seconds from Enter.",
+            "", table(["who watches", "FREED, exit 0", "FREED lines (most)", "CLI to FREED", "CLI exit",
+                       "exit - nobody's"], rows),
+            "", f"Floor (SIGKILL -> 0 MiB) median {g['floor_s']['median']:.3f} s.", ""]
+
+
+def busy_host_lines(base: Path, busy: Path) -> list:
+    """Section 5c: the torch tree's teardown on a quiet host and among 20,000 processes."""
+    if not (base.exists() and busy.exists()):
+        return []
+    runs = [json.loads(base.read_text()), json.loads(busy.read_text())]
+    head = ["measure"] + [f"{g.get('bystanders', 0):,} bystanders: median (min-max) s" for g in runs] + \
+        ["vs floor" for _ in runs]
+    rows = []
+    for key, label in GPU_ROWS:
+        vals = [g.get(key) for g in runs]
+        ratios = ["-" if not v else f"{v['median'] / g['floor_s']['median']:.2f}x"
+                  for v, g in zip(vals, runs, strict=True)]
+        rows.append([label] + ["-" if not v else "{median:.3f} ({min:.3f}-{max:.3f})".format(**v) for v in vals] +
+                    ratios)
+    steps = runs[1].get("breakdown_s") or {}
+    lines = ["## 5c. GPU: a teardown on a busy host (20,000 processes)", "",
+             "`bench/gpu_scale.sh` on the H200 (merged from `bench/results/" + busy.name + "` and `" + base.name +
+             "`): the usual tree, on the host as it is and with 20,000 idle `sleep` processes started for the "
+             "whole run; floor and gpu-pivot alternate. No supervisor survives the tree, so the settle window ends "
+             "as soon as the GPUs read free (`settle: nothing left that could restart a target`).", "",
+             table(head, rows), ""]
+    if steps:
+        lines += ["Where the time goes among 20,000 processes (medians):", "",
+                  table(["step", "median s"], [[k, f"{v['median']:.3f}"] for k, v in steps.items() if v]), ""]
+    return lines
 
 
 # -- 4. fleet -------------------------------------------------------------------------------------
@@ -501,13 +585,15 @@ def report(args, results: dict, failed: dict | None = None) -> str:
                   f"**{med(ssh['warm']):.3f} s** ({span(ssh['warm'])}); ratio cold/warm "
                   f"{med(ssh['cold']) / med(ssh['warm']):.2f}x over {len(ssh['cold'])} "
                   "runs each, alternating. Both include starting Python and Invoke locally.", ""]
-    lines += ["## 3. Scan cost (agent `scan`: every process's stat and cmdline, every fd link, GPU source)", ""]
+    lines += ["## 3. Scan cost: the holder scan beside `fuser` over the same device files", "",
+              "The agent's holder scan (every process's stat, command line, fd table by identity and maps; one "
+              "forked worker per core on a big host) and a fresh `fuser` on the same files, alternating, median of "
+              "the reps; the whole `scan` adds the GPU source's read. On this machine:", ""]
     if scans is None:
         lines += _not_measured(failed, "scans")
     else:
-        lines += [table(["processes", "median ms", "min-max ms", "GPU source"],
-                        [[s["processes"], f"{s['median_ms']:.1f}", f"{s['min_ms']:.1f}-{s['max_ms']:.1f}",
-                          s["gpu_source"]] for s in scans]), ""]
+        lines += [scan_rows(scans), ""]
+    lines += gpu_scan_lines(GPU_RESULTS / "gpu-scan-vs-fuser.json")
     lines += ["## 4. Fleet: teardown of N hosts (one loopback sshd and its own process set per host)", "",
               "Each host: a server + 2 workers (targets) and an `nvidia-persistenced` (kept). "
               "`--fanout 16` (parallel) vs `--fanout 1` (one after another); wall time of the whole "
@@ -528,7 +614,7 @@ def report(args, results: dict, failed: dict | None = None) -> str:
                   "on a real fleet each agent runs on its own host and only the ssh clients share the operator's CPU.",
                   ""]
     lines += manycore_fleet_lines(GPU_RESULTS / "fleet-manycore.md")
-    lines += gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json")))
+    lines += gpu_lines()
     lines += ["", "Reference floor from the fixture `release-floor.json` (20-80 GB): "
               f"{floor['min_s']:.3f}-{floor['max_s']:.3f} s."]
     lines += ["", "## 6. Start-up of the command line", ""]
@@ -546,7 +632,7 @@ def report(args, results: dict, failed: dict | None = None) -> str:
 SECTIONS = (
     ("1/5 one-liner comparison", "oneliners", lambda args, work: oneliner_comparison(work, args.reps)),
     ("2/5 ssh", "ssh", lambda args, work: ssh_costs(work, args.reps)),
-    ("3/5 scan cost", "scans", lambda args, work: scan_costs(args.scan_extra, args.reps)),
+    ("3/5 scan cost", "scans", lambda args, work: scan_costs(args.scan_extra, args.reps, work)),
     ("4/5 fleet", "fleet", lambda args, work: fleet(work, args.fleet, max(1, args.reps // 2))),
     ("5/5 start-up", "startup", lambda args, work: startup(args.reps)),
 )
@@ -589,14 +675,18 @@ def main(argv=None) -> int:
     p.add_argument("--publish", action="store_true",
                    help="also write the tracked bench/RESULTS.md (make bench-publish); not after a failed section")
     p.add_argument("--gpu-only", action="store_true",
-                   help="only rewrite section 5 of --out from bench/results/gpu-teardown-*gpu.json (after a GPU run)")
+                   help="only rewrite sections 3b and 5-5c of --out from bench/results/ (after a GPU run)")
     args = p.parse_args(argv)
     if args.gpu_only:
         target = Path(args.out) if args.out else RESULTS_MD
         text = target.read_text()
         start, end = text.index("## 5. GPU"), text.index("Reference floor from the fixture")
-        gpu = "\n".join(gpu_section(sorted(GPU_RESULTS.glob("gpu-teardown-*gpu.json")))) + "\n"
-        target.write_text(text[:start] + gpu + text[end:])
+        gpu = "\n".join(gpu_lines()) + "\n"
+        text = text[:start] + gpu + text[end:]
+        scan_start = text.index("### 3b.") if "### 3b." in text else text.index("## 4. Fleet")
+        text = text[:scan_start] + "\n".join(gpu_scan_lines(GPU_RESULTS / "gpu-scan-vs-fuser.json")) + "\n" + \
+            text[text.index("## 4. Fleet"):]
+        target.write_text(text)
         print(gpu)
         return 0
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-bench-"))
