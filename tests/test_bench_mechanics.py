@@ -27,7 +27,8 @@ def sections(slow_s: float = 0.0):
     def scans(args, work):
         bench.progress("scanning 100 extra processes")
         time.sleep(slow_s)  # a section that takes a while: the heartbeat speaks for it
-        return [{"processes": 100, "median_ms": 1.0, "min_ms": 0.9, "max_ms": 1.2, "gpu_source": "none"}]
+        return [{"processes": 100, "median_ms": 1.0, "min_ms": 0.9, "max_ms": 1.2, "gpu_source": "none",
+                 "holder_scan_ms": 0.8}]
 
     return (("1/4 one-liners", "oneliners", oneliners), ("2/4 ssh", "ssh", ssh), ("3/4 scan", "scans", scans),
             ("4/4 fleet", "fleet", lambda args, work: FLEET_ROWS))
