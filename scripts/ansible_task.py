@@ -21,7 +21,8 @@ from .patterncheck import check_pattern
 
 STATES = ("free", "verified")
 DEFAULTS = {"state": "free", "devices": contract.DEVICE_GLOB, "fake_devices": False, "targets": [], "match": [],
-            "protect": [], "scope": None, "scope_uid": None, "grace": 30.0, "timeout": 60.0, "settle": 2.0,
+            "protect": [], "scope": None, "scope_uid": None, "grace": contract.GRACE_S, "timeout": contract.TIMEOUT_S,
+            "settle": None,  # not given: the agent's rule (contract.SETTLE_S, none when nothing can respawn)
             "max_used_mib": 0, "python": None}
 
 
@@ -37,7 +38,7 @@ def _params(raw: dict) -> dict:
         values = [p[key]] if isinstance(p[key], str) else list(p[key])
         p[key] = [check_pattern(key, str(v)) for v in values]
     for key in ("grace", "timeout", "settle"):
-        p[key] = cliargs.seconds(key, p[key])
+        p[key] = None if p[key] is None else cliargs.seconds(key, p[key])
     p["max_used_mib"] = cliargs.whole("max_used_mib", p["max_used_mib"])
     if p["scope_uid"] is not None:
         p["scope_uid"] = cliargs.whole("scope_uid", p["scope_uid"])
@@ -68,8 +69,9 @@ def agent_call(raw: dict, check_mode: bool) -> dict:
     elif check_mode:
         sub, args = "plan", []
     else:
-        sub, args = "teardown", ["--grace", p["grace"], "--timeout", p["timeout"], "--settle", p["settle"],
-                                 "--max-used-mib", p["max_used_mib"], "--operator", "ansible"]
+        sub, args = "teardown", ["--grace", p["grace"], "--timeout", p["timeout"], "--max-used-mib",
+                                 p["max_used_mib"], "--operator", "ansible"]
+        args += [] if p["settle"] is None else ["--settle", p["settle"]]
     args += [f"--match={m}" for m in p["match"]] if sub != "verify" else []
     argv = contract.agent_argv(p["python"] or "python3", sub, nonce, p["devices"], fake_devices=p["fake_devices"],
                                targets=p["targets"], protect=p["protect"], scope=p["scope"],

@@ -12,21 +12,21 @@ from __future__ import annotations
 
 import os
 
+from scripts.agent import waits
+
 # -- which host ---------------------------------------------------------------------------------
 HOST_ENV = "GPU_PIVOT_HOST"
 HOST = os.environ.get(HOST_ENV, "sandbox")  # read once, when the tasks load: it is a flag's default
 
 # -- teardown (also the teardown step of a pivot) -----------------------------------------------
-GRACE_S = 30.0         # between SIGTERM and SIGKILL
-TIMEOUT_S = 60.0       # for the GPUs to be free after that
-SETTLE_S = 2.0         # the GPUs must stay free this long after the targets are gone (a respawn)
+GRACE_S, TIMEOUT_S, SETTLE_S = waits.GRACE_S, waits.TIMEOUT_S, waits.SETTLE_S  # both sides': one place
 WAIT_LOCK_S = 0.0      # 0: another teardown holding the host's lock fails at once (exit 4)
 MAX_USED_MIB = 0       # a GPU is free at or under this many MiB used
 FANOUT = 16            # hosts worked on at once
 
 # -- other tasks --------------------------------------------------------------------------------
 VERIFY_WAIT_S = 0.0    # verify: poll this long for free GPUs (0: look once)
-ONELINER_GRACE_S = 30.0
+ONELINER_GRACE_S = waits.GRACE_S
 LOG_LINES = 50
 AUDIT_LINES = 20
 

@@ -44,7 +44,7 @@ def script_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def argv(host, grace_s: float = 30) -> list:
+def argv(host, grace_s: float = contract.GRACE_S) -> list:
     return ["sh", "-c", script_text(), "gpu-pivot-teardown", host.devices, str(int(math.ceil(grace_s)))]
 
 

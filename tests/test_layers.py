@@ -37,7 +37,8 @@ LOCAL_LAYERS = (
 # The agent is its own stack: the two primitives the contract re-exports, the contract, the
 # subcommands and what they share, and the command line on top.
 AGENT_LAYERS = (
-    ("primitives", ("scripts.agent.procfs", "scripts.agent.statedir", "scripts.agent.textsafe")),
+    ("primitives", ("scripts.agent.procfs", "scripts.agent.statedir", "scripts.agent.textsafe",
+                    "scripts.agent.waits")),
     ("contract", (CONTRACT,)),
     ("agent", ("scripts.agent", "scripts.agent.*")),
     ("command line", ("scripts.agent.cli", AGENT_LAUNCHER)),
@@ -161,10 +162,11 @@ def without_pending(g: dict) -> dict:
 
 def test_the_local_side_imports_only_the_contract_from_the_agent():
     g = without_pending(graph())
+    waits = "scripts.agent.waits"  # the contract's default waits, alone: tasks.py loads them, not the contract
     bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if not is_agent(a)
-           for b in sorted(bs) if is_agent(b) and b != CONTRACT]
+           for b in sorted(bs) if is_agent(b) and b not in (CONTRACT, waits)]
     assert not bad, ("the local side may import only scripts.agent.contract from the agent (it re-exports "
-                     "statedir and procfs):\n  " + "\n  ".join(bad))
+                     "statedir, procfs and waits):\n  " + "\n  ".join(bad))
 
 
 def test_the_agent_imports_nothing_of_the_local_side():
@@ -197,9 +199,10 @@ def test_every_module_has_a_layer_and_nothing_imports_upward():
 def test_the_contract_sits_on_the_primitives_only():
     g = graph()
     textsafe = "scripts.agent.textsafe"  # the escaping rule: imports nothing, so statedir may use it
-    assert g[CONTRACT] <= {"scripts.agent.procfs", "scripts.agent.statedir", textsafe, AGENT}, g[CONTRACT]
-    for primitive in ("scripts.agent.procfs", "scripts.agent.statedir", textsafe):
-        allowed = {AGENT} if primitive == textsafe else {AGENT, textsafe}
+    waits = "scripts.agent.waits"  # a teardown's default waits: imports nothing, so tasks.py may load it
+    assert g[CONTRACT] <= {"scripts.agent.procfs", "scripts.agent.statedir", textsafe, waits, AGENT}, g[CONTRACT]
+    for primitive in ("scripts.agent.procfs", "scripts.agent.statedir", textsafe, waits):
+        allowed = {AGENT} if primitive in (textsafe, waits) else {AGENT, textsafe}
         assert g[primitive] <= allowed, f"{primitive} imports {g[primitive]}: the contract re-exports it, so it " \
                                         "must stand alone"
 

@@ -34,7 +34,7 @@ options:
   scope_uid: {type: int, description: target only processes of this uid}
   grace: {type: float, default: 30, description: seconds between SIGTERM and SIGKILL}
   timeout: {type: float, default: 60, description: seconds to wait for the GPUs to read free}
-  settle: {type: float, default: 2, description: seconds they must stay free}
+  settle: {type: float, description: seconds they must stay free (default 2, none when nothing could restart a target)}
   max_used_mib: {type: int, default: 0, description: a GPU counts as free at or under this}
   python: {type: str, description: interpreter for the agent (default the module's own)}
 """

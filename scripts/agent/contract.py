@@ -26,6 +26,7 @@ import re
 # agent's targets; the sandbox's processes here). A second copy on the local side would drift.
 # textsafe is the one escaping rule for host text (terminals) and JSON (valid Unicode).
 from . import procfs, statedir, textsafe  # noqa: F401  (re-exported)
+from .waits import GRACE_S, SETTLE_S, TIMEOUT_S  # noqa: F401  (re-exported: a teardown's default waits)
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
 if TYPE_CHECKING:

@@ -33,7 +33,7 @@ from . import contract, forkwatch, gpuinfo, hostlock, lastrun, options, plan, pr
 from .auditlog import Audit
 from .targets import Targets
 
-SETTLE_S = 2.0
+SETTLE_S = contract.SETTLE_S
 PROGRESS_EVERY_S = 0.5
 PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
 EXIT_LOOK_S = (0.002, 0.05)  # wait_gone: first look for targets in their exit, doubling up to the last
@@ -47,8 +47,8 @@ class AgentIncomplete(Exception):
 def add_arguments(parser):
     plan.add_arguments(parser)
     options.add_threshold(parser)
-    parser.add_argument("--grace", type=float, default=30.0, help="seconds between SIGTERM and SIGKILL")
-    parser.add_argument("--timeout", type=float, default=60.0,
+    parser.add_argument("--grace", type=float, default=contract.GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--timeout", type=float, default=contract.TIMEOUT_S,
                         help="seconds to wait for the GPUs to be free after that")
     parser.add_argument("--wait-lock", type=float, default=0.0, help="wait this long for another teardown's lock")
     parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
