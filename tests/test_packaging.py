@@ -3,6 +3,7 @@ tasks, the agent) and tasks.py, and `invoke --list` works with it in the checkou
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -13,9 +14,15 @@ REPO = Path(__file__).resolve().parent.parent
 
 
 def test_pip_install_dot_gives_a_working_cli(tmp_path):
+    src = tmp_path / "src"  # a copy: a build writes build/ and *.egg-info beside the sources
+    tracked = subprocess.run(["git", "-C", str(REPO), "ls-files", "-z"], capture_output=True, check=True).stdout
+    for name in filter(None, tracked.decode().split("\0")):
+        if (REPO / name).is_file():
+            (src / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, src / name)
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(REPO)],
+    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(src)],
                          capture_output=True, text=True, timeout=600)
     if pip.returncode and "No matching distribution" in pip.stderr and os.environ.get("CI") != "true":
         pytest.skip(f"no package index here to build with: {pip.stderr.strip().splitlines()[-1]}")
