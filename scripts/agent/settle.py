@@ -202,62 +202,88 @@ def _ignored(info, why):
     return {"pid": info["pid"], "cmdline": info["cmdline"][:200], "why": why}
 
 
+class _Seen:
+    """What one settle window has seen: the respawns, the processes it set aside, and the
+    first free stretch's steps (for the teardown's timings)."""
+
+    def __init__(self, args, targets, lineage, before):
+        self.args, self.targets, self.lineage, self.before = args, targets, lineage, set(before)
+        self.patterns = plan.patterns_of(args)
+        self.respawned: dict = {}
+        self.ignored: dict = {}
+        self.first_free: dict = {}
+        self.first_respawn = None
+        self.scans = 0
+
+    def look(self, source):
+        """One scan: adopt what targets forked, SIGKILL what outlived its grace, classify what
+        started meanwhile, and evaluate. Returns (doc, free, problems, new respawns)."""
+        args, targets = self.args, self.targets
+        doc = scan.collect(args, source, confirm=True)
+        self.scans += 1
+        targets.adopt_new(doc["_procs"])
+        targets.escalate(min(args.grace, 2.0))
+        targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
+        new, seen = _classify(doc, targets, args, self.patterns, self.lineage, set(self.respawned) | self.before)
+        self.respawned.update(new)
+        for k, rec in seen.items():  # looked at again each scan: a process set aside may turn out a respawn
+            if k in self.ignored or len(self.ignored) < IGNORED_KEPT:
+                self.ignored[k] = rec
+        for k in new:
+            self.ignored.pop(k, None)
+        if new:
+            self.first_respawn = self.first_respawn or time.monotonic()
+        free, problems = verify.evaluate(doc, args.max_used_mib)
+        if targets.failed:
+            free = False
+            problems = problems + ["could not signal pid %s (%s: %s); it was not stopped"
+                                   % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
+        return doc, free, problems, new
+
+    def window(self):
+        """(seconds to watch once free, why it ends at once or None): none when the agent's own
+        rule applies (no --settle) and nothing that could restart a target survives."""
+        if getattr(self.args, "settle_auto", False) and not self.respawned and not any(self.lineage.surviving()):
+            return 0.0, "nothing left that could restart a target"
+        return self.args.settle, None
+
+    def problems(self, problems, pending):
+        """The verdict's problem lines: every respawn, and targets that have not exited."""
+        out = problems + ["pid %d (%s): %s%s" % (a["pid"], verify.who(a), a["why"], "" if procfs.same_process(
+            *k) else "; gone by the end of the window") for k, a in self.respawned.items()]
+        return out + ["pid %d (%s) has not exited (%s)" % (
+            t["pid"], verify.who(t),
+            "in its exit" if procfs.exiting(t["pid"], t["start_time"]) else "still running") for t in pending]
+
+
 def watch(args, source, targets, started, before=(), on_poll=None, on_free=None, timeout_s=None, lineage=None):
     """Poll until the GPUs have read free for the window (args.settle seconds; none when
     args.settle_auto and nothing that could restart a target survives), or timeout_s
     (default args.timeout) passes, or a respawn has been seen for a whole window. Free also
     needs every target, adopted ones included, to have exited (see the module's docstring).
     `before`: (pid, start) of the holders the plan already saw (left alone or out of scope).
-    `lineage`: a Lineage (what could restart the targets). `on_free(free_at_s, window_s)` is called when
-    the GPUs first read free, and again only after a respawn broke that. Returns a dict."""
+    `lineage`: a Lineage (what could restart the targets). `on_free(free_at_s, window_s)` is
+    called when the GPUs first read free, and again only after a respawn broke that."""
     t0 = time.monotonic()
     timeout = args.timeout if timeout_s is None else timeout_s
-    lineage = lineage or Lineage({"_procs": {}, "_chain": set()}, [])
-    scans = 0
-    free_at = None
-    announced = False
-    before = set(before)
-    last_progress = 0.0
-    first_respawn = None
-    patterns = plan.patterns_of(args)
-    respawned: dict = {}
-    ignored: dict = {}
-    first_free: dict = {}  # the first free stretch's steps, for the teardown's timings
+    seen = _Seen(args, targets, lineage or Lineage({"_procs": {}, "_chain": set()}, []), before)
+    free_at, announced, last_progress = None, False, 0.0
     window, ended_early = args.settle, None
     while True:
         if free_at is None and not targets.alive(targets.items + targets.added):
-            gpuinfo.until_reads_free(source, args.max_used_mib, min(FAST_WAIT_MAX_S, max(0.0, t0 + timeout -
-                                                                                 time.monotonic())))
+            gpuinfo.until_reads_free(source, args.max_used_mib,
+                                     min(FAST_WAIT_MAX_S, max(0.0, t0 + timeout - time.monotonic())))
         scanned_at = time.monotonic()
-        doc = scan.collect(args, source, confirm=True)
-        scans += 1
-        targets.adopt_new(doc["_procs"])
-        targets.escalate(min(args.grace, 2.0))
-        targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
-        new, seen = _classify(doc, targets, args, patterns, lineage, set(respawned) | before)  # ignored: again
-        respawned.update(new)
-        for k, rec in seen.items():
-            if k in ignored or len(ignored) < IGNORED_KEPT:
-                ignored[k] = rec
-        for k in new:
-            ignored.pop(k, None)
-        if new:
-            first_respawn = first_respawn or time.monotonic()
-        free, problems = verify.evaluate(doc, args.max_used_mib)
-        if targets.failed:
-            free = False
-            problems = problems + ["could not signal pid %s (%s: %s); it was not stopped"
-                                   % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
+        doc, free, problems, new = seen.look(source)
         now = time.monotonic()
         pending = targets.alive(targets.items + targets.added)
         if free and not pending and not new:
             if free_at is None:
                 free_at = scanned_at
-                first_free = first_free or {
+                seen.first_free = seen.first_free or {
                     "confirm_proc_ms": doc.get("proc_scan_ms"), "confirm_gpu_ms": doc.get("gpu_read_ms"),
                     "confirmed_s": round(time.monotonic() - started, 3)}
-                if getattr(args, "settle_auto", False) and not respawned and not any(lineage.surviving()):
-                    window, ended_early = 0.0, "nothing left that could restart a target"
+                window, ended_early = seen.window()
                 if on_free and not announced:
                     announced = True
                     on_free(round(free_at - started, 3), window)
@@ -270,23 +296,17 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
         # short, a respawn at 1 s of a 5 s window would go unseen)
         if now - t0 >= timeout and (free_at is None or not free):
             break
-        if first_respawn and not pending and now - first_respawn >= args.settle:
+        if seen.first_respawn and not pending and now - seen.first_respawn >= args.settle:
             free = False
             break
         if on_poll and now - last_progress >= PROGRESS_EVERY_S:  # a line a second is news; 20 are noise
             last_progress = now
             on_poll(doc, problems)
         time.sleep(verify.POLL_S)
-    problems = problems + ["pid %d (%s): %s%s" % (a["pid"], verify.who(a), a["why"], "" if procfs.same_process(
-        *k) else "; gone by the end of the window") for k, a in respawned.items()]
-    if pending and free:  # the window ran out with a target not yet exited: no holder seen is not enough
-        free = False
-        problems = problems + ["pid %d (%s) has not exited (%s)" % (
-            t["pid"], verify.who(t),
-            "in its exit" if procfs.exiting(t["pid"], t["start_time"]) else "still running") for t in pending]
-    free = free and not respawned
-    return {"free": free, "doc": doc, "problems": problems, "appeared": list(respawned.values()),
-            "ignored": list(ignored.values()), "scans": scans, "first_free": first_free,
-            "settle_ended": ended_early if free else None, "window_s": window,
+    problems = seen.problems(problems, pending if free else [])  # free, but a target not exited: not enough
+    free = free and not pending and not seen.respawned
+    return {"free": free, "doc": doc, "problems": problems,
+            "appeared": list(seen.respawned.values()), "ignored": list(seen.ignored.values()), "scans": seen.scans,
+            "first_free": seen.first_free, "settle_ended": ended_early if free else None, "window_s": window,
             "free_at_s": None if free_at is None else round(free_at - started, 3),
             "settled_at_s": round(time.monotonic() - started, 3) if free else None}
