@@ -115,59 +115,80 @@ RULES = (
 )
 
 
+class _Picked:
+    """The targets of a plan as they are found: {pid: why}, and who is protected (asked once)."""
+
+    def __init__(self, procs, chain, args):
+        self.procs, self.chain, self.args = procs, chain, args
+        self.reasons: dict = {}
+        self.protected: dict = {}
+
+    def protect(self, pid):
+        if pid not in self.protected:
+            self.protected[pid] = rules.protect_reason(self.procs[pid], self.chain, self.args.protect)
+        return self.protected[pid]
+
+    def add(self, pid, why):
+        """Make pid a target, unless it is one already, gone, protected or not the scope's uid."""
+        procs = self.procs
+        if pid in self.reasons or pid not in procs or self.protect(pid) or procfs.finished(procs[pid]):
+            return False
+        if self.args.scope_uid is not None and procs[pid]["uid"] != self.args.scope_uid:
+            return False
+        self.reasons[pid] = why
+        return True
+
+    def trees(self, roots, kids):
+        """What each root started: its whole tree (a torn snapshot, a pid reused between
+        reads, can show a cycle: each process is walked once)."""
+        walked: set = set()
+        for root in roots:
+            stack = [root]
+            while stack:
+                parent = stack.pop()
+                if parent in walked:
+                    continue
+                walked.add(parent)
+                for child in kids.get(parent, []):
+                    if self.add(child, "started by target %d" % root) or child in self.reasons:
+                        stack.append(child)
+
+
 def build(doc, args):
     """The plan from a scan document (scan.collect output, with its private fields)."""
     procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
     holders = {h["pid"]: h for h in doc["holders"]}
     patterns = patterns_of(args)
     kids = procscan.children_map(procs)
-    reasons, protected = {}, {}
-
-    def protect(pid):
-        if pid not in protected:
-            protected[pid] = rules.protect_reason(procs[pid], chain, args.protect)
-        return protected[pid]
-
-    def add(pid, why):
-        if pid in reasons or pid not in procs or protect(pid) or procfs.finished(procs[pid]):
-            return False
-        if args.scope_uid is not None and procs[pid]["uid"] != args.scope_uid:
-            return False
-        reasons[pid] = why
-        return True
-
+    picked = _Picked(procs, chain, args)
     matched = []
     for pid, info in procs.items():
         why = info["mark"] if "mark" in info else rules.target_reason(info, patterns)  # scan.collect tried them
-        if why and in_scope(info, args) and add(pid, why):
+        if why and in_scope(info, args) and picked.add(pid, why):
             matched.append(pid)
-    walked: set = set()
-    for root in list(matched):  # what the server started: its whole tree
-        stack = [root]
-        while stack:
-            parent = stack.pop()
-            if parent in walked:  # a torn snapshot (a pid reused between reads) can show a cycle
-                continue
-            walked.add(parent)
-            for child in kids.get(parent, []):
-                if add(child, "started by target %d" % root) or child in reasons:
-                    stack.append(child)
-    for pid, why in _left_in_group(reasons, procs):
-        add(pid, why)
+    picked.trees(matched, kids)
+    for pid, why in _left_in_group(picked.reasons, procs):
+        picked.add(pid, why)
+    left_alone = _other_holders(holders, picked, args)
+    wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
+    wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)}
+    return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters)
+
+
+def _other_holders(holders, picked, args):
+    """Every other unprotected GPU holder is a target (orphans, renamed workers), unless
+    --only-matching or the scope keeps it out: those are returned, to be reported."""
     left_alone = []
     for pid, h in holders.items():
-        if pid in reasons or h["protected"]:
+        if pid in picked.reasons or h["protected"]:
             continue
-        why = "holds a GPU (orphan of PID 1)" if h["ppid"] == 1 else "holds a GPU"
         if args.only_matching:
             left_alone.append(_row(h, "holds a GPU but matches no target pattern (--only-matching)"))
         elif not in_scope(h, args):
             left_alone.append(_row(h, "holds a GPU but is outside the scope (--scope/--scope-uid)"))
         else:
-            add(pid, why)
-    wrapped, filters = wrappers.find(reasons, procs, kids, never=chain)
-    wrapped = {pid: pids for pid, pids in wrapped.items() if not protect(pid) and in_scope(procs[pid], args)}
-    return _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters)
+            picked.add(pid, "holds a GPU (orphan of PID 1)" if h["ppid"] == 1 else "holds a GPU")
+    return left_alone
 
 
 PIPELINE_SIBLING_S = 0.1  # a shell forks a pipeline's members together; a server's helper comes later

@@ -301,38 +301,15 @@ def execute(args, operator, started, source):
         recorder.save(record)
         args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
                            alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
-        alive = wait_gone(args, targets, args.grace, source, started, "grace",
-                          on_wake=lambda: _finish_units(stops, audit, by_pid, targets=targets))
-        _finish_units(stops, audit, by_pid, wait_s=1.0 if not alive else 0.0)
-        if alive:
-            targets.signal(alive, signal.SIGKILL, "SIGKILL")
-            alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
-        timings["targets_exiting_s"] = None if alive else _since(started)
-        # Then the exit itself, on the pidfds: no signal speeds it, and free needs it (NVML lists
-        # a process until its exit has ended; a process stuck in its exit may still hold a GPU
-        # open with its fds no longer visible: a red team's find). A target that runs after all
-        # (one procfs.exiting could not see for what it is) gets SIGKILL here once its grace is over.
-        exit_wait = time.monotonic()
-        if not alive:
-            wait_gone(args, targets, args.timeout, source, started, "exit", until_gone=True,
-                      on_wake=lambda: targets.escalate(args.grace, among=targets.items))
-        timings["targets_gone_s"] = None if targets.alive(targets.items + targets.added) else _since(started)
+        exit_wait = _until_exited(args, targets, source, started, timings,
+                                  on_wake=lambda: _finish_units(stops, audit, by_pid, targets=targets),
+                                  units_done=lambda alive: _finish_units(stops, audit, by_pid,
+                                                                         wait_s=1.0 if not alive else 0.0))
         # clients gone: the MPS daemon next
         mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
                     if args.mps == "quit" else [])
-        before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
-
-        def on_free(free_at_s, window_s):  # the moment it is seen free: the operator's FREED line
-            args.emit_progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=window_s,
-                               mib_left=0)
-
-        lineage = settle.Lineage(doc, planned, stopped={settle.manager_key(t) for t in planned
-                                                        if t.get("via", "signal") != "signal"},
-                                 supervisors=the_plan["supervisors"])
-        result = settle.watch(args, source, targets, started, before, on_poll=lambda d, p: args.emit_progress(
-            phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=p[:5],
-            mib_left=gpuinfo.total_used_mib(d["gpus"])), on_free=on_free,
-            timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)), lineage=lineage)
+        result = _watch_window(args, source, targets, started, doc, the_plan, planned, settle,
+                               timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
         after, free, problems = result["doc"], result["free"], result["problems"]
         alive = targets.alive()
         code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
@@ -365,6 +342,45 @@ def execute(args, operator, started, source):
             targets.close()
         if watch is not None:
             watch.close()
+
+
+def _until_exited(args, targets, source, started, timings, on_wake, units_done):
+    """The grace, SIGKILL for what outlives it, then the exit itself, on the pidfds: no signal
+    speeds it, and free needs it (NVML lists a process until its exit has ended; a process
+    stuck in its exit may still hold a GPU open with its fds no longer visible). A target that
+    runs after all (one procfs.exiting could not see for what it is) gets SIGKILL here once its
+    grace is over. Returns when the exit wait began (the window's --timeout counts from it)."""
+    alive = wait_gone(args, targets, args.grace, source, started, "grace", on_wake=on_wake)
+    units_done(alive)
+    if alive:
+        targets.signal(alive, signal.SIGKILL, "SIGKILL")
+        alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
+    timings["targets_exiting_s"] = None if alive else _since(started)
+    exit_wait = time.monotonic()
+    if not alive:
+        wait_gone(args, targets, args.timeout, source, started, "exit", until_gone=True,
+                  on_wake=lambda: targets.escalate(args.grace, among=targets.items))
+    timings["targets_gone_s"] = None if targets.alive(targets.items + targets.added) else _since(started)
+    return exit_wait
+
+
+def _watch_window(args, source, targets, started, doc, the_plan, planned, settle, timeout_s):
+    """The settle window (settle.watch), with the progress lines an operator sees: FREED at the
+    moment the GPUs read free, then what is still waited on. `settle`: the module, imported by
+    the caller only after the signals."""
+    def on_free(free_at_s, window_s):
+        args.emit_progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=window_s, mib_left=0)
+
+    def on_poll(d, problems):
+        args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=problems[:5],
+                           mib_left=gpuinfo.total_used_mib(d["gpus"]))
+
+    lineage = settle.Lineage(doc, planned, stopped={settle.manager_key(t) for t in planned
+                                                    if t.get("via", "signal") != "signal"},
+                             supervisors=the_plan["supervisors"])
+    before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
+    return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,
+                        timeout_s=timeout_s, lineage=lineage)
 
 
 def unverified(args, targets, started, record, recorder, audit, timings, doc, exc):
