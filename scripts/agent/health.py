@@ -212,6 +212,82 @@ def xid_findings(events, bus_to_index, indices):
     return out, elsewhere
 
 
+class _Findings:
+    """Per GPU index: findings [(verdict, why)], what was read, and notes on what was not."""
+
+    def __init__(self, indices):
+        self.indices = indices
+        self.per: dict = {i: [] for i in indices}
+        self.read: dict = {i: [] for i in indices}
+        self.notes: dict = {i: [] for i in indices}
+        self.bus_to_index: dict = {}
+
+    def nvml(self, gpus, source, timeout_s):
+        """NVML's health queries, GPU by GPU, each call bounded: a driver that stops answering
+        is a reboot, and is not asked again."""
+        nv = source.nvml
+        hung = None
+        for g, h in zip(gpus, source.handles):
+            i = g["index"]
+            if hung is not None:  # the driver stopped answering: the next call would wait as long again
+                self.per[i].append((REBOOT, "%s (on GPU %s); not asked again: reboot the node" % (hung, hung.gpu)))
+                continue
+            try:
+                self.bus_to_index[bounded(lambda h=h: xid._bus_id(nv, h), timeout_s, "nvmlDeviceGetPciInfo")] = i
+                f, r, u = bounded(lambda h=h: nvml_checks(nv, h), timeout_s, "NVML health queries")
+            except Hung as exc:
+                hung, exc.gpu = exc, i
+                source.hung = True  # gpuinfo skips nvmlShutdown: it would wait on the stuck call
+                self.per[i].append((REBOOT, "%s on GPU %s: the driver does not answer; a reset goes through the "
+                                            "same driver, so reboot the node" % (exc, i)))
+                continue
+            except Exception as exc:
+                self.notes[i].append("NVML health: %s" % _err(exc))
+                continue
+            self.per[i] += f
+            self.read[i] += r
+            self.notes[i] += ["not read: " + x for x in u]
+
+    def smi(self, timeout_s):
+        """The same from nvidia-smi's CSV, where there is no NVML."""
+        try:
+            res = smi_checks(timeout_s)
+        except Hung as exc:
+            res = {}
+            for i in self.indices:
+                self.per[i].append((REBOOT, "%s: the driver does not answer; reboot the node" % exc))
+        except OSError as exc:
+            res = {}
+            for i in self.indices:
+                self.notes[i].append("nvidia-smi: %s" % exc)
+        for i, (f, r, bus) in res.items():
+            if i in self.per:
+                self.per[i] += f
+                self.read[i] += r
+                self.bus_to_index[bus] = i
+
+    def xids(self, source_name, since_us, watch, kmsg):
+        """Xid findings (NVML's event watch, else the kernel log since the teardown started);
+        returns the lines about GPUs that are not these."""
+        if watch is not None and watch.evset is not None:
+            events = watch.drain()
+            for i in self.indices:
+                self.read[i].append("NVML Xid events since the teardown started")
+        elif since_us is not None and source_name != gpuinfo.SandboxSource.name:  # fake GPUs: not the log's
+            events, where, error = xid.kernel_log(since_us, kmsg)
+            for i in self.indices:
+                if where:
+                    self.read[i].append("kernel log (%s) since the teardown started" % where)
+                else:
+                    self.notes[i].append("kernel log not readable: %s" % error)
+        else:
+            return []
+        per_x, elsewhere = xid_findings(events, self.bus_to_index, self.indices)
+        for i, f in per_x.items():
+            self.per[i] += f
+        return elsewhere
+
+
 def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, kmsg="/dev/kmsg"):
     """Set g['health'] = {verdict, reasons, read} on every GPU row; returns the rows.
 
@@ -220,80 +296,26 @@ def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, km
     xid.NvmlWatch started with the teardown (its events are used instead of the log)."""
     source = source.opened()[0] if hasattr(type(source), "opened") else source  # a gpuinfo.Opening: the source
     timeout_s = CALL_TIMEOUT_S if timeout_s is None else timeout_s
-    indices = [g["index"] for g in gpus]
-    per: dict = {i: [] for i in indices}
-    read: dict = {i: [] for i in indices}
-    notes: dict = {i: [] for i in indices}
-    bus_to_index = {}
+    found = _Findings([g["index"] for g in gpus])
     name = getattr(source, "name", "none")
     if name == "nvml":
-        nv = source.nvml
-        hung = None
-        for g, h in zip(gpus, source.handles):
-            i = g["index"]
-            if hung is not None:  # the driver stopped answering: the next call would wait as long again
-                per[i].append((REBOOT, "%s (on GPU %s); not asked again: reboot the node" % (hung, hung.gpu)))
-                continue
-            try:
-                bus_to_index[bounded(lambda h=h: xid._bus_id(nv, h), timeout_s, "nvmlDeviceGetPciInfo")] = i
-                f, r, u = bounded(lambda h=h: nvml_checks(nv, h), timeout_s, "NVML health queries")
-            except Hung as exc:
-                hung, exc.gpu = exc, i
-                source.hung = True  # gpuinfo skips nvmlShutdown: it would wait on the stuck call
-                per[i].append((REBOOT, "%s on GPU %s: the driver does not answer; a reset goes through the same "
-                                       "driver, so reboot the node" % (exc, i)))
-                continue
-            except Exception as exc:
-                notes[i].append("NVML health: %s" % _err(exc))
-                continue
-            per[i] += f
-            read[i] += r
-            notes[i] += ["not read: " + x for x in u]
+        found.nvml(gpus, source, timeout_s)
     elif name == "nvidia-smi":
-        try:
-            res = smi_checks(timeout_s)
-        except Hung as exc:
-            res = {}
-            for i in indices:
-                per[i].append((REBOOT, "%s: the driver does not answer; reboot the node" % exc))
-        except OSError as exc:
-            res = {}
-            for i in indices:
-                notes[i].append("nvidia-smi: %s" % exc)
-        for i, (f, r, bus) in res.items():
-            if i in per:
-                per[i] += f
-                read[i] += r
-                bus_to_index[bus] = i
+        found.smi(timeout_s)
     else:
-        for i in indices:
-            notes[i].append("no NVML on this host (GPU source: %s): recovery action and remapped rows not read" % name)
-    answered = {i: bool(read[i]) for i in indices}  # the GPU itself answered (NVML, nvidia-smi): the Xid
-    # sources below only add findings; an empty kernel log alone never makes a GPU "ok"
-    if watch is not None and watch.evset is not None:
-        events = watch.drain()
-        for i in indices:
-            read[i].append("NVML Xid events since the teardown started")
-        per_x, elsewhere = xid_findings(events, bus_to_index, indices)
-    elif since_us is not None and name != gpuinfo.SandboxSource.name:  # fake GPUs: the machine's log is not theirs
-        events, where, error = xid.kernel_log(since_us, kmsg)
-        for i in indices:
-            if where:
-                read[i].append("kernel log (%s) since the teardown started" % where)
-            else:
-                notes[i].append("kernel log not readable: %s" % error)
-        per_x, elsewhere = xid_findings(events, bus_to_index, indices)
-    else:
-        per_x, elsewhere = {}, []
-    for i, f in per_x.items():
-        per[i] += f
-    for i, f in stuck_findings(stuck, indices).items():
-        per[i] += f
+        for i in found.indices:
+            found.notes[i].append("no NVML on this host (GPU source: %s): recovery action and remapped rows not read"
+                                  % name)
+    answered = {i: bool(found.read[i]) for i in found.indices}  # the GPU itself answered (NVML, nvidia-smi):
+    # the Xid sources below only add findings; an empty kernel log alone never makes a GPU "ok"
+    elsewhere = found.xids(name, since_us, watch, kmsg)
+    for i, f in stuck_findings(stuck, found.indices).items():
+        found.per[i] += f
     for g in gpus:
         i = g["index"]
-        h = verdict(per[i], answered[i])
-        h["reasons"] += (notes[i] if h["verdict"] == UNKNOWN else []) + elsewhere
-        h["read"] = read[i]
+        h = verdict(found.per[i], answered[i])
+        h["reasons"] += (found.notes[i] if h["verdict"] == UNKNOWN else []) + elsewhere
+        h["read"] = found.read[i]
         g["health"] = h
     return gpus
 
