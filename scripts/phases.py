@@ -99,9 +99,7 @@ def _abs(alias, phase, fld, value):
     return value
 
 
-def build_phase(alias: str, name: str, keys: dict) -> Phase:
-    """Validate one phase's fields (FIELD -> text) and build it."""
-    kw: dict = {"name": name}
+def _argv(alias, name, keys) -> dict:
     if ("ARGV" in keys) == ("CMD" in keys):
         _fail(alias, name, "ARGV" if "ARGV" in keys else "CMD", keys.get("ARGV", keys.get("CMD", "")),
               "a phase needs exactly one of ARGV (JSON array) or CMD (shell string)")
@@ -109,66 +107,95 @@ def build_phase(alias: str, name: str, keys: dict) -> Phase:
         argv = _json_list(alias, name, "ARGV", keys["ARGV"])
         if not argv or not all(isinstance(a, str) and "\0" not in a for a in argv):
             _fail(alias, name, "ARGV", keys["ARGV"], "must be a non-empty JSON array of strings")
-        kw["argv"] = tuple(argv)
-    else:
-        if not keys["CMD"].strip():
-            _fail(alias, name, "CMD", keys["CMD"], "empty command")
-        kw["argv"], kw["shell"] = ("sh", "-c", keys["CMD"]), True
-    for fld in ("DIR", "LOG", "PATCH"):
+        return {"argv": tuple(argv)}
+    if not keys["CMD"].strip():
+        _fail(alias, name, "CMD", keys["CMD"], "empty command")
+    return {"argv": ("sh", "-c", keys["CMD"]), "shell": True}
+
+
+def _env(alias, name, value):
+    try:
+        pairs = [item.split("=", 1) for item in shlex.split(value)]
+    except ValueError as exc:
+        _fail(alias, name, "ENV", value, str(exc))
+    for pair in pairs:
+        if len(pair) != 2 or not _ENV_NAME.match(pair[0]):
+            _fail(alias, name, "ENV", value, f"{'='.join(pair)!r} is not NAME=VALUE")
+    return tuple((k, v) for k, v in pairs)
+
+
+def _gpus(alias, name, value):
+    if not re.match(r"^\d+(,\d+)*$", value):
+        _fail(alias, name, "GPUS", value, "must be GPU indexes like 0,1,2")
+    return value
+
+
+def _url(fld):
+    def check(alias, name, value):
+        if not (_URL.match(value) or (fld == "READY" and value in ("holding", "alive"))):
+            _fail(alias, name, fld, value,
+                  "must be an http(s) URL" + (" or 'holding' or 'alive'" if fld == "READY" else ""))
+        return value
+    return check
+
+
+def _gates(alias, name, value):
+    gates = _json_list(alias, name, "GATES", value)
+    for g in gates:
+        if not (isinstance(g, str) or (isinstance(g, dict) and isinstance(g.get("glob"), str)
+                                       and isinstance(g.get("min"), int) and g["min"] >= 0)):
+            _fail(alias, name, "GATES", value, f"{g!r} is neither a command nor {{\"glob\": ..., \"min\": N}}")
+    # A gate's kind is its JSON type, never its first character: a string is a shell command
+    # (`{ test -f a; }` is a shell group), an object a file count. Objects are kept as sorted
+    # (key, value) pairs so a Phase stays hashable; spec() gives dicts back.
+    return tuple(g if isinstance(g, str) else tuple(sorted(g.items())) for g in gates)
+
+
+def _prep(alias, name, value):
+    prep = _json_list(alias, name, "PREP", value)
+    if not all(isinstance(p, str) and p.strip() for p in prep):
+        _fail(alias, name, "PREP", value, "must be a JSON array of shell commands")
+    return tuple(prep)
+
+
+def _copy(alias, name, value):
+    pairs = _json_list(alias, name, "COPY", value)
+    if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x.startswith("/") for x in p)
+               for p in pairs):
+        _fail(alias, name, "COPY", value, "must be a JSON array of [absolute src, absolute dst] pairs")
+    return tuple(tuple(p) for p in pairs)
+
+
+def _lint(alias, name, value):
+    if value not in ("on", "off"):
+        _fail(alias, name, "LINT", value, "must be on or off")
+    return value == "on"
+
+
+def _abs_of(fld):
+    return lambda alias, name, value: _abs(alias, name, fld, value)
+
+
+def _seconds_of(fld):
+    return lambda alias, name, value: _seconds(alias, name, fld, value)
+
+
+# Each optional field: its checker, (alias, phase, text) -> the Phase attribute (named fld.lower())
+_FIELDS = {
+    "DIR": _abs_of("DIR"), "LOG": _abs_of("LOG"), "PATCH": _abs_of("PATCH"), "ENV": _env, "GPUS": _gpus,
+    "READY": _url("READY"), "DRAIN_METRICS": _url("DRAIN_METRICS"), "SMOKE_URL": _url("SMOKE_URL"),
+    "READY_TIMEOUT": _seconds_of("READY_TIMEOUT"), "DRAIN_TIMEOUT": _seconds_of("DRAIN_TIMEOUT"),
+    "STOP_TIMEOUT": _seconds_of("STOP_TIMEOUT"), "GATES": _gates, "PREP": _prep, "COPY": _copy,
+    "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint,
+}
+
+
+def build_phase(alias: str, name: str, keys: dict) -> Phase:
+    """Validate one phase's fields (FIELD -> text) and build it: one checker per field (_FIELDS)."""
+    kw: dict = {"name": name, **_argv(alias, name, keys)}
+    for fld, check in _FIELDS.items():
         if fld in keys:
-            kw[fld.lower()] = _abs(alias, name, fld, keys[fld])
-    if "ENV" in keys:
-        try:
-            pairs = [item.split("=", 1) for item in shlex.split(keys["ENV"])]
-        except ValueError as exc:
-            _fail(alias, name, "ENV", keys["ENV"], str(exc))
-        for pair in pairs:
-            if len(pair) != 2 or not _ENV_NAME.match(pair[0]):
-                _fail(alias, name, "ENV", keys["ENV"], f"{'='.join(pair)!r} is not NAME=VALUE")
-        kw["env"] = tuple((k, v) for k, v in pairs)
-    if "GPUS" in keys:
-        if not re.match(r"^\d+(,\d+)*$", keys["GPUS"]):
-            _fail(alias, name, "GPUS", keys["GPUS"], "must be GPU indexes like 0,1,2")
-        kw["gpus"] = keys["GPUS"]
-    for fld in ("READY", "DRAIN_METRICS", "SMOKE_URL"):
-        if fld in keys:
-            value = keys[fld]
-            ok = _URL.match(value) or (fld == "READY" and value in ("holding", "alive"))
-            if not ok:
-                _fail(alias, name, fld, value,
-                      "must be an http(s) URL" + (" or 'holding' or 'alive'" if fld == "READY" else ""))
-            kw[fld.lower()] = value
-    for fld in ("READY_TIMEOUT", "DRAIN_TIMEOUT", "STOP_TIMEOUT"):
-        if fld in keys:
-            kw[fld.lower()] = _seconds(alias, name, fld, keys[fld])
-    if "GATES" in keys:
-        gates = _json_list(alias, name, "GATES", keys["GATES"])
-        for g in gates:
-            if not (isinstance(g, str) or (isinstance(g, dict) and isinstance(g.get("glob"), str)
-                                           and isinstance(g.get("min"), int) and g["min"] >= 0)):
-                _fail(alias, name, "GATES", keys["GATES"],
-                      f"{g!r} is neither a command nor {{\"glob\": ..., \"min\": N}}")
-        # A gate's kind is its JSON type, never its first character: a string is a shell
-        # command (`{ test -f a; }` is a shell group), an object a file count. Objects are
-        # kept as sorted (key, value) pairs so a Phase stays hashable; spec() gives dicts back.
-        kw["gates"] = tuple(g if isinstance(g, str) else tuple(sorted(g.items())) for g in gates)
-    if "PREP" in keys:
-        prep = _json_list(alias, name, "PREP", keys["PREP"])
-        if not all(isinstance(p, str) and p.strip() for p in prep):
-            _fail(alias, name, "PREP", keys["PREP"], "must be a JSON array of shell commands")
-        kw["prep"] = tuple(prep)
-    if "COPY" in keys:
-        pairs = _json_list(alias, name, "COPY", keys["COPY"])
-        if not all(isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) and x.startswith("/") for x in p)
-                   for p in pairs):
-            _fail(alias, name, "COPY", keys["COPY"], "must be a JSON array of [absolute src, absolute dst] pairs")
-        kw["copy"] = tuple(tuple(p) for p in pairs)
-    if "SMOKE_BODY" in keys:
-        kw["smoke_body"] = keys["SMOKE_BODY"]
-    if "LINT" in keys:
-        if keys["LINT"] not in ("on", "off"):
-            _fail(alias, name, "LINT", keys["LINT"], "must be on or off")
-        kw["lint"] = keys["LINT"] == "on"
+            kw[fld.lower()] = check(alias, name, keys[fld])
     if "PATCH" in kw and not kw.get("dir"):
         _fail(alias, name, "PATCH", keys["PATCH"], "a patch needs the phase's DIR (patch -p1 runs there)")
     return Phase(**kw)
