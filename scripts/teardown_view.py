@@ -179,21 +179,29 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
                      f"{command(c, 60)}")
     for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
-    timing = f"in {t.wall_s:.2f}s"
-    if t.free_at_s is not None and t.settled_at_s is not None:
-        timing = f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s:.2f}s " + (
-            f"({t.settle_s:g}s watched for respawns)" if not t.settle_ended else f"(settle: {t.settle_ended})")
-    elif t.free_at_s is not None:
-        timing = f"free at {t.free_at_s:.2f}s, then not free; in {t.wall_s:.2f}s"
-    verdict = "FREED and verified" if t.code == contract.EXIT_OK else (
-        "FREED, but a GPU needs a reset, a reboot or draining (GPU health below)"
-        if t.code == contract.EXIT_UNHEALTHY else
-        "NOT FREE (could not inspect every process)" if t.code == contract.EXIT_UNINSPECTED else "NOT FREE")
-    lines.append(f"{alias}: {verdict} {timing} (freed {t.freed_mib} MiB, "
+    lines.append(f"{alias}: {_verdict(t)} {_timing(t)} (freed {t.freed_mib} MiB, "
                  f"{t.signalled} signals sent, {len(t.plan.protected)} protected kept)")
     if t.code:
         lines.extend("  " + p for p in t.problems)
     return lines
+
+
+def _timing(t: contract.TeardownResult) -> str:
+    """`free at 0.41s, settled at 0.41s (settle: ...)`: when it read free and when the answer came."""
+    if t.free_at_s is not None and t.settled_at_s is not None:
+        return f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s:.2f}s " + (
+            f"({t.settle_s:g}s watched for respawns)" if not t.settle_ended else f"(settle: {t.settle_ended})")
+    if t.free_at_s is not None:
+        return f"free at {t.free_at_s:.2f}s, then not free; in {t.wall_s:.2f}s"
+    return f"in {t.wall_s:.2f}s"
+
+
+def _verdict(t: contract.TeardownResult) -> str:
+    if t.code == contract.EXIT_OK:
+        return "FREED and verified"
+    if t.code == contract.EXIT_UNHEALTHY:
+        return "FREED, but a GPU needs a reset, a reboot or draining (GPU health below)"
+    return "NOT FREE (could not inspect every process)" if t.code == contract.EXIT_UNINSPECTED else "NOT FREE"
 
 
 def report(alias: str, result, sandbox: bool = False) -> str:

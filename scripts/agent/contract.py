@@ -158,8 +158,9 @@ PROTECTED_NAMES = {
 PROTECTED_SUFFIXES = ("-exporter", "_exporter")
 
 
-def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, run_dir=None, fake_devices=False,
-               targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None, args=(), stream=False):
+def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, run_dir=None,  # noqa: PLR0913
+               fake_devices=False, targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None, args=(),
+               stream=False):  # one keyword per hosts.env key and flag the agent takes
     """The agent's argv on the host: `PYTHON - SUBCOMMAND --devices GLOB --marker NONCE ...`,
     or with `stream` `PYTHON -S -c BOOT - SUBCOMMAND ...` (stdin: bundle.agent_stream()).
 
