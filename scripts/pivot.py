@@ -72,28 +72,33 @@ class Pivot:
         return self.opts.drain_url or self.phase.drain_metrics
 
     def _steps(self) -> list:
+        """[(name, the method that runs it, what it does in words)], in order."""
         p, steps = self.phase, []
         url = self.drain_url
         if url and self.opts.no_drain:
-            steps.append(("drain", f"skipped (--no-drain): {url} is not read; requests in flight are cut off"))
+            steps.append(("drain", self.step_drain,
+                          f"skipped (--no-drain): {url} is not read; requests in flight are cut off"))
         elif url:
-            steps.append(("drain", f"wait until {url} shows no in-flight request (at most {p.drain_timeout:g}s); "
-                                   "stop if it cannot be read"))
-        steps.append(("teardown", "free the GPUs (plan, SIGTERM all targets, SIGKILL after grace, verify)"))
+            steps.append(("drain", self.step_drain, f"wait until {url} shows no in-flight request (at most "
+                                                    f"{p.drain_timeout:g}s); stop if it cannot be read"))
+        steps.append(("teardown", self.step_teardown,
+                      "free the GPUs (plan, SIGTERM all targets, SIGKILL after grace, verify)"))
         if p.gates:
-            steps.append(("gates", "; ".join(phase_gate_texts(p))))
+            steps.append(("gates", self.step_gates, "; ".join(phase_gate_texts(p))))
         if p.is_deploy:
-            steps.append(("deploy", f"apply {p.patch or 'file copies'} with a backup"))
+            steps.append(("deploy", self.step_deploy, f"apply {p.patch or 'file copies'} with a backup"))
         if p.is_server and p.lint:
-            steps.append(("lint", "check the launch command (EAGLE vs EAGLE3, TP vs GPUs, port, paths, GPUs free)"))
-        steps.append(("start", " ".join(p.argv) if not p.shell else p.argv[2]))
+            steps.append(("lint", self.step_lint,
+                          "check the launch command (EAGLE vs EAGLE3, TP vs GPUs, port, paths, GPUs free)"))
+        steps.append(("start", self.step_start, " ".join(p.argv) if not p.shell else p.argv[2]))
         if p.prep:
-            steps.append(("prep", f"{len(p.prep)} CPU-only preparation job(s), started with the phase"))
-        steps.append(("ready", f"wait for {p.ready} (at most {self.ready_timeout:g}s)"))
+            steps.append(("prep", self.step_prep, f"{len(p.prep)} CPU-only preparation job(s), started with the phase"))
+        steps.append(("ready", self.step_ready, f"wait for {p.ready} (at most {self.ready_timeout:g}s)"))
         if p.smoke_url:
-            steps.append(("smoke", f"one request to {p.smoke_url}"))
+            steps.append(("smoke", self.step_smoke, f"one request to {p.smoke_url}"))
         if p.prep:
-            steps.append(("prep-report", "wait for each preparation job and report its exit code"))
+            steps.append(("prep-report", self.step_prep_report,
+                          "wait for each preparation job and report its exit code"))
         return steps
 
     @property
@@ -127,14 +132,14 @@ class Pivot:
     # -- the run --------------------------------------------------------------------------
     def run(self) -> int:
         if self.opts.dry_run:
-            for i, (name, what) in enumerate(self.steps, 1):
+            for i, (name, _, what) in enumerate(self.steps, 1):
                 self.out(f"[{i}/{len(self.steps)}] {name}: {what}")
             self.out("--dry-run: nothing was run")
             return contract.EXIT_OK
-        for name, _ in self.steps:
+        for name, step, _ in self.steps:
             self.step_started = time.monotonic()
             try:
-                code = getattr(self, "step_" + name.replace("-", "_"))()
+                code = step()
             except StepFailed as exc:
                 self.say(name, f"ERROR: {exc}", exc.code)
                 return self.finish(exc.code, f"{name} failed: {_what_ran(name)}")

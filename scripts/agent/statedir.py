@@ -22,7 +22,6 @@ from . import textsafe
 
 RUN_DIR_ENV = "GPU_PIVOT_RUN_DIR"
 ROOT_RUN_DIR = "/run/gpu-pivot"        # tmpfs: cleared at reboot, like the GPUs' state
-ROOT_PERSIST_DIR = "/var/lib/gpu-pivot"
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 
 
@@ -145,13 +144,6 @@ def run_dir():
     if runtime and os.path.isabs(runtime) and is_private(runtime):
         return private_dir(os.path.join(runtime, "gpu-pivot"))
     return private_dir(os.path.join(state_home(), "gpu-pivot", "run"), parents=True)
-
-
-def persist_dir():
-    """For what must survive a reboot: /var/lib/gpu-pivot as root, else $XDG_STATE_HOME/gpu-pivot."""
-    if os.geteuid() == 0:
-        return private_dir(ROOT_PERSIST_DIR)
-    return private_dir(os.path.join(state_home(), "gpu-pivot"), parents=True)
 
 
 def probe_writable(path):
