@@ -63,7 +63,7 @@ def holder_table(x) -> str:
     rows = []
     for h in scan.holders:
         mib = sum(v for v in h["gpu_mib"].values() if v) if h["gpu_mib"] else None
-        rows.append([h["pid"], h["user"], h["state"], age(h.get("age_s")), where(h),
+        rows.append([h["pid"], h.get("ppid", "?"), h["user"], h["state"], age(h.get("age_s")), where(h),
                      _mib(mib) if mib is not None else "-", "PROTECTED" if h["protected"] else "-", Command.of(h)])
     why = [f"protected: {h['protected']}" if h["protected"] else None for h in scan.holders]
     out = "Holders\n" + table(HOLDER_COLS, rows, "  ", details=why)
@@ -71,8 +71,10 @@ def holder_table(x) -> str:
 
 
 # The holder table's columns: which process it is, and whether it may ever be signalled.
-HOLDER_COLS = ("pid", "user", "state", "age", Col("unit/container", "cut", optional=True), "GPU MiB", "protected",
-               Col("command", "command", 30))
+# ppid: an orphan (a worker whose server died) reads 1, or its container's or subreaper's pid;
+# the runbooks send people looking for it.
+HOLDER_COLS = ("pid", "ppid", "user", "state", "age", Col("unit/container", "cut", optional=True), "GPU MiB",
+               "protected", Col("command", "command", 30))
 
 
 def writing_line(pid, files: list) -> str:
