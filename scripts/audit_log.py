@@ -47,7 +47,7 @@ def read() -> list:
 def read_counted() -> tuple:
     """(records, how many lines were skipped): a torn line (a writer killed or the disk full
     mid-write), text that is not JSON, or JSON that is not a record the table can show
-    (`"argv": 5` made `invoke audit` exit 1 with a TypeError: issue 23). One bad line must
+    (`"argv": 5` made `invoke audit` exit 1 with a TypeError). One bad line must
     not hide the others, and the count is shown so none disappears unnoticed."""
     if not audit_dir().exists() and not audit_dir().is_symlink():
         return [], 0

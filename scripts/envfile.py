@@ -142,7 +142,7 @@ def trusted_real_path(path: Path) -> str:
     every symbolic link followed must belong to this user or root, and no directory may be
     writable by others unless sticky (_trusted). Why each: a link in, or a directory above,
     another user's directory lets that user re-point which file is read, e.g. switch root
-    from the test cluster's hosts.env to another (found by a red team)."""
+    from the test cluster's hosts.env to another."""
     pending = [c for c in str(Path(path).absolute()).split("/") if c]
     cur, links = "/", 0
     _trusted(os.stat("/"), f"{path}: directory /", is_dir=True)

@@ -27,7 +27,7 @@ def safe(text) -> str:
     safe for a terminal: control characters (newline and tab too), bidi overrides and
     zero-width marks become \\xNN / \\uNNNN (contract.textsafe.printable: the one rule, the
     agent's too), so a process titled with escape sequences cannot erase "NOT FREE" from the
-    screen, nor a title with a newline forge a line of its own (issue 23)."""
+    screen, nor a title with a newline forge a line of its own."""
     return contract.textsafe.printable(text)
 
 

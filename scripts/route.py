@@ -1,7 +1,7 @@
 """Route: how an argv reaches a process on a host, through ssh and `pct exec`, exactly.
 
-Why: commands used to be quoted by hand through three shells (`ssh ... 'pct exec 129 -- bash -c
-"... awk \\"{print \\\\\\$2}\\" ..."'`). Here a command stays a list of arguments until
+Why: quoting by hand through three shells (`ssh ... 'pct exec 129 -- bash -c
+"... awk \\"{print \\\\\\$2}\\" ..."'`) breaks on the first odd argument. Here a command stays a list of arguments until
 the one hop that re-parses a string:
 
 - ssh joins its command words with spaces and the remote login shell re-parses them,
@@ -79,7 +79,7 @@ def control_name(dest: str, opts: tuple | list) -> str:
 
     Why the options too: %C alone let two aliases reaching the same user@host:port share one
     master, so an alias with its own UserKnownHostsFile (or key, or any other option) rode on
-    the other's connection and its host-key check never ran (issue 27)."""
+    the other's connection and its host-key check never ran."""
     return f"%C-{_digest(chr(0).join([dest, *opts]), 8)}"
 
 
@@ -223,7 +223,7 @@ def ssh_log(route: Route):
     from where this call began: the master connection (ControlPersist) was started by an
     earlier call and keeps writing to that call's -E file, and it is the master that says
     "Timeout, server ... not responding" when keep-alives go unanswered (a file per call,
-    deleted after it, lost that line: found by a red team). Without a usable private
+    deleted after it, lost that line). Without a usable private
     directory, a fresh mkstemp file (ssh then runs without a master)."""
     hop = route.ssh
     if hop is None:

@@ -6,7 +6,7 @@ with workers titled `sglang::scheduler_TP<i>`), a process playing `nvidia-persis
 a GPU monitor (`nvitop`) and an unrelated job. It is labelled SANDBOX everywhere it shows.
 Nothing here touches /dev: the device files are plain files in the sandbox directory.
 
-Safety (issue 9): the directory is private and checked (scripts/sandbox_fs.py); nothing is
+Safety: the directory is private and checked (scripts/sandbox_fs.py); nothing is
 executed or written through a link in it (daemons are started as sys.executable with
 argv[0] set to their name, and sandbox_roles.py writes its own comm); and the host is
 scoped: the agent targets only processes that match a target pattern AND have the

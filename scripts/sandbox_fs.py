@@ -1,8 +1,8 @@
 """Where the sandbox lives, and how it writes there: one private directory, no links followed.
 
-Why: the sandbox used to live at /tmp/gpu-pivot-sandbox-UID, a path any local user can
-create first. A squatted directory made root signal a PID from a planted state.json,
-write through a planted symlink and execute a planted binary. Now the directory is in
+Why: a path such as /tmp/gpu-pivot-sandbox-UID is one any local user can create first, and a
+squatted directory makes root signal a PID from a planted state.json, write through a
+planted symlink and execute a planted binary. So the directory is in
 the user's private runtime dir (root: /run/gpu-pivot/sandbox; others:
 $XDG_RUNTIME_DIR/gpu-pivot/sandbox, else $XDG_STATE_HOME/gpu-pivot/sandbox), created
 0700 or checked like every gpu-pivot state directory (scripts/agent/statedir.py): not a

@@ -1,10 +1,10 @@
 """Starting the sandbox's processes, and finding them again without its directory.
 
-Why its own module: a start that failed used to kill only the direct child (its workers
-lived on), hide the server's stderr and end in a traceback; and removing the sandbox
-directory by hand lost its state.json, so `sandbox down` no longer saw its 6 processes.
-Here each process starts in its own session and process group, which a failed start kills
-whole; its stderr goes to a log file whose tail the one-line error shows; and each carries
+Why its own module: a start that fails must kill its whole tree (not only the direct child:
+its workers would live on), show the server's stderr and end in one line, not a traceback;
+and removing the sandbox directory by hand must not lose its processes to `sandbox down`
+(state.json goes with the directory). Here each process starts in its own session and
+process group, which a failed start kills whole; its stderr goes to a log file whose tail the one-line error shows; and each carries
 MEMBER_ENV=<its sandbox directory> in its environment (inherited by its workers), an
 identity `down` can look for among this user's processes when the directory is gone.
 Never a name pattern: only a process of ours whose environment says it belongs to this
@@ -92,7 +92,7 @@ def members(base: Path) -> list:
     sandbox, ourselves excluded. Read from /proc/PID/environ (only our own are readable to
     a non-root user). Every uid of the process (real, effective, saved, fs) must be ours:
     the owner of /proc/PID is only the effective uid, so another user's setuid `su` started
-    with the variable set would otherwise look like root's own (found by a red team)."""
+    with the variable set would otherwise look like root's own."""
     want = f"{MEMBER_ENV}={base}".encode()
     uid, me = os.geteuid(), os.getpid()
     found = []

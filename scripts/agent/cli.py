@@ -192,7 +192,7 @@ def failure(exc):
     """One line naming an exception and where it was raised, for the operator to report:
     `IndexError: list index out of range (program.py:72 in names)`. The traceback goes to
     stderr too. Why: a bare traceback reaches the operator as "the agent gave no result",
-    and a crash in one subcommand must still be a result the local side reads (issue 23)."""
+    and a crash in one subcommand must still be a result the local side reads."""
     import traceback  # only on this path: a teardown's start does not pay for it
 
     try:

@@ -4,8 +4,8 @@ Why: the holder scan stat()s every fd on the host to tell a GPU device node by i
 the protection rules stat() /proc/PID/exe to see who owns a program), and a plain stat() of
 a file on a dead NFS server or a FUSE daemon that stopped answering waits
 for ever (on a hard mount, in state D: not even SIGKILL ends it). One process with such a
-file open then hung `invoke teardown` before its first signal, with the host lock held (found
-by a red team with tests/hung_fuse.py; psmisc's fuser 23.6 does not hang there). statx() with
+file open would hang `invoke teardown` before its first signal, with the host lock held
+(tests/hung_fuse.py makes one; psmisc's fuser 23.6 does not hang there). statx() with
 AT_STATX_DONT_SYNC answers from the kernel's cached attributes instead of asking the server
 (FUSE does, as tests/test_hung_mounts.py shows; so do NFS, 9p and Ceph), and asking for the
 type, mode, owner and inode only (not size or times) keeps NFS from first writing back
@@ -59,7 +59,7 @@ def stat_open_file(path, refused_ok=False):
     `refused_ok`: when the file's own filesystem refuses root (a user's FUSE mount without
     allow_other, as sshfs or gcsfuse make one), answer with what the kernel still gives for an
     empty request (the filesystem's device; mode 0: no file type) instead of EACCES, which
-    would read as "this process cannot be inspected" (exit 6 for root, found by a red team).
+    would read as "this process cannot be inspected" (exit 6 for root).
     A process whose fds /proc itself will not show still raises EACCES: the retry fails the
     same way, before any filesystem is asked."""
     fn = _FN[0]

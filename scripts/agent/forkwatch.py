@@ -16,7 +16,7 @@ Two sources, one view:
   test, must be reported with our pid and its tid within 200 ms). Fork events are chained
   transitively from the roots, in the order the kernel sent them: a parent already gone when
   its stat is read still chains the forks it made before its exit event (on a busy machine a
-  middle link forks the holder and exits before the agent runs again: issue 23). After the
+  middle link forks the holder and exits before the agent runs again). After the
   self-test the kernel is asked to queue process forks and exits only (_filter): the threads
   a server makes and ends no longer fill the buffer. If it overflows all the same (ENOBUFS),
   `lost` is set (events were dropped: the caller can say so) and a /proc walk fills the gap.
@@ -299,7 +299,7 @@ class ForkWatch:
         ended) is dropped before it takes room in the socket's buffer. Why: a host's GPU servers
         make and end threads by the thousand; their events filled the buffer while the agent was
         busy (ENOBUFS), and a holder double-forked with setsid in that gap could no longer be tied
-        to its target from /proc (issue 23). After the self-test, which needs a thread's event.
+        to its target from /proc. After the self-test, which needs a thread's event.
         A kernel that refuses the filter (no SO_ATTACH_FILTER) keeps every event: noted."""
         sock = self._sock
         if sock is None:
@@ -455,7 +455,7 @@ class ForkWatch:
             # is chained through it. Events come in the order they happened, so a parent that
             # is merely known dead (its stat read found it gone) still chains the forks queued
             # before its exit: a middle link that forks the holder and exits before we read
-            # its stat (a busy machine, issue 23). The price: a process whose main thread
+            # its stat (a busy machine). The price: a process whose main thread
             # exited while other threads live and fork.
             if b in self._tracked and b not in self._exited:
                 self._learn(d, b, None)

@@ -1,6 +1,6 @@
 """Gates a pivot must pass before the next phase starts: commands and file counts.
 
-Why: the move from extraction to training used to be judged by eye ("all 37,312 samples"). A gate
+Why: the move from extraction to training must not be judged by eye ("all 37,312 samples"). A gate
 makes that check explicit: a command that must exit 0 (a JSON string), or "at least N files
 match GLOB" (a JSON object). The kind is the JSON type, so a command may start with any
 character: reading `{` as "JSON" once crashed the agent on the shell group `{ a; b; }`.

@@ -100,8 +100,8 @@ class NvmlSource:
         return out
 
     def read(self):
-        """Every GPU's row. Each query is asked on its own, as health.py asks its own (issue 23:
-        one failing field of one GPU made the whole scan raise): a field that fails is None (or
+        """Every GPU's row. Each query is asked on its own, as health.py asks its own (one
+        failing field of one GPU must not make the whole scan raise): a field that fails is None (or
         no process listed) and is named in the row's `unread`, which verify.evaluate counts as
         not free: an unknown value is never "free"."""
         gpus = []

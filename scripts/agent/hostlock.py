@@ -38,8 +38,8 @@ class Locked(RuntimeError):
 def describe(holder):
     """Who holds the lock, in words. The lock file's text is advisory: the flock is the lock,
     and whatever the file holds (another user's LOGNAME with escape sequences, a JSON list, a
-    `since` of "yesterday" or 1e300) must still end in LOCKED and exit 4, never in a crash
-    (issue 23). Each field is shown escaped (textsafe.printable) and cut."""
+    `since` of "yesterday" or 1e300) must still end in LOCKED and exit 4, never in a crash.
+    Each field is shown escaped (textsafe.printable) and cut."""
     if not isinstance(holder, dict) or not holder:
         return "unknown holder"
     return "%s (agent pid %s on %s) since %s" % (_field(holder.get("operator")), _field(holder.get("pid")),

@@ -94,7 +94,7 @@ def exiting(pid, start, proc=PROC):
     (PF_EXITING): it runs none of its own code any more - it cannot fork, respawn, or open a
     GPU again - and what it holds is being released. Why a teardown needs it: such a process
     needs no SIGKILL and no grace period waited out (one stuck in its exit, in a driver or on
-    a dead mount, used to cost the whole grace and a useless SIGKILL); the GPUs are then the
+    a dead mount, would cost the whole grace and a useless SIGKILL); the GPUs are then the
     settle window's to judge. Not exiting: any thread still running its code (a leader that
     called pthread_exit while the others work on, a server handling SIGTERM itself). Whether
     the GPU is free is never decided here: NVML's read and the /proc holder scan decide it
@@ -112,7 +112,7 @@ def exiting(pid, start, proc=PROC):
             if task is None or not task["flags"] & PF_EXITING:
                 return False  # running, or gone under us: not sure, and the next look decides
         # A thread listed, read as exiting, then gone may have started another first (a relay
-        # of short-lived threads: found by a red team): only the same threads twice will do.
+        # of short-lived threads): only the same threads twice will do.
         return sorted(os.listdir(threads)) == tids
     except FileNotFoundError:
         return True

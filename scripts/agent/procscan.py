@@ -44,8 +44,8 @@ def _from_threads(pid, name, proc=PROC):
     """/proc/PID/task/TID/<name> of the first thread besides the leader that shows it (a
     leader that exited first shows an empty cmdline and maps; its threads still share them).
     Threads gone or in their exit read empty too, so they are listed again while new ones keep
-    appearing (a relay of short-lived threads hides itself from one listing: found by red
-    teams); after THREAD_LISTINGS listings that is None, and the caller counts the process as
+    appearing (a relay of short-lived threads hides itself from one listing); after
+    THREAD_LISTINGS listings that is None, and the caller counts the process as
     not inspected. No new thread: it is winding down, and b"" is the answer. Listing errors
     propagate (FileNotFoundError: the process is gone)."""
     seen: set = set()
@@ -148,7 +148,7 @@ def held_devices(pid, devset, threads=1, proc=PROC, links=None):
     the same inode is the same device, whatever name it was opened by). A leader that exited
     first shows no fds of its own; when no thread listed shows one either (gone, or in its
     exit) while new threads keep appearing, they are listed again (a relay of short-lived
-    threads hides its fds from one listing: found by a red team), THREAD_LISTINGS times, then
+    threads hides its fds from one listing), THREAD_LISTINGS times, then
     the process is not inspected. No new thread: it is winding down and holds none we can see."""
     seen: set = set()
     for _ in range(THREAD_LISTINGS):
@@ -255,7 +255,7 @@ def _maps(pid, proc=PROC):
 def _maps_pattern(keys):
     """One regex for every device's b'MAJ:MIN INODE', anchored on those two columns of a maps
     line (address, perms, offset, then them): a mapped file whose NAME spells a device's
-    identity must not count (found by a red team: any user can name a file so, and whoever
+    identity must not count (any user can name a file so, and whoever
     maps it was called a GPU holder). A path cannot fake the start of a line: the kernel
     writes a newline in it as \\012. re caches the compiled pattern across processes."""
     alternatives = b"|".join(re.escape(k) for k in keys)
@@ -412,7 +412,7 @@ def _map_pass(procs, unreadable, needles, proc, holders, denied, mapped):
 def not_understood(pid, exc):
     """The record of a process whose /proc data made a parser fail: counted as not inspected
     (exit 6: it may hold a GPU, so nothing is called free), never the end of the scan. One
-    process of any user must not be able to stop root's teardown (issue 23)."""
+    process of any user must not be able to stop root's teardown."""
     try:
         uid = os.stat("%s/%d" % (PROC, pid)).st_uid
     except OSError:

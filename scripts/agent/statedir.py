@@ -1,9 +1,8 @@
 """Directories and files for gpu-pivot's state that no other local user controls.
 
-Why: the lock, the audit log and last.json used to live at fixed paths in /tmp and
-/run/lock, which any local user can create first. A planted symlink there made root
-truncate or append to a file of the attacker's choosing, and a squatted directory fed
-root a state file to act on. So every directory is created 0700 by us, or, when it
+Why: a fixed path in /tmp or /run/lock is one any local user can create first. A planted
+symlink there makes root truncate or append to a file of the attacker's choosing, and a
+squatted directory feeds root a state file to act on. So every directory is created 0700 by us, or, when it
 already exists, checked before use: not a symlink, a directory, owned by us, not
 writable by group or others. A directory that fails is refused, never chmod-ed or
 reused (it may be someone else's). Files in it are opened O_NOFOLLOW, created 0600,
@@ -284,7 +283,7 @@ def append_line(path, line):
     """Append one line in one write() (O_APPEND: lines of concurrent writers never mix). It
     always starts a line of its own: a file whose last line was torn (a writer killed, or the
     disk full, mid-write) gets that line closed first, or the new record would be glued to
-    the torn one and both lost to every reader (issue 23). Two writers that both see the torn
+    the torn one and both lost to every reader. Two writers that both see the torn
     tail leave an empty line between them, which readers skip."""
     if not line.endswith("\n"):
         line += "\n"

@@ -4,7 +4,7 @@ Why one module for both sides: every string a host hands us (argv, comm, file, u
 container names, user and operator names, a lock file's text, an error's words) is
 untrusted. A process titled `x\\nINJECTED: FREED` forged whole lines of the status, plan
 and dry-run tables, and an operator named `\\x1b]0;pwned\\x07` retitled the terminal of
-whoever read the LOCKED line (issue 23). The agent and the local side escape with this one
+whoever read the LOCKED line. The agent and the local side escape with this one
 function, so there is one rule to read and test. Standard library only, Python 3.8: it
 ships in the agent bundle, and the local side reaches it through contract.py.
 

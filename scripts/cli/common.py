@@ -56,11 +56,11 @@ class ClosedStdoutSafe:
     """sys.stdout that outlives its reader: `invoke teardown | head -1`, or quitting `less`,
     closes the pipe; the first write after that would raise BrokenPipeError mid-task (a
     teardown reported "agent failed" after freeing the GPUs; a pivot stopped between its
-    teardown and its start: found by a red team). Here the first BrokenPipeError points fd 1
+    teardown and its start). Here the first BrokenPipeError points fd 1
     at /dev/null and the task runs to its end and exits with its own code. A stdout that
     cannot be written (`> /dev/full`: ENOSPC, EIO) is treated the same way, and remembered in
     `write_error`: `guarded` then ends the task with one line on stderr and exit 10
-    (output_failed), never with a traceback and exit 1, which reads "not free" (issue 23)."""
+    (output_failed), never with a traceback and exit 1, which reads "not free"."""
 
     def __init__(self, stream):
         self._stream = stream

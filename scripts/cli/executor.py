@@ -3,7 +3,7 @@
 Why: Invoke runs the tasks of one command line one after another, and ours check their flags
 when each starts. `invoke teardown --host gpu1 --yes verify --host gpu1 --wait abc` tore the
 host down and only then said "--wait 'abc': not a number" with exit 2, the code that promises
-"bad input, nothing ran" (found by a red team). Refusing a second task before the first runs
+"bad input, nothing ran". Refusing a second task before the first runs
 keeps that promise without checking every task's flags ahead of time. Invoke takes this class
 from `tasks.executor_class` in invoke.json beside tasks.py (its project configuration).
 """
@@ -14,7 +14,7 @@ import os
 from invoke import Executor, Exit
 
 # Invoke reads ONE project configuration file beside tasks.py, the first of these it finds;
-# one named before invoke.json would replace it and silently turn the refusal off (red team).
+# one named before invoke.json would replace it and silently turn the refusal off.
 READ_BEFORE_OURS = ("invoke.yaml", "invoke.yml")
 
 

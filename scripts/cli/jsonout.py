@@ -1,8 +1,8 @@
 """The --json shape of a host whose call failed: {alias: {"error": "...", "exit_code": N}}.
 
-Why one place: each task used to print its failed hosts its own way (left out of the
-document, `{}`, `[]`, or nothing at all when the one host failed), so a script reading
---json could not tell "no answer" from "nothing to report". Every --json task now prints
+Why one place: a script reading --json must tell "no answer" from "nothing to report", so a
+failed host is never left out of the document (nor `{}`, `[]`, or nothing at all when the
+one host failed), whichever task printed it. Every --json task prints
 each failed host with the one line it printed on stderr and the exit code it gives.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Why: `invoke --list | head -c 10` printed a BrokenPipeError traceback and exited 1, and
 `invoke --list > /dev/full` an OSError traceback and exit 1, which README defines as "done
-but not free" (issue 23). Those paths are Invoke's, outside every task's guard
+but not free". Those paths are Invoke's, outside every task's guard
 (scripts/cli/common.guarded): a closed pipe now ends the program quietly with 141 (128 +
 SIGPIPE, what a shell reports for a program its reader left), and a full disk or an I/O
 error on stdout with one line on stderr and exit 10 (contract.EXIT_OUTPUT). The tasks
