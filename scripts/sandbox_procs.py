@@ -4,9 +4,10 @@ Why its own module: a start that fails must kill its whole tree (not only the di
 its workers would live on), show the server's stderr and end in one line, not a traceback;
 and removing the sandbox directory by hand must not lose its processes to `sandbox down`
 (state.json goes with the directory). Here each process starts in its own session and
-process group, which a failed start kills whole; its stderr goes to a log file whose tail the one-line error shows; and each carries
-MEMBER_ENV=<its sandbox directory> in its environment (inherited by its workers), an
-identity `down` can look for among this user's processes when the directory is gone.
+process group, which a failed start kills whole; its stderr goes to a log file whose tail
+the one-line error shows; and each carries MEMBER_ENV=<its sandbox directory> in its
+environment (inherited by its workers), an identity `down` can look for among this user's
+processes when the directory is gone.
 Never a name pattern: only a process of ours whose environment says it belongs to this
 sandbox, checked by pid + start time before it is signalled.
 """
