@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from . import audit_log, phase_ops, phase_view, teardown_view
 from .agent import contract
 from .render import safe
-from .route import HostTimedOut, HostUnreachable
-from .transport import AgentError, call_agent
+from .route import HostUnreachable
+from .transport import AgentError, call_agent, exit_code_for
 
 
 @dataclass
@@ -48,13 +48,12 @@ class StepFailed(Exception):
 
 
 def _attempt(fn):
-    """fn()'s result, or StepFailed with the documented code and the error's one line."""
+    """fn()'s result, or StepFailed with the documented code (transport.exit_code_for) and the
+    error's one line, for the errors a step meets on its host."""
     try:
         return fn()
-    except HostTimedOut as exc:
-        raise StepFailed(contract.EXIT_TIMED_OUT, str(exc)) from None
     except (HostUnreachable, AgentError, contract.statedir.StateDirError) as exc:
-        raise StepFailed(contract.EXIT_UNREACHABLE, str(exc)) from None
+        raise StepFailed(exit_code_for(exc) or contract.EXIT_UNREACHABLE, str(exc)) from None
 
 
 class Pivot:

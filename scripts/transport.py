@@ -37,6 +37,26 @@ class AgentResult:
     result: Any = None
 
 
+def exit_code_for(exc: BaseException) -> int | None:
+    """The documented exit code for an error users cause or meet; None for a bug (a traceback).
+    The one mapping from errors to exit codes: the tasks (cli/common.py) and a pivot's steps
+    (pivot.py) both read it. SandboxStartError is imported here, when an error is being
+    handled: a module not yet imported cannot have raised its error."""
+    from .route import HostUnreachable
+    from .sandbox_procs import SandboxStartError
+
+    if isinstance(exc, ConfigError):
+        return contract.EXIT_USAGE
+    if isinstance(exc, HostTimedOut):  # before HostUnreachable: it is one, with its own code
+        return contract.EXIT_TIMED_OUT
+    if isinstance(exc, SandboxStartError):  # the sandbox's processes did not start: nothing to use
+        return contract.EXIT_FAILED
+    # StateDirError: a local state directory (audit log, ssh sockets) was refused
+    if isinstance(exc, (HostUnreachable, AgentError, contract.statedir.StateDirError)):
+        return contract.EXIT_UNREACHABLE
+    return None
+
+
 def _tail(text: str, lines: int = 5) -> str:
     kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
     return " | ".join(kept) or "(nothing on stderr)"

@@ -21,27 +21,12 @@ HOST_HELP = f"host alias(es): 'gpu1', 'gpu1,gpu2', 'gpu[1-8]' (default: ${defaul
 
 
 def code_for(exc: BaseException) -> int | None:
-    """The documented exit code for an error users cause or meet; None for a bug (a traceback).
+    """The documented exit code for an error users cause or meet; None for a bug (a traceback):
+    transport.exit_code_for, imported only when an error is being handled (loading the tasks
+    must not load the transport)."""
+    from scripts.transport import exit_code_for
 
-    The classes are imported here, when an error is being handled, not when the tasks load:
-    a module not yet imported cannot have raised its error, and importing it now costs
-    nothing on the paths that succeed."""
-    from scripts.agent import contract
-    from scripts.config_error import ConfigError
-    from scripts.route import HostTimedOut, HostUnreachable
-    from scripts.sandbox import SandboxStartError
-    from scripts.transport import AgentError
-
-    if isinstance(exc, ConfigError):
-        return contract.EXIT_USAGE
-    if isinstance(exc, HostTimedOut):  # before HostUnreachable: it is one, with its own code
-        return contract.EXIT_TIMED_OUT
-    if isinstance(exc, SandboxStartError):  # the sandbox's processes did not start: nothing to use
-        return contract.EXIT_FAILED
-    # StateDirError: a local state directory (audit log, ssh sockets) was refused
-    if isinstance(exc, (HostUnreachable, AgentError, contract.statedir.StateDirError)):
-        return contract.EXIT_UNREACHABLE
-    return None
+    return exit_code_for(exc)
 
 
 INTERRUPTED_LINE = "gpu-pivot: interrupted (Ctrl-C): stopped here"
