@@ -225,3 +225,15 @@ def test_every_module_the_layers_name_exists():
     listed = [p for _, patterns in LOCAL_LAYERS + AGENT_LAYERS for p in patterns]
     missing = [p for p in listed if not any(fnmatch(n, p) for n in names)]
     assert not missing, f"tests/test_layers.py names modules that do not exist: {missing}"
+
+
+def test_the_readmes_architecture_names_modules_that_exist():
+    """The README's Architecture section is how a newcomer finds where a behaviour lives: every
+    file it names must be there."""
+    import re
+
+    text = (REPO / "README.md").read_text()
+    section = text[text.index("## Architecture"):text.index("## Tests and benchmarks")]
+    named = set(re.findall(r"`(?:scripts/)?(?:agent/|cli/)?([a-z_]+\.py)`", section))
+    present = {p.name for p in (REPO / "scripts").rglob("*.py")} | {"tasks.py"}
+    assert len(named) > 15 and not named - present, named - present
