@@ -5,7 +5,7 @@
 - `> /dev/full` (ENOSPC): a traceback and exit 1 ("not free") after a teardown that freed the
   GPUs. Now: one line on stderr naming the task's own code, exit 10; the host's record intact.
 - A task's reader closing the pipe still changes nothing: it runs to its end with its own code
-  (tests/test_redteam_round3_console.py).
+  (tests/test_console_trust.py).
 The SANDBOX host used here lives in the test's temp dir; its processes are ended by `sandbox down`.
 """
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The console as a new user and an SRE met it (second red-team pass): --json that stays JSON
+"""The console as a new user and an SRE meet it: --json that stays JSON
 with a prompt and for a failed host, `logs --follow` against a dead host, a phase never
 started and Ctrl-C, values shown as typed, `run`'s exit for a command killed by a signal,
 completion with invoke typed by path, and the wording of refusals. Real processes, the real

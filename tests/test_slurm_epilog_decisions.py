@@ -1,4 +1,4 @@
-"""The Slurm epilog run by hand as slurmd would run it, against what red team A found.
+"""The Slurm epilog run by hand as slurmd would run it: what it decides about a job's leftovers.
 
 No Slurm daemons here (tests/test_slurm.py has the real cluster): these are about what the
 epilog itself decides. The job's user is a real second user (useradd, removed at the end);

@@ -1,4 +1,5 @@
-"""What a red team found against the trust promises, each kept fixed by a test.
+"""The trust promises at their edges: nothing signalled that the plan did not list, nothing
+called free that was not seen free, no path another user controls trusted.
 
 Every case is a real process (and, where it is about other users, a real second user);
 teardowns are scoped to the test's temp dir (fake devices + SCOPE), or run in a PID

@@ -1,4 +1,5 @@
-"""Red team round 3 (findings 1, 6, 7, 8 and reset's uninspected processes), each as it was found.
+"""Xid findings and resets that no local user can forge or slip past: the kernel log's lines,
+the NVML sources and reset's uninspected processes.
 
 1. Any local user put `NVRM: Xid (PCI:0000:ff:00): 79, ...` into the kernel log (an overlay
    mount's error message quotes the user's option string; /dev/kmsg takes user writes), the

@@ -1,6 +1,5 @@
-"""Red team, round 3 (issues 11-15 on a fresh clone): the console and trust cases the lead fixed.
+"""The console's trust cases: what runs as the caller, and whose processes a sandbox may stop.
 
-Each test failed on the commit the red team attacked (2f6301a):
 - hosts.env is code (LOCAL_PYTHON, SSH_OPTS run as the caller): one another user owns, or
   can write, is refused, for $GPU_PIVOT_HOSTS_FILE and for the ./hosts.env fallback;
 - `sandbox down` as root stopped another user's setuid process started with the sandbox's
@@ -27,7 +26,7 @@ from scripts.agent import contract
 from scripts.hostconfig import build_host
 from scripts.transport import call_agent
 from tests import scenario
-from tests.conftest import REPO, invoke
+from tests.conftest import REPO, checkout_copy, invoke
 from tests.procs import alive, wait_for
 from tests.test_console_robustness import own_sshd  # noqa: F401  (fixture)
 
@@ -58,8 +57,10 @@ def test_hosts_env_of_another_user_is_refused_before_anything_runs(tmp_path, sec
     tmp_path.chmod(0o755)
     d, env_file, mark = _planted(tmp_path, second_user.uid)
     env = {k: v for k, v in os.environ.items() if k != "GPU_PIVOT_HOSTS_FILE"}
-    # the ./hosts.env fallback (no hosts.env beside tasks.py in a fresh clone), from that dir
-    cwd_run = subprocess.run([sys.executable, "-m", "invoke", "-r", str(REPO), "ping", "--host", "local"], cwd=d,
+    # the ./hosts.env fallback, from that dir, with a checkout that has no hosts.env beside tasks.py
+    # (a fresh clone's: this one may have the user's own)
+    clone = checkout_copy(tmp_path / "clone")
+    cwd_run = subprocess.run([sys.executable, "-m", "invoke", "-r", str(clone), "ping", "--host", "local"], cwd=d,
                              capture_output=True, env=env, timeout=60)
     by_env = invoke("ping", "--host", "local", env=dict(env, GPU_PIVOT_HOSTS_FILE=str(env_file)))
     for res in (cwd_run, by_env):
