@@ -27,13 +27,20 @@ $(VENV)/.output-guard: $(VENV)/.installed scripts/cli/output_guard.py
 	touch $@
 
 .PHONY: system-deps
-system-deps: ## apt-get what the tests use (openssh-server, psmisc, util-linux) when missing
-	@command -v sshd >/dev/null 2>&1 && command -v fuser >/dev/null 2>&1 && command -v unshare >/dev/null 2>&1 || \
-	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq openssh-server openssh-client psmisc util-linux procps >/dev/null; }
+system-deps: ## apt-get the system packages the tests use when missing: .ci/packages, the list CI installs
+	@bash .ci/install-packages
 
+# pytest-xdist workers: most tests wait on processes, not the CPU, so more workers than cores.
+# Each worker but one runs in namespaces of its own (tests/workers.py, tests/pidns.py).
+TEST_WORKERS ?= 6
+PYTEST_ARGS  ?=
 .PHONY: test
-test: setup system-deps ## run the test suite (GPU tests skip without a GPU)
-	$(PY) -m pytest -q
+test: setup system-deps ## run the test suite, the same tests as CI, in parallel (only GPU tests skip without a GPU)
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -rfEs $(PYTEST_ARGS)
+
+.PHONY: test-stress
+test-stress: setup system-deps ## make test 5 times on a busy machine (bench/stress_tests.sh: CPU hogs, hostile processes); numbers to bench/results/
+	bash bench/stress_tests.sh $(or $(RUNS),5)
 
 .PHONY: test-gpu
 test-gpu: setup ## run only the GPU tests (on a machine with NVIDIA GPUs)
@@ -45,7 +52,7 @@ lint: setup ## ruff on the Python, shellcheck on the shell scripts (apt-get inst
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck >/dev/null; }
 	$(VENV)/bin/ruff check .
 	shellcheck -s sh scripts/*.sh
-	shellcheck bench/*.sh .ci/run tests/standin/pct tests/standin/bad-json-agent scripts/slurm/epilog scripts/slurm/prolog scripts/slurm/job.sh scripts/completion.bash
+	shellcheck bench/*.sh .ci/run .ci/install-packages tests/standin/pct tests/standin/bad-json-agent scripts/slurm/epilog scripts/slurm/prolog scripts/slurm/job.sh scripts/completion.bash
 
 .PHONY: typecheck
 typecheck: setup ## mypy on tasks.py and scripts/, the agent included (settings: pyproject.toml)

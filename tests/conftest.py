@@ -19,11 +19,34 @@ MOTD = "echo 'Welcome to gpu-node (MOTD noise)'; echo '=====gpu-pivot-result fak
 
 
 
+def pytest_configure(config):
+    config.addinivalue_line("markers", "host_pid_ns: needs the machine's own PID and network namespace (the "
+                            "kernel's fork events); runs on the one xdist worker left there (tests/workers.py)")
+    try:
+        import xdist  # noqa: F401
+    except ImportError:
+        return
+    from tests import workers
+
+    if not config.pluginmanager.has_plugin("gpu-pivot-workers"):
+        config.pluginmanager.register(workers, "gpu-pivot-workers")
+
+
+# What a test may not find in the machine's environment: state dirs, a hosts.env, ssh sockets,
+# and the variables of the `make test` that started it (a nested make prints "Entering directory").
+_NOT_INHERITED = ("GPU_PIVOT_HOSTS_FILE", "GPU_PIVOT_HOST", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
+                  "XDG_CACHE_HOME", "SSH_AUTH_SOCK", "ANSIBLE_CONFIG", "MAKEFLAGS", "MAKELEVEL", "MFLAGS",
+                  "MAKEOVERRIDES", "MAKE_TERMERR", "MAKE_TERMOUT")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def _isolated_state(tmp_path_factory):
-    """Keep ssh sockets, audit logs and the sandbox of the test run in its own temp dirs."""
+    """Keep ssh sockets, audit logs and the sandbox of the test run in its own temp dirs, and
+    nothing of the machine's gpu-pivot environment in the tests'."""
     base = tmp_path_factory.mktemp("state")
     saved = dict(os.environ)
+    for key in _NOT_INHERITED:
+        os.environ.pop(key, None)
     os.environ["GPU_PIVOT_CONTROL_DIR"] = str(base / "cm")
     os.environ["XDG_STATE_HOME"] = str(base / "xdg")
     os.environ["GPU_PIVOT_SANDBOX_DIR"] = str(base / "sandbox")
@@ -34,8 +57,78 @@ def _isolated_state(tmp_path_factory):
     os.environ.update(saved)
 
 
+@pytest.fixture(autouse=True)
+def _private_state(tmp_path_factory):
+    """State private to each test: the local agent's run dir (lock, last.json, audit log, phase
+    state) and XDG state (the local audit log). The ssh control dir, the sandbox dir and the far
+    side of the loopback sshd are the worker's: module-scoped fixtures start a sandbox or open
+    ssh masters that its tests share (tests in one worker run one after another)."""
+    base = tmp_path_factory.mktemp("st", numbered=True)
+    saved = {k: os.environ.get(k) for k in ("GPU_PIVOT_RUN_DIR", "XDG_STATE_HOME")}
+    os.environ["GPU_PIVOT_RUN_DIR"] = str(base / "run")
+    os.environ["XDG_STATE_HOME"] = str(base / "xdg")
+    yield base
+    for key, value in saved.items():  # not monkeypatch: a test's own monkeypatch must be undone first
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
+_STATE_SEEN: dict = {}
+
+
+def _snapshot(path: str):
+    """None for an absent path, else every entry under it with its size and mtime."""
+    if not os.path.lexists(path):
+        return None
+    entries = []
+    for root, dirs, files in os.walk(path):
+        for name in dirs + files:
+            st = os.lstat(os.path.join(root, name))
+            entries.append((os.path.join(root, name), st.st_size, st.st_mtime_ns))
+    return sorted(entries)
+
+
+@pytest.fixture(autouse=True)
+def _machine_state_untouched():
+    """In a sandboxed worker (tests/pidns.py) the machine's gpu-pivot state is hidden: /run is
+    the worker's own tmpfs, /var/lib/gpu-pivot and ~/.local/state/gpu-pivot are empty tmpfs (or
+    absent). A test that writes there wrote where only a real operator may: it fails, naming
+    the path, and what it wrote in the worker's own mounts is removed."""
+    from tests import pidns
+
+    paths = [p for p in os.environ.get(pidns.STATE_ENV, "").split(":") if p] if os.environ.get(pidns.ENV) else []
+    for path in paths:
+        _STATE_SEEN.setdefault(path, _snapshot(path))
+    yield
+    wrote = [path for path in paths if _snapshot(path) != _STATE_SEEN[path]]
+    for path in wrote:
+        if path.startswith("/run/"):
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", path])
+        elif os.path.ismount(path):
+            subprocess.run(["rm", "-rf", "--one-file-system", "--", *(os.path.join(path, n) for n in os.listdir(path))])
+        _STATE_SEEN[path] = _snapshot(path)
+    assert not wrote, f"the test wrote into the machine's gpu-pivot state: {', '.join(wrote)}"
+
+
+def need_tools(*tools: str, why: str) -> None:
+    """Skip when a tool is missing (the package that brings it could not be installed: `make
+    test` installs .ci/packages first), saying which; under CI=true, where .ci/run installs them
+    all, fail instead."""
+    import shutil
+
+    missing = [t for t in tools if not (shutil.which(t) or shutil.which(t, path="/usr/sbin:/sbin"))]
+    if missing:
+        reason = f"{why} needs {', '.join(missing)} (.ci/packages; `make system-deps` installs them)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+
 @pytest.fixture(scope="session")
 def sshd(tmp_path_factory, _isolated_state):
+    need_tools("sshd", "ssh", "ssh-keygen", why="the loopback sshd")
     # The far side's agent keeps last.json, its audit log and its lock in the test's dir.
     server = LoopbackSshd(tmp_path_factory.mktemp("sshd"),
                           env={"GPU_PIVOT_RUN_DIR": str(_isolated_state / "remote-run")}).start()
@@ -61,6 +154,21 @@ def hosts_env(tmp_path, monkeypatch):
         return path
 
     return write
+
+
+def checkout_copy(dest: Path) -> Path:
+    """A copy of this checkout's code (tasks.py, invoke.json, scripts/) at dest, readable by every
+    user, with no hosts.env: what a fresh clone has, wherever this one sits (a 0700 home, a
+    hosts.env beside tasks.py)."""
+    import shutil
+
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in ("tasks.py", "invoke.json"):
+        if (REPO / name).exists():
+            shutil.copy2(REPO / name, dest / name)
+    shutil.copytree(REPO / "scripts", dest / "scripts", ignore=shutil.ignore_patterns("__pycache__"))
+    subprocess.run(["chmod", "-R", "a+rX", str(dest)], check=True)
+    return dest
 
 
 def invoke(*args, env=None, input=None, timeout=120) -> subprocess.CompletedProcess:

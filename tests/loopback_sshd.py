@@ -18,6 +18,10 @@ SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
 def free_port() -> int:
+    """A port nothing listens on now. sshd cannot be told to pick its own (`Port 0` is refused),
+    so a server started on it confirms it got it (LoopbackSshd.start reads sshd's own "Server
+    listening" line, and picks another port when the bind failed). In `make test` each worker
+    has a network namespace of its own (tests/pidns.py): only its own tests take ports there."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
@@ -33,7 +37,9 @@ class LoopbackSshd:
         self.port = free_port()
         self.noise = noise
         self.keys_from = keys_from
-        self.env = env or {}
+        # the far side's agent keeps its lock, last.json and audit log here unless told otherwise:
+        # never in the machine's /run/gpu-pivot
+        self.env = {"GPU_PIVOT_RUN_DIR": str(self.dir / "remote-run"), **(env or {})}
         self.proc = None
         self.log = self.dir / "sshd.log"
         self.pct_log = self.dir / "pct.log"
@@ -50,6 +56,9 @@ class LoopbackSshd:
         _keygen(self.host_key)
         shutil.copy(f"{self.client_key}.pub", self.dir / "authorized_keys")
         os.chmod(self.dir / "authorized_keys", 0o600)
+        self._known_hosts()
+
+    def _known_hosts(self) -> None:
         pub = Path(f"{self.host_key}.pub").read_text().split()
         self.known_hosts = self.dir / "known_hosts"
         self.known_hosts.write_text(f"[127.0.0.1]:{self.port} {pub[0]} {pub[1]}\n")
@@ -87,23 +96,35 @@ class LoopbackSshd:
         return conf
 
     # -- life -------------------------------------------------------------------------
-    def start(self) -> LoopbackSshd:
+    def start(self, timeout: float = 60.0) -> LoopbackSshd:
+        """Start sshd and wait until it says it listens on its port (its own log line), for up
+        to `timeout` s (a loaded machine); a port taken meanwhile is swapped for another."""
         self._keys()
-        conf = self._config()
         Path("/run/sshd").mkdir(exist_ok=True)  # privilege separation dir sshd insists on
-        self.proc = subprocess.Popen([SSHD, "-D", "-f", str(conf), "-E", str(self.log)],
-                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
+        for _attempt in range(5):
+            conf = self._config()
+            if self.log.exists():
+                self.log.unlink()
+            self.proc = subprocess.Popen([SSHD, "-D", "-f", str(conf), "-E", str(self.log)], stdin=subprocess.DEVNULL,
+                                         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            listening = f"Server listening on 127.0.0.1 port {self.port}."
+            deadline = time.monotonic() + timeout
+            while time.monotonic() < deadline:
                 log = self.log.read_text() if self.log.exists() else ""
-                raise RuntimeError(f"sshd exited {self.proc.returncode}: {self.proc.stderr.read().decode()} {log}")
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=0.2).close()
-                return self
-            except OSError:
+                if listening in log:
+                    return self
+                if self.proc.poll() is not None:
+                    break
                 time.sleep(0.02)
-        raise RuntimeError("sshd did not start listening in 10 s")
+            else:
+                self.stop()
+                raise RuntimeError(f"sshd did not say {listening!r} within {timeout:.0f} s; its log: {log}")
+            log = self.log.read_text() if self.log.exists() else ""
+            if "Address already in use" not in log:
+                raise RuntimeError(f"sshd exited {self.proc.returncode}: {self.proc.stderr.read().decode()} {log}")
+            self.port = free_port()  # someone took the port between free_port() and sshd's bind
+            self._known_hosts()
+        raise RuntimeError(f"sshd found no free port in 5 tries; its last log: {log}")
 
     def stop(self) -> None:
         if self.proc and self.proc.poll() is None:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import pytest
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
+SBIN_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass
@@ -86,13 +87,13 @@ def make_user() -> SecondUser:
     if os.geteuid() != 0:
         pytest.skip("needs root: the test creates a throwaway second user with useradd")
     for tool in ("useradd", "userdel"):
-        if not shutil.which(tool):
+        if not shutil.which(tool, path=SBIN_PATH):
             pytest.skip(f"needs {tool} to create a throwaway second user")
     if not (shutil.which("setpriv") or shutil.which("runuser")):
         pytest.skip("needs setpriv or runuser to run commands as the second user")
     name = "gpvt" + secrets.token_hex(4)
     made = subprocess.run(["useradd", "--create-home", "--user-group", "--shell", "/bin/sh", name],
-                          capture_output=True, text=True)
+                          capture_output=True, text=True, env={"PATH": SBIN_PATH, "LANG": "C"})
     if made.returncode:
         pytest.skip(f"useradd {name} failed: {made.stderr.strip()}")
     pw = pwd.getpwnam(name)
@@ -107,7 +108,8 @@ def make_user() -> SecondUser:
 
 def remove_user(user: SecondUser) -> None:
     user.end_processes()
-    gone = subprocess.run(["userdel", "--remove", user.name], capture_output=True, text=True)
+    gone = subprocess.run(["userdel", "--remove", user.name], capture_output=True, text=True,
+                          env={"PATH": SBIN_PATH, "LANG": "C"})  # whatever PATH the test set
     if gone.returncode not in (0, 12):  # 12: home could not be removed (already gone)
         raise AssertionError(f"userdel {user.name} failed ({gone.returncode}): {gone.stderr.strip()}")
 

@@ -20,6 +20,10 @@ from scripts.agent import procfs
 from scripts.agent.forkwatch import ForkWatch
 from tests.procs import wait_for
 
+# The kernel sends fork events only to listeners in the machine's own PID and network namespace:
+# these run on the xdist worker left there (tests/workers.py), and watch only what they start.
+pytestmark = pytest.mark.host_pid_ns
+
 REPO = Path(__file__).resolve().parent.parent
 
 # A root that forks on SIGUSR1. kind "double": a child forks N grandchildren and exits at

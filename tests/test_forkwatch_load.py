@@ -27,6 +27,10 @@ from scripts.transport import call_agent
 from tests import scenario
 from tests.procs import alive, wait_for
 
+# The kernel sends fork events only to listeners in the machine's own PID and network namespace:
+# these run on the xdist worker left there (tests/workers.py), and watch only what they start.
+pytestmark = pytest.mark.host_pid_ns
+
 # On SIGUSR1: fork a child that writes its pid, waits for `go`, calls setsid, forks a
 # grandchild (which writes its pid and stays) and exits; the root reaps the child.
 ROOT = r"""
@@ -175,7 +179,7 @@ def test_the_setsid_escape_on_sigterm_is_caught_20_of_20_with_every_core_busy(ps
 def test_thread_churn_never_fills_the_event_buffer(tmp_path):
     """A GPU server makes and ends threads by the thousand. Their events used to fill the
     socket's buffer (ENOBUFS: events lost), and a setsid double fork in that gap went unseen.
-    The kernel now queues process forks and exits only: with a 64 KiB buffer and a process
+    The kernel now queues process forks and exits only: with a 256 KiB buffer and a process
     making threads as fast as it can, nothing is lost and the escape is still caught."""
     out = str(tmp_path / "root")
     churn = subprocess.Popen([sys.executable, "-c", "import threading\nwhile True:\n"
@@ -184,7 +188,9 @@ def test_thread_churn_never_fills_the_event_buffer(tmp_path):
     grand = None
     try:
         wait_for(lambda: os.path.exists(out + ".ready"), "root ready")
-        w = forkwatch.ForkWatch.start([(root.pid, procfs.start_time(root.pid))], rcvbuf=64 * 1024)
+        # 256 KiB: a churn's thread events (~2 per thread, thousands a second) would fill it many
+        # times over in the 0.5 s below; the rest of a busy machine's process forks do not
+        w = forkwatch.ForkWatch.start([(root.pid, procfs.start_time(root.pid))], rcvbuf=256 * 1024)
         if w.mode != "connector":
             w.close()
             pytest.skip("process-events connector unusable here: %s" % w.note)

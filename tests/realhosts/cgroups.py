@@ -3,11 +3,14 @@
 Why: systemd, dockerd and LXC write cgroups. Inside a cgroup namespace rooted at a child
 of OUR cgroup they write only below it, so the machine's `/docker`, `/lxc`, `system.slice`
 are untouched, and `down` can prove nothing is left (no process in any of them) and remove
-them. The name carries the owner's pid and start time: a crashed run's leftovers are swept
-at the next session start, a live run's (another helper's) never.
+them. The owner holds an flock on each cgroup it made for as long as it lives, and the name
+carries its pid, start time and PID namespace: a crashed run's leftovers (no lock held; and, for
+an owner of this PID namespace, no such process) are swept at the next session start, a live
+run's (another helper's, another xdist worker's in its own PID namespace) never.
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import time
@@ -48,14 +51,24 @@ def own_paths() -> dict[str, str]:
     return out
 
 
+def _pid_ns() -> str:
+    return str(os.stat("/proc/self/ns/pid").st_ino)
+
+
 def owner_tag() -> str:
     with open("/proc/self/stat") as f:
         start = f.read().rsplit(")", 1)[1].split()[19]
-    return f"{os.getpid()}-{start}"
+    return f"{os.getpid()}-{start}-ns{_pid_ns()}"
 
 
-def _alive(tag: str) -> bool:
-    pid, _, start = tag.partition("-")
+def _owner(name: str) -> tuple[str, str, str | None]:
+    """(pid, start, pid namespace or None for an older name) of a cgroup name's owner tag."""
+    parts = name[len(PREFIX):].split("-")
+    ns = parts[2][2:] if len(parts) > 2 and parts[2].startswith("ns") and parts[2][2:].isdigit() else None
+    return parts[0], parts[1] if len(parts) > 1 else "", ns
+
+
+def _alive(pid: str, start: str) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
             return f.read().rsplit(")", 1)[1].split()[19] == start
@@ -63,13 +76,34 @@ def _alive(tag: str) -> bool:
         return False
 
 
+_LOCKS: dict[str, int] = {}  # cgroup dir -> the fd whose flock says its owner (this process) lives
+
+
+def _lock(d: Path) -> int | None:
+    """An fd holding d's flock, or None when another live process holds it."""
+    try:
+        fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return fd
+    except OSError:
+        os.close(fd)
+        return None
+
+
 def make(name: str, owner: str | None = None) -> list[Path]:
-    """Child cgroups named PREFIX<owner>-<name> under ours, one per hierarchy (owner: pid-starttime,
-    this process by default)."""
+    """Child cgroups named PREFIX<owner>-<name> under ours, one per hierarchy (owner: this
+    process's tag, which it locks; another owner given, as tests of the sweep do, is not locked)."""
     dirs = []
     for mnt, path in own_paths().items():
         d = Path(mnt) / path.lstrip("/") / f"{PREFIX}{owner or owner_tag()}-{name}"
         d.mkdir()
+        if owner is None:
+            fd = _lock(d)
+            if fd is not None:
+                _LOCKS[str(d)] = fd
         for knob in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset refuses tasks until these are set
             if (d / knob).exists():
                 (d / knob).write_text((d.parent / knob).read_text())
@@ -82,8 +116,8 @@ def procs_in(d: Path) -> list[int]:
     pids = []
     for root, _, files in os.walk(d):
         if "cgroup.procs" in files:
-            try:
-                pids += [int(x) for x in Path(root, "cgroup.procs").read_text().split()]
+            try:  # a process this PID namespace cannot see may read as 0: never a pid to signal
+                pids += [p for p in map(int, Path(root, "cgroup.procs").read_text().split()) if p > 0]
             except OSError:
                 pass
     return pids
@@ -102,6 +136,10 @@ def remove(d: Path) -> list[str]:
         os.rmdir(d)
     except OSError as exc:
         left.append(f"{d}: {exc.strerror}")
+    else:
+        fd = _LOCKS.pop(str(d), None)
+        if fd is not None:
+            os.close(fd)
     return left
 
 
@@ -126,12 +164,21 @@ def kill_and_remove(dirs: list[Path], timeout: float = 5.0) -> list[str]:
 
 
 def stale() -> list[Path]:
-    """Cgroups of earlier runs whose owner is gone (a crashed run), up to two levels deep."""
+    """Cgroups of earlier runs whose owner is gone (a crashed run), up to two levels deep: no
+    process holds their lock, and an owner of this PID namespace (or of a name from before the
+    lock) is no longer running. The caller holds their locks until it removes them."""
     out = []
+    ours = _pid_ns()
     for mnt in own_paths():
         for depth in ("", "*/", "*/*/"):  # another shell's run may sit under its own cgroup
             for d in Path(mnt).glob(depth + PREFIX + "*"):
-                tag = "-".join(d.name[len(PREFIX):].split("-")[:2])
-                if d.is_dir() and not _alive(tag):
+                if not d.is_dir() or str(d) in _LOCKS:
+                    continue
+                pid, start, ns = _owner(d.name)
+                if (ns is None or ns == ours) and _alive(pid, start):
+                    continue
+                fd = _lock(d)
+                if fd is not None:
+                    _LOCKS[str(d)] = fd
                     out.append(d)
     return out
