@@ -146,7 +146,10 @@ def test_setsid_start_logs_stop(ps, hosts_env):
 
 
 def test_launch_lint_eagle_vs_eagle3(tmp_path):
+    from scripts.sandbox import make_devices, sandbox_dir
+
     invoke("sandbox", "down")
+    make_devices(sandbox_dir() / "dev")  # the sandbox's 2 fake GPUs, whatever ran before in this worker
     draft = tmp_path / "draft"
     draft.mkdir()
     (draft / "config.json").write_text(json.dumps({"architectures": ["LlamaForCausalLMEagle3"]}))

@@ -29,7 +29,8 @@ RestartSec=1
 def node(tmp_path_factory):
     with hosted(PveNode(tmp_path_factory.mktemp("pve-node"), ct_units={"vllm.service": VLLM_UNIT}),
                 tools=("lxc-start", "lxc-attach")) as host:
-        wait_for(host.ct_ready, timeout=30, what=f"CT {CTID} booted")
+        wait_for(host.ct_ready, timeout=120, what=f"CT {CTID}'s systemd to say running or degraded "
+                 f"(`lxc-attach -n {CTID} -- systemctl is-system-running`; lxc@{CTID}.service on the node)")
         yield host
 
 

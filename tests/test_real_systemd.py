@@ -63,13 +63,14 @@ def text(res) -> str:
     return res.stdout.decode(errors="replace") + res.stderr.decode(errors="replace")
 
 
-def wait_for(cond, timeout=10.0, what="condition"):
+def wait_for(cond, timeout=60.0, what="condition"):
+    """Until cond() is true; the deadline is for a loaded machine, and names what was waited for."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if cond():
             return
         time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
 
 
 def holders(host) -> list[str]:
@@ -109,10 +110,10 @@ def test_what_systemctl_stop_leaves_alive_is_signalled_and_audited(gpu):
     wait_for(lambda: len(holders(gpu)) == 4, what="the legacy server and its worker holding both GPUs")
     worker = int(gpu.sh("systemctl show -p MainPID --value legacy.service").stdout)
     worker = [int(p) for p in gpu.sh(f"pgrep -P {worker}").stdout.split()][0]
-    t0 = time.monotonic()
-    res = invoke("teardown", "--host", "gpu", "--yes", "--grace", "20", "--settle", "0.5", "--json")
+    # a 600 s grace: had the teardown waited it out, invoke() would have passed its deadline; the
+    # worker got SIGTERM when the stop had ended
+    res = invoke("teardown", "--host", "gpu", "--yes", "--grace", "600", "--settle", "0.5", "--json")
     assert res.returncode == 0, text(res)
-    assert time.monotonic() - t0 < 10  # not the 20 s grace: the worker got SIGTERM when the stop had ended
     actions = [(a["signal"], a["pid"], a["result"]) for a in json.loads(res.stdout)["gpu"]["actions"]]
     assert ("SIGTERM", worker, "sent") in actions, actions
     assert [a for a in actions if a[0] == "systemctl stop legacy.service" and a[2] == "exit 0"], actions
@@ -157,10 +158,10 @@ def test_phases_under_systemd_run(sd_host, hosts_env):
     assert sd_host.sh("pgrep -x -f 'sleep 301'").returncode == 0  # the prep job runs
     logs = invoke("logs", "--host", "gpu", "--phase", "train")
     assert logs.returncode == 0 and "holding /dev/nvidia0" in text(logs), text(logs)
-    t0 = time.monotonic()
     res = invoke("stop", "--host", "gpu", "--phase", "train")
     assert res.returncode == 0, text(res)
-    assert time.monotonic() - t0 < 3  # KillMode=mixed: the SIGTERM-ignoring worker is SIGKILLed when main exits
+    # KillMode=mixed: the SIGTERM-ignoring worker is SIGKILLed when main exits; a stop that had run
+    # into its STOP_TIMEOUT would leave the unit failed, not inactive
     assert unit_state(sd_host, "gpu-pivot-train") == "inactive"
     assert sd_host.sh("pgrep -x -f 'sleep 301'").returncode == 1, "the prep job outlived the phase stop"
     assert holders(sd_host) == []

@@ -25,7 +25,7 @@ import pytest
 
 from scripts import sandbox
 from scripts.agent import procfs
-from tests.conftest import REPO, invoke
+from tests.conftest import checkout_copy, invoke
 from tests.procs import alive, wait_for
 from tests.sandbox_scene import namespace_command
 from tests.second_user import make_user, remove_user
@@ -200,16 +200,16 @@ def test_default_dir_is_private_runtime_dir_not_tmp(monkeypatch):
 
 def test_default_dir_of_a_user_is_made_private(other):
     """As a real unprivileged user: $XDG_RUNTIME_DIR/gpu-pivot/sandbox, else
-    $XDG_STATE_HOME/gpu-pivot/sandbox, each created 0700 by them."""
-    if not os.access(REPO / "scripts", os.R_OK | os.X_OK):
-        pytest.skip("needs a repo the second user can read")
+    $XDG_STATE_HOME/gpu-pivot/sandbox, each created 0700 by them. The user runs a copy of the
+    code it can read (this checkout may sit under a 0700 directory)."""
     home = Path(other.home)
+    repo = checkout_copy(home / "clone")
     as_user(other, f"mkdir -m 0700 -p {home}/runtime")
     code = ("import sys; sys.path.insert(0, sys.argv[1]); from scripts.sandbox_fs import checked_dir; "
             "print(checked_dir())")
     for extra, want in ((dict(XDG_RUNTIME_DIR=f"{home}/runtime"), home / "runtime" / "gpu-pivot" / "sandbox"),
                         (dict(XDG_STATE_HOME=f"{home}/state"), home / "state" / "gpu-pivot" / "sandbox")):
-        out = other.py(code, str(REPO), env=other.env(**extra))
+        out = other.py(code, str(repo), env=other.env(**extra))
         assert out.returncode == 0, out.stderr
         assert Path(out.stdout.strip()) == want
         for d in (want, want.parent):

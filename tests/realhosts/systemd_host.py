@@ -142,11 +142,16 @@ class SystemdHost:
             "mount -t tmpfs -o mode=755 tmpfs /run",
             f"mkdir -p {INNER} && mount --bind {q(str(self.dir))} {INNER}",
             "mount -o remount,bind,ro /sys",
+            # the machine's own cgroup mounts go (in this mount namespace only): left under ours,
+            # LXC counts each hierarchy twice and cannot make its monitor cgroup ("File exists")
+            "umount -R /sys/fs/cgroup",
             "mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup",
         ]
         for mnt, fstype, opts in cgroups.hierarchies():
             o = f" -o {opts}" if opts else ""
             lines.append(f"mkdir -p {mnt} && mount -t {fstype}{o} cgroup {mnt}")
+            if "clone_children" in opts.split(","):  # the machine's cpuset has it: LXC sets up its own
+                lines.append(f"echo 0 > {mnt}/cgroup.clone_children")  # (this host's own cgroup only)
         for path in ("/tmp", "/var/tmp", "/root", "/var/log/journal", *self.tmpfs):
             lines.append(f"mkdir -p {path} && mount -t tmpfs -o mode=755 tmpfs {path}")
         lines += [
@@ -171,7 +176,7 @@ class SystemdHost:
         return "\n".join(line for line in lines if line) + "\n"
 
     # -- life -------------------------------------------------------------------------------
-    def up(self, timeout: float = 30.0) -> SystemdHost:
+    def up(self, timeout: float = 120.0) -> SystemdHost:
         self._prepare()
         (self.dir / "inner.sh").write_text(self._inner_script())
         self.cgroups = cgroups.make(self.name)
