@@ -6,7 +6,6 @@ import re
 import shlex
 import subprocess
 import sys
-import time
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -16,7 +15,7 @@ import pytest
 from scripts.agent import hostlock, lastrun
 from tests import scenario
 from tests.conftest import REPO, invoke
-from tests.procs import ProcessSet
+from tests.procs import ProcessSet, wait_for
 
 TASKS = ["hosts", "ping", "run", "oneliner", "sandbox"]
 
@@ -212,6 +211,11 @@ def test_pivot_passes_the_teardown_flags_as_teardown_does(spied_local):
     assert json.loads(Path(lastrun.last_path()).read_text())["settle_s"] == 0.25  # the agent used it
 
 
+def _lock_waiter() -> bool:
+    """A teardown agent with --wait-lock runs (alice holds the lock: it can only be waiting)."""
+    return any("--wait-lock" in a["cmdline"] for a in hostlock.teardown_agents())
+
+
 def test_pivot_wait_lock_waits_for_the_lock(spied_local):
     fd = hostlock.acquire("alice@ops")
     try:
@@ -220,7 +224,8 @@ def test_pivot_wait_lock_waits_for_the_lock(spied_local):
         assert b"alice@ops" in out.stdout + out.stderr
         proc = subprocess.Popen([sys.executable, "-m", "invoke", "pivot", "--host", "local", "--to", "x", "--yes",
                                  "--wait-lock", "20"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        time.sleep(1.5)
+        wait_for(lambda: _lock_waiter() or proc.poll() is not None, "the pivot's teardown to wait on the lock",
+                 timeout=60)
         assert proc.poll() is None, proc.communicate()[0].decode()  # still waiting for alice's lock
     finally:
         hostlock.release(fd)

@@ -63,13 +63,12 @@ def test_free_at_is_streamed_at_free_at_and_reported_apart_from_settled(ps):
 
 
 def _cli(env, *args):
-    """Run the CLI; [(seconds since start, line)] as each line arrived, and the exit code."""
-    t0 = time.monotonic()
+    """Run the CLI; [(whether it was still running when the line arrived, line)], the exit code."""
     proc = subprocess.Popen([sys.executable, "-m", "invoke", *args], cwd=REPO, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
     assert proc.stdout is not None  # stdout=PIPE
-    lines = [(time.monotonic() - t0, raw.decode("utf-8", "replace").rstrip()) for raw in proc.stdout]
-    return lines, proc.wait(60), time.monotonic() - t0
+    lines = [(proc.poll() is None, raw.decode("utf-8", "replace").rstrip()) for raw in proc.stdout]
+    return lines, proc.wait(120)
 
 
 def _cli_env(ps, hosts_env, **keys):
@@ -80,14 +79,14 @@ def _cli_env(ps, hosts_env, **keys):
 def test_cli_prints_freed_at_free_at_and_the_verdict_after_the_window(ps, hosts_env):
     ps.server(tp=2)
     env = _cli_env(ps, hosts_env, TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
-    lines, code, wall = _cli(env, "teardown", "--host", "local", "--yes", "--settle", "1.5")
+    lines, code = _cli(env, "teardown", "--host", "local", "--yes", "--settle", "5")
     text = "\n".join(line for _, line in lines)
     assert code == 0, text
-    freed = [t for t, line in lines if line.startswith("local: FREED at ")]
+    freed = [running for running, line in lines if line.startswith("local: FREED at ")]
     assert len(freed) == 1, text
     words = " ".join(text.split())  # the screen may wrap long lines
-    assert "watching 1.5s more for a respawn before the verdict" in words
-    assert wall - freed[0] >= 1.2, text  # printed at free-at, not at the end
+    assert "watching 5s more for a respawn before the verdict" in words
+    assert freed[0], text  # printed at free-at, while the 5 s window still ran, not at the end
     assert "local: FREED and verified free at" in words
 
 
@@ -96,7 +95,7 @@ def test_respawn_inside_the_window_turns_an_early_freed_into_not_free(ps, hosts_
     supervisor, _ = ps.supervised_worker(pause=0.6)  # its restart comes after the FREED line
     time.sleep(0.3)
     env = _cli_env(ps, hosts_env, TARGETS=r"sandbox_roles\.py")
-    lines, code, _ = _cli(env, "teardown", "--host", "local", "--yes", "--settle", "2")
+    lines, code = _cli(env, "teardown", "--host", "local", "--yes", "--settle", "2")
     for pid in children(supervisor):
         ps.adopt(pid)
     text = "\n".join(line for _, line in lines)
@@ -117,9 +116,10 @@ def test_exit_wait_wakes_on_the_pidfd_and_a_zombie_counts_as_gone(monkeypatch):
     monkeypatch.setattr(targets.time, "sleep", lambda s: pytest.fail("sleep-polled instead of waiting on a pidfd"))
     try:
         t0 = time.monotonic()
-        waiter.wait([t], 10)
+        waiter.wait([t], 600)
         woke = time.monotonic() - t0
-        assert woke < 5, woke  # the exit woke it, not the 10 s timeout
+        # the exit woke it, not its 600 s timeout (and no sleep-poll, patched above to fail)
+        assert woke < 300, f"waited {woke:.0f} s: the timeout, not the exit, ended the wait"
         wait_for(lambda: procfs.read_stat(child.pid)["state"] == "Z", "zombie")  # exited, not reaped: kill -0 works
         os.kill(child.pid, 0)
         assert not procfs.same_process(t["pid"], t["start_time"])  # ... and it is gone all the same
@@ -149,7 +149,7 @@ def test_verify_wait_scans_once_while_the_holder_lives(ps, monkeypatch):
     threading.Thread(target=end_holder_soon, daemon=True).start()
     free, doc, problems, waited = verify.wait_free(args, args.wait)
     assert free, problems
-    assert 0.7 < waited < 2.0, waited
+    assert waited >= 0.7, waited  # it waited for the holder's end (how soon after: make bench)
     # one scan, one at each RESCAN_EVERY_S while it lived, one after its exit: not one per 50 ms
     assert len(scans) <= 2 + int(0.8 / verify.RESCAN_EVERY_S) + 1, len(scans)
 

@@ -224,9 +224,10 @@ def test_all_quits_share_one_bounded_wait(tmp_path, ps):
         controls.append({"pid": control, "uid": 0, "start_time": 0, "pipe_dir": str(pipe), "cmdline": ""})
         servers.append({"pid": server, "start_time": start, "control": control})
     t0 = time.monotonic()
-    recs = mps.quit_all({"controls": controls, "servers": servers}, None, timeout_s=0.6)
+    recs = mps.quit_all({"controls": controls, "servers": servers}, None, timeout_s=5)
     took = time.monotonic() - t0
-    assert took < 1.2, "each daemon got the whole wait: %.2f s" % took
+    # one 5 s budget for all: had each daemon got the whole wait it would be 15 s
+    assert took < 10, "each daemon got the whole wait: %.2f s" % took
     assert not any(r["servers_gone"] for r in recs)
     assert any("was spent" in (r["error"] or "") for r in recs), recs
 
@@ -318,9 +319,9 @@ def test_a_hung_health_call_is_the_verdict_and_mig_and_mps_are_not_asked(monkeyp
     src = types.SimpleNamespace(name="nvml", nvml=nv, handles=["h0"])
     doc = {"gpus": [{"index": 0, "processes": []}], "_procs": {}}
     try:
-        done, took = annotate_within(doc, src, 5)
+        done, _took = annotate_within(doc, src, 60)  # the stuck call never returns: done is the proof
         assert done, "annotate waited on the stuck driver after its verdict"
-        assert took < 2 and src.hung and doc["gpus"][0]["health"]["verdict"] == "reboot needed"
+        assert src.hung and doc["gpus"][0]["health"]["verdict"] == "reboot needed"
         assert "mig" not in doc["gpus"][0] and doc["mps"] is None
     finally:
         nv.release.set()
@@ -332,8 +333,8 @@ def test_a_mig_call_that_hangs_is_bounded_too(monkeypatch):
     src = types.SimpleNamespace(name="nvml", nvml=nv, handles=["h0"])
     doc = {"gpus": [{"index": 0, "processes": []}], "_procs": {}}
     try:
-        done, took = annotate_within(doc, src, 5)
-        assert done and took < 2 and src.hung, "a stuck MIG query held the agent"
+        done, _took = annotate_within(doc, src, 60)
+        assert done and src.hung, "a stuck MIG query held the agent"
     finally:
         nv.release.set()
 
