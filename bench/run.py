@@ -690,6 +690,11 @@ def main(argv=None) -> int:
         print(gpu)
         return 0
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-bench-"))
+    # a benchmark never reads or writes the machine's gpu-pivot state (/run/gpu-pivot, the audit log
+    # in ~/.local/state): every section, and what it starts, keeps it in the run's own dir
+    for key, sub in (("GPU_PIVOT_RUN_DIR", "run"), ("XDG_STATE_HOME", "xdg"), ("GPU_PIVOT_SANDBOX_DIR", "sandbox"),
+                     ("GPU_PIVOT_CONTROL_DIR", "cm")):
+        os.environ[key] = str(work / sub)
     try:
         results, failed = run_all(args, work)
         text = report(args, results, failed)
