@@ -12,8 +12,6 @@ Check mode runs `plan` instead of `teardown` (nothing is signalled; the plan is 
 """
 from __future__ import annotations
 
-import json
-
 from . import cliargs
 from .agent import contract
 from .config_error import ConfigError
@@ -97,13 +95,12 @@ PROTECTED_KEYS = ("pid", "user", "cmdline", "reason")
 
 def outcome(call: dict, rc: int, stdout: str, stderr: str, check_mode: bool) -> dict:
     """The task result: changed, failed, msg and the facts (ansible_facts.gpu_pivot)."""
-    try:
-        doc = json.loads(contract.extract(stdout, call["nonce"]))
-    except (contract.MarkerError, ValueError) as exc:
-        tail = " | ".join(stderr.strip().splitlines()[-3:]) or "(nothing on stderr)"
-        return {"failed": True, "changed": False, "msg": f"the agent gave no result ({exc}); exit {rc}; {tail}"}
-    if doc.get(contract.USAGE_ERROR):
-        return {"failed": True, "changed": False, "msg": doc[contract.USAGE_ERROR]}
+    from .transport import AgentError, read_document
+
+    try:  # read as every agent call's result is (the module ran it over Ansible's own connection)
+        doc = read_document("", stdout, call["nonce"], rc, stderr)
+    except (AgentError, ConfigError) as exc:
+        return {"failed": True, "changed": False, "msg": str(exc)}
     sub = call["subcommand"]
     try:
         res = contract.read(sub, rc, doc)

@@ -6,11 +6,10 @@ same calls; the pivot only orders them.
 from __future__ import annotations
 
 import json
-import subprocess
 
 from .agent import contract
 from .config_error import ConfigError, show
-from .transport import agent_argv, call_agent, kill_and_reap
+from .transport import agent_argv, call_agent
 
 
 def phase_of(host, name: str):
@@ -53,68 +52,34 @@ def follow_logs(host, phase, lines: int):
     (exit 7); there is no deadline, following is open-ended. Ctrl-C ends the stream and is
     re-raised (exit 130 through `guarded`)."""
     import sys
-    import tempfile
-    import threading
 
-    from .remote_cmd import follow_stderr
     from .render import safe
-    from .route import ran_line, read_ssh_log, ssh_failure, ssh_log
-    from .transport import AgentError, _feed as feed, _parse as parse_result, route_ran  # as every agent call
+    from .runner import How
+    from .transport import read_document, send_agent  # as every agent call
 
     nonce = contract.new_nonce()
     begin = contract.begin(nonce).encode()
+    frame: list = []  # the agent's result, when it answered instead of following
+
+    def on_line(raw: bytes) -> None:
+        if frame or raw.rstrip(b"\n") == begin:
+            frame.append(raw)
+            return
+        # a log line is the host's text: escaped (no escape sequence or bidi override reaches
+        # the terminal raw: render.safe), one line out per line in
+        sys.stdout.write(safe(contract.textsafe.decode(raw).rstrip("\n")) + "\n")
+        sys.stdout.flush()
+
     argv = agent_argv(host, "phase-logs", spec_args(phase) + ["--lines", str(lines), "--follow"], nonce, False)
-    with ssh_log(host.route) as log, tempfile.TemporaryFile() as err:
-        cmd = host.route.wrap(host.route.marked(argv, nonce), ssh_log=log.path if log else None)
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err)
-        except OSError as exc:  # LOCAL_PYTHON names no program
-            raise AgentError(f"{host.alias}: could not start {cmd[0]!r}: {exc.strerror or exc}") from None
-        build_failed: list = []
-        threading.Thread(target=feed, args=(proc, not host.route.hops, build_failed), daemon=True).start()
-        seen: dict = {"ran": host.route.ssh is None, "err": [], "partial": b""}
-        done = threading.Event()
-        stderr_reader = threading.Thread(target=follow_stderr, args=(err, ran_line(nonce).encode(), seen, False, done),
-                                         daemon=True)
-        stderr_reader.start()
-        frame: list = []  # the agent's result, when it answered instead of following
-        assert proc.stdout is not None  # stdout=PIPE
-        try:
-            for raw in proc.stdout:
-                if frame or raw.rstrip(b"\n") == begin:
-                    frame.append(raw)
-                    continue
-                # a log line is the host's text: escaped (no escape sequence or bidi override reaches
-                # the terminal raw: render.safe), one line out per line in
-                sys.stdout.write(safe(contract.textsafe.decode(raw).rstrip("\n")) + "\n")
-                sys.stdout.flush()
-            code = proc.wait()
-        except KeyboardInterrupt:
-            _end(proc)
-            raise
-        finally:
-            done.set()
-            stderr_reader.join()
-        ssh_said = read_ssh_log(log)
-    if build_failed:
-        raise AgentError(f"{host.alias}: could not build the agent bundle: {build_failed[0]}")
-    stderr = b"".join(seen["err"]).decode("utf-8", "replace")
-    ran = seen["ran"] or route_ran(host, stderr, nonce)
+    done = send_agent(host, argv, nonce, How(on_line=on_line, echo_stderr=True, stop_on_interrupt=True))
+    assert done.code is not None  # no deadline: it exited
+    failure = done.failure(host.route, host.alias)
     if frame:
-        return code, parse_result(host, b"".join(frame).decode("utf-8", "replace"), nonce, code, stderr, ran, ssh_said)
-    failure = ssh_failure(host.route, host.alias, code, ran, ssh_said, stderr)
+        return done.code, read_document(host.alias, b"".join(frame).decode("utf-8", "replace"), nonce, done.code,
+                                        done.stderr, failure)
     if failure is not None:
         raise failure
-    return code, None
-
-
-def _end(proc) -> None:
-    """Stop the stream's local process (ssh, or the agent's tail here) and reap it."""
-    proc.terminate()
-    try:
-        proc.wait(timeout=5)
-    except subprocess.TimeoutExpired:
-        kill_and_reap(proc)
+    return done.code, None
 
 
 def drain(host, url: str, timeout_s: float, on_progress=None):

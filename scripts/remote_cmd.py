@@ -9,16 +9,13 @@ process is killed and the host counts as timed out (exit 7), and the other hosts
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
-import tempfile
-import threading
 from dataclasses import dataclass
 
+from . import runner
 from .agent import contract
-from .route import ran_line, read_ssh_log, ssh_failure, ssh_log
-from .transport import kill_and_reap, timed_out
+from .route import ran_line
 
 RUN_DEADLINE_S = 600.0  # `invoke run` default --timeout: operator commands may be long, never endless
 NOT_FOUND, NOT_EXECUTABLE = 127, 126  # what a shell exits with, so `local` agrees with ssh hosts
@@ -38,42 +35,19 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
     taken out of stderr). Raises HostUnreachable / HostTimedOut; never for the command's
     own exit code, 255 included."""
     nonce = contract.new_nonce()
-    mark = ran_line(nonce).encode()
-    with ssh_log(host.route) as log:
-        cmd = host.route.wrap(_marked(host, argv, nonce), ssh_log=log.path if log else None)
-        seen: dict = {"ran": host.route.ssh is None, "err": [], "partial": b""}
-        # Both streams go to files, never pipes: a ControlPersist master forked by this ssh keeps
-        # them open for minutes, so EOF on a pipe would come only then (transport.call_agent).
-        with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-            try:
-                proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL if capture else None,
-                                        stdout=out if capture else None, stderr=err)
-            except OSError as exc:  # only on this machine (no hops): ssh itself is always there
-                return _not_started(host, argv, exc, capture)
-            done = threading.Event()
-            follower = threading.Thread(target=follow_stderr, args=(err, mark, seen, capture, done), daemon=True)
-            follower.start()
-            stuck = None
-            code: int | None
-            try:
-                code = proc.wait(timeout=deadline_s if deadline_s > 0 else None)
-                cut_off = False
-            except subprocess.TimeoutExpired:
-                code, cut_off = kill_and_reap(proc), True
-                stuck = proc.pid if code is None else None
-            finally:
-                done.set()
-                follower.join()
-            out.seek(0)
-            stdout = out.read()
-        text = b"".join(seen["err"]).decode("utf-8", "replace")
-        ssh_said = read_ssh_log(log)
-        if cut_off or code is None:
-            raise timed_out(host.alias, deadline_s, seen["ran"], local=not host.route.hops, stuck_pid=stuck)
-        failure = ssh_failure(host.route, host.alias, code, seen["ran"], ssh_said, text)
-        if failure is not None:
-            raise failure
-        return Ran(SIGNALLED + -code if code < 0 else code, stdout, text.encode())
+    how = runner.How(stdin=subprocess.DEVNULL if capture else None, capture=capture, echo_stderr=not capture,
+                     deadline_s=deadline_s if deadline_s > 0 else None)
+    try:
+        done = runner.run(host.route, _marked(host, argv, nonce), nonce, how)
+    except runner.NotStarted as exc:  # only on this machine (no hops): ssh itself is always there
+        return _not_started(host, argv, exc.error, capture)
+    if done.cut_off or done.code is None:
+        raise done.timed_out(host.alias, deadline_s, local=not host.route.hops)
+    failure = done.failure(host.route, host.alias)
+    if failure is not None:
+        raise failure
+    code = done.code
+    return Ran(SIGNALLED + -code if code < 0 else code, done.stdout, done.stderr.encode())
 
 
 SIGNALLED = 128  # a command killed by signal N exits 128+N, as a shell reports it
@@ -106,36 +80,3 @@ def _not_started(host, argv: list, exc: OSError, capture: bool) -> Ran:
         sys.stderr.buffer.write(line)
         sys.stderr.flush()
     return Ran(code, b"", line)
-
-
-def follow_stderr(err, mark: bytes, seen: dict, capture: bool, done: threading.Event) -> None:
-    """Read the stderr file as it grows (until `done`, then what is left), line by line."""
-    pos = 0
-    while True:
-        finished = done.is_set()
-        chunk = os.pread(err.fileno(), 65536, pos)
-        if chunk:
-            pos += len(chunk)
-            data = seen["partial"] + chunk
-            *lines, seen["partial"] = data.split(b"\n")
-            for line in lines:
-                _line(line + b"\n", mark, seen, capture)
-            continue
-        if finished:
-            if seen["partial"]:
-                _line(seen["partial"], mark, seen, capture)
-            return
-        done.wait(0.05)
-
-
-def _line(line: bytes, mark: bytes, seen: dict, capture: bool) -> None:
-    """One stderr line: the proof line is dropped (noting it was seen); the rest kept. Not
-    capturing, lines after it pass on at once (a long command's errors show as they come);
-    lines before it are ssh's or the login shell's, kept for the one line that says why the
-    host was not reached."""
-    if not seen["ran"] and line.rstrip(b"\n") == mark:
-        seen["ran"] = True
-        return
-    seen["err"].append(line)
-    if not capture and seen["ran"]:
-        os.write(2, line)

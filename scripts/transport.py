@@ -3,21 +3,20 @@
 Why: the agent source goes on stdin (`python3 - SUBCOMMAND`), so a call is exactly one
 ssh connection (or none, for this machine), nothing is installed on the host, and only a
 short argv needs quoting. Everything outside the nonce'd marker lines is noise and ignored.
+The process itself is run by scripts/runner.py, as every command sent over a route.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
-import subprocess
-import tempfile
-import threading
-import time
 from dataclasses import dataclass
 from typing import Any
 
+from . import runner
 from .agent import contract
 from .bundle import agent_stream
 from .config_error import ConfigError
-from .route import RAN_PREFIX, HostTimedOut, ran_line, read_ssh_log, ssh_failure, ssh_log
+from .route import RAN_PREFIX, HostTimedOut
 
 
 class AgentError(RuntimeError):
@@ -132,37 +131,6 @@ def _spec_of(args) -> dict:
     return {}
 
 
-KILL_WAIT_S = 5.0
-
-
-def kill_and_reap(proc) -> int | None:
-    """SIGKILL a process this CLI started and reap it: its exit code, or None when it has not
-    died KILL_WAIT_S later. Why not wait for ever: a process in the kernel's uninterruptible
-    sleep (state D: a call into a hung NFS or FUSE mount, or into a driver) dies only when that
-    call returns, and the CLI must not hang past its own deadline waiting for it."""
-    proc.kill()
-    try:
-        return proc.wait(KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        return None
-
-
-def timed_out(alias: str, seconds: float, ran: bool, local: bool = False, stuck_pid: int | None = None) -> HostTimedOut:
-    """The one line for a call cut off at its deadline: whether the host had started it.
-    On this machine (`local`: no ssh) the process itself was killed, so nothing goes on;
-    unless it did not die (`stuck_pid`): then it says so, and that it may still hold the lock."""
-    if stuck_pid is not None:
-        return HostTimedOut(f"{alias}: timed out: no answer within {seconds:g}s, and pid {stuck_pid} did not stop "
-                            "on SIGKILL: it is stuck in the kernel (state D: a hung NFS or FUSE mount, or a driver "
-                            "call) and holds what it held, the host's teardown lock too, until that call returns")
-    if local:
-        return HostTimedOut(f"{alias}: timed out: no answer within {seconds:g}s; the command was stopped "
-                            "(see `invoke status`); raise it with --timeout")
-    where = ("it had started on the host and may still finish there" if ran
-             else "no sign it started there")
-    return HostTimedOut(f"{alias}: host timed out: no answer within {seconds:g}s; {where}; raise it with --timeout")
-
-
 def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: float | None = None) -> AgentResult:
     """Run one agent subcommand on `host` within `deadline_s` (default: deadline_for()).
 
@@ -171,117 +139,78 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
     exit 2, nothing done)."""
     nonce = contract.new_nonce()
     deadline = deadline_s if deadline_s is not None else deadline_for(subcommand, args)
-    with ssh_log(host.route) as log:
-        code, out_lines, stderr, ssh_said, cut_off, wall = _run(host, subcommand, args, on_progress, nonce,
-                                                                deadline, log)
-    ran = route_ran(host, stderr, nonce)
-    if cut_off:
-        raise timed_out(host.alias, deadline, ran, local=not host.route.hops, stuck_pid=cut_off.get("stuck"))
-    doc = _parse(host, "".join(out_lines), nonce, code, stderr, ran, ssh_said)
-    try:
-        result = contract.read(subcommand, code, doc)
-    except contract.ContractError as exc:
-        raise AgentError(f"{host.alias}: {exc} (exit {code})") from None
-    return AgentResult(host.alias, code, doc, wall, result)
+    out_lines: list = []
 
-
-def _run(host, subcommand: str, args, on_progress, nonce: str, deadline: float, log):
-    """Start the agent on host (ssh's own messages to `log`), feed it, read it until it exits
-    or the deadline passes: (code, stdout lines, stderr, what ssh said, cut off, seconds).
-    `cut off`: {} when it ended by itself, else {"stuck": pid or None} (pid: it outlived SIGKILL)."""
-    try:
-        cmd = host.route.wrap(host.route.marked(agent_argv(host, subcommand, args, nonce, on_progress is not None),
-                                                nonce), ssh_log=log.path if log else None)
-    except contract.statedir.StateDirError as exc:  # the local ssh ControlPath directory was refused
-        raise AgentError(f"{host.alias}: {exc}") from None
-    started = time.monotonic()
-    # stderr goes to a file, not a pipe: a ControlPersist master forked by this ssh keeps
-    # its stderr open for minutes, and waiting for EOF on a pipe would hang until then.
-    with tempfile.TemporaryFile() as err:
-        # On this machine (no hops) the agent gets its own session, as it would on a host
-        # behind ssh: a Ctrl-C at the operator's terminal must not reach it mid-teardown.
-        try:
-            proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err,
-                                    start_new_session=not host.route.hops)
-        except OSError as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
-            raise AgentError(f"{host.alias}: could not start {cmd[0]!r}: {exc.strerror or exc}") from None
-        # The bundle is built on the feeding thread, after the spawn: its ~10 ms run while the
-        # agent's interpreter starts (or ssh connects) instead of before them.
-        build_failed: list = []
-        threading.Thread(target=_feed, args=(proc, not host.route.hops, build_failed), daemon=True).start()
-        out_lines: list = []
-        reader = threading.Thread(target=_read, args=(proc, out_lines, on_progress), daemon=True)
-        reader.start()
-        cut_off: dict = {}
-        code: int | None
-        try:
-            code = proc.wait(timeout=deadline)
-        except subprocess.TimeoutExpired:
-            # ssh (the far side's agent ignores the hangup) or this machine's agent
-            code = kill_and_reap(proc)
-            cut_off = {"stuck": proc.pid if code is None else None}
-        # EOF follows the exit; never wait on a pipe another process holds (nor on one a process
-        # that outlived SIGKILL still holds: it gave no answer, and the line says so)
-        reader.join(timeout=5 if code is not None else 0.2)
-        err.seek(0)
-        stderr = err.read().decode("utf-8", "replace")
-    if build_failed:
-        raise AgentError(f"{host.alias}: could not build the agent bundle: {build_failed[0]}")
-    return code, out_lines, stderr, read_ssh_log(log), cut_off, time.monotonic() - started
-
-
-def route_ran(host, stderr: str, nonce: str) -> bool:
-    """Did the far side start the command (route.marked's line on stderr)? Always, with no ssh."""
-    return host.route.ssh is None or ran_line(nonce) in stderr
-
-
-def _read(proc, out_lines: list, on_progress) -> None:
-    for raw in proc.stdout:
+    def on_line(raw: bytes) -> None:
         line = raw.decode("utf-8", "replace")
         fields = contract.parse_progress(line) if on_progress else None
-        if fields is not None:
-            try:
-                on_progress(fields)
-            except Exception:  # noqa: BLE001  a display error must never stop reading the result
-                pass
-            continue
-        out_lines.append(line)
+        if fields is None:
+            out_lines.append(line)
+            return
+        try:
+            on_progress(fields)
+        except Exception:  # noqa: BLE001  a display error must never stop reading the result
+            pass
 
-
-def _feed(proc, compiled: bool, build_failed: list) -> None:
-    """Build the agent's stdin (bundle.agent_stream; `compiled`: this machine's bytecode too)
-    and write it; a bundle that cannot be built is noted in `build_failed` and the agent gets
-    an empty stdin, so it stops before doing anything."""
+    # On this machine (no hops) the agent gets its own session, as it would on a host behind
+    # ssh: a Ctrl-C at the operator's terminal must not reach it mid-teardown.
+    done = send_agent(host, agent_argv(host, subcommand, args, nonce, on_progress is not None), nonce,
+                      runner.How(on_line=on_line, deadline_s=deadline, own_session=not host.route.hops))
+    if done.cut_off:
+        raise done.timed_out(host.alias, deadline, local=not host.route.hops)
+    assert done.code is not None  # not cut off: it exited
+    doc = read_document(host.alias, "".join(out_lines), nonce, done.code, done.stderr, done.failure(host.route,
+                                                                                                   host.alias))
     try:
-        payload = agent_stream(compiled=compiled)
-    except Exception as exc:  # noqa: BLE001  reported by _run once the agent has stopped
-        build_failed.append(exc)
-        payload = b""
+        result = contract.read(subcommand, done.code, doc)
+    except contract.ContractError as exc:
+        raise AgentError(f"{host.alias}: {exc} (exit {done.code})") from None
+    return AgentResult(host.alias, done.code, doc, done.wall_s, result)
+
+
+def send_agent(host, argv: list, nonce: str, how: runner.How) -> runner.Finished:
+    """Run the agent's `argv` on host through the runner, the agent bundle on its stdin
+    (bundle.agent_stream, built on the feeding thread after the spawn: its ~10 ms run while
+    the agent's interpreter starts or ssh connects). AgentError when it could not start or
+    its bundle could not be built (then it got an empty stdin and stopped before doing
+    anything), or when the local ssh ControlPath directory was refused."""
+    local = not host.route.hops
+    how = dataclasses.replace(how, feed=lambda: agent_stream(compiled=local))  # compiled: this machine's bytecode
     try:
-        proc.stdin.write(payload)
-        proc.stdin.close()
-    except (BrokenPipeError, OSError):
-        pass  # the far side exited early; its exit code and stderr say why
+        done = runner.run(host.route, host.route.marked(argv, nonce), nonce, how)
+    except runner.NotStarted as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
+        raise AgentError(f"{host.alias}: {exc}") from None
+    except contract.statedir.StateDirError as exc:
+        raise AgentError(f"{host.alias}: {exc}") from None
+    if done.feed_error is not None:
+        raise AgentError(f"{host.alias}: could not build the agent bundle: {done.feed_error}")
+    return done
 
 
-def _parse(host, stdout: str, nonce: str, code: int, stderr: str, ran: bool, ssh_said: str = "") -> dict:
+def read_document(alias: str, stdout: str, nonce: str, code: int, stderr: str = "",
+                  unreached: Exception | None = None) -> dict:
+    """The agent's one JSON document from its stdout (between the markers of `nonce`).
+
+    Raises `unreached` when there is none (ssh's own failure: Finished.failure), else
+    AgentError (no document, not JSON, or the agent's own failure, named) or ConfigError
+    (the agent refused a flag's value). `alias` ("" for none) starts every message."""
+    at = f"{alias}: " if alias else ""
     try:
         body = contract.extract(stdout, nonce)
     except contract.MarkerError as exc:
-        failure = ssh_failure(host.route, host.alias, code, ran, ssh_said, stderr)
-        if failure is not None:
-            raise failure from None
+        if unreached is not None:
+            raise unreached from None
         stderr = "\n".join(line for line in stderr.splitlines() if RAN_PREFIX not in line)
-        raise AgentError(f"{host.alias}: {exc}; the command exited {code}; stderr: {_tail(stderr)}") from None
+        raise AgentError(f"{at}{exc}; the command exited {code}; stderr: {_tail(stderr)}") from None
     try:
         doc = json.loads(body)
     except ValueError as exc:
-        raise AgentError(f"{host.alias}: the agent's result is not valid JSON ({exc}); exit {code}") from None
+        raise AgentError(f"{at}the agent's result is not valid JSON ({exc}); exit {code}") from None
     if not isinstance(doc, dict):
-        raise AgentError(f"{host.alias}: the agent's result is not a JSON object; exit {code}")
+        raise AgentError(f"{at}the agent's result is not a JSON object; exit {code}")
     if doc.get(contract.USAGE_ERROR):
-        raise ConfigError(f"{host.alias}: {doc[contract.USAGE_ERROR]}")
+        raise ConfigError(f"{at}{doc[contract.USAGE_ERROR]}")
     if doc.get(contract.AGENT_ERROR):  # the agent caught its own failure (agent/cli.py main): exit 3, named
-        raise AgentError(f"{host.alias}: the agent failed: {doc[contract.AGENT_ERROR]} (exit {code}; please report "
+        raise AgentError(f"{at}the agent failed: {doc[contract.AGENT_ERROR]} (exit {code}; please report "
                          "it with this line)")
     return doc

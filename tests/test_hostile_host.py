@@ -22,7 +22,7 @@ import pytest
 
 from scripts.agent import cli, contract, gpuinfo, procscan, program, verify
 from scripts.hostconfig import build_host
-from scripts.transport import AgentError, _parse, call_agent
+from scripts.transport import AgentError, call_agent, read_document
 from tests import scenario
 from tests.conftest import REPO
 from tests.procs import alive, wait_for
@@ -146,12 +146,11 @@ def test_an_exception_in_the_agent_is_a_result_naming_it(monkeypatch, capsys):
 
 
 def test_the_cli_reports_the_agents_own_failure_as_one_line():
-    host_ = build_host("local", {}, "test")
     nonce = contract.new_nonce()
     body = json.dumps({contract.AGENT_ERROR: "IndexError: boom (program.py:72 in names)", "command": "scan",
                        "exit_code": 3})
     with pytest.raises(AgentError, match=r"local: the agent failed: IndexError: boom \(program\.py:72 in names\)"):
-        _parse(host_, contract.frame(nonce, body), nonce, 3, "", True)
+        read_document("local", contract.frame(nonce, body), nonce, 3, "")
 
 
 def test_a_process_no_parser_understands_is_not_inspected(monkeypatch, ps):

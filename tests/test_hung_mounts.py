@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import transport
+from scripts import runner
 from scripts.agent import devices, fdstat, procfs, procscan
 from scripts.hostconfig import build_host
 from scripts.route import HostTimedOut
@@ -167,7 +167,7 @@ def test_a_teardown_beside_a_hung_mount_frees_its_targets_and_does_not_wait(hung
 def test_an_agent_that_outlives_sigkill_is_named_and_the_cli_does_not_wait_for_it(hung_holder, ps, tmp_path,
                                                                                    monkeypatch):
     _, started, mnt = hung_holder
-    monkeypatch.setattr(transport, "KILL_WAIT_S", 1.0)
+    monkeypatch.setattr(runner, "KILL_WAIT_S", 1.0)
     stuck = tmp_path / "stuck-python"
     stuck.write_text(STUCK % (mnt / "f"))
     stuck.chmod(0o755)
@@ -181,7 +181,7 @@ def test_an_agent_that_outlives_sigkill_is_named_and_the_cli_does_not_wait_for_i
     assert "did not stop on SIGKILL" in text and "state D" in text and "\n" not in text
     pid = int(text.split(" pid ")[1].split()[0])
     assert procscan.basic(pid)["state"] == "D"  # it really is stuck in the kernel, as the line says
-    assert waited < 2 + transport.KILL_WAIT_S + 3  # the CLI gave up on it instead of hanging too
+    assert waited < 2 + runner.KILL_WAIT_S + 3  # the CLI gave up on it instead of hanging too
 
 
 # Holds the hung file at fd 3 and a (fake) GPU at fd 4, and declares GPU memory as a sandbox

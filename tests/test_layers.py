@@ -24,7 +24,7 @@ LOCAL_LAYERS = (
               "scripts.floor", "scripts.fuser_parse", "scripts.sandbox_roles", CONTRACT)),
     ("input", ("scripts.envfile", "scripts.sshopts", "scripts.patterncheck", "scripts.route", "scripts.cliargs")),
     ("config", ("scripts.phases", "scripts.hostconfig")),
-    ("transport", ("scripts.transport", "scripts.bundle", "scripts.audit_log", "scripts.sandbox_fs",
+    ("transport", ("scripts.transport", "scripts.runner", "scripts.bundle", "scripts.audit_log", "scripts.sandbox_fs",
                    "scripts.shell_teardown", "scripts.sandbox_procs")),
     ("operations and views", ("scripts.status_view", "scripts.teardown_view", "scripts.phase_view",
                               "scripts.health_view", "scripts.reset_view",
