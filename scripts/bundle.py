@@ -133,38 +133,42 @@ def shipped_source(path: Path) -> str:
 _QUOTES = ('"""', "'''")
 
 
+_HEADER = re.compile(r"^(?:async[ \t]+def|def|class)[ \t]")
+
+
 def strip_source(text: str) -> str:
     """The source without its docstrings and comment lines, every line where it was.
 
     Why: every call sends the agent (about a third of it was docstrings and comments: the why
     that is for people reading here, not for the host), and a traceback on the host must
     still name the right line, so each removed line is left as an empty line. A docstring is
-    a triple-quoted string that starts a line right after a line ending in `:` (a def's or a
-    class's) or at the top of the module; it keeps its first line only (agent/cli.py shows a
-    module's or a class's as a subcommand's help). A comment line is one whose first
-    character past its indent is `#`, outside a string that goes on over lines (one whose
-    line holds an odd number of triple quotes); a comment after code goes too where no quote
-    comes before its `#`. tests/test_bundle_strip.py proves, module by module,
-    that the code is the same as the original's with its docstrings removed (ast), so a
-    string that only looks like these is caught there, not on a host."""
+    a triple-quoted string that starts a line at the top of the module or right after a def's
+    or a class's header (its lines up to the one ending in `:`); it keeps its first line only
+    (agent/cli.py shows a module's or a class's as a subcommand's help). A comment line is
+    one whose first character past its indent is `#`, outside a string that goes on over
+    lines (one whose line holds an odd number of triple quotes) and not continued from the
+    line before (a backslash); a comment after code goes too where no quote comes before its
+    `#`. tests/test_bundle_strip.py proves, module by module, that the code is the same as
+    the original's with its docstrings removed (ast), so a string that only looks like these
+    is caught there, not on a host."""
     lines = text.split("\n")
     out: list = []
-    prev = None  # the last line of code seen (None: none yet, so a docstring here is the module's)
+    doc_may_follow = True  # at the top of the module, and after a def's or a class's header
+    in_header = False
     i = 0
     while i < len(lines):
         line = lines[i]
         body = line.lstrip()
         quote = body[:3]
-        if quote in _QUOTES and (prev is None or prev.endswith(":")):
+        if quote in _QUOTES and doc_may_follow:
             end = i if quote in body[3:] else next((j for j in range(i + 1, len(lines)) if quote in lines[j]), None)
             if end is not None and not lines[end].split(quote)[-1].strip():
                 indent = line[:len(line) - len(body)]
                 doc = "\n".join([body[3:]] + lines[i + 1:end + 1]).split(quote)[0]
                 first = next((x.strip() for x in doc.splitlines() if x.strip()), "")
-                keep = indent + (repr(first) if first and "\\" not in first else '""')
-                out.append(keep)
+                out.append(indent + (repr(first) if first and "\\" not in first else '""'))
                 out.extend([""] * (end - i))
-                prev = keep.strip()
+                doc_may_follow = False
                 i = end + 1
                 continue
         if body.startswith("#"):
@@ -177,12 +181,17 @@ def strip_source(text: str) -> str:
             body = line.lstrip()
         out.append(line)
         if body:
-            prev = body
+            in_header = in_header or bool(_HEADER.match(body))
+            doc_may_follow = in_header and body.endswith(":")
+            in_header = in_header and not doc_may_follow
         i += 1
         opened = next((q for q in _QUOTES if line.count(q) % 2), None)
-        while opened and i < len(lines):  # a string that goes on over lines: kept as it is, `#` lines too
+        continued = line.endswith("\\")
+        while (opened or continued) and i < len(lines):  # a string or a line that goes on: kept as it is
             out.append(lines[i])
-            opened = None if lines[i].count(opened) % 2 else opened
+            opened = (None if lines[i].count(opened) % 2 else opened) if opened else \
+                next((q for q in _QUOTES if lines[i].count(q) % 2), None)
+            continued = lines[i].endswith("\\")
             i += 1
     return "\n".join(out)
 

@@ -68,3 +68,20 @@ def test_a_kept_copy_is_used_only_for_the_very_file_it_was_made_from(tmp_path):
     assert kept.exists()
     module.write_text('"""Doc.\n\nMore."""\nX = 22  # two\n')  # another size, another mtime
     assert bundle.shipped_source(module) == "'Doc.'\n\n\nX = 22\n"
+
+
+@pytest.mark.parametrize("source", [
+    'HELP = {"teardown":\n        """Stop the targets.\n\n        Then verify."""\n}\n',  # a value after a `:` line
+    'X = "a \\\n# b"\n',  # a line continued by a backslash is not a comment line
+    'Y = "a \\\nb # c"\n',
+    'def f(a,\n      b):\n    """Doc.\n\n    More."""\n    return {"k":\n        """v\n# not a comment"""}\n',
+])
+def test_strip_source_never_changes_what_the_code_does(source):
+    def run(text, name):
+        scope: dict = {}
+        exec(compile(text, name, "exec"), scope)
+        return {k: v for k, v in scope.items() if k not in ("__builtins__", "f")} | (
+            {"f": scope["f"](1, 2)} if "f" in scope else {})
+
+    assert run(bundle.strip_source(source), "shipped") == run(source, "original")
+    assert bundle.strip_source(source).count("\n") == source.count("\n")

@@ -48,7 +48,7 @@ def test_sandbox_three_pivots_end_to_end(sandbox):
     assert "smoke: HTTP 200" in text
     config = Path(os.environ["GPU_PIVOT_SANDBOX_DIR"]) / "server-code" / "server_config.json"
     assert '"dynamic_spec": true' in config.read_text()
-    audit = [json.loads(line) for line in invoke("audit", "--json", "--lines", "200").stdout.decode().splitlines()]
+    audit = json.loads(invoke("audit", "--json", "--lines", "200").stdout)
     assert [r["to"] for r in audit if r.get("event") == "pivot"][-3:] == ["datagen", "train", "deploy"]
 
 

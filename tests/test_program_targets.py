@@ -153,3 +153,36 @@ def test_the_prefilter_never_hides_a_name_that_matches(argv, comm, patterns):
             if hit and slow is None:
                 slow = (pattern, hit)
     assert program.match(proc, patterns) == slow
+
+
+def _slow_match(proc, patterns):
+    for pattern in patterns:
+        for alt in program.alternatives(pattern):
+            hit = next((why for name, why in program.names(proc)
+                        if (" " in name) == (" " in alt) and re.fullmatch(alt, name)), None)
+            if hit:
+                return pattern, hit
+    return None
+
+
+@pytest.mark.parametrize("argv0", ["", " ", "\t"])
+def test_the_prefilter_reads_a_blank_argv0_as_names_does(argv0):
+    """`exec -a '' vllm serve ...`: the process is named by its comm (`vllm serve`), and so is the
+    text the prefilter searches."""
+    proc = {"argv": [argv0, "serve", "--model", "/m"], "comm": "vllm"}
+    patterns = list(TARGETS)
+    assert program.match(proc, patterns) == _slow_match(proc, patterns) == ("vllm serve", "runs 'vllm serve'")
+
+
+@pytest.mark.parametrize("argv, comm, patterns", [
+    (["/opt/bin/vllm", "serve", "--port", "1"], "vllm", ["(?x) torch run ", "vllm serve"]),  # verbose mode
+    (["/opt/bin/\u210cost"], "x", [r"(?a)zz", r"\w+ost"]),  # ASCII-only \w
+    (["yz"], "yz", [r"(s)glang", r"(y)?(?(1)z|w)"]),  # a conditional group's number
+])
+def test_one_patterns_flags_or_groups_change_no_other_pattern(argv, comm, patterns):
+    """The prefilter joins the patterns into one regex: inline flags (which Python before 3.11
+    applies to the whole regex) and conditional groups turn it off, so each pattern keeps its
+    own meaning, on the agent's oldest Python as on this one."""
+    proc = {"argv": argv, "comm": comm}
+    assert program._matcher(tuple(patterns))[0] is None
+    assert program.match(proc, patterns) == _slow_match(proc, patterns) is not None

@@ -72,3 +72,20 @@ def test_a_scan_in_workers_says_what_a_one_core_scan_says(tmp_path, monkeypatch)
         for p in procs:
             p.kill()
             p.wait()
+
+
+def test_the_scan_survives_an_ignored_sigchld(tmp_path, monkeypatch):
+    """A service manager or CI runner may start the agent with SIGCHLD ignored (it is inherited):
+    the kernel then reaps the workers itself, and waiting for them must not end the scan."""
+    import signal
+
+    old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+    try:
+        assert sorted(x for part in fanout.map_pieces(list, list(range(2000)), 2) for x in part) == \
+            list(range(2000))
+        (tmp_path / "nvidia0").touch()
+        monkeypatch.setattr(fanout, "workers_for", lambda count: 2)
+        snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True))
+        assert os.getpid() in snap["procs"] and snap["workers"] == 2
+    finally:
+        signal.signal(signal.SIGCHLD, old)

@@ -104,7 +104,10 @@ def _gather(running, done):
             poller.unregister(fd)
             os.close(fd)
             del running[fd]
-            os.waitpid(pid, 0)  # a worker that died sent fewer frames: the rest is run here
+            try:
+                os.waitpid(pid, 0)  # a worker that died sent fewer frames: the rest is run here
+            except ChildProcessError:  # SIGCHLD ignored (inherited from a service manager): reaped already
+                pass
 
 
 def _frames(buf, w, done):

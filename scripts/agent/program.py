@@ -130,13 +130,15 @@ def _text(proc):
     """Every name names() gives is a piece of this text: argv joined by spaces, comm, and the
     `program subcommand` of a titled process (its title's first word, then argv[1])."""
     argv = [a for a in (proc.get("argv") or []) if a is not None]
-    words = argv[0].split() if argv else []
+    words = (argv[0].strip() or (proc.get("comm") or "")).split() if argv else []  # as names() reads a blank one
     first = os.path.basename(words[0]) if words else ""
     return "%s\0%s\0%s %s" % (" ".join(argv), proc.get("comm") or "", first, argv[1] if len(argv) > 1 else "")
 
 
 _MATCHERS: dict = {}
-_CONTEXT = re.compile(r"\\[AZbBG0-9]|[$^]|\(\?(?:[=!<]|P=)")  # anchors, lookarounds, backreferences
+# anchors, lookarounds, backreferences, conditional groups and inline flags (which Python
+# before 3.11 applies to the whole joined prefilter, not to its own alternative)
+_CONTEXT = re.compile(r"\\[AZbBG0-9]|[$^]|\(\?(?:[=!<(]|P=|[aiLmsux-]+[:)])")
 
 
 def _matcher(patterns):

@@ -9,7 +9,8 @@ from .common import guarded
 from .flags import task
 
 
-@task(help={"lines": f"how many of the newest records (default {defaults.AUDIT_LINES})", "json": "print JSON lines"})
+@task(help={"lines": f"how many of the newest records (default {defaults.AUDIT_LINES})",
+            "json": "print the records as one JSON list (oldest first; [] when there are none)"})
 @guarded
 def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     """Show the local audit log: every signal, unit stop and pivot, with host, operator and result."""
@@ -25,8 +26,7 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     if json:
         from scripts.agent.contract import textsafe
 
-        for r in recs:
-            print(textsafe.dumps(r, sort_keys=True))  # valid Unicode: a non-UTF-8 byte is U+EF80+
+        print(textsafe.dumps(recs, sort_keys=True))  # one document; valid Unicode: a non-UTF-8 byte is U+EF80+
         return
     print(f"audit log: {safe(audit_log.audit_path())}")
     short = width() < 70  # a narrow pane: the time without its year (14 columns, not 19)
