@@ -87,7 +87,7 @@ def pivot_once(workdir, args, n, env, poller="none"):
     """One gpu-pivot teardown of a fresh tree; with `poller` (tests/gpu_support.POLLERS)
     someone watches the GPUs meanwhile (nvidia-smi in a loop, a pynvml exporter)."""
     token = f"bench-pivot-{n}-{poller}-{os.getpid()}"
-    tree = GpuTree(workdir, token, args.children, args.gib_per_proc)
+    tree = GpuTree(workdir, token, args.children, args.gib_per_proc, wrapped=args.wrapped)
     watcher = None if poller == "none" else Poller(workdir, poller)
     try:
         return _teardown_once(workdir, token, tree, args, env)
@@ -246,6 +246,9 @@ def main():
     add_tree_arguments(p)
     p.add_argument("--cli-python", default=sys.executable,
                    help="interpreter of the operator's CLI (a venv as `make setup` makes; default: this one)")
+    p.add_argument("--wrapped", action="store_true",
+                   help="start each gpu-pivot rep's tree under a shell that outlives it (a supervisor survives: "
+                        "the settle window is watched whole)")
     p.add_argument("--bystanders", type=int, default=0,
                    help="idle processes started on the host for the whole run (a busy host: 20000)")
     p.add_argument("--pollers", type=lambda v: v.split(","), default=["none"],
@@ -259,6 +262,7 @@ def main():
     result = result_doc(args, floors, pivots[args.pollers[0]])
     result["pollers"] = pollers_doc(pivots)
     result["bystanders"] = args.bystanders
+    result["wrapped"] = args.wrapped
     result["cli_exit_minus_floor_s"] = result["cli_exit_s"]["median"] - result["floor_s"]["median"]
     result["poller_reps"] = {k: v for k, v in pivots.items() if k != args.pollers[0]}
     Path(args.out).write_text(json.dumps(result, indent=1))

@@ -51,11 +51,17 @@ def nvml_used_mib() -> list:
 class GpuTree:
     """Start tests/gpu_tree.py; .pids = [parent, children...] once all hold their memory."""
 
-    def __init__(self, workdir: Path, token: str, children: int = 3, gib: float = 2.0):
+    def __init__(self, workdir: Path, token: str, children: int = 3, gib: float = 2.0, wrapped: bool = False):
+        """`wrapped`: started by a shell that outlives it (`bash -c 'python3 gpu_tree.py ...; sleep'`),
+        a supervisor the teardown names and does not stop, so its settle window is watched whole."""
         self.ready = Path(workdir) / f"{token}.ready"
-        self.proc = subprocess.Popen([sys.executable, str(HERE / "gpu_tree.py"), "--token", token, "--children",
-                                      str(children), "--gib", str(gib), "--ready", str(self.ready)],
-                                     start_new_session=True)
+        argv = [sys.executable, str(HERE / "gpu_tree.py"), "--token", token, "--children", str(children), "--gib",
+                str(gib), "--ready", str(self.ready)]
+        if wrapped:
+            import shlex
+
+            argv = ["bash", "-c", shlex.join(argv) + "; exec sleep 3600"]
+        self.proc = subprocess.Popen(argv, start_new_session=True)
         deadline = time.monotonic() + 300
         while not self.ready.exists():
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -65,9 +71,12 @@ class GpuTree:
         self.starts = {p: procfs.start_time(p) for p in self.pids}
 
     def kill(self, sig=signal.SIGKILL) -> None:
-        """Signal the whole tree at once, by PID + start time (the floor measurement)."""
+        """Signal the whole tree at once, by PID + start time (the floor measurement), and the
+        shell that wraps it, if any (once the tree is gone: it would only start `sleep`)."""
         for pid, start in self.starts.items():
             procfs.signal_if_same(pid, start, sig)
+        if self.proc.pid not in self.starts and self.proc.poll() is None:
+            self.proc.kill()
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
