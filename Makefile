@@ -21,6 +21,11 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
+.PHONY: requirements
+requirements: ## remake requirements.txt and requirements-dev.txt from pyproject.toml (the one place pins are written)
+	python3 -m scripts.pins runtime > requirements.txt
+	python3 -m scripts.pins dev > requirements-dev.txt
+
 # Invoke's own --version (read before tasks.py) gets the closed-pipe / full-disk guard from a .pth
 $(VENV)/.output-guard: $(VENV)/.installed scripts/cli/output_guard.py
 	$(PY) -m scripts.cli.output_guard >/dev/null

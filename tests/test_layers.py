@@ -21,7 +21,7 @@ AGENT_LAUNCHER = "scripts.gpuagent"
 
 LOCAL_LAYERS = (
     ("base", ("scripts", "scripts.config_error", "scripts.render", "scripts.nodeset", "scripts.defaults",
-              "scripts.floor", "scripts.fuser_parse", "scripts.sandbox_roles", CONTRACT)),
+              "scripts.pins", "scripts.floor", "scripts.fuser_parse", "scripts.sandbox_roles", CONTRACT)),
     ("input", ("scripts.envfile", "scripts.sshopts", "scripts.patterncheck", "scripts.route", "scripts.cliargs")),
     ("config", ("scripts.phases", "scripts.hostconfig")),
     ("transport", ("scripts.transport", "scripts.runner", "scripts.bundle", "scripts.audit_log", "scripts.sandbox_fs",

@@ -1,6 +1,7 @@
-"""The pins live twice: pyproject.toml (metadata, `pip install .[dev]`) and the requirements
-files (what `make setup` and CI install). They must say the same, or CI tests other versions
-than a `pip install .` gets; test-only tools must stay out of the runtime list."""
+"""The pins are written once, in pyproject.toml; the requirements files (what `make setup` and
+CI install) are made from it (`make requirements`, scripts/pins.py) and must be what that makes,
+or CI tests other versions than a `pip install .` gets; test-only tools stay out of the runtime
+list."""
 import re
 import tomllib
 
@@ -47,3 +48,16 @@ def test_test_tools_are_not_runtime():
 def test_pin_parser_rejects_ranges():
     with pytest.raises(AssertionError, match="not an exact pin: 'invoke>=3'"):
         pins(["invoke>=3"])
+
+
+def test_the_requirements_files_are_made_from_pyproject():
+    from scripts import pins
+
+    assert (REPO / "requirements.txt").read_text() == pins.text("runtime"), "run `make requirements`"
+    assert (REPO / "requirements-dev.txt").read_text() == pins.text("dev"), "run `make requirements`"
+
+
+def test_python_dotenv_is_a_test_tool_only():
+    """hosts.env is read by scripts/envfile.py; python-dotenv is what the tests compare it with."""
+    assert "python-dotenv" not in pins(project()["dependencies"])
+    assert "python-dotenv" in pins(project()["optional-dependencies"]["dev"])
