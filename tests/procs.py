@@ -131,3 +131,24 @@ class Bystanders:
         if self.shell is not None and self.shell.poll() is None:
             os.killpg(self.shell.pid, signal.SIGKILL)
             self.shell.wait()
+
+
+def tmux_pane(ps, tmp_path: Path, shell_cmd: str = "bash --norc --noprofile -i") -> tuple:
+    """A person's terminal: a tmux server of the test's own socket with one pane running
+    `shell_cmd`; both adopted by `ps` (ended by PID). Returns (socket, tmux server pid, pane
+    pid). Skips where tmux is not installed (.ci/packages has it)."""
+    import shutil
+
+    import pytest
+
+    if not shutil.which("tmux"):
+        pytest.skip("tmux is not installed (apt-get install tmux; .ci/packages has it)")
+    sock = tmp_path / "tmux.sock"
+    subprocess.run(["tmux", "-S", str(sock), "new-session", "-d", "-x", "200", "-y", "50", shell_cmd], check=True)
+    server = int(subprocess.run(["tmux", "-S", str(sock), "display-message", "-p", "#{pid}"],
+                                capture_output=True, text=True, check=True).stdout)
+    ps.adopt(server)
+    pane = int(subprocess.run(["tmux", "-S", str(sock), "list-panes", "-F", "#{pane_pid}"], capture_output=True,
+                              text=True, check=True).stdout)
+    ps.adopt(pane)
+    return sock, server, pane

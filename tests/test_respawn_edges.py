@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from scripts.transport import call_agent
-from tests.procs import alive, children, wait_for
+from tests.procs import alive, children, tmux_pane, wait_for
 from tests.test_respawn_rules import ready_pid, server_cmd, shell, teardown
 from tests.test_teardown_honesty import host
 
@@ -69,19 +69,9 @@ def test_an_interactive_shell_with_an_rcfile_is_no_wrapper(ps, tmp_path):
     """A tmux pane running `bash --rcfile venv.rc -i` (a shell with a venv active) is someone's
     terminal: `--rcfile`'s value is no script, and the pane is never a supervisor, not even with
     --stop-supervisors."""
-    if subprocess.run(["sh", "-c", "command -v tmux"], capture_output=True).returncode:
-        pytest.skip("no tmux")
     rc = tmp_path / "venv.rc"
     rc.write_text("PS1='$ '\n")
-    sock = tmp_path / "tmux.sock"
-    subprocess.run(["tmux", "-S", str(sock), "new-session", "-d", "-x", "200", "-y", "50",
-                    f"bash --rcfile {rc} -i"], check=True)
-    tmux_server = int(subprocess.run(["tmux", "-S", str(sock), "display-message", "-p", "#{pid}"],
-                                     capture_output=True, text=True, check=True).stdout)
-    ps.adopt(tmux_server)
-    pane = int(subprocess.run(["tmux", "-S", str(sock), "list-panes", "-F", "#{pane_pid}"], capture_output=True,
-                              text=True, check=True).stdout)
-    ps.adopt(pane)
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash --rcfile {rc} -i")
     ready = ps.base / "srv.ready"
     subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
     server = ready_pid(ready)
@@ -92,25 +82,11 @@ def test_an_interactive_shell_with_an_rcfile_is_no_wrapper(ps, tmp_path):
     assert plan["supervisors"] == [], plan["supervisors"]
 
 
-def _tmux_pane(ps, tmp_path, shell_cmd="bash --norc --noprofile -i"):
-    sock = tmp_path / "tmux.sock"
-    subprocess.run(["tmux", "-S", str(sock), "new-session", "-d", "-x", "200", "-y", "50", shell_cmd], check=True)
-    server = int(subprocess.run(["tmux", "-S", str(sock), "display-message", "-p", "#{pid}"],
-                                capture_output=True, text=True, check=True).stdout)
-    ps.adopt(server)
-    pane = int(subprocess.run(["tmux", "-S", str(sock), "list-panes", "-F", "#{pane_pid}"], capture_output=True,
-                              text=True, check=True).stdout)
-    ps.adopt(pane)
-    return sock, server, pane
-
-
 def test_the_hint_for_a_loop_typed_at_a_prompt_never_names_the_flag(ps, tmp_path):
     """`while true; do SERVER; sleep 0.5; done` typed in a tmux pane: the loop runs in the
     interactive shell itself. The respawn is caught, and its hint never offers
     --stop-supervisors, which does not stop an interactive shell."""
-    if subprocess.run(["sh", "-c", "command -v tmux"], capture_output=True).returncode:
-        pytest.skip("no tmux")
-    sock, tmux_server, pane = _tmux_pane(ps, tmp_path)
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path)
     ready = ps.base / "srv.ready"
     subprocess.run(["tmux", "-S", str(sock), "send-keys",
                     f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep 0.5; done", "Enter"], check=True)

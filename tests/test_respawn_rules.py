@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from scripts.transport import call_agent
-from tests.procs import alive, children, wait_for
+from tests.procs import alive, children, tmux_pane, wait_for
 from tests.test_teardown_honesty import host
 
 SERVER = """\
@@ -202,17 +202,7 @@ def test_a_device_handle_without_a_context_is_not_a_holder_where_a_process_list_
 def test_a_server_in_a_tmux_pane_is_stopped_and_tmux_survives(ps, tmp_path):
     """The control: a person's terminal (an interactive shell in a tmux pane) is no wrapper; the
     server it runs is stopped for good and the pane and tmux live on."""
-    if subprocess.run(["sh", "-c", "command -v tmux"], capture_output=True).returncode:
-        pytest.skip("tmux is not installed (apt-get install tmux; .ci/run does)")
-    sock = tmp_path / "tmux.sock"
-    subprocess.run(["tmux", "-S", str(sock), "new-session", "-d", "-x", "200", "-y", "50",
-                    "bash --norc --noprofile -i"], check=True)
-    tmux_server = int(subprocess.run(["tmux", "-S", str(sock), "display-message", "-p", "#{pid}"],
-                                    capture_output=True, text=True, check=True).stdout)
-    ps.adopt(tmux_server)
-    pane = int(subprocess.run(["tmux", "-S", str(sock), "list-panes", "-F", "#{pane_pid}"], capture_output=True,
-                              text=True, check=True).stdout)
-    ps.adopt(pane)
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path)
     ready = ps.base / "srv.ready"
     subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
     server = ready_pid(ready)

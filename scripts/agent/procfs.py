@@ -20,34 +20,23 @@ def read_record(path):
     file over whole, so a read shorter than asked for is its end (only a longer one is read
     on). A scan reads two of these per process; the read that would only see EOF is ~20% of
     that cost. Errors as read_bytes."""
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    try:
-        data = os.read(fd, READ_CHUNK)
-        if len(data) < READ_CHUNK:
-            return data
-        chunks = [data]
-        while True:
-            chunk = os.read(fd, READ_CHUNK)
-            if not chunk:
-                return b"".join(chunks)
-            chunks.append(chunk)
-    finally:
-        os.close(fd)
+    return read_bytes(path, record=True)
 
 
-def read_bytes(path):
-    """The whole file, read with os.read until EOF (a /proc file may come in several pieces).
-    Why not open().read(): a scan reads three or more small /proc files per process, before the
-    first signal and again to confirm FREED, and the buffered file object costs ~3 us of each
-    ~5 us read (~15% of a scan: bench/scan_reads.py). Errors are open()'s: FileNotFoundError,
-    PermissionError, ProcessLookupError (the process went away mid-read)."""
+def read_bytes(path, record=False):
+    """The whole file, read with os.read until EOF (a /proc file may come in several pieces;
+    `record`: see read_record). Why not open().read(): a scan reads three or more small /proc
+    files per process, before the first signal and again to confirm FREED, and the buffered
+    file object costs ~3 us of each ~5 us read (~15% of a scan: bench/scan_reads.py). Errors
+    are open()'s: FileNotFoundError, PermissionError, ProcessLookupError (the process went
+    away mid-read)."""
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     try:
         chunks: list = []
         while True:
             chunk = os.read(fd, READ_CHUNK)
-            if not chunk:
-                return b"".join(chunks)
+            if not chunk or (record and not chunks and len(chunk) < READ_CHUNK):
+                return chunk if chunk else b"".join(chunks)
             chunks.append(chunk)
     finally:
         os.close(fd)
