@@ -58,24 +58,23 @@ def _bool(key: str, value) -> bool:
 
 def agent_call(raw: dict, check_mode: bool) -> dict:
     """{subcommand, argv, nonce, deadline_s} for one task; ConfigError for a bad argument."""
-    from .transport import deadline_for
+    from .transport import TeardownRequest, deadline_for
 
     p = _params(raw)
     nonce = contract.new_nonce()
+    req = TeardownRequest(grace=p["grace"], timeout=p["timeout"], settle=p["settle"], max_used_mib=p["max_used_mib"],
+                          operator="ansible", match=tuple(p["match"]))
     if p["state"] == "verified":
         sub, args = "verify", ["--max-used-mib", p["max_used_mib"]]
     elif check_mode:
-        sub, args = "plan", []
+        sub, args = "plan", req.selection()
     else:
-        sub, args = "teardown", ["--grace", p["grace"], "--timeout", p["timeout"], "--max-used-mib",
-                                 p["max_used_mib"], "--operator", "ansible"]
-        args += [] if p["settle"] is None else ["--settle", p["settle"]]
-    args += [f"--match={m}" for m in p["match"]] if sub != "verify" else []
+        sub, args = "teardown", req.argv()
     argv = contract.agent_argv(p["python"] or "python3", sub, nonce, p["devices"], fake_devices=p["fake_devices"],
                                targets=p["targets"], protect=p["protect"], scope=p["scope"],
                                scope_uid=p["scope_uid"], args=args)
-    return {"subcommand": sub, "argv": argv, "nonce": nonce, "deadline_s": deadline_for(sub, [str(a) for a in args]),
-            "state": p["state"]}
+    deadline = req.deadline_s() if sub == "teardown" else deadline_for(sub, args)
+    return {"subcommand": sub, "argv": argv, "nonce": nonce, "deadline_s": deadline, "state": p["state"]}
 
 
 def agent_source() -> str:

@@ -25,12 +25,12 @@ from . import audit_log, phase_ops, phase_view, teardown_view
 from .agent import contract
 from .render import safe
 from .route import HostUnreachable
-from .transport import AgentError, call_agent, exit_code_for
+from .transport import AgentError, TeardownRequest, call_teardown, exit_code_for
 
 
 @dataclass
 class PivotOptions:
-    teardown_args: list = field(default_factory=list)
+    teardown: TeardownRequest = field(default_factory=TeardownRequest)
     drain_url: str | None = None
     no_drain: bool = False
     dry_run: bool = False
@@ -160,8 +160,10 @@ class Pivot:
 
     def step_teardown(self):
         alias = self.host.alias
-        r = _attempt(lambda: call_agent(self.host, "teardown", self.opts.teardown_args,
-                                        on_progress=lambda p: self.out("    " + teardown_view.progress_line(alias, p))))
+        def progress(p):
+            self.out("    " + teardown_view.progress_line(alias, p))
+
+        r = _attempt(lambda: call_teardown(self.host, self.opts.teardown, on_progress=progress))
         t: contract.TeardownResult = r.result
         self.say("teardown", teardown_view.brief(t), r.code)
         if not t.ran:  # locked by another teardown, or the host's state dir refused: nothing signalled

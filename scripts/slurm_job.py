@@ -56,7 +56,7 @@ from .agent import contract
 from .config_error import ConfigError, show
 from .envfile import read_env_file
 from .hostconfig import Host, build_host
-from .transport import AgentError, call_agent
+from .transport import AgentError, TeardownRequest, call_agent
 
 CONF_ENV = "GPU_PIVOT_SLURM_CONF"
 DEFAULT_CONF = "/etc/gpu-pivot/slurm.env"
@@ -333,11 +333,12 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
         # only what holds the job's GPUs (NVML also lists the same user's processes on the node's other
         # GPUs), and not what another job's cgroup holds (the same user's running job on a shared GPU)
         mine = [t for t in planned.result.plan.targets if on_job(t, job.gpus) and not other_job(t, job.id)]
-        args = ["--grace", settings.grace, "--timeout", settings.timeout, "--settle", settings.settle,
-                "--wait-lock", settings.wait_lock, "--max-used-mib", settings.max_used_mib,
-                "--approved", ",".join(f"{t['pid']}:{t['start_time']}" for t in mine),
-                "--operator", f"slurm-epilog job {job.id} uid {job.uid}"]
-        res = call_agent(host, "teardown", args, deadline_s=AGENT_S - (time.monotonic() - started))
+        req = TeardownRequest(grace=settings.grace, timeout=settings.timeout, settle=settings.settle,
+                              wait_lock=settings.wait_lock, max_used_mib=settings.max_used_mib,
+                              approved=",".join(f"{t['pid']}:{t['start_time']}" for t in mine),
+                              operator=f"slurm-epilog job {job.id} uid {job.uid}")
+        # the epilog's own budget, not the request's deadline: Slurm's wait for the epilog is the limit
+        res = call_agent(host, "teardown", req.argv(), deadline_s=AGENT_S - (time.monotonic() - started))
         r = res.result
         if r.locked:
             return res.code, [f"another teardown holds the node's lock: {r.error}"]

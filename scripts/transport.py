@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from . import runner
+from . import defaults, runner
 from .agent import contract
 from .bundle import agent_stream
 from .config_error import ConfigError
@@ -84,6 +84,58 @@ _WAIT_FLAGS = {  # flags whose seconds the call may spend waiting, by subcommand
 }
 
 
+@dataclass(frozen=True)
+class TeardownRequest:
+    """One teardown's flags as fields: the agent argv for `invoke teardown`, a pivot's teardown
+    step, the Slurm epilog and the Ansible module alike (argv), and its deadline read from the
+    fields (deadline_s). Values are already checked (cliargs, ansible_task._params).
+
+    None: the flag is not passed and the agent's own rule holds (settle: defaults.SETTLE_S, or
+    none when nothing can respawn; wait_lock: fail at once; operator: the agent's guess)."""
+
+    grace: float = defaults.GRACE_S
+    timeout: float = defaults.TIMEOUT_S
+    settle: float | None = None
+    wait_lock: float | None = None
+    max_used_mib: int = defaults.MAX_USED_MIB
+    operator: str | None = None
+    match: tuple = ()  # extra target patterns
+    only_matching: bool = False
+    disable: bool = False
+    stop_supervisors: bool = False
+    mps_quit: bool = False
+    approved: str | None = None  # "pid:start,...": only these are signalled
+
+    def selection(self) -> list:
+        """The flags that choose targets (plan takes the same)."""
+        args = ["--match=" + m for m in self.match]  # =: a pattern may start with "-"
+        args += ["--only-matching"] if self.only_matching else []
+        args += ["--disable"] if self.disable else []
+        return args + (["--stop-supervisors"] if self.stop_supervisors else [])
+
+    def argv(self) -> list:
+        """The agent's `teardown` arguments."""
+        args = self.selection() + ["--grace", self.grace, "--timeout", self.timeout]
+        args += [] if self.wait_lock is None else ["--wait-lock", self.wait_lock]
+        args += ["--max-used-mib", self.max_used_mib]
+        args += [] if self.operator is None else ["--operator", self.operator]
+        args += [] if self.settle is None else ["--settle", self.settle]
+        args += ["--mps", "quit"] if self.mps_quit else []
+        return args + ([] if self.approved is None else ["--approved", self.approved])
+
+    def deadline_s(self) -> float:
+        """BASE_DEADLINE_S plus every wait it asks for: grace, wait-lock, settle and its timeout
+        twice (a teardown that kills may spend it once for TERM and once for KILL), and the MPS
+        daemons' one shared quit limit (agent mps.py)."""
+        waits = self.grace + 2 * self.timeout + (self.wait_lock or 0.0) + (self.settle or 0.0)
+        return BASE_DEADLINE_S + waits + (contract.MPS_QUIT_TIMEOUT_S if self.mps_quit else 0.0)
+
+
+def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult:
+    """One teardown on `host`, within the deadline its fields give."""
+    return call_agent(host, "teardown", request.argv(), on_progress=on_progress, deadline_s=request.deadline_s())
+
+
 def _flag_seconds(args, flag: str) -> float:
     words = [str(a) for a in args]
     for i, word in enumerate(words):
@@ -98,10 +150,10 @@ def _flag_seconds(args, flag: str) -> float:
 
 
 def deadline_for(subcommand: str, args=()) -> float:
-    """Seconds one agent call may take before the host counts as timed out: BASE_DEADLINE_S
-    plus every wait its flags ask for (a teardown: grace + timeout + wait-lock + settle; a
-    teardown that kills may spend its --timeout twice, once for TERM and once for KILL), plus
-    the gates' and the phase's own limits from its spec."""
+    """Seconds one agent call may take before the host counts as timed out, read from its argv
+    words: BASE_DEADLINE_S plus every wait its flags ask for (a teardown: as
+    TeardownRequest.deadline_s, which the tasks, Slurm and Ansible use), plus the gates' and
+    the phase's own limits from its spec."""
     waits = sum(_flag_seconds(args, f) for f in _WAIT_FLAGS.get(subcommand, ()))
     if subcommand == "teardown":
         waits += _flag_seconds(args, "--timeout")

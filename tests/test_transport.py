@@ -101,3 +101,23 @@ def test_control_master_reuses_one_connection(sshd, hosts_env, tmp_path, monkeyp
     socket = control_path(sshd.dest(), sshd.ssh_opts.split())
     subprocess.run(["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={socket}", "-O", "exit", sshd.dest()],
                    capture_output=True)
+
+
+def test_a_teardown_request_builds_one_argv_and_reads_its_deadline_from_its_fields():
+    """The CLI, a pivot, the Slurm epilog and the Ansible module send a TeardownRequest: its
+    argv is the agent's flags, and its deadline (from the fields) is what deadline_for reads
+    from those words."""
+    from scripts.transport import TeardownRequest, deadline_for
+
+    plain = TeardownRequest()
+    assert plain.argv() == ["--grace", plain.grace, "--timeout", plain.timeout, "--max-used-mib", 0]
+    full = TeardownRequest(grace=30, timeout=60, settle=2, wait_lock=5, max_used_mib=10, operator="me",
+                           match=("-x", "vllm"), only_matching=True, disable=True, stop_supervisors=True,
+                           mps_quit=True, approved="12:34")
+    argv = full.argv()
+    assert argv[:5] == ["--match=-x", "--match=vllm", "--only-matching", "--disable", "--stop-supervisors"]
+    assert full.selection() == argv[:5]
+    assert argv[argv.index("--approved") + 1] == "12:34" and argv[argv.index("--mps") + 1] == "quit"
+    assert full.deadline_s() == 60 + 30 + 2 * 60 + 5 + 2 + contract.MPS_QUIT_TIMEOUT_S
+    for req in (plain, full, TeardownRequest(settle=0.5, wait_lock=1.5)):
+        assert req.deadline_s() == deadline_for("teardown", [str(a) for a in req.argv()])

@@ -80,7 +80,7 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
     from scripts import fleet, status_view, teardown_view
     from scripts.transport import call_agent
 
-    args = td.selection_args(match, only_matching, disable, stop_supervisors)
+    args = td.selection(match, only_matching, disable, stop_supervisors)
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args))
     if json:
         from .jsonout import docs
@@ -122,28 +122,23 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     """
     from scripts import audit_log, cliargs, fleet, teardown_view
     from scripts.agent import contract
-    from scripts.transport import call_agent
+    from scripts.transport import call_teardown
 
     hosts = hosts_of(host)
-    args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
-                            stop_supervisors)
-    if mps not in ("protect", "quit"):
-        from scripts.config_error import ConfigError, show
-
-        raise ConfigError(f"--mps {show(mps)}: expected 'protect' or 'quit'")
-    args += ["--mps", "quit"] if mps == "quit" else []  # 'protect' is the agent's default: the argv stays pivot's
+    req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
+                     stop_supervisors, mps)
     width = cliargs.whole("fanout", fanout, minimum=1)
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json,
                     stop_supervisors=stop_supervisors)
-    approved = td.approve(hosts, td.selection_args(match, only_matching, disable, stop_supervisors), yes, "the plan",
+    approved = td.approve(hosts, req.selection(), yes, "the plan",
                           td.declined_doc(hosts) if json else None)
     fleet_mode = len(hosts) > 1
 
     def one(h):
         progress = None if json or fleet_mode else (
             lambda p: print(teardown_view.progress_line(h.alias, p), flush=True))
-        result = call_agent(h, "teardown", args + td.approved_args(approved, h.alias), on_progress=progress)
+        result = call_teardown(h, td.approved_for(req, approved, h.alias), on_progress=progress)
         record = result.result
         assert isinstance(record, contract.TeardownResult)  # what transport reads a teardown's result into
         if record.actions:

@@ -152,18 +152,18 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
         raise ConfigError(f"--drain {show(drain)}: must be an http(s) URL")
     if drain and no_drain:
         raise ConfigError(f"--drain {show(drain)} and --no-drain: pick one (drain first, or skip the drain)")
-    td_args = td.teardown_argv(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
-                               stop_supervisors)
-    selection = td.selection_args(match, only_matching, disable, stop_supervisors)
+    td_req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
+                        stop_supervisors)
+    selection = td_req.selection()
     rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
     if not dry_run:
         declined = {"event": "pivot", "host": h.alias, "to": ph.name, "steps": [], "verdict": td.DECLINED,
                     "exit_code": contract.EXIT_DECLINED} if json else None
         approved = td.approve([h], selection, yes, "the steps", declined)
-        td_args += td.approved_args(approved, h.alias)
+        td_req = td.approved_for(td_req, approved, h.alias)
     elif not json:  # what the teardown step would stop and keep, as `teardown --dry-run` shows it
         td.show_plans([h], selection)
-    opts = PivotOptions(teardown_args=td_args, drain_url=drain or None, no_drain=no_drain, dry_run=dry_run,
+    opts = PivotOptions(teardown=td_req, drain_url=drain or None, no_drain=no_drain, dry_run=dry_run,
                         force=force, operator=operator(), ready_timeout=rt)
     with ctrl_c_continues([h], "the pivot stops here; a teardown already under way continues"):
         run = Pivot(h, ph, opts, out=(lambda line: None) if json else (lambda line: print(line, flush=True)))

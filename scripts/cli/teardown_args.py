@@ -42,33 +42,30 @@ SETTLE = ""  # not given: the agent's own rule (defaults.SETTLE_S, or none when 
 WAIT_LOCK, MAX_USED_MIB = num(defaults.WAIT_LOCK_S), str(defaults.MAX_USED_MIB)
 
 
-def selection_args(match, only_matching: bool, disable: bool, stop_supervisors: bool = False) -> list:
-    """The agent flags that choose targets (plan and teardown take the same)."""
+def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout=TIMEOUT, wait_lock=WAIT_LOCK,
+            max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_supervisors=False, mps="protect"):
+    """The teardown the task flags ask for (transport.TeardownRequest), each flag checked
+    (ConfigError names it). Used by `invoke teardown`, `invoke plan` (its selection) and the
+    teardown step of `invoke pivot`."""
     from scripts import cliargs
+    from scripts.config_error import ConfigError, show
+    from scripts.transport import TeardownRequest
 
-    args = []
-    for pattern in match or []:
-        args.append("--match=" + cliargs.pattern("match", pattern))  # =: a pattern may start with "-"
-    if only_matching:
-        args.append("--only-matching")
-    if disable:
-        args.append("--disable")
-    if stop_supervisors:
-        args.append("--stop-supervisors")
-    return args
+    req = TeardownRequest(
+        match=tuple(cliargs.pattern("match", p) for p in match or []), only_matching=bool(only_matching),
+        disable=bool(disable), stop_supervisors=bool(stop_supervisors),
+        grace=cliargs.seconds("grace", grace), timeout=cliargs.seconds("timeout", timeout),
+        wait_lock=cliargs.seconds("wait-lock", wait_lock), max_used_mib=cliargs.whole("max-used-mib", max_used_mib),
+        operator=operator(), settle=cliargs.seconds("settle", settle) if settle != SETTLE else None,
+        mps_quit=mps == "quit")
+    if mps not in ("protect", "quit"):  # 'protect' is the agent's default
+        raise ConfigError(f"--mps {show(mps)}: expected 'protect' or 'quit'")
+    return req
 
 
-def teardown_argv(match=None, only_matching=False, disable=False, grace=GRACE, timeout=TIMEOUT,
-                  wait_lock=WAIT_LOCK, max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_supervisors=False) -> list:
-    """The agent's `teardown` arguments from the task flags, each checked (ConfigError names
-    the flag). Used by `invoke teardown` and by the teardown step of `invoke pivot`."""
-    from scripts import cliargs
-
-    return selection_args(match, only_matching, disable, stop_supervisors) + [
-        "--grace", cliargs.seconds("grace", grace), "--timeout", cliargs.seconds("timeout", timeout),
-        "--wait-lock", cliargs.seconds("wait-lock", wait_lock),
-        "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib),
-        "--operator", operator()] + (["--settle", cliargs.seconds("settle", settle)] if settle != SETTLE else [])
+def selection(match, only_matching: bool, disable: bool, stop_supervisors: bool = False) -> list:
+    """The agent flags that choose targets (plan and teardown take the same), checked."""
+    return request(match, only_matching, disable, stop_supervisors=stop_supervisors).selection()
 
 
 def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | None = None) -> dict:
@@ -142,5 +139,8 @@ def declined_doc(hosts: list) -> dict:
     return {h.alias: {"error": DECLINED, "exit_code": contract.EXIT_DECLINED} for h in hosts}
 
 
-def approved_args(approved: dict, alias: str) -> list:
-    return ["--approved", approved[alias]] if alias in approved else []
+def approved_for(req, approved: dict, alias: str):
+    """`req` signalling only what the person approved on host `alias` (all of its plan with --yes)."""
+    import dataclasses
+
+    return dataclasses.replace(req, approved=approved[alias]) if alias in approved else req
