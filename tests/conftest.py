@@ -52,6 +52,12 @@ def _isolated_state(tmp_path_factory):
     os.environ["GPU_PIVOT_SANDBOX_DIR"] = str(base / "sandbox")
     os.environ["GPU_PIVOT_RUN_DIR"] = str(base / "run")
     os.environ["PATH"] = f"{VENV_BIN}:{os.environ['PATH']}"
+    # an empty hosts file of the run's own: no test reads the checkout's hosts.env (the user's
+    # hosts, beside tasks.py) unless it says so
+    empty = base / "hosts.env"
+    empty.write_text("")
+    empty.chmod(0o600)
+    os.environ["GPU_PIVOT_HOSTS_FILE"] = str(empty)
     yield base
     os.environ.clear()
     os.environ.update(saved)
