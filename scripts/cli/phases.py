@@ -172,6 +172,6 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
         from .common import dumps
 
         print(dumps(run.record if not dry_run else {"dry_run": True, "steps": [
-            {"step": name, "plan": what} for name, what in run.steps]}))
+            {"step": name, "plan": what} for name, _, what in run.steps]}))
     if code:
         raise Exit(code=code)
