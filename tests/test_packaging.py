@@ -11,6 +11,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
+# pip reaches the package index: on the xdist worker left in the machine's network namespace
+# (the others have only a loopback of their own, tests/pidns.py)
+pytestmark = pytest.mark.host_pid_ns
 
 
 def test_pip_install_dot_gives_a_working_cli(tmp_path):
