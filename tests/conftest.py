@@ -32,6 +32,27 @@ def pytest_configure(config):
         config.pluginmanager.register(workers, "gpu-pivot-workers")
 
 
+TEST_DEADLINE_S = 600  # no test needs minutes: one that hangs fails with its stack, the run goes on
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    """A test still running after TEST_DEADLINE_S fails (SIGALRM interrupts a blocked read or
+    wait in the test's own thread) instead of holding its worker, and the whole run, forever."""
+    import signal
+
+    def expired(signum, frame):
+        raise TimeoutError(f"{item.nodeid} still running after {TEST_DEADLINE_S} s")
+
+    previous = signal.signal(signal.SIGALRM, expired)
+    signal.alarm(TEST_DEADLINE_S)
+    try:
+        yield
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
 # What a test may not find in the machine's environment: state dirs, a hosts.env, ssh sockets,
 # and the variables of the `make test` that started it (a nested make prints "Entering directory").
 _NOT_INHERITED = ("GPU_PIVOT_HOSTS_FILE", "GPU_PIVOT_HOST", "XDG_RUNTIME_DIR", "XDG_CONFIG_HOME", "XDG_DATA_HOME",
