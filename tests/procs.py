@@ -65,7 +65,35 @@ class ProcessSet:
         self.pids.append(pid)
 
     def kill_all(self) -> None:
+        """End what the test started, by PID + start time: the pids it adopted, then any process
+        of ours still carrying this set's own temp dir in its command line (a supervisor's
+        restart that came after the test last looked: it must not outlive the test)."""
+        self._kill(self.pids)
+        self._kill(self._left_behind())
         for pid in self.pids:
+            try:
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+
+    def _left_behind(self) -> list:
+        # the dir whole (`.../test_x1` must not take `.../test_x10`'s): followed by a / or an argument's end
+        tokens = (str(self.base).encode() + b"/", str(self.base).encode() + b"\0")
+        out = []
+        for name in os.listdir("/proc"):
+            if not name.isdigit() or int(name) == os.getpid():
+                continue
+            try:
+                mine = os.stat(f"/proc/{name}").st_uid == os.geteuid()
+                if mine and any(t in procfs.read_bytes(f"/proc/{name}/cmdline") for t in tokens):
+                    out.append(int(name))
+            except OSError:
+                continue
+        return out
+
+    @staticmethod
+    def _kill(pids) -> None:
+        for pid in pids:
             start = procfs.start_time(pid)
             if start is not None:
                 try:
@@ -73,11 +101,6 @@ class ProcessSet:
                 except ProcessLookupError:
                     pass
                 procfs.signal_if_same(pid, start, signal.SIGKILL)
-        for pid in self.pids:
-            try:
-                os.waitpid(pid, os.WNOHANG)
-            except ChildProcessError:
-                pass
 
 
 def wait_for(pred, what: str, timeout: float = 10.0):
