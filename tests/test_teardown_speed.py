@@ -95,7 +95,9 @@ def test_respawn_inside_the_window_turns_an_early_freed_into_not_free(ps, hosts_
     supervisor, _ = ps.supervised_worker(pause=0.6)  # its restart comes after the FREED line
     time.sleep(0.3)
     env = _cli_env(ps, hosts_env, TARGETS=r"sandbox_roles\.py")
-    lines, code = _cli(env, "teardown", "--host", "local", "--yes", "--settle", "2")
+    # a 6 s window: the restart (0.6 s after the exit, then a Python start-up) falls well inside
+    # it on a loaded machine, with time left to read who started it
+    lines, code = _cli(env, "teardown", "--host", "local", "--yes", "--settle", "6")
     for pid in children(supervisor):
         ps.adopt(pid)
     text = "\n".join(line for _, line in lines)
