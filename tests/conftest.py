@@ -22,9 +22,7 @@ MOTD = "echo 'Welcome to gpu-node (MOTD noise)'; echo '=====gpu-pivot-result fak
 def pytest_configure(config):
     config.addinivalue_line("markers", "host_pid_ns: needs the machine's own PID and network namespace (the "
                             "kernel's fork events); runs on the one xdist worker left there (tests/workers.py)")
-    try:
-        import xdist  # noqa: F401
-    except ImportError:
+    if not config.pluginmanager.hasplugin("xdist"):  # not installed, or -p no:xdist
         return
     from tests import workers
 
