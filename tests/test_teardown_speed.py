@@ -90,9 +90,6 @@ def test_cli_prints_freed_at_free_at_and_the_verdict_after_the_window(ps, hosts_
     assert "local: FREED and verified free at" in words
 
 
-# On a sandboxed worker under make test-stress the respawned worker came out without its parent
-# ("?", no "started by PID"), 3 runs of 3, never alone: on gw0, as on a host, until that is understood
-@pytest.mark.host_pid_ns
 def test_respawn_inside_the_window_turns_an_early_freed_into_not_free(ps, hosts_env):
     """The FREED line says what was seen then; the exit code is the window's verdict."""
     supervisor, _ = ps.supervised_worker(pause=0.6)  # its restart comes after the FREED line
@@ -109,7 +106,9 @@ def test_respawn_inside_the_window_turns_an_early_freed_into_not_free(ps, hosts_
     verdict = next(i for i, (_, line) in enumerate(lines) if line.startswith("local: NOT FREE"))
     assert first_freed < verdict, text
     assert "FREED and verified" not in text
-    assert f"started by PID {supervisor}" in text
+    # the screen wraps at a word: where depends on the lengths of the pid and the paths (a
+    # clone's, pytest's temp dir), so "PID" and the number may land on two lines
+    assert f"started by PID {supervisor}" in " ".join(text.split()), text
     assert alive(supervisor)  # never signalled: it was not in the plan
 
 
