@@ -1,6 +1,7 @@
 """Shared fixtures: a real loopback sshd (plain and noisy), hosts.env files, invoke runner."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -200,6 +201,15 @@ def invoke(*args, env=None, input=None, timeout=120) -> subprocess.CompletedProc
     """Run the real `invoke` CLI of this repo; bytes in, bytes out."""
     return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, input=input,
                           env=env or os.environ.copy(), timeout=timeout)
+
+
+def sandbox_session():
+    """`yield from sandbox_session()` in a fixture: the sandbox up (its `sandbox up --json`
+    document yielded), and down after; the fixture chooses its scope."""
+    out = invoke("sandbox", "up", "--json")
+    assert out.returncode == 0, out.stderr
+    yield json.loads(out.stdout)
+    invoke("sandbox", "down")
 
 
 @pytest.fixture

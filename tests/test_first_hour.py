@@ -17,7 +17,7 @@ import pytest
 
 from scripts.agent import contract
 from tests import scenario
-from tests.conftest import REPO, invoke
+from tests.conftest import REPO, invoke, sandbox_session
 from tests.procs import wait_for
 
 
@@ -212,10 +212,7 @@ def test_invokes_own_parser_errors_are_the_documented_exception():
 
 @pytest.fixture(scope="module")
 def sandbox():
-    out = invoke("sandbox", "up", "--json")
-    assert out.returncode == 0, out.stderr
-    yield json.loads(out.stdout)
-    invoke("sandbox", "down")
+    yield from sandbox_session()
 
 
 def _columns(n: int) -> dict:

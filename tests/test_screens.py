@@ -4,7 +4,6 @@ what it runs, headers on every column, reasons in words, colour on a terminal on
 reported as data a stop could lose. Run against the real SANDBOX host and real processes."""
 from __future__ import annotations
 
-import json
 import os
 import pty
 import re
@@ -16,15 +15,12 @@ import pytest
 
 from scripts.render import Col, Command, table
 from tests import scenario
-from tests.conftest import REPO, invoke
+from tests.conftest import REPO, invoke, sandbox_session
 
 
 @pytest.fixture(scope="module")
 def sandbox():
-    out = invoke("sandbox", "up", "--json")
-    assert out.returncode == 0, out.stderr
-    yield json.loads(out.stdout)
-    invoke("sandbox", "down")
+    yield from sandbox_session()
 
 
 def env(**extra) -> dict:

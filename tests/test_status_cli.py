@@ -3,15 +3,12 @@ import json
 
 import pytest
 
-from tests.conftest import invoke
+from tests.conftest import invoke, sandbox_session
 
 
 @pytest.fixture
 def sandbox():
-    out = invoke("sandbox", "up", "--json")
-    assert out.returncode == 0, out.stderr
-    yield json.loads(out.stdout)
-    invoke("sandbox", "down")
+    yield from sandbox_session()
 
 
 def test_status_shows_holders_and_protected(sandbox):
