@@ -301,13 +301,48 @@ def _header_lines(cols: list, widths: list) -> list:
     return ["  ".join(p[k].ljust(w) for p, w in zip(parts, widths, strict=True)).rstrip() for k in range(depth)]
 
 
+_ESCAPE = re.compile(r"\\(x|u)")
+_ESCAPE_END = re.compile(r"(\\x[0-9a-f]{0,2}|\\u[0-9a-f]{0,4}|\\)$")
+
+
+class _Wrapper(textwrap.TextWrapper):
+    """textwrap, except that a word too long for the width is never cut inside an escape
+    (textsafe's \\xNN, \\uNNNN) nor just after one: a newline in a host string is shown
+    as \\x0a, and cut there the text that followed it would start a line of its own, as a
+    forged `local: FREED` line would."""
+
+    def _handle_long_word(self, reversed_chunks, cur_line, cur_len, width):
+        chunk = reversed_chunks[-1]
+        room = max(width - cur_len, 1)
+        if not self.break_long_words or len(chunk) <= room:
+            super()._handle_long_word(reversed_chunks, cur_line, cur_len, width)
+            return
+        cut = room
+        while cut > 0:
+            tail = _ESCAPE_END.search(chunk[:cut])
+            if tail is None:
+                break
+            cut = tail.start()
+        if cut == 0 and not cur_line:  # escapes from the start: cut before the last that begins after it
+            starts = [m.start() for m in _ESCAPE.finditer(chunk, 1, room)]
+            cut = starts[-1] if starts else room
+        if cut:
+            cur_line.append(chunk[:cut])
+            reversed_chunks[-1] = chunk[cut:]
+
+
+def wrap(text: str, width: int, **options) -> list:
+    """textwrap.wrap (never at a hyphen) with the escape rule of _Wrapper."""
+    return _Wrapper(width, break_on_hyphens=False, **options).wrap(text)
+
+
 def _cell_lines(col: Col, cell, text: str, w: int) -> list:
     if visible_len(text) <= w:
         return [text]
     if col.fit == "command" and isinstance(cell, Command):
         return [cell.fit(w)]
     if col.fit == "wrap":
-        return textwrap.wrap(text, w, break_on_hyphens=False) or [""]
+        return wrap(text, w) or [""]
     if col.fit:
         return [text[: max(1, w - len(ELLIPSIS))] + ELLIPSIS]
     return [text]
@@ -361,7 +396,7 @@ def table(headers: list | tuple, rows: list, indent: str = "", columns: int | No
         detail = details[n] if details else None
         if detail:
             lines.extend(indent + " " * at + d
-                         for d in textwrap.wrap(safe(detail), max(20, room - at), break_on_hyphens=False))
+                         for d in wrap(safe(detail), max(20, room - at)))
     return "\n".join(lines)
 
 
@@ -374,7 +409,7 @@ def _under_lines(under: list, n: int, room: int) -> list:
     lead = "  ".join(u[2][n + 1] for u in under[:-1])
     col, cells, texts = under[-1]
     if lead and visible_len(lead) + 2 + min(visible_len(texts[n + 1]), UNDER_BELOW) > room:
-        head = textwrap.wrap(lead, max(1, room), break_on_hyphens=False) or [""]
+        head = wrap(lead, max(1, room)) or [""]
         return head + _cell_lines(col, cells[n], texts[n + 1], max(1, room))
     prefix = lead + "  " if lead else ""
     tail = _cell_lines(col, cells[n], texts[n + 1], max(1, room - len(prefix)))
@@ -384,8 +419,8 @@ def _under_lines(under: list, n: int, room: int) -> list:
 def note(text: str, indent: str = "  ", hang: str = "    ") -> str:
     """One note (a rule, a warning) as lines that fit width(): words are never cut, the lines
     after the first are indented by `hang`."""
-    return "\n".join(textwrap.wrap(safe(text), max(20, width()), initial_indent=indent, subsequent_indent=hang,
-                                    break_on_hyphens=False, break_long_words=False)) or indent
+    return "\n".join(wrap(safe(text), max(20, width()), initial_indent=indent, subsequent_indent=hang,
+                           break_long_words=False)) or indent
 
 
 def shorten(text: str, width: int = 60) -> str:

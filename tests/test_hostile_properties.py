@@ -17,7 +17,7 @@ import re
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, assume, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from scripts import audit_log, render, status_view, teardown_view
 from scripts.agent import contract, hostlock, lastrun, procfs, procscan, program, rules, statedir, textsafe
@@ -279,8 +279,20 @@ def test_status_and_plan_views_show_every_host_field_in_clean_lines(holders, hos
     assert clean_lines(teardown_view.plan_tables(plan))
 
 
+@given(HOSTY, st.integers(6, 60))  # 6: one \\uNNNN fits a line
+@FAST
+@example("0000\x1f\x1f\x1f" + FORGED, 20)  # a table cell cut right after the \x0a: FORGED began a line
+@example("\x1f\x1f\x1f" + FORGED, 16)
+def test_a_wrapped_host_string_never_starts_a_line_with_what_followed_a_newline(text, width):
+    lines = render.wrap(textsafe.printable(text), width)
+    assert all(not line.lstrip().startswith("FORGED") for line in lines), lines
+    assert not any(re.search(r"\\(x[0-9a-f]?|u[0-9a-f]{0,3})$", line) for line in lines[:-1]), lines  # no escape cut
+    assert "".join("".join(lines).split()) == "".join(textsafe.printable(text).split())  # nothing lost but spaces
+
+
 @given(HOSTY, HOSTY, st.lists(HOLDER, min_size=1, max_size=2))
 @FAST
+@example("0000\x1f\x1f\x1f" + FORGED, "", [holder(2, "", None, [FORGED, "0000" + FORGED], [], None, None)])
 def test_teardown_views_show_every_host_field_in_clean_lines(error, operator, holders):
     locked = contract.TeardownResult(code=4, hostname=operator, locked=True, error=error)
     assert clean_lines(teardown_view.report("local", locked))
