@@ -89,3 +89,48 @@ def test_the_scan_survives_an_ignored_sigchld(tmp_path, monkeypatch):
         assert os.getpid() in snap["procs"] and snap["workers"] == 2
     finally:
         signal.signal(signal.SIGCHLD, old)
+
+
+def test_the_first_stage_reaches_on_first_once_with_every_share_while_the_pieces_still_run(tmp_path):
+    """on_first gets every share's first answer while the workers still run their pieces: the
+    last piece of each worker waits for the file on_first makes (20 s at most, then says so)."""
+    items = list(range(1000))
+    flag = tmp_path / "first-seen"
+    calls = []
+
+    def on_first(answers):
+        calls.append(sorted(x for a in answers for x in a))
+        flag.touch()
+
+    def piece(p):
+        if os.getpid() != here and p[-1] >= 990:
+            try:
+                wait_for(flag.exists, "on_first before the last pieces", 20)
+            except Exception:  # raised in a worker, the piece would be run here again: say it instead
+                return ["late"]
+        return list(p)
+
+    here = os.getpid()
+    for workers in (3, fanout.HERE_MAX + 2):
+        calls.clear()
+        flag.unlink(missing_ok=True)
+        parts = fanout.map_pieces(piece, items, workers, piece=50, first=lambda share: list(share),
+                                  on_first=on_first)
+        assert calls == [items]  # once, with every share
+        assert not any("late" in p for p in parts)
+        assert sorted(x for p in parts for x in p) == items
+
+
+def test_a_worker_that_dies_before_its_first_answer_has_it_made_here():
+    items = list(range(1000))
+    here = os.getpid()
+
+    def first(share):
+        if os.getpid() != here and 500 in share:
+            os._exit(3)
+        return [len(share)]
+
+    answers = []
+    parts = fanout.map_pieces(lambda p: list(p), items, fanout.HERE_MAX + 2, first=first, on_first=answers.append)
+    assert len(answers) == 1 and sum(n for a in answers[0] for n in a) == len(items)
+    assert sorted(x for p in parts for x in p) == items

@@ -131,7 +131,8 @@ def test_processes_forked_during_sigterm_are_signalled(ps, tmp_path, kind):
     if kind == "double" and result.doc["fork_watch"] != "connector":
         # without kernel fork events a setsid double fork cannot be tied to the target:
         # it must then be reported, never blessed
-        assert result.code == 1 and any(a["pid"] == child for a in result.doc["appeared"])
+        assert result.code == 1 and any(a["pid"] == child for a in result.doc["appeared"]), (
+            result.doc.get("fork_watch_note"), result.doc["appeared"], result.doc["ignored"])
         return
     assert result.code == 0, result.doc["problems"]
     assert any(t["pid"] == child for t in result.doc["adopted"])

@@ -42,28 +42,76 @@ def workers_for(count):
     return max(1, min(cores(), count // MIN_PER_WORKER))
 
 
-def map_pieces(func, items, workers, piece=PIECE):
+def map_pieces(func, items, workers, piece=PIECE, first=None, on_first=None):
     """[func(p) for every piece p of items], in no set order, each piece run in one of
     `workers` forked workers (interleaved shares, items[i::n]: neighbouring pids are often
-    alike, a server's workers or a container's processes, so shares cost about the same)."""
+    alike, a server's workers or a container's processes, so shares cost about the same).
+
+    `first(share)`, when given, runs in each worker before its pieces and is sent ahead of
+    them (a worker may keep what it read there for func: it runs in the same process);
+    `on_first([first(share), ...])` is called here once, as soon as every share's answer is
+    in (a share whose worker failed gets first(share) run here), while the workers go on
+    with the pieces: what needs only the first stage is not kept waiting for the rest."""
     if workers <= 1 or len(items) < 2:
+        if first is not None:
+            on_first([first(items)])
         return [func(items)]
     shares = [items[i::workers] for i in range(workers)]
     pieces = [[share[j:j + piece] for j in range(0, len(share), piece)] for share in shares]
     here = workers <= HERE_MAX  # few workers: this process reads a share too, loading the rest after
     running = {}
     for w, mine in enumerate(pieces):
-        fd, pid = _start(func, mine) if w or not here else (None, None)
+        fd, pid = _start(func, mine, first and (lambda s=shares[w]: first(s))) if w or not here else (None, None)
         if fd is not None:
             running[fd] = (pid, w, bytearray())
-    done: dict = {(0, j): func(p) for j, p in enumerate(pieces[0])} if here else {}
-    _gather(running, done)
+    firsts = _Firsts(first, on_first, shares, running, here)
+    done: dict = {}
+    if here:
+        firsts.got(0, first(shares[0]) if first is not None else None)
+        done.update({(0, j): func(p) for j, p in enumerate(pieces[0])})
+    _gather(running, done, firsts)
+    firsts.finish()
     return [done[(w, j)] if (w, j) in done else func(p) for w, mine in enumerate(pieces) for j, p in enumerate(mine)]
 
 
-def _start(func, pieces):
-    """(read fd, pid) of a worker sending func(piece) for each piece, (None, None) when none
-    could be started (no fds or processes left: its pieces are run here)."""
+FIRST = 0xFFFFFFFF  # the piece index of a frame carrying a share's first-stage answer
+
+
+class _Firsts:
+    """The first-stage answers of the shares as they come; on_first once all are in."""
+
+    def __init__(self, first, on_first, shares, running, here):
+        self.first, self.on_first, self.shares = first, on_first, shares
+        self.answers: dict = {}
+        self.waiting = set(range(len(shares))) if first is not None else set()
+        self.called = first is None
+        self.started = {w for _, w, _ in running.values()} | ({0} if here else set())
+        for w in self.waiting - self.started:  # no worker could be started for it: run here
+            self.got(w, first(shares[w]))
+
+    def got(self, w, answer):
+        if self.called or w not in self.waiting:
+            return
+        self.answers[w] = answer
+        self.waiting.discard(w)
+        if not self.waiting:
+            self.called = True
+            self.on_first([self.answers[k] for k in sorted(self.answers)])
+
+    def ended(self, w):
+        """A worker ended: a first answer it never sent is made here."""
+        if w in self.waiting:
+            self.got(w, self.first(self.shares[w]))
+
+    def finish(self):
+        for w in sorted(self.waiting):
+            self.got(w, self.first(self.shares[w]))
+
+
+def _start(func, pieces, first=None):
+    """(read fd, pid) of a worker sending first() (when given) and then func(piece) for each
+    piece, (None, None) when none could be started (no fds or processes left: its pieces are
+    run here)."""
     try:
         r, w = os.pipe()
     except OSError:
@@ -78,6 +126,9 @@ def _start(func, pieces):
         code = 1
         try:
             os.close(r)
+            if first is not None:
+                data = marshal.dumps(first())
+                _write_all(w, _HEAD.pack(FIRST, len(data)) + data)
             for j, piece in enumerate(pieces):
                 data = marshal.dumps(func(piece))
                 _write_all(w, _HEAD.pack(j, len(data)) + data)
@@ -88,8 +139,9 @@ def _start(func, pieces):
     return r, pid
 
 
-def _gather(running, done):
-    """Read every worker's frames as they come and load each; {(worker, piece): result}."""
+def _gather(running, done, firsts):
+    """Read every worker's frames as they come and load each; {(worker, piece): result}; a
+    first-stage frame goes to `firsts` (a _Firsts)."""
     poller = select.poll()
     for fd in running:
         poller.register(fd, select.POLLIN)
@@ -99,7 +151,7 @@ def _gather(running, done):
             chunk = os.read(fd, 1 << 20)
             if chunk:
                 buf += chunk
-                _frames(buf, w, done)
+                _frames(buf, w, done, firsts)
                 continue
             poller.unregister(fd)
             os.close(fd)
@@ -108,19 +160,33 @@ def _gather(running, done):
                 os.waitpid(pid, 0)  # a worker that died sent fewer frames: the rest is run here
             except ChildProcessError:  # SIGCHLD ignored (inherited from a service manager): reaped already
                 pass
+            firsts.ended(w)
 
 
-def _frames(buf, w, done):
-    """Load the complete frames at the start of buf, and drop them from it."""
-    while len(buf) >= _HEAD.size:
-        j, size = _HEAD.unpack_from(buf)
-        if len(buf) < _HEAD.size + size:
-            return
-        try:
-            done[(w, j)] = marshal.loads(bytes(buf[_HEAD.size:_HEAD.size + size]))
-        except (EOFError, ValueError, TypeError):
-            pass  # run here instead
-        del buf[:_HEAD.size + size]
+def _frames(buf, w, done, firsts):
+    """Load the complete frames at the start of buf, and drop them from it: once per read, not
+    once per frame (dropping a frame from the front of a bytearray moves all that follows it,
+    and a read brings many frames)."""
+    view, at = memoryview(buf), 0
+    try:
+        while len(buf) - at >= _HEAD.size:
+            j, size = _HEAD.unpack_from(buf, at)
+            end = at + _HEAD.size + size
+            if len(buf) < end:
+                break
+            try:
+                answer = marshal.loads(view[at + _HEAD.size:end])
+            except (EOFError, ValueError, TypeError):
+                answer = None  # run here instead
+            else:
+                if j == FIRST:
+                    firsts.got(w, answer)
+                else:
+                    done[(w, j)] = answer
+            at = end
+    finally:
+        view.release()
+    del buf[:at]
 
 
 def _write_all(fd, data):

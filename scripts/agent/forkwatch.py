@@ -197,45 +197,72 @@ class ForkWatch:
         self._next_full = 0.0
         self._gap = False     # events were dropped: a full /proc walk is owed
         self._listening = False
+        self._selftest: tuple = (0, 0.0)  # (thread id, deadline) of the self-test's fork, once subscribed
 
     # ---------------------------------------------------------------- start / close
 
     @classmethod
-    def start(cls, roots, connector=True, rcvbuf=RCVBUF, proc=procfs.PROC, listed=None):
+    def start(cls, roots, connector=True, rcvbuf=RCVBUF, proc=procfs.PROC, listed=None, walk=True):
         """Watch the descendants of `roots` ((pid, start_time) pairs). Never raises: a root
         whose start time no longer matches is left out (its pid names someone else now) and
         any failure of the connector leaves mode "proc" with the reason in `note`.
         `connector=False` forces the /proc view; `rcvbuf` sizes the event buffer. `listed`:
         the pids of a scan just made, whose descendants of the roots ARE the roots (a plan
         takes a target's whole tree): the first walk then reads only pids new since, not
-        every process's stat again (20,000 reads, 0.3 s before the first signal on a big host)."""
+        every process's stat again (20,000 reads, 0.3 s before the first signal on a big host).
+        `walk` False: subscribe only; begin() adds the roots and makes the first walk later (the
+        teardown subscribes before its scan, so every fork from then on is queued, and learns
+        its roots from the plan)."""
         w = cls(proc)
         notes: list = []
         try:
             w._add_roots(roots, notes)
         except Exception as e:  # a bad roots iterable: watch nothing rather than raise
             notes.append("roots not usable: %s" % e)
-        if connector:
+        backlog = None
+        if not connector:
+            notes.append("connector not requested")
+        else:
             try:
-                backlog = w._open(rcvbuf)
+                if walk:
+                    backlog = w._open(rcvbuf)
+                else:
+                    w._subscribe(rcvbuf)  # confirmed in begin(), after the scan
             except Exception as e:
                 w._close_socket()
-                backlog = None
                 notes.append("connector not used: %s" % e)
-        else:
-            backlog = None
-            notes.append("connector not requested")
-        if listed is not None:
-            w._listed = {str(pid) for pid in listed}
-        try:
-            w._walk(full=listed is None)
-        except OSError as e:
-            notes.append("/proc not readable: %s" % e)
-        if backlog is not None:
-            w._replay(backlog)
-        w._next_full = time.monotonic() + FULL_EVERY_S
         w.note = "; ".join(notes)
+        if walk:
+            w._first_walk(listed, backlog)
         return w
+
+    def begin(self, roots, listed=None):
+        """The roots and the first walk of a watch started with walk=False (see start)."""
+        notes = [self.note] if self.note else []
+        try:
+            self._add_roots(roots, notes)
+        except Exception as e:
+            notes.append("roots not usable: %s" % e)
+        backlog = None
+        if self._sock is not None:
+            try:
+                backlog = self._confirm()
+            except Exception as e:
+                self._close_socket()
+                notes.append("connector not used: %s" % e)
+        self.note = "; ".join(notes)
+        self._first_walk(listed, backlog)
+
+    def _first_walk(self, listed, backlog):
+        if listed is not None:
+            self._listed = {str(pid) for pid in listed}
+        try:
+            self._walk(full=listed is None)
+        except OSError as e:
+            self.note = (self.note + "; " if self.note else "") + "/proc not readable: %s" % e
+        if backlog is not None:
+            self._replay(backlog)
+        self._next_full = time.monotonic() + FULL_EVERY_S
 
     def _add_roots(self, roots, notes):
         for item in roots:
@@ -259,6 +286,13 @@ class ForkWatch:
     def _open(self, rcvbuf):
         """Subscribe and self-test; returns the events read meanwhile (replayed after the
         first walk, so nothing forked between the two is lost). Raises when unusable."""
+        self._subscribe(rcvbuf)
+        return self._confirm()
+
+    def _subscribe(self, rcvbuf):
+        """Join the connector's group and fork the self-test's thread; its event is looked
+        for by _confirm, which may come later (a watch started with walk=False: the scan runs
+        meanwhile, and a loaded host's event has had that long to arrive). Raises when unusable."""
         if not sys.platform.startswith("linux"):
             raise OSError("not Linux")
         if _in_child_pid_namespace():
@@ -273,17 +307,23 @@ class ForkWatch:
         sock.setblocking(False)
         sock.send(_control(PROC_CN_MCAST_LISTEN))
         self._listening = True
-        tid = []
+        tid: list = []
         t = threading.Thread(target=lambda: tid.append(threading.get_native_id()), name="forkwatch-selftest")
         t.start()
         t.join()
-        me = os.getpid()
+        self._selftest = (tid[0], time.monotonic() + SELF_TEST_S)
+
+    def _confirm(self):
+        """Wait (up to SELF_TEST_S from the subscription) for the self-test's fork event;
+        returns every event read meanwhile. Raises when it does not come."""
+        tid, deadline = self._selftest
+        sock, me = self._sock, os.getpid()
+        assert sock is not None  # subscribed
         backlog = []
-        deadline = time.monotonic() + SELF_TEST_S
         while True:
             batch = self._read_events()
             backlog.extend(batch)
-            if any(ev[0] == PROC_EVENT_FORK and ev[3] == tid[0] and ev[4] == me for ev in batch):
+            if any(ev[0] == PROC_EVENT_FORK and ev[3] == tid and ev[4] == me for ev in batch):
                 self.mode = "connector"
                 self._filter()
                 return backlog

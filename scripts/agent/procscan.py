@@ -325,7 +325,7 @@ def user_name(uid):
     return _USER_NAMES[uid]
 
 
-def snapshot(devset, proc=PROC, fds=True, mark=None):
+def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
     """Every process (basic fields) and which of them hold a GPU device (devices.DeviceSet).
 
     Returns {'procs': {pid: info}, 'holders': {pid: [devices]}, 'denied': [pids],
@@ -336,6 +336,9 @@ def snapshot(devset, proc=PROC, fds=True, mark=None):
     `fds` False: the records only, no fd table or maps read (scan.collect's confirm=True).
     `mark(info)`: its answer is kept in each record as info["mark"], worked out where the
     record is read (in the workers: the plan's target patterns, tried on every process).
+    `early(records)`: called with the records `mark` answered (a true mark), as soon as every
+    worker has read its share's records and before the fd tables and maps are read (the
+    teardown's first SIGTERM batch: agent/early.py).
     """
     pids = all_pids(proc)
     keys = devset.inode_keys()
@@ -343,7 +346,21 @@ def snapshot(devset, proc=PROC, fds=True, mark=None):
     if not fds:
         devset = None
     workers = fanout.workers_for(len(pids)) if proc == PROC else 1
-    parts = fanout.map_pieces(lambda piece: _scan_part(piece, devset, proc, keys, mark), pids, workers)
+    read: dict = {}  # a share's records read in the first stage (in the worker that read them)
+
+    def first(share):
+        marked = []
+        for pid in share:
+            info = read[pid] = _record(pid, proc, mark)
+            if info is not None and info.get("mark"):
+                marked.append(info)
+        return marked
+
+    def on_first(answers):
+        early([info for answer in answers for info in answer])
+
+    parts = fanout.map_pieces(lambda piece: _scan_part(piece, devset, proc, keys, mark, read), pids, workers,
+                              first=first if early is not None else None, on_first=on_first)
     procs, holders, denied, mapped, links = {}, {}, [], {}, dict(keys)
     for part in parts:
         procs.update(part["procs"])
@@ -357,16 +374,24 @@ def snapshot(devset, proc=PROC, fds=True, mark=None):
             "mapped": mapped, "hidden": proc_hidden(proc), "workers": workers}
 
 
-def _scan_part(pids, devset, proc, keys, mark=None):
-    """The scan of some pids: their records, the devices their fds hold, then their maps."""
+def _record(pid, proc, mark):
+    """basic() with the mark, or not_understood()'s record: never raises."""
+    try:
+        info = basic(pid, proc)
+        if info is not None and mark is not None:
+            info["mark"] = mark(info)
+    except Exception as exc:  # data no parser here understands: not inspected, never a crash
+        info = not_understood(pid, exc)
+    return info
+
+
+def _scan_part(pids, devset, proc, keys, mark=None, read=None):
+    """The scan of some pids: their records (those `read` has already, as read then), the
+    devices their fds hold, then their maps."""
     procs, holders, denied, links = {}, {}, [], dict(keys)
+    read = read or {}
     for pid in pids:
-        try:
-            info = basic(pid, proc)
-            if info is not None and mark is not None:
-                info["mark"] = mark(info)
-        except Exception as exc:  # data no parser here understands: not inspected, never a crash
-            info = not_understood(pid, exc)
+        info = read[pid] if pid in read else _record(pid, proc, mark)
         if info is None:
             continue
         procs[pid] = info

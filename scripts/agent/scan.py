@@ -24,8 +24,9 @@ def device_set(args):
     return cached
 
 
-def collect(args, source=None, confirm=False):
-    """One scan. `source` (an open GPU reader) is reused by callers that poll.
+def collect(args, source=None, confirm=False, early=None):
+    """One scan. `source` (an open GPU reader) is reused by callers that poll. `early`: called
+    with the records a target pattern names once every record is read (procscan.snapshot).
 
     `confirm`: the scan that confirms FREED once the GPUs read free. Where the GPU source
     lists the GPUs' processes (context_source) and lists none, and no GPU memory is used, no
@@ -39,7 +40,7 @@ def collect(args, source=None, confirm=False):
             gpus = source.read()
     idle = gpus is not None and context_source(source.name, []) and not any(
         g["processes"] or g["used_mib"] is None or g["used_mib"] > args.max_used_mib or g.get("unread") for g in gpus)
-    snap = procscan.snapshot(device_set(args), fds=not idle, mark=_target_mark(args))
+    snap = procscan.snapshot(device_set(args), fds=not idle, mark=_target_mark(args), early=early)
     procs_done = time.monotonic()
     if gpus is None or not idle:  # read (again) after the processes: what they hold now
         with gpuinfo.reader(args, source) as (source, tried):

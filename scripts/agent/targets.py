@@ -95,6 +95,13 @@ class Targets:
         self.killed = set()
         self.exits = ExitWaiter()  # pidfds of the targets waited on
 
+    def extend(self, planned):
+        """More planned targets (the plan's batch after the early one: agent/early.py)."""
+        new = [t for t in planned if key(t) not in self.keys]
+        self.items.extend(new)
+        self.keys.update(key(t) for t in new)
+        return new
+
     @staticmethod
     def _send(t, sig):
         try:

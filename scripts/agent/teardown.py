@@ -29,7 +29,7 @@ import signal
 import socket
 import time
 
-from . import contract, forkwatch, gpuinfo, hostlock, lastrun, options, plan, procfs, scan, units
+from . import contract, early, forkwatch, gpuinfo, hostlock, lastrun, options, plan, procfs, scan, units
 from .auditlog import Audit
 from .targets import Targets
 
@@ -211,11 +211,59 @@ def stuck_report(alive, doc):
     return out
 
 
-def _start_watch(planned, procs):
+def _subscribe_watch():
+    """The fork watch, subscribed before the scan (forkwatch.start walk=False); None when it
+    cannot be had: the watch is an aid, /proc parentage still works without it."""
     try:
-        return forkwatch.ForkWatch.start([(t["pid"], t["start_time"]) for t in planned], listed=procs)
-    except Exception:  # the watch is an aid: /proc parentage still works without it
+        return forkwatch.ForkWatch.start([], walk=False)
+    except Exception:
         return None
+
+
+def _begin_watch(watch, planned, procs):
+    """The plan's targets as the watch's roots, and its first walk (`procs`: the scan's table);
+    the watch, or None when it could not begin (closed: half a watch must not report)."""
+    if watch is None:
+        return None
+    try:
+        watch.begin([(t["pid"], t["start_time"]) for t in planned], listed=procs)
+    except Exception:
+        watch.close()
+        return None
+    return watch
+
+
+def _send_plan(targets, the_plan, planned, audit, timings, started):
+    """The plan's batch: the manager stops of its units and containers, and SIGTERM to every
+    planned target the early batch did not signal. Returns ({pid: target}, the stops)."""
+    rest = targets.extend(planned)
+    by_pid = {t["pid"]: t for t in planned}
+    stops = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
+                             containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
+                        audit, by_pid)
+    timings.setdefault("sigterm_s", _since(started))
+    timings["plan_sigterm_s"] = _since(started)
+    # a unit's or container's processes are its manager's to stop: a direct SIGTERM racing the
+    # stop job makes Restart=always (or a docker restart policy) start it again
+    targets.signal([t for t in rest if t.get("via", "signal") == "signal"], signal.SIGTERM, "SIGTERM")
+    return by_pid, stops
+
+
+def _early_batch(args, approved, audit, timings, started):
+    """(Targets, early.Batch): the targets as yet none, and the scan's callback that adds and
+    signals the early batch (agent/early.py). Only processes started after now are adopted."""
+    since = procfs.read_stat(os.getpid())["start_time"]
+    targets = Targets([], audit, None, chain=early.own_chain(), protect=args.protect, since_ticks=since,
+                      scope_uid=args.scope_uid)
+    return targets, early.Batch(args, approved, lambda rows: _send_early(targets, rows, timings, started))
+
+
+def _send_early(targets, rows, timings, started):
+    """The early batch (agent/early.py): SIGTERM, as soon as the scan has read every record."""
+    targets.extend(rows)
+    timings["sigterm_s"] = _since(started)
+    timings["early_batch"] = len(rows)
+    targets.signal(rows, signal.SIGTERM, "SIGTERM")
 
 
 class Recorder:
@@ -262,26 +310,24 @@ def execute(args, operator, started, source):
         missing = [m for m in LATER if importlib.util.find_spec("." + m, __package__) is None]
         if missing:  # an incomplete agent must fail here, before any signal, not after them
             raise AgentIncomplete("the agent lacks module(s) %s (a broken bundle)" % ", ".join(missing))
-        since = procfs.read_stat(os.getpid())["start_time"]
-        early = bool(args.fake_gpus)
-        doc = scan.collect(args, source if early else gpuinfo.NoSource())
-        the_plan = plan.build(doc, args)
-        approved = parse_approved(args.approved)
+        approved, audit = parse_approved(args.approved), Audit(operator)
+        watch = _subscribe_watch()  # every fork from here on is queued for it: the early batch's too
+        targets, batch = _early_batch(args, approved, audit, timings, started)
+        try:
+            doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
+            the_plan = early.merge(plan.build(doc, args), batch.rows)
+        except Exception as exc:
+            if not batch.rows:
+                raise  # nothing was signalled: the error is the answer, as before any signal
+            record.update(plan=early.as_plan(batch.rows, args), before=[], unapproved=[])
+            return unverified(args, targets, started, record, recorder, audit, timings, {}, exc)
         planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
         unapproved = [t for t in the_plan["targets"] if t not in planned]
         timings["planned_s"] = _since(started)
-        audit = Audit(operator)
-        watch = _start_watch(planned, doc["_procs"])
-        targets = Targets(planned, audit, watch, chain=doc["_chain"] | {os.getpid()}, protect=args.protect,
-                          since_ticks=since, scope_uid=args.scope_uid)
-        by_pid = {t["pid"]: t for t in planned}
-        stops = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
-                                 containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
-                            audit, by_pid)
-        timings["sigterm_s"] = _since(started)
-        # a unit's or container's processes are its manager's to stop: a direct SIGTERM racing the
-        # stop job makes Restart=always (or a docker restart policy) start it again
-        targets.signal([t for t in planned if t.get("via", "signal") == "signal"], signal.SIGTERM, "SIGTERM")
+        targets.chain = doc["_chain"] | {os.getpid()}
+        watch = targets.watch = _begin_watch(watch, planned, doc["_procs"])
+        by_pid, stops = _send_plan(targets, the_plan, planned, audit, timings, started)
+        recorder.errors.extend([batch.error] if batch.error else [])
         source.start()
         # What runs only after the signals is imported only now, while the driver releases the
         # targets' memory (0.3 s and more): health, Xid, MPS, MIG, the settle window, the verdict.
@@ -328,6 +374,7 @@ def execute(args, operator, started, source):
                       ignored=result["ignored"], settle_ended=result["settle_ended"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
+                      fork_watch_note=getattr(watch, "note", "no watch"),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"],
                                                                  hostlock.concurrent_teardowns(after["_procs"])),
                       timings=timings, finished=time.strftime(contract.TIME_FORMAT))

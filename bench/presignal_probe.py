@@ -1,0 +1,139 @@
+"""Where the time before the first SIGTERM goes, on a host of many processes.
+
+  python3 bench/presignal_probe.py [--extra 20000] [--reps 5] [--out FILE.json]
+
+The pieces of teardown.execute that run before the signal batch, each timed in this process
+over the same host, median of the reps: the /proc holder scan (procscan.snapshot: one worker
+per core on a big host), the rest of scan.collect (the holders' records, the GPU read), the
+plan (plan.build), the fork watch's start and the targets' records. The target is a small tree
+holding a fake device file (a parent and two children, scripts named with a token of their own), so the
+run needs no GPU; the bystanders are idle `sleep`s (tests/procs.Bystanders). Nothing is
+signalled: the probe stops where the teardown would send the SIGTERM.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from scripts.agent import cli, fanout, plan, procfs, procscan, scan, teardown  # noqa: E402
+from scripts.agent.targets import Targets  # noqa: E402
+from tests.procs import Bystanders  # noqa: E402
+
+TREE = """import os, subprocess, sys, time
+fd = open(sys.argv[1], "rb")
+kids = [subprocess.Popen([sys.executable, sys.argv[2]]) for _ in range(2)]
+print("ready", flush=True)
+time.sleep(3600)
+"""
+
+
+PIECES = ("records_only_scan", "proc_scan", "rest_of_collect", "plan_build", "fork_watch_start", "targets_init",
+          "total")
+
+
+class _NoAudit:
+    records: list = []
+
+    def log(self, *a, **k):
+        return {}
+
+
+def _args(devdir: str, token: str):
+    parser = cli.build_parser()
+    return parser.parse_args(["teardown", "--devices", f"{devdir}/nvidia*", "--fake-devices",
+                              "--match", token + r"_\w+\.py", "--scope", token])
+
+
+def one(args) -> dict:
+    """One pass over the pieces, in the order teardown.execute runs them; seconds each."""
+    out = {}
+    tr = time.monotonic()
+    procscan.snapshot(scan.device_set(args), fds=False, mark=scan._target_mark(args))
+    out["records_only_scan"] = time.monotonic() - tr  # not part of the total: what a scan without fds costs
+    t0 = time.monotonic()
+    since = procfs.read_stat(os.getpid())["start_time"]
+    doc = scan.collect(args, scan.gpuinfo.NoSource())
+    t1 = time.monotonic()
+    out["proc_scan"] = doc["proc_scan_ms"] / 1000
+    out["rest_of_collect"] = (t1 - t0) - out["proc_scan"]
+    the_plan = plan.build(doc, args)
+    t2 = time.monotonic()
+    out["plan_build"] = t2 - t1
+    planned = the_plan["targets"]
+    watch = teardown._start_watch(planned, doc["_procs"])
+    t3 = time.monotonic()
+    out["fork_watch_start"] = t3 - t2
+    Targets(planned, _NoAudit(), watch, chain=doc["_chain"] | {os.getpid()}, protect=args.protect, since_ticks=since,
+            scope_uid=args.scope_uid)
+    t4 = time.monotonic()
+    out["targets_init"] = t4 - t3
+    out["total"] = t4 - t0
+    out["targets"] = len(planned)
+    out["processes"] = doc["processes_scanned"]
+    if watch is not None:
+        watch.close()
+    return out
+
+
+def measure(args, reps: int, profile: bool = False) -> dict:
+    runs = [one(args) for _ in range(reps)]
+    if profile:
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        prof.runcall(one, args)
+        pstats.Stats(prof).sort_stats("tottime").print_stats(18)
+    keys = [k for k in runs[0] if k not in ("targets", "processes")]
+    row = {k: round(statistics.median(r[k] for r in runs), 4) for k in keys}
+    row.update(targets=runs[0]["targets"], processes=runs[0]["processes"], reps=reps, cores=fanout.cores(),
+               workers=fanout.workers_for(runs[0]["processes"]))
+    return row
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--extra", type=int, nargs="*", default=[20000])
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--out")
+    p.add_argument("--profile", action="store_true", help="also print cProfile's top functions of one pass per row")
+    a = p.parse_args()
+    token = "gpvprobe%d" % os.getpid()
+    with tempfile.TemporaryDirectory() as devdir:
+        for i in range(2):
+            Path(devdir, f"nvidia{i}").write_bytes(b"")
+        server, worker = Path(devdir, f"{token}_server.py"), Path(devdir, f"{token}_worker.py")
+        server.write_text(TREE)
+        worker.write_text("import time\ntime.sleep(3600)\n")
+        tree = subprocess.Popen([sys.executable, str(server), f"{devdir}/nvidia0", str(worker)], stdout=subprocess.PIPE,
+                                start_new_session=True)
+        try:
+            assert tree.stdout is not None and tree.stdout.readline().strip() == b"ready"
+            args = _args(devdir, token)
+            rows = [dict(measure(args, a.reps, a.profile), label="this machine")]
+            for n in a.extra:
+                with Bystanders(n):
+                    rows.append(dict(measure(args, a.reps, a.profile), label=f"+{n} processes"))
+        finally:
+            os.killpg(tree.pid, 9)
+            tree.wait()
+    for r in rows:
+        parts = "  ".join(f"{k} {r[k] * 1000:.1f}" for k in PIECES)
+        print(f"{r['label']:>18}: {r['processes']} processes, {r['targets']} targets, {r['workers']}/{r['cores']} "
+              f"workers/cores; ms: {parts}", flush=True)
+    if a.out:
+        Path(a.out).write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
