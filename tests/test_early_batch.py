@@ -23,15 +23,17 @@ def _teardown(ps, *extra):
 
 
 def test_pattern_targets_go_first_and_the_orphan_holder_with_the_plan(ps):
+    ready = ps.base / f"ready{ps.n + 1}"
     server = scenario._server(ps, "--tp", "2", "--memdir", str(ps.memdir))
+    workers = [int(p) for p in ready.read_text().split()]  # its tree: named by nothing but their parent
     orphan = scenario._orphan(ps)  # holds GPU 0, named by no pattern: found by the fd scan only
     res = _teardown(ps)
     doc = res.doc
     assert res.code == 0, doc["problems"]
-    assert doc["timings"]["early_batch"] == 1, doc["timings"]  # the server; its workers are its tree
+    assert doc["timings"]["early_batch"] == 3, doc["timings"]  # the server and its two workers
     assert doc["timings"]["sigterm_s"] <= doc["timings"]["plan_sigterm_s"]
     sigterms = [a["pid"] for a in doc["actions"] if a["signal"] == "SIGTERM"]
-    assert sigterms[0] == server and orphan in sigterms[1:], doc["actions"]
+    assert sorted(sigterms[:3]) == sorted([server, *workers]) and orphan in sigterms[3:], doc["actions"]
     reasons = {t["pid"]: t["reason"] for t in doc["plan"]["targets"]}
     assert "target pattern" in reasons[server] and reasons[orphan].startswith("holds a GPU")
     assert not alive(server) and not alive(orphan)

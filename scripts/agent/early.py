@@ -6,14 +6,15 @@ process's open files and maps, which only finds holders no pattern names (an orp
 worker, a renamed one). The server and its workers are named by the patterns; making them
 wait for the rest of the scan put the first signal at 0.2 s and "free at" at 1.6x the floor.
 
-Which processes: exactly those plan.build makes targets because a pattern names them (in the
-scope, not protected, not this agent's chain, running, the scope's uid, approved when a plan
-was shown), through plan's own _Picked, and only where the plan can do nothing but signal
-them: a process in a service unit or a container is left to the full plan, which may stop
-its unit or container through its manager instead (a direct SIGTERM there races the stop and
-Restart=always brings it back). Everything else the plan finds (what those started, what they
-left in their session or group, holders no pattern names, supervisors) gets its SIGTERM when
-the scan is complete (teardown.execute), and the plan records both batches (merge).
+Which processes: exactly those plan.build makes targets because a pattern names them or a
+process it names started them (its tree: a server's spawned workers, which carry no name of
+their own; in the scope, not protected, not this agent's chain, running, the scope's uid,
+approved when a plan was shown), through plan's own _Picked, and only where the plan can do
+nothing but signal them: a process in a service unit or a container is left to the full
+plan, which may stop its unit or container through its manager instead (a direct SIGTERM
+there races the stop and Restart=always brings it back). Everything else the plan finds
+(what they left in their session or group, holders no pattern names, supervisors) gets its
+SIGTERM when the scan is complete (teardown.execute), and the plan records both batches.
 """
 import os
 
@@ -33,25 +34,57 @@ def own_chain():
     return chain
 
 
-def pick(records, args, approved):
-    """Plan rows (via "signal") for the marked `records` that the plan would make targets by
-    their pattern and could only signal; sorted by pid."""
-    procs = {r["pid"]: r for r in records}
+class _OnDemand(dict):
+    """The records the early batch looks at: the marked ones, and any other read from /proc the
+    first time it is asked for, when its start time is the one the table says (a target's tree:
+    a few processes, read here rather than every record sent from the workers)."""
+
+    def __init__(self, records, starts):
+        super().__init__((r["pid"], r) for r in records)
+        self.starts = starts
+
+    def _load(self, pid):
+        if dict.__contains__(self, pid) or pid not in self.starts:
+            return
+        try:
+            info = procscan.basic(pid)
+        except Exception:  # data no parser here understands: the full plan decides about it
+            info = None
+        if info is not None and info["start_time"] == self.starts[pid]:
+            dict.__setitem__(self, pid, info)
+
+    def __contains__(self, pid):
+        self._load(pid)
+        return dict.__contains__(self, pid)
+
+    def __getitem__(self, pid):
+        self._load(pid)
+        return dict.__getitem__(self, pid)
+
+
+def pick(records, args, approved, table=()):
+    """Plan rows (via "signal") for what plan.build makes targets by a pattern - the marked
+    `records` and their trees (`table`: every process's (pid, ppid, start_time)) - and could
+    only signal; sorted by pid."""
+    procs = _OnDemand(records, {pid: start for pid, _, start in table})
     picked = plan._Picked(procs, own_chain() | {os.getpid()}, args)
+    matched = [r["pid"] for r in sorted(records, key=lambda r: r["pid"])
+               if r.get("mark") and plan.in_scope(r, args) and picked.add(r["pid"], r["mark"])]
+    kids: dict = {}
+    for pid, ppid, _ in table:
+        kids.setdefault(ppid, []).append(pid)
+    picked.trees(matched, kids)
     now = scan.procfs_now_ticks()
     rows = []
-    for pid in sorted(procs):
+    for pid in sorted(picked.reasons):
         info = procs[pid]
-        why = info.get("mark")
-        if not why or not plan.in_scope(info, args) or not picked.add(pid, why):
-            continue
         if approved is not None and (pid, info["start_time"]) not in approved:
             continue
         full = procscan.detail(info, [], now_ticks=now)
         if plan.stoppable_unit(full["unit"]) or full["container"]:
             continue  # its manager may be the one to stop it: the full plan decides
         full["gpu_mib"] = {}
-        row = plan._row(full, why)
+        row = plan._row(full, picked.reasons[pid])
         row["via"] = "signal"
         rows.append(row)
     return rows
@@ -67,9 +100,9 @@ class Batch:
         self.rows: list = []
         self.error = None
 
-    def __call__(self, records):
+    def __call__(self, records, table=()):
         try:
-            self.rows = pick(records, self.args, self.approved)
+            self.rows = pick(records, self.args, self.approved, table)
             if self.rows:
                 self.send(self.rows)
         except Exception as exc:  # the full plan still runs: this batch only saves time

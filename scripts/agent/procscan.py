@@ -336,9 +336,9 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
     `fds` False: the records only, no fd table or maps read (scan.collect's confirm=True).
     `mark(info)`: its answer is kept in each record as info["mark"], worked out where the
     record is read (in the workers: the plan's target patterns, tried on every process).
-    `early(records)`: called with the records `mark` answered (a true mark), as soon as every
-    worker has read its share's records and before the fd tables and maps are read (the
-    teardown's first SIGTERM batch: agent/early.py).
+    `early(records, table)`: called with the records `mark` answered (a true mark) and every
+    process's (pid, ppid, start_time), as soon as every worker has read its share's records and
+    before the fd tables and maps are read (the teardown's first SIGTERM batch: agent/early.py).
     """
     pids = all_pids(proc)
     keys = devset.inode_keys()
@@ -349,15 +349,17 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
     read: dict = {}  # a share's records read in the first stage (in the worker that read them)
 
     def first(share):
-        marked = []
+        marked, table = [], []
         for pid in share:
             info = read[pid] = _record(pid, proc, mark)
-            if info is not None and info.get("mark"):
-                marked.append(info)
-        return marked
+            if info is not None:
+                table.append((pid, info["ppid"], info["start_time"]))
+                if info.get("mark"):
+                    marked.append(info)
+        return marked, table
 
     def on_first(answers):
-        early([info for answer in answers for info in answer])
+        early([info for marked, _ in answers for info in marked], [row for _, table in answers for row in table])
 
     parts = fanout.map_pieces(lambda piece: _scan_part(piece, devset, proc, keys, mark, read), pids, workers,
                               first=first if early is not None else None, on_first=on_first)
