@@ -201,7 +201,8 @@ def breakdown(pivots):
     return {
         "Enter -> agent started (CLI start, invoke, the agent's interpreter and imports)":
             summary([r["enter_to_agent_started_s"] for r in pivots]),
-        "agent started -> SIGTERM sent (lock, /proc scan, plan)": _step(pivots, "sigterm_s"),
+        "agent started -> first SIGTERM (lock, /proc records, the early batch: agent/early.py)":
+            _step(pivots, "sigterm_s"),
         "SIGTERM sent -> every GPU reads free, lists no process (the release, the targets' exit)":
             _step(pivots, "free_at_s", "sigterm_s"),
         "GPUs read free -> FREED confirmed (full /proc holder scan)": _step(pivots, "confirmed_s", "free_at_s"),

@@ -5,7 +5,8 @@
 The pieces of teardown.execute that run before the signal batch, each timed in this process
 over the same host, median of the reps: the /proc holder scan (procscan.snapshot: one worker
 per core on a big host), the rest of scan.collect (the holders' records, the GPU read), the
-plan (plan.build), the fork watch's start and the targets' records. The target is a small tree
+plan (plan.build), the fork watch's subscription and first walk, and the targets' records; and
+when the early SIGTERM batch (agent/early.py) would go, counted from the same start. The target is a small tree
 holding a fake device file (a parent and two children, scripts named with a token of their own), so the
 run needs no GPU; the bystanders are idle `sleep`s (tests/procs.Bystanders). Nothing is
 signalled: the probe stops where the teardown would send the SIGTERM.
@@ -25,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.agent import cli, fanout, plan, procfs, procscan, scan, teardown  # noqa: E402
+from scripts.agent import cli, early, fanout, plan, procfs, procscan, scan, teardown  # noqa: E402
 from scripts.agent.targets import Targets  # noqa: E402
 from tests.procs import Bystanders  # noqa: E402
 
@@ -37,8 +38,8 @@ time.sleep(3600)
 """
 
 
-PIECES = ("records_only_scan", "proc_scan", "rest_of_collect", "plan_build", "fork_watch_start", "targets_init",
-          "total")
+PIECES = ("records_only_scan", "fork_watch_subscribe", "early_batch_at", "proc_scan", "rest_of_collect", "plan_build",
+          "fork_watch_begin", "targets_init", "total")
 
 
 class _NoAudit:
@@ -55,30 +56,42 @@ def _args(devdir: str, token: str):
 
 
 def one(args) -> dict:
-    """One pass over the pieces, in the order teardown.execute runs them; seconds each."""
+    """One pass over the pieces, in the order teardown.execute runs them; seconds each. The
+    early batch is picked (agent/early.py) but not sent: `early_batch_at` is when it would go."""
     out = {}
     tr = time.monotonic()
     procscan.snapshot(scan.device_set(args), fds=False, mark=scan._target_mark(args))
     out["records_only_scan"] = time.monotonic() - tr  # not part of the total: what a scan without fds costs
     t0 = time.monotonic()
+    watch = teardown._subscribe_watch()
     since = procfs.read_stat(os.getpid())["start_time"]
-    doc = scan.collect(args, scan.gpuinfo.NoSource())
     t1 = time.monotonic()
-    out["proc_scan"] = doc["proc_scan_ms"] / 1000
-    out["rest_of_collect"] = (t1 - t0) - out["proc_scan"]
-    the_plan = plan.build(doc, args)
+    out["fork_watch_subscribe"] = t1 - t0
+    seen = {}
+
+    def batch(records, table=()):
+        seen["rows"] = early.pick(records, args, None, table)
+        seen["at"] = time.monotonic()
+
+    doc = scan.collect(args, scan.gpuinfo.NoSource(), early=batch)
     t2 = time.monotonic()
-    out["plan_build"] = t2 - t1
-    planned = the_plan["targets"]
-    watch = teardown._start_watch(planned, doc["_procs"])
+    out["early_batch_at"] = seen["at"] - t0
+    out["proc_scan"] = doc["proc_scan_ms"] / 1000
+    out["rest_of_collect"] = (t2 - t1) - out["proc_scan"]
+    the_plan = early.merge(plan.build(doc, args), seen["rows"])
     t3 = time.monotonic()
-    out["fork_watch_start"] = t3 - t2
+    out["plan_build"] = t3 - t2
+    planned = the_plan["targets"]
+    watch = teardown._begin_watch(watch, planned, doc["_procs"])
+    t4 = time.monotonic()
+    out["fork_watch_begin"] = t4 - t3
     Targets(planned, _NoAudit(), watch, chain=doc["_chain"] | {os.getpid()}, protect=args.protect, since_ticks=since,
             scope_uid=args.scope_uid)
-    t4 = time.monotonic()
-    out["targets_init"] = t4 - t3
-    out["total"] = t4 - t0
+    t5 = time.monotonic()
+    out["targets_init"] = t5 - t4
+    out["total"] = t5 - t0
     out["targets"] = len(planned)
+    out["early_targets"] = len(seen["rows"])
     out["processes"] = doc["processes_scanned"]
     if watch is not None:
         watch.close()
@@ -94,9 +107,10 @@ def measure(args, reps: int, profile: bool = False) -> dict:
         prof = cProfile.Profile()
         prof.runcall(one, args)
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
-    keys = [k for k in runs[0] if k not in ("targets", "processes")]
+    keys = [k for k in runs[0] if k not in ("targets", "early_targets", "processes")]
     row = {k: round(statistics.median(r[k] for r in runs), 4) for k in keys}
-    row.update(targets=runs[0]["targets"], processes=runs[0]["processes"], reps=reps, cores=fanout.cores(),
+    row.update(targets=runs[0]["targets"], early_targets=runs[0]["early_targets"], processes=runs[0]["processes"],
+               reps=reps, cores=fanout.cores(),
                workers=fanout.workers_for(runs[0]["processes"]))
     return row
 
@@ -129,7 +143,8 @@ def main():
             tree.wait()
     for r in rows:
         parts = "  ".join(f"{k} {r[k] * 1000:.1f}" for k in PIECES)
-        print(f"{r['label']:>18}: {r['processes']} processes, {r['targets']} targets, {r['workers']}/{r['cores']} "
+        print(f"{r['label']:>18}: {r['processes']} processes, {r['targets']} targets ({r['early_targets']} early), "
+              f"{r['workers']}/{r['cores']} "
               f"workers/cores; ms: {parts}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))

@@ -273,8 +273,8 @@ def busy_host_lines(base: Path, busy: Path, wrapped: Path) -> list:
              "`): the usual tree, on the host as it is and with 20,000 idle `sleep` processes started for the "
              "whole run; floor and gpu-pivot alternate. No supervisor survives the tree, so the settle window ends "
              "as soon as the GPUs read free (`settle: nothing left that could restart a target`); in the last column "
-             "(`gpu-scale-wrapped.json`, when measured) the tree runs under a `bash -c '...; sleep'` that survives "
-             "it, and the CLI's exit waits out the 2 s window.", "",
+             "(`gpu-scale-wrapped.json`, when measured; maybe an older run) the tree runs under a "
+             "`bash -c '...; sleep'` that survives it, and the CLI's exit waits out the 2 s window.", "",
              table(head, rows), ""]
     if steps:
         lines += ["Where the time goes among 20,000 processes (medians):", "",
