@@ -24,14 +24,15 @@ from . import plan, procfs, procscan, scan
 def own_chain():
     """This agent and its ancestors, read from /proc now (the scan's self_chain, before its
     table is complete)."""
-    chain, pid = set(), os.getpid()
-    while pid and pid not in chain:
-        chain.add(pid)
-        st = procfs.read_stat(pid)
-        if st is None:
-            break
-        pid = st["ppid"]
-    return chain
+    return set(procscan.ancestors(os.getpid(), _Live()))
+
+
+class _Live:
+    """A process table that reads /proc at each look (what procscan.ancestors asks of one)."""
+
+    @staticmethod
+    def get(pid):
+        return procfs.read_stat(pid)
 
 
 class _OnDemand(dict):
