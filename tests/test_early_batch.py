@@ -5,12 +5,18 @@ Every process is started here and scoped by the test's temp dir (fake devices + 
 from __future__ import annotations
 
 import dataclasses
+import errno
+import json
 import os
+import signal
+import subprocess
+import sys
 
-from scripts.agent import cgroup, cli, early, plan, procscan, scan
+from scripts.agent import cgroup, cli, early, plan, procscan, rules, scan, teardown
 from scripts.hostconfig import build_host
 from scripts.transport import call_agent
 from tests import scenario
+from tests.conftest import REPO
 from tests.procs import alive
 
 TARGETS = r"sandbox_roles\.py|sglang\.launch_server"
@@ -107,3 +113,62 @@ def test_the_plan_states_every_early_target_even_one_gone_before_the_full_scan(p
     again = early.merge({"targets": list(rows)}, rows)
     assert len(again["targets"]) == 1
     assert early.as_plan(rows, args)["rules"] == list(plan.RULES)
+
+
+STANDIN = REPO / "tests" / "standin" / "nvml"  # NVML stand-in replaying a recording (no GPU here)
+H200 = {"uuid": "GPU-0", "name": "NVIDIA H200", "bus": "00000000:19:00.0", "used": 0, "reserved": 645922816,
+        "total": 150754820096, "processes": []}
+
+
+def test_before_is_read_from_the_gpu_source_after_the_signals(ps, tmp_path):
+    """With a driver to read (not the sandbox's fake source), "before" is NVML's read right
+    after the signals, and freed_mib comes from it (a red team found [] and -8192)."""
+    rec = tmp_path / "rec.json"
+    rec.write_text(json.dumps({"gpus": [dict(H200, used=8 << 30)]}))
+    worker = ps.role("worker", "--gpu", "0")
+    env = dict(os.environ, PYTHONPATH=str(STANDIN), GPU_PIVOT_NVML_RECORDING=str(rec))
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "gpuagent.py"), "teardown", "--json", "--devices",
+                           ps.glob, "--fake-devices", "--target", TARGETS, "--scope", str(ps.base), "--grace", "2",
+                           "--timeout", "3", "--settle", "0", "--run-dir", str(tmp_path / "run")],
+                          capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
+    doc = json.loads(done.stdout)
+    assert not alive(worker) and doc["gpu_source"] == "nvml" and len(doc["after"]) == 1, doc
+    assert len(doc["before"]) == 1 and doc["freed_mib"] >= 0, (doc["before"], doc["freed_mib"])
+
+
+def test_a_failure_after_the_early_batch_is_seen_through_and_recorded(ps, tmp_path, monkeypatch):
+    """The manager's stop cannot be started (EAGAIN at a process limit) after the early batch
+    went out: the early targets are still seen through and the plan is recorded (exit 3),
+    instead of an agent error with SIGTERMs sent and nothing written."""
+    plain = ps.role("worker", "--gpu", "0")  # the early batch
+    in_unit = ps.role("worker", "--gpu", "1")  # left to `systemctl stop`
+    real = cgroup.read
+
+    def read(pid, proc="/proc"):
+        cg = dict(real(pid, proc))
+        if pid == in_unit:
+            cg["unit"] = "gpv-test-fake.service"
+        return cg
+
+    def no_fork(*_a, **_k):
+        raise OSError(errno.EAGAIN, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(cgroup, "read", read)
+    monkeypatch.setattr(plan, "systemd_running", lambda: True)
+    monkeypatch.setattr(subprocess, "Popen", no_fork)
+    monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
+    saved = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE)}
+    args = _args(ps, "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "3", "--settle", "0")
+    args.emit_progress = lambda **_f: None
+    rules.trust_own_names(True)
+    try:
+        code, doc = teardown.run(args)
+    finally:
+        rules.trust_own_names(False)
+        for s, h in saved.items():
+            signal.signal(s, h)
+    assert code == 3 and doc["verdict"] == "not verified", doc
+    assert "Resource temporarily unavailable" in doc["error"]
+    assert {t["pid"] for t in doc["plan"]["targets"]} >= {plain, in_unit}
+    assert any(a["pid"] == plain and a["signal"] == "SIGTERM" for a in doc["actions"])
+    assert not alive(plain)

@@ -233,6 +233,22 @@ def _begin_watch(watch, planned, procs):
     return watch
 
 
+def _plan_batch(args, source, targets, batch, watch, timings, started, got):
+    """The scan (its early batch sent from inside it), the plan, the fork watch's roots, and the
+    plan's batch (_send_plan). Returns (doc, plan, planned, unapproved, {pid: target}, stops);
+    `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
+    doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
+    the_plan = got["plan"] = early.merge(plan.build(doc, args), batch.rows)
+    approved = batch.approved  # the operator's --approved (None: all of the plan)
+    planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
+    unapproved = [t for t in the_plan["targets"] if t not in planned]
+    timings["planned_s"] = _since(started)
+    targets.chain = doc["_chain"] | {os.getpid()}
+    targets.watch = _begin_watch(watch, planned, doc["_procs"])
+    by_pid, stops = _send_plan(targets, the_plan, planned, targets.audit, timings, started)
+    return doc, the_plan, planned, unapproved, by_pid, stops
+
+
 def _send_plan(targets, the_plan, planned, audit, timings, started):
     """The plan's batch: the manager stops of its units and containers, and SIGTERM to every
     planned target the early batch did not signal. Returns ({pid: target}, the stops)."""
@@ -313,20 +329,17 @@ def execute(args, operator, started, source):
         approved, audit = parse_approved(args.approved), Audit(operator)
         watch = _subscribe_watch()  # every fork from here on is queued for it: the early batch's too
         targets, batch = _early_batch(args, approved, audit, timings, started)
+        got: dict = {}  # what _plan_batch has made so far (the plan, once built)
         try:
-            doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
-            the_plan = early.merge(plan.build(doc, args), batch.rows)
+            doc, the_plan, planned, unapproved, by_pid, stops = _plan_batch(args, source, targets, batch, watch,
+                                                                            timings, started, got)
         except Exception as exc:
-            if not batch.rows:
+            if not batch.rows and not targets.term_at:
                 raise  # nothing was signalled: the error is the answer, as before any signal
-            record.update(plan=early.as_plan(batch.rows, args), before=[], unapproved=[])
+            # signals went out (the early batch, maybe more): see them through and record them
+            record.update(plan=got.get("plan") or early.as_plan(batch.rows, args), before=[], unapproved=[])
             return unverified(args, targets, started, record, recorder, audit, timings, {}, exc)
-        planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
-        unapproved = [t for t in the_plan["targets"] if t not in planned]
-        timings["planned_s"] = _since(started)
-        targets.chain = doc["_chain"] | {os.getpid()}
-        watch = targets.watch = _begin_watch(watch, planned, doc["_procs"])
-        by_pid, stops = _send_plan(targets, the_plan, planned, audit, timings, started)
+        watch = targets.watch
         recorder.errors.extend([batch.error] if batch.error else [])
         source.start()
         # What runs only after the signals is imported only now, while the driver releases the
@@ -337,7 +350,7 @@ def execute(args, operator, started, source):
             record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved)
             return unverified(args, targets, started, record, recorder, audit, timings, doc, exc)
 
-        before_gpus = doc["gpus"] if early else _read_gpus(source)
+        before_gpus = doc["gpus"] if args.fake_gpus else _read_gpus(source)
         timings["before_read_s"] = _since(started)
         doc["gpu_source_tried"] = source.tried
         health_start = checkup.teardown_start(source)  # Xids from here on count (checkup.py)
