@@ -12,12 +12,12 @@ import signal
 import subprocess
 import sys
 
-from scripts.agent import cgroup, cli, early, plan, procscan, rules, scan, teardown
+from scripts.agent import cgroup, cli, early, gpuinfo, plan, procscan, rules, scan, teardown
 from scripts.hostconfig import build_host
 from scripts.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO
-from tests.procs import alive
+from tests.procs import alive, wait_for
 
 TARGETS = r"sandbox_roles\.py|sglang\.launch_server"
 
@@ -172,3 +172,24 @@ def test_a_failure_after_the_early_batch_is_seen_through_and_recorded(ps, tmp_pa
     assert {t["pid"] for t in doc["plan"]["targets"]} >= {plain, in_unit}
     assert any(a["pid"] == plain and a["signal"] == "SIGTERM" for a in doc["actions"])
     assert not alive(plain)
+
+
+def test_with_an_early_batch_the_gpus_are_read_before_it_goes_out(ps):
+    """The sandbox's GPU memory is what its live processes declare: read after the early batch,
+    the targets would be releasing it and "before" (freed_mib) came out short (CI saw 1024 of
+    41984 MiB). The callback here ends the server's whole tree before returning."""
+    ready = ps.base / f"ready{ps.n + 1}"
+    server = scenario._server(ps, "--tp", "2", "--memdir", str(ps.memdir))
+    tree = [server, *(int(p) for p in ready.read_text().split())]
+    args = _args(ps, "--fake-gpus", str(ps.memdir))
+    source = gpuinfo.SandboxSource(str(ps.memdir), ps.glob)
+    held = sum(g["used_mib"] for g in source.read())
+    assert held > 0
+
+    def end_the_tree(records, table=()):
+        for pid in tree:
+            os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: not any(alive(p) for p in tree), "the tree gone")
+
+    doc = scan.collect(args, source, early=end_the_tree)
+    assert sum(g["used_mib"] for g in doc["gpus"]) == held

@@ -35,14 +35,14 @@ def collect(args, source=None, confirm=False, early=None):
     20,000 processes that is half the scan between "free" and the FREED line."""
     started = time.monotonic()
     gpus = None
-    if confirm:
+    if confirm or early is not None:  # with an early batch: before it goes out, not while the targets release
         with gpuinfo.reader(args, source) as (source, tried):
             gpus = source.read()
-    idle = gpus is not None and context_source(source.name, []) and not any(
+    idle = confirm and gpus is not None and context_source(source.name, []) and not any(
         g["processes"] or g["used_mib"] is None or g["used_mib"] > args.max_used_mib or g.get("unread") for g in gpus)
     snap = procscan.snapshot(device_set(args), fds=not idle, mark=_target_mark(args), early=early)
     procs_done = time.monotonic()
-    if gpus is None or not idle:  # read (again) after the processes: what they hold now
+    if gpus is None or (confirm and not idle):  # read (again) after the processes: what they hold now
         with gpuinfo.reader(args, source) as (source, tried):
             gpus = source.read()
     gpus_done = time.monotonic()
