@@ -1,27 +1,29 @@
-"""Free the GPUs: lock, plan, SIGTERM all targets at once, KILL after grace, verify, settle, record.
+"""Free the GPUs: lock, plan, SIGTERM the targets in two batches, KILL after grace, verify, settle, record.
 
-Why this order: every target gets SIGTERM in the same instant so a server
-and its workers shut down together (signalling only the parent leaves workers holding
-memory); the wait wakes on each target's exit (pidfds, targets.py) or fork (the fork
-watch's socket), instead of a fixed sleep or a 50 ms tick. SIGKILL only what still runs its
-own code after the grace period: a target in its exit (procfs.exiting) needs none and its
-grace is not waited out; its exit itself is then waited for on the pidfds (no signal speeds
-it, and free needs it), and the settle window's NVML read and holder scan say when the GPUs
-are free. Nothing that can wait runs before the signals: NVML opens on a thread right after
-the SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and so
-are the "running" record, the audit lines, the look for other users' teardowns and even the
+Why this order: a batch's targets get SIGTERM in the same instant so a server and its
+workers shut down together (signalling only the parent leaves workers holding memory): the
+early batch (early.py: what a target pattern names and its tree, sent once every record is
+read) and the plan's batch (the rest of the plan, once the fd tables and maps are read); the
+wait wakes on each target's exit (pidfds, targets.py) or fork (the fork watch's socket),
+instead of a fixed sleep or a 50 ms tick. SIGKILL only what still runs its own code after
+the grace period: a target in its exit (procfs.exiting) needs none and its grace is not
+waited out; its exit itself is then waited for on the pidfds (no signal speeds it, and free
+needs it), and the settle window's NVML read and holder scan say when the GPUs are free.
+Nothing that can wait runs before the signals: NVML opens on a thread right after the
+SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and so are
+the "running" record, the audit lines, the look for other users' teardowns and even the
 imports of what only runs later (health, settle window, verdict: tests/test_floor_path.py).
-Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never
-hit, and only to processes the plan listed (and the operator approved, when a plan was
-shown first) and, as the plan states, the processes those fork meanwhile (targets.py).
-Free must then hold for a settle window (settle.py) so a supervisor's respawn is caught,
-not blessed; "free at" is reported (and streamed as a progress line) apart from it.
+Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never hit,
+and only to processes the plan listed (and the operator approved, when a plan was shown
+first) and, as the plan states, the processes those fork meanwhile (targets.py). Free must
+then hold for a settle window (settle.py) so a supervisor's respawn is caught, not blessed;
+"free at" is reported (and streamed as a progress line) apart from it.
 
 The state directory is checked before anything is signalled (unusable: exit 3, nothing
-sent); a write that fails DURING a teardown does not stop it (the processes matter more
-than the log): it is reported in `record_errors`. The agent ignores SIGHUP and SIGINT and
-survives a dropped connection or a Ctrl-C on the operator's side: it finishes and keeps
-the result in last.json on the host, which `invoke status` shows.
+sent); a write that fails DURING a teardown does not stop it (the processes matter more than
+the log): it is reported in `record_errors`. The agent ignores SIGHUP and SIGINT and
+survives a dropped connection or a Ctrl-C on the operator's side: it finishes and keeps the
+result in last.json on the host, which `invoke status` shows.
 """
 import importlib.util
 import os
