@@ -96,8 +96,7 @@ def test_the_hint_for_a_loop_typed_at_a_prompt_never_names_the_flag(ps, tmp_path
     assert result.code == 1 and result.doc["appeared"], result.doc["problems"]
     hint = result.doc["appeared"][0]["include"]
     ps.pids.extend(a["pid"] for a in result.doc["appeared"])
-    wait_for(lambda: ready.exists(), "the restart")
-    ps.adopt(int(ready.read_text()))
+    ps.adopt(ready_pid(ready))  # the restart
     again = teardown(ps, "--settle", "2", "--stop-supervisors", **KEYS)  # as the hint says
     ps.pids.extend(a["pid"] for a in again.doc["appeared"])
     assert again.code == 0 or not hint.startswith("--stop-supervisors"), (hint, again.doc["problems"])

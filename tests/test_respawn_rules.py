@@ -73,8 +73,8 @@ def shell(ps, script: str) -> int:
 
 
 def ready_pid(path: Path) -> int:
-    wait_for(path.exists, f"{path.name} written")
-    return int(path.read_text())
+    """The pid a process wrote to `path`, once written: the file exists before its pid is in it."""
+    return int(wait_for(lambda: path.exists() and path.read_text().strip(), f"{path.name} written"))
 
 
 def teardown(ps, *extra, **keys):
