@@ -85,8 +85,8 @@ class _Firsts:
         self.answers: dict = {}
         self.waiting = set(range(len(shares))) if first is not None else set()
         self.called = first is None
-        self.started = {w for _, w, _ in running.values()} | ({0} if here else set())
-        for w in self.waiting - self.started:  # no worker could be started for it: run here
+        started = {w for _, w, _ in running.values()} | ({0} if here else set())
+        for w in self.waiting - started:  # no worker could be started for it: run here
             self.got(w, first(shares[w]))
 
     def got(self, w, answer):
