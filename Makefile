@@ -56,7 +56,7 @@ lint: setup ## ruff on the Python, shellcheck on the shell scripts (apt-get inst
 	@command -v shellcheck >/dev/null 2>&1 || \
 	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck >/dev/null; }
 	$(VENV)/bin/ruff check .
-	shellcheck -s sh scripts/*.sh
+	shellcheck -s sh scripts/emergency/*.sh
 	shellcheck bench/*.sh .ci/run .ci/install-packages tests/standin/pct tests/standin/bad-json-agent scripts/slurm/epilog scripts/slurm/prolog scripts/slurm/job.sh scripts/completion.bash
 
 .PHONY: typecheck
@@ -71,7 +71,7 @@ demo: setup ## the main job on the SANDBOX host (only its own private dir): see 
 	$(INVOKE) teardown --host sandbox --yes --grace 5
 	$(INVOKE) verify --host sandbox
 	$(INVOKE) sandbox status
-	$(PY) -m scripts.sandbox check
+	$(PY) -m scripts.ops.sandbox check
 
 .PHONY: teardown
 teardown: setup ## free the GPUs of HOST (make teardown HOST=gpu1); asks first on a terminal
@@ -107,7 +107,7 @@ bench-startup: setup ## start-up only: `import tasks`, `invoke --list`, a local 
 
 .PHONY: runbooks
 runbooks: setup ## regenerate runbooks/emergency-one-liners.md from the code
-	$(PY) -m scripts.emergency_doc > runbooks/emergency-one-liners.md
+	$(PY) -m scripts.emergency.runbook > runbooks/emergency-one-liners.md
 
 .PHONY: status
 status: setup ## show who holds the GPUs of HOST

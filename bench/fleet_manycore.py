@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.run import fleet, med, span  # noqa: E402
-from scripts.render import table  # noqa: E402
+from scripts.views.render import table  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
 

@@ -5,7 +5,7 @@
 set -u
 t() { local s; s=$(date +%s.%N); eval "$1" >/dev/null 2>&1; python3 -S -c "print(round($(date +%s.%N) - $s, 3))"; }
 med3() { for _ in 1 2 3; do t "$1"; done | sort -n | sed -n 2p; }
-python3 -c "from scripts import bundle; open('/tmp/gp-payload.py', 'wb').write(bundle.agent_payload())"
+python3 -c "from scripts.reach import bundle; open('/tmp/gp-payload.py', 'wb').write(bundle.agent_payload())"
 for what in "python3 -c pass" "python3 -S -c pass" "python3 -I -c pass" "python3 -c 'import invoke'" \
             "python3 -m invoke --list" "python3 - ping --json < /tmp/gp-payload.py" \
             "python3 - teardown --help < /tmp/gp-payload.py"; do

@@ -201,7 +201,7 @@ def breakdown(pivots):
     return {
         "Enter -> agent started (CLI start, invoke, the agent's interpreter and imports)":
             summary([r["enter_to_agent_started_s"] for r in pivots]),
-        "agent started -> first SIGTERM (lock, /proc records, the early batch: agent/early.py)":
+        "agent started -> first SIGTERM (lock, /proc records, the early batch: agent/teardown/early.py)":
             _step(pivots, "sigterm_s"),
         "SIGTERM sent -> every GPU reads free, lists no process (the release, the targets' exit)":
             _step(pivots, "free_at_s", "sigterm_s"),

@@ -6,7 +6,7 @@ The pieces of teardown.execute that run before the signal batch, each timed in t
 over the same host, median of the reps: the /proc holder scan (procscan.snapshot: one worker
 per core on a big host), the rest of scan.collect (the holders' records, the GPU read), the
 plan (plan.build), the fork watch's subscription and first walk, and the targets' records; and
-when the early SIGTERM batch (agent/early.py) would go, counted from the same start. The target is a small tree
+when the early SIGTERM batch (agent/teardown/early.py) would go, counted from the same start. The target is a small tree
 holding a fake device file (a parent and two children, scripts named with a token of their own), so the
 run needs no GPU; the bystanders are idle `sleep`s (tests/procs.Bystanders). Nothing is
 signalled: the probe stops where the teardown would send the SIGTERM.
@@ -26,8 +26,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.agent import cli, early, fanout, plan, procfs, procscan, scan, teardown  # noqa: E402
-from scripts.agent.targets import Targets  # noqa: E402
+from scripts.agent import cli  # noqa: E402
+from scripts.agent.procs import fanout, procfs, procscan, scan  # noqa: E402
+from scripts.agent.teardown import early, plan, run as teardown  # noqa: E402
+from scripts.agent.teardown.targets import Targets  # noqa: E402
 from tests.procs import Bystanders  # noqa: E402
 
 TREE = """import os, subprocess, sys, time
@@ -57,7 +59,7 @@ def _args(devdir: str, token: str):
 
 def one(args) -> dict:
     """One pass over the pieces, in the order teardown.execute runs them; seconds each. The
-    early batch is picked (agent/early.py) but not sent: `early_batch_at` is when it would go."""
+    early batch is picked (agent/teardown/early.py) but not sent: `early_batch_at` is when it would go."""
     out = {}
     tr = time.monotonic()
     procscan.snapshot(scan.device_set(args), fds=False, mark=scan._target_mark(args))

@@ -33,9 +33,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts import route  # noqa: E402
-from scripts.floor import release_floor  # noqa: E402
-from scripts.render import table  # noqa: E402
+from scripts.ops.floor import release_floor  # noqa: E402
+from scripts.reach import route  # noqa: E402
+from scripts.views.render import table  # noqa: E402
 from tests import scenario  # noqa: E402
 from tests.incident_replay import DATAGEN_SCRIPT, NAMES, namespace_command, sequences  # noqa: E402
 from tests.loopback_sshd import LoopbackSshd  # noqa: E402

@@ -3,7 +3,7 @@ in one run: on this machine as it is, and with N extra idle processes started fo
 
   python3 bench/scan_cost.py [--extra 1000 5000 20000] [--reps 5] [--devices GLOB] [--out FILE.json]
 For each row: the agent's holder scan (`proc_scan_ms`: every process's stat and command line,
-its fd table by identity, its maps; one worker per core on a big host, agent/fanout.py), the
+its fd table by identity, its maps; one worker per core on a big host, agent/procs/fanout.py), the
 whole `scan.collect` (plus the GPU source's read and the records of the holders), and `fuser`
 run on the files the glob names (a fresh fuser each rep, as an operator's one-liner runs it),
 each the median of the reps, with the cores the scan could use. Why beside fuser: fuser is
@@ -23,7 +23,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.agent import fanout, scan  # noqa: E402
+from scripts.agent.procs import fanout, scan  # noqa: E402
 from tests.procs import Bystanders  # noqa: E402
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "scripts"))
 
-from agent import devices, procfs, procscan  # noqa: E402
+from agent.procs import devices, procfs, procscan  # noqa: E402
 
 
 def buffered_read(path, mode="rb"):

@@ -32,7 +32,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.render import table  # noqa: E402
+from scripts.views.render import table  # noqa: E402
 
 BEFORE_REV = "560bcc9"  # the last commit with the 576-line tasks.py that imported everything
 BEFORE_JSON = REPO / "bench" / "results" / "startup-before.json"
@@ -51,7 +51,7 @@ MEASURES = [("import_tasks_s", "`import tasks` (-X importtime, sum of self)"),
 # where the tree has one, else `python3 -` with the script on stdin). Prints "BUILD START".
 AGENT_PROBE = """
 import subprocess, sys, time
-from scripts import bundle
+from scripts.reach import bundle
 from scripts.agent import contract
 t0 = time.perf_counter()
 if hasattr(bundle, "agent_stream"):

@@ -2,7 +2,7 @@
 """Run the gpu-pivot agent directly on a host: `python3 scripts/gpuagent.py ping --json`.
 
 The transport does not use this file: it ships the same `agent` package over stdin
-(scripts/bundle.py), so nothing has to be installed on the host.
+(scripts/reach/bundle.py), so nothing has to be installed on the host.
 """
 import os
 import sys

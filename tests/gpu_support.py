@@ -8,7 +8,7 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.agent import procfs
+from scripts.agent.procs import procfs
 
 HERE = Path(__file__).resolve().parent
 

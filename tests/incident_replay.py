@@ -72,8 +72,8 @@ def start(workdir: Path) -> None:
 
 
 def check(workdir: Path, t0: str, t1: str) -> None:
-    from scripts.agent import procscan
-    from scripts.agent.devices import DeviceSet
+    from scripts.agent.procs import procscan
+    from scripts.agent.procs.devices import DeviceSet
     from tests.procs import alive
 
     roles = json.loads((workdir / "roles.json").read_text())

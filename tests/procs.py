@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
-from scripts.agent import procfs
-from scripts.sandbox import ROLES, make_devices, start_detached
+from scripts.agent.procs import procfs
+from scripts.ops.sandbox import ROLES, make_devices, start_detached
 
 
 class ProcessSet:

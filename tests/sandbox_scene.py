@@ -56,8 +56,8 @@ def _run(argv: list) -> dict:
 
 
 def start_bystanders(ps) -> dict:
-    from scripts.sandbox import ROLES, _server_shim
-    from scripts.sandbox_procs import free_port
+    from scripts.ops.sandbox import ROLES, _server_shim
+    from scripts.ops.sandbox_procs import free_port
 
     pkg = ps.base / "pkg"
     _server_shim(pkg)

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.sandbox import ROLES, _server_shim
+from scripts.ops.sandbox import ROLES, _server_shim
 from tests.procs import ProcessSet, wait_for
 
 TARGET_ROLES = ("server", "worker0", "worker1", "tokenizer", "group_helper", "stubborn", "stubborn_worker", "orphan",

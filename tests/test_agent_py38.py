@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from scripts import bundle
+from scripts.reach import bundle
 
 PY38 = "/root/.pyenv/versions/3.8.18/bin/python3"
 HAVE_PY38 = os.access(PY38, os.X_OK)
@@ -112,7 +112,11 @@ def test_every_module_is_python_38(tmp_path):
     pkg = tmp_path / "agent"
     pkg.mkdir()
     for name, text in SOURCES.items():
-        (pkg / ("__init__.py" if name == "agent" else name.split(".", 1)[1] + ".py")).write_text(text)
+        path = tmp_path.joinpath(*name.split("."))
+        is_package = any(other.startswith(name + ".") for other in SOURCES)
+        path = path / "__init__.py" if is_package else path.with_suffix(".py")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
     (tmp_path / "check.py").write_text(_IMPORT_ALL)
     out = subprocess.run([PY38, "-I", str(tmp_path / "check.py")], input=json.dumps(SOURCES), capture_output=True,
                          text=True, timeout=60)

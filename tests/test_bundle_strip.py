@@ -10,7 +10,7 @@ import zlib
 
 import pytest
 
-from scripts import bundle
+from scripts.reach import bundle
 
 
 def _without_docstrings(source: str) -> str:
@@ -34,7 +34,7 @@ def test_each_module_ships_the_same_code_on_the_same_lines(name):
     assert _without_docstrings(shipped) == _without_docstrings(original)  # positions included
 
 
-@pytest.mark.parametrize("name", ["agent.teardown", "agent.phase"])
+@pytest.mark.parametrize("name", ["agent.teardown.run", "agent.phases.run"])
 def test_a_docstrings_first_line_stays_for_the_subcommands_help(name):
     """agent/cli.py shows a module's docstring, or a class's (phase.Start), as a subcommand's help."""
     def firsts(source):

@@ -159,7 +159,7 @@ def test_a_terminal_reporting_0_columns_is_unknown_width():
     master, slave = pty.openpty()  # a new pty reports 0 rows, 0 columns (serial consoles, `script`)
     try:
         env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
-        proc = subprocess.run([sys.executable, "-c", "import os, sys; from scripts.render import width; "
+        proc = subprocess.run([sys.executable, "-c", "import os, sys; from scripts.views.render import width; "
                                "os.write(2, b'%d %d' % (os.get_terminal_size(1).columns, width()))"],
                               cwd=REPO, stdout=slave, stderr=subprocess.PIPE, env=env, timeout=30)
     finally:
@@ -264,7 +264,7 @@ def test_invokes_own_parse_errors_are_documented():
 
 
 def test_readme_says_when_a_frozen_host_is_noticed():
-    from scripts import route
+    from scripts.reach import route
 
     readme = " ".join((REPO / "README.md").read_text().split())
     total = route.ALIVE_INTERVAL_S * (route.ALIVE_COUNT + 1)

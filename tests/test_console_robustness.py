@@ -24,9 +24,9 @@ from pathlib import Path
 import pytest
 
 from scripts.agent import contract
-from scripts.hostconfig import build_host
-from scripts.route import HostTimedOut, HostUnreachable, SshHop
-from scripts.transport import AgentError, call_agent, deadline_for
+from scripts.config.hostconfig import build_host
+from scripts.reach.route import HostTimedOut, HostUnreachable, SshHop
+from scripts.reach.transport import AgentError, call_agent, deadline_for
 from tests import fleet_faults
 from tests.conftest import REPO, invoke
 from tests.loopback_sshd import LoopbackSshd
@@ -265,7 +265,7 @@ def test_no_drain_goes_ahead_and_a_zero_reading_drains(ps, hosts_env, metrics):
 
 
 def test_a_failed_rollback_is_never_called_rolled_back(ps, hosts_env, tmp_path):
-    from scripts.sandbox import ROLES
+    from scripts.ops.sandbox import ROLES
     from tests.loopback_sshd import free_port
     from tests.test_pivot import broken_deploy
 
@@ -344,14 +344,14 @@ def test_ctrl_c_is_130_and_one_line(hosts_env):
 @pytest.fixture
 def own_sandbox(tmp_path, monkeypatch):
     monkeypatch.setenv("GPU_PIVOT_SANDBOX_DIR", str(tmp_path / "sb"))
-    from scripts import sandbox
+    from scripts.ops import sandbox
     yield tmp_path / "sb"
     sandbox.down()
 
 
 def test_failed_sandbox_up_is_one_line_with_stderr_and_leaves_nothing(own_sandbox, monkeypatch):
-    from scripts import sandbox
-    from scripts.sandbox_procs import SandboxStartError, members
+    from scripts.ops import sandbox
+    from scripts.ops.sandbox_procs import SandboxStartError, members
 
     with socket.socket() as busy:
         busy.bind(("127.0.0.1", 0))
@@ -413,8 +413,8 @@ def test_sandbox_ports_are_picked_free_and_recorded(tmp_path):
 def test_a_gate_that_is_a_shell_group_runs_as_a_command(tmp_path):
     gates = json.dumps(["{ test -d /; }", {"glob": str(tmp_path / "*.pt"), "min": 0}, "{ false; }"])
     host = build_host("local", {}, "test")
-    from scripts import phase_ops
-    from scripts.phases import build_phase
+    from scripts.config.phases import build_phase
+    from scripts.ops import phase as phase_ops
     phase = build_phase("local", "train", {"CMD": "true", "GATES": gates})
     r = phase_ops.gates(host, phase)
     got = [(g["gate"], g["ok"]) for g in r.result.gates]
@@ -426,7 +426,7 @@ def test_a_gate_that_is_a_shell_group_runs_as_a_command(tmp_path):
 # -- 6. config lookup ----------------------------------------------------------------------------
 
 def test_hosts_file_lookup_order(tmp_path, monkeypatch):
-    from scripts import hostconfig
+    from scripts.config import hostconfig
 
     beside = tmp_path / "repo" / "hosts.env"
     beside.parent.mkdir()

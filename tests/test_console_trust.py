@@ -23,8 +23,8 @@ import sys
 import pytest
 
 from scripts.agent import contract
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO, checkout_copy, invoke
 from tests.procs import alive, wait_for
@@ -83,7 +83,7 @@ def test_hosts_env_others_can_write_is_refused(tmp_path, mode):
 def test_sandbox_members_need_every_uid_ours(tmp_path, second_user):
     """A process with real uid of another user and effective uid 0 (what a user's setuid `su`
     is) carrying the marker is not ours; one with every uid ours is."""
-    from scripts.sandbox_procs import MEMBER_ENV, members
+    from scripts.ops.sandbox_procs import MEMBER_ENV, members
 
     base = tmp_path / "sb"
     env = dict(os.environ, **{MEMBER_ENV: str(base)})
@@ -185,8 +185,8 @@ def test_keepalive_loss_through_the_control_master_is_a_time_out(own_sshd, ps, m
     lost the line and the time-out read as "agent failed" (red team, round 2)."""
     import threading
 
-    from scripts import route
-    from scripts.route import HostTimedOut
+    from scripts.reach import route
+    from scripts.reach.route import HostTimedOut
     from tests import fleet_faults
     from tests.test_console_robustness import _held_devices, gpu_host
 

@@ -16,11 +16,13 @@ import sys
 
 import pytest
 
-from scripts import bundle, status_view, teardown_view
-from scripts.agent import cli, contract, hostlock, rules
-from scripts.fleet import Outcome
-from scripts.hostconfig import build_host
-from scripts.transport import AgentError, call_agent
+from scripts.agent import cli, contract
+from scripts.agent.teardown import hostlock, rules
+from scripts.config.hostconfig import build_host
+from scripts.ops.fleet import Outcome
+from scripts.reach import bundle
+from scripts.reach.transport import AgentError, call_agent
+from scripts.views import status as status_view, teardown as teardown_view
 
 # What each subcommand needs besides the argv the local side builds.
 REQUIRED = {
@@ -206,8 +208,9 @@ def test_a_result_the_contract_does_not_know_is_an_agent_error(host, tmp_path):
 
 def test_the_bundle_carries_exactly_what_the_agent_imports():
     shipped = set(bundle.agent_modules())
-    package = {p.stem for p in bundle.AGENT_DIR.glob("*.py")} - {"__init__"}
+    package = {".".join(p.relative_to(bundle.AGENT_DIR).with_suffix("").parts).removesuffix(".__init__")
+               for p in bundle.AGENT_DIR.rglob("*.py") if "__pycache__" not in p.parts} - {"__init__"}
     assert shipped == package, f"modules in scripts/agent the agent never imports: {sorted(package - shipped)}"
     sources = bundle.agent_sources()
     assert not any(name in sources for name in ("agent.fuser_parse", "agent.ps_parse", "agent.markers"))
-    assert "def table(" not in sources["agent.smi_parse"]  # the human table's parser is test-only
+    assert "def table(" not in sources["agent.gpu.smi_parse"]  # the human table's parser is test-only

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import yaml  # ansible-core's own dependency (requirements-dev.txt)
 
-from scripts import ansible_task, defaults, shell_teardown
-from scripts.agent import contract, teardown
+from scripts.agent import contract
+from scripts.agent.teardown import run as teardown
+from scripts.config import defaults
+from scripts.emergency import shell_teardown
+from scripts.engines import ansible_task
 
 
 def _agent_defaults() -> dict:

@@ -1,4 +1,4 @@
-"""The teardown's first SIGTERM batch (scripts/agent/early.py): what a target pattern names goes
+"""The teardown's first SIGTERM batch (scripts/agent/teardown/early.py): what a target pattern names goes
 out as soon as every process's record is read, before the fd tables and maps are; the rest of
 the plan (holders no pattern names) follows once the scan is complete, and the plan states both.
 Every process is started here and scoped by the test's temp dir (fake devices + --scope)."""
@@ -12,9 +12,12 @@ import signal
 import subprocess
 import sys
 
-from scripts.agent import cgroup, cli, early, gpuinfo, plan, procscan, rules, scan, teardown
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.agent import cli
+from scripts.agent.gpu import gpuinfo
+from scripts.agent.procs import cgroup, procscan, scan
+from scripts.agent.teardown import early, plan, rules, run as teardown
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO
 from tests.procs import alive, wait_for

@@ -4,7 +4,7 @@ import ipaddress
 import re
 import shlex
 
-from scripts.hostconfig import load_hosts
+from scripts.config.hostconfig import load_hosts
 from tests.conftest import REPO
 
 EXAMPLE = REPO / "hosts.env.example"

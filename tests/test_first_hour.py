@@ -44,7 +44,7 @@ def test_relative_sandbox_dir_is_refused_with_one_line(tmp_path):
 # -- 6. status during a running teardown: "running", never "exit None" --------------------------------
 
 def test_last_teardown_line_running_has_no_exit_code():
-    from scripts import status_view
+    from scripts.views import status as status_view
 
     running = status_view.last_teardown(SimpleNamespace(last_teardown={
         "state": "running", "started": "2026-01-01T10:00:00+0000", "operator": "ana@laptop", "exit_code": None}))
@@ -91,7 +91,7 @@ def _wrong_known_hosts(sshd, path):
 
 
 def _exit_master(sshd, opts: str) -> None:
-    from scripts.route import control_path
+    from scripts.reach.route import control_path
 
     subprocess.run(["ssh", *opts.split(), "-o", f"ControlPath={control_path(sshd.dest(), opts.split())}", "-O", "exit",
                     sshd.dest()], capture_output=True, timeout=30)
@@ -140,7 +140,7 @@ def test_aliases_with_different_options_never_share_a_master(sshd, hosts_env, tm
         assert "gpu2: host key verification failed" in res.stderr.decode()
         assert invoke("ping", "--host", "gpu1").returncode == 0
         assert sshd.connections() - before == 1  # gpu1 still rides on its own master
-        from scripts.route import control_dir
+        from scripts.reach.route import control_dir
 
         sockets = sorted(p.name for p in control_dir().iterdir() if p.is_socket())
         assert len(sockets) == 1, sockets  # gpu1's: gpu2 never got one
@@ -249,7 +249,7 @@ def test_tables_fit_60_columns_and_keep_pids_whole(sandbox, args):
 
 
 def test_table_gives_way_in_order_and_never_cuts_identifying_columns():
-    from scripts.render import Col, Command, table
+    from scripts.views.render import Col, Command, table
 
     rows = [[4194301, 4194300, "a-long-user-name", "D", Command(["python3", "-m", "sglang.launch_server",
                                                                    "--model-path", "/models/kimi-k2.5", "--tp", "8"])]]

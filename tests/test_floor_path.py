@@ -30,11 +30,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bundle, transport
-from scripts.agent import contract, devices, procscan
-from scripts.config_error import ConfigError
-from scripts.hostconfig import build_host
-from scripts.nodeset import expand
+from scripts.agent import contract
+from scripts.agent.procs import devices, procscan
+from scripts.config.errors import ConfigError
+from scripts.config.hostconfig import build_host
+from scripts.config.nodeset import expand
+from scripts.reach import bundle, transport
 from tests import scenario
 from tests.conftest import REPO
 from tests.procs import alive
@@ -44,7 +45,7 @@ from tests.procs import alive
 SPY = r"""
 import json, sys
 sys.path.insert(0, "scripts")
-from agent import targets
+from agent.teardown import targets
 real = targets.Targets.signal
 def spy(self, items, sig, name):
     if not getattr(spy, "done", False):
@@ -59,9 +60,9 @@ sys.exit(main(json.loads(sys.argv[1])))
 
 # shutil (with bz2 and lzma) too: plan and gpuinfo import it only to look a program up, and the
 # agent's argparse formatter finds the terminal width without it
-AFTER_THE_SIGNALS = ("agent.checkup", "agent.settle", "agent.verify", "agent.health", "agent.xid", "agent.mps",
-                     "agent.mig", "agent.ping", "subprocess", "typing", "platform", "getpass", "base64", "shutil",
-                     "bz2", "lzma")
+AFTER_THE_SIGNALS = ("agent.gpu.checkup", "agent.teardown.settle", "agent.teardown.verify", "agent.gpu.health",
+                     "agent.gpu.xid", "agent.gpu.mps", "agent.gpu.mig", "agent.ping", "subprocess", "typing",
+                     "platform", "getpass", "base64", "shutil", "bz2", "lzma")
 
 
 def host(ps, **keys):
@@ -80,7 +81,7 @@ def test_before_its_first_signal_the_agent_has_loaded_only_what_signalling_needs
     loaded_lines = [line for line in out.stdout.splitlines() if line.startswith("LOADED ")]
     assert loaded_lines, out.stderr[-800:]
     loaded = set(json.loads(loaded_lines[0][len("LOADED "):]))
-    assert "agent.teardown" in loaded and "agent.targets" in loaded  # it did reach the signal through the agent
+    assert "agent.teardown.run" in loaded and "agent.teardown.targets" in loaded  # the signal came from the agent
     assert sorted(m for m in AFTER_THE_SIGNALS if m in loaded) == []
     assert out.returncode == 0, out.stdout[-800:]  # and the teardown still went all the way: freed
     assert not [p for p in [parent, *workers] if alive(p)]
@@ -90,19 +91,19 @@ def test_a_bundle_that_cannot_be_built_stops_the_call_and_nothing_runs(ps, monke
     parent, workers = ps.server(tp=1)
 
     def broken(compiled=False):
-        raise FileNotFoundError("scripts/agent/teardown.py is imported by the agent but does not exist")
+        raise FileNotFoundError("scripts/agent/teardown/run.py is imported by the agent but does not exist")
 
     monkeypatch.setattr(transport, "agent_stream", broken)
     with pytest.raises(transport.AgentError) as caught:
         transport.call_agent(host(ps), "teardown", ["--grace", "1", "--timeout", "5", "--settle", "0"])
     text = str(caught.value)
-    assert text.startswith("local: could not build the agent bundle: ") and "teardown.py" in text
+    assert text.startswith("local: could not build the agent bundle: ") and "teardown/run.py" in text
     assert "\n" not in text
     assert all(alive(p) for p in [parent, *workers])  # the agent got no code: nothing was signalled
 
 
 def test_a_plain_host_name_does_not_load_clustershell():
-    probe = ("import sys; from scripts.nodeset import expand; "
+    probe = ("import sys; from scripts.config.nodeset import expand; "
              "assert expand('gpu1,GPU2') == ['gpu1', 'gpu2']; print('ClusterShell' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "False", out.stderr[-500:]
@@ -206,7 +207,7 @@ def _stream_without(ps, sources):
 def test_an_agent_missing_a_module_it_needs_after_the_signals_sends_none(ps):
     parent, workers = ps.server(tp=1)
     sources = bundle.agent_sources()
-    del sources["agent.settle"]  # a bundle that lost a module only the post-signal steps import
+    del sources["agent.teardown.settle"]  # a bundle that lost a module only the post-signal steps import
     argv, stream = _stream_without(ps, sources)
     out = subprocess.run(argv, input=stream, capture_output=True, timeout=60)
     assert out.returncode == contract.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
@@ -217,7 +218,7 @@ def test_an_agent_missing_a_module_it_needs_after_the_signals_sends_none(ps):
 def test_a_post_signal_module_that_cannot_load_still_sees_the_targets_through(ps):
     parent, workers = ps.server(tp=1)
     sources = bundle.agent_sources()
-    sources["agent.settle"] = "def watch(:\n"  # present, but not Python this host can compile
+    sources["agent.teardown.settle"] = "def watch(:\n"  # present, but not Python this host can compile
     argv, stream = _stream_without(ps, sources)
     out = subprocess.run(argv, input=stream, capture_output=True, timeout=60)
     assert out.returncode == contract.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
@@ -259,11 +260,11 @@ def test_a_mapped_file_whose_name_spells_a_devices_identity_is_not_a_holder(tmp_
 def test_the_operator_reads_what_happened_when_the_post_signal_steps_could_not_load(ps, monkeypatch):
     """Through the CLI's own transport and report: NOT FREE with the reason, the signals listed,
     exit 3 (the agent failed there), not a contract error about missing fields."""
-    from scripts import teardown_view
+    from scripts.views import teardown as teardown_view
 
     parent, workers = ps.server(tp=1)
     sources = bundle.agent_sources()
-    sources["agent.settle"] = "def watch(:\n"
+    sources["agent.teardown.settle"] = "def watch(:\n"
     monkeypatch.setattr(transport, "agent_stream", lambda compiled=False: _stream_of(sources))
     result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
     assert result.code == contract.EXIT_UNREACHABLE
@@ -273,11 +274,11 @@ def test_the_operator_reads_what_happened_when_the_post_signal_steps_could_not_l
 
 
 def test_the_operator_reads_not_started_when_the_agent_is_incomplete(ps, monkeypatch):
-    from scripts import teardown_view
+    from scripts.views import teardown as teardown_view
 
     parent, workers = ps.server(tp=1)
     sources = bundle.agent_sources()
-    del sources["agent.verify"]
+    del sources["agent.teardown.verify"]
     monkeypatch.setattr(transport, "agent_stream", lambda compiled=False: _stream_of(sources))
     result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
     assert result.code == contract.EXIT_UNREACHABLE

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import procfs
-from scripts.agent.forkwatch import ForkWatch
+from scripts.agent.procs import procfs
+from scripts.agent.teardown.forkwatch import ForkWatch
 from tests.procs import wait_for
 
 # The kernel sends fork events only to listeners in the machine's own PID and network namespace:
@@ -265,8 +265,8 @@ def test_root_with_reused_pid_is_not_watched(procs):
 IN_NAMESPACE = r"""
 import json, os, signal, subprocess, sys, time
 sys.path.insert(0, sys.argv[1])
-from scripts.agent import procfs
-from scripts.agent.forkwatch import ForkWatch
+from scripts.agent.procs import procfs
+from scripts.agent.teardown.forkwatch import ForkWatch
 base, root_src = sys.argv[2], sys.argv[3]
 started = []
 def root(name, kind, session):

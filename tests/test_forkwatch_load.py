@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import forkwatch, procfs
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.agent.procs import procfs
+from scripts.agent.teardown import forkwatch
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.procs import alive, wait_for
 

@@ -5,8 +5,8 @@ import os
 
 import pytest
 
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests.conftest import invoke
 from tests.gpu_support import GpuTree, Monitor, gpu_count, nvml_used_mib
 
@@ -76,8 +76,8 @@ def test_emergency_memory_line_parses_and_reads_free():
     """The emergency doc's memory one-liner, run here without its ssh hop, read by our CSV parser."""
     import subprocess
 
-    from scripts import emergency_doc
-    from scripts.agent import smi_parse
+    from scripts.agent.gpu import smi_parse
+    from scripts.emergency import runbook as emergency_doc
     out = subprocess.run(emergency_doc.MEMORY, capture_output=True, text=True, check=True)
     gpus = smi_parse.query_gpu(out.stdout)
     assert len(gpus) == gpu_count()

@@ -16,9 +16,10 @@ import time
 
 import pytest
 
-from scripts.agent import mps, procfs, procscan
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.agent.gpu import mps
+from scripts.agent.procs import procfs, procscan
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests.gpu_support import GpuTree, gpu_count
 from tests.procs import wait_for
 

@@ -27,8 +27,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts import health_view, reset_view, teardown_view
-from scripts.agent import checkup, contract, health, mig, mps, procscan, rules, xid
+from scripts.agent import contract
+from scripts.agent.gpu import checkup, health, mig, mps, xid
+from scripts.agent.procs import procscan
+from scripts.agent.teardown import rules
+from scripts.views import health as health_view, reset as reset_view, teardown as teardown_view
 from tests.conftest import REPO
 from tests.procs import alive, wait_for
 
@@ -404,7 +407,7 @@ def test_the_mps_control_daemons_mappings_do_not_block_free_its_servers_memory_d
     """Real processes: the MPS daemon (its executable a root-owned file of that name) maps the
     device and holds no memory - free; a program that only CALLS itself nvidia-cuda-mps-control
     (argv[0] and comm, this Python's file) while mapping the device is not exempted."""
-    from scripts.agent import verify
+    from scripts.agent.teardown import verify
 
     def holder(pid, gpu_mib):
         info = procscan.basic(pid)

@@ -19,10 +19,10 @@ import sys
 
 import pytest
 
-from scripts.agent import procfs, scan
-from scripts.agent.devices import DeviceError, DeviceSet
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.agent.procs import procfs, scan
+from scripts.agent.procs.devices import DeviceError, DeviceSet
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests.procs import alive, state, wait_for
 
 HOLD = r"""

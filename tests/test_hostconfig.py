@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from scripts.hostconfig import ConfigError, load_hosts, select_hosts
+from scripts.config.hostconfig import ConfigError, load_hosts, select_hosts
 from tests.conftest import invoke
 
 BAD = [
@@ -37,7 +37,7 @@ def test_good_file_builds_both_route_shapes(hosts_env):
     hosts_env("GPU1_SSH=root@10.1.230.174\n"
               "GPU2_SSH=root@10.1.2.6\nGPU2_CTID=129\nGPU2_SSH_OPTS='-p 2222 -i /k'\n"
               "GPU2_PYTHON=/opt/venv/bin/python3\n")
-    from scripts import hosts as all_hosts
+    from scripts.config import hosts as all_hosts
 
     hosts = all_hosts.load()  # hosts.env plus the built-ins (the sandbox is added above hostconfig)
     assert hosts["gpu1"].route.describe() == "ssh root@10.1.230.174"
@@ -49,7 +49,7 @@ def test_good_file_builds_both_route_shapes(hosts_env):
 
 def test_local_overrides_and_unknown_alias(hosts_env):
     hosts_env("LOCAL_DEVICES=/tmp/x/nvidia*\n")
-    from scripts import hosts as all_hosts
+    from scripts.config import hosts as all_hosts
 
     hosts = all_hosts.load()
     assert hosts["local"].devices == "/tmp/x/nvidia*"
@@ -105,7 +105,7 @@ def test_cli_unknown_alias_exit2_no_ssh(hosts_env, ssh_spy):
 
 from dotenv import dotenv_values  # noqa: E402
 
-from scripts.envfile import parse_text  # noqa: E402
+from scripts.config.envfile import parse_text  # noqa: E402
 from tests.conftest import REPO  # noqa: E402
 
 FORBIDDEN_SSH = [

@@ -20,9 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import cli, contract, gpuinfo, procscan, program, verify
-from scripts.hostconfig import build_host
-from scripts.transport import AgentError, call_agent, read_document
+from scripts.agent import cli, contract
+from scripts.agent.gpu import gpuinfo
+from scripts.agent.procs import procscan, program
+from scripts.agent.teardown import verify
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import AgentError, call_agent, read_document
 from tests import scenario
 from tests.conftest import REPO
 from tests.procs import alive, wait_for
@@ -163,7 +166,7 @@ def test_a_process_no_parser_understands_is_not_inspected(monkeypatch, ps):
         return real(pid, proc)
 
     monkeypatch.setattr(procscan, "basic", basic)
-    from scripts.agent import devices
+    from scripts.agent.procs import devices
 
     snap = procscan.snapshot(devices.DeviceSet(ps.glob, fake=True))
     assert server in snap["denied"]
@@ -181,8 +184,8 @@ TORN = '{"time": "2026-11-30T10:48:44+0100", "alias": "gpu1", "signal": "SIGTE' 
 
 
 def test_an_append_after_a_torn_line_starts_a_line_of_its_own(tmp_path, monkeypatch):
-    from scripts import audit_log
-    from scripts.agent.auditlog import Audit
+    from scripts.agent.state.auditlog import Audit
+    from scripts.ops import audit_log
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     audit_log.append("gpu1", [{"pid": 1, "signal": "SIGTERM", "result": "sent"}])
@@ -235,8 +238,8 @@ def test_whatever_a_held_lock_file_says_the_teardown_is_locked(ps, content):
     import fcntl
     import os
 
-    from scripts import teardown_view
-    from scripts.agent import hostlock
+    from scripts.agent.teardown import hostlock
+    from scripts.views import teardown as teardown_view
 
     h = dataclasses.replace(host(ps), run_dir=str(ps.base / "run"))
     os.makedirs(h.run_dir, mode=0o700)

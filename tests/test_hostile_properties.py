@@ -19,10 +19,14 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from scripts import audit_log, render, status_view, teardown_view
-from scripts.agent import contract, hostlock, lastrun, procfs, procscan, program, rules, statedir, textsafe
-from scripts.config_error import ConfigError
-from scripts.envfile import parse_text
+from scripts.agent import contract, textsafe
+from scripts.agent.procs import procfs, procscan, program
+from scripts.agent.state import lastrun, statedir
+from scripts.agent.teardown import hostlock, rules
+from scripts.config.envfile import parse_text
+from scripts.config.errors import ConfigError
+from scripts.ops import audit_log
+from scripts.views import render, status as status_view, teardown as teardown_view
 
 FAST = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 NASTY = "\n\r\t\x00\x07\x08\x0b\x0c\x1b\x7f\x85\x9b\u061c\u200b\u200e\u2028\u2029\u202e\u2066\u2069\ufeff" \
@@ -329,7 +333,7 @@ def test_the_fake_proc_tree_is_read_through_its_own_path(fake_proc):
 def test_a_cgroup_file_of_any_bytes_names_a_unit_or_none(fake_proc, raw):
     """A user with a delegated cgroup subtree may name a cgroup with any bytes: reading it made
     the scan of that user's GPU holder raise UnicodeDecodeError (issue 23)."""
-    from scripts.agent import cgroup
+    from scripts.agent.procs import cgroup
 
     (fake_proc / str(PID) / "cgroup").write_bytes(raw)
     got = cgroup.read(PID, str(fake_proc))
@@ -338,7 +342,7 @@ def test_a_cgroup_file_of_any_bytes_names_a_unit_or_none(fake_proc, raw):
 
 
 def test_a_holder_in_a_cgroup_named_with_bytes_that_are_not_utf8_is_detailed(fake_proc):
-    from scripts.agent import cgroup
+    from scripts.agent.procs import cgroup
 
     (fake_proc / str(PID) / "stat").write_bytes(_stat_line(b"holder"))
     (fake_proc / str(PID) / "cmdline").write_bytes(b"python3\0-m\0x\0")

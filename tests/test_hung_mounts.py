@@ -5,7 +5,7 @@ wait, for ever on a hard mount. The scan stat()s what processes hold open to tel
 device by identity; before this was found (by a red team with tests/hung_fuse.py), one
 process with such a file open made `invoke teardown` hang before its first signal until the
 CLI's deadline (exit 7, nothing freed). Now a file on a mount whose stat() waits on a server
-is stat()-ed from the kernel's cached attributes (statx AT_STATX_DONT_SYNC, agent/fdstat.py),
+is stat()-ed from the kernel's cached attributes (statx AT_STATX_DONT_SYNC, agent/procs/fdstat.py),
 which never asks the server; and a process that outlives SIGKILL (stuck in such a call) is
 named by the CLI instead of waited for. The hung mount is real: a FUSE server speaking the kernel protocol that stops
 answering once its file is opened. Root and /dev/fuse are needed; elsewhere these skip.
@@ -29,11 +29,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts import runner
-from scripts.agent import devices, fdstat, procfs, procscan
-from scripts.hostconfig import build_host
-from scripts.route import HostTimedOut
-from scripts.transport import call_agent
+from scripts.agent.procs import devices, fdstat, procfs, procscan
+from scripts.config.hostconfig import build_host
+from scripts.reach import runner
+from scripts.reach.route import HostTimedOut
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.procs import alive, wait_for
 
@@ -138,7 +138,7 @@ def test_the_fd_scan_does_not_stat_a_file_on_a_hung_mount(hung_holder, tmp_path)
     pid, started, _ = hung_holder
     dev = tmp_path / "nvidia0"
     dev.write_bytes(b"")
-    probe = ("import sys; sys.path.insert(0, %r); from scripts.agent import procscan, devices; "
+    probe = ("import sys; sys.path.insert(0, %r); from scripts.agent.procs import devices, procscan; "
              "print(procscan.held_devices(%d, devices.DeviceSet(%r, fake=True)))"
              % (str(HERE.parent), pid, str(tmp_path / "nvidia*")))
     scan = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

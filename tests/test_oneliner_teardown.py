@@ -4,7 +4,7 @@ import subprocess
 
 import pytest
 
-from scripts import shell_teardown
+from scripts.emergency import shell_teardown
 from tests import scenario
 from tests.conftest import invoke
 from tests.procs import alive

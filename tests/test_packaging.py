@@ -34,7 +34,13 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path):
     listed = subprocess.run([python, "-m", "invoke", "--list"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert listed.returncode == 0 and "teardown" in listed.stdout, listed.stderr
     # installed, not read from the checkout: every package of the CLI and the agent is in the wheel
-    code = ("import scripts, tasks, scripts.cli.gpu, scripts.cli.phases, scripts.agent.cli; "
+    # the packages of each layer, the agent's subpackages, the bundle built from the installed
+    # agent, and the files read beside the code (the emergency teardown's script)
+    code = ("import scripts, tasks, scripts.cli.gpu, scripts.cli.phases, scripts.agent.cli, scripts.config.hosts, "
+            "scripts.views.teardown, scripts.ops.pivot, scripts.engines.slurm_job, scripts.agent.teardown.run; "
+            "from scripts.reach import bundle; from scripts.emergency import shell_teardown; "
+            "assert 'agent.procs.procscan' in bundle.agent_sources(stripped=False); "
+            "assert shell_teardown.SCRIPT.is_file(), shell_teardown.SCRIPT; "
             "print(scripts.__file__)")
     where = subprocess.run([python, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120)
     assert where.returncode == 0, where.stderr

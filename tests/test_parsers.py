@@ -2,7 +2,7 @@
 
 import pytest
 
-from scripts.agent import smi_parse
+from scripts.agent.gpu import smi_parse
 from tests.conftest import FIXTURES
 from tests.parsers import fuser as fuser_parse, ps_parse, smi_table
 
@@ -109,7 +109,7 @@ def test_ps_forest_tree():
 
 
 def test_release_floor_fixture():
-    from scripts.floor import release_floor
+    from scripts.ops.floor import release_floor
 
     floor = release_floor(FIXTURES / "release-floor.json")
     assert floor == {"min_s": 0.2595, "max_s": 0.3661, "median_s": 0.33050000000000002, "runs": 4}

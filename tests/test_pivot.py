@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import phase as agent_phase
-from scripts.sandbox import ROLES
+from scripts.agent.phases import run as agent_phase
+from scripts.ops.sandbox import ROLES
 from tests.conftest import invoke
 from tests.loopback_sshd import free_port
 from tests.procs import alive
@@ -100,7 +100,7 @@ def test_readiness_timeout_shows_log_tail(ps, hosts_env):
 
 def broken_deploy(tmp_path) -> tuple:
     """A server's code dir (healthy config) and a patch that makes it unhealthy: (code, patch)."""
-    from scripts.sandbox import BROKEN_PATCH
+    from scripts.ops.sandbox import BROKEN_PATCH
 
     code = tmp_path / "code"
     code.mkdir()
@@ -146,7 +146,7 @@ def test_setsid_start_logs_stop(ps, hosts_env):
 
 
 def test_launch_lint_eagle_vs_eagle3(tmp_path):
-    from scripts.sandbox import make_devices, sandbox_dir
+    from scripts.ops.sandbox import make_devices, sandbox_dir
 
     invoke("sandbox", "down")
     make_devices(sandbox_dir() / "dev")  # the sandbox's 2 fake GPUs, whatever ran before in this worker
@@ -167,7 +167,7 @@ def test_launch_lint_eagle_vs_eagle3(tmp_path):
 
 
 def test_launch_lint_tp_port_paths():
-    from scripts.sandbox import make_devices, sandbox_dir
+    from scripts.ops.sandbox import make_devices, sandbox_dir
     make_devices(sandbox_dir() / "dev")  # the sandbox's 2 fake GPUs, whatever ran before
     port = free_port()
     import socket
@@ -184,7 +184,7 @@ def test_launch_lint_tp_port_paths():
 
 
 def test_drain_metric_parsing():
-    from scripts.agent.drain import running_requests
+    from scripts.agent.phases.drain import running_requests
     text = ('# HELP sglang:num_running_reqs x\nsglang:num_running_reqs{model_name="m",engine="0"} 3.0\n'
             'sglang:num_running_reqs{model_name="m",engine="1"} 2.0\nvllm:num_requests_waiting 9\n')
     assert running_requests(text) == 5.0

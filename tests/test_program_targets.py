@@ -17,9 +17,9 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from scripts.agent import program
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.agent.procs import program
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.procs import ProcessSet, alive, wait_for
 

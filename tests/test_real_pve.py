@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from scripts.hostconfig import build_host
+from scripts.config.hostconfig import build_host
 from tests.realhosts.pve_node import CTID, PveNode
 from tests.realhosts.session import hosted
 from tests.test_real_systemd import invoke, text, wait_for

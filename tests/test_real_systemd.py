@@ -179,7 +179,7 @@ def test_phases_under_systemd_run(sd_host, hosts_env):
 
 def test_units_never_stopped_through_systemd():
     """sshd, a login session's scope and a user's own manager are never the plan's to stop."""
-    from scripts.agent.plan import stoppable_unit as _unit_to_stop
+    from scripts.agent.teardown.plan import stoppable_unit as _unit_to_stop
 
     assert _unit_to_stop("vllm.service") == "vllm.service"
     assert _unit_to_stop("session-3.scope") is None and _unit_to_stop("user@0.service") is None

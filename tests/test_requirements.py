@@ -58,6 +58,6 @@ def test_the_requirements_files_are_made_from_pyproject():
 
 
 def test_python_dotenv_is_a_test_tool_only():
-    """hosts.env is read by scripts/envfile.py; python-dotenv is what the tests compare it with."""
+    """hosts.env is read by scripts/config/envfile.py; python-dotenv is what the tests compare it with."""
     assert "python-dotenv" not in pins(project()["dependencies"])
     assert "python-dotenv" in pins(project()["optional-dependencies"]["dev"])

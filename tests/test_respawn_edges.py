@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.transport import call_agent
+from scripts.reach.transport import call_agent
 from tests.procs import alive, children, tmux_pane, wait_for
 from tests.test_respawn_rules import ready_pid, server_cmd, shell, teardown
 from tests.test_teardown_honesty import host
@@ -228,7 +228,8 @@ def test_a_respawn_through_a_double_fork_is_a_respawn(ps):
 
 CYCLE = """
 import argparse, os
-from scripts.agent import plan, procscan, settle
+from scripts.agent.procs import procscan
+from scripts.agent.teardown import plan, settle
 me = procscan.basic(os.getpid())
 # A snapshot is not atomic: pid 900002 was torchrun's parent when torchrun's stat was read; it
 # exited, and the pid was reused by a child of torchrun before its own stat was read.

@@ -4,8 +4,8 @@ import subprocess
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from scripts.hostconfig import build_host
-from scripts.route import PctHop, Route, SshHop
+from scripts.config.hostconfig import build_host
+from scripts.reach.route import PctHop, Route, SshHop
 
 HOSTILE = ["'", '"', "$(id)", "`id`", ";", "&&", "|", "a\nb", "\t", "-n", "--", "*", "~", "ünïcødé ✓", "", " ",
            "\\", "$HOME", "!", "#x", "a'b\"c", "%s", "\\0", "{a,b}"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import emergency_doc, shell_teardown
+from scripts.emergency import runbook as emergency_doc, shell_teardown
 from tests.conftest import REPO, invoke
 
 RUNBOOKS = sorted((REPO / "runbooks").glob("*.md"))

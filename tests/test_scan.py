@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from scripts.agent import cgroup, scan, verify
+from scripts.agent.procs import cgroup, scan
+from scripts.agent.teardown import verify
 from tests.parsers import fuser as fuser_parse
 from tests.procs import alive, state, wait_for
 
@@ -77,7 +78,7 @@ def _holds(pid, name):
 
 def _orphan(ps, tmp_path):
     """A holder whose parent exited: reparented to init or a subreaper."""
-    from scripts.sandbox import ROLES
+    from scripts.ops.sandbox import ROLES
     pidfile = tmp_path / "orphan.pid"
     ready = tmp_path / "orphan.ready"
     code = ("import subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, "

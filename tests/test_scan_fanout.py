@@ -1,4 +1,4 @@
-"""The holder scan split across forked workers (scripts/agent/fanout.py) says what a one-core
+"""The holder scan split across forked workers (scripts/agent/procs/fanout.py) says what a one-core
 scan says: the same processes, holders and mappings (a device opened or mapped under another
 name too), and a worker that fails costs only speed."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from scripts.agent import devices, fanout, procscan
+from scripts.agent.procs import devices, fanout, procscan
 from tests.procs import wait_for
 
 HOLD = """

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from scripts.render import Col, Command, table
+from scripts.views.render import Col, Command, table
 from tests import scenario
 from tests.conftest import REPO, invoke, sandbox_session
 
@@ -207,7 +207,7 @@ def test_table_fits_and_never_cuts_a_detail():
 def test_shortened_command_keeps_its_words_in_order_and_quotes_scripts():
     """A cut command must still read as the command: kept arguments in their own order,
     a `sh -c` script quoted as one word (seen reordered in the docker host's report)."""
-    from scripts.render import Command
+    from scripts.views.render import Command
     c = Command(["sh", "-c", "trap 'exit 0' TERM; sleep 9", "--tp", "8", "--port", "30000", "--log-level", "info"])
     short = c.fit(32)
     assert short.startswith("sh --tp 8 --port 30000"), short
@@ -239,7 +239,7 @@ def test_gpu_memory_table_wraps_between_processes_at_60_columns(monkeypatch):
     """Long pids (pid_max 4194304) and H200 sizes: each pid(MiB) stays whole on its line."""
     from types import SimpleNamespace
 
-    from scripts.status_view import gpu_table
+    from scripts.views.status import gpu_table
 
     monkeypatch.setenv("COLUMNS", "60")
     gpus = [{"index": i, "name": "NVIDIA H200 NVL", "used_mib": 143000, "reserved_mib": 512, "total_mib": 143771,
@@ -259,7 +259,7 @@ def test_reset_preconditions_fit_and_keep_every_detail(sandbox):
 
 
 def test_pivot_step_table_fits_80_columns(monkeypatch):
-    from scripts.pivot import step_table
+    from scripts.ops.pivot import step_table
 
     monkeypatch.setenv("COLUMNS", "80")
     long = ("NOT READY after 600.0s: http://127.0.0.1:30000/health answered 503 Service Unavailable; "
@@ -273,7 +273,7 @@ def test_pivot_step_table_fits_80_columns(monkeypatch):
 def test_health_reasons_are_wrapped_never_cut_at_any_width(monkeypatch):
     from types import SimpleNamespace
 
-    from scripts.health_view import health
+    from scripts.views.health import health
 
     reasons = ["Xid 79 (GPU has fallen off the bus) at 2026-11-30T03:12:09 in dmesg: " + "x" * 60,
                "remapped rows: 3 pending, the GPU needs a reset for them to take effect"]

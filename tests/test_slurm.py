@@ -276,7 +276,7 @@ def test_epilog_outside_slurm_is_bounded_idempotent_and_refuses_bad_input(tmp_pa
 
 
 def test_undrain_resumes_only_nodes_drained_for_gpu_leftovers():
-    from scripts import undrain
+    from scripts.engines import undrain
 
     assert undrain.decide("n1", "drained", "gpu-pivot epilog job 4: pid 9 ...", force=False) is None
     assert undrain.decide("n1", "drained", "Kill task failed", force=False) is None
@@ -290,7 +290,7 @@ def test_undrain_resumes_only_nodes_drained_for_gpu_leftovers():
 
 
 def test_the_drain_reason_is_one_bounded_line():
-    from scripts.slurm_job import REASON_MAX, Job, reason_text
+    from scripts.engines.slurm_job import REASON_MAX, Job, reason_text
 
     job = Job("12", 1000, (0,), "n1")
     text = reason_text("epilog", job, ["pid 5 (x\ny, state D) still holds " + "a" * 400, "second"])
@@ -300,7 +300,7 @@ def test_the_drain_reason_is_one_bounded_line():
 
 def test_a_neighbouring_jobs_busy_gpu_is_not_this_jobs_problem():
     """NVML cannot exist here: the agent's document is written out as NVML's rows would read."""
-    from scripts.slurm_job import job_problems
+    from scripts.engines.slurm_job import job_problems
 
     def doc(**kw):
         gpus = [{"index": i, "used_mib": used, "processes": procs} for i, used, procs in kw.get("gpus", [])]
@@ -325,7 +325,7 @@ def test_the_epilog_ends_within_its_budget_when_the_controller_does_not_answer(i
     so a leftover SIGKILL cannot end, another teardown's lock held for most of the lock wait,
     and a controller that does not answer (slurmctld stopped with SIGSTOP: its socket
     accepts, nothing replies) made the epilog run over 10 s."""
-    from scripts.agent import hostlock
+    from scripts.agent.teardown import hostlock
 
     lab = idle
     conf = lab.c.dir / "slow-epilog.env"
@@ -375,7 +375,8 @@ class _Verified:
 
 
 def _undrain(lab: Lab, verify) -> list:
-    from scripts import fleet, undrain
+    from scripts.engines import undrain
+    from scripts.ops import fleet
 
     return undrain.undrain([types.SimpleNamespace(alias=NODE)], False, verify, fleet.each_host)
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import slurm_cgroup
+from scripts.engines import slurm_cgroup
 from tests.conftest import REPO
 from tests.procs import alive, wait_for
 

@@ -20,10 +20,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import auditlog, contract, hostlock, lastrun, procfs, statedir
-from scripts.agent.statedir import StateDirError
-from scripts.bundle import agent_payload
-from scripts.transport import call_agent
+from scripts.agent import contract
+from scripts.agent.procs import procfs
+from scripts.agent.state import auditlog, lastrun, statedir
+from scripts.agent.state.statedir import StateDirError
+from scripts.agent.teardown import hostlock
+from scripts.reach.bundle import agent_payload
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO, invoke
 from tests.procs import alive, wait_for
@@ -116,7 +119,7 @@ def test_symlink_at_last_json_is_refused_not_followed(run_dir, victim):
 
 
 def test_symlink_at_local_audit_log_is_refused(tmp_path, monkeypatch, victim, capsys):
-    from scripts import audit_log
+    from scripts.ops import audit_log
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     statedir.private_dir(str(audit_log.audit_dir()), parents=True)
@@ -128,7 +131,7 @@ def test_symlink_at_local_audit_log_is_refused(tmp_path, monkeypatch, victim, ca
 
 
 def test_state_files_are_private(run_dir, tmp_path, monkeypatch):
-    from scripts import audit_log
+    from scripts.ops import audit_log
 
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
     old = os.umask(0)  # even with a permissive umask
@@ -208,7 +211,7 @@ def test_run_dir_squatted_by_second_user_refused_by_root(second_user, ps, monkey
 
 def test_control_dir_squatted_by_second_user_refused(second_user, hosts_env, monkeypatch):
     """ssh's ControlPath dir: a squatter's socket there would be taken for our master connection."""
-    from scripts import route
+    from scripts.reach import route
 
     squat = f"/tmp/gpvt-cm-{secrets.token_hex(3)}"  # short: used as it is, not hashed
     made = second_user.run(["mkdir", "-m", "700", squat])
@@ -227,7 +230,7 @@ def test_control_dir_squatted_by_second_user_refused(second_user, hosts_env, mon
 
 
 def test_loose_control_dir_refused():
-    from scripts import route
+    from scripts.reach import route
 
     loose = Path(f"/tmp/gpvt-cm-{secrets.token_hex(3)}")  # short: used as it is, not hashed
     loose.mkdir()
@@ -243,7 +246,7 @@ def test_loose_control_dir_refused():
 
 def test_non_root_default_run_dir_is_private_under_state_home(second_user):
     """No XDG_RUNTIME_DIR: ~/.local/state/gpu-pivot/run, created 0700 (never /tmp/gpu-pivot-UID)."""
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from scripts.agent import lastrun; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from scripts.agent.state import lastrun; "
             "print(lastrun.preflight())")
     lib = _agent_lib(second_user)
     out = second_user.py(code, str(lib))
@@ -279,7 +282,7 @@ def _agent_lib(user):
 def test_unwritable_state_dir_preflight_one_line(tmp_path, opts, fill, why):
     target = tmp_path / "run"
     target.mkdir(mode=0o700)
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from scripts.agent import lastrun\n"
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from scripts.agent.state import lastrun\n"
             "try:\n    lastrun.preflight()\nexcept OSError as exc:\n    print('ERROR', exc); sys.exit(3)\n"
             "print('OK')")
     env = dict(os.environ, GPU_PIVOT_RUN_DIR=str(target))
@@ -294,7 +297,7 @@ def test_full_disk_during_teardown_audit_collects_errors(tmp_path):
     """The audit log never raises: a full disk is reported once, every record still kept."""
     target = tmp_path / "run"
     target.mkdir(mode=0o700)
-    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from scripts.agent import auditlog\n"
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from scripts.agent.state import auditlog\n"
             "a = auditlog.Audit('op')\n"
             "for n in range(50): a.log({'pid': n, 'cmdline': 'x' * 2000}, 'SIGTERM', 'sent')\n"
             "print(json.dumps({'records': len(a.records), 'errors': a.write_errors}))")
@@ -390,7 +393,7 @@ try:
     print(holder.stdout.readline().strip(), flush=True)
     os.environ.pop("GPU_PIVOT_RUN_DIR", None)
     sys.path.insert(0, repo)
-    from scripts.agent import hostlock
+    from scripts.agent.teardown import hostlock
     try:
         fd = hostlock.acquire("root@test")
         print("acquired", hostlock.lock_path(), flush=True)
@@ -456,7 +459,7 @@ def test_roots_teardown_reports_second_users_running_teardown(second_user, ps):
     """A teardown beside root's is noticed: root lists it (concurrent_teardowns), and its
     teardown result carries it. (The result key depends on the lead wiring
     hostlock.concurrent_teardowns() into teardown.execute.)"""
-    from scripts.agent import procscan
+    from scripts.agent.procs import procscan
 
     procscan._USER_NAMES.clear()  # this pytest process may have cached the uid of an earlier, deleted test user
     user_agent = _fake_agent([second_user.python], second_user.popen)

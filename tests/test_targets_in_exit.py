@@ -21,9 +21,9 @@ import dataclasses
 import subprocess
 import sys
 
-from scripts.agent import devices, procfs, procscan
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.agent.procs import devices, procfs, procscan
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.procs import state, wait_for
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import hostlock, lastrun
+from scripts.agent.state import lastrun
+from scripts.agent.teardown import hostlock
 from tests import scenario
 from tests.conftest import REPO, invoke
 from tests.procs import ProcessSet, wait_for
@@ -147,7 +148,8 @@ def test_loading_the_tasks_imports_no_transport_config_or_sandbox():
     loaded = set(out.stdout.split())
     others = {m for m in loaded if not m.startswith("scripts.cli.")}
     # the task modules and their defaults (a teardown's waits are the agent's own: scripts/agent/waits.py)
-    assert others == {"scripts", "scripts.cli", "scripts.defaults", "scripts.agent", "scripts.agent.waits"}, loaded
+    assert others == {"scripts", "scripts.cli", "scripts.config", "scripts.config.defaults", "scripts.agent",
+                      "scripts.agent.waits"}, loaded
     assert {"scripts.cli.flags", "scripts.cli.common", "scripts.cli.gpu"} <= loaded
 
 

@@ -13,10 +13,12 @@ import time
 
 import pytest
 
-from scripts.agent import hostlock, lastrun, procfs
-from scripts.bundle import agent_stream
-from scripts.hostconfig import build_host
-from scripts.transport import agent_argv, call_agent
+from scripts.agent.procs import procfs
+from scripts.agent.state import lastrun
+from scripts.agent.teardown import hostlock
+from scripts.config.hostconfig import build_host
+from scripts.reach.bundle import agent_stream
+from scripts.reach.transport import agent_argv, call_agent
 from tests import scenario
 from tests.conftest import invoke
 from tests.procs import alive, wait_for
@@ -117,7 +119,7 @@ def test_bad_flags_exit2_before_anything(ps, hosts_env, flag, value):
 
 
 def test_cli_teardown_yes_with_audit(ps, hosts_env):
-    from scripts import audit_log
+    from scripts.ops import audit_log
     roles = scenario.start(ps, stubborn=False)
     env_file(ps, hosts_env)
     before = len(audit_log.read())

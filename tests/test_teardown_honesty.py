@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bundle import agent_payload
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.config.hostconfig import build_host
+from scripts.reach.bundle import agent_payload
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.procs import alive, children, state, wait_for
 

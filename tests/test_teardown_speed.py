@@ -27,10 +27,12 @@ import zlib
 
 import pytest
 
-from scripts import bundle
-from scripts.agent import contract, procfs, targets
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.agent import contract
+from scripts.agent.procs import procfs
+from scripts.agent.teardown import targets
+from scripts.config.hostconfig import build_host
+from scripts.reach import bundle
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO
 from tests.procs import alive, children, wait_for
@@ -133,7 +135,9 @@ def test_exit_wait_wakes_on_the_pidfd_and_a_zombie_counts_as_gone(monkeypatch):
 
 
 def test_verify_wait_scans_once_while_the_holder_lives(ps, monkeypatch):
-    from scripts.agent import cli, scan, verify
+    from scripts.agent import cli
+    from scripts.agent.procs import scan
+    from scripts.agent.teardown import verify
 
     holder = ps.role("worker", "--gpu", "0")
     args = cli.build_parser("verify").parse_args(["verify", "--fake-devices", "--devices", ps.glob, "--wait", "3"])
@@ -191,7 +195,7 @@ def test_bytecode_is_used_only_with_the_same_magic():
     assert ping(script) == 0  # same magic: the bytecode ran
     assert ping(script.replace(magic, b"_CODE_MAGIC = b'XXXX'", 1)) == 42  # another Python's: the source
     # the bytecode came from this interpreter's own cache, checked as an import checks it
-    assert bundle.cached_code(bundle.AGENT_DIR / "teardown.py") is not None
+    assert bundle.cached_code(bundle.AGENT_DIR / "teardown" / "run.py") is not None
 
 
 def _fake_proc(tmp_path, pid, start, threads):

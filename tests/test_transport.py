@@ -5,11 +5,11 @@ import subprocess
 
 import pytest
 
-from scripts import bundle
 from scripts.agent import contract
-from scripts.hostconfig import build_host
-from scripts.route import HostUnreachable
-from scripts.transport import AgentError, call_agent
+from scripts.config.hostconfig import build_host
+from scripts.reach import bundle
+from scripts.reach.route import HostUnreachable
+from scripts.reach.transport import AgentError, call_agent
 from tests.conftest import REPO, invoke
 from tests.loopback_sshd import free_port
 
@@ -97,7 +97,7 @@ def test_control_master_reuses_one_connection(sshd, hosts_env, tmp_path, monkeyp
         assert invoke("ping", "--host", "gpu1").returncode == 0
     assert invoke("run", "--host", "gpu1", "--", "true").returncode == 0
     assert sshd.connections() - before == 1
-    from scripts.route import control_path
+    from scripts.reach.route import control_path
     socket = control_path(sshd.dest(), sshd.ssh_opts.split())
     subprocess.run(["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={socket}", "-O", "exit", sshd.dest()],
                    capture_output=True)
@@ -107,7 +107,7 @@ def test_a_teardown_request_builds_one_argv_and_reads_its_deadline_from_its_fiel
     """The CLI, a pivot, the Slurm epilog and the Ansible module send a TeardownRequest: its
     argv is the agent's flags, and its deadline (from the fields) is what deadline_for reads
     from those words."""
-    from scripts.transport import TeardownRequest, deadline_for
+    from scripts.reach.transport import TeardownRequest, deadline_for
 
     plain = TeardownRequest()
     assert plain.argv() == ["--grace", plain.grace, "--timeout", plain.timeout, "--max-used-mib", 0]

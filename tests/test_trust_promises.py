@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.bundle import agent_payload
-from scripts.hostconfig import build_host
-from scripts.transport import call_agent
+from scripts.config.hostconfig import build_host
+from scripts.reach.bundle import agent_payload
+from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.conftest import invoke
 from tests.procs import alive, children, wait_for
@@ -242,7 +242,7 @@ def test_squatted_default_ssh_dir_costs_sharing_not_the_teardown(second_user, mo
     socket the /tmp fallback is used, and a squatter there costs connection sharing only."""
     import hashlib
 
-    from scripts import route
+    from scripts.reach import route
 
     if os.geteuid() != 0:
         pytest.skip("the case is root's default")
@@ -308,7 +308,7 @@ def test_a_restart_that_has_not_opened_the_gpu_yet_is_not_free(ps, tmp_path):
 def test_a_unit_is_stopped_only_when_all_its_processes_are_targets(monkeypatch):
     """A GPU job started from cron lives in cron.service: stopping the unit would end cron.
     (systemd cannot run here: the cgroup read is the stand-in; the rule is what is tested.)"""
-    from scripts.agent import plan
+    from scripts.agent.teardown import plan
 
     cgroups = {10: ("cron.service", "/system.slice/cron.service"), 11: ("cron.service", "/system.slice/cron.service"),
                20: ("vllm.service", "/system.slice/vllm.service"), 21: ("vllm.service", "/system.slice/vllm.service"),
@@ -348,7 +348,7 @@ def test_a_huge_node_set_is_refused_at_once(hosts_env):
 
 
 def test_ssh_dir_never_inside_a_runtime_dir_another_user_owns(second_user, monkeypatch):  # noqa: F811
-    from scripts import route
+    from scripts.reach import route
 
     shared = f"/tmp/gprt-{os.getpid()}"
     assert second_user.run(["mkdir", "-m", "1777", shared]).returncode == 0

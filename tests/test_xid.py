@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from scripts.agent import health, xid
+from scripts.agent.gpu import health, xid
 
 DOCUMENTED = [
     ("NVRM: Xid (PCI:0000:03:00): 14, Channel 00000001", ("0000:03:00", 14, None, "Channel 00000001")),

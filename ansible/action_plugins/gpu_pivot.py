@@ -1,7 +1,7 @@
 """Controller half of the gpu_pivot module: build the agent call, run the module, read the result.
 
 Why an action plugin: the agent's source and argv are made from this repo on the controller
-(scripts/ansible_task.py), so the managed host needs nothing installed; the result is read
+(scripts/engines/ansible_task.py), so the managed host needs nothing installed; the result is read
 back through the same contract `invoke` uses, and check mode becomes the agent's `plan`.
 """
 from __future__ import annotations
@@ -15,8 +15,8 @@ REPO = Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from scripts import ansible_task  # noqa: E402  (the repo root is put on sys.path just above)
-from scripts.config_error import ConfigError  # noqa: E402
+from scripts.config.errors import ConfigError  # noqa: E402
+from scripts.engines import ansible_task  # noqa: E402  (the repo root is put on sys.path just above)
 
 
 class ActionModule(ActionBase):

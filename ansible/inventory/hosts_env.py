@@ -12,8 +12,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from scripts import ansible_task, hosts  # noqa: E402  (the repo root is put on sys.path just above)
-from scripts.config_error import ConfigError  # noqa: E402
+from scripts.config import hosts  # noqa: E402  (the repo root is put on sys.path just above)
+from scripts.config.errors import ConfigError  # noqa: E402
+from scripts.engines import ansible_task  # noqa: E402  (the repo root is put on sys.path just above)
 
 
 def main(argv):

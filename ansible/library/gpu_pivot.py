@@ -4,7 +4,7 @@
 Why so thin: the agent (standard library only) comes from the controller with the call, fed
 to the host's python on stdin as `invoke` does over ssh; the action plugin of the same name
 (ansible/action_plugins/gpu_pivot.py) builds its argv and reads its result through the
-contract (scripts/ansible_task.py). This file only runs it where Ansible put it.
+contract (scripts/engines/ansible_task.py). This file only runs it where Ansible put it.
 """
 from __future__ import annotations
 

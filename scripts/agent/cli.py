@@ -12,7 +12,10 @@ import json
 import os
 import sys
 
-from . import contract, devices, lastrun, options, rules
+from . import contract, options
+from .procs import devices
+from .state import lastrun
+from .teardown import rules
 
 
 # Each subcommand's module is imported only when it is the one asked for: a teardown, whose
@@ -25,52 +28,52 @@ def _ping():
 
 
 def _scan():
-    from . import scan
+    from .procs import scan
     return scan
 
 
 def _verify():
-    from . import verify
+    from .teardown import verify
     return verify
 
 
 def _plan():
-    from . import plan
+    from .teardown import plan
     return plan
 
 
 def _teardown():
-    from . import teardown
+    from .teardown import run as teardown
     return teardown
 
 
 def _phase():
-    from . import phase
+    from .phases import run as phase
     return phase
 
 
 def _drain():
-    from . import drain  # urllib: ~30 ms of imports a teardown does not need
+    from .phases import drain  # urllib: ~30 ms of imports a teardown does not need
     return drain
 
 
 def _gates():
-    from . import gates
+    from .phases import gates
     return gates
 
 
 def _lint():
-    from . import lint
+    from .phases import lint
     return lint
 
 
 def _deploy():
-    from . import deploy
+    from .phases import deploy
     return deploy
 
 
 def _reset():
-    from . import reset
+    from .gpu import reset
     return reset
 
 

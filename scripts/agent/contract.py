@@ -19,13 +19,16 @@ import json
 import os
 import re
 
+from . import textsafe  # noqa: F401  (re-exported)
+
 # Shared primitives, re-exported for the local side. Both sides must apply the SAME checks:
 # statedir makes and checks private state directories and files (the agent's run dir on the
 # host; the local audit log, ssh ControlPath and sandbox directories here), and procfs
 # identifies a process by pid + start time and signals it only if it is still that one (the
 # agent's targets; the sandbox's processes here). A second copy on the local side would drift.
 # textsafe is the one escaping rule for host text (terminals) and JSON (valid Unicode).
-from . import procfs, statedir, textsafe  # noqa: F401  (re-exported)
+from .procs import procfs  # noqa: F401  (re-exported)
+from .state import statedir  # noqa: F401  (re-exported)
 from .waits import GRACE_S, SETTLE_S, TIMEOUT_S  # noqa: F401  (re-exported: a teardown's default waits)
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
@@ -43,7 +46,7 @@ EXIT_GATE = 5
 EXIT_UNINSPECTED = 6
 EXIT_TIMED_OUT = 7     # no answer in time: ssh's connect or keep-alive timeout, or the call's deadline
 EXIT_DECLINED = 8      # the operator answered no at the confirmation: nothing was done
-EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or reboot (agent/health.py)
+EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or reboot (agent/gpu/health.py)
 EXIT_OUTPUT = 10       # stdout could not be written (disk full, I/O error): the task's own code is on stderr
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, as a shell reports a program its reader left: Invoke's own output
@@ -131,7 +134,7 @@ def new_nonce():
 
 # Never signalled, by any of the names a process goes by (rules.names_of). One list for the
 # agent and the shell one-liner (shell_teardown generates its `case` from it; a test keeps
-# scripts/emergency_teardown.sh equal). Names ending in a suffix below are exporters.
+# scripts/emergency/teardown.sh equal). Names ending in a suffix below are exporters.
 PROTECTED_NAMES = {
     "sshd": "ssh server",
     "nvidia-persistenced": "NVIDIA persistence daemon",
@@ -214,7 +217,7 @@ def agent_call(argv):
 
 # -- what program a process runs ------------------------------------------------------------------
 # The agent names a process by its program (program.py: targets are programs, not text); the
-# local side shows the same name in its tables (scripts/render.py). One parser for both.
+# local side shows the same name in its tables (scripts/views/render.py). One parser for both.
 INTERPRETERS = re.compile(r"^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|zsh|ksh)$")
 # interpreter options that take the next argument as their value
 _OPT_WITH_VALUE = {"-X", "-W", "-Q", "-I", "-e", "-E", "-r", "-o", "-O"}
@@ -456,7 +459,7 @@ class ScanResult(Record):
     code: int = EXIT_OK
 
 
-# A GPU's health verdict (scripts/agent/health.py), worst last; "unknown" where nothing was read.
+# A GPU's health verdict (scripts/agent/gpu/health.py), worst last; "unknown" where nothing was read.
 HEALTH_VERDICTS = ("ok", "unknown", "drain", "reset needed", "reboot needed")
 
 

@@ -7,7 +7,8 @@ itself (an epilog, a test, a pasted command), and a pattern that matches the emp
 """
 import re
 
-from . import contract, program
+from . import contract
+from .procs import program
 
 
 class UsageError(ValueError):

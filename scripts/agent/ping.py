@@ -15,7 +15,7 @@ def add_arguments(parser):
 
 def nvml_available():
     """(importable, why-not). Import only: initialising NVML is scan's job, not ping's."""
-    from .gpuinfo import import_pynvml
+    from .gpu.gpuinfo import import_pynvml
 
     try:
         import_pynvml()

@@ -1,7 +1,7 @@
 """A teardown's waits, by default: the one definition both sides read.
 
 The agent's flags (through contract.py), the local tasks' defaults and --help
-(scripts/defaults.py), the Ansible task and the shell one-liner read these; the Ansible
+(scripts/config/defaults.py), the Ansible task and the shell one-liner read these; the Ansible
 module's documented defaults are checked against them (tests/test_defaults.py). A module of
 its own that imports nothing: loading the tasks for `invoke --list` reads it and no more.
 """

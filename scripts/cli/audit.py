@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import sys
 
-from scripts import defaults
+from scripts.config import defaults
 
 from .common import guarded
 from .flags import task
@@ -14,8 +14,9 @@ from .flags import task
 @guarded
 def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     """Show the local audit log: every signal, unit stop and pivot, with host, operator and result."""
-    from scripts import audit_log, cliargs
-    from scripts.render import Col, Command, safe, table, width
+    from scripts.config import cliargs
+    from scripts.ops import audit_log
+    from scripts.views.render import Col, Command, safe, table, width
 
     n = cliargs.whole("lines", lines)
     recs, skipped = audit_log.read_counted()

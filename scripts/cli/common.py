@@ -1,6 +1,6 @@
 """What every task module shares: errors to exit codes, host selection, exit status, Ctrl-C.
 
-Imports only Invoke and scripts.defaults when it loads (see scripts/cli/__init__.py). The
+Imports only Invoke and scripts.config.defaults when it loads (see scripts/cli/__init__.py). The
 exit codes are the contract's (scripts/agent/contract.py), imported where a code is chosen:
 the contract defines every result record, and loading it would double what `invoke --list`
 imports of ours.
@@ -15,7 +15,7 @@ import sys
 
 from invoke import Exit
 
-from scripts import defaults
+from scripts.config import defaults
 
 HOST_HELP = f"host alias(es): 'gpu1', 'gpu1,gpu2', 'gpu[1-8]' (default: ${defaults.HOST_ENV} or 'sandbox')"
 
@@ -24,7 +24,7 @@ def code_for(exc: BaseException) -> int | None:
     """The documented exit code for an error users cause or meet; None for a bug (a traceback):
     transport.exit_code_for, imported only when an error is being handled (loading the tasks
     must not load the transport)."""
-    from scripts.transport import exit_code_for
+    from scripts.reach.transport import exit_code_for
 
     return exit_code_for(exc)
 
@@ -182,7 +182,7 @@ def output_failed(code: int) -> None:
 def hosts_of(spec: str) -> list:
     """The hosts a --host value names, from hosts.env and the built-ins (ConfigError if bad,
     naming GPU_PIVOT_HOST instead of --host when the value came from there)."""
-    from scripts import cliargs, hosts
+    from scripts.config import cliargs, hosts
 
     with cliargs.named("--host", cliargs.source_of("--host", "-H", defaults.HOST_ENV)):
         return hosts.select(spec)
@@ -191,8 +191,8 @@ def hosts_of(spec: str) -> list:
 def one_host(spec: str):
     hosts = hosts_of(spec)
     if len(hosts) != 1:
-        from scripts import cliargs
-        from scripts.config_error import ConfigError, show
+        from scripts.config import cliargs
+        from scripts.config.errors import ConfigError, show
 
         with cliargs.named("--host", cliargs.source_of("--host", "-H", defaults.HOST_ENV)):
             raise ConfigError(f"--host {show(spec)}: this task takes exactly one host")
@@ -232,7 +232,7 @@ def operator() -> str:
 def print_views(host, result, *views, file=None) -> None:
     """The host's header line, then each non-empty view of the agent's result (its record),
     to `file` (default stdout; stderr where stdout holds --json)."""
-    from scripts import status_view
+    from scripts.views import status as status_view
 
     print(status_view.header(host.alias, result, host.sandbox), file=file)
     for view in views:

@@ -46,7 +46,7 @@ class Task(invoke.Task):
 
     def __call__(self, *args, **kwargs):
         if not self.remainder:
-            from scripts import cliargs
+            from scripts.config import cliargs
 
             extra = cliargs.remainder()
             if extra:

@@ -1,8 +1,8 @@
 """Tasks about a host's GPUs: status, verify, plan, teardown."""
 from __future__ import annotations
 
-from scripts import defaults
-from scripts.defaults import num
+from scripts.config import defaults
+from scripts.config.defaults import num
 
 from . import teardown_args as td
 from .common import HOST_HELP, codes, ctrl_c_continues, dumps, exit_worst, guarded, hosts_of, print_views
@@ -34,8 +34,9 @@ def status(c, host=defaults.HOST, json=False):
     serves. Exit 0; 6 when some process could not be inspected (its open files are not
     readable by this user, so it may hold a GPU unseen: run as root); 3 unreachable.
     """
-    from scripts import fleet, health_view, status_view
-    from scripts.transport import call_agent
+    from scripts.ops import fleet
+    from scripts.reach.transport import call_agent
+    from scripts.views import health as health_view, status as status_view
 
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "scan"))
     _show(outcomes, json, status_view.gpu_table, health_view.health, health_view.mig, status_view.holder_table,
@@ -54,9 +55,11 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     GPU's health verdict is drain, reset needed or reboot needed ("unknown" never changes
     the code); every GPU's verdict is printed with its reasons (JSON: gpus[].health).
     """
-    from scripts import cliargs, fleet, health_view, status_view
-    from scripts.render import Progress
-    from scripts.transport import call_agent
+    from scripts.config import cliargs
+    from scripts.ops import fleet
+    from scripts.reach.transport import call_agent
+    from scripts.views import health as health_view, status as status_view
+    from scripts.views.render import Progress
 
     wait_s = cliargs.seconds("wait", wait)
     args = ["--wait", wait_s, "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib)]
@@ -77,8 +80,9 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
 @guarded
 def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_supervisors=False):
     """Dry run: what a teardown would stop (targets, with why) and keep (protected), and the MiB it frees."""
-    from scripts import fleet, status_view, teardown_view
-    from scripts.transport import call_agent
+    from scripts.ops import fleet
+    from scripts.reach.transport import call_agent
+    from scripts.views import status as status_view, teardown as teardown_view
 
     args = td.selection(match, only_matching, disable, stop_supervisors)
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args))
@@ -120,9 +124,11 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     verdict and its reasons are printed; `invoke reset` when it says reset), 130 Ctrl-C
     (the host side goes on).
     """
-    from scripts import audit_log, cliargs, fleet, teardown_view
     from scripts.agent import contract
-    from scripts.transport import call_teardown
+    from scripts.config import cliargs
+    from scripts.ops import audit_log, fleet
+    from scripts.reach.transport import call_teardown
+    from scripts.views import teardown as teardown_view
 
     hosts = hosts_of(host)
     req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,

@@ -5,8 +5,8 @@ import sys
 
 from invoke import Exit
 
-from scripts import defaults
-from scripts.defaults import num
+from scripts.config import defaults
+from scripts.config.defaults import num
 
 from .common import HOST_HELP, codes, dumps, exit_worst, guarded, hosts_of
 from .flags import task
@@ -19,8 +19,8 @@ ONELINER_GRACE = num(defaults.ONELINER_GRACE_S)
 @guarded
 def hosts(c, json=False, names=False):
     """List host aliases, the route each one takes and its phases (validates hosts.env)."""
-    from scripts import hosts as all_hosts
-    from scripts.render import Col, table
+    from scripts.config import hosts as all_hosts
+    from scripts.views.render import Col, table
 
     known = all_hosts.load().values()
     if names:
@@ -43,8 +43,10 @@ def hosts(c, json=False, names=False):
 @guarded
 def ping(c, host=defaults.HOST, json=False, timeout=""):
     """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there."""
-    from scripts import cliargs, fleet, status_view
-    from scripts.transport import call_agent
+    from scripts.config import cliargs
+    from scripts.ops import fleet
+    from scripts.reach.transport import call_agent
+    from scripts.views import status as status_view
 
     deadline = cliargs.seconds("timeout", timeout) if timeout else None
     if deadline == 0:  # 0 is no limit, as `run -T 0` (the agent's longest wait bounds it)
@@ -77,8 +79,10 @@ def run(c, host=defaults.HOST, timeout="600"):
     within --timeout (or ssh's connect / keep-alive timeout) exits 7; a command that exits
     255 on the host exits 255; a missing command exits 127.
     """
-    from scripts import cliargs, fleet, remote_cmd
-    from scripts.config_error import ConfigError
+    from scripts.config import cliargs
+    from scripts.config.errors import ConfigError
+    from scripts.ops import fleet
+    from scripts.reach import remote_cmd
 
     from .common import code_for
 
@@ -118,12 +122,12 @@ def oneliner(c, host=defaults.HOST, action="", grace=ONELINER_GRACE):
     `--action teardown` prints a POSIX-shell teardown for hosts without python3: holders of
     the device files (fuser or /proc), protected names skipped, TERM, poll, KILL, report.
     """
-    from scripts import cliargs
-    from scripts.config_error import ConfigError, show
+    from scripts.config import cliargs
+    from scripts.config.errors import ConfigError, show
 
     argv = cliargs.remainder()
     if action:
-        from scripts import shell_teardown
+        from scripts.emergency import shell_teardown
 
         if action != "teardown":
             raise ConfigError(f"--action {show(action)}: the only action is 'teardown'")

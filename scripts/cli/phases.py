@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from invoke import Exit
 
-from scripts import defaults
+from scripts.config import defaults
 
 from . import jsonout, teardown_args as td
 from .common import HOST_HELP, ctrl_c_continues, dumps, guarded, one_host, operator
@@ -25,8 +25,9 @@ def start(c, host=defaults.HOST, phase="", json=False):
 
     Under systemd-run where systemd is PID 1, else setsid with a log file and a pid file.
     """
-    from scripts import phase_ops, phase_view
     from scripts.agent import contract
+    from scripts.ops import phase as phase_ops
+    from scripts.views import phase as phase_view
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
@@ -44,8 +45,9 @@ def start(c, host=defaults.HOST, phase="", json=False):
 @guarded
 def stop(c, host=defaults.HOST, phase="", json=False):
     """Stop a phase started by gpu-pivot: systemctl stop, or SIGTERM its session and SIGKILL after its stop timeout."""
-    from scripts import audit_log, phase_ops, phase_view
     from scripts.agent import contract
+    from scripts.ops import audit_log, phase as phase_ops
+    from scripts.views import phase as phase_view
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
@@ -66,9 +68,10 @@ def stop(c, host=defaults.HOST, phase="", json=False):
 @guarded
 def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=False, json=False):
     """Show a phase's log (its log file, or journald for a systemd-run unit)."""
-    from scripts import cliargs, phase_ops
     from scripts.agent import contract
-    from scripts.config_error import ConfigError
+    from scripts.config import cliargs
+    from scripts.config.errors import ConfigError
+    from scripts.ops import phase as phase_ops
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
@@ -87,7 +90,7 @@ def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=
     if r.code:
         raise Exit(f"gpu-pivot: {h.alias}: {r.result.error}", code=contract.EXIT_NOT_FREE)
     if not json:
-        from scripts.render import safe
+        from scripts.views.render import safe
 
         print("\n".join(safe(line) for line in r.result.lines))  # the host's log lines, each escaped
 
@@ -101,8 +104,10 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     EAGLE vs EAGLE3 draft, TP > GPUs, port taken, model/draft path missing, GPUs not free.
     Exit 0 clean, 5 findings.
     """
-    from scripts import cliargs, phase_ops, phase_view
-    from scripts.config_error import ConfigError
+    from scripts.config import cliargs
+    from scripts.config.errors import ConfigError
+    from scripts.ops import phase as phase_ops
+    from scripts.views import phase as phase_view
 
     argv = cliargs.remainder()
     if not argv:
@@ -140,10 +145,11 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     """
     import re
 
-    from scripts import cliargs, phase_ops
     from scripts.agent import contract
-    from scripts.config_error import ConfigError, show
-    from scripts.pivot import Pivot, PivotOptions
+    from scripts.config import cliargs
+    from scripts.config.errors import ConfigError, show
+    from scripts.ops import phase as phase_ops
+    from scripts.ops.pivot import Pivot, PivotOptions
 
     h = one_host(host)
     with cliargs.named("--phase", "--to"):  # the pivot's flag for a phase

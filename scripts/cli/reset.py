@@ -1,7 +1,7 @@
 """The reset task: reset one GPU once every precondition holds (a dry run unless --yes)."""
 from __future__ import annotations
 
-from scripts import defaults
+from scripts.config import defaults
 
 from . import jsonout
 from .common import HOST_HELP, dumps, exit_worst, guarded, one_host
@@ -21,10 +21,11 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
     Exit 0 ready (dry run) or reset done; 1 a precondition failed (nothing run) or the reset
     failed; 2 bad --gpu; 3 host unreachable.
     """
-    from scripts import cliargs, reset_view
     from scripts.agent import contract
-    from scripts.config_error import ConfigError
-    from scripts.transport import call_agent
+    from scripts.config import cliargs
+    from scripts.config.errors import ConfigError
+    from scripts.reach.transport import call_agent
+    from scripts.views import reset as reset_view
 
     if gpu in ("", None):
         raise ConfigError("--gpu: required (the index of the GPU to reset, e.g. --gpu 0)")

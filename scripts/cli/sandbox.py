@@ -20,9 +20,9 @@ def sandbox(c, action, json=False):
     if action in ("--help", "-h"):  # Invoke hands --help to a positional argument as its value
         print("Usage: invoke sandbox up|down|status [--json]\n\nDocstring:\n  " + (sandbox.__doc__ or "").strip())
         return
-    from scripts import sandbox as sandbox_host
-    from scripts.config_error import ConfigError
-    from scripts.render import table
+    from scripts.config.errors import ConfigError
+    from scripts.ops import sandbox as sandbox_host
+    from scripts.views.render import table
 
     actions = {"up": sandbox_host.up, "down": sandbox_host.down, "status": sandbox_host.status}
     if action not in actions:

@@ -18,8 +18,9 @@ def undrain(c, host="", force=False):
     drained node was resumed (or none was drained); 1 when a node stays drained (what holds
     its GPUs is printed); 3 when a node could not be verified.
     """
-    from scripts import fleet, undrain as logic
-    from scripts.transport import call_agent
+    from scripts.engines import undrain as logic
+    from scripts.ops import fleet
+    from scripts.reach.transport import call_agent
 
     if not host:
         raise Exit("gpu-pivot: --host is required: the Slurm nodes to undrain, e.g. --host 'node[1-8]'", code=2)

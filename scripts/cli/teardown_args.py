@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import sys
 
-from scripts import defaults
-from scripts.defaults import num
+from scripts.config import defaults
+from scripts.config.defaults import num
 
 from .common import dumps, operator, print_views
 
@@ -47,9 +47,9 @@ def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout
     """The teardown the task flags ask for (transport.TeardownRequest), each flag checked
     (ConfigError names it). Used by `invoke teardown`, `invoke plan` (its selection) and the
     teardown step of `invoke pivot`."""
-    from scripts import cliargs
-    from scripts.config_error import ConfigError, show
-    from scripts.transport import TeardownRequest
+    from scripts.config import cliargs
+    from scripts.config.errors import ConfigError, show
+    from scripts.reach.transport import TeardownRequest
 
     req = TeardownRequest(
         match=tuple(cliargs.pattern("match", p) for p in match or []), only_matching=bool(only_matching),
@@ -79,7 +79,7 @@ def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | 
     if yes:
         return {}
     if not sys.stdin.isatty():
-        from scripts.config_error import ConfigError
+        from scripts.config.errors import ConfigError
 
         raise ConfigError(f"not on a terminal and no --yes: refusing to signal anything (see {see} with --dry-run)")
     return confirm(hosts, selection, declined)
@@ -91,8 +91,9 @@ def show_plans(hosts: list, selection: list, out=None, json: bool = False) -> di
     confirmation prompt and by `pivot --dry-run`, so what a person reads is what the teardown
     step would do. A host that cannot be planned stops it (with --json its failure is
     printed as the --json document first)."""
-    from scripts import fleet, teardown_view
-    from scripts.transport import call_agent
+    from scripts.ops import fleet
+    from scripts.reach.transport import call_agent
+    from scripts.views import teardown as teardown_view
 
     from .jsonout import failed
 

@@ -1,5 +1,5 @@
 #!/bin/sh
-# What the prolog and epilog wrappers run: check the checkout, then scripts/slurm_job.py from it.
+# What the prolog and epilog wrappers run: check the checkout, then scripts/engines/slurm_job.py from it.
 # Why the check: slurmd runs this as root, and root would run whatever the checkout holds
 # (its .venv's python and site-packages, scripts/, any module beside them on sys.path). A
 # checkout another user owns or may write to - or a directory above it they may rename - is
@@ -32,4 +32,4 @@ bad=$( { find -L "$root" -maxdepth 1 \( ! -user 0 -o -perm /002 -o -perm /020 ! 
        } 2>/dev/null | head -n 1)
 [ -z "$bad" ] || refuse "$bad"
 cd "$root"
-exec "$py" -m scripts.slurm_job "$kind"
+exec "$py" -m scripts.engines.slurm_job "$kind"

@@ -2,12 +2,12 @@
 
 Test-only: tests/test_scan.py cross-checks the agent's /proc scan against a real `fuser -v`,
 and tests/test_parsers.py reads the H200 captures. The agent never runs fuser, so this does
-not ship in its bundle; the PID list reader the local side needs is scripts/fuser_parse.py.
+not ship in its bundle; the PID list reader the local side needs is scripts/emergency/fuser_parse.py.
 """
 import re
 from typing import Any
 
-from scripts.fuser_parse import FuserParseError, pids
+from scripts.emergency.fuser_parse import FuserParseError, pids
 
 __all__ = ["FuserParseError", "pids", "plain", "plain_files", "verbose"]
 

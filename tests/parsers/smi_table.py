@@ -3,7 +3,7 @@
 Why: it shows the trap of `nvidia-smi | grep "0MiB" | wc -l`: on a loaded H200 the
 per-process rows read "21090MiB", so that count says 4 free GPUs on one full GPU. Here a
 GPU is free only when its own memory row reads 0 MiB used and no process is on it. The
-agent never reads this table (it uses NVML or the --query CSV, scripts/agent/smi_parse.py).
+agent never reads this table (it uses NVML or the --query CSV, scripts/agent/gpu/smi_parse.py).
 """
 import re
 

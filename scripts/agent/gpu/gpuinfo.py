@@ -1,0 +1,332 @@
+"""GPU memory per GPU, from NVML (v2 memory call), else nvidia-smi CSV, else none.
+
+Why v2: NVML's v1 `used` counts ~615 MiB of driver-reserved memory on an idle H200, so a
+"0 MiB used" check built on it never passes. v2 reports `used` without it and `reserved`
+apart. nvidia-smi's CSV `memory.used` already excludes it (fixture query-gpu-idle.csv:
+used 0, reserved 616). Every result names its source, so "no GPU data" is never silent.
+
+A reader is opened once and read many times (a teardown polls `usage()` every few ms
+while the driver frees memory; one NVML memory query costs ~0.01 ms), and may be opened
+on a thread (Opening) so NVML's init overlaps other work. The sandbox host uses a clearly
+labelled fake source that derives memory from live sandbox processes.
+"""
+import contextlib
+import glob
+import json
+import os
+import sys
+import threading
+import time
+
+from .. import contract
+from ..procs import procfs
+from . import smi_parse
+
+MIB = 1024 * 1024
+
+
+def _mib(nbytes):
+    """Bytes -> MiB, rounded up: 1 byte still in use must not read as 0 MiB."""
+    return None if nbytes is None else -(-int(nbytes) // MIB)
+
+
+def import_pynvml():
+    """pynvml, also when the agent runs with -S (the transport's form, contract.BOOT). Then
+    the site-packages directories are put on sys.path first, without running their .pth
+    files (on a torch host those cost 50-85 ms, and this runs while a teardown waits for the
+    driver); only if pynvml still cannot be found is site run in full, as a plain start would."""
+    try:
+        import pynvml
+    except ImportError:
+        if not sys.flags.no_site:
+            raise
+        import site
+
+        dirs = site.getsitepackages() + ([site.getusersitepackages()] if site.check_enableusersite() else [])
+        sys.path.extend(d for d in dirs if os.path.isdir(d) and d not in sys.path)
+        try:
+            import pynvml
+        except ImportError:
+            site.main()
+            import pynvml
+    return pynvml
+
+
+class NvmlSource:
+    name = "nvml"
+
+    def __init__(self):
+        pynvml = import_pynvml()
+        self.nvml = pynvml
+        pynvml.nvmlInit()
+        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self._names: dict = {}  # index -> (uuid, name): fixed for the life of the handle, read once
+        self._v2 = True         # False once the driver refused the v2 memory call
+
+    def _memory(self, h):
+        """(used, reserved, total, call): v2 where the driver has it (used without reserved).
+        Only a driver or binding without the v2 call turns it off, for every GPU: one GPU's
+        failing query says nothing about the others (it raises, and read() notes it)."""
+        nv = self.nvml
+        if self._v2:
+            try:
+                mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
+                return mem.used, mem.reserved, mem.total, "v2"
+            except (AttributeError, TypeError):
+                self._v2 = False
+            except nv.NVMLError as exc:
+                if getattr(exc, "value", None) not in NO_V2:
+                    raise
+                self._v2 = False
+        mem = nv.nvmlDeviceGetMemoryInfo(h)  # old driver: v1 used includes reserved
+        return mem.used, None, mem.total, "v1"
+
+    def _processes(self, h):
+        out = []
+        for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h):
+            raw = p.usedGpuMemory
+            out.append({"pid": int(p.pid), "used_mib": None if raw is None or raw >= 2 ** 64 - 1 else _mib(raw)})
+        return out
+
+    def usage(self):
+        """[(used MiB, compute processes)] per GPU: the two calls a teardown polls every few
+        ms while the driver frees memory (each about 0.01 ms), without names or UUIDs. A GPU
+        whose calls fail reads (None, None): unknown, which reads_free never calls free."""
+        nv = self.nvml
+        out: list = []
+        for h in self.handles:
+            try:
+                out.append((_mib(self._memory(h)[0]), len(nv.nvmlDeviceGetComputeRunningProcesses(h))))
+            except Exception:
+                out.append((None, None))
+        return out
+
+    def read(self):
+        """Every GPU's row. Each query is asked on its own, as health.py asks its own (one
+        failing field of one GPU must not make the whole scan raise): a field that fails is None (or
+        no process listed) and is named in the row's `unread`, which verify.evaluate counts as
+        not free: an unknown value is never "free"."""
+        gpus = []
+        for index, h in enumerate(self.handles):
+            unread = []
+            try:
+                used, reserved, total, memory_call = self._memory(h)
+            except Exception as exc:
+                used = reserved = total = memory_call = None
+                unread.append("memory: %s" % _error(exc))
+            try:
+                procs = self._processes(h)
+            except Exception as exc:
+                procs = []
+                unread.append("compute processes: %s" % _error(exc))
+            uuid, name = self._identity(index, h)
+            row = {"index": index, "uuid": uuid, "name": name,
+                   "used_mib": _mib(used), "reserved_mib": _mib(reserved), "total_mib": _mib(total),
+                   "memory_call": memory_call, "processes": procs}
+            if unread:
+                row["unread"] = unread
+            gpus.append(row)
+        return gpus
+
+    def _identity(self, index, h):
+        """(uuid, name), read once (fixed for the life of the handle); (None, '?') while they fail."""
+        if index not in self._names:
+            try:
+                self._names[index] = (_text(self.nvml.nvmlDeviceGetUUID(h)), _text(self.nvml.nvmlDeviceGetName(h)))
+            except Exception:
+                return None, "?"
+        return self._names[index]
+
+    def close(self):
+        if getattr(self, "hung", False):  # health.py saw a call not return: shutdown would wait on it
+            return
+        try:
+            self.nvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _text(value):
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
+
+
+NO_V2 = (3, 13, 25)  # NVML_ERROR_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH: no v2 memory call
+
+
+def _error(exc):
+    return "%s: %s" % (type(exc).__name__, exc) if str(exc) else type(exc).__name__
+
+
+class SmiSource:
+    name = "nvidia-smi"
+
+    def __init__(self):
+        import shutil  # here, not at the top: shutil (bz2, lzma) would cost every teardown's start ~3 ms
+        if not shutil.which("nvidia-smi"):
+            raise FileNotFoundError("nvidia-smi not on PATH")
+
+    def read(self):
+        gpus = smi_parse.query_gpu(_run(smi_parse.GPU_QUERY))
+        apps = smi_parse.query_compute_apps(_run(smi_parse.APP_QUERY))
+        for g in gpus:
+            g["memory_call"] = "csv"
+            g["processes"] = [{"pid": a["pid"], "used_mib": a["used_mib"]} for a in apps if a["gpu_uuid"] == g["uuid"]]
+        return gpus
+
+    def close(self):
+        pass
+
+
+def _run(argv):
+    import subprocess
+
+    return subprocess.run(argv, check=True, capture_output=True, text=True, timeout=20).stdout
+
+
+class SandboxSource:
+    """SANDBOX only: GPUs = the fake device files nvidiaN; memory = what live sandbox
+    processes declared in DIR/<pid>.json ({"gpu": N, "mib": M, "start_time": T})."""
+
+    name = "sandbox (fake GPUs)"
+    TOTAL_MIB = 143771
+
+    def __init__(self, memdir, devices_glob):
+        self.memdir = memdir
+        self.count = len([p for p in glob.glob(devices_glob) if os.path.basename(p)[6:].isdigit()])
+
+    def read(self):
+        gpus = [{"index": i, "uuid": "SANDBOX-GPU-%d" % i, "name": "SANDBOX fake GPU", "used_mib": 0,
+                 "reserved_mib": 0, "total_mib": self.TOTAL_MIB, "memory_call": "sandbox", "processes": []}
+                for i in range(self.count)]
+        for path in glob.glob(os.path.join(self.memdir, "*.json")):
+            try:
+                with open(path) as f:
+                    rec = json.load(f)
+            except (OSError, ValueError):
+                continue
+            pid = int(os.path.basename(path)[:-5].split("-")[0])
+            if rec["gpu"] < len(gpus) and procfs.same_process(pid, rec["start_time"]):
+                gpus[rec["gpu"]]["used_mib"] += rec["mib"]
+                gpus[rec["gpu"]]["processes"].append({"pid": pid, "used_mib": rec["mib"]})
+        return gpus
+
+    def usage(self):
+        return [(g["used_mib"], len(g["processes"])) for g in self.read()]
+
+    def close(self):
+        pass
+
+
+class NoSource:
+    name = "none"
+
+    def read(self):
+        return []
+
+    def usage(self):
+        return []
+
+    def close(self):
+        pass
+
+
+def reads_free(source, max_used_mib):
+    """True/False from the source's quick per-GPU read (NVML: memory and compute processes
+    only), None when it has none worth polling (nvidia-smi costs a process per read).
+    Only a hint for when to scan: free is decided by a full scan (verify.evaluate)."""
+    usage = getattr(source, "usage", None)
+    if usage is None:
+        return None
+    return all(procs == 0 and (used is None or used <= max_used_mib) for used, procs in usage())
+
+
+FAST_POLL_S = 0.002  # the driver frees a holder's memory as it exits, 0.3-0.7 s after the signal: look every 2 ms
+
+
+def until_reads_free(source, max_used_mib, limit_s):
+    """Poll the source's quick read every FAST_POLL_S until it says free or limit_s passes
+    (at once when the source has no quick read). Decides only when to scan, never that
+    anything is free."""
+    end = time.monotonic() + limit_s
+    while reads_free(source, max_used_mib) is False and time.monotonic() < end:
+        time.sleep(FAST_POLL_S)
+
+
+class Opening:
+    """open_source() on a thread, used as the source it yields (name, read, usage, close,
+    plus `tried`). Why: importing pynvml and NVML's init cost ~0.1 s on an H200 host, which
+    a teardown starts only after its signals (start()), so it runs while the driver releases
+    the targets' memory instead of delaying the first signal. Any use before start() opens
+    it there and then."""
+
+    def __init__(self, fake_dir=None, devices_glob=contract.DEVICE_GLOB, start=True):
+        self._args = (fake_dir, devices_glob)
+        self._opened = None
+        self._thread = None
+        self.open_s = None  # how long opening took (pynvml import + NVML init), for the teardown's timings
+        if start:
+            self.start()
+
+    def start(self):
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._open, name="gpu-source-open")
+            self._thread.daemon = True
+            self._thread.start()
+        return self
+
+    def _open(self):
+        t0 = time.monotonic()
+        try:
+            self._opened = open_source(*self._args)
+        except Exception as exc:  # open_source catches the expected failures; anything else: no source
+            self._opened = (NoSource(), ["opening a GPU source failed: %s: %s" % (type(exc).__name__, exc)])
+        self.open_s = round(time.monotonic() - t0, 4)
+
+    def opened(self):
+        self.start()._thread.join()
+        return self._opened
+
+    @property
+    def tried(self):
+        return self.opened()[1]
+
+    def __getattr__(self, attr):  # name, read, usage, nvml, handles: the opened source's
+        if attr.startswith("_"):
+            raise AttributeError(attr)
+        return getattr(self.opened()[0], attr)
+
+    def close(self):
+        if self._thread is not None:  # never opened: nothing to close
+            self.opened()[0].close()
+
+
+def total_used_mib(gpus):
+    """Used MiB summed over GPUs (unknown counts as 0): progress lines and freed-MiB figures."""
+    return sum(g["used_mib"] or 0 for g in gpus)
+
+
+@contextlib.contextmanager
+def reader(args, source=None):
+    """Yield (source, why better sources were not used): the caller's open reader when it
+    polls with one, else a fresh one that is closed on the way out."""
+    if source is not None:
+        yield source, []
+        return
+    source, tried = open_source(args.fake_gpus, args.devices)
+    try:
+        yield source, tried
+    finally:
+        source.close()
+
+
+def open_source(fake_dir=None, devices_glob=contract.DEVICE_GLOB):
+    """The best source this host has, and why each better one was not used."""
+    if fake_dir:
+        return SandboxSource(fake_dir, devices_glob), []
+    tried: list = []
+    for cls in (NvmlSource, SmiSource):
+        try:
+            return cls(), tried
+        except Exception as exc:  # ImportError, NVMLError (no driver), FileNotFoundError
+            tried.append("%s: %s: %s" % (cls.name, type(exc).__name__, exc))
+    return NoSource(), tried

@@ -1,0 +1,338 @@
+"""Is each GPU usable after its memory is freed? One verdict per GPU, with its reasons.
+
+Why: a GPU with a pending recovery action, rows waiting to be remapped, a fatal Xid, or a
+holder stuck in the driver is not fixed by killing processes; the operator must be told
+"reset it" or "reboot the node", not "free". Verdicts, worst last:
+
+  ok             nothing read says otherwise: a new job can start
+  unknown        nothing could be read (no NVML, a fake GPU), or an Xid this tool cannot place
+  drain          quiesce peer-to-peer traffic (NVLink) first, then look again / reset
+  reset needed   `invoke reset --host H --gpu N` (nvidia-smi --gpu-reset) once nothing holds it
+  reboot needed  the node: the GPU fell off the bus, the driver does not answer, or a holder
+                 is stuck in the driver (state D) and outlived SIGKILL, so no reset can run
+
+Sources, each read with a deadline (a call that does not return is itself the answer: the
+driver is wedged, "reboot needed"): NVML's recovery action (field 230,
+NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; NVIDIA's "Error Recovery and Response Flags",
+https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html),
+remapped rows pending or failed (nvmlDeviceGetRemappedRows), retired pages pending (older
+GPUs), Xid events since the teardown started (xid.py), and the teardown's stuck holders.
+Where NVML is missing, `nvidia-smi --query-gpu` gives the remapped rows.
+
+How the verdict changes the exit code (contract.EXIT_UNHEALTHY, 9): a verify or teardown
+that would exit 0 (free) exits 9 when some GPU is "drain", "reset needed" or "reboot
+needed"; "unknown" never changes the code (a host without NVML can still be freed); a
+result that is not free keeps its own code (1, 6), the verdict printed beside it.
+"""
+import os
+import subprocess
+import threading
+
+from .. import contract
+from . import gpuinfo, xid
+
+OK, UNKNOWN, DRAIN, RESET, REBOOT = xid.OK, xid.UNKNOWN, xid.DRAIN, xid.RESET, xid.REBOOT
+ORDER = (OK, UNKNOWN, DRAIN, RESET, REBOOT)  # worst last
+UNHEALTHY = (DRAIN, RESET, REBOOT)
+CALL_TIMEOUT_S = 8.0
+
+RECOVERY_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
+RECOVERY_ACTIONS = xid.RECOVERY_ACTIONS  # nvmlDeviceGpuRecoveryAction_t -> (verdict, words)
+
+
+def worst(verdicts):
+    verdicts = list(verdicts)
+    return max(verdicts, key=ORDER.index) if verdicts else UNKNOWN
+
+
+def verdict(findings, read_any):
+    """{verdict, reasons} from findings [(verdict, reason)]; `read_any`: whether any source
+    answered. Nothing read and nothing found: unknown."""
+    reasons = [r for _, r in findings]
+    bad = [v for v, _ in findings]
+    if not bad:
+        return {"verdict": OK if read_any else UNKNOWN, "reasons": reasons or (
+            ["every health source answered: no recovery action, no rows to remap, no Xid, nothing stuck"]
+            if read_any else ["no health source could be read"])}
+    return {"verdict": worst(bad + ([OK] if read_any else [])), "reasons": reasons}
+
+
+class Hung(Exception):
+    """A driver call that did not return in time."""
+
+    gpu = None  # the GPU it was asked about, where one was
+
+
+def bounded(fn, timeout_s, what):
+    """fn() run with a deadline; raises Hung. The call runs in a daemon thread: one stuck in
+    the driver cannot be interrupted, so it is left behind and the agent goes on."""
+    box = {}
+
+    def call():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # handed to the caller
+            box["error"] = exc
+
+    t = threading.Thread(target=call, name="health:" + what, daemon=True)
+    t.start()
+    t.join(timeout_s)
+    if t.is_alive():
+        raise Hung("%s did not return within %g s" % (what, timeout_s))
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")
+
+
+def _field_value(fv):
+    """The value of an nvmlFieldValue_t by its valueType (0 double, 1 uint, 2 ulong, 3 ullong, 4 sll, 5 sint)."""
+    kinds = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
+    return getattr(fv.value, kinds.get(int(fv.valueType), "uiVal"))
+
+
+def nvml_checks(nv, handle):
+    """[(verdict, reason)], [what was read], [what could not be read] for one GPU through NVML."""
+    findings, read, unread = [], [], []
+    try:
+        fv = nv.nvmlDeviceGetFieldValues(handle, [RECOVERY_FIELD])[0]
+        if int(fv.nvmlReturn) != 0:
+            raise nv.NVMLError(int(fv.nvmlReturn))
+        action = int(_field_value(fv))
+        read.append("recovery action %d" % action)
+        v, words = RECOVERY_ACTIONS.get(action, (UNKNOWN, "action %d, not in this tool's table" % action))
+        if action:
+            findings.append((v, "NVML recovery action %d: %s" % (action, words)))
+    except Exception as exc:
+        unread.append("recovery action: %s" % _err(exc))
+    try:
+        corr, unc, pending, failed = nv.nvmlDeviceGetRemappedRows(handle)
+        read.append("remapped rows %d correctable, %d uncorrectable, pending %s, failure %s"
+                    % (corr, unc, bool(pending), bool(failed)))
+        if failed:
+            findings.append((RESET, "row remapping FAILED (%d uncorrectable rows): reset the GPU; if it fails "
+                                    "again the GPU needs service" % unc))
+        elif pending:
+            findings.append((RESET, "remapped rows pending: they take effect at the next GPU reset"))
+    except Exception as exc:
+        unread.append("remapped rows: %s" % _err(exc))
+        try:  # GPUs without row remapping (before Ampere) retire pages instead
+            if int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)):
+                findings.append((RESET, "retired pages pending: they take effect at the next GPU reset"))
+            read.append("retired pages pending status")
+        except Exception as exc2:
+            unread.append("retired pages: %s" % _err(exc2))
+    return findings, read, unread
+
+
+def _err(exc):
+    return str(exc) or type(exc).__name__
+
+
+SMI_QUERY = ["nvidia-smi", "--query-gpu=index,pci.bus_id,remapped_rows.pending,remapped_rows.failure",
+             "--format=csv,noheader"]
+
+
+def smi_checks(timeout_s):
+    """{index: ([(verdict, reason)], [read])} from nvidia-smi where NVML is missing; raises Hung."""
+    try:
+        out = subprocess.run(SMI_QUERY, capture_output=True, text=True, timeout=timeout_s).stdout
+    except subprocess.TimeoutExpired:
+        raise Hung("nvidia-smi --query-gpu did not return within %g s" % timeout_s) from None
+    res = {}
+    for line in out.splitlines():
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 4 or not cells[0].isdigit():
+            continue
+        findings = []
+        if cells[3].lower() in ("yes", "1"):
+            findings.append((RESET, "row remapping FAILED (nvidia-smi): reset the GPU; if it fails again, service"))
+        elif cells[2].lower() in ("yes", "1"):
+            findings.append((RESET, "remapped rows pending (nvidia-smi): they take effect at the next GPU reset"))
+        read = ["remapped rows (nvidia-smi)"] if cells[2].lower() in ("yes", "no", "0", "1") else []
+        res[int(cells[0])] = (findings, read, xid.normalize_bus(cells[1]))
+    return res
+
+
+def wchan(pid):
+    try:
+        with open("/proc/%d/wchan" % pid) as f:
+            return f.read().strip() or "0"
+    except OSError:
+        return "?"
+
+
+def gpus_of(holder, indices):
+    """The GPU indices a holder is on: its GPU memory, its /dev/nvidiaN files, else every GPU
+    (nvidiactl and nvidia-uvm serve them all)."""
+    on = {int(k) for k, v in (holder.get("gpu_mib") or {}).items() if str(k).isdigit()}
+    for d in holder.get("devices") or []:
+        tail = os.path.basename(d)[len("nvidia"):]
+        if os.path.basename(d).startswith("nvidia") and tail.isdigit():
+            on.add(int(tail))
+    return sorted(on & set(indices)) if on else list(indices)
+
+
+def stuck_findings(stuck, indices):
+    """{gpu: [(verdict, reason)]} for targets that did not end (teardown.stuck_report rows:
+    after SIGKILL, or stuck in their exit, where no SIGKILL is sent)."""
+    out: dict = {}
+    for s in stuck:
+        how = "is stuck in its exit" if s.get("in_exit") else "outlived SIGKILL"
+        if s.get("state") == "D":
+            reason = ("pid %s (%s) is stuck in the kernel (state D, wchan %s) and %s: a GPU reset needs it gone, "
+                      "so only a reboot frees this GPU" % (s["pid"], (s.get("cmdline") or "")[:60],
+                                                           s.get("wchan") or wchan(s["pid"]), how))
+            verdict_ = REBOOT
+        else:
+            reason = "pid %s (%s) %s in state %s" % (s["pid"], (s.get("cmdline") or "")[:60], how, s.get("state"))
+            verdict_ = UNKNOWN
+        for g in gpus_of(s, indices):
+            out.setdefault(g, []).append((verdict_, reason))
+    return out
+
+
+def xid_findings(events, bus_to_index, indices):
+    """({gpu: [(verdict, reason)]}, [notes]) from Xid events. An Xid is held against a GPU only
+    when it names that GPU (NVML's event) or its bus: one on a bus no listed GPU has, or read
+    where no bus is known (fake GPUs, no NVML), is only noted - spread to every GPU, one forged
+    or foreign line would make the whole node read "reboot needed" and drain it."""
+    out: dict = {}
+    elsewhere = []
+    for e in events:
+        v, why = xid.resolve(e)
+        pid = " pid %s" % e["pid"] if e.get("pid") else ""
+        text = (" [%s]" % e["message"][:80]) if e.get("message") else ""
+        on = [e["gpu"]] if e.get("gpu") is not None else (
+            [bus_to_index[e["bus"]]] if e.get("bus") in bus_to_index else [])
+        if not on:
+            elsewhere.append("Xid %d%s on PCI %s, not among the GPUs listed here: not held against them (%s: %s)%s"
+                             % (e["xid"], pid, e.get("bus"), v, why, text))
+            continue
+        for g in on:
+            out.setdefault(g, []).append((v, "Xid %d%s: %s%s" % (e["xid"], pid, why, text)))
+    return out, elsewhere
+
+
+class _Findings:
+    """Per GPU index: findings [(verdict, why)], what was read, and notes on what was not."""
+
+    def __init__(self, indices):
+        self.indices = indices
+        self.per: dict = {i: [] for i in indices}
+        self.read: dict = {i: [] for i in indices}
+        self.notes: dict = {i: [] for i in indices}
+        self.bus_to_index: dict = {}
+
+    def nvml(self, gpus, source, timeout_s):
+        """NVML's health queries, GPU by GPU, each call bounded: a driver that stops answering
+        is a reboot, and is not asked again."""
+        nv = source.nvml
+        hung = None
+        for g, h in zip(gpus, source.handles):
+            i = g["index"]
+            if hung is not None:  # the driver stopped answering: the next call would wait as long again
+                self.per[i].append((REBOOT, "%s (on GPU %s); not asked again: reboot the node" % (hung, hung.gpu)))
+                continue
+            try:
+                self.bus_to_index[bounded(lambda h=h: xid._bus_id(nv, h), timeout_s, "nvmlDeviceGetPciInfo")] = i
+                f, r, u = bounded(lambda h=h: nvml_checks(nv, h), timeout_s, "NVML health queries")
+            except Hung as exc:
+                hung, exc.gpu = exc, i
+                source.hung = True  # gpuinfo skips nvmlShutdown: it would wait on the stuck call
+                self.per[i].append((REBOOT, "%s on GPU %s: the driver does not answer; a reset goes through the "
+                                            "same driver, so reboot the node" % (exc, i)))
+                continue
+            except Exception as exc:
+                self.notes[i].append("NVML health: %s" % _err(exc))
+                continue
+            self.per[i] += f
+            self.read[i] += r
+            self.notes[i] += ["not read: " + x for x in u]
+
+    def smi(self, timeout_s):
+        """The same from nvidia-smi's CSV, where there is no NVML."""
+        try:
+            res = smi_checks(timeout_s)
+        except Hung as exc:
+            res = {}
+            for i in self.indices:
+                self.per[i].append((REBOOT, "%s: the driver does not answer; reboot the node" % exc))
+        except OSError as exc:
+            res = {}
+            for i in self.indices:
+                self.notes[i].append("nvidia-smi: %s" % exc)
+        for i, (f, r, bus) in res.items():
+            if i in self.per:
+                self.per[i] += f
+                self.read[i] += r
+                self.bus_to_index[bus] = i
+
+    def xids(self, source_name, since_us, watch, kmsg):
+        """Xid findings (NVML's event watch, else the kernel log since the teardown started);
+        returns the lines about GPUs that are not these."""
+        if watch is not None and watch.evset is not None:
+            events = watch.drain()
+            for i in self.indices:
+                self.read[i].append("NVML Xid events since the teardown started")
+        elif since_us is not None and source_name != gpuinfo.SandboxSource.name:  # fake GPUs: not the log's
+            events, where, error = xid.kernel_log(since_us, kmsg)
+            for i in self.indices:
+                if where:
+                    self.read[i].append("kernel log (%s) since the teardown started" % where)
+                else:
+                    self.notes[i].append("kernel log not readable: %s" % error)
+        else:
+            return []
+        per_x, elsewhere = xid_findings(events, self.bus_to_index, self.indices)
+        for i, f in per_x.items():
+            self.per[i] += f
+        return elsewhere
+
+
+def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, kmsg="/dev/kmsg"):
+    """Set g['health'] = {verdict, reasons, read} on every GPU row; returns the rows.
+
+    since_us: Xids logged from then (kernel-log clock, xid.now_us()) count; None: no window
+    (verify and status without a teardown: the kernel log is not consulted). watch: an
+    xid.NvmlWatch started with the teardown (its events are used instead of the log)."""
+    source = source.opened()[0] if hasattr(type(source), "opened") else source  # a gpuinfo.Opening: the source
+    timeout_s = CALL_TIMEOUT_S if timeout_s is None else timeout_s
+    found = _Findings([g["index"] for g in gpus])
+    name = getattr(source, "name", "none")
+    if name == "nvml":
+        found.nvml(gpus, source, timeout_s)
+    elif name == "nvidia-smi":
+        found.smi(timeout_s)
+    else:
+        for i in found.indices:
+            found.notes[i].append("no NVML on this host (GPU source: %s): recovery action and remapped rows not read"
+                                  % name)
+    answered = {i: bool(found.read[i]) for i in found.indices}  # the GPU itself answered (NVML, nvidia-smi):
+    # the Xid sources below only add findings; an empty kernel log alone never makes a GPU "ok"
+    elsewhere = found.xids(name, since_us, watch, kmsg)
+    for i, f in stuck_findings(stuck, found.indices).items():
+        found.per[i] += f
+    for g in gpus:
+        i = g["index"]
+        h = verdict(found.per[i], answered[i])
+        h["reasons"] += (found.notes[i] if h["verdict"] == UNKNOWN else []) + elsewhere
+        h["read"] = found.read[i]
+        g["health"] = h
+    return gpus
+
+
+def exit_code(code, gpus):
+    """A free result (exit 0) with a GPU that needs a drain, reset or reboot exits 9 instead."""
+    if code == contract.EXIT_OK and any((g.get("health") or {}).get("verdict") in UNHEALTHY for g in gpus):
+        return contract.EXIT_UNHEALTHY
+    return code
+
+
+def summary(gpus):
+    """'GPU 0: reset needed (remapped rows pending...)' lines for the problems list."""
+    out = []
+    for g in gpus:
+        h = g.get("health") or {}
+        if h.get("verdict") in UNHEALTHY:
+            out.append("GPU %s: %s: %s" % (g["index"], h["verdict"].upper(), "; ".join(h["reasons"][:3])))
+    return out

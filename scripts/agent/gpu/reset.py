@@ -1,0 +1,196 @@
+"""Reset one GPU (`nvidia-smi --gpu-reset -i N`), only when every precondition holds.
+
+Why checks first: nvidia-smi(1) (`-r, --gpu-reset`) says a reset needs root, no
+application using the device (CUDA programs, an X server, monitors such as another
+nvidia-smi), and no compute application on the other GPUs where an individual reset is not
+possible (GPUs joined by NVLink, before Ampere); MIG instances must be gone. A reset run
+blind fails halfway or, worse, takes a display or a peer's job with it. So every check is
+listed with its answer, a dry run is the default (`--yes` runs it), and the command is
+shown either way. A teardown never resets a GPU on its own: its health verdict says when
+one is needed, and a person runs this.
+
+Checks: the GPU exists; every process could be inspected (a process whose open files this
+agent cannot read, or a /proc that hides others' processes, may hold the GPU unseen: the
+check refuses, as verify refuses to call the GPU free); no process holds it (any holder, protected or not, except this
+agent: a monitor's handle also blocks a reset); no MIG instance; not a display GPU (NVML
+display mode/active, or an X server holding it); nvidia-persistenced (it keeps the device
+open; current drivers release it for the reset, so it is reported and, where it still
+blocks, the resolution says to stop it around the reset); no compute process on an NVLink
+peer.
+"""
+import os
+import shutil
+import subprocess
+
+from .. import contract, options
+from ..procs import scan
+from ..teardown import rules
+from . import gpuinfo, health, mig, xid
+
+RESET_TIMEOUT_S = contract.RESET_TIMEOUT_S
+NVLINK_MAX_LINKS = 18
+X_SERVERS = ("Xorg", "Xwayland", "X")
+
+
+def add_arguments(parser):
+    parser.add_argument("--gpu", default=None, help="the GPU index to reset (as nvidia-smi and NVML number it)")
+    parser.add_argument("--yes", action="store_true", help="run the reset (default: only check and show it)")
+
+
+def command(index):
+    return ["nvidia-smi", "--gpu-reset", "-i", str(index)]
+
+
+def _check(name, ok, detail):
+    return {"check": name, "ok": bool(ok), "detail": detail}
+
+
+def _gpu_index(text, count):
+    if text is None or not str(text).isdigit():
+        raise options.UsageError("--gpu %r: expected a GPU index (0, 1, ...)" % (text,))
+    index = int(text)
+    if index >= count:
+        raise options.UsageError("--gpu %d: this host has %d GPU(s) (indices 0-%d)" % (index, count, count - 1)
+                                 if count else "--gpu %d: no GPU is visible on this host" % index)
+    return index
+
+
+def holders_on(doc, index):
+    """Holders of this GPU: GPU memory on it, or its device file, or the driver's shared nodes
+    (nvidiactl, nvidia-uvm) with no per-GPU file (they could be using any GPU)."""
+    out = []
+    indices = [g["index"] for g in doc["gpus"]]
+    for h in doc["holders"]:
+        if index in health.gpus_of(h, indices) and h["pid"] != os.getpid():
+            out.append(h)
+    return out
+
+
+def checks(doc, source, index):
+    """The precondition checks, in order: [{check, ok, detail}]."""
+    out = []
+    denied, hidden = doc.get("denied") or [], doc.get("proc_hidden")
+    out.append(_check("every process inspected", not denied and not hidden, "; ".join(
+        ["%d process(es) could not be inspected (pids %s%s): one may hold the GPU unseen; run as root"
+         % (len(denied), ", ".join(map(str, denied[:8])), ", ..." if len(denied) > 8 else "")] * bool(denied)
+        + ([str(hidden)] if hidden else [])) or "every process's open files were read"))
+    holders = holders_on(doc, index)
+    blocking = [h for h in holders if not _is_persistenced(h)]
+    out.append(_check("no process holds the GPU", not blocking, "; ".join(
+        "pid %s (%s)%s" % (h["pid"], h["cmdline"][:60], " [%s]" % h["protected"] if h["protected"] else "")
+        for h in blocking) or "none"))
+    gpu = next(g for g in doc["gpus"] if g["index"] == index)
+    out.append(_check("no compute process on the GPU", not gpu["processes"],
+                      ", ".join("pid %s (%s MiB)" % (p["pid"], p["used_mib"]) for p in gpu["processes"]) or "none"))
+    persist = [h for h in holders if _is_persistenced(h)]
+    out.append(_check("persistence daemon handled", True,
+                      ("nvidia-persistenced (pid %s) keeps the device open; the driver releases it for the reset. "
+                       "If the reset says the GPU is in use, stop it around the reset: systemctl stop "
+                       "nvidia-persistenced; reset; systemctl start nvidia-persistenced" % persist[0]["pid"])
+                      if persist else "nvidia-persistenced does not hold this GPU"))
+    x = [h for h in holders if rules.names_of(h) & set(X_SERVERS)]
+    nv = source.nvml if getattr(source, "name", None) == "nvml" else None
+    handle = source.handles[index] if nv else None
+    display = mode = None
+    if nv:  # display mode says a display COULD be attached (Enabled on an H200); display active, that one is
+        display = _nvml_bool(nv, "nvmlDeviceGetDisplayActive", handle)
+        mode = _nvml_bool(nv, "nvmlDeviceGetDisplayMode", handle)
+    out.append(_check("not a display GPU", not x and not display,
+                      "an X server holds it: %s" % ", ".join(str(h["pid"]) for h in x) if x else
+                      "NVML: a display is active on it" if display else
+                      "no active display (NVML; display mode %s)" % ("enabled" if mode else "disabled") if nv else
+                      "no X server holds it (display not read: no NVML)"))
+    if nv:
+        m = mig.read(nv, handle)
+        inst = m["instances"]
+        out.append(_check("no MIG instances", not inst,
+                          "%d MIG instance(s) exist: destroy them first (nvidia-smi mig -dci -i %d; nvidia-smi mig "
+                          "-dgi -i %d)" % (len(inst), index, index) if inst else "MIG %s" % m["current"]))
+        out.append(_nvlink_check(nv, source.handles, index, doc))
+    else:
+        out.append(_check("no MIG instances", False, "not read: no NVML on this host (GPU source %s)"
+                          % getattr(source, "name", "none")))
+    return out
+
+
+def _is_persistenced(h):
+    """The persistence daemon by name, where its name can be trusted (rules.trusted_names)."""
+    return bool(rules.names_of(h) & {"nvidia-persistenced", "nvidia-persiste"}) and rules.trusted_names(h)
+
+
+def _nvml_bool(nv, name, handle):
+    fn = getattr(nv, name, None)
+    try:
+        return bool(int(fn(handle))) if fn else False
+    except Exception:
+        return False
+
+
+def _nvlink_check(nv, handles, index, doc):
+    """Compute processes on GPUs this one reaches over NVLink block its reset."""
+    bus = {}
+    for i, h in enumerate(handles):
+        try:
+            bus[xid._bus_id(nv, h)] = i
+        except Exception:
+            pass
+    peers, links = set(), 0
+    for link in range(NVLINK_MAX_LINKS):
+        try:
+            if int(nv.nvmlDeviceGetNvLinkState(handles[index], link)) != 1:
+                continue
+            links += 1
+            info = nv.nvmlDeviceGetNvLinkRemotePciInfo_v2(handles[index], link) \
+                if hasattr(nv, "nvmlDeviceGetNvLinkRemotePciInfo_v2") else \
+                nv.nvmlDeviceGetNvLinkRemotePciInfo(handles[index], link)
+            remote = info.busId.decode() if isinstance(info.busId, bytes) else info.busId
+            peer = bus.get(xid.normalize_bus(remote))
+            if peer is not None and peer != index:
+                peers.add(peer)
+        except Exception:  # NVML_ERROR_NOT_SUPPORTED / INVALID_ARGUMENT: no such link
+            continue
+    busy = [g for g in doc["gpus"] if g["index"] in peers and g["processes"]]
+    if not links:
+        return _check("nothing on NVLink peers", True, "no active NVLink on this GPU")
+    detail = ("NVLink peer GPU(s) %s run compute processes: %s" % (
+        ", ".join(str(g["index"]) for g in busy),
+        "; ".join("GPU %s pids %s" % (g["index"], [p["pid"] for p in g["processes"]]) for g in busy))
+        if busy else "%d active link(s); peers %s idle%s" % (
+            links, sorted(peers) or "none listed", "" if peers else " (links go to NVSwitches)"))
+    return _check("nothing on NVLink peers", not busy, detail)
+
+
+def run(args):
+    scan.device_set(args)
+    source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+    try:
+        doc = scan.collect(args, source)
+        index = _gpu_index(args.gpu, len(doc["gpus"]))
+        results = checks(doc, source, index)
+    finally:
+        source.close()
+    argv = command(index)
+    ready = all(c["ok"] for c in results)
+    out = {"hostname": doc["hostname"], "gpu": index, "checks": results, "command": argv, "ready": ready,
+           "ran": False, "gpu_source": doc["gpu_source"], "gpu_source_tried": tried, "output": None,
+           "note": "dry run: nothing was reset (run with --yes)" if not args.yes else None}
+    if not ready:
+        out["note"] = "refused: a precondition is not met; nothing was reset"
+        return contract.EXIT_FAILED, out
+    if not args.yes:
+        return contract.EXIT_OK, out
+    if os.geteuid() != 0:
+        out["note"] = "refused: a GPU reset needs root"
+        return contract.EXIT_FAILED, out
+    if not shutil.which(argv[0]):
+        out["note"] = "refused: nvidia-smi is not on PATH"
+        return contract.EXIT_FAILED, out
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=RESET_TIMEOUT_S)
+        out.update(ran=True, output=(done.stdout + done.stderr).strip()[-2000:], reset_exit=done.returncode)
+        code = contract.EXIT_OK if done.returncode == 0 else contract.EXIT_FAILED
+    except subprocess.TimeoutExpired:
+        out.update(ran=True, output="nvidia-smi --gpu-reset did not return within %g s" % RESET_TIMEOUT_S)
+        code = contract.EXIT_FAILED
+    out["note"] = "reset %s" % ("done" if code == contract.EXIT_OK else "FAILED")
+    return code, out

@@ -1,0 +1,360 @@
+"""Run a phase on the host so it outlives the ssh session and stops cleanly.
+
+Why two ways: where systemd is PID 1, `systemd-run --unit gpu-pivot-PHASE` gives a
+unit with KillMode=mixed, a stop timeout and logs in journald (not --collect: a unit that
+failed keeps its result to report, and is `reset-failed` before it starts again); elsewhere (containers
+without systemd, the GPU test machine) the phase runs in its own session (`setsid`) with
+a log file and a state file (pid + start time). Its exit code is written by a tiny `sh`
+wrapper, so a job that dies is reported with its code instead of as "not ready".
+Subcommands: phase-start, phase-ready, phase-stop, phase-logs, smoke (the phase comes as
+`--spec`, contract.encode_spec).
+"""
+import os
+import shutil
+import signal
+import subprocess
+import time
+import urllib.request
+
+from .. import contract, options
+from ..procs import cgroup, procfs, procscan, scan
+from ..state import lastrun, statedir
+from ..state.auditlog import Audit
+from ..teardown import plan, run as teardown
+from ..teardown.targets import Targets
+
+WRAP = '"$@"; echo $? > "$GPU_PIVOT_EXIT_FILE"'
+LOG_TAIL = 15
+
+
+def state_path(name):
+    """phase-NAME.json in the checked run dir (a name with a path separator is refused)."""
+    if not name or "/" in name or "\0" in name or name in (".", ".."):
+        raise ValueError("phase name %r: not a plain name" % name)
+    return os.path.join(lastrun.run_dir(), "phase-%s.json" % name)
+
+
+def load_state(name):
+    try:
+        return statedir.read_json(state_path(name))
+    except (OSError, ValueError):
+        return None
+
+
+def save_state(state):
+    """Atomic, O_EXCL temp file, never through a link (statedir.write_json_atomic)."""
+    statedir.write_json_atomic(state_path(state["name"]), state)
+
+
+def unit_name(name):
+    return "gpu-pivot-%s" % name
+
+
+def systemd_run_argv(spec):
+    """The exact systemd-run command for a phase (tested by argv; untested live here)."""
+    argv = ["systemd-run", "--unit", unit_name(spec["name"]), "--quiet",
+            "--property", "KillMode=mixed", "--property", "TimeoutStopSec=%d" % int(spec["stop_timeout"])]
+    if spec.get("dir"):
+        argv += ["--working-directory", spec["dir"]]
+    for k, v in sorted(phase_env(spec).items()):
+        argv += ["--setenv", "%s=%s" % (k, v)]
+    return argv + ["--"] + list(spec["argv"])
+
+
+def phase_env(spec):
+    env = dict(spec.get("env") or {})
+    if spec.get("gpus"):
+        env["CUDA_VISIBLE_DEVICES"] = spec["gpus"]
+    return env
+
+
+def _spawn(argv, spec, log, exit_file):
+    """setsid + log file; the sh wrapper records the exit code. Returns (pid, start_time)."""
+    d = os.path.dirname(log)
+    if d:
+        os.makedirs(d, exist_ok=True)
+    env = dict(os.environ, **phase_env(spec))
+    env["GPU_PIVOT_EXIT_FILE"] = exit_file
+    if os.path.exists(exit_file):
+        os.unlink(exit_file)
+    with open(log, "ab") as out:
+        proc = subprocess.Popen(["sh", "-c", WRAP, "gpu-pivot-phase"] + list(argv), cwd=spec.get("dir") or None,
+                                env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
+    return proc.pid, procfs.start_time(proc.pid)
+
+
+def _alive_state(state):
+    if not state:
+        return False
+    if state.get("unit"):
+        return subprocess.run(["systemctl", "is-active", "--quiet", state["unit"]]).returncode == 0
+    return procfs.same_process(state["pid"], state["start_time"])
+
+
+def unit_result(unit):
+    """'failed: exit-code, status 3' for a unit that ended (kept, not --collect-ed, so its
+    result can be told), or its state."""
+    out = subprocess.run(["systemctl", "show", "-p", "ActiveState,Result,ExecMainStatus", unit],
+                         capture_output=True, text=True).stdout
+    props = dict(line.partition("=")[::2] for line in out.splitlines())
+    return "%s: %s, status %s" % (props.get("ActiveState", "?"), props.get("Result", "?"),
+                                  props.get("ExecMainStatus", "?"))
+
+
+def reset_failed(unit):
+    """A unit that ended `failed` (its stop timed out and systemd SIGKILLed it, or it crashed)
+    keeps its name taken: `systemd-run --unit` with it fails until `systemctl reset-failed`.
+    Returns True when it was failed."""
+    if subprocess.run(["systemctl", "is-failed", "--quiet", unit]).returncode != 0:
+        return False
+    subprocess.run(["systemctl", "reset-failed", unit], capture_output=True)
+    return True
+
+
+class SpecCommand:
+    """An agent subcommand about one phase: it takes --spec, decodes it, and acts on it."""
+
+    @classmethod
+    def add_arguments(cls, parser):
+        options.add_spec(parser)
+        cls.more_arguments(parser)
+
+    @staticmethod
+    def more_arguments(parser):
+        pass
+
+    @staticmethod
+    def act(spec, args):
+        """The subcommand's own work on the decoded spec: returns (exit_code, doc)."""
+        raise NotImplementedError
+
+    @classmethod
+    def run(cls, args):
+        return cls.act(contract.decode_spec(args.spec), args)
+
+
+class Start(SpecCommand):
+    """Start a phase (and its prep jobs) detached from this session."""
+
+    @staticmethod
+    def act(spec, args):
+        name = spec["name"]
+        old = load_state(name)
+        if _alive_state(old):
+            error = "phase %s is already running (%s)" % (name, old.get("unit") or old["pid"])
+            return contract.EXIT_FAILED, {"started": False, "error": error}
+        run_dir = lastrun.run_dir()
+        state = {"name": name, "argv": spec["argv"], "started": time.time(), "prep": []}
+        if plan.systemd_running() and shutil.which("systemd-run"):
+            reset_failed(unit_name(name))
+            proc = subprocess.run(systemd_run_argv(spec), capture_output=True, text=True)
+            if proc.returncode:
+                return contract.EXIT_FAILED, {"started": False, "error": "systemd-run failed: %s" % proc.stderr.strip()}
+            state.update(unit=unit_name(name), how="systemd-run")
+        else:
+            log = spec.get("log") or os.path.join(run_dir, "phase-%s.log" % name)
+            pid, start = _spawn(spec["argv"], spec, log, os.path.join(run_dir, "phase-%s.exit" % name))
+            state.update(pid=pid, start_time=start, log=log, how="setsid",
+                         exit_file=os.path.join(run_dir, "phase-%s.exit" % name))
+        for i, cmd in enumerate(spec.get("prep") or []):
+            log = os.path.join(run_dir, "phase-%s-prep%d.log" % (name, i))
+            exit_file = os.path.join(run_dir, "phase-%s-prep%d.exit" % (name, i))
+            pid, start = _spawn(["sh", "-c", cmd], dict(spec, gpus=None), log, exit_file)
+            state["prep"].append({"cmd": cmd, "pid": pid, "start_time": start, "log": log, "exit_file": exit_file})
+        save_state(state)
+        return contract.EXIT_OK, {"started": True, "state": state}
+
+
+def _read_exit(path):
+    try:
+        with open(path) as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def log_tail(state, lines=LOG_TAIL):
+    if state.get("unit"):
+        out = subprocess.run(["journalctl", "-u", state["unit"], "-n", str(lines), "--no-pager", "-o", "cat"],
+                             capture_output=True, text=True)
+        return out.stdout.splitlines()[-lines:]
+    try:
+        with open(state["log"], "rb") as f:
+            f.seek(0, 2)
+            size = f.tell()
+            f.seek(max(0, size - 64 * 1024))
+            return f.read().decode("utf-8", "replace").splitlines()[-lines:]
+    except OSError:
+        return []
+
+
+def _session_pids(state):
+    """The processes of a phase: those in its unit's cgroup (systemd-run), or in the session
+    its leader made (setsid). Returns (pids, {pid: basic info})."""
+    procs = {pid: info for pid, info in ((p, procscan.basic(p)) for p in procscan.all_pids()) if info}
+    if state.get("unit"):
+        unit = state["unit"] + ".service"
+        return [p for p in procs if cgroup.read(p)["unit"] == unit], procs
+    return [p for p, info in procs.items() if info["sid"] == state["pid"]], procs
+
+
+def _holding(state, args):
+    """Does any process of the phase (its unit, or its session) hold a GPU device?"""
+    devset = scan.device_set(args)
+    pids, procs = _session_pids(state)
+    return any(procscan.held_devices(pid, devset, procs[pid]["threads"])[0] for pid in pids)
+
+
+def http_ok(url, timeout=2.0):
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return 200 <= resp.status < 300, "HTTP %d" % resp.status
+    except Exception as exc:  # connection refused, timeout, HTTP 503...
+        return False, "%s: %s" % (type(exc).__name__, exc)
+
+
+def prep_report(state):
+    out = []
+    for p in state.get("prep", []):
+        code = _read_exit(p["exit_file"])
+        running = procfs.same_process(p["pid"], p["start_time"])
+        out.append({"cmd": p["cmd"], "pid": p["pid"], "exit": code,
+                    "status": "running" if running and code is None
+                    else ("exited %s" % code if code is not None else "gone")})
+    return out
+
+
+def check(spec, state, args):
+    """(ready, dead, detail) for one look at the phase."""
+    alive = _alive_state(state)
+    if not alive and state.get("unit"):
+        return False, True, "unit %s is not running (%s)" % (state["unit"], unit_result(state["unit"]))
+    if not alive:
+        code = _read_exit(state["exit_file"]) if state.get("exit_file") else None
+        return False, True, "the phase's process is not running (exit code %s)" % code
+    if spec["ready"].startswith("http"):
+        ok, why = http_ok(spec["ready"])
+        return ok, False, "%s -> %s" % (spec["ready"], why)
+    if spec["ready"] == "holding":
+        ok = _holding(state, args)
+        return ok, False, "holding a GPU" if ok else "alive, not yet holding a GPU"
+    return True, False, "alive"
+
+
+class Ready(SpecCommand):
+    """Wait until a started phase is ready (HTTP health, or alive and holding its GPUs)."""
+
+    @staticmethod
+    def more_arguments(parser):
+        parser.add_argument("--wait", type=float, default=0.0)
+
+    @staticmethod
+    def act(spec, args):
+        state = load_state(spec["name"])
+        if not state:
+            return contract.EXIT_FAILED, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
+        started = time.monotonic()
+        last = -10.0
+        while True:
+            ready, dead, detail = check(spec, state, args)
+            waited = time.monotonic() - started
+            if ready or dead or waited >= args.wait:
+                break
+            if waited - last >= 2.0:
+                last = waited
+                tail = log_tail(state, 1)
+                args.emit_progress(phase="ready-wait", elapsed_s=round(waited, 1), detail=detail,
+                                   last_log=tail[-1] if tail else "")
+            time.sleep(0.25)
+        code = contract.EXIT_OK if ready else contract.EXIT_FAILED
+        return code, {"ready": ready, "dead": dead, "detail": detail, "waited_s": round(waited, 2),
+                                     "log_tail": [] if ready else log_tail(state), "prep": prep_report(state),
+                                     "state": state}
+
+
+class Stop(SpecCommand):
+    """Stop a phase: systemctl stop, or TERM its whole session, KILL after the stop timeout."""
+
+    @staticmethod
+    def more_arguments(parser):
+        parser.add_argument("--operator", default=None)
+
+    @staticmethod
+    def act(spec, args):
+        state = load_state(spec["name"])
+        if not state:
+            return contract.EXIT_OK, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
+        audit = Audit(args.operator or "gpu-pivot")
+        targets, stopped, failed, notes = [], [], False, []
+        leaders = list(state.get("prep", []))
+        if state.get("unit"):
+            unit_procs = _members(state)
+            proc = subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, text=True)
+            audit.log({"pid": None, "cmdline": state["unit"]}, "systemctl stop", "exit %d" % proc.returncode)
+            stopped.append(state["unit"])
+            failed = proc.returncode != 0
+            if reset_failed(state["unit"]):
+                notes.append("%s ended failed (its stop timed out: systemd SIGKILLed it); reset-failed, so it "
+                             "can start again" % state["unit"])
+                audit.log({"pid": None, "cmdline": state["unit"]}, "systemctl reset-failed", "done")
+            # what `systemctl stop` left alive (KillMode=process or none, a stop that failed) is ours to end
+            targets += [t for t in unit_procs if procfs.same_process(t["pid"], t["start_time"])]
+        else:
+            leaders.insert(0, state)
+        for leader in leaders:  # the prep jobs run in sessions of their own, outside any unit
+            if procfs.same_process(leader["pid"], leader["start_time"]):
+                targets += _members(leader)
+        tracked = Targets(targets, audit)
+        tracked.signal(targets, signal.SIGTERM, "SIGTERM")
+        alive = teardown.wait_gone(args, tracked, spec.get("stop_timeout", 30), None, time.monotonic(), "stop")
+        if alive:
+            tracked.signal(alive, signal.SIGKILL, "SIGKILL")
+            alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
+        code = contract.EXIT_OK if not alive and not failed else contract.EXIT_FAILED
+        return code, {"stopped": stopped + [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
+                      "actions": audit.records, "note": "; ".join(notes) or None}
+
+
+def _members(state):
+    """The phase's (or a prep job's) live processes as signal targets (pid + start time)."""
+    pids, procs = _session_pids(state)
+    return [{"pid": p, "start_time": procs[p]["start_time"], "cmdline": procs[p]["cmdline"]} for p in pids]
+
+
+class Logs(SpecCommand):
+    """Print the phase's log (last lines), or follow it until interrupted."""
+
+    @staticmethod
+    def more_arguments(parser):
+        parser.add_argument("--lines", type=int, default=50)
+        parser.add_argument("--follow", action="store_true")
+
+    @staticmethod
+    def act(spec, args):
+        state = load_state(spec["name"])
+        if not state:
+            return contract.EXIT_FAILED, {"error": "phase %s was never started here" % spec["name"]}
+        if not args.follow:
+            where = state.get("unit") or state.get("log")
+            return contract.EXIT_OK, {"lines": log_tail(state, args.lines), "where": where}
+        if state.get("unit"):
+            os.execvp("journalctl", ["journalctl", "-u", state["unit"], "-n", str(args.lines), "-f", "-o", "cat"])
+        os.execvp("tail", ["tail", "-n", str(args.lines), "-F", state["log"]])
+        return contract.EXIT_OK, {}  # not reached
+
+
+class Smoke(SpecCommand):
+    """Send one request to a started server (from the host: its URL is often 127.0.0.1)."""
+
+    @staticmethod
+    def act(spec, args):
+        body = (spec.get("smoke_body") or "").encode() or None
+        req = urllib.request.Request(spec["smoke_url"], data=body, method="POST" if body else "GET",
+                                     headers={"Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=60) as resp:
+                text = resp.read(2000).decode("utf-8", "replace")
+                return contract.EXIT_OK, {"ok": True, "status": resp.status, "body": text}
+        except Exception as exc:
+            return contract.EXIT_FAILED, {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}

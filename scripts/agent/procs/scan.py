@@ -1,0 +1,177 @@
+"""Who holds each GPU: /proc device holders merged with NVML's compute processes.
+
+Exit 6 (contract.EXIT_UNINSPECTED) when some process's fds could not be read: a holder
+among them would be unseen, so nothing may be called free.
+"""
+import os
+import socket
+import time
+
+from .. import contract
+from ..gpu import gpuinfo
+from ..teardown import rules
+from . import devices, procscan
+
+
+def add_arguments(parser):
+    pass  # the selection flags only (cli.py adds them)
+
+
+def device_set(args):
+    """The host's GPU devices (devices.DeviceSet), built once per agent run. Raises
+    devices.DeviceError for a glob that names anything but GPU devices."""
+    cached = getattr(args, "_devset", None)
+    if cached is None:
+        cached = devices.DeviceSet(args.devices, fake=bool(getattr(args, "fake_devices", False)))
+        args._devset = cached
+    return cached
+
+
+def collect(args, source=None, confirm=False, early=None):
+    """One scan. `source` (an open GPU reader) is reused by callers that poll. `early`: called
+    with the records a target pattern names once every record is read (procscan.snapshot).
+
+    `confirm`: the scan that confirms FREED once the GPUs read free. Where the GPU source
+    lists the GPUs' processes (context_source) and lists none, and no GPU memory is used, no
+    process has a CUDA context, so no fd table or mapping can change the answer: the GPUs are
+    read first, and then only the process records are (what a respawn is told by). On a host of
+    20,000 processes that is half the scan between "free" and the FREED line."""
+    started = time.monotonic()
+    gpus = None
+    if confirm or early is not None:  # with an early batch: before it goes out, not while the targets release
+        with gpuinfo.reader(args, source) as (source, tried):
+            gpus = source.read()
+    idle = confirm and gpus is not None and context_source(source.name, []) and not any(
+        g["processes"] or g["used_mib"] is None or g["used_mib"] > args.max_used_mib or g.get("unread") for g in gpus)
+    snap = procscan.snapshot(device_set(args), fds=not idle, mark=_target_mark(args), early=early)
+    procs_done = time.monotonic()
+    if gpus is None or (confirm and not idle):  # read (again) after the processes: what they hold now
+        with gpuinfo.reader(args, source) as (source, tried):
+            gpus = source.read()
+    gpus_done = time.monotonic()
+    procs = snap["procs"]
+    chain = procscan.self_chain(procs)
+    me = os.getpid()
+    gpu_mib: dict = {}
+    foreign = []
+    for g in gpus:
+        for p in g["processes"]:
+            if p["pid"] in procs:
+                gpu_mib.setdefault(p["pid"], {})[str(g["index"])] = p["used_mib"]
+            else:  # NVML reports host PIDs; inside a container they are not in our /proc
+                foreign.append({"pid": p["pid"], "gpu": g["index"], "used_mib": p["used_mib"]})
+    holder_pids = (set(snap["holders"]) | set(gpu_mib)) - {me}  # our own NVML handle is not a holder
+    now = procfs_now_ticks()
+    holders = []
+    lists = context_source(source.name, foreign)
+    for pid in sorted(holder_pids):
+        rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now, mapped=snap["mapped"].get(pid))
+        rec["gpu_mib"] = gpu_mib.get(pid, {})
+        rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _no_context(rec, lists)
+        holders.append(rec)
+    related = _related(procs, holder_pids, chain | {me})
+    # An unreadable process might be a holder we cannot see: it blocks FREE (exit 6). Only
+    # where NVML (or nvidia-smi) vouches - a CUDA context would show in its compute processes
+    # - may a PROTECTED one (never signalled) be set aside; a protected name is easy to take,
+    # so without such a source only PID 1 is (init: never signalled, and on some machines
+    # unreadable even to root).
+    vouched = source.name in ("nvml", "nvidia-smi")
+    denied: list = []
+    denied_protected: list = []
+    for pid in snap["denied"]:
+        spared = pid == 1 or (vouched and rules.protect_reason(procs[pid], chain, args.protect))
+        (denied_protected if spared else denied).append(pid)
+    return {
+        "hostname": socket.gethostname(),
+        "devices_glob": args.devices,
+        "devices": snap["devices"],
+        "gpu_source": source.name,
+        "gpu_source_tried": tried,
+        "gpus": gpus,
+        "holders": holders,
+        "related": related,
+        "foreign_gpu_pids": foreign,
+        "context_source": lists,
+        "denied": denied,
+        "denied_protected": denied_protected,
+        "proc_hidden": snap["hidden"],
+        "processes_scanned": len(procs),
+        "holders_read": not idle,
+        "scan_workers": snap["workers"],
+        "scan_ms": round((time.monotonic() - started) * 1000, 2),
+        "proc_scan_ms": round((procs_done - started) * 1000, 2),
+        "gpu_read_ms": round((gpus_done - procs_done) * 1000, 2),
+        "_procs": procs,
+        "_chain": chain,
+    }
+
+
+def _target_mark(args):
+    """The target patterns tried on each process where its record is read (in the scan's
+    workers, on a big host: 20,000 pattern matches before the first signal are ~60 ms on one
+    core); plan.build takes the answer from the record. None where args name no patterns."""
+    if not hasattr(args, "match"):
+        return None
+    patterns = rules.patterns_of(args)
+    return lambda info: rules.target_reason(info, patterns)
+
+
+def context_source(source_name, foreign):
+    """Which source says who has a CUDA context: NVML's or nvidia-smi's process lists, when
+    every process they list is one of ours (in a container that does not share the node's PID
+    namespace, NVML's pids are the node's and cannot be told apart: then nobody is vouched
+    for, and the GPU those pids are on is not free anyway). None: no such source (fake
+    devices, no driver), and a device mapping is taken for a context as before."""
+    return source_name if source_name in ("nvml", "nvidia-smi") and not foreign else None
+
+
+def _no_context(rec, lists):
+    """A holder of real GPU nodes with no CUDA context does not keep memory from the next job:
+    nvidia-smi, DCGM and every NVML client open and map the device files. With a process list
+    to ask (context_source), no context means not listed on any GPU; without one, nothing
+    mapped and no GPU memory."""
+    if rec["gpu_mib"] or not procscan.real_devices(rec["devices"]):
+        return None
+    if lists:
+        return "no CUDA context (%s lists no GPU process for it: a device handle, as every NVML client has)" % lists
+    if rec["mapped_devices"] != []:
+        return None
+    return "NVML/driver handle only (no CUDA context: device files not mapped, no GPU memory)"
+
+
+def _related(procs, holder_pids, skip):
+    """Descendants of holders that hold no GPU themselves (e.g. a zombie or a tokenizer)."""
+    kids = procscan.children_map(procs)
+    out, stack = [], list(holder_pids)
+    seen = set(holder_pids)
+    while stack:
+        for child in kids.get(stack.pop(), []):
+            if child in seen or child in skip:
+                continue
+            seen.add(child)
+            stack.append(child)
+            info = procs[child]
+            out.append({k: info[k] for k in ("pid", "ppid", "pgid", "state", "comm", "cmdline", "start_time")})
+    return sorted(out, key=lambda r: r["pid"])
+
+
+def procfs_now_ticks():
+    return procscan.uptime_s() * procscan.clock_ticks()
+
+
+def public(doc):
+    """The scan without the internal fields other subcommands reuse."""
+    return {k: v for k, v in doc.items() if not k.startswith("_")}
+
+
+def run(args):
+    from ..gpu import checkup
+    from ..state import lastrun
+
+    with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
+        full = collect(args, source)
+        full["gpu_source_tried"] = tried or full["gpu_source_tried"]
+        checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
+    doc = public(full)
+    doc["last_teardown"] = lastrun.load_summary()
+    return (contract.EXIT_UNINSPECTED if doc["denied"] or doc["proc_hidden"] else contract.EXIT_OK), doc

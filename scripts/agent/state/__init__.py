@@ -1,0 +1,2 @@
+"""The agent's state on the host: its private directories, last.json, the audit log.
+"""

@@ -1,0 +1,187 @@
+"""One teardown per host at a time, whoever runs it: an flock, plus a look at other users.
+
+Why flock: the kernel drops it when the holder dies (even by SIGKILL), so a crashed
+teardown never leaves a stale lock; the file's text only says who to ask.
+
+Why the lock lives in statedir.run_dir(): root's is /run/gpu-pivot/gpu-pivot.lock, in a
+directory only root can create or enter, so no other user can create, replace or hold
+it (the old /run/lock/gpu-pivot.lock could be created and flock-ed first by anyone, and
+a symlink there made root truncate the file it pointed to). The file is opened O_NOFOLLOW,
+created 0600, never truncated on open, checked to be a regular file we own; who holds
+it is written only once the flock is held.
+
+Why the /proc look: each user's lock is in that user's own directory, so a lock alone
+cannot keep an unprivileged teardown from running beside root's. The rule (README, "One
+teardown at a time"): an agent that is not root refuses (Locked, exit 4) while it can
+see root's gpu-pivot teardown agent running; root's teardown is never blocked by another
+user and reports their running teardown agents (concurrent_teardowns()) in its result.
+"""
+import errno
+import fcntl
+import json
+import os
+import socket
+import time
+
+from .. import contract, textsafe
+from ..procs import procfs, procscan
+from ..state import statedir
+
+LOCK_NAME = "gpu-pivot.lock"
+POLL_S = 0.05
+
+
+class Locked(RuntimeError):
+    def __init__(self, holder):
+        self.holder = holder
+        super().__init__("host is locked by another teardown: %s" % describe(holder))
+
+
+def describe(holder):
+    """Who holds the lock, in words. The lock file's text is advisory: the flock is the lock,
+    and whatever the file holds (another user's LOGNAME with escape sequences, a JSON list, a
+    `since` of "yesterday" or 1e300) must still end in LOCKED and exit 4, never in a crash.
+    Each field is shown escaped (textsafe.printable) and cut."""
+    if not isinstance(holder, dict) or not holder:
+        return "unknown holder"
+    return "%s (agent pid %s on %s) since %s" % (_field(holder.get("operator")), _field(holder.get("pid")),
+                                                _field(holder.get("host")), _since(holder.get("since")))
+
+
+def _field(value, limit=80):
+    return textsafe.printable(value)[:limit]
+
+
+def _since(value):
+    """A lock's `since` (epoch seconds) as local time; its text, escaped, when it is not one."""
+    try:
+        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
+    except (TypeError, ValueError, OverflowError, OSError):
+        return "an unreadable time (%s)" % _field(value, 40)
+
+
+def lock_path():
+    return os.path.join(statedir.run_dir(), LOCK_NAME)
+
+
+# -- other users' teardown agents ---------------------------------------------------
+
+
+def is_teardown_agent(argv):
+    """Does this argv have the shape the local side gives a teardown agent
+    (`python3 - teardown ... --marker HEX`, contract.agent_call)?"""
+    return contract.agent_call(argv) == "teardown"
+
+
+def _euid(pid):
+    try:
+        with open("/proc/%d/status" % pid) as f:
+            for line in f:
+                if line.startswith("Uid:"):
+                    return int(line.split()[2])
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def teardown_agents(procs=None):
+    """Every running gpu-pivot teardown agent this process can see, but itself:
+    [{pid, uid, user, cmdline, start_time}]. Processes hidden by /proc's hidepid are not seen.
+    `procs`: a scan's table to look in instead of reading /proc again (a teardown has one: on
+    a host of 20,000 processes a fresh read is half a second in the way of its wait)."""
+    me = os.getpid()
+    out = []
+    for pid in (procscan.all_pids() if procs is None else sorted(procs)):
+        if pid == me:
+            continue
+        info = procscan.basic(pid) if procs is None else procs[pid]
+        if not info or not is_teardown_agent(info["argv"]) or procfs.finished(info):
+            continue
+        uid = _euid(pid)
+        if uid is None:
+            continue
+        out.append({"pid": pid, "uid": uid, "user": procscan.user_name(uid), "cmdline": info["cmdline"],
+                    "start_time": info["start_time"]})
+    return out
+
+
+def concurrent_teardowns(procs=None):
+    """Teardown agents of other users running now, as [{pid, user, cmdline}]: root's teardown
+    puts this in its result so a teardown beside it is noticed. `procs`: as teardown_agents."""
+    euid = os.geteuid()
+    return [{"pid": a["pid"], "user": a["user"], "cmdline": a["cmdline"]}
+            for a in teardown_agents(procs) if a["uid"] != euid]
+
+
+def _root_holder():
+    """root's running teardown agent as a lock holder, or None (always None for root)."""
+    if os.geteuid() == 0:
+        return None
+    for a in teardown_agents():
+        if a["uid"] == 0:
+            since = time.time() - procscan.uptime_s() + a["start_time"] / float(procscan.clock_ticks())
+            return {"operator": "root's teardown", "pid": a["pid"], "host": socket.gethostname(), "since": since,
+                    "cmdline": a["cmdline"]}
+    return None
+
+
+# -- the lock -----------------------------------------------------------------------
+
+
+def _try_flock(fd):
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        return True
+    except OSError as exc:
+        if exc.errno not in (errno.EWOULDBLOCK, errno.EAGAIN):
+            raise
+        return False
+
+
+def acquire(operator, wait_s=0.0, path=None):
+    """Take the lock or raise Locked. Returns the open fd (keep it open while working).
+
+    Raises StateDirError when the directory or the lock file is refused (a symlink,
+    not ours, not a regular file).
+    """
+    path = path or lock_path()
+    fd = statedir.open_private(path, os.O_RDWR | os.O_CREAT)
+    try:
+        deadline = time.monotonic() + wait_s
+        while True:
+            holder = None
+            if _try_flock(fd):
+                holder = _root_holder()
+                if holder is None:
+                    break
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            else:
+                holder = _read(fd)
+            if time.monotonic() >= deadline:
+                raise Locked(holder)
+            time.sleep(POLL_S)
+        me = {"operator": operator, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
+        os.ftruncate(fd, 0)  # we hold the flock: the text is ours to replace
+        os.pwrite(fd, json.dumps(me).encode(), 0)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read(fd):
+    """Who holds the lock as the file says: a dict, or None for text that is not one."""
+    try:
+        holder = json.loads(os.pread(fd, 4096, 0).decode("utf-8", "replace") or "null")
+    except (ValueError, RecursionError, OSError):
+        return None
+    return holder if isinstance(holder, dict) else None
+
+
+def release(fd):
+    try:
+        os.ftruncate(fd, 0)
+    except OSError:
+        pass  # a full or read-only disk must not keep the lock: closing drops it
+    finally:
+        os.close(fd)  # closing drops the flock

@@ -1,0 +1,377 @@
+"""Plan a teardown: which processes are targets and which are protected, each with why.
+
+Targets are PROGRAMS named by a pattern (program.py: the executable, the module or script
+an interpreter runs, or a process title - never an argument of another program, so `tail
+-f sglang.launch_server.log`, `grep "vllm serve"` or a tmux session named `torchrun` are
+not targets), then the processes those programs started (their trees by parent pid; a
+shared process group proves nothing, since a shell puts pipeline siblings such as `| tee
+log` in the server's group; but every member of a SESSION a target leads was started by
+it, e.g. a double-forked helper), then every other
+non-protected holder of a GPU device (orphans reparented to PID 1, renamed titles).
+`--only-matching` leaves the other holders alone and reports them; `--scope TEXT` /
+`--scope-uid UID` narrow every target to processes with TEXT in their command line / owned
+by UID (the sandbox and the tests use them to touch only what they started). Never above a
+target: the shell, multiplexer or terminal that contains a server is not signalled.
+Protected processes are never signalled, even inside a target's tree. A process that
+matches no pattern and holds no GPU is never touched. Units and containers are stopped
+through their manager.
+"""
+import os
+
+from .. import contract
+from ..procs import cgroup, procfs, procscan, scan, wrappers
+from . import rules, units
+
+UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
+
+
+def add_arguments(parser):
+    """plan's own flags (teardown takes them too); the selection flags are cli.py's to add."""
+    parser.add_argument("--only-matching", action="store_true",
+                        help="signal only pattern matches and their trees; report other GPU holders")
+    parser.add_argument("--stop-supervisors", action="store_true",
+                        help="also stop a free-standing supervisor of the targets (a `bash -c` or script that "
+                             "waits for them or restarts them in a loop, outside any unit or container)")
+    parser.add_argument("--disable", action="store_true",
+                        help="also disable what is stopped: `systemctl disable` a unit, "
+                             "`docker update --restart=no` a container")
+
+
+def on_path(program):
+    """shutil.which, with shutil imported only when a target needs it: shutil (with bz2 and
+    lzma) would otherwise cost every teardown ~3 ms before its first signal."""
+    import shutil
+    return shutil.which(program) is not None
+
+
+def systemd_running():
+    try:
+        with open("/proc/1/comm") as f:
+            return f.read().strip() == "systemd" and on_path("systemctl")
+    except OSError:
+        return False
+
+
+
+
+def stoppable_unit(unit):
+    """The unit, when it is a system service the plan may stop (not sshd, docker, a login scope
+    or a user's manager); else None."""
+    if not unit or not unit.endswith(".service") or unit in UNIT_NEVER_STOPPED or unit.startswith("user@"):
+        return None
+    return unit
+
+
+def _wholly_targeted(targets, procs, extra=frozenset()):
+    """Units and containers whose every process is a target, a wrapper of targets or a log
+    filter of theirs (`extra`, wrappers.py): only those may be stopped through their manager.
+    A GPU job started from cron, supervisord or a notebook server lives in that daemon's unit;
+    `systemctl stop` would end the daemon and everything else in it, none of which the plan
+    lists. A unit under a user manager (user@UID.service) is not the system manager's to
+    stop. Reads /proc/*/cgroup only when there is a candidate."""
+    wanted = {owner_key(t) for t in targets if t["container"] or stoppable_unit(t["unit"])} - {None}
+    wanted.discard(owner_key(cgroup.read(os.getpid())))  # the agent's own container: never ours to stop
+    if not wanted:
+        return set()
+    members: dict = {}
+    user_units: set = set()
+    for pid in procs:
+        cg = cgroup.read(pid)
+        key = owner_key(cg)
+        if key in wanted:
+            members.setdefault(key, set()).add(pid)
+            if "/user@" in (cg["path"] or ""):
+                user_units.add(key)
+    mine = {t["pid"] for t in targets} | set(extra)
+    return {key for key, pids in members.items() if pids <= mine and key not in user_units}
+
+
+def owner_key(info):
+    """What stops this process through a manager: its unit, its docker container, or (on a
+    Proxmox node) the unit inside its LXC container; None when nothing does."""
+    container, unit = info["container"], info["unit"]
+    if container and container["kind"] == "lxc":
+        return ("lxc", container["id"], unit) if unit and unit != "init.scope" else None
+    if container:
+        return container["id"]
+    return unit
+
+
+def patterns_of(args):
+    return rules.patterns_of(args)
+
+
+def in_scope(info, args):
+    """Does --scope / --scope-uid allow this process to be a target?"""
+    if args.scope_uid is not None and info.get("uid") != args.scope_uid:
+        return False
+    return not args.scope or args.scope in (info.get("cmdline") or "")
+
+
+RULES = (
+    "targets: programs named by the patterns, the processes they started, and other unprotected GPU holders",
+    "processes a target forks during the teardown (its new descendants) are signalled too",
+    "what a target left in the process group or session it leads is stopped with it",
+    "a unit or container holding only targets and their wrappers is stopped through its manager",
+    "anything else that holds a GPU after the targets are gone is reported, never signalled",
+)
+
+
+class _Picked:
+    """The targets of a plan as they are found: {pid: why}, and who is protected (asked once)."""
+
+    def __init__(self, procs, chain, args):
+        self.procs, self.chain, self.args = procs, chain, args
+        self.reasons: dict = {}
+        self.protected: dict = {}
+
+    def protect(self, pid):
+        if pid not in self.protected:
+            self.protected[pid] = rules.protect_reason(self.procs[pid], self.chain, self.args.protect)
+        return self.protected[pid]
+
+    def add(self, pid, why):
+        """Make pid a target, unless it is one already, gone, protected or not the scope's uid."""
+        procs = self.procs
+        if pid in self.reasons or pid not in procs or self.protect(pid) or procfs.finished(procs[pid]):
+            return False
+        if self.args.scope_uid is not None and procs[pid]["uid"] != self.args.scope_uid:
+            return False
+        self.reasons[pid] = why
+        return True
+
+    def trees(self, roots, kids):
+        """What each root started: its whole tree (a torn snapshot, a pid reused between
+        reads, can show a cycle: each process is walked once)."""
+        walked: set = set()
+        for root in roots:
+            stack = [root]
+            while stack:
+                parent = stack.pop()
+                if parent in walked:
+                    continue
+                walked.add(parent)
+                for child in kids.get(parent, []):
+                    if self.add(child, "started by target %d" % root) or child in self.reasons:
+                        stack.append(child)
+
+
+def build(doc, args):
+    """The plan from a scan document (scan.collect output, with its private fields)."""
+    procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
+    holders = {h["pid"]: h for h in doc["holders"]}
+    patterns = patterns_of(args)
+    kids = procscan.children_map(procs)
+    picked = _Picked(procs, chain, args)
+    matched = []
+    for pid, info in procs.items():
+        why = info["mark"] if "mark" in info else rules.target_reason(info, patterns)  # scan.collect tried them
+        if why and in_scope(info, args) and picked.add(pid, why):
+            matched.append(pid)
+    picked.trees(matched, kids)
+    for pid, why in _left_in_group(picked.reasons, procs):
+        picked.add(pid, why)
+    left_alone = _other_holders(holders, picked, args)
+    wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
+    wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)}
+    return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters)
+
+
+def _other_holders(holders, picked, args):
+    """Every other unprotected GPU holder is a target (orphans, renamed workers), unless
+    --only-matching or the scope keeps it out: those are returned, to be reported."""
+    left_alone = []
+    for pid, h in holders.items():
+        if pid in picked.reasons or h["protected"]:
+            continue
+        if args.only_matching:
+            left_alone.append(_row(h, "holds a GPU but matches no target pattern (--only-matching)"))
+        elif not in_scope(h, args):
+            left_alone.append(_row(h, "holds a GPU but is outside the scope (--scope/--scope-uid)"))
+        else:
+            picked.add(pid, "holds a GPU (orphan of PID 1)" if h["ppid"] == 1 else "holds a GPU")
+    return left_alone
+
+
+PIPELINE_SIBLING_S = 0.1  # a shell forks a pipeline's members together; a server's helper comes later
+
+
+def _left_in_group(reasons, procs):
+    """(pid, why) for what a target left in the session or process group it leads: a
+    double-forked helper, reparented to PID 1 or a subreaper. Everything in a session a target
+    leads was started by it. A server started from an interactive shell leads its job's
+    process group, not the session (the shell leads that), so the group is looked at too; but
+    a shell puts a pipeline's other members in it (`server | tee log`), and they are the
+    shell's, with whatever they start: see _beside_leader."""
+    leaders = {pid for pid in reasons if procs[pid]["sid"] == pid or procs[pid]["pgid"] == pid}
+    if not leaders:
+        return []
+    out = []
+    lineage: dict = {}
+    for pid, info in procs.items():
+        if pid in reasons:
+            continue
+        if info["sid"] in leaders and procs[info["sid"]]["sid"] == info["sid"]:
+            out.append((pid, "in the session of target %d (started by it, then reparented)" % info["sid"]))
+            continue
+        leader = info["pgid"]
+        if leader not in leaders:
+            continue
+        if leader not in lineage:
+            lineage[leader] = set(procscan.ancestors(procs[leader]["ppid"], procs)) - {1} - set(reasons)
+        if not _beside_leader(pid, procs[leader], lineage[leader], procs, reasons):
+            out.append((pid, "in the process group of target %d (left there by it)" % leader))
+    return out
+
+
+def _beside_leader(pid, leader, lineage, procs, reasons):
+    """Was this member of a target's process group started beside the target rather than by
+    it? Its line of parents is followed up: reaching a target, it is the target's; reaching the
+    leader's own ancestry (the shell that started both, not PID 1), it is that shell's, as is
+    all a pipeline's member starts; reaching PID 1 (or a parent /proc no longer shows: it was
+    reparented), its top is the target's unless it was started within PIPELINE_SIBLING_S of
+    the leader (forked with it by a shell that has left since)."""
+    together = PIPELINE_SIBLING_S * procscan.clock_ticks()
+    seen = set()
+    while pid in procs and pid not in seen:
+        seen.add(pid)
+        parent = procs[pid]["ppid"]
+        if parent in reasons:
+            return False
+        if parent in lineage:
+            return True
+        if parent in (0, 1) or parent not in procs:
+            return procs[pid]["start_time"] - leader["start_time"] <= together
+        pid = parent
+    return False
+
+
+def _row(info, why):
+    keys = ("pid", "start_time", "ppid", "pgid", "state", "user", "comm", "argv", "cmdline", "unit", "container",
+            "gpu_mib", "devices", "write_files", "protected")
+    out = {k: info.get(k) for k in keys}
+    out["reason"] = why
+    return out
+
+
+def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
+    now = scan.procfs_now_ticks()
+
+    def row(pid, why):
+        info = holders.get(pid) or procscan.detail(procs[pid], [], now_ticks=now)
+        info.setdefault("gpu_mib", {})
+        return _row(info, why)
+
+    targets = [row(pid, reasons[pid]) for pid in sorted(reasons)]
+    wrapper_rows = [row(pid, _wrapper_why(pid, pids, procs)) for pid, pids in sorted(wrapped.items())]
+    units: dict = {}
+    containers: dict = {}
+    found: dict = {}
+
+    def have(manager):  # looked up once, and only when a target is run by such a manager (PATH stats before the signal)
+        if manager not in found:
+            found[manager] = systemd_running() if manager == "systemd" else on_path(manager)
+        return found[manager]
+
+    whole = _wholly_targeted(targets + wrapper_rows, procs, set(filters))
+    supervisors = []
+    for t in targets + wrapper_rows:
+        # a unit or container that runs other processes too (cron, a notebook server): signal ours only
+        key = owner_key(t) if owner_key(t) in whole else None
+        container = t["container"]
+        unit = stoppable_unit(t["unit"]) if key else None
+        if unit and container is None and have("systemd"):
+            units.setdefault((unit, None), []).append(t["pid"])
+            t["via"] = "systemctl stop %s" % unit
+        elif unit and container and container["kind"] == "lxc" and have("pct"):
+            units.setdefault((unit, container["id"]), []).append(t["pid"])
+            t["via"] = "pct exec %s -- systemctl stop %s" % (container["id"], unit)
+        elif key and container and container["kind"] == "docker" and have("docker"):
+            containers.setdefault(container["id"], []).append(t["pid"])
+            t["via"] = "docker stop %s" % container["id"][:12]
+        else:
+            t["via"] = "signal"
+        if t["pid"] in wrapped:
+            if t["via"] != "signal" or args.stop_supervisors:
+                targets.append(t)
+            else:
+                supervisors.append(t)
+    names = _container_names([t for t in targets if t["via"].startswith("docker stop")], have)
+    for t in targets + supervisors:
+        _name_container(t, names)
+        if t["pid"] in wrapped and t["via"] == "signal":
+            t["reason"] = "supervisor of target(s) %s, stopped too (--stop-supervisors)" % _pids(wrapped[t["pid"]])
+    for t in supervisors:  # not stopped through a manager: its unit or container (if any) runs other processes
+        t["hint"] = supervisor_hint(t, managed=False)
+    protected = [_row(h, h["protected"]) for h in doc["holders"] if h["protected"]]
+    return {
+        "targets": sorted(targets, key=lambda t: t["pid"]),
+        "protected": protected,
+        "left_alone": left_alone,
+        "supervisors": supervisors,
+        "units": [{"unit": u, "ctid": ct, "pids": p, "disable": bool(args.disable)}
+                  for (u, ct), p in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))],
+        "containers": [{"id": c, "name": names.get(c), "pids": p, "disable": bool(args.disable)}
+                       for c, p in sorted(containers.items())],
+        "patterns": patterns_of(args),
+        "scope": {"text": args.scope, "uid": args.scope_uid},
+        "rules": list(RULES),
+        "will_free_mib": sum(v for t in targets for v in t["gpu_mib"].values() if v),
+        "writing": [{"pid": t["pid"], "files": t["write_files"]} for t in targets if t["write_files"]],
+    }
+
+
+def _pids(pids):
+    return ", ".join(map(str, pids[:8])) + (", ..." if len(pids) > 8 else "")
+
+
+def _wrapper_why(pid, wrapped_pids, procs):
+    what = "an init" if wrappers.kind(procs[pid]) == "init" else "a shell"
+    return "wraps target(s) %s (%s that waits for them, or starts them again)" % (_pids(wrapped_pids), what)
+
+
+def supervisor_hint(info, managed=True):
+    """What stops a process that restarts targets, in words an operator can run: its unit's
+    or container's stop, never its PID (a unit's main process is restarted by systemd), else
+    the teardown flag that includes it. `managed` False: its unit or container runs other
+    processes too (cron.service and its other jobs), and stopping it is not ours to suggest."""
+    if not managed:
+        return "--stop-supervisors (also stops PID %d: %s)" % (info["pid"], (info.get("cmdline") or "")[:60])
+    container, unit = info.get("container"), info.get("unit")
+    if container and container.get("kind") == "docker":
+        return "docker stop %s" % container_label(container)
+    if container and container.get("kind") == "lxc":
+        return "pct exec %s -- systemctl stop %s" % (container["id"], unit) if unit and unit != "init.scope" \
+            else "pct stop %s" % container["id"]
+    if stoppable_unit(unit):
+        return "systemctl stop %s" % unit
+    return "--stop-supervisors (also stops PID %d: %s)" % (info["pid"], (info.get("cmdline") or "")[:60])
+
+
+def container_label(container):
+    """`vllm (3f2a1b4c5d6e)`: a docker container by name and short id; the id alone when no
+    name is known."""
+    short = (container.get("id") or "")[:12]
+    return "%s (%s)" % (container["name"], short) if container.get("name") else short
+
+
+def _container_names(rows, have):
+    ids = sorted({r["container"]["id"] for r in rows if r.get("container") and r["container"]["kind"] == "docker"})
+    if not ids or not have("docker"):
+        return {}
+    return units.container_names(ids)
+
+
+def _name_container(row, names):
+    container = row.get("container")
+    if container and container.get("kind") == "docker" and names.get(container["id"]):
+        row["container"] = dict(container, name=names[container["id"]])
+        if row.get("via", "").startswith("docker stop"):
+            row["via"] = "docker stop %s" % container_label(row["container"])
+
+
+def run(args):
+    doc = scan.collect(args)
+    out = scan.public(doc)
+    out["plan"] = build(doc, args)
+    return contract.EXIT_OK, out

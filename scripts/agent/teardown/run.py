@@ -1,0 +1,534 @@
+"""Free the GPUs: lock, plan, SIGTERM the targets in two batches, KILL after grace, verify, settle, record.
+
+Why this order: a batch's targets get SIGTERM in the same instant so a server and its
+workers shut down together (signalling only the parent leaves workers holding memory): the
+early batch (early.py: what a target pattern names and its tree, sent once every record is
+read) and the plan's batch (the rest of the plan, once the fd tables and maps are read); the
+wait wakes on each target's exit (pidfds, targets.py) or fork (the fork watch's socket),
+instead of a fixed sleep or a 50 ms tick. SIGKILL only what still runs its own code after
+the grace period: a target in its exit (procfs.exiting) needs none and its grace is not
+waited out; its exit itself is then waited for on the pidfds (no signal speeds it, and free
+needs it), and the settle window's NVML read and holder scan say when the GPUs are free.
+Nothing that can wait runs before the signals: NVML opens on a thread right after the
+SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and so are
+the "running" record, the audit lines, the look for other users' teardowns and even the
+imports of what only runs later (health, settle window, verdict: tests/test_floor_path.py).
+Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never hit,
+and only to processes the plan listed (and the operator approved, when a plan was shown
+first) and, as the plan states, the processes those fork meanwhile (targets.py). Free must
+then hold for a settle window (settle.py) so a supervisor's respawn is caught, not blessed;
+"free at" is reported (and streamed as a progress line) apart from it.
+
+The state directory is checked before anything is signalled (unusable: exit 3, nothing
+sent); a write that fails DURING a teardown does not stop it (the processes matter more than
+the log): it is reported in `record_errors`. The agent ignores SIGHUP and SIGINT and
+survives a dropped connection or a Ctrl-C on the operator's side: it finishes and keeps the
+result in last.json on the host, which `invoke status` shows.
+"""
+import importlib.util
+import os
+import signal
+import socket
+import time
+
+from .. import contract, options
+from ..gpu import gpuinfo
+from ..procs import procfs, scan
+from ..state import lastrun
+from ..state.auditlog import Audit
+from . import early, forkwatch, hostlock, plan, units
+from .targets import Targets
+
+SETTLE_S = contract.SETTLE_S
+PROGRESS_EVERY_S = 0.5
+PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
+EXIT_LOOK_S = (0.002, 0.05)  # wait_gone: first look for targets in their exit, doubling up to the last
+# imported only after the signals (execute), checked present before them
+LATER = ("..gpu.checkup", ".settle", ".verify")
+
+
+class AgentIncomplete(Exception):
+    """A module of the agent is missing (a broken bundle): nothing may be signalled."""
+
+
+def add_arguments(parser):
+    plan.add_arguments(parser)
+    options.add_threshold(parser)
+    parser.add_argument("--grace", type=float, default=contract.GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--timeout", type=float, default=contract.TIMEOUT_S,
+                        help="seconds to wait for the GPUs to be free after that")
+    parser.add_argument("--wait-lock", type=float, default=0.0, help="wait this long for another teardown's lock")
+    parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
+    parser.add_argument("--approved", default=None, metavar="PID:START,...",
+                        help="signal only these processes (the plan the operator saw)")
+    parser.add_argument("--mps", choices=("protect", "quit"), default="protect",
+                        help="CUDA MPS: protect the control daemon and its server (default), or quit it through its "
+                             "control pipe once the targets are gone and wait for its server to exit")
+    parser.add_argument("--settle", type=float, default=None,
+                        help="seconds the GPUs must stay free after the targets are gone, to catch a respawn "
+                             "(default %g, and none when nothing that could restart a target survives: settle.py; "
+                             "given, the whole window is always watched)" % SETTLE_S)
+
+
+def parse_approved(text):
+    if text is None:
+        return None
+    out = set()
+    for item in filter(None, text.split(",")):
+        pid, _, start = item.partition(":")
+        if not (pid.isdigit() and start.isdigit()):
+            raise options.UsageError("--approved %r: expected PID:START[,PID:START...], got %r"
+                                     % (text[:80], item[:40]))
+        out.add((int(pid), int(start)))
+    return out
+
+
+def _read_gpus(source):
+    """The source's GPUs, or [] when the driver query fails (it must not stop a teardown)."""
+    try:
+        return source.read()
+    except Exception:
+        return []
+
+
+def _mib_left(source):
+    """GPU MiB still used, for progress lines; None without a GPU reader (phase stop)."""
+    if source is None:
+        return None
+    try:
+        return gpuinfo.total_used_mib(source.read())
+    except Exception:  # a failing driver query must not stop a teardown halfway
+        return None
+
+
+def _stop_units(the_plan, audit, targets_by_pid):
+    """Start the manager's stop for each unit or container (units.stop_argv); returns the
+    Popens. With --disable a container's restart policy is set to `no` first, so nothing
+    brings it back between the stop and the update."""
+    items = the_plan["units"] + the_plan["containers"]
+    if not items:
+        return []
+    import subprocess  # here: a teardown without units or containers starts no process
+
+    running = []
+    for item in items:
+        first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
+        for argv in units.before_stop(item):
+            proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
+            audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr))
+        argv = units.stop_argv(item)
+        running.append((argv, item, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                                     stderr=subprocess.PIPE)))
+        audit.log(first, units.stop_text(item, argv), "started")
+    return running
+
+
+def _exit_text(code, err):
+    err = err.decode(errors="replace").strip()
+    return "exit %d%s" % (code, (": " + err) if err else "")
+
+
+def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
+    """Log each finished stop with whether the unit or container comes back by itself
+    (enabled at boot, a docker restart policy); `wait_s`: how long to wait for one still running.
+    Its processes still alive once the stop has ended (KillMode=process, a stop that failed)
+    get SIGTERM then, audited, instead of waiting out the grace period unsignalled."""
+    if not running:
+        return
+    import subprocess  # loaded by _stop_units already: it started these
+
+    for argv, item, proc in running:
+        if proc.returncode is not None:
+            continue
+        try:
+            proc.wait(wait_s)
+        except subprocess.TimeoutExpired:
+            continue
+        first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
+        rec = audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr.read()))
+        rec["comes_back"] = units.comes_back(item)  # the report says it (teardown_view.verdict_lines)
+        left = targets.running([targets_by_pid[p] for p in item["pids"] if p in targets_by_pid]) if targets else []
+        if left:
+            targets.signal(left, signal.SIGTERM, "SIGTERM")
+
+
+def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wake=None, until_gone=False):
+    """Wait until no target runs its own code any more (each has exited or every thread of it
+    is in its exit: procfs.exiting; `until_gone`: until each has exited) or limit_s passes,
+    waking on each exit (pidfd), each fork (connector socket), and - unless `until_gone` - to
+    look again for targets that entered their exit (which no fd reports): every 2 ms at
+    first, backing off to 50 ms while they live on (a server's own SIGTERM handling). A
+    process in its exit is left to finish: it needs no SIGKILL. Adopts and
+    signals what targets fork meanwhile (without the connector: a /proc walk every
+    PROC_WALK_EVERY_S, and always before saying none is left); progress lines every half
+    second; `on_wake()` each time it wakes (manager stops that ended). Returns those still running."""
+    t0 = last = time.monotonic()
+    watch_fd = targets.watch.fileno() if targets.watch is not None else None
+    next_walk = t0 + PROC_WALK_EVERY_S
+    look_again = EXIT_LOOK_S[0]
+
+    def current():
+        among_now = None if among is None else among + targets.added
+        return targets.alive(among_now) if until_gone else targets.running(among_now)
+
+    alive = current()
+    while alive:
+        now = time.monotonic()
+        if now - t0 >= limit_s:
+            break
+        if now - last >= PROGRESS_EVERY_S:
+            last = now
+            args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
+                               mib_left=_mib_left(source))
+        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S, t0 + limit_s if until_gone else now + look_again,
+                   next_walk if watch_fd is None else t0 + limit_s)  # an exit itself wakes the pidfds
+        targets.wait(alive, wake - now, [watch_fd])
+        look_again = min(look_again * 2, EXIT_LOOK_S[1])
+        if on_wake is not None:
+            on_wake()
+        alive = current()
+        now = time.monotonic()
+        if watch_fd is not None or not alive or now >= next_walk:
+            next_walk = now + PROC_WALK_EVERY_S
+            targets.adopt_new()
+            alive = current()
+    return alive
+
+
+def stuck_report(alive, doc):
+    """Targets that did not end: after SIGKILL, or already in their exit (procfs.exiting: no
+    SIGKILL is sent to those, it would change nothing). State D means stuck in a kernel call:
+    the GPU driver's, or a dead mount's (health.py shows its wait channel)."""
+    holders = {h["pid"]: h for h in doc.get("holders", [])}
+    out = []
+    for t in alive:
+        stat = procfs.read_stat(t["pid"]) or {}
+        h = holders.get(t["pid"], {})
+        state = stat.get("state", "?")
+        in_exit = procfs.exiting(t["pid"], t["start_time"])
+        if state == "D":
+            why = ("stuck in the kernel (state D, uninterruptible%s): a kill takes effect only when that call "
+                   "returns (the GPU driver's, or a dead mount's); if it never does, the GPU needs a reset or the host "
+                   "a reboot" % (", in its exit" if in_exit else ""))
+        else:
+            why = ("still in its exit (state %s)" if in_exit else "still alive after SIGKILL (state %s)") % state
+        out.append({"pid": t["pid"], "state": state, "cmdline": t["cmdline"], "in_exit": in_exit,
+                    "gpu_mib": h.get("gpu_mib") or t["gpu_mib"], "devices": h.get("devices") or t["devices"],
+                    "why": why})
+    return out
+
+
+def _subscribe_watch():
+    """The fork watch, subscribed before the scan (forkwatch.start walk=False); None when it
+    cannot be had: the watch is an aid, /proc parentage still works without it."""
+    try:
+        return forkwatch.ForkWatch.start([], walk=False)
+    except Exception:
+        return None
+
+
+def _begin_watch(watch, planned, procs):
+    """The plan's targets as the watch's roots, and its first walk (`procs`: the scan's table);
+    the watch, or None when it could not begin (closed: half a watch must not report)."""
+    if watch is None:
+        return None
+    try:
+        watch.begin([(t["pid"], t["start_time"]) for t in planned], listed=procs)
+    except Exception:
+        watch.close()
+        return None
+    return watch
+
+
+def _plan_batch(args, source, targets, batch, watch, timings, started, got):
+    """The scan (its early batch sent from inside it), the plan, the fork watch's roots, and the
+    plan's batch (_send_plan). Returns (doc, plan, planned, unapproved, {pid: target}, stops);
+    `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
+    doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
+    the_plan = got["plan"] = early.merge(plan.build(doc, args), batch.rows)
+    approved = batch.approved  # the operator's --approved (None: all of the plan)
+    planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
+    unapproved = [t for t in the_plan["targets"] if t not in planned]
+    timings["planned_s"] = _since(started)
+    targets.chain = doc["_chain"] | {os.getpid()}
+    targets.watch = _begin_watch(watch, planned, doc["_procs"])
+    by_pid, stops = _send_plan(targets, the_plan, planned, targets.audit, timings, started)
+    return doc, the_plan, planned, unapproved, by_pid, stops
+
+
+def _send_plan(targets, the_plan, planned, audit, timings, started):
+    """The plan's batch: the manager stops of its units and containers, and SIGTERM to every
+    planned target the early batch did not signal. Returns ({pid: target}, the stops)."""
+    rest = targets.extend(planned)
+    by_pid = {t["pid"]: t for t in planned}
+    stops = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
+                             containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
+                        audit, by_pid)
+    timings.setdefault("sigterm_s", _since(started))
+    timings["plan_sigterm_s"] = _since(started)
+    # a unit's or container's processes are its manager's to stop: a direct SIGTERM racing the
+    # stop job makes Restart=always (or a docker restart policy) start it again
+    targets.signal([t for t in rest if t.get("via", "signal") == "signal"], signal.SIGTERM, "SIGTERM")
+    return by_pid, stops
+
+
+def _early_batch(args, approved, audit, timings, started):
+    """(Targets, early.Batch): the targets as yet none, and the scan's callback that adds and
+    signals the early batch (agent/teardown/early.py). Only processes started after now are adopted."""
+    since = procfs.read_stat(os.getpid())["start_time"]
+    targets = Targets([], audit, None, chain=early.own_chain(), protect=args.protect, since_ticks=since,
+                      scope_uid=args.scope_uid)
+    return targets, early.Batch(args, approved, lambda rows: _send_early(targets, rows, timings, started))
+
+
+def _send_early(targets, rows, timings, started):
+    """The early batch (agent/teardown/early.py): SIGTERM, as soon as the scan has read every record."""
+    targets.extend(rows)
+    timings["sigterm_s"] = _since(started)
+    timings["early_batch"] = len(rows)
+    targets.signal(rows, signal.SIGTERM, "SIGTERM")
+
+
+class Recorder:
+    """last.json writes that never stop a teardown: failures are kept and reported."""
+
+    def __init__(self):
+        self.errors = []
+
+    def save(self, doc):
+        try:
+            lastrun.save(doc)
+        except OSError as exc:
+            self.errors.append("could not write last.json: %s" % exc)
+
+
+def _since(started):
+    return round(time.monotonic() - started, 3)
+
+
+def _age_s():
+    """Seconds since this process started (so: interpreter, bundle and imports are what
+    `started` does not count). Clock-tick resolution (10 ms); None where it cannot be read."""
+    try:
+        ticks = procfs.read_stat(os.getpid())["start_time"]
+        return round(time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / float(os.sysconf("SC_CLK_TCK")), 3)
+    except (AttributeError, OSError, TypeError, ValueError):
+        return None
+
+
+def execute(args, operator, started, source):
+    """Lock held. `started`: when this agent began the teardown (monotonic); `source`: a
+    gpuinfo.Opening. The plan needs no GPU source: every CUDA process holds and maps the
+    device files, which the /proc scan finds by identity; NVML (0.1 s to import and init)
+    is started after the SIGTERM batch and read first then: "before" is that read (the
+    driver frees a target's memory only as it exits, 0.1 s and more later). The sandbox's
+    fake source costs nothing and is read before the signals."""
+    age, timings = _age_s(), {"lock_s": _since(started), "started_monotonic": round(started, 4)}
+    timings["startup_s"] = None if age is None else round(age - timings["lock_s"], 3)
+    record = {"started": time.strftime(contract.TIME_FORMAT), "operator": operator, "state": "running",
+              "host": socket.gethostname(), "exit_code": None, "agent": lastrun.agent_identity()}
+    recorder = Recorder()
+    watch = targets = None
+    try:
+        missing = [m for m in LATER if importlib.util.find_spec(m, __package__) is None]
+        if missing:  # an incomplete agent must fail here, before any signal, not after them
+            raise AgentIncomplete("the agent lacks module(s) %s (a broken bundle)"
+                                  % ", ".join(m.lstrip(".").replace(".", "/") for m in missing))
+        approved, audit = parse_approved(args.approved), Audit(operator)
+        watch = _subscribe_watch()  # every fork from here on is queued for it: the early batch's too
+        targets, batch = _early_batch(args, approved, audit, timings, started)
+        got: dict = {}  # what _plan_batch has made so far (the plan, once built)
+        try:
+            doc, the_plan, planned, unapproved, by_pid, stops = _plan_batch(args, source, targets, batch, watch,
+                                                                            timings, started, got)
+        except Exception as exc:
+            if not batch.rows and not targets.term_at:
+                raise  # nothing was signalled: the error is the answer, as before any signal
+            # signals went out (the early batch, maybe more): see them through and record them
+            record.update(plan=got.get("plan") or early.as_plan(batch.rows, args), before=[], unapproved=[])
+            return unverified(args, targets, started, record, recorder, audit, timings, {}, exc)
+        watch = targets.watch
+        recorder.errors.extend([batch.error] if batch.error else [])
+        source.start()
+        # What runs only after the signals is imported only now, while the driver releases the
+        # targets' memory (0.3 s and more): health, Xid, MPS, MIG, the settle window, the verdict.
+        try:
+            from ..gpu import checkup
+            from . import settle, verify
+        except Exception as exc:  # present (checked before the signals) but not loadable here: see unverified()
+            record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved)
+            return unverified(args, targets, started, record, recorder, audit, timings, doc, exc)
+
+        before_gpus = doc["gpus"] if args.fake_gpus else _read_gpus(source)
+        timings["before_read_s"] = _since(started)
+        doc["gpu_source_tried"] = source.tried
+        health_start = checkup.teardown_start(source)  # Xids from here on count (checkup.py)
+        # Right after the batch, not before it: nothing here changes what is signalled.
+        record.update(plan=the_plan, before=before_gpus, unapproved=unapproved,
+                      concurrent_teardowns=hostlock.concurrent_teardowns(doc["_procs"]))
+        recorder.save(record)
+        args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
+                           alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
+        exit_wait = _until_exited(args, targets, source, started, timings,
+                                  on_wake=lambda: _finish_units(stops, audit, by_pid, targets=targets),
+                                  units_done=lambda alive: _finish_units(stops, audit, by_pid,
+                                                                         wait_s=1.0 if not alive else 0.0))
+        # clients gone: the MPS daemon next
+        mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
+                    if args.mps == "quit" else [])
+        result = _watch_window(args, source, targets, started, doc, the_plan, planned, settle,
+                               timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
+        after, free, problems = result["doc"], result["free"], result["problems"]
+        alive = targets.alive()
+        code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
+        if targets.failed:
+            code = contract.EXIT_NOT_FREE
+        timings.update(free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"],
+                       scans=result.get("scans"), source_open_s=getattr(source, "open_s", None),
+                       **result.get("first_free", {}))
+        record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
+                      after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
+                      still_holding=[] if free else verify.still_holding(after),
+                      freed_mib=gpuinfo.total_used_mib(before_gpus) - gpuinfo.total_used_mib(after["gpus"]),
+                      signalled=sum(1 for a in audit.records
+                                    if a["result"] == "sent" and a["signal"].startswith("SIG")),
+                      signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
+                      ignored=result["ignored"], settle_ended=result["settle_ended"],
+                      free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
+                      uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
+                      fork_watch_note=getattr(watch, "note", "no watch"),
+                      concurrent_teardowns=_merge(record["concurrent_teardowns"],
+                                                                 hostlock.concurrent_teardowns(after["_procs"])),
+                      timings=timings, finished=time.strftime(contract.TIME_FORMAT))
+        out = _result(record, scan.public(after), started)
+        code = out["exit_code"] = checkup.teardown_result(out, after, source, health_start, code)
+        out["mps_quit"] = mps_quit
+        recorder.save(out)
+        out["record_errors"] = recorder.errors + list(getattr(audit, "write_errors", []))
+        return code, out
+    finally:
+        if targets is not None:
+            targets.close()
+        if watch is not None:
+            watch.close()
+
+
+def _until_exited(args, targets, source, started, timings, on_wake, units_done):
+    """The grace, SIGKILL for what outlives it, then the exit itself, on the pidfds: no signal
+    speeds it, and free needs it (NVML lists a process until its exit has ended; a process
+    stuck in its exit may still hold a GPU open with its fds no longer visible). A target that
+    runs after all (one procfs.exiting could not see for what it is) gets SIGKILL here once its
+    grace is over. Returns when the exit wait began (the window's --timeout counts from it)."""
+    alive = wait_gone(args, targets, args.grace, source, started, "grace", on_wake=on_wake)
+    units_done(alive)
+    if alive:
+        targets.signal(alive, signal.SIGKILL, "SIGKILL")
+        alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
+    timings["targets_exiting_s"] = None if alive else _since(started)
+    exit_wait = time.monotonic()
+    if not alive:
+        wait_gone(args, targets, args.timeout, source, started, "exit", until_gone=True,
+                  on_wake=lambda: targets.escalate(args.grace, among=targets.items))
+    timings["targets_gone_s"] = None if targets.alive(targets.items + targets.added) else _since(started)
+    return exit_wait
+
+
+def _watch_window(args, source, targets, started, doc, the_plan, planned, settle, timeout_s):
+    """The settle window (settle.watch), with the progress lines an operator sees: FREED at the
+    moment the GPUs read free, then what is still waited on. `settle`: the module, imported by
+    the caller only after the signals."""
+    def on_free(free_at_s, window_s):
+        args.emit_progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=window_s, mib_left=0)
+
+    def on_poll(d, problems):
+        args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=problems[:5],
+                           mib_left=gpuinfo.total_used_mib(d["gpus"]))
+
+    lineage = settle.Lineage(doc, planned, stopped={settle.manager_key(t) for t in planned
+                                                    if t.get("via", "signal") != "signal"},
+                             supervisors=the_plan["supervisors"])
+    before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
+    return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,
+                        timeout_s=timeout_s, lineage=lineage)
+
+
+def unverified(args, targets, started, record, recorder, audit, timings, doc, exc):
+    """The signals went out but what follows them could not be loaded (a syntax this host's
+    Python lacks, no memory): still see the targets through (grace, SIGKILL for what outlives
+    it), then record and answer "not verified" (exit 3) instead of dying with the targets
+    half-signalled and no record."""
+    alive = wait_gone(args, targets, args.grace, None, started, "grace")
+    if alive:
+        targets.signal(alive, signal.SIGKILL, "SIGKILL")
+        alive = wait_gone(args, targets, min(5.0, args.timeout), None, started, "sigkill", among=alive)
+    timings["targets_exiting_s"] = None if alive else _since(started)
+    error = "the agent could not load what checks the GPUs after the signals (%s: %s)" % (type(exc).__name__, exc)
+    record.update(state="finished", exit_code=contract.EXIT_UNREACHABLE, verdict="not verified", error=error,
+                  problems=[error], actions=audit.records, still_alive=[t["pid"] for t in alive], timings=timings,
+                  after=[], finished=time.strftime(contract.TIME_FORMAT))
+    out = _result(record, scan.public(doc), started)
+    recorder.save(out)
+    return contract.EXIT_UNREACHABLE, out
+
+
+def _merge(first, later):
+    """Other users' teardowns seen at the start or the end (one that began meanwhile counts)."""
+    seen = {c["pid"] for c in first}
+    return first + [c for c in later if c["pid"] not in seen]
+
+
+def _result(record, doc, started):
+    out = dict(doc)
+    out.update(record)
+    out["wall_s"] = round(time.monotonic() - started, 3)
+    return out
+
+
+def run(args):
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)   # the ssh session may drop: finish anyway
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C on the operator's side: finish anyway
+    signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # writes to a dead pipe fail quietly instead
+    if args.operator:
+        operator = args.operator
+    else:
+        import getpass  # the CLI always names the operator; a direct run may not
+
+        operator = "%s@%s" % (getpass.getuser(), socket.gethostname())
+    args.settle_auto = args.settle is None
+    if args.settle_auto:
+        args.settle = SETTLE_S
+    scan.device_set(args)  # a bad device glob is bad input: exit 2 before anything
+    parse_approved(args.approved)
+    for flag in ("grace", "timeout", "settle", "wait_lock"):
+        value = getattr(args, flag)
+        if not 0 <= value <= contract.MAX_WAIT_S:  # also refuses nan
+            raise options.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
+                                                                                 contract.MAX_WAIT_S))
+    started = time.monotonic()
+    source = gpuinfo.Opening(args.fake_gpus, args.devices, start=False)  # started after the signals
+    try:
+        try:
+            lastrun.preflight()
+        except OSError as exc:
+            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+                                               "hostname": socket.gethostname(),
+                                               "verdict": "not started: nothing was signalled"}
+        try:
+            fd = hostlock.acquire(operator, args.wait_lock)
+        except hostlock.Locked as exc:
+            return contract.EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc),
+                                          "hostname": socket.gethostname()}
+        except OSError as exc:  # the lock file itself refused (a link, not ours): like an unusable state dir
+            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+                                               "hostname": socket.gethostname(),
+                                               "verdict": "not started: nothing was signalled"}
+        try:
+            return execute(args, operator, started, source)
+        except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled
+            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+                                               "hostname": socket.gethostname(),
+                                               "verdict": "not started: nothing was signalled"}
+        finally:
+            hostlock.release(fd)
+    finally:
+        source.close()

@@ -1,0 +1,314 @@
+"""After the targets are gone: wait for the GPUs to read free, then answer one question:
+can anything bring the targets back?
+
+Why a settle window: a supervisor (`while true; do python3 -m sglang.launch_server; done`, a
+Restart=always unit we could not stop through systemd) restarts the server 0.1 s after the
+last target exits, and a check made at that instant says "FREED" while the GPU is being
+taken again. So the GPUs are watched for a window (default 2 s) after they first read free.
+
+What counts as a respawn (the only thing that makes a free host NOT FREE): a process started
+during the teardown that
+  (a) is a target by program identity (a target pattern, or the same module, script,
+      executable or title as a signalled target: program.identity, never a shared
+      interpreter name such as `python3`), or has a CUDA context (scan.context_source), and
+  (b) was started by something that survives from the original targets' ancestry (their
+      parents up to the session leader: a shell loop, a wrapper, a terminal's shell; never PID
+      1 or this agent's own chain), or by the manager of a target's unit or container (a
+      process that turns up in that unit or container).
+It is reported with what started it and what would stop it (`systemctl stop UNIT`,
+`docker stop NAME`, --stop-supervisors), never signalled (it was not in the plan). Nothing
+else restarts the window or makes the verdict NOT FREE: a monitor's poll (nvidia-smi holds
+device files and no context), a passing NVML query, an unrelated new job that is gone by the
+verdict. Those are listed in `ignored`, with why. A process that still holds a GPU with a
+context when the window ends keeps the GPU from being free, whoever started it: the verdict
+waits for it (up to --timeout) and says so.
+
+"Free at" (the first moment every GPU read free) and "settled at" are reported apart, and
+`on_free` is called at free-at so the operator sees it then: once, and again only after the
+verdict changed (a respawn seen, then free once more).
+
+Until free-at, the driver is what is waited on. Free needs every GPU to read free AND list no
+compute process, no holder in the /proc scan, AND every target (adopted ones included) to
+have exited: the compute process list clears only with the exit, and a process stuck in its
+exit can still have a GPU open after its fd table is detached, where no scan sees it. The
+teardown waits for that exit on the pidfds before this window starts; a target that has still
+not exited when the window runs out makes the verdict "not free", with why. The source's quick
+read (NVML memory and compute processes, gpuinfo.until_reads_free) is polled every 2 ms and
+the full scan (/proc holders: tens of ms on a busy host) runs when it reads free, or every
+FAST_WAIT_MAX_S regardless.
+"""
+import os
+import time
+
+from ..gpu import gpuinfo
+from ..procs import cgroup, procfs, program, scan, wrappers
+from . import plan, rules, verify
+
+PROGRESS_EVERY_S = 0.5
+FAST_WAIT_MAX_S = 0.2
+IGNORED_KEPT = 20  # the seen-and-ignored list is for people: the first few say what happened
+
+
+def _parent_text(procs, pid):
+    info = procs.get(pid)
+    if info is None:
+        return "PID %s (gone)" % pid
+    return "PID %d: %s" % (pid, info["cmdline"][:100])
+
+
+class Lineage:
+    """What could start the targets again, taken from the plan's scan before any signal:
+    `starters` {(pid, start): cmdline}, the targets' ancestors up to their session leader (a
+    shell loop, a wrapper, a terminal's shell; not PID 1, not this agent's chain, not a
+    target), past a session leader that is itself a wrapper (`setsid bash -c SERVER` in a
+    loop: the loop is what restarts it), plus every supervisor the plan named; and `managers`
+    {owner key: hint}, the units and containers the targets ran in (a service unit, a docker
+    or LXC container). `stopped`: owner keys whose stop was run."""
+
+    def __init__(self, doc, planned, stopped=(), supervisors=()):
+        procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
+        mine = {t["pid"] for t in planned}
+        self.starters: dict = {(s["pid"], s["start_time"]): s["cmdline"] for s in supervisors}
+        self.managers: dict = {}
+        self.identities = set()
+        for t in planned:
+            self.identities |= program.identity(t)
+            self.starters.update(_ancestry(t["ppid"], procs, chain, mine))
+            key = manager_key(t)
+            if key is not None:
+                managed = t.get("via", "signal") != "signal"
+                self.managers[key] = plan.supervisor_hint(t) if managed else (
+                    "%s runs other processes too, so it is not stopped: stop what starts the server there"
+                    % _manager_words(key))
+        self.stopped = set(stopped)
+
+    def surviving(self):
+        """The starters still alive, and the managers not stopped: what could restart a target."""
+        alive = [(k, cmd) for k, cmd in self.starters.items() if procfs.same_process(*k)]
+        return alive, {k: v for k, v in self.managers.items() if k not in self.stopped}
+
+
+def _ancestry(pid, procs, chain, mine):
+    """{(pid, start): cmdline} from `pid` up: stops after a session leader that is no wrapper
+    (a terminal's shell, a unit's main process), at PID 1, at the agent's chain, and at a cycle
+    (a pid reused between two reads)."""
+    out: dict = {}
+    seen = set()
+    while pid not in (0, 1) and pid in procs and pid not in chain and pid not in seen:
+        seen.add(pid)
+        info = procs[pid]
+        if pid not in mine:
+            out[(pid, info["start_time"])] = info["cmdline"]
+        if info["sid"] == pid and wrappers.kind(info) is None:
+            break
+        pid = info["ppid"]
+    return out
+
+
+def manager_key(info):
+    """plan.owner_key, for the owners that start processes by themselves: a service unit
+    (not a login session's scope or a user's manager) or a container."""
+    container = info.get("container")
+    if container and container.get("kind") in ("docker", "lxc", "kubernetes"):
+        return plan.owner_key(info)
+    return info.get("unit") if plan.stoppable_unit(info.get("unit")) else None
+
+
+def _starter(info, procs, since_ticks):
+    """The first process in `info`'s ancestry that was not started during the teardown."""
+    seen = set()
+    while info is not None and info["start_time"] >= since_ticks and info["pid"] not in seen:
+        seen.add(info["pid"])
+        info = procs.get(info["ppid"])
+    return info
+
+
+def _classify(doc, targets, args, patterns, lineage, known):
+    """({key: respawn record}, {key: ignored record}) for processes started during the
+    teardown that are not ours: few, usually none."""
+    procs = doc["_procs"]
+    context = {h["pid"] for h in doc["holders"]
+               if h["gpu_mib"] or (not h["protected"] and not doc.get("context_source"))}
+    respawns, ignored = {}, {}
+    for pid, info in procs.items():
+        k = (pid, info["start_time"])
+        if info["start_time"] < targets.since_ticks or k in known or k in targets.keys or procfs.finished(info):
+            continue
+        if not plan.in_scope(info, args) or rules.protect_reason(info, doc["_chain"], args.protect):
+            continue
+        what = rules.target_reason(info, patterns) or (
+            program.identity(info) & lineage.identities and "runs the same program as a target") or (
+            pid in context and "has a CUDA context")
+        if not what:
+            if any(h["pid"] == pid for h in doc["holders"]):
+                ignored[k] = _ignored(info, "holds GPU device files, no CUDA context and no target program "
+                                            "(a monitor or an NVML query)")
+            continue
+        by = _respawned_by(info, procs, targets.since_ticks, lineage, what)
+        if by is None:
+            ignored[k] = _ignored(info, "%s, but was not started by anything that started the targets "
+                                        "(an unrelated job)" % what)
+            continue
+        started_by, hint = by
+        held: list = next((h["devices"] for h in doc["holders"] if h["pid"] == pid), [])
+        respawns[k] = {"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"],
+                       "devices": held, "ppid": info["ppid"], "started_by": started_by,
+                       "why": "a target started again during the teardown (%s), %s; started by %s"
+                              % (what, "holding a GPU" if held or pid in context else "not holding a GPU yet",
+                                 started_by),
+                       "include": hint}
+    return respawns, ignored
+
+
+def _respawned_by(info, procs, since_ticks, lineage, what):
+    """(who started it, what stops that) when `info` was started by a survivor of the
+    targets' ancestry or by a target's unit or container manager, or - a target by program
+    identity - by something that left at once (a watchdog's double fork: `( server & )`
+    reparents it to PID 1); else None."""
+    starter = _starter(info, procs, since_ticks)
+    if starter is not None:
+        k = (starter["pid"], starter["start_time"])
+        if k in lineage.starters:
+            return _parent_text(procs, k[0]), _stop_hint(_owned(starter))
+    key = manager_key(_owned(info))
+    if key is not None and key in lineage.managers and key not in lineage.stopped:  # a stop job's own ExecStop
+        return "its %s" % _manager_words(key), lineage.managers[key]
+    if (starter is None or starter["pid"] == 1) and what != "has a CUDA context":
+        return ("a process that left at once (it was reparented to PID 1: a double fork, as a watchdog does)",
+                "find what starts it: nothing the teardown saw does")
+    return None
+
+
+def _stop_hint(starter):
+    """The hint for a starter: --stop-supervisors for a wrapper (plan.supervisor_hint), else (a
+    terminal's shell, a multiplexer, a daemon such as cron) words that say it is not ours to stop."""
+    if wrappers.kind(starter) is not None:
+        return plan.supervisor_hint(starter, managed=False)
+    return ("stop what PID %d runs (%s): it is no wrapper gpu-pivot stops (a terminal's shell, a multiplexer, "
+            "a daemon)" % (starter["pid"], starter["cmdline"][:60]))
+
+
+def _owned(info):
+    """The process with its unit and container, as manager_key and plan.supervisor_hint read them."""
+    cg = cgroup.read(info["pid"])
+    return dict(info, unit=cg["unit"], container=cgroup.with_pids(cg["container"], info["pid"]))
+
+
+def _manager_words(key):
+    if isinstance(key, tuple):
+        return "unit %s in container %s" % (key[2], key[1])
+    return ("container %s" % key[:12]) if len(key) == 64 and "." not in key else "unit %s" % key
+
+
+def _ignored(info, why):
+    return {"pid": info["pid"], "cmdline": info["cmdline"][:200], "why": why}
+
+
+class _Seen:
+    """What one settle window has seen: the respawns, the processes it set aside, and the
+    first free stretch's steps (for the teardown's timings)."""
+
+    def __init__(self, args, targets, lineage, before):
+        self.args, self.targets, self.lineage, self.before = args, targets, lineage, set(before)
+        self.patterns = plan.patterns_of(args)
+        self.respawned: dict = {}
+        self.ignored: dict = {}
+        self.first_free: dict = {}
+        self.first_respawn = None
+        self.scans = 0
+
+    def look(self, source):
+        """One scan: adopt what targets forked, SIGKILL what outlived its grace, classify what
+        started meanwhile, and evaluate. Returns (doc, free, problems, new respawns)."""
+        args, targets = self.args, self.targets
+        doc = scan.collect(args, source, confirm=True)
+        self.scans += 1
+        targets.adopt_new(doc["_procs"])
+        targets.escalate(min(args.grace, 2.0))
+        targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
+        new, seen = _classify(doc, targets, args, self.patterns, self.lineage, set(self.respawned) | self.before)
+        self.respawned.update(new)
+        for k, rec in seen.items():  # looked at again each scan: a process set aside may turn out a respawn
+            if k in self.ignored or len(self.ignored) < IGNORED_KEPT:
+                self.ignored[k] = rec
+        for k in new:
+            self.ignored.pop(k, None)
+        if new:
+            self.first_respawn = self.first_respawn or time.monotonic()
+        free, problems = verify.evaluate(doc, args.max_used_mib)
+        if targets.failed:
+            free = False
+            problems = problems + ["could not signal pid %s (%s: %s); it was not stopped"
+                                   % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
+        return doc, free, problems, new
+
+    def window(self):
+        """(seconds to watch once free, why it ends at once or None): none when the agent's own
+        rule applies (no --settle) and nothing that could restart a target survives."""
+        if getattr(self.args, "settle_auto", False) and not self.respawned and not any(self.lineage.surviving()):
+            return 0.0, "nothing left that could restart a target"
+        return self.args.settle, None
+
+    def problems(self, problems, pending):
+        """The verdict's problem lines: every respawn, and targets that have not exited."""
+        out = problems + ["pid %d (%s): %s%s" % (a["pid"], verify.who(a), a["why"], "" if procfs.same_process(
+            *k) else "; gone by the end of the window") for k, a in self.respawned.items()]
+        return out + ["pid %d (%s) has not exited (%s)" % (
+            t["pid"], verify.who(t),
+            "in its exit" if procfs.exiting(t["pid"], t["start_time"]) else "still running") for t in pending]
+
+
+def watch(args, source, targets, started, before=(), on_poll=None, on_free=None, timeout_s=None, lineage=None):
+    """Poll until the GPUs have read free for the window (args.settle seconds; none when
+    args.settle_auto and nothing that could restart a target survives), or timeout_s
+    (default args.timeout) passes, or a respawn has been seen for a whole window. Free also
+    needs every target, adopted ones included, to have exited (see the module's docstring).
+    `before`: (pid, start) of the holders the plan already saw (left alone or out of scope).
+    `lineage`: a Lineage (what could restart the targets). `on_free(free_at_s, window_s)` is
+    called when the GPUs first read free, and again only after a respawn broke that."""
+    t0 = time.monotonic()
+    timeout = args.timeout if timeout_s is None else timeout_s
+    seen = _Seen(args, targets, lineage or Lineage({"_procs": {}, "_chain": set()}, []), before)
+    free_at, announced, last_progress = None, False, 0.0
+    window, ended_early = args.settle, None
+    while True:
+        if free_at is None and not targets.alive(targets.items + targets.added):
+            gpuinfo.until_reads_free(source, args.max_used_mib,
+                                     min(FAST_WAIT_MAX_S, max(0.0, t0 + timeout - time.monotonic())))
+        scanned_at = time.monotonic()
+        doc, free, problems, new = seen.look(source)
+        now = time.monotonic()
+        pending = targets.alive(targets.items + targets.added)
+        if free and not pending and not new:
+            if free_at is None:
+                free_at = scanned_at
+                seen.first_free = seen.first_free or {
+                    "confirm_proc_ms": doc.get("proc_scan_ms"), "confirm_gpu_ms": doc.get("gpu_read_ms"),
+                    "confirmed_s": round(time.monotonic() - started, 3)}
+                window, ended_early = seen.window()
+                if on_free and not announced:
+                    announced = True
+                    on_free(round(free_at - started, 3), window)
+            if now - free_at >= window:
+                break
+        elif new or pending or free_at is None:
+            free_at = None  # a respawn (or a target not yet gone) starts the window again
+            announced = announced and not new  # the verdict changed: the next free is news again
+        # a free stretch already begun is watched to its whole window even past --timeout (cut
+        # short, a respawn at 1 s of a 5 s window would go unseen)
+        if now - t0 >= timeout and (free_at is None or not free):
+            break
+        if seen.first_respawn and not pending and now - seen.first_respawn >= args.settle:
+            free = False
+            break
+        if on_poll and now - last_progress >= PROGRESS_EVERY_S:  # a line a second is news; 20 are noise
+            last_progress = now
+            on_poll(doc, problems)
+        time.sleep(verify.POLL_S)
+    problems = seen.problems(problems, pending if free else [])  # free, but a target not exited: not enough
+    free = free and not pending and not seen.respawned
+    return {"free": free, "doc": doc, "problems": problems,
+            "appeared": list(seen.respawned.values()), "ignored": list(seen.ignored.values()), "scans": seen.scans,
+            "first_free": seen.first_free, "settle_ended": ended_early if free else None, "window_s": window,
+            "free_at_s": None if free_at is None else round(free_at - started, 3),
+            "settled_at_s": round(time.monotonic() - started, 3) if free else None}

@@ -1,0 +1,221 @@
+"""Host configuration: read hosts.env, validate every value, and describe each host.
+
+Why this module exists: hand-written one-liners hard-coded `root@10.1.2.6` and `pct exec 129`
+into hand-quoted strings. Here a host is data, checked before anything runs, so a typo
+gets one clear line (and exit 2) instead of an ssh to the wrong place.
+
+The file is read strictly (scripts/config/envfile.py: a line that is not KEY=VALUE is an error
+naming file and line, where python-dotenv would only warn and drop it) and never copied
+into `os.environ`. ssh options that run local commands are refused (scripts/config/sshopts.py);
+target and protect patterns that match everything are refused (scripts/config/patterncheck.py).
+"""
+from __future__ import annotations
+
+import os
+import re
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..agent.contract import DEVICE_GLOB
+from ..reach.route import PctHop, Route, SshHop
+from .envfile import read_env_file
+from .errors import ConfigError, show
+from .patterncheck import check_pattern
+from .phases import build_phase, split_phase_key
+from .sshopts import check_ssh_opts
+
+DEFAULT_DEVICES = DEVICE_GLOB
+DEFAULT_PYTHON = "python3"
+HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
+
+# Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
+# alias "gpu1_ssh" + "OPTS".
+KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT", "SCOPE")
+_BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
+
+_SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
+_PYTHON = re.compile(r"^(/[A-Za-z0-9._/+-]+|[A-Za-z0-9._+][A-Za-z0-9._+-]*)$")  # never an option ('-c')
+_DEVICES = re.compile(r"^/[A-Za-z0-9._/*?\[\]+-]+$")
+_ALIAS = re.compile(r"^[a-z][a-z0-9_]*$")
+
+
+@dataclass(frozen=True)
+class Host:
+    """One configured host: where it is (the route) and how the agent runs there."""
+
+    alias: str
+    route: Route
+    python: str = DEFAULT_PYTHON
+    devices: str = DEFAULT_DEVICES
+    targets: tuple = ()
+    protect: tuple = ()
+    sandbox: bool = False
+    fake_gpus: str | None = None  # SANDBOX only: directory of the fake GPU memory source
+    fake_devices: bool = False    # device files may be plain files (sandbox, tests); else NVIDIA char devices only
+    scope: str | None = None      # targets must also have this text in their command line (sandbox: its dir)
+    scope_uid: int | None = None  # targets must be owned by this uid (sandbox: its owner)
+    run_dir: str | None = None    # where the agent keeps state on the host (default: /run/gpu-pivot)
+    source: str = "built-in"
+    phases: dict = field(default_factory=dict, compare=False, hash=False)
+
+    def describe(self) -> str:
+        label = " [SANDBOX: fake GPUs on this machine]" if self.sandbox else ""
+        return f"{self.route.describe()}{label}"
+
+
+REPO_HOSTS_FILE = Path(__file__).resolve().parent.parent / "hosts.env"  # beside tasks.py
+
+
+def hosts_file() -> Path:
+    """Which hosts.env: $GPU_PIVOT_HOSTS_FILE, else the one beside tasks.py, else ./hosts.env.
+
+    Why not only ./hosts.env: Invoke finds tasks.py from any subdirectory, so `invoke ping
+    --host gpu1` from runbooks/ ran the repo's tasks without the repo's hosts ("unknown host
+    alias"). The file beside tasks.py is the one those tasks belong to."""
+    if os.environ.get(HOSTS_FILE_ENV):
+        return Path(os.environ[HOSTS_FILE_ENV])
+    if REPO_HOSTS_FILE.exists():
+        return REPO_HOSTS_FILE
+    return Path("hosts.env")
+
+
+def _split_key(key: str):
+    for suffix in KNOWN_SUFFIXES:
+        tail = "_" + suffix
+        if key.endswith(tail) and len(key) > len(tail):
+            return key[: -len(tail)].lower(), suffix
+    return None, None
+
+
+def _check(key: str, value: str, pattern: re.Pattern, what: str) -> str:
+    if not pattern.match(value):
+        raise ConfigError(f"{key}={show(value)}: not a valid {what}")
+    return value
+
+
+def _regex_list(key: str, value: str) -> tuple:
+    """One regex per key (alternation `a|b` names several programs); see patterncheck."""
+    return (check_pattern(key, value),)
+
+
+def _yes_no(key: str, value: str) -> bool:
+    try:
+        return _BOOL[value.lower()]
+    except KeyError:
+        raise ConfigError(f"{key}={show(value)}: must be yes or no (or true/false, 1/0)") from None
+
+
+def build_host(alias: str, keys: dict, source: str) -> Host:
+    """Validate one alias's keys (suffix -> value) and build its Host."""
+    up = alias.upper()
+
+    def key(s):
+        return f"{up}_{s}"
+
+    ssh = keys.get("SSH")
+    opts: tuple = ()
+    if "SSH_OPTS" in keys:
+        try:
+            opts = tuple(shlex.split(keys["SSH_OPTS"]))
+        except ValueError as exc:
+            raise ConfigError(f"{key('SSH_OPTS')}={show(keys['SSH_OPTS'])}: {exc}") from None
+        check_ssh_opts(key("SSH_OPTS"), keys["SSH_OPTS"], opts)
+        if not ssh:
+            raise ConfigError(f"{key('SSH_OPTS')} is set but {key('SSH')} is not")
+    hops: list[SshHop | PctHop] = []
+    if ssh is not None:
+        if ssh == "":
+            raise ConfigError(f"{key('SSH')}='': empty ssh destination")
+        if ssh.startswith("-"):
+            raise ConfigError(f"{key('SSH')}={show(ssh)}: an ssh destination may not start with '-'")
+        dest = _check(key("SSH"), ssh, _SSH_DEST, "ssh destination (user@host or alias; no spaces or shell characters)")
+        hops.append(SshHop(dest, opts))
+    if "CTID" in keys:
+        ctid = keys["CTID"]
+        if not ctid.isdigit() or not ctid.isascii() or int(ctid) < 100:
+            raise ConfigError(f"{key('CTID')}={show(ctid)}: a Proxmox container id is a number of 100 or more")
+        hops.append(PctHop(ctid))
+    python = _check(key("PYTHON"), keys.get("PYTHON", DEFAULT_PYTHON), _PYTHON,
+                    "interpreter (a name or an absolute path)")
+    devices = _check(key("DEVICES"), keys.get("DEVICES", DEFAULT_DEVICES), _DEVICES,
+                     "device glob (an absolute path pattern)")
+    targets = _regex_list(key("TARGETS"), keys["TARGETS"]) if "TARGETS" in keys else ()
+    protect = _regex_list(key("PROTECT"), keys["PROTECT"]) if "PROTECT" in keys else ()
+    fake = _yes_no(key("FAKE_DEVICES"), keys["FAKE_DEVICES"]) if "FAKE_DEVICES" in keys else False
+    phases = {k[1]: build_phase(alias, k[1], v) for k, v in keys.items() if isinstance(k, tuple)}
+    scope = keys.get("SCOPE") or None  # narrows targets to command lines containing it (see hosts.env.example)
+    return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
+                source=source, phases=phases)
+
+
+def _group(values: dict, source: str, lines: dict | None = None) -> dict:
+    """hosts.env keys -> {alias: {suffix: value}}, rejecting keys we do not know.
+
+    Phase keys (ALIAS_PHASE_NAME_FIELD) are gathered under suffix ("PHASE", name).
+    `lines` (key -> line number) lets an error point at FILE:LINE."""
+    grouped: dict = {}
+    for k, v in values.items():
+        where = f"{source}:{lines[k]}" if lines and k in lines else source
+        phase_key = split_phase_key(k)
+        if phase_key:
+            alias, name, fld = phase_key
+            grouped.setdefault(alias, {}).setdefault(("PHASE", name), {})[fld] = v
+            continue
+        alias, suffix = _split_key(k)
+        if alias is None:
+            raise ConfigError(f"{where}: unknown key {k!r} (keys are ALIAS_" + "|ALIAS_".join(KNOWN_SUFFIXES)
+                              + "|ALIAS_PHASE_NAME_FIELD; see hosts.env.example)")
+        if not _ALIAS.match(alias):
+            raise ConfigError(f"{where}: key {k!r}: alias {alias!r} must start with a letter")
+        grouped.setdefault(alias, {})[suffix] = v
+    return grouped
+
+
+BUILT_IN = ("local", "sandbox")  # aliases hosts.env may not define
+
+
+def load_hosts(path: Path | None = None, built_in=None) -> dict:
+    """All hosts: the built-in `local`, the other built-ins, then those of hosts.env. Validates all.
+
+    `built_in`: the other built-in hosts, as zero-argument callables that return a Host
+    (sandbox.sandbox_host). Why passed in: they are built above this module (the sandbox
+    builds a Host from here, with its own directory and phases), and importing them from
+    here made an import circle. scripts/config/hosts.py, above both, passes them: call
+    hosts.load() for every host a task can name.
+    """
+    built_in = built_in or ()
+    path = path or hosts_file()
+    values: dict = {}
+    lines: dict = {}
+    if path.exists():
+        values, lines = read_env_file(path)
+    elif os.environ.get(HOSTS_FILE_ENV):
+        raise ConfigError(f"{HOSTS_FILE_ENV}={str(path)!r}: no such file")
+    grouped = _group(values, str(path), lines)
+    for alias in BUILT_IN[1:]:
+        if alias in grouped:
+            raise ConfigError(f"{path}: {alias.upper()}_* keys are not allowed; the {alias} host is built in")
+    local_keys = grouped.pop("local", {})
+    for forbidden in ("SSH", "SSH_OPTS", "CTID"):
+        if forbidden in local_keys:
+            raise ConfigError(f"{path}: LOCAL_{forbidden} is not allowed; `local` is always this machine")
+    hosts = {"local": build_host("local", local_keys, "built-in")}
+    for make in built_in:
+        host = make()
+        hosts[host.alias] = host
+    for alias, keys in grouped.items():
+        hosts[alias] = build_host(alias, keys, str(path))
+    return hosts
+
+
+def select_hosts(spec: str, hosts: dict) -> list:
+    """'gpu1,gpu2' (or a node set such as 'gpu[1-4]') -> [Host]; unknown names are an error."""
+    from .nodeset import expand  # late: ClusterShell loads only when hosts are selected
+
+    names = expand(spec)
+    unknown = [n for n in names if n not in hosts]
+    if unknown:
+        known = ", ".join(sorted(hosts))
+        raise ConfigError(f"--host {show(spec)}: unknown host alias {show(unknown[0])} (known: {known})")
+    return [hosts[n] for n in names]

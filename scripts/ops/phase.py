@@ -1,0 +1,103 @@
+"""Local side of phases: each operation is one agent call on the host (one round trip).
+
+Why a module: `invoke start/stop/logs/lint-launch` and every step of `invoke pivot` use the
+same calls; the pivot only orders them.
+"""
+from __future__ import annotations
+
+import json
+
+from ..agent import contract
+from ..config.errors import ConfigError, show
+from ..reach.transport import agent_argv, call_agent
+
+
+def phase_of(host, name: str):
+    if not name:  # the flag was not given: say it is required, not "no such phase ''"
+        known = ", ".join(sorted(host.phases)) or "none configured"
+        raise ConfigError(f"--phase is required (host {host.alias} has: {known})")
+    if name not in host.phases:
+        known = ", ".join(sorted(host.phases)) or "none configured"
+        raise ConfigError(f"--phase {show(name)}: host {host.alias} has no such phase (known: {known})")
+    return host.phases[name]
+
+
+def spec_args(phase) -> list:
+    return contract.spec_args(phase.spec())
+
+
+def start(host, phase):
+    return call_agent(host, "phase-start", spec_args(phase))
+
+
+def ready(host, phase, wait_s: float, on_progress=None):
+    return call_agent(host, "phase-ready", spec_args(phase) + ["--wait", wait_s], on_progress=on_progress)
+
+
+def stop(host, phase, operator: str):
+    return call_agent(host, "phase-stop", spec_args(phase) + ["--operator", operator])
+
+
+def logs(host, phase, lines: int):
+    return call_agent(host, "phase-logs", spec_args(phase) + ["--lines", lines])
+
+
+def follow_logs(host, phase, lines: int):
+    """Stream the log until Ctrl-C: the agent execs `tail -F` / `journalctl -f` on the host.
+
+    Returns (exit code, the agent's result document or None). The agent answers with a
+    result instead of following when it cannot (a phase never started there): that frame
+    is read like any call's (transport), never printed raw. Errors as every call's: ssh's
+    own failure is HostUnreachable (exit 3), its connect or keep-alive timeout HostTimedOut
+    (exit 7); there is no deadline, following is open-ended. Ctrl-C ends the stream and is
+    re-raised (exit 130 through `guarded`)."""
+    import sys
+
+    from ..reach.runner import How
+    from ..reach.transport import read_document, send_agent  # as every agent call
+    from ..views.render import safe
+
+    nonce = contract.new_nonce()
+    begin = contract.begin(nonce).encode()
+    frame: list = []  # the agent's result, when it answered instead of following
+
+    def on_line(raw: bytes) -> None:
+        if frame or raw.rstrip(b"\n") == begin:
+            frame.append(raw)
+            return
+        # a log line is the host's text: escaped (no escape sequence or bidi override reaches
+        # the terminal raw: render.safe), one line out per line in
+        sys.stdout.write(safe(contract.textsafe.decode(raw).rstrip("\n")) + "\n")
+        sys.stdout.flush()
+
+    argv = agent_argv(host, "phase-logs", spec_args(phase) + ["--lines", str(lines), "--follow"], nonce, False)
+    done = send_agent(host, argv, nonce, How(on_line=on_line, echo_stderr=True, stop_on_interrupt=True))
+    assert done.code is not None  # no deadline: it exited
+    failure = done.failure(host.route, host.alias)
+    if frame:
+        return done.code, read_document(host.alias, b"".join(frame).decode("utf-8", "replace"), nonce, done.code,
+                                        done.stderr, failure)
+    if failure is not None:
+        raise failure
+    return done.code, None
+
+
+def drain(host, url: str, timeout_s: float, on_progress=None):
+    return call_agent(host, "drain", ["--url", url, "--timeout", timeout_s], on_progress=on_progress)
+
+
+def gates(host, phase):
+    return call_agent(host, "gates", spec_args(phase))
+
+
+def lint(host, argv: list, gpus: str | None):
+    extra = ["--gpus", gpus] if gpus else []
+    return call_agent(host, "lint", ["--argv", json.dumps(argv), *extra])
+
+
+def deploy(host, phase, action: str):
+    return call_agent(host, "deploy", spec_args(phase) + ["--action", action])
+
+
+def smoke(host, phase):
+    return call_agent(host, "smoke", spec_args(phase))

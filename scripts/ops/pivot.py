@@ -1,0 +1,312 @@
+"""A pivot: drain -> teardown -> gates -> (deploy: patch) -> launch lint -> start -> ready
+-> (deploy: smoke test, roll back on failure) -> prep jobs reported -> audit.
+
+Why one place: done by hand, these steps came in an order that changed each time, with
+fixed sleeps and no rollback. Each step is one agent call; a failed step stops the pivot
+with the documented exit code (contract.EXIT_CODES) and says what was (not) started.
+
+Why every step is recorded with its exit: the verdict is computed from what happened, never
+assumed. A rollback whose stop, restore or start failed is "rollback FAILED at ...", not
+"rolled back"; a drain that could not read the server's metrics stops the pivot before
+its teardown (unless --no-drain). The pivot ends with a table of its steps (step, result,
+exit, seconds), and the same list is the `--json` document and the audit record.
+
+Exit codes: 0 done; 1 not ready / rolled back / a prep job failed / GPUs not free;
+3 unreachable; 4 locked; 5 the drain, a gate or the launch lint blocked it (nothing
+started); 7 a host call timed out. The words of each step's result are the views'
+(teardown_view, phase_view).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ..agent import contract
+from ..reach.route import HostUnreachable
+from ..reach.transport import AgentError, TeardownRequest, call_teardown, exit_code_for
+from ..views import phase as phase_view, teardown as teardown_view
+from ..views.render import safe
+from . import audit_log, phase as phase_ops
+
+
+@dataclass
+class PivotOptions:
+    teardown: TeardownRequest = field(default_factory=TeardownRequest)
+    drain_url: str | None = None
+    no_drain: bool = False
+    dry_run: bool = False
+    force: bool = False
+    operator: str = "gpu-pivot"
+    ready_timeout: float | None = None
+
+
+class StepFailed(Exception):
+    """An agent call of a step gave no result (unreachable, timed out, agent failed)."""
+
+    def __init__(self, code: int, text: str):
+        super().__init__(text)
+        self.code = code
+
+
+def _attempt(fn):
+    """fn()'s result, or StepFailed with the documented code (transport.exit_code_for) and the
+    error's one line, for the errors a step meets on its host."""
+    try:
+        return fn()
+    except (HostUnreachable, AgentError, contract.statedir.StateDirError) as exc:
+        raise StepFailed(exit_code_for(exc) or contract.EXIT_UNREACHABLE, str(exc)) from None
+
+
+class Pivot:
+    def __init__(self, host, phase, opts: PivotOptions, out=print):
+        self.host, self.phase, self.opts, self.out = host, phase, opts, out
+        self.steps = self._steps()
+        self.n = 0
+        self.started = time.monotonic()
+        self.step_started = self.started
+        self.record: dict = {"event": "pivot", "host": host.alias, "to": phase.name, "operator": opts.operator,
+                             "steps": []}
+
+    @property
+    def drain_url(self) -> str | None:
+        return self.opts.drain_url or self.phase.drain_metrics
+
+    def _steps(self) -> list:
+        """[(name, the method that runs it, what it does in words)], in order."""
+        p, steps = self.phase, []
+        url = self.drain_url
+        if url and self.opts.no_drain:
+            steps.append(("drain", self.step_drain,
+                          f"skipped (--no-drain): {url} is not read; requests in flight are cut off"))
+        elif url:
+            steps.append(("drain", self.step_drain, f"wait until {url} shows no in-flight request (at most "
+                                                    f"{p.drain_timeout:g}s); stop if it cannot be read"))
+        steps.append(("teardown", self.step_teardown,
+                      "free the GPUs (plan, SIGTERM all targets, SIGKILL after grace, verify)"))
+        if p.gates:
+            steps.append(("gates", self.step_gates, "; ".join(phase_gate_texts(p))))
+        if p.is_deploy:
+            steps.append(("deploy", self.step_deploy, f"apply {p.patch or 'file copies'} with a backup"))
+        if p.is_server and p.lint:
+            steps.append(("lint", self.step_lint,
+                          "check the launch command (EAGLE vs EAGLE3, TP vs GPUs, port, paths, GPUs free)"))
+        steps.append(("start", self.step_start, " ".join(p.argv) if not p.shell else p.argv[2]))
+        if p.prep:
+            steps.append(("prep", self.step_prep, f"{len(p.prep)} CPU-only preparation job(s), started with the phase"))
+        steps.append(("ready", self.step_ready, f"wait for {p.ready} (at most {self.ready_timeout:g}s)"))
+        if p.smoke_url:
+            steps.append(("smoke", self.step_smoke, f"one request to {p.smoke_url}"))
+        if p.prep:
+            steps.append(("prep-report", self.step_prep_report,
+                          "wait for each preparation job and report its exit code"))
+        return steps
+
+    @property
+    def ready_timeout(self) -> float:
+        return self.opts.ready_timeout or self.phase.ready_timeout
+
+    def say(self, name: str, text: str, code: int = contract.EXIT_OK, numbered: bool = True) -> None:
+        """Print and record one step's result with its exit code and its seconds."""
+        now = time.monotonic()
+        if numbered:
+            self.n += 1
+            self.out(f"[{self.n}/{len(self.steps)}] {name}: {safe(text)}")  # host text in it: escaped
+        else:
+            self.out(f"    {name}: {safe(text)}")
+        self.record["steps"].append({"step": name, "result": text, "exit": code,
+                                     "seconds": round(now - self.step_started, 2)})
+        self.step_started = now
+
+    def finish(self, code: int, verdict: str) -> int:
+        self.record.update(exit_code=code, verdict=verdict, wall_s=round(time.monotonic() - self.started, 2),
+                           time=time.strftime(contract.TIME_FORMAT))
+        try:
+            audit_log.append(self.host.alias, [self.record])
+        except contract.statedir.StateDirError as exc:  # the verdict stands; say the record is missing
+            self.record["audit_error"] = str(exc)
+            self.out(f"    audit log not written: {exc}")
+        self.out(step_table(self.record["steps"]))
+        self.out(f"{self.host.alias}: pivot to {self.phase.name}: {verdict} ({self.record['wall_s']}s)")
+        return code
+
+    # -- the run --------------------------------------------------------------------------
+    def run(self) -> int:
+        if self.opts.dry_run:
+            for i, (name, _, what) in enumerate(self.steps, 1):
+                self.out(f"[{i}/{len(self.steps)}] {name}: {what}")
+            self.out("--dry-run: nothing was run")
+            return contract.EXIT_OK
+        for name, step, _ in self.steps:
+            self.step_started = time.monotonic()
+            try:
+                code = step()
+            except StepFailed as exc:
+                self.say(name, f"ERROR: {exc}", exc.code)
+                return self.finish(exc.code, f"{name} failed: {_what_ran(name)}")
+            if code is not None:
+                return code
+        return self.finish(contract.EXIT_OK, "done")
+
+    def step_drain(self):
+        if self.opts.no_drain:
+            self.say("drain", "skipped (--no-drain)")
+            return None
+        url = self.drain_url or ""  # the step exists only with a URL (_steps)
+        r = _attempt(lambda: phase_ops.drain(self.host, url, self.phase.drain_timeout,
+                                             on_progress=lambda p: self.out("    " + phase_view.drain_progress(p))))
+        self.say("drain", phase_view.drain_line(r), r.code)
+        if r.code or not r.result.drained:
+            return self.finish(contract.EXIT_GATE, "not drained: nothing stopped or started (--no-drain to go ahead)")
+        return None
+
+    def step_teardown(self):
+        alias = self.host.alias
+        def progress(p):
+            self.out("    " + teardown_view.progress_line(alias, p))
+
+        r = _attempt(lambda: call_teardown(self.host, self.opts.teardown, on_progress=progress))
+        t: contract.TeardownResult = r.result
+        self.say("teardown", teardown_view.brief(t), r.code)
+        if not t.ran:  # locked by another teardown, or the host's state dir refused: nothing signalled
+            return self.finish(r.code, "locked" if t.locked else "teardown not started: nothing started")
+        if t.actions:
+            audit_log.append(alias, t.actions)
+        if r.code:
+            for problem in t.problems:
+                self.out("    " + safe(problem))
+            return self.finish(r.code, "GPUs not free: nothing started")
+        return None
+
+    def step_gates(self):
+        r = _attempt(lambda: phase_ops.gates(self.host, self.phase))
+        for line in phase_view.gate_lines(r):
+            self.out("    " + line)
+        self.say("gates", "passed" if r.code == 0 else "FAILED: nothing started", r.code)
+        if r.code:
+            return self.finish(contract.EXIT_GATE, "a gate failed: nothing started")
+        return None
+
+    def step_deploy(self):
+        r = _attempt(lambda: phase_ops.deploy(self.host, self.phase, "apply"))
+        self.say("deploy", phase_view.deploy_line(r), r.code)
+        if r.code:
+            return self.finish(contract.EXIT_GATE, "the deploy does not apply: nothing started")
+        return None
+
+    def step_lint(self):
+        r = _attempt(lambda: phase_ops.lint(self.host, list(self.phase.argv), self.phase.gpus))
+        for line in phase_view.lint_lines(r):
+            self.out("    " + line)
+        if r.code and not self.opts.force:
+            self.say("lint", "BLOCKED (use --force to start anyway)", r.code)
+            verdict = "launch lint blocked the start: nothing started"
+            if self.phase.is_deploy:
+                undo = self._sub("restore", lambda: phase_ops.deploy(self.host, self.phase, "rollback"),
+                                 lambda x: f"restored {', '.join(x.result.files) or '-'}")
+                if undo:
+                    verdict += "; the deploy's files could NOT be restored (see the restore step)"
+            return self.finish(contract.EXIT_GATE, verdict)
+        self.say("lint", "ok" if not r.code else "findings ignored (--force)")
+        return None
+
+    def step_start(self):
+        r = _attempt(lambda: phase_ops.start(self.host, self.phase))
+        self.say("start", phase_view.start_line(r), r.code)
+        if r.code:
+            return self.finish(contract.EXIT_FAILED, "did not start")
+        return None
+
+    def step_prep(self):
+        self.say("prep", f"{len(self.phase.prep)} job(s) started alongside")
+
+    def step_ready(self):
+        r = _attempt(lambda: phase_ops.ready(self.host, self.phase, self.ready_timeout,
+                                             on_progress=self._ready_progress))
+        self.say("ready", phase_view.ready_line(r), r.code)
+        if r.code == 0:
+            return None
+        self.out("    " + phase_view.log_tail(r).replace("\n", "\n    "))
+        if self.phase.is_deploy:
+            return self.rollback("the new server did not become ready")
+        return self.finish(contract.EXIT_FAILED, "not ready")
+
+    def _ready_progress(self, p: dict) -> None:
+        self.out("    " + phase_view.ready_progress(p))
+
+    def step_smoke(self):
+        r = _attempt(lambda: phase_ops.smoke(self.host, self.phase))
+        self.say("smoke", phase_view.smoke_line(r), r.code)
+        if r.code == 0:
+            return None
+        if self.phase.is_deploy:
+            return self.rollback("the smoke request failed")
+        return self.finish(contract.EXIT_FAILED, "smoke test failed")
+
+    def step_prep_report(self):
+        deadline = time.monotonic() + self.ready_timeout
+        while True:
+            r = _attempt(lambda: phase_ops.ready(self.host, self.phase, 0))
+            if all(p["status"] != "running" for p in r.result.prep) or time.monotonic() > deadline:
+                break
+            time.sleep(1.0)
+        for line in phase_view.prep_lines(r):
+            self.out("    " + line)
+        prep = r.result.prep
+        failed = [p for p in prep if p["exit"] != 0]
+        self.say("prep-report", f"{len(prep) - len(failed)}/{len(prep)} preparation job(s) exited 0",
+                 contract.EXIT_FAILED if failed else contract.EXIT_OK)
+        if failed:
+            return self.finish(contract.EXIT_FAILED, "a preparation job failed")
+        return None
+
+    # -- rollback: each part recorded with its exit; the verdict follows from them ---------
+    def _sub(self, name: str, call, words) -> int:
+        """One part of a rollback: run it, record 'rollback NAME' with its exit; returns the exit."""
+        self.step_started = time.monotonic()
+        try:
+            r = _attempt(call)
+        except StepFailed as exc:
+            self.say(f"rollback {name}", f"ERROR: {exc}", exc.code, numbered=False)
+            return exc.code
+        self.say(f"rollback {name}", words(r), r.code, numbered=False)
+        return r.code
+
+    def rollback(self, why: str) -> int:
+        self.out(f"    rolling back: {safe(why)}")
+        parts = [
+            ("stop", lambda: phase_ops.stop(self.host, self.phase, self.opts.operator), phase_view.stop_line),
+            ("restore", lambda: phase_ops.deploy(self.host, self.phase, "rollback"),
+             lambda r: f"restored {', '.join(r.result.files) or '-'}" if r.code == 0 else phase_view.deploy_line(r)),
+            ("start", lambda: phase_ops.start(self.host, self.phase), phase_view.start_line),
+            ("ready", lambda: phase_ops.ready(self.host, self.phase, self.ready_timeout,
+                                              on_progress=self._ready_progress), phase_view.ready_line),
+        ]
+        for name, call, words in parts:
+            code = self._sub(name, call, words)
+            if code:
+                later = [n for n, _, _ in parts[[p[0] for p in parts].index(name) + 1:]]
+                skipped = f"; not tried: {', '.join(later)}" if later else ""
+                return self.finish(code if code in (contract.EXIT_UNREACHABLE, contract.EXIT_TIMED_OUT)
+                                   else contract.EXIT_FAILED,
+                                   f"rollback FAILED at {name} (exit {code}) after {why}{skipped}")
+        return self.finish(contract.EXIT_FAILED, f"rolled back ({why}); old server healthy again")
+
+
+def phase_gate_texts(phase) -> list:
+    """Each gate in words: a command as written, a file count as 'at least N files match GLOB'."""
+    return [g if isinstance(g, str) else f"at least {dict(g)['min']} files match {dict(g)['glob']}"
+            for g in phase.gates]
+
+
+def _what_ran(step: str) -> str:
+    before_teardown = step in ("drain", "teardown")
+    return "nothing stopped or started" if step == "drain" else (
+        "the teardown's result is unknown (see `invoke status`)" if before_teardown else "see the steps above")
+
+
+def step_table(steps: list) -> str:
+    """The pivot's steps as a table: step, result, exit, seconds."""
+    from ..views.render import Col, table
+
+    rows = [[s["step"], s["result"], str(s["exit"]), f"{s['seconds']:.2f}"] for s in steps]
+    return table(["step", Col("result", "wrap", 24), "exit", "seconds"], rows)  # a long result wraps to COLUMNS

@@ -1,0 +1,269 @@
+"""Run the agent on a host in one round trip and read back its one JSON document.
+
+Why: the agent source goes on stdin (`python3 - SUBCOMMAND`), so a call is exactly one
+ssh connection (or none, for this machine), nothing is installed on the host, and only a
+short argv needs quoting. Everything outside the nonce'd marker lines is noise and ignored.
+The process itself is run by scripts/reach/runner.py, as every command sent over a route.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ..agent import contract
+from ..config import defaults
+from ..config.errors import ConfigError
+from . import runner
+from .bundle import agent_stream
+from .route import RAN_PREFIX, HostTimedOut
+
+
+class AgentError(RuntimeError):
+    """The agent ran (or tried to) but gave no usable result; the text says why."""
+
+
+@dataclass
+class AgentResult:
+    """One agent call's outcome: its exit code, its JSON document (what --json prints) and the
+    same document read through the contract (`result`: contract.TeardownResult for a
+    teardown, and so on; the one place the local side reads the agent's keys)."""
+
+    host: str
+    code: int
+    doc: dict
+    wall_s: float
+    result: Any = None
+
+
+def exit_code_for(exc: BaseException) -> int | None:
+    """The documented exit code for an error users cause or meet; None for a bug (a traceback).
+    The one mapping from errors to exit codes: the tasks (cli/common.py) and a pivot's steps
+    (pivot.py) both read it. SandboxStartError is imported here, when an error is being
+    handled: a module not yet imported cannot have raised its error."""
+    from ..ops.sandbox_procs import SandboxStartError
+    from .route import HostUnreachable
+
+    if isinstance(exc, ConfigError):
+        return contract.EXIT_USAGE
+    if isinstance(exc, HostTimedOut):  # before HostUnreachable: it is one, with its own code
+        return contract.EXIT_TIMED_OUT
+    if isinstance(exc, SandboxStartError):  # the sandbox's processes did not start: nothing to use
+        return contract.EXIT_FAILED
+    # StateDirError: a local state directory (audit log, ssh sockets) was refused
+    if isinstance(exc, (HostUnreachable, AgentError, contract.statedir.StateDirError)):
+        return contract.EXIT_UNREACHABLE
+    return None
+
+
+def _tail(text: str, lines: int = 5) -> str:
+    kept = [line for line in text.strip().splitlines() if line.strip()][-lines:]
+    return " | ".join(kept) or "(nothing on stderr)"
+
+
+def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
+    """The agent's argv on the host (contract.agent_argv) with what the host config selects."""
+    return contract.agent_argv(host.python, subcommand, nonce, host.devices, progress=progress, run_dir=host.run_dir,
+                               fake_devices=host.fake_devices, targets=host.targets, protect=host.protect,
+                               fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid, args=args,
+                               stream=True)  # stdin: bundle.agent_stream()
+
+
+# The deadline of one agent call: a floor for the round trip (ssh connect, the bundle, the
+# scan) plus the waits the call's own flags ask for. Why computed from the flags: a teardown
+# with --grace 30 --settle 2 may rightly take a minute, a ping never; one fixed number would
+# either cut the teardown off or let a frozen host hold the ping for as long.
+BASE_DEADLINE_S = 60.0
+GATE_TIMEOUT_S = 600.0  # each command gate's own limit on the host (agent/phases/gates.py)
+SMOKE_TIMEOUT_S = 60.0  # the smoke request's own limit on the host (agent/phases/run.py)
+_WAIT_FLAGS = {  # flags whose seconds the call may spend waiting, by subcommand
+    "teardown": ("--grace", "--timeout", "--wait-lock", "--settle"),
+    "verify": ("--wait",),
+    "phase-ready": ("--wait",),
+    "drain": ("--timeout",),
+}
+
+
+@dataclass(frozen=True)
+class TeardownRequest:
+    """One teardown's flags as fields: the agent argv for `invoke teardown`, a pivot's teardown
+    step, the Slurm epilog and the Ansible module alike (argv), and its deadline read from the
+    fields (deadline_s). Values are already checked (cliargs, ansible_task._params).
+
+    None: the flag is not passed and the agent's own rule holds (settle: defaults.SETTLE_S, or
+    none when nothing can respawn; wait_lock: fail at once; operator: the agent's guess)."""
+
+    grace: float = defaults.GRACE_S
+    timeout: float = defaults.TIMEOUT_S
+    settle: float | None = None
+    wait_lock: float | None = None
+    max_used_mib: int = defaults.MAX_USED_MIB
+    operator: str | None = None
+    match: tuple = ()  # extra target patterns
+    only_matching: bool = False
+    disable: bool = False
+    stop_supervisors: bool = False
+    mps_quit: bool = False
+    approved: str | None = None  # "pid:start,...": only these are signalled
+
+    def selection(self) -> list:
+        """The flags that choose targets (plan takes the same)."""
+        args = ["--match=" + m for m in self.match]  # =: a pattern may start with "-"
+        args += ["--only-matching"] if self.only_matching else []
+        args += ["--disable"] if self.disable else []
+        return args + (["--stop-supervisors"] if self.stop_supervisors else [])
+
+    def argv(self) -> list:
+        """The agent's `teardown` arguments."""
+        args = self.selection() + ["--grace", self.grace, "--timeout", self.timeout]
+        args += [] if self.wait_lock is None else ["--wait-lock", self.wait_lock]
+        args += ["--max-used-mib", self.max_used_mib]
+        args += [] if self.operator is None else ["--operator", self.operator]
+        args += [] if self.settle is None else ["--settle", self.settle]
+        args += ["--mps", "quit"] if self.mps_quit else []
+        return args + ([] if self.approved is None else ["--approved", self.approved])
+
+    def deadline_s(self) -> float:
+        """BASE_DEADLINE_S plus every wait it asks for: grace, wait-lock, settle and its timeout
+        twice (a teardown that kills may spend it once for TERM and once for KILL), and the MPS
+        daemons' one shared quit limit (agent mps.py)."""
+        waits = self.grace + 2 * self.timeout + (self.wait_lock or 0.0) + (self.settle or 0.0)
+        return BASE_DEADLINE_S + waits + (contract.MPS_QUIT_TIMEOUT_S if self.mps_quit else 0.0)
+
+
+def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult:
+    """One teardown on `host`, within the deadline its fields give."""
+    return call_agent(host, "teardown", request.argv(), on_progress=on_progress, deadline_s=request.deadline_s())
+
+
+def _flag_seconds(args, flag: str) -> float:
+    words = [str(a) for a in args]
+    for i, word in enumerate(words):
+        value = words[i + 1] if word == flag and i + 1 < len(words) else (
+            word.split("=", 1)[1] if word.startswith(flag + "=") else None)
+        if value is not None:
+            try:
+                return max(0.0, float(value))
+            except ValueError:
+                return 0.0
+    return 0.0
+
+
+def deadline_for(subcommand: str, args=()) -> float:
+    """Seconds one agent call may take before the host counts as timed out, read from its argv
+    words: BASE_DEADLINE_S plus every wait its flags ask for (a teardown: as
+    TeardownRequest.deadline_s, which the tasks, Slurm and Ansible use), plus the gates' and
+    the phase's own limits from its spec."""
+    waits = sum(_flag_seconds(args, f) for f in _WAIT_FLAGS.get(subcommand, ()))
+    if subcommand == "teardown":
+        waits += _flag_seconds(args, "--timeout")
+        words = [str(a) for a in args]
+        if "--mps=quit" in words or any(w == "--mps" and words[i + 1:i + 2] == ["quit"] for i, w in enumerate(words)):
+            waits += contract.MPS_QUIT_TIMEOUT_S  # every MPS daemon's quit, one shared limit (agent mps.py)
+    spec = _spec_of(args)
+    if subcommand == "gates":
+        waits += GATE_TIMEOUT_S * len(spec.get("gates") or ())
+    elif subcommand == "phase-stop":
+        waits += 2 * float(spec.get("stop_timeout") or 0)
+    elif subcommand == "smoke":
+        waits += SMOKE_TIMEOUT_S
+    elif subcommand == "reset" and "--yes" in [str(a) for a in args]:
+        waits += contract.RESET_TIMEOUT_S  # nvidia-smi --gpu-reset is bounded by the agent itself
+    return BASE_DEADLINE_S + waits
+
+
+def _spec_of(args) -> dict:
+    words = [str(a) for a in args]
+    if contract.SPEC_FLAG in words[:-1]:
+        try:
+            spec = contract.decode_spec(words[words.index(contract.SPEC_FLAG) + 1])
+            return spec if isinstance(spec, dict) else {}
+        except ValueError:
+            return {}
+    return {}
+
+
+def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: float | None = None) -> AgentResult:
+    """Run one agent subcommand on `host` within `deadline_s` (default: deadline_for()).
+
+    Raises HostUnreachable, HostTimedOut (ssh gave up waiting, or the deadline passed: the
+    ssh process is killed), AgentError, or ConfigError (the agent refused a flag's value:
+    exit 2, nothing done)."""
+    nonce = contract.new_nonce()
+    deadline = deadline_s if deadline_s is not None else deadline_for(subcommand, args)
+    out_lines: list = []
+
+    def on_line(raw: bytes) -> None:
+        line = raw.decode("utf-8", "replace")
+        fields = contract.parse_progress(line) if on_progress else None
+        if fields is None:
+            out_lines.append(line)
+            return
+        try:
+            on_progress(fields)
+        except Exception:  # noqa: BLE001  a display error must never stop reading the result
+            pass
+
+    # On this machine (no hops) the agent gets its own session, as it would on a host behind
+    # ssh: a Ctrl-C at the operator's terminal must not reach it mid-teardown.
+    done = send_agent(host, agent_argv(host, subcommand, args, nonce, on_progress is not None), nonce,
+                      runner.How(on_line=on_line, deadline_s=deadline, own_session=not host.route.hops))
+    if done.cut_off:
+        raise done.timed_out(host.alias, deadline, local=not host.route.hops)
+    assert done.code is not None  # not cut off: it exited
+    doc = read_document(host.alias, "".join(out_lines), nonce, done.code, done.stderr, done.failure(host.route,
+                                                                                                   host.alias))
+    try:
+        result = contract.read(subcommand, done.code, doc)
+    except contract.ContractError as exc:
+        raise AgentError(f"{host.alias}: {exc} (exit {done.code})") from None
+    return AgentResult(host.alias, done.code, doc, done.wall_s, result)
+
+
+def send_agent(host, argv: list, nonce: str, how: runner.How) -> runner.Finished:
+    """Run the agent's `argv` on host through the runner, the agent bundle on its stdin
+    (bundle.agent_stream, built on the feeding thread after the spawn: its ~10 ms run while
+    the agent's interpreter starts or ssh connects). AgentError when it could not start or
+    its bundle could not be built (then it got an empty stdin and stopped before doing
+    anything), or when the local ssh ControlPath directory was refused."""
+    local = not host.route.hops
+    how = dataclasses.replace(how, feed=lambda: agent_stream(compiled=local))  # compiled: this machine's bytecode
+    try:
+        done = runner.run(host.route, host.route.marked(argv, nonce), nonce, how)
+    except runner.NotStarted as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
+        raise AgentError(f"{host.alias}: {exc}") from None
+    except contract.statedir.StateDirError as exc:
+        raise AgentError(f"{host.alias}: {exc}") from None
+    if done.feed_error is not None:
+        raise AgentError(f"{host.alias}: could not build the agent bundle: {done.feed_error}")
+    return done
+
+
+def read_document(alias: str, stdout: str, nonce: str, code: int, stderr: str = "",
+                  unreached: Exception | None = None) -> dict:
+    """The agent's one JSON document from its stdout (between the markers of `nonce`).
+
+    Raises `unreached` when there is none (ssh's own failure: Finished.failure), else
+    AgentError (no document, not JSON, or the agent's own failure, named) or ConfigError
+    (the agent refused a flag's value). `alias` ("" for none) starts every message."""
+    at = f"{alias}: " if alias else ""
+    try:
+        body = contract.extract(stdout, nonce)
+    except contract.MarkerError as exc:
+        if unreached is not None:
+            raise unreached from None
+        stderr = "\n".join(line for line in stderr.splitlines() if RAN_PREFIX not in line)
+        raise AgentError(f"{at}{exc}; the command exited {code}; stderr: {_tail(stderr)}") from None
+    try:
+        doc = json.loads(body)
+    except ValueError as exc:
+        raise AgentError(f"{at}the agent's result is not valid JSON ({exc}); exit {code}") from None
+    if not isinstance(doc, dict):
+        raise AgentError(f"{at}the agent's result is not a JSON object; exit {code}")
+    if doc.get(contract.USAGE_ERROR):
+        raise ConfigError(f"{at}{doc[contract.USAGE_ERROR]}")
+    if doc.get(contract.AGENT_ERROR):  # the agent caught its own failure (agent/cli.py main): exit 3, named
+        raise AgentError(f"{at}the agent failed: {doc[contract.AGENT_ERROR]} (exit {code}; please report "
+                         "it with this line)")
+    return doc

@@ -1,0 +1,2 @@
+"""Views: plain-text tables and verdicts for people, from the contract's records (never raw agent keys).
+"""

@@ -1,0 +1,77 @@
+"""Render GPU health, MIG and CUDA MPS for people: status, verify and teardown reports.
+
+Why apart from status_view: the same per-GPU health lines end status, verify and a
+teardown's report, and they name the next step (reset, reboot, drain) and the runbook; the
+records come through the contract (contract.gpu_health reads a GPU row's verdict).
+"""
+from __future__ import annotations
+
+from ..agent import contract
+from .render import Col, shorten, shown, table
+
+RUNBOOK = "runbooks/gpu-unusable-after-teardown.md"
+NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot needed": "reboot the node",
+        "drain": "drain peer-to-peer (NVLink) traffic, then look again"}
+
+
+def _record(x):
+    x = getattr(x, "result", x)
+    return shown(contract.read_document(x) if isinstance(x, dict) else x)  # host strings escaped (render.shown)
+
+
+def _gpus(x) -> list:
+    """The GPU rows that carry the verdict: a teardown's after, else the scan's."""
+    x = _record(x)
+    if isinstance(x, contract.TeardownResult):
+        return x.after
+    return getattr(x, "scan", x).gpus
+
+
+def health(x, alias: str = "HOST") -> str:
+    """One row per GPU: its verdict and first reasons; the next step when it is not ok."""
+    gpus = [g for g in _gpus(x) if g.get("health")]
+    if not gpus:
+        return ""
+    rows, steps = [], []
+    for g in gpus:
+        h = contract.gpu_health(g)
+        rows.append([g["index"], h["verdict"].upper() if h["verdict"] not in ("ok", "unknown") else h["verdict"],
+                     "; ".join(h["reasons"][:2]) or "-"])  # wrapped by the table, never cut
+        if h["verdict"] in NEXT:
+            steps.append(f"  GPU {g['index']}: {NEXT[h['verdict']].format(alias=alias, gpu=g['index'])}")
+    out = "GPU health\n" + table(["gpu", "verdict", Col("why", "wrap", 24)], rows, "  ")  # fits COLUMNS
+    if steps:
+        out += "\n" + "\n".join(steps) + f"\n  see {RUNBOOK}"
+    return out
+
+
+def mig(x) -> str:
+    lines = []
+    for g in _gpus(x):
+        m = g.get("mig") or {}
+        if m.get("current") != "enabled" and m.get("pending") != "enabled":
+            continue
+        inst = ", ".join(f"GI {i['gpu_instance']}/CI {i['compute_instance']} {i['used_mib']}/{i['total_mib']} MiB"
+                         for i in m.get("instances") or []) or "no instances"
+        lines.append(f"  GPU {g['index']}: MIG {m['current']} (pending {m.get('pending')}): {inst}")
+    return "MIG\n" + "\n".join(lines) if lines else ""
+
+
+def mps(x) -> str:
+    x = _record(x)
+    info = x.mps if isinstance(x, contract.TeardownResult) else getattr(x, "scan", x).mps
+    quits = x.mps_quit if isinstance(x, contract.TeardownResult) else []
+    if not info and not quits:
+        return ""
+    lines = []
+    for c in (info or {}).get("controls", []):
+        lines.append(f"  MPS control daemon pid {c['pid']} (pipe {c['pipe_dir']}): protected")
+    for s in (info or {}).get("servers", []):
+        on = ", ".join(f"GPU {k} {v} MiB" for k, v in s["gpus"].items()) or "no GPU memory"
+        served = ", ".join(f"pid {c['pid']} ({shorten(c['cmdline'], 40)})" for c in s["clients"])
+        lines.append(f"  MPS server pid {s['pid']} ({on}) serves " + (served or "NO client (idle: it keeps its "
+                                                                      "memory until --mps quit)"))
+    for q in quits:
+        result = "server gone" if q["servers_gone"] else f"NOT done: {q['error']}"
+        lines.append(f"  --mps quit: control pid {q['control']} ({q['pipe_dir']}): {result} in {q['waited_s']}s")
+    return "CUDA MPS\n" + "\n".join(lines)

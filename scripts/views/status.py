@@ -1,0 +1,167 @@
+"""Render scan, verify and ping results for people: a per-GPU table, a holder table, verdicts.
+
+Why separate: tasks stay thin, and the same views serve status, verify, plan and teardown.
+Each view takes the contract's record (AgentResult.result: contract.ScanResult,
+VerifyResult, PingResult); an agent document (a dict, as --json prints it) is read through
+the contract first, in `record`, so these views never read the agent's keys themselves.
+"""
+from __future__ import annotations
+
+from ..agent import contract
+from .render import Col, Command, age, note, paint, shorten, shown, table, width
+
+
+def record(x):
+    """`x` as the contract's record, as the views show it (render.shown: every host string
+    escaped): a record as it is; an agent document (a dict, which names its command) read
+    with contract.read_document."""
+    return shown(contract.read_document(x) if isinstance(x, dict) else x)
+
+
+def scan_of(x) -> contract.ScanResult:
+    """The scan in a scan, verify or plan result (a record or an agent document)."""
+    x = record(x)
+    return getattr(x, "scan", x)
+
+
+def _mib(v) -> str:
+    return "?" if v is None else f"{v}"
+
+
+def gpu_table(x) -> str:
+    scan = scan_of(x)
+    if not scan.gpus:
+        tried = "; ".join(scan.gpu_source_tried)
+        return f"GPU memory: no source on this host ({tried or 'none tried'}); holders below come from /proc only"
+    rows = []
+    for g in scan.gpus:
+        procs = " ".join(f"{p['pid']}({_mib(p['used_mib'])})" for p in g["processes"]) or "-"  # wraps between pids
+        rows.append([g["index"], g["name"], _mib(g["used_mib"]), _mib(g["reserved_mib"]), _mib(g["total_mib"]), procs])
+    # short headers and small floors: the table fits 60 columns (a split tmux pane); the
+    # title says what the last column holds
+    return note(f"GPU memory (source: {scan.gpu_source}; MiB, used excludes reserved; compute processes as "
+                "pid(MiB))", indent="", hang="  ") + "\n" + \
+        table(["gpu", Col("name", "cut", 8), "used", "reserved", "total", Col("processes", "wrap", 12)], rows, "  ")
+
+
+def where(h: dict) -> str:
+    """A process row's unit or container, for a table column."""
+    if h.get("container"):
+        if h["container"].get("label"):  # `ct 129 pid 9 (node pid 814)`, seen from a Proxmox node
+            return h["container"]["label"]
+        c = h["container"]
+        return f"{c['kind']}:{c['name']} ({c['id'][:12]})" if c.get("name") else f"{c['kind']}:{c['id'][:12]}"
+    return h.get("unit") or "-"
+
+
+def holder_table(x) -> str:
+    scan = scan_of(x)
+    if not scan.holders:
+        seen = "no process it could inspect holds" if scan.denied else "no process holds"
+        return "\n".join([f"Holders: {seen} a GPU device" + (f" ({scan.devices_glob})" if scan.devices_glob else ""),
+                          *_notes(scan)])
+    rows = []
+    for h in scan.holders:
+        mib = sum(v for v in h["gpu_mib"].values() if v) if h["gpu_mib"] else None
+        rows.append([h["pid"], h.get("ppid", "?"), h["user"], h["state"], age(h.get("age_s")), where(h),
+                     _mib(mib) if mib is not None else "-", "PROTECTED" if h["protected"] else "-", Command.of(h)])
+    why = [f"protected: {h['protected']}" if h["protected"] else None for h in scan.holders]
+    out = "Holders\n" + table(HOLDER_COLS, rows, "  ", details=why)
+    return paint("\n".join([out, *_notes(scan)]))
+
+
+# The holder table's columns: which process it is, and whether it may ever be signalled.
+# ppid: an orphan (a worker whose server died) reads 1, or its container's or subreaper's pid;
+# the runbooks send people looking for it.
+HOLDER_COLS = ("pid", "ppid", "user", "state", "age", Col("unit/container", "cut", optional=True), "GPU MiB",
+               "protected", Col("command", "command", 30))
+
+
+def writing_line(pid, files: list) -> str:
+    """The data a stop may cut short. The agent lists only files the process writes in place
+    (not its stdout/stderr, not append-only logs): a log losing its last line is no loss, a
+    checkpoint or dataset shard half-written is."""
+    more = f" and {len(files) - 5} more" if len(files) > 5 else ""
+    which = "that file" if len(files) == 1 else "those files"
+    return f"pid {pid} is writing {', '.join(files[:5])}{more}: stopping it may leave {which} incomplete"
+
+
+def _notes(scan: contract.ScanResult) -> list:
+    extra = [note(writing_line(h["pid"], h["write_files"])) for h in scan.holders if h.get("write_files")]
+    if scan.foreign_gpu_pids:
+        pids = ", ".join(str(p["pid"]) for p in scan.foreign_gpu_pids)
+        extra.append(f"  NVML reports pids not visible here (another PID namespace, e.g. the Proxmox node): {pids}")
+    if scan.proc_hidden:
+        extra.append(f"  NOT INSPECTED: {scan.proc_hidden}: a holder may be unseen, so nothing is called free; "
+                     "run as root")
+    if scan.denied:
+        extra.append(f"  NOT INSPECTED: {len(scan.denied)} process(es) whose open files this user cannot read "
+                     f"({scan.denied[:10]}): they may hold a GPU, so nothing is called free; run as root")
+    return extra
+
+
+def last_teardown(x) -> str:
+    last = scan_of(x).last_teardown
+    if not last:
+        return ""
+    by = f" by {last['operator']}" if last.get("operator") else ""
+    if last.get("state") == "running":  # no exit code yet: "exit None" read like a result
+        return note(f"Last teardown on this host: running{by} since {last.get('started')} (its result shows here "
+                    "when it ends)", indent="", hang="  ")
+    when = last.get("finished") or last.get("started")
+    parts = [last.get("state"), last.get("verdict"),
+             None if last.get("exit_code") is None else f"exit {last['exit_code']}"]
+    return note(f"Last teardown on this host: {' '.join(str(p) for p in parts if p)}{by} at {when}", indent="",
+                hang="  ")
+
+
+def verdict(x) -> str:
+    """verify's answer: FREE, or NOT FREE and each problem on its own line."""
+    v = record(x)
+    if v.free:
+        return paint("FREE: every GPU is free")
+    return paint("\n".join(["NOT FREE:", *(note(p) for p in v.problems)]))  # each problem whole, fitted
+
+
+def still_holding(x) -> str:
+    """What still holds each GPU after a verify or a teardown that did not free it."""
+    x = record(x)
+    rows = [[r["gpu"] if r["gpu"] is not None else "-", r["pid"], r["state"], _mib(r["used_mib"]), Command.of(r)]
+            for r in x.still_holding]
+    if not rows:
+        return ""
+    hint = ""
+    if any(r[2] == "D" for r in rows):
+        hint = "\n  state D = stuck in the driver (uninterruptible): see runbooks/gpu-memory-not-freed.md"
+    return "Still holding\n" + table(["gpu", "pid", "state", "GPU MiB", Col("command", "command", 30)], rows,
+                                     "  ") + hint
+
+
+def verify_progress(alias: str, p: dict) -> str:
+    """What `verify --wait` waits for, from one progress line of the agent: GPU MiB still used
+    and the holders that keep a GPU busy (pid and program), with the time left; one line."""
+    holders = p.get("holders") or []
+    who = ", ".join(f"pid {h['pid']} {' '.join(Command.of(h).program)}" for h in holders[:3])
+    more = f", +{len(holders) - 3}" if len(holders) > 3 else ""
+    held = f"held by {who}{more}" if holders else (p.get("problems") or ["nothing named"])[0]
+    left = max(0.0, float(p.get("wait_s") or 0) - float(p.get("elapsed_s") or 0))
+    return shorten(f"{alias}: waiting, {left:.1f}s left: {p.get('mib_left', '?')} MiB used, {held}", width())
+
+
+def header(alias: str, x, sandbox: bool) -> str:
+    """`== alias (hostname)`, before each host's views; x: a scan, verify, plan or teardown result."""
+    x = record(x)
+    hostname = x.scan.hostname if hasattr(x, "scan") else x.hostname
+    label = "  [SANDBOX: fake GPUs on this machine]" if sandbox else ""
+    return f"== {alias} ({hostname}){label}"
+
+
+def ping_line(alias: str, x, wall_s: float) -> str:
+    """One line per host for `invoke ping`: who answered and which GPU tools it has."""
+    p = record(x)
+
+    def yes(v) -> str:
+        return "yes" if v else "no"
+
+    return (f"{alias}: {p.hostname} python {p.python} pid {p.pid} nvml={yes(p.nvml)} nvidia-smi={yes(p.nvidia_smi)} "
+            f"fuser={yes(p.fuser)} devices={len(p.devices)} ({wall_s * 1000:.0f} ms)")

@@ -1,0 +1,242 @@
+"""Render teardowns: the plan, progress lines, the before/after table and every verdict.
+
+Why one module: the same plan table is shown by `invoke plan`, before the confirmation
+prompt of `invoke teardown`, and by `--dry-run`; and a teardown's verdict (FREED and
+verified, NOT FREE, LOCKED, UNREACHABLE) is said here only: in the report of one host
+(report), the line of each host of a fleet as it finishes (host_line), the fleet's summary
+table (summary) and a pivot's teardown step (brief). Each takes the contract's record
+(contract.TeardownResult, contract.Plan) or what carries it (transport.AgentResult, a
+fleet Outcome); an agent document (dict) is read through the contract first.
+"""
+from __future__ import annotations
+
+from ..agent import contract
+from . import health as health_view
+from .render import Col, Command, command, note, paint, shorten, shown, table
+from .status import header, still_holding, where, writing_line
+
+
+def _mib(gpu_mib: dict) -> str:
+    total = sum(v for v in (gpu_mib or {}).values() if v)
+    return str(total) if gpu_mib else "-"
+
+
+def _teardown(x) -> contract.TeardownResult:
+    """The teardown record in `x`: an AgentResult, a TeardownResult, or an agent document."""
+    x = getattr(x, "result", x)
+    return shown(contract.read_document(x) if isinstance(x, dict) else x)  # host strings escaped (render.shown)
+
+
+COMMAND = Col("command", "command", 30)
+
+
+def plan_tables(plan) -> str:
+    """The plan (contract.Plan, or a plan or teardown result holding one) as tables."""
+    if isinstance(plan, dict):
+        plan = contract.read_plan(plan["plan"]) if "command" in plan else contract.read_plan(plan)
+    plan = shown(getattr(plan, "plan", plan))
+    out = []
+    if plan.targets:
+        rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], Command.of(t)] for t in plan.targets]
+        out.append(f"Targets ({len(rows)}; will free about {plan.will_free_mib} MiB of GPU memory)\n" +
+                   table(["pid", "state", Col("unit/container", "cut", optional=True), "GPU MiB",
+                          Col("stopped by", "wrap", 10), COMMAND], rows, "  ",
+                         details=["why: " + t["reason"] for t in plan.targets]))
+    else:
+        out.append("Targets: none (nothing matches the target patterns and no unprotected process holds a GPU)")
+    if plan.protected:
+        rows = [[p["pid"], "PROTECTED", Command.of(p)] for p in plan.protected]
+        out.append("Protected, never signalled\n" + table(["pid", "protected", COMMAND], rows, "  ",
+                                                          details=["why: " + p["reason"] for p in plan.protected]))
+    if plan.left_alone:
+        rows = [[p["pid"], _mib(p["gpu_mib"]), Command.of(p)] for p in plan.left_alone]
+        out.append("Left alone although they hold a GPU (reported, not signalled)\n"
+                   + table(["pid", "GPU MiB", COMMAND], rows, "  ",
+                           details=["why: " + (p.get("reason") or "-") for p in plan.left_alone]))
+    out.extend(note(writing_line(w["pid"], w["files"])) for w in plan.writing)
+    for u in plan.units:
+        how = f"pct exec {u['ctid']} -- systemctl" if u.get("ctid") else "systemctl"  # a unit inside an LXC CT
+        out.append(f"  unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}")
+    for c in plan.containers:
+        name = f"{c['name']} ({c['id'][:12]})" if c.get("name") else c["id"][:12]
+        out.append(f"  container {name} will be stopped with docker stop"
+                   + (" (its restart policy set to no first)" if c.get("disable") else ""))
+    for s in plan.supervisors:
+        out.append(note(f"SUPERVISOR pid {s['pid']} ({command(s, 60)}) {s['reason']}; not signalled: it can start "
+                        f"them again (to stop it too: {s.get('hint')})"))
+    scope = plan.scope
+    if scope.get("text") or scope.get("uid") is not None:
+        out.append(note(f"scope: only processes with {scope.get('text')!r} in their command line"
+                         + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else "")))
+    out.extend(note(f"rule: {r}") for r in plan.rules)
+    return paint("\n".join(out))
+
+
+def progress_line(alias: str, p: dict) -> str:
+    """One progress line of a running teardown (the fields of contract.parse_progress), fitted
+    to the width (wrapped, never cut: a claim keeps its caveat)."""
+    return note(_progress_text(alias, p), "", "    ")
+
+
+def _progress_text(alias: str, p: dict) -> str:
+    if p.get("phase") == "free":  # seen free now; the verdict (exit code) comes after the settle window
+        watch = (f"watching {p['settle_s']:g}s more for a respawn before the verdict" if p.get("settle_s")
+                 else "nothing left that could restart a target")
+        return f"{alias}: FREED at {p.get('free_at_s', 0):.2f}s: every GPU read free, no holder left ({watch})"
+    alive = p.get("alive")
+    parts = [f"{alias}: [{p.get('elapsed_s', 0):6.2f}s] {p.get('phase')}"]
+    if alive is not None:
+        parts.append(f"alive {len(alive)}" + (f" ({' '.join(map(str, alive[:8]))})" if alive else ""))
+    if p.get("mib_left") is not None:
+        parts.append(f"GPU MiB used {p['mib_left']}")
+    if p.get("problems"):
+        parts.append(f"waiting on: {p['problems'][0]}")
+    return "  ".join(parts)
+
+
+def before_after(x) -> str:
+    t = _teardown(x)
+    before = {g["index"]: g for g in t.before}
+    after = {g["index"]: g for g in t.after}
+    if not before and not after:
+        return "GPU memory: no source on this host (device holders only)"
+    rows = []
+    for idx in sorted(set(before) | set(after)):
+        b, a = before.get(idx, {}), after.get(idx, {})
+        rows.append([idx, b.get("used_mib", "?"), a.get("used_mib", "?"), len(b.get("processes", [])),
+                     len(a.get("processes", [])), a.get("total_mib", b.get("total_mib", "?"))])
+    return f"GPU memory before -> after (source: {t.gpu_source})\n" + \
+        table(["gpu", "used before", "used after", "procs before", "procs after", "total MiB"], rows, "  ")
+
+
+def actions(x) -> str:
+    recs = _teardown(x).actions
+    if not recs:
+        return ""
+    rows = [[r["signal"], r["pid"], r["result"], Command.of(r)] for r in recs]
+    return "Actions\n" + table(["action", "pid", Col("result", "wrap", 12), COMMAND], rows, "  ")
+
+
+def _word(t: contract.TeardownResult) -> str:
+    """The verdict in one word or two, as the short lines say it."""
+    if t.locked:
+        return "LOCKED"
+    if t.state_error:
+        return "NOT STARTED"
+    if t.code == contract.EXIT_UNHEALTHY:
+        return "freed, GPU UNHEALTHY"
+    return "freed" if t.code == contract.EXIT_OK else "NOT FREE"
+
+
+def brief(x, wall_s: float | None = None) -> str:
+    """'freed 1234 MiB, 3 target(s) stopped, 2 protected kept, 1.52s' (a pivot's teardown step)."""
+    t = _teardown(x)
+    if t.plan is None:  # it did not run
+        return f"{_word(t)}: {t.error}"
+    wall = t.wall_s if wall_s is None else wall_s
+    return (f"{_word(t)} {t.freed_mib} MiB, {len(t.plan.targets)} target(s) stopped, "
+            f"{len(t.plan.protected)} protected kept, {wall:.2f}s")
+
+
+def host_line(outcome) -> str:
+    """One line per host as it finishes, for a fleet teardown (outcome: a fleet.Outcome)."""
+    alias = outcome.host.alias
+    if outcome.error is not None:
+        return f"{alias}: {_failed(outcome.error).upper()}: {shorten(str(outcome.error), 80)}"
+    return paint(f"{alias}: {brief(outcome.value, outcome.value.wall_s)}")
+
+
+def verdict_lines(alias: str, x, code: int | None = None) -> list:
+    """The end of a teardown report: why it is or is not free, in the words a person acts on.
+
+    FREED only with exit 0, i.e. the agent saw every GPU free for the whole settle window,
+    could inspect every process and sent every signal. (`code` is not needed: the record
+    carries it; it is accepted for callers that still pass the document and its code.)
+    """
+    t = _teardown(x)
+    if t.locked:
+        return [f"{alias}: LOCKED: {t.error}"]
+    if t.state_error or t.plan is None:
+        return [f"{alias}: NOT STARTED: {t.state_error} (nothing was signalled)"]
+    lines = []
+    if t.unapproved:
+        lines.append(f"  not signalled (appeared after the plan you approved): {[u['pid'] for u in t.unapproved]}")
+    for a in t.adopted:
+        lines.append(f"  also signalled pid {a['pid']}: {a['reason']} ({command(a, 60)})")
+    for f in t.signal_failures:
+        lines.append(f"  COULD NOT SIGNAL pid {f['pid']} ({f['signal']}: {f['result']}): it was not stopped")
+    for a in t.appeared:
+        lines.append(f"  RESPAWN pid {a['pid']} ({command(a, 60)}) {a['why']}")
+        if a.get("include"):
+            lines.append(f"    to stop what restarts it: {a['include']}")
+    for a in t.actions:  # a stopped unit or container that starts again by itself (agent/teardown/units.py)
+        if a.get("comes_back"):
+            lines.append(f"  NOTE {shorten(a['signal'], 60)}: {a['comes_back']}")
+    for s in t.stuck:
+        lines.append(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
+    for c in t.concurrent_teardowns:
+        lines.append(f"  NOTE another user's teardown ran beside this one: pid {c['pid']} ({c['user']}): "
+                     f"{command(c, 60)}")
+    for e in t.record_errors:
+        lines.append(f"  WARNING {e} (the teardown itself finished)")
+    lines.append(f"{alias}: {_verdict(t)} {_timing(t)} (freed {t.freed_mib} MiB, "
+                 f"{t.signalled} signals sent, {len(t.plan.protected)} protected kept)")
+    if t.code:
+        lines.extend("  " + p for p in t.problems)
+    return lines
+
+
+def _timing(t: contract.TeardownResult) -> str:
+    """`free at 0.41s, settled at 0.41s (settle: ...)`: when it read free and when the answer came."""
+    if t.free_at_s is not None and t.settled_at_s is not None:
+        return f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s:.2f}s " + (
+            f"({t.settle_s:g}s watched for respawns)" if not t.settle_ended else f"(settle: {t.settle_ended})")
+    if t.free_at_s is not None:
+        return f"free at {t.free_at_s:.2f}s, then not free; in {t.wall_s:.2f}s"
+    return f"in {t.wall_s:.2f}s"
+
+
+def _verdict(t: contract.TeardownResult) -> str:
+    if t.code == contract.EXIT_OK:
+        return "FREED and verified"
+    if t.code == contract.EXIT_UNHEALTHY:
+        return "FREED, but a GPU needs a reset, a reboot or draining (GPU health below)"
+    return "NOT FREE (could not inspect every process)" if t.code == contract.EXIT_UNINSPECTED else "NOT FREE"
+
+
+def report(alias: str, result, sandbox: bool = False) -> str:
+    """One host's whole teardown report: actions, GPU memory before -> after, the verdict,
+    and what still holds a GPU when it is not free. Locked or not started: one line."""
+    t = _teardown(result)
+    if not t.ran:
+        return paint("== " + verdict_lines(alias, t)[0])
+    verdict = "\n".join(note(v.lstrip(), v[:len(v) - len(v.lstrip())], " " * (len(v) - len(v.lstrip()) + 4))
+                        for v in verdict_lines(alias, t))  # fitted to the width, words never cut
+    parts = [header(alias, t, sandbox), actions(t), before_after(t), verdict,
+             health_view.health(t, alias), health_view.mps(t)]
+    if t.code and t.code != contract.EXIT_UNHEALTHY:
+        parts.append(still_holding(t))
+    return paint("\n".join(p for p in parts if p))
+
+
+def _failed(error) -> str:
+    """What a host's failed call was: 'timed out' (no answer in time, exit 7) or 'unreachable'."""
+    from ..reach.route import HostTimedOut
+
+    return "timed out" if isinstance(error, HostTimedOut) else "unreachable"
+
+
+def summary(outcomes) -> str:
+    """The table after a fleet teardown: one row per host, in the order given."""
+    rows = []
+    for out in outcomes:
+        if out.error is not None:
+            rows.append([out.host.alias, "-", "-", "-", "-", f"{_failed(out.error)}: {out.error}"])
+            continue
+        t = _teardown(out.value)
+        result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
+        plan = t.plan or contract.Plan(targets=[], protected=[])
+        rows.append([out.host.alias, t.freed_mib if t.ran else "-", len(plan.targets), len(plan.protected),
+                     f"{out.value.wall_s:.2f}s", result])
+    return paint("Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall",
+                                       Col("result", "wrap", 20)], rows, "  "))
