@@ -195,7 +195,7 @@ class Command:
             [n for r, n in ranks if r is None]
 
     @classmethod
-    def of(cls, record: dict) -> Command:
+    def of(cls, record: contract.ProcessRow) -> Command:
         """From a process record of the agent (holder, target, action): argv when it has one."""
         return cls(record.get("argv"), record.get("cmdline") or "")
 
@@ -220,7 +220,7 @@ class Command:
         return text if len(text) <= n else text[: max(1, n - len(ELLIPSIS))] + ELLIPSIS
 
 
-def command(record: dict, n: int | None = None) -> str:
+def command(record: contract.ProcessRow, n: int | None = None) -> str:
     """A record's command (see Command), cut to n columns when n is given."""
     c = Command.of(record)
     return str(c) if n is None else c.fit(n)

@@ -44,12 +44,12 @@ def gpu_table(x) -> str:
         table(["gpu", Col("name", "cut", 8), "used", "reserved", "total", Col("processes", "wrap", 12)], rows, "  ")
 
 
-def where(h: dict) -> str:
+def where(h: contract.ProcessRow) -> str:
     """A process row's unit or container, for a table column."""
-    if h.get("container"):
-        if h["container"].get("label"):  # `ct 129 pid 9 (node pid 814)`, seen from a Proxmox node
-            return h["container"]["label"]
-        c = h["container"]
+    c = h.get("container")
+    if c:
+        if c.get("label"):  # `ct 129 pid 9 (node pid 814)`, seen from a Proxmox node
+            return c["label"]
         return f"{c['kind']}:{c['name']} ({c['id'][:12]})" if c.get("name") else f"{c['kind']}:{c['id'][:12]}"
     return h.get("unit") or "-"
 

@@ -102,7 +102,8 @@ def before_after(x) -> str:
         return "GPU memory: no source on this host (device holders only)"
     rows = []
     for idx in sorted(set(before) | set(after)):
-        b, a = before.get(idx, {}), after.get(idx, {})
+        b: contract.GpuRow | dict = before.get(idx, {})
+        a: contract.GpuRow | dict = after.get(idx, {})
         rows.append([idx, b.get("used_mib", "?"), a.get("used_mib", "?"), len(b.get("processes", [])),
                      len(a.get("processes", [])), a.get("total_mib", b.get("total_mib", "?"))])
     return f"GPU memory before -> after (source: {t.gpu_source})\n" + \
@@ -165,13 +166,13 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
         lines.append(f"  also signalled pid {a['pid']}: {a['reason']} ({command(a, 60)})")
     for f in t.signal_failures:
         lines.append(f"  COULD NOT SIGNAL pid {f['pid']} ({f['signal']}: {f['result']}): it was not stopped")
-    for a in t.appeared:
-        lines.append(f"  RESPAWN pid {a['pid']} ({command(a, 60)}) {a['why']}")
-        if a.get("include"):
-            lines.append(f"    to stop what restarts it: {a['include']}")
-    for a in t.actions:  # a stopped unit or container that starts again by itself (agent/units.py)
-        if a.get("comes_back"):
-            lines.append(f"  NOTE {shorten(a['signal'], 60)}: {a['comes_back']}")
+    for r in t.appeared:
+        lines.append(f"  RESPAWN pid {r['pid']} ({command(r, 60)}) {r['why']}")
+        if r.get("include"):
+            lines.append(f"    to stop what restarts it: {r['include']}")
+    for act in t.actions:  # a stopped unit or container that starts again by itself (agent/units.py)
+        if act.get("comes_back"):
+            lines.append(f"  NOTE {shorten(act['signal'], 60)}: {act['comes_back']}")
     for s in t.stuck:
         lines.append(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
     for c in t.concurrent_teardowns:
