@@ -201,13 +201,13 @@ class DeviceView:
 
 # -- what went wrong, in one line for `sinfo -R` ---------------------------------------------
 
-def _pid_line(row: dict, view: DeviceView, what: str) -> str:
+def _pid_line(row: contract.ProcessRow, view: DeviceView, what: str) -> str:
     devices = ", ".join(os.path.basename(view.real(d)) for d in row.get("devices") or []) or "the GPU"
     who = f" user {row['user']}" if row.get("user") else ""
     return f"pid {row['pid']} ({_comm(row)}{who}, state {row.get('state', '?')}) {what} {devices}"
 
 
-def _comm(row: dict) -> str:
+def _comm(row: contract.ProcessRow) -> str:
     cmd = (row.get("cmdline") or row.get("comm") or "?").split()
     return os.path.basename(cmd[0]) if cmd else "?"
 
@@ -240,7 +240,7 @@ def _appeared(res, job: Job) -> list:
     return [a for a in res.appeared if not other_job(a, job.id)]
 
 
-def other_job(row: dict, job_id: str | None) -> bool:
+def other_job(row: contract.ProcessRow, job_id: str | None) -> bool:
     """Is this holder (a scan or plan row) in ANOTHER running job's cgroup? Then it is that
     job's, on a shared GPU: never this job's to signal or to blame. Only a cgroup Slurm
     itself made counts (slurm_cgroup.job_of): a `job_<N>` folder a user made names nothing."""
@@ -250,7 +250,7 @@ def other_job(row: dict, job_id: str | None) -> bool:
     return job is not None and job != job_id
 
 
-def on_job(row: dict, gpus: tuple) -> bool:
+def on_job(row: contract.ProcessRow, gpus: tuple) -> bool:
     """Does this holder (a scan or plan row) hold one of the job's GPUs: one of its device
     files (the agent looked at no others), or GPU memory on one of its GPUs (NVML rows)?"""
     return bool(row.get("devices")) or bool(set(row.get("gpu_mib") or {}) & {str(i) for i in gpus})

@@ -121,7 +121,6 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     (the host side goes on).
     """
     from scripts import audit_log, cliargs, fleet, teardown_view
-    from scripts.agent import contract
     from scripts.transport import call_teardown
 
     hosts = hosts_of(host)
@@ -139,8 +138,7 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
         progress = None if json or fleet_mode else (
             lambda p: print(teardown_view.progress_line(h.alias, p), flush=True))
         result = call_teardown(h, td.approved_for(req, approved, h.alias), on_progress=progress)
-        record = result.result
-        assert isinstance(record, contract.TeardownResult)  # what transport reads a teardown's result into
+        record = result.result  # a contract.TeardownResult: call_teardown's type says so
         if record.actions:
             audit_log.append(h.alias, record.actions)
         return result
