@@ -3,19 +3,12 @@
 Why separate: tasks stay thin, and the same views serve status, verify, plan and teardown.
 Each view takes the contract's record (AgentResult.result: contract.ScanResult,
 VerifyResult, PingResult); an agent document (a dict, as --json prints it) is read through
-the contract first, in `record`, so these views never read the agent's keys themselves.
+the contract first, in render.record, so these views never read the agent's keys themselves.
 """
 from __future__ import annotations
 
 from .agent import contract
-from .render import Col, Command, age, note, paint, shorten, shown, table, width
-
-
-def record(x):
-    """`x` as the contract's record, as the views show it (render.shown: every host string
-    escaped): a record as it is; an agent document (a dict, which names its command) read
-    with contract.read_document."""
-    return shown(contract.read_document(x) if isinstance(x, dict) else x)
+from .render import Col, Command, age, note, paint, record, shorten, table, width
 
 
 def scan_of(x) -> contract.ScanResult:

@@ -12,19 +12,13 @@ from __future__ import annotations
 
 from . import health_view
 from .agent import contract
-from .render import Col, Command, command, note, paint, shorten, shown, table
+from .render import Col, Command, command, note, paint, record, shorten, shown, table
 from .status_view import header, still_holding, where, writing_line
 
 
 def _mib(gpu_mib: dict) -> str:
     total = sum(v for v in (gpu_mib or {}).values() if v)
     return str(total) if gpu_mib else "-"
-
-
-def _teardown(x) -> contract.TeardownResult:
-    """The teardown record in `x`: an AgentResult, a TeardownResult, or an agent document."""
-    x = getattr(x, "result", x)
-    return shown(contract.read_document(x) if isinstance(x, dict) else x)  # host strings escaped (render.shown)
 
 
 COMMAND = Col("command", "command", 30)
@@ -95,7 +89,7 @@ def _progress_text(alias: str, p: dict) -> str:
 
 
 def before_after(x) -> str:
-    t = _teardown(x)
+    t: contract.TeardownResult = record(x)
     before = {g["index"]: g for g in t.before}
     after = {g["index"]: g for g in t.after}
     if not before and not after:
@@ -111,7 +105,8 @@ def before_after(x) -> str:
 
 
 def actions(x) -> str:
-    recs = _teardown(x).actions
+    t: contract.TeardownResult = record(x)
+    recs = t.actions
     if not recs:
         return ""
     rows = [[r["signal"], r["pid"], r["result"], Command.of(r)] for r in recs]
@@ -131,7 +126,7 @@ def _word(t: contract.TeardownResult) -> str:
 
 def brief(x, wall_s: float | None = None) -> str:
     """'freed 1234 MiB, 3 target(s) stopped, 2 protected kept, 1.52s' (a pivot's teardown step)."""
-    t = _teardown(x)
+    t: contract.TeardownResult = record(x)
     if t.plan is None:  # it did not run
         return f"{_word(t)}: {t.error}"
     wall = t.wall_s if wall_s is None else wall_s
@@ -154,7 +149,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     could inspect every process and sent every signal. (`code` is not needed: the record
     carries it; it is accepted for callers that still pass the document and its code.)
     """
-    t = _teardown(x)
+    t: contract.TeardownResult = record(x)
     if t.locked:
         return [f"{alias}: LOCKED: {t.error}"]
     if t.state_error or t.plan is None:
@@ -208,7 +203,7 @@ def _verdict(t: contract.TeardownResult) -> str:
 def report(alias: str, result, sandbox: bool = False) -> str:
     """One host's whole teardown report: actions, GPU memory before -> after, the verdict,
     and what still holds a GPU when it is not free. Locked or not started: one line."""
-    t = _teardown(result)
+    t: contract.TeardownResult = record(result)
     if not t.ran:
         return paint("== " + verdict_lines(alias, t)[0])
     verdict = "\n".join(note(v.lstrip(), v[:len(v) - len(v.lstrip())], " " * (len(v) - len(v.lstrip()) + 4))
@@ -234,7 +229,7 @@ def summary(outcomes) -> str:
         if out.error is not None:
             rows.append([out.host.alias, "-", "-", "-", "-", f"{_failed(out.error)}: {out.error}"])
             continue
-        t = _teardown(out.value)
+        t: contract.TeardownResult = record(out.value)
         result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
         plan = t.plan or contract.Plan(targets=[], protected=[])
         rows.append([out.host.alias, t.freed_mib if t.ran else "-", len(plan.targets), len(plan.protected),
