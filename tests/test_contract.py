@@ -188,6 +188,7 @@ def test_real_results_read_through_the_contract_and_rendered(host):
     assert status_view.verdict(verify.result).startswith("FREE" if verify.result.free else "NOT FREE")
     plan = call_agent(host, "plan")
     assert isinstance(plan.result, contract.PlanResult) and plan.result.plan.targets == []
+    assert "problems" not in plan.doc  # a plan names none: the Slurm epilog reads none from it
     assert teardown_view.plan_tables(plan.result.plan).startswith("Targets: none")
     assert teardown_view.plan_tables(plan.doc["plan"]) == teardown_view.plan_tables(plan.result)
     seen = []

@@ -777,6 +777,10 @@ class TeardownResult(Record):
     record_errors: list[str] = []
     mps: Mps | None = None  # MPS as seen at the end (after: its GPU rows carry health)
     mps_quit: list[MpsQuit] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
+    # The scan it ended on, as the document carries it (a scan's keys; its GPU rows are `after`):
+    holders: list[Holder] = []
+    denied: list[int] = []  # pids whose fds could not be read then: not free
+    proc_hidden: str | None = None
 
     @property
     def ran(self):
