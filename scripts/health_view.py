@@ -14,7 +14,7 @@ NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot neede
         "drain": "drain peer-to-peer (NVLink) traffic, then look again"}
 
 
-def _gpus(x) -> list:
+def _gpus(x) -> list[contract.GpuRow]:
     """The GPU rows that carry the verdict: a teardown's after, else the scan's."""
     x = record(x)
     if isinstance(x, contract.TeardownResult):
@@ -54,8 +54,8 @@ def mig(x) -> str:
 
 def mps(x) -> str:
     x = record(x)
-    info = x.mps if isinstance(x, contract.TeardownResult) else getattr(x, "scan", x).mps
-    quits = x.mps_quit if isinstance(x, contract.TeardownResult) else []
+    info: contract.Mps | None = x.mps if isinstance(x, contract.TeardownResult) else getattr(x, "scan", x).mps
+    quits: list[contract.MpsQuit] = x.mps_quit if isinstance(x, contract.TeardownResult) else []
     if not info and not quits:
         return ""
     lines = []

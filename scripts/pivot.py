@@ -19,7 +19,9 @@ started); 7 a host call timed out. The words of each step's result are the views
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from . import audit_log, phase_ops, phase_view, teardown_view
 from .agent import contract
@@ -47,7 +49,10 @@ class StepFailed(Exception):
         self.code = code
 
 
-def _attempt(fn):
+T = TypeVar("T")
+
+
+def _attempt(fn: Callable[[], T]) -> T:
     """fn()'s result, or StepFailed with the documented code (transport.exit_code_for) and the
     error's one line, for the errors a step meets on its host."""
     try:

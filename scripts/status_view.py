@@ -110,7 +110,7 @@ def last_teardown(x) -> str:
 
 def verdict(x) -> str:
     """verify's answer: FREE, or NOT FREE and each problem on its own line."""
-    v = record(x)
+    v: contract.VerifyResult = record(x)
     if v.free:
         return paint("FREE: every GPU is free")
     return paint("\n".join(["NOT FREE:", *(note(p) for p in v.problems)]))  # each problem whole, fitted
@@ -118,9 +118,9 @@ def verdict(x) -> str:
 
 def still_holding(x) -> str:
     """What still holds each GPU after a verify or a teardown that did not free it."""
-    x = record(x)
+    v: contract.VerifyResult | contract.TeardownResult = record(x)
     rows = [[r["gpu"] if r["gpu"] is not None else "-", r["pid"], r["state"], _mib(r["used_mib"]), Command.of(r)]
-            for r in x.still_holding]
+            for r in v.still_holding]
     if not rows:
         return ""
     hint = ""
@@ -151,7 +151,7 @@ def header(alias: str, x, sandbox: bool) -> str:
 
 def ping_line(alias: str, x, wall_s: float) -> str:
     """One line per host for `invoke ping`: who answered and which GPU tools it has."""
-    p = record(x)
+    p: contract.PingResult = record(x)
 
     def yes(v) -> str:
         return "yes" if v else "no"

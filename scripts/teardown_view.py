@@ -24,11 +24,11 @@ def _mib(gpu_mib: dict) -> str:
 COMMAND = Col("command", "command", 30)
 
 
-def plan_tables(plan) -> str:
+def plan_tables(x) -> str:
     """The plan (contract.Plan, or a plan or teardown result holding one) as tables."""
-    if isinstance(plan, dict):
-        plan = contract.read_plan(plan["plan"]) if "command" in plan else contract.read_plan(plan)
-    plan = shown(getattr(plan, "plan", plan))
+    if isinstance(x, dict):
+        x = contract.read_plan(x["plan"]) if "command" in x else contract.read_plan(x)
+    plan: contract.Plan = shown(getattr(x, "plan", x))
     out = []
     if plan.targets:
         rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], Command.of(t)] for t in plan.targets]
