@@ -21,8 +21,14 @@ from scripts.agent.teardown import hostlock, rules
 from scripts.config.hostconfig import build_host
 from scripts.ops.fleet import Outcome
 from scripts.reach import bundle
-from scripts.reach.transport import AgentError, call_agent
-from scripts.views import status as status_view, teardown as teardown_view
+from scripts.reach.transport import AgentError, AgentResult, call_agent
+from scripts.views import (
+    health as health_view,
+    phase as phase_view,
+    render,
+    status as status_view,
+    teardown as teardown_view,
+)
 
 # What each subcommand needs besides the argv the local side builds.
 REQUIRED = {
@@ -133,6 +139,35 @@ def test_a_result_missing_a_required_key_is_named():
     assert locked.locked and not locked.ran and locked.plan is None
 
 
+
+def test_every_view_reads_a_record_what_carries_it_or_a_document_alike():
+    """render.record, the one reader of a view's input: a record, the AgentResult carrying it
+    and the agent's document (what --json prints) give the same display copy, every host
+    string escaped, the record itself untouched; each kind of view takes all three."""
+    gpu = {"index": 0, "name": "H200", "used_mib": 0, "reserved_mib": 0, "total_mib": 100, "processes": [],
+           "health": {"verdict": "reset needed", "reasons": ["xid 79"]}}
+    scan = {"command": "scan", "exit_code": 0, "hostname": "gpu\x1b[31m1", "gpus": [gpu], "holders": [],
+            "gpu_source": "nvml"}
+    rec = contract.read_document(scan)
+    inputs = [rec, AgentResult("h", 0, scan, 0.1, rec), scan]
+    seen = [render.record(x) for x in inputs]
+    assert seen[0] == seen[1] == seen[2] == render.shown(rec) and isinstance(seen[0], contract.ScanResult)
+    assert "\x1b" not in seen[0].hostname and rec.hostname == "gpu\x1b[31m1"
+    for view in (lambda x: status_view.header("a", x, False), status_view.gpu_table, health_view.health):
+        assert view(inputs[0]) == view(inputs[1]) == view(inputs[2]), view
+    assert "RESET NEEDED" in health_view.health(scan)
+    locked = {"command": "teardown", "exit_code": 4, "locked": True, "error": "held by alice", "hostname": "h"}
+    t = contract.read_document(locked)
+    assert (teardown_view.report("a", locked) == teardown_view.report("a", AgentResult("h", 4, locked, 0.1, t))
+            == teardown_view.report("a", t) == "== a: LOCKED: held by alice")
+    start = {"command": "phase-start", "exit_code": 0, "started": True,
+             "state": {"how": "setsid", "pid": 8, "start_time": 1, "log": "/run/x.log"}}
+    r = contract.read_document(start)
+    assert (phase_view.start_line(start) == phase_view.start_line(r)
+            == phase_view.start_line(AgentResult("h", 0, start, 0.1, r))
+            == "started via setsid (pid 8, log /run/x.log)")
+
+
 # -- the real agent on this machine, through the transport ----------------------------------------
 
 
@@ -161,6 +196,7 @@ def test_real_results_read_through_the_contract_and_rendered(host):
     assert status_view.verdict(verify.result).startswith("FREE" if verify.result.free else "NOT FREE")
     plan = call_agent(host, "plan")
     assert isinstance(plan.result, contract.PlanResult) and plan.result.plan.targets == []
+    assert "problems" not in plan.doc  # a plan names none: the Slurm epilog reads none from it
     assert teardown_view.plan_tables(plan.result.plan).startswith("Targets: none")
     assert teardown_view.plan_tables(plan.doc["plan"]) == teardown_view.plan_tables(plan.result)
     seen = []

@@ -299,24 +299,34 @@ def test_the_drain_reason_is_one_bounded_line():
 
 
 def test_a_neighbouring_jobs_busy_gpu_is_not_this_jobs_problem():
-    """NVML cannot exist here: the agent's document is written out as NVML's rows would read."""
-    from scripts.engines.slurm_job import job_problems
+    """NVML cannot exist here: the agent's document is written out as NVML's rows would read,
+    and read through the contract's record (a verify's scan; a teardown's final scan reads
+    the same)."""
+    from scripts.agent import contract
+    from scripts.engines.slurm_job import _last_scan, job_problems
 
     def doc(**kw):
-        gpus = [{"index": i, "used_mib": used, "processes": procs} for i, used, procs in kw.get("gpus", [])]
-        return {"gpus": gpus, "holders": kw.get("holders", []), "denied": kw.get("denied", [])}
+        gpus = [{"index": i, "name": "H200", "used_mib": used, "reserved_mib": 0, "total_mib": 81559,
+                 "processes": procs} for i, used, procs in kw.get("gpus", [])]
+        scan = {"hostname": "n1", "gpu_source": "nvml", "gpus": gpus, "holders": kw.get("holders", []),
+                "denied": kw.get("denied", [])}
+        verify = contract.read_document(dict(scan, command="verify", exit_code=1, free=False, problems=[]))
+        teardown = contract.read_document(dict(scan, command="teardown", exit_code=1, before=gpus, after=gpus,
+                                               wall_s=1.0, plan={"targets": [], "protected": []}))
+        assert _last_scan(verify) == _last_scan(teardown)
+        return _last_scan(verify)
 
     busy_neighbour = [(0, 0, []), (1, 80000, [{"pid": 77, "used_mib": 80000}])]
     other = {"pid": 77, "state": "R", "devices": [], "gpu_mib": {"1": 80000}, "protected": None}
-    assert job_problems(doc(gpus=busy_neighbour, holders=[other]), (0,), 0) == []
-    assert job_problems(doc(gpus=busy_neighbour, holders=[other]), (1,), 0) == [
+    assert job_problems(*doc(gpus=busy_neighbour, holders=[other]), (0,), 0) == []
+    assert job_problems(*doc(gpus=busy_neighbour, holders=[other]), (1,), 0) == [
         "GPU 1: compute process pid 77 (80000 MiB)", "GPU 1: 80000 MiB used > 0 MiB",
         "pid 77 (state R) holds memory on GPU 1"]
     holder = {"pid": 5, "state": "S", "devices": ["/dev/nvidia0"], "gpu_mib": {}, "protected": None}
-    assert job_problems(doc(gpus=busy_neighbour, holders=[holder]), (0,), 0) == ["pid 5 (state S) holds /dev/nvidia0"]
+    assert job_problems(*doc(gpus=busy_neighbour, holders=[holder]), (0,), 0) == ["pid 5 (state S) holds /dev/nvidia0"]
     monitor = dict(holder, protected="GPU monitor", mapped_devices=[])
-    assert job_problems(doc(gpus=busy_neighbour, holders=[monitor]), (0,), 0) == []
-    assert job_problems(doc(gpus=busy_neighbour, denied=[12]), (0,), 0) == [
+    assert job_problems(*doc(gpus=busy_neighbour, holders=[monitor]), (0,), 0) == []
+    assert job_problems(*doc(gpus=busy_neighbour, denied=[12]), (0,), 0) == [
         "not every process could be inspected, so nothing is called free"]
 
 

@@ -33,7 +33,250 @@ from .waits import GRACE_S, SETTLE_S, TIMEOUT_S  # noqa: F401  (re-exported: a t
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
 if TYPE_CHECKING:
-    from typing import Any
+    from typing import Any, TypedDict
+
+    # -- rows: the dicts inside results --------------------------------------------------------
+    # What the agent prints inside a result (a GPU, a holder, a plan target, an action...), as
+    # TypedDicts, so mypy checks every key the local side reads (row["pid"]). Types only: they
+    # exist for mypy (this block never runs), rows stay the plain dicts json.loads makes, and
+    # the JSON is what the agent prints. A key the agent may leave out is in a `total=False`
+    # class (no NotRequired: Python 3.8 has none); a class with required keys and optional
+    # ones is two, the second deriving from the first. mypy lets `row["key"]` read an
+    # optional key, so the split matters for what a row must hold, not for reading it.
+
+    class Container(TypedDict, total=False):
+        """The container a process runs in (agent/cgroup.py); an LXC one seen from its node
+        also carries the pid inside it and a label to show."""
+        kind: str  # "docker", "lxc", "kubernetes"
+        id: str
+        name: str | None  # docker's name, where the plan looked it up
+        pid: int
+        node_pid: int
+        label: str
+
+    class _Pid(TypedDict):
+        pid: int
+
+    class ProcessRow(_Pid, total=False):
+        """A process, as every kind of row names one (holders, plan rows, still holding, stuck,
+        respawns, ...): each kind carries some of these (agent/procscan.py detail, plan._row).
+        What render.Command.of, render.command and status_view.where read."""
+        start_time: int  # clock ticks since boot: with pid, which process it is
+        ppid: int
+        pgid: int
+        sid: int
+        uid: int
+        user: str
+        state: str  # /proc's one letter: R, S, D, Z, ...
+        comm: str
+        argv: list[str]
+        cmdline: str
+        unit: str | None
+        container: Container | None
+        gpu_mib: dict[str, int | None]  # GPU index (a string, as JSON keys are) -> MiB it uses there
+        devices: list[str]  # the GPU device files it holds open
+        write_files: list[str]  # files it writes in place (not logs)
+        protected: str | None  # why it is never signalled; None: it may be
+
+    class Holder(ProcessRow, total=False):
+        """ScanResult.holders: a process that holds a GPU (device file, mapping or memory)."""
+        mapped_devices: list[str]
+        age_s: float
+        flags: int
+        threads: int
+        unreadable: str
+
+    class PlanRow(ProcessRow, total=False):
+        """Plan.targets, protected, left_alone and supervisors (agent/plan.py _row);
+        TeardownResult.adopted: a row and why it is one."""
+        reason: str
+        via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
+        hint: str  # supervisors: how to stop it too
+
+    class GpuProcess(TypedDict):
+        """GpuRow.processes: a compute process the GPU source lists."""
+        pid: int
+        used_mib: int | None
+
+    class Health(TypedDict):
+        verdict: str  # HEALTH_VERDICTS
+        reasons: list[str]
+
+    class MigInstance(TypedDict, total=False):
+        index: int
+        gpu_instance: int | None
+        compute_instance: int | None
+        uuid: str | None
+        used_mib: int | None
+        total_mib: int | None
+
+    class Mig(TypedDict, total=False):
+        current: str
+        pending: str | None
+        instances: list[MigInstance]
+        note: str
+
+    class _Gpu(TypedDict):
+        index: int
+        name: str
+        used_mib: int | None
+        reserved_mib: int | None
+        total_mib: int | None
+        processes: list[GpuProcess]
+
+    class GpuRow(_Gpu, total=False):
+        """ScanResult.gpus, TeardownResult.before and after: one GPU as the source read it."""
+        uuid: str
+        unread: Any
+        memory_call: str
+        health: Health  # where assessed (gpu_health reads it)
+        mig: Mig  # where read
+
+    class ForeignPid(TypedDict):
+        """ScanResult.foreign_gpu_pids: a pid the GPU source lists that /proc here does not show."""
+        pid: int
+        gpu: int
+        used_mib: int | None
+
+    class LastTeardown(TypedDict, total=False):
+        """ScanResult.last_teardown: the summary of the host's last teardown (agent/lastrun.py)."""
+        started: str | None
+        finished: str | None
+        operator: str | None
+        exit_code: int | None
+        verdict: str | None
+        signalled: int | None
+        stuck: Any
+        freed_mib: int | None
+        wall_s: float | None
+        state: str | None  # "running", "finished"
+
+    class MpsControl(TypedDict, total=False):
+        pid: int
+        uid: int | None
+        start_time: int
+        pipe_dir: str | None
+        cmdline: str | None
+
+    class MpsClient(TypedDict, total=False):
+        pid: int
+        gpu: int
+        cmdline: str
+        via: str
+
+    class MpsServer(TypedDict, total=False):
+        pid: int
+        uid: int | None
+        start_time: int
+        control: int | None
+        pipe_dir: str | None
+        gpus: dict[str, int | None]  # GPU index -> MiB
+        clients: list[MpsClient]
+
+    class Mps(TypedDict, total=False):
+        """ScanResult.mps, TeardownResult.mps: MPS daemons (agent/mps.py describe)."""
+        controls: list[MpsControl]
+        servers: list[MpsServer]
+
+    class MpsQuit(TypedDict, total=False):
+        """TeardownResult.mps_quit: one control daemon told `quit` (agent/mps.py quit_daemon)."""
+        control: int
+        pipe_dir: str | None
+        sent: bool
+        output: str
+        servers_gone: bool
+        waited_s: float
+        error: str | None
+
+    class StillHolding(ProcessRow, total=False):
+        """VerifyResult and TeardownResult.still_holding (agent/verify.py): what holds a GPU;
+        gpu None: a holder of a device file with no memory on any GPU."""
+        gpu: int | None
+        used_mib: int | None
+
+    class Action(ProcessRow, total=False):
+        """TeardownResult.actions, StopResult.actions: one audit record (agent/auditlog.py):
+        a signal sent, a unit or container stopped; signal_failures: one that failed."""
+        time: str
+        host: str
+        operator: str
+        signal: str  # "SIGTERM", "SIGKILL", "systemctl stop UNIT", ...
+        result: str  # "sent", "gone", or why not
+        comes_back: str  # a unit or container that starts again by itself (agent/units.py)
+
+    class Respawn(ProcessRow, total=False):
+        """TeardownResult.appeared (a respawn: agent/settle.py) and ignored (seen in the settle
+        window, not a respawn)."""
+        why: str
+        started_by: str
+        include: str | None  # what to add to stop what restarts it
+
+    class Stuck(ProcessRow, total=False):
+        """TeardownResult.stuck: a target that did not end (agent/teardown.py stuck_report)."""
+        in_exit: bool
+        why: str
+        wchan: str | None
+
+    class Unit(TypedDict, total=False):
+        """Plan.units: a systemd unit the teardown stops (ctid: inside that LXC container)."""
+        unit: str
+        ctid: str | None
+        pids: list[int]
+        disable: bool
+
+    class PlanContainer(TypedDict, total=False):
+        """Plan.containers: a docker container the teardown stops."""
+        id: str
+        name: str | None
+        pids: list[int]
+        disable: bool
+
+    class Writing(TypedDict):
+        """Plan.writing: a target that writes files in place."""
+        pid: int
+        files: list[str]
+
+    class Scope(TypedDict, total=False):
+        """Plan.scope: only processes with `text` in their command line, of `uid`."""
+        text: str | None
+        uid: int | None
+
+    class PhaseState(TypedDict, total=False):
+        """StartResult.state: {how: 'systemd-run', unit} or {how: 'setsid', pid, start_time, log}."""
+        how: str
+        unit: str
+        pid: int
+        start_time: int
+        log: str
+        exit_file: str
+        name: str
+        argv: list[str]
+        started: float
+        prep: list[Any]
+
+    class Prep(TypedDict, total=False):
+        """ReadyResult.prep: one preparation job of a phase."""
+        cmd: str
+        pid: int
+        exit: int | None
+        status: str  # "running", "exited N", "gone"
+
+    class Check(TypedDict):
+        """ResetResult.checks: one precondition and its answer."""
+        check: str
+        ok: bool
+        detail: str
+
+    class Gate(TypedDict, total=False):
+        """GatesResult.gates: one gate and its answer."""
+        gate: str
+        ok: bool
+        detail: str
+
+    class Finding(TypedDict):
+        """LintResult.findings: one finding about a launch command."""
+        check: str
+        message: str
 
 # -- exit codes ----------------------------------------------------------------------------------
 
@@ -355,8 +598,9 @@ def spec_args(spec):
 # {"usage_error": TEXT} and exit 2 instead. The records below are how the local side reads
 # each kind (read(), below): a field without a default is required (a result without it is a
 # ContractError naming the key); the others take their default when the key is absent or
-# null. Lists of rows (GPUs, holders, plan targets, actions) stay lists of dicts: one view
-# renders each kind of row.
+# null. Lists of rows (GPUs, holders, plan targets, actions) stay the dicts the JSON holds
+# (not read key by key here: one view renders each kind of row); their keys are typed by the
+# row TypedDicts at the top of this file, for mypy only.
 
 USAGE_ERROR = "usage_error"
 AGENT_ERROR = "agent_error"  # {"agent_error": "IndexError: ... at program.py:72 in names"}: the agent failed (exit 3)
@@ -444,8 +688,8 @@ class ScanResult(Record):
     container, ...}]; mps: {controls, servers: [{pid, gpus, clients, pipe_dir}]} where MPS runs."""
 
     hostname: str
-    gpus: list[dict[str, Any]]
-    holders: list[dict[str, Any]]
+    gpus: list[GpuRow]
+    holders: list[Holder]
     gpu_source: str
     gpu_source_tried: list[str] = []
     devices_glob: str | None = None
@@ -453,9 +697,9 @@ class ScanResult(Record):
     denied: list[int] = []  # pids whose fds could not be read: nothing is called free
     denied_protected: list[int] = []  # the same, but protected: they cannot block FREE
     proc_hidden: str | None = None  # why /proc hides processes from this user (hidepid), if it does
-    foreign_gpu_pids: list[dict[str, Any]] = []
-    last_teardown: dict[str, Any] | None = None
-    mps: dict[str, Any] | None = None
+    foreign_gpu_pids: list[ForeignPid] = []
+    last_teardown: LastTeardown | None = None
+    mps: Mps | None = None
     code: int = EXIT_OK
 
 
@@ -463,10 +707,10 @@ class ScanResult(Record):
 HEALTH_VERDICTS = ("ok", "unknown", "drain", "reset needed", "reboot needed")
 
 
-def gpu_health(row):
+def gpu_health(row: GpuRow) -> Health:
     """{verdict, reasons} of one GPU row of a scan, verify or teardown result; 'unknown' when
     the agent did not assess it (an older agent, or a row from before the teardown)."""
-    h = row.get("health") or {}
+    h: Health | dict[str, Any] = row.get("health") or {}
     return {"verdict": h.get("verdict") or "unknown", "reasons": list(h.get("reasons") or [])}
 
 
@@ -474,7 +718,7 @@ class VerifyResult(Record):
     scan: ScanResult  # the same document, read as a scan
     free: bool
     problems: list[str]
-    still_holding: list[dict[str, Any]] = []
+    still_holding: list[StillHolding] = []
     waited_s: float = 0.0
     code: int = EXIT_OK
 
@@ -482,15 +726,15 @@ class VerifyResult(Record):
 class Plan(Record):
     """targets, protected, left_alone: rows {pid, start_time, state, cmdline, reason, gpu_mib, via, ...}."""
 
-    targets: list[dict[str, Any]]
-    protected: list[dict[str, Any]]
-    left_alone: list[dict[str, Any]] = []
+    targets: list[PlanRow]
+    protected: list[PlanRow]
+    left_alone: list[PlanRow] = []
     will_free_mib: int = 0
-    units: list[dict[str, Any]] = []
-    containers: list[dict[str, Any]] = []
-    supervisors: list[dict[str, Any]] = []
-    writing: list[dict[str, Any]] = []
-    scope: dict[str, Any] = {}
+    units: list[Unit] = []
+    containers: list[PlanContainer] = []
+    supervisors: list[PlanRow] = []
+    writing: list[Writing] = []
+    scope: Scope = {}
     rules: list[str] = []
 
     def approved(self):
@@ -513,29 +757,33 @@ class TeardownResult(Record):
     error: str | None = None
     state_error: str | None = None
     plan: Plan | None = None  # None when it did not run
-    before: list[dict[str, Any]] = []  # GPU rows, as ScanResult.gpus
-    after: list[dict[str, Any]] = []
+    before: list[GpuRow] = []  # GPU rows, as ScanResult.gpus
+    after: list[GpuRow] = []
     gpu_source: str | None = None
-    actions: list[dict[str, Any]] = []  # audit records {signal, pid, result, cmdline}
+    actions: list[Action] = []  # audit records {signal, pid, result, cmdline}
     problems: list[str] = []
-    still_holding: list[dict[str, Any]] = []
+    still_holding: list[StillHolding] = []
     freed_mib: int = 0
     signalled: int = 0
     wall_s: float = 0.0
     free_at_s: float | None = None
     settled_at_s: float | None = None
     settle_s: float = 0.0
-    unapproved: list[dict[str, Any]] = []
-    adopted: list[dict[str, Any]] = []
-    signal_failures: list[dict[str, Any]] = []
-    appeared: list[dict[str, Any]] = []  # respawns: {pid, cmdline, why, started_by, include}
-    ignored: list[dict[str, Any]] = []  # seen in the settle window, not a respawn: {pid, cmdline, why}
+    unapproved: list[PlanRow] = []
+    adopted: list[PlanRow] = []
+    signal_failures: list[Action] = []
+    appeared: list[Respawn] = []  # respawns: {pid, cmdline, why, started_by, include}
+    ignored: list[Respawn] = []  # seen in the settle window, not a respawn: {pid, cmdline, why}
     settle_ended: str | None = None  # why the window ended as soon as the GPUs read free
-    stuck: list[dict[str, Any]] = []
-    concurrent_teardowns: list[dict[str, Any]] = []
+    stuck: list[Stuck] = []
+    concurrent_teardowns: list[ProcessRow] = []  # other users' teardowns: {pid, user, cmdline}
     record_errors: list[str] = []
-    mps: dict[str, Any] | None = None  # MPS as seen at the end (after: its GPU rows carry health)
-    mps_quit: list[dict[str, Any]] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
+    mps: Mps | None = None  # MPS as seen at the end (after: its GPU rows carry health)
+    mps_quit: list[MpsQuit] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
+    # The scan it ended on, as the document carries it (a scan's keys; its GPU rows are `after`):
+    holders: list[Holder] = []
+    denied: list[int] = []  # pids whose fds could not be read then: not free
+    proc_hidden: str | None = None
 
     @property
     def ran(self):
@@ -547,7 +795,7 @@ class StartResult(Record):
     """state: {how: 'systemd-run', unit} or {how: 'setsid', pid, start_time, log}."""
 
     started: bool
-    state: dict[str, Any] | None = None
+    state: PhaseState | None = None
     error: str | None = None
     code: int = EXIT_OK
 
@@ -559,7 +807,7 @@ class ReadyResult(Record):
     detail: str = ""
     waited_s: float = 0.0
     log_tail: list[str] = []
-    prep: list[dict[str, Any]] = []
+    prep: list[Prep] = []
     error: str | None = None
     code: int = EXIT_OK
 
@@ -568,7 +816,7 @@ class StopResult(Record):
     stopped: list[Any]
     left: list[int] = []
     note: str | None = None
-    actions: list[dict[str, Any]] = []
+    actions: list[Action] = []
     code: int = EXIT_OK
 
 
@@ -597,7 +845,7 @@ class DrainResult(Record):
 
 class GatesResult(Record):
     passed: bool
-    gates: list[dict[str, Any]]  # [{gate, ok, detail}]
+    gates: list[Gate]  # [{gate, ok, detail}]
     code: int = EXIT_OK
 
 
@@ -613,7 +861,7 @@ class ResetResult(Record):
     """checks: [{check, ok, detail}]; command: the argv it runs (or would run, in a dry run)."""
 
     gpu: int
-    checks: list[dict[str, Any]]
+    checks: list[Check]
     command: list[str]
     ready: bool
     ran: bool = False
@@ -624,7 +872,7 @@ class ResetResult(Record):
 
 
 class LintResult(Record):
-    findings: list[dict[str, str]]  # [{check, message}]
+    findings: list[Finding]  # [{check, message}]
     gpus_visible: int
     code: int = EXIT_OK
 

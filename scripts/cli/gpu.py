@@ -124,7 +124,6 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     verdict and its reasons are printed; `invoke reset` when it says reset), 130 Ctrl-C
     (the host side goes on).
     """
-    from scripts.agent import contract
     from scripts.config import cliargs
     from scripts.ops import audit_log, fleet
     from scripts.reach.transport import call_teardown
@@ -145,8 +144,7 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
         progress = None if json or fleet_mode else (
             lambda p: print(teardown_view.progress_line(h.alias, p), flush=True))
         result = call_teardown(h, td.approved_for(req, approved, h.alias), on_progress=progress)
-        record = result.result
-        assert isinstance(record, contract.TeardownResult)  # what transport reads a teardown's result into
+        record = result.result  # a contract.TeardownResult: call_teardown's type says so
         if record.actions:
             audit_log.append(h.alias, record.actions)
         return result

@@ -131,10 +131,10 @@ def outcome(call: dict, rc: int, stdout: str, stderr: str, check_mode: bool) -> 
     return out
 
 
-def _teardown_facts(res) -> dict:
-    if res.locked or res.state_error:
-        return {"verdict": "not started", "problems": [res.error or res.state_error]}
+def _teardown_facts(res: contract.TeardownResult) -> dict:
     plan = res.plan
+    if plan is None or res.locked or res.state_error:  # not started: then, and only then, it has no plan
+        return {"verdict": "not started", "problems": [res.error or res.state_error]}
     return {"verdict": "free" if res.code == contract.EXIT_OK else contract.exit_name(res.code).replace("-", " "),
             "targets": _rows(plan.targets, TARGET_KEYS), "protected": _rows(plan.protected, PROTECTED_KEYS),
             "freed_mib": res.freed_mib, "signalled": res.signalled, "problems": res.problems,

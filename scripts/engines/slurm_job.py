@@ -201,13 +201,13 @@ class DeviceView:
 
 # -- what went wrong, in one line for `sinfo -R` ---------------------------------------------
 
-def _pid_line(row: dict, view: DeviceView, what: str) -> str:
+def _pid_line(row: contract.ProcessRow, view: DeviceView, what: str) -> str:
     devices = ", ".join(os.path.basename(view.real(d)) for d in row.get("devices") or []) or "the GPU"
     who = f" user {row['user']}" if row.get("user") else ""
     return f"pid {row['pid']} ({_comm(row)}{who}, state {row.get('state', '?')}) {what} {devices}"
 
 
-def _comm(row: dict) -> str:
+def _comm(row: contract.ProcessRow) -> str:
     cmd = (row.get("cmdline") or row.get("comm") or "?").split()
     return os.path.basename(cmd[0]) if cmd else "?"
 
@@ -240,7 +240,7 @@ def _appeared(res, job: Job) -> list:
     return [a for a in res.appeared if not other_job(a, job.id)]
 
 
-def other_job(row: dict, job_id: str | None) -> bool:
+def other_job(row: contract.ProcessRow, job_id: str | None) -> bool:
     """Is this holder (a scan or plan row) in ANOTHER running job's cgroup? Then it is that
     job's, on a shared GPU: never this job's to signal or to blame. Only a cgroup Slurm
     itself made counts (slurm_cgroup.job_of): a `job_<N>` folder a user made names nothing."""
@@ -250,14 +250,17 @@ def other_job(row: dict, job_id: str | None) -> bool:
     return job is not None and job != job_id
 
 
-def on_job(row: dict, gpus: tuple) -> bool:
+def on_job(row: contract.ProcessRow, gpus: tuple) -> bool:
     """Does this holder (a scan or plan row) hold one of the job's GPUs: one of its device
     files (the agent looked at no others), or GPU memory on one of its GPUs (NVML rows)?"""
     return bool(row.get("devices")) or bool(set(row.get("gpu_mib") or {}) & {str(i) for i in gpus})
 
 
-def job_problems(doc: dict, gpus: tuple, max_used_mib: int, job_id: str | None = None) -> list:
-    """What keeps THE JOB'S GPUs from being free, from an agent verify or teardown document.
+def job_problems(gpu_rows: list[contract.GpuRow], holders: list[contract.Holder], uninspected: bool, gpus: tuple,
+                 max_used_mib: int, job_id: str | None = None) -> list:
+    """What keeps THE JOB'S GPUs from being free, from the last scan of an agent verify or
+    teardown (its GPU rows, its holders, and whether some process could not be inspected:
+    _last_scan reads them from the record).
 
     Why here: the agent's verdict covers every GPU NVML reports, and on a node shared by
     several jobs another job's GPU is busy by design; judged whole, every epilog and prolog
@@ -269,26 +272,36 @@ def job_problems(doc: dict, gpus: tuple, max_used_mib: int, job_id: str | None =
     another job's cgroup holds is that job's (a shared GPU), and so is the memory used on a
     GPU one of its processes is on."""
     wanted = {str(i) for i in gpus}
-    holders = doc.get("holders") or []
     others = {h["pid"] for h in holders if other_job(h, job_id)}
     out = []
-    for g in doc.get("gpus") or []:
+    for g in gpu_rows:
         if str(g.get("index")) not in wanted:
             continue
         procs = g["processes"]
         out += [f"GPU {g['index']}: compute process pid {p['pid']} ({p['used_mib']} MiB)" for p in procs
                 if p["pid"] not in others]
         shared = any(p["pid"] in others for p in procs)
-        if g.get("used_mib") is not None and g["used_mib"] > max_used_mib and not shared:
-            out.append(f"GPU {g['index']}: {g['used_mib']} MiB used > {max_used_mib} MiB")
+        used = g.get("used_mib")
+        if used is not None and used > max_used_mib and not shared:
+            out.append(f"GPU {g['index']}: {used} MiB used > {max_used_mib} MiB")
     for h in holders:
         context = h.get("gpu_mib") or h.get("mapped_devices")
         if on_job(h, gpus) and h["pid"] not in others and (not h.get("protected") or context):
             held = ", ".join(h.get("devices") or []) or "memory on GPU " + ", ".join(sorted(h.get("gpu_mib") or {}))
             out.append(f"pid {h['pid']} (state {h.get('state', '?')}) holds {held}")
-    if doc.get("denied") or doc.get("proc_hidden"):
+    if uninspected:
         out.append("not every process could be inspected, so nothing is called free")
     return out
+
+
+def _last_scan(r: contract.VerifyResult | contract.TeardownResult) -> tuple[list[contract.GpuRow],
+                                                                            list[contract.Holder], bool]:
+    """(GPU rows, holders, not every process inspected) of the scan a verify or a teardown
+    ended on, for job_problems: a verify's scan; a teardown's final scan (its GPU rows are
+    `after`)."""
+    if isinstance(r, contract.TeardownResult):
+        return r.after, r.holders, bool(r.denied or r.proc_hidden)
+    return r.scan.gpus, r.scan.holders, bool(r.scan.denied or r.scan.proc_hidden)
 
 
 def reason_text(kind: str, job: Job, problems: list) -> str:
@@ -327,9 +340,8 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
     try:
         host = _job_host(settings, job, view, scoped=True)
         planned = call_agent(host, "plan", deadline_s=AGENT_S - (time.monotonic() - started))
-        if planned.code != contract.EXIT_OK:
-            return planned.code, [view.real(p) for p in planned.doc.get("problems") or []] or [
-                planned.doc.get(contract.USAGE_ERROR) or f"the agent's plan exited {planned.code}"]
+        if planned.code != contract.EXIT_OK:  # a plan has no problems to name, and a usage error is a ConfigError
+            return planned.code, [f"the agent's plan exited {planned.code}"]
         # only what holds the job's GPUs (NVML also lists the same user's processes on the node's other
         # GPUs), and not what another job's cgroup holds (the same user's running job on a shared GPU)
         mine = [t for t in planned.result.plan.targets if on_job(t, job.gpus) and not other_job(t, job.id)]
@@ -346,7 +358,7 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
             return res.code, [f"agent state directory unusable: {r.state_error}"]
         if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE and not (
                 r.stuck or r.signal_failures or _appeared(r, job) or _foreign(r, job))
-                and not job_problems(res.doc, job.gpus, settings.max_used_mib, job.id)):
+                and not job_problems(*_last_scan(r), job.gpus, settings.max_used_mib, job.id)):
             return contract.EXIT_OK, []
         return res.code, epilog_problems(r, view, job)
     finally:
@@ -363,8 +375,8 @@ def prolog(job: Job, settings: Settings, started: float) -> tuple:
         res = call_agent(_job_host(settings, job, view, scoped=False), "verify",
                          ["--wait", wait, "--max-used-mib", settings.max_used_mib],
                          deadline_s=AGENT_S - (time.monotonic() - started))
-        if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE
-                                            and not job_problems(res.doc, job.gpus, settings.max_used_mib, job.id)):
+        if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE and not job_problems(
+                *_last_scan(res.result), job.gpus, settings.max_used_mib, job.id)):
             return contract.EXIT_OK, []
         holders = [h for h in res.result.scan.holders if not h["protected"] and not other_job(h, job.id)]
         lines = [_pid_line(h, view, "holds") for h in holders]

@@ -89,7 +89,7 @@ def decide(node: str, state: str | None, reason: str, force: bool) -> NodeResult
     return None
 
 
-def after_verify(node: str, reason: str, result) -> NodeResult:
+def after_verify(node: str, reason: str, result: contract.VerifyResult) -> NodeResult:
     """Resume on a clean verify (contract.VerifyResult with exit 0) when the node is still
     drained for the reason read before it, else say what still holds the GPUs or what changed."""
     if result.code == contract.EXIT_OK and result.free:

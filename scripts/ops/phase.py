@@ -9,7 +9,7 @@ import json
 
 from ..agent import contract
 from ..config.errors import ConfigError, show
-from ..reach.transport import agent_argv, call_agent
+from ..reach.transport import AgentResult, agent_argv, call_agent
 
 
 def phase_of(host, name: str):
@@ -26,19 +26,19 @@ def spec_args(phase) -> list:
     return contract.spec_args(phase.spec())
 
 
-def start(host, phase):
+def start(host, phase) -> AgentResult[contract.StartResult]:
     return call_agent(host, "phase-start", spec_args(phase))
 
 
-def ready(host, phase, wait_s: float, on_progress=None):
+def ready(host, phase, wait_s: float, on_progress=None) -> AgentResult[contract.ReadyResult]:
     return call_agent(host, "phase-ready", spec_args(phase) + ["--wait", wait_s], on_progress=on_progress)
 
 
-def stop(host, phase, operator: str):
+def stop(host, phase, operator: str) -> AgentResult[contract.StopResult]:
     return call_agent(host, "phase-stop", spec_args(phase) + ["--operator", operator])
 
 
-def logs(host, phase, lines: int):
+def logs(host, phase, lines: int) -> AgentResult[contract.LogsResult]:
     return call_agent(host, "phase-logs", spec_args(phase) + ["--lines", lines])
 
 
@@ -82,22 +82,22 @@ def follow_logs(host, phase, lines: int):
     return done.code, None
 
 
-def drain(host, url: str, timeout_s: float, on_progress=None):
+def drain(host, url: str, timeout_s: float, on_progress=None) -> AgentResult[contract.DrainResult]:
     return call_agent(host, "drain", ["--url", url, "--timeout", timeout_s], on_progress=on_progress)
 
 
-def gates(host, phase):
+def gates(host, phase) -> AgentResult[contract.GatesResult]:
     return call_agent(host, "gates", spec_args(phase))
 
 
-def lint(host, argv: list, gpus: str | None):
+def lint(host, argv: list, gpus: str | None) -> AgentResult[contract.LintResult]:
     extra = ["--gpus", gpus] if gpus else []
     return call_agent(host, "lint", ["--argv", json.dumps(argv), *extra])
 
 
-def deploy(host, phase, action: str):
+def deploy(host, phase, action: str) -> AgentResult[contract.DeployResult]:
     return call_agent(host, "deploy", spec_args(phase) + ["--action", action])
 
 
-def smoke(host, phase):
+def smoke(host, phase) -> AgentResult[contract.SmokeResult]:
     return call_agent(host, "smoke", spec_args(phase))

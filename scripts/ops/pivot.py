@@ -19,7 +19,9 @@ started); 7 a host call timed out. The words of each step's result are the views
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from ..agent import contract
 from ..reach.route import HostUnreachable
@@ -48,7 +50,10 @@ class StepFailed(Exception):
         self.code = code
 
 
-def _attempt(fn):
+T = TypeVar("T")
+
+
+def _attempt(fn: Callable[[], T]) -> T:
     """fn()'s result, or StepFailed with the documented code (transport.exit_code_for) and the
     error's one line, for the errors a step meets on its host."""
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar, overload
 
 from ..agent import contract
 from ..config import defaults
@@ -24,17 +24,22 @@ class AgentError(RuntimeError):
     """The agent ran (or tried to) but gave no usable result; the text says why."""
 
 
+R = TypeVar("R", bound=contract.Record)
+
+
 @dataclass
-class AgentResult:
+class AgentResult(Generic[R]):
     """One agent call's outcome: its exit code, its JSON document (what --json prints) and the
     same document read through the contract (`result`: contract.TeardownResult for a
-    teardown, and so on; the one place the local side reads the agent's keys)."""
+    teardown, and so on; the one place the local side reads the agent's keys). The record's
+    type is the parameter: call_agent's overloads give AgentResult[contract.TeardownResult]
+    for "teardown", and so on (contract.RESULTS)."""
 
     host: str
     code: int
     doc: dict
     wall_s: float
-    result: Any = None
+    result: R
 
 
 def exit_code_for(exc: BaseException) -> int | None:
@@ -132,7 +137,7 @@ class TeardownRequest:
         return BASE_DEADLINE_S + waits + (contract.MPS_QUIT_TIMEOUT_S if self.mps_quit else 0.0)
 
 
-def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult:
+def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult[contract.TeardownResult]:
     """One teardown on `host`, within the deadline its fields give."""
     return call_agent(host, "teardown", request.argv(), on_progress=on_progress, deadline_s=request.deadline_s())
 
@@ -184,7 +189,58 @@ def _spec_of(args) -> dict:
     return {}
 
 
-def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: float | None = None) -> AgentResult:
+# The record each subcommand's call gives (contract.RESULTS), for mypy: one overload per subcommand.
+@overload
+def call_agent(host, subcommand: Literal["ping"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.PingResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["scan"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.ScanResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["verify"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.VerifyResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["plan"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.PlanResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["teardown"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.TeardownResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["phase-start"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.StartResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["phase-ready"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.ReadyResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["phase-stop"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.StopResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["phase-logs"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.LogsResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["smoke"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.SmokeResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["drain"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.DrainResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["gates"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.GatesResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["lint"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.LintResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["deploy"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.DeployResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["reset"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.ResetResult]: ...
+@overload
+def call_agent(host, subcommand: str, args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[contract.Record]: ...
+
+
+def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: float | None = None) -> AgentResult[Any]:
     """Run one agent subcommand on `host` within `deadline_s` (default: deadline_for()).
 
     Raises HostUnreachable, HostTimedOut (ssh gave up waiting, or the deadline passed: the

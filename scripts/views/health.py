@@ -7,21 +7,16 @@ records come through the contract (contract.gpu_health reads a GPU row's verdict
 from __future__ import annotations
 
 from ..agent import contract
-from .render import Col, shorten, shown, table
+from .render import Col, record, shorten, table
 
 RUNBOOK = "runbooks/gpu-unusable-after-teardown.md"
 NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot needed": "reboot the node",
         "drain": "drain peer-to-peer (NVLink) traffic, then look again"}
 
 
-def _record(x):
-    x = getattr(x, "result", x)
-    return shown(contract.read_document(x) if isinstance(x, dict) else x)  # host strings escaped (render.shown)
-
-
-def _gpus(x) -> list:
+def _gpus(x) -> list[contract.GpuRow]:
     """The GPU rows that carry the verdict: a teardown's after, else the scan's."""
-    x = _record(x)
+    x = record(x)
     if isinstance(x, contract.TeardownResult):
         return x.after
     return getattr(x, "scan", x).gpus
@@ -58,9 +53,9 @@ def mig(x) -> str:
 
 
 def mps(x) -> str:
-    x = _record(x)
-    info = x.mps if isinstance(x, contract.TeardownResult) else getattr(x, "scan", x).mps
-    quits = x.mps_quit if isinstance(x, contract.TeardownResult) else []
+    x = record(x)
+    info: contract.Mps | None = x.mps if isinstance(x, contract.TeardownResult) else getattr(x, "scan", x).mps
+    quits: list[contract.MpsQuit] = x.mps_quit if isinstance(x, contract.TeardownResult) else []
     if not info and not quits:
         return ""
     lines = []

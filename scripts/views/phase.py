@@ -6,24 +6,21 @@ the contract's record (AgentResult.result, e.g. contract.StartResult) or the Age
 """
 from __future__ import annotations
 
-from .render import shorten, shown
-
-
-def _r(x):
-    return shown(getattr(x, "result", x))  # host strings escaped (render.shown)
+from ..agent import contract
+from .render import record, shorten, shown
 
 
 def start_line(x) -> str:
     """'started via setsid (pid 812, log /run/gpu-pivot/phase-train.log)' or 'FAILED: why'."""
-    r = _r(x)
+    r: contract.StartResult = record(x)
     if not r.started:
         return f"FAILED: {r.error}"
-    st = r.state
+    st: contract.PhaseState = r.state or {}  # a started phase has one (contract.read)
     return f"started via {st['how']} ({st.get('unit') or 'pid %s, log %s' % (st['pid'], st['log'])})"
 
 
 def stop_line(x) -> str:
-    r = _r(x)
+    r: contract.StopResult = record(x)
     if r.note and not r.stopped:
         return r.note
     if not r.stopped and not r.left:  # a second `stop`: say so, not "stopped []"
@@ -32,7 +29,7 @@ def stop_line(x) -> str:
 
 
 def ready_line(x) -> str:
-    r = _r(x)
+    r: contract.ReadyResult = record(x)
     if r.ready:
         return f"ready after {r.waited_s}s ({r.detail})"
     return f"NOT READY after {r.waited_s}s: {r.detail}"
@@ -45,34 +42,39 @@ def ready_progress(p: dict) -> str:
 
 
 def log_tail(x) -> str:
-    return "log tail:\n" + "\n".join("  " + line for line in _r(x).log_tail)
+    r: contract.ReadyResult = record(x)
+    return "log tail:\n" + "\n".join("  " + line for line in r.log_tail)
 
 
 def prep_lines(x) -> list:
     """One line per preparation job: its status and command."""
-    return [f"{p['status']:>10}  {shorten(p['cmd'], 70)}" for p in _r(x).prep]
+    r: contract.ReadyResult = record(x)
+    return [f"{p['status']:>10}  {shorten(p['cmd'], 70)}" for p in r.prep]
 
 
 def gate_lines(x) -> list:
-    return [f"{'ok  ' if g['ok'] else 'FAIL'} {g['gate']} ({g['detail']})" for g in _r(x).gates]
+    r: contract.GatesResult = record(x)
+    return [f"{'ok  ' if g['ok'] else 'FAIL'} {g['gate']} ({g['detail']})" for g in r.gates]
 
 
 def deploy_line(x) -> str:
-    r = _r(x)
+    r: contract.DeployResult = record(x)
     return f"{r.detail}: {', '.join(r.files) or '-'}"
 
 
 def lint_lines(x) -> list:
     """'check: message' per finding; none when the launch command is clean."""
-    return [f"{f['check']}: {f['message']}" for f in _r(x).findings]
+    r: contract.LintResult = record(x)
+    return [f"{f['check']}: {f['message']}" for f in r.findings]
 
 
 def lint_ok(x) -> str:
-    return f"launch command OK ({_r(x).gpus_visible} GPU(s) visible)"
+    r: contract.LintResult = record(x)
+    return f"launch command OK ({r.gpus_visible} GPU(s) visible)"
 
 
 def drain_line(x) -> str:
-    r = _r(x)
+    r: contract.DrainResult = record(x)
     if r.note:
         return r.note
     if r.drained:
@@ -85,5 +87,5 @@ def drain_progress(p: dict) -> str:
 
 
 def smoke_line(x) -> str:
-    r = _r(x)
+    r: contract.SmokeResult = record(x)
     return f"HTTP {r.status}: {shorten(r.body, 60)}" if r.ok else f"FAILED: {r.error}"

@@ -39,7 +39,7 @@ def safe_lines(text) -> str:
 def shown(x):
     """A display copy of a record, document or progress line: every string in it through
     safe(), keys included; numbers, booleans and None as they are. The views render from
-    this copy (status_view.record, teardown_view, health_view, phase_view), so no string a
+    this copy (render.record: status_view, teardown_view, health_view, phase_view), so no string a
     host sent reaches a line raw, whichever f-string prints it; --json and the audit log keep
     the originals."""
     if isinstance(x, str):
@@ -51,6 +51,16 @@ def shown(x):
     if isinstance(x, (list, tuple)):
         return type(x)(shown(v) for v in x)
     return x
+
+
+def record(x):
+    """The contract's record in `x`, as a view shows it: a display copy (shown: every host
+    string escaped). `x` is a record (contract.ScanResult, TeardownResult, ...), what carries
+    one as `result` (transport.AgentResult), or an agent document (a dict, as --json prints
+    it, which names its command) read with contract.read_document. The one way every view
+    (status_view, health_view, teardown_view, phase_view) takes its input."""
+    x = getattr(x, "result", x)
+    return shown(contract.read_document(x) if isinstance(x, dict) else x)
 
 
 # -- width and colour ---------------------------------------------------------------------------
@@ -195,7 +205,7 @@ class Command:
             [n for r, n in ranks if r is None]
 
     @classmethod
-    def of(cls, record: dict) -> Command:
+    def of(cls, record: contract.ProcessRow) -> Command:
         """From a process record of the agent (holder, target, action): argv when it has one."""
         return cls(record.get("argv"), record.get("cmdline") or "")
 
@@ -220,7 +230,7 @@ class Command:
         return text if len(text) <= n else text[: max(1, n - len(ELLIPSIS))] + ELLIPSIS
 
 
-def command(record: dict, n: int | None = None) -> str:
+def command(record: contract.ProcessRow, n: int | None = None) -> str:
     """A record's command (see Command), cut to n columns when n is given."""
     c = Command.of(record)
     return str(c) if n is None else c.fit(n)

@@ -3,19 +3,12 @@
 Why separate: tasks stay thin, and the same views serve status, verify, plan and teardown.
 Each view takes the contract's record (AgentResult.result: contract.ScanResult,
 VerifyResult, PingResult); an agent document (a dict, as --json prints it) is read through
-the contract first, in `record`, so these views never read the agent's keys themselves.
+the contract first, in render.record, so these views never read the agent's keys themselves.
 """
 from __future__ import annotations
 
 from ..agent import contract
-from .render import Col, Command, age, note, paint, shorten, shown, table, width
-
-
-def record(x):
-    """`x` as the contract's record, as the views show it (render.shown: every host string
-    escaped): a record as it is; an agent document (a dict, which names its command) read
-    with contract.read_document."""
-    return shown(contract.read_document(x) if isinstance(x, dict) else x)
+from .render import Col, Command, age, note, paint, record, shorten, table, width
 
 
 def scan_of(x) -> contract.ScanResult:
@@ -44,12 +37,12 @@ def gpu_table(x) -> str:
         table(["gpu", Col("name", "cut", 8), "used", "reserved", "total", Col("processes", "wrap", 12)], rows, "  ")
 
 
-def where(h: dict) -> str:
+def where(h: contract.ProcessRow) -> str:
     """A process row's unit or container, for a table column."""
-    if h.get("container"):
-        if h["container"].get("label"):  # `ct 129 pid 9 (node pid 814)`, seen from a Proxmox node
-            return h["container"]["label"]
-        c = h["container"]
+    c = h.get("container")
+    if c:
+        if c.get("label"):  # `ct 129 pid 9 (node pid 814)`, seen from a Proxmox node
+            return c["label"]
         return f"{c['kind']}:{c['name']} ({c['id'][:12]})" if c.get("name") else f"{c['kind']}:{c['id'][:12]}"
     return h.get("unit") or "-"
 
@@ -117,7 +110,7 @@ def last_teardown(x) -> str:
 
 def verdict(x) -> str:
     """verify's answer: FREE, or NOT FREE and each problem on its own line."""
-    v = record(x)
+    v: contract.VerifyResult = record(x)
     if v.free:
         return paint("FREE: every GPU is free")
     return paint("\n".join(["NOT FREE:", *(note(p) for p in v.problems)]))  # each problem whole, fitted
@@ -125,9 +118,9 @@ def verdict(x) -> str:
 
 def still_holding(x) -> str:
     """What still holds each GPU after a verify or a teardown that did not free it."""
-    x = record(x)
+    v: contract.VerifyResult | contract.TeardownResult = record(x)
     rows = [[r["gpu"] if r["gpu"] is not None else "-", r["pid"], r["state"], _mib(r["used_mib"]), Command.of(r)]
-            for r in x.still_holding]
+            for r in v.still_holding]
     if not rows:
         return ""
     hint = ""
@@ -158,7 +151,7 @@ def header(alias: str, x, sandbox: bool) -> str:
 
 def ping_line(alias: str, x, wall_s: float) -> str:
     """One line per host for `invoke ping`: who answered and which GPU tools it has."""
-    p = record(x)
+    p: contract.PingResult = record(x)
 
     def yes(v) -> str:
         return "yes" if v else "no"

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..agent import contract
 from . import health as health_view
-from .render import Col, Command, command, note, paint, shorten, shown, table
+from .render import Col, Command, command, note, paint, record, shorten, shown, table
 from .status import header, still_holding, where, writing_line
 
 
@@ -21,20 +21,14 @@ def _mib(gpu_mib: dict) -> str:
     return str(total) if gpu_mib else "-"
 
 
-def _teardown(x) -> contract.TeardownResult:
-    """The teardown record in `x`: an AgentResult, a TeardownResult, or an agent document."""
-    x = getattr(x, "result", x)
-    return shown(contract.read_document(x) if isinstance(x, dict) else x)  # host strings escaped (render.shown)
-
-
 COMMAND = Col("command", "command", 30)
 
 
-def plan_tables(plan) -> str:
+def plan_tables(x) -> str:
     """The plan (contract.Plan, or a plan or teardown result holding one) as tables."""
-    if isinstance(plan, dict):
-        plan = contract.read_plan(plan["plan"]) if "command" in plan else contract.read_plan(plan)
-    plan = shown(getattr(plan, "plan", plan))
+    if isinstance(x, dict):
+        x = contract.read_plan(x["plan"]) if "command" in x else contract.read_plan(x)
+    plan: contract.Plan = shown(getattr(x, "plan", x))
     out = []
     if plan.targets:
         rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], Command.of(t)] for t in plan.targets]
@@ -95,14 +89,15 @@ def _progress_text(alias: str, p: dict) -> str:
 
 
 def before_after(x) -> str:
-    t = _teardown(x)
+    t: contract.TeardownResult = record(x)
     before = {g["index"]: g for g in t.before}
     after = {g["index"]: g for g in t.after}
     if not before and not after:
         return "GPU memory: no source on this host (device holders only)"
     rows = []
     for idx in sorted(set(before) | set(after)):
-        b, a = before.get(idx, {}), after.get(idx, {})
+        b: contract.GpuRow | dict = before.get(idx, {})
+        a: contract.GpuRow | dict = after.get(idx, {})
         rows.append([idx, b.get("used_mib", "?"), a.get("used_mib", "?"), len(b.get("processes", [])),
                      len(a.get("processes", [])), a.get("total_mib", b.get("total_mib", "?"))])
     return f"GPU memory before -> after (source: {t.gpu_source})\n" + \
@@ -110,7 +105,8 @@ def before_after(x) -> str:
 
 
 def actions(x) -> str:
-    recs = _teardown(x).actions
+    t: contract.TeardownResult = record(x)
+    recs = t.actions
     if not recs:
         return ""
     rows = [[r["signal"], r["pid"], r["result"], Command.of(r)] for r in recs]
@@ -130,7 +126,7 @@ def _word(t: contract.TeardownResult) -> str:
 
 def brief(x, wall_s: float | None = None) -> str:
     """'freed 1234 MiB, 3 target(s) stopped, 2 protected kept, 1.52s' (a pivot's teardown step)."""
-    t = _teardown(x)
+    t: contract.TeardownResult = record(x)
     if t.plan is None:  # it did not run
         return f"{_word(t)}: {t.error}"
     wall = t.wall_s if wall_s is None else wall_s
@@ -153,7 +149,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     could inspect every process and sent every signal. (`code` is not needed: the record
     carries it; it is accepted for callers that still pass the document and its code.)
     """
-    t = _teardown(x)
+    t: contract.TeardownResult = record(x)
     if t.locked:
         return [f"{alias}: LOCKED: {t.error}"]
     if t.state_error or t.plan is None:
@@ -165,13 +161,13 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
         lines.append(f"  also signalled pid {a['pid']}: {a['reason']} ({command(a, 60)})")
     for f in t.signal_failures:
         lines.append(f"  COULD NOT SIGNAL pid {f['pid']} ({f['signal']}: {f['result']}): it was not stopped")
-    for a in t.appeared:
-        lines.append(f"  RESPAWN pid {a['pid']} ({command(a, 60)}) {a['why']}")
-        if a.get("include"):
-            lines.append(f"    to stop what restarts it: {a['include']}")
-    for a in t.actions:  # a stopped unit or container that starts again by itself (agent/teardown/units.py)
-        if a.get("comes_back"):
-            lines.append(f"  NOTE {shorten(a['signal'], 60)}: {a['comes_back']}")
+    for r in t.appeared:
+        lines.append(f"  RESPAWN pid {r['pid']} ({command(r, 60)}) {r['why']}")
+        if r.get("include"):
+            lines.append(f"    to stop what restarts it: {r['include']}")
+    for act in t.actions:  # a stopped unit or container that starts again by itself (agent/teardown/units.py)
+        if act.get("comes_back"):
+            lines.append(f"  NOTE {shorten(act['signal'], 60)}: {act['comes_back']}")
     for s in t.stuck:
         lines.append(f"  STUCK pid {s['pid']} state {s['state']} GPU MiB {s['gpu_mib']}: {s['why']}")
     for c in t.concurrent_teardowns:
@@ -207,7 +203,7 @@ def _verdict(t: contract.TeardownResult) -> str:
 def report(alias: str, result, sandbox: bool = False) -> str:
     """One host's whole teardown report: actions, GPU memory before -> after, the verdict,
     and what still holds a GPU when it is not free. Locked or not started: one line."""
-    t = _teardown(result)
+    t: contract.TeardownResult = record(result)
     if not t.ran:
         return paint("== " + verdict_lines(alias, t)[0])
     verdict = "\n".join(note(v.lstrip(), v[:len(v) - len(v.lstrip())], " " * (len(v) - len(v.lstrip()) + 4))
@@ -233,7 +229,7 @@ def summary(outcomes) -> str:
         if out.error is not None:
             rows.append([out.host.alias, "-", "-", "-", "-", f"{_failed(out.error)}: {out.error}"])
             continue
-        t = _teardown(out.value)
+        t: contract.TeardownResult = record(out.value)
         result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
         plan = t.plan or contract.Plan(targets=[], protected=[])
         rows.append([out.host.alias, t.freed_mib if t.ran else "-", len(plan.targets), len(plan.protected),
