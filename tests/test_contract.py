@@ -250,3 +250,16 @@ def test_the_bundle_carries_exactly_what_the_agent_imports():
     sources = bundle.agent_sources()
     assert not any(name in sources for name in ("agent.fuser_parse", "agent.ps_parse", "agent.markers"))
     assert "def table(" not in sources["agent.gpu.smi_parse"]  # the human table's parser is test-only
+
+
+def test_the_bundle_finds_every_form_of_relative_import():
+    """A module the agent imports but the bundle misses breaks on the host only: each form of
+    `from . import` counts, with comments inside a parenthesised list, after `;` or `:`, in a
+    subpackage (`..`), and the packages above a module ship with it."""
+    source = ("from ..procs import (\n    procfs,  # the primitives\n    scan,\n)\n"
+              "if True: from ..gpu import mig\n"
+              "x = 1; from . import plan\n"
+              "def f():\n    from ..state.lastrun import read  # noqa\n")
+    found = bundle.imported_modules("teardown.run", source)
+    assert {"procs", "procs.procfs", "procs.scan", "gpu", "gpu.mig", "teardown.plan", "state", "state.lastrun"} <= found
+    assert "teardown.read" not in found and "state.lastrun.read" not in found

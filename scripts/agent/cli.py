@@ -193,7 +193,9 @@ def human(doc):
 
 def failure(exc):
     """One line naming an exception and where it was raised, for the operator to report:
-    `IndexError: list index out of range (program.py:72 in names)`. The traceback goes to
+    `IndexError: list index out of range (agent/procs/program.py:72 in names)`: the agent's
+    own last frame, with its folder (two modules are called run.py), not the standard
+    library's frame under it. The traceback goes to
     stderr too. Why: a bare traceback reaches the operator as "the agent gave no result",
     and a crash in one subcommand must still be a result the local side reads."""
     import traceback  # only on this path: a teardown's start does not pay for it
@@ -202,9 +204,19 @@ def failure(exc):
         traceback.print_exc()
     except Exception:  # stderr gone too: the result below still names it
         pass
-    where = traceback.extract_tb(exc.__traceback__)[-1:]
-    at = " (%s:%s in %s)" % (os.path.basename(where[0].filename), where[0].lineno, where[0].name) if where else ""
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if _agent_file(f.filename)]  # the agent's own last frame, not the stdlib's
+    where = (ours or frames)[-1:]
+    at = " (%s:%s in %s)" % (_agent_file(where[0].filename) or os.path.basename(where[0].filename),
+                             where[0].lineno, where[0].name) if where else ""
     return "%s: %s%s" % (type(exc).__name__, exc, at)
+
+
+def _agent_file(filename):
+    """The path of an agent module from its package on ("agent/teardown/run.py"), or None for
+    a file outside the agent: two modules share a name (teardown/run.py, phases/run.py)."""
+    parts = filename.replace(os.sep, "/").split("/")
+    return "/".join(parts[len(parts) - 1 - parts[::-1].index("agent"):]) if "agent" in parts[:-1] else None
 
 
 def main(argv=None):

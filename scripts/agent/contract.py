@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     # optional key, so the split matters for what a row must hold, not for reading it.
 
     class Container(TypedDict, total=False):
-        """The container a process runs in (agent/cgroup.py); an LXC one seen from its node
+        """The container a process runs in (agent/procs/cgroup.py); an LXC one seen from its node
         also carries the pid inside it and a label to show."""
         kind: str  # "docker", "lxc", "kubernetes"
         id: str
@@ -59,7 +59,7 @@ if TYPE_CHECKING:
 
     class ProcessRow(_Pid, total=False):
         """A process, as every kind of row names one (holders, plan rows, still holding, stuck,
-        respawns, ...): each kind carries some of these (agent/procscan.py detail, plan._row).
+        respawns, ...): each kind carries some of these (agent/procs/procscan.py detail, plan._row).
         What render.Command.of, render.command and status_view.where read."""
         start_time: int  # clock ticks since boot: with pid, which process it is
         ppid: int
@@ -87,7 +87,7 @@ if TYPE_CHECKING:
         unreadable: str
 
     class PlanRow(ProcessRow, total=False):
-        """Plan.targets, protected, left_alone and supervisors (agent/plan.py _row);
+        """Plan.targets, protected, left_alone and supervisors (agent/teardown/plan.py _row);
         TeardownResult.adopted: a row and why it is one."""
         reason: str
         via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
@@ -139,7 +139,7 @@ if TYPE_CHECKING:
         used_mib: int | None
 
     class LastTeardown(TypedDict, total=False):
-        """ScanResult.last_teardown: the summary of the host's last teardown (agent/lastrun.py)."""
+        """ScanResult.last_teardown: the summary of the host's last teardown (agent/state/lastrun.py)."""
         started: str | None
         finished: str | None
         operator: str | None
@@ -174,12 +174,12 @@ if TYPE_CHECKING:
         clients: list[MpsClient]
 
     class Mps(TypedDict, total=False):
-        """ScanResult.mps, TeardownResult.mps: MPS daemons (agent/mps.py describe)."""
+        """ScanResult.mps, TeardownResult.mps: MPS daemons (agent/gpu/mps.py describe)."""
         controls: list[MpsControl]
         servers: list[MpsServer]
 
     class MpsQuit(TypedDict, total=False):
-        """TeardownResult.mps_quit: one control daemon told `quit` (agent/mps.py quit_daemon)."""
+        """TeardownResult.mps_quit: one control daemon told `quit` (agent/gpu/mps.py quit_daemon)."""
         control: int
         pipe_dir: str | None
         sent: bool
@@ -189,30 +189,30 @@ if TYPE_CHECKING:
         error: str | None
 
     class StillHolding(ProcessRow, total=False):
-        """VerifyResult and TeardownResult.still_holding (agent/verify.py): what holds a GPU;
+        """VerifyResult and TeardownResult.still_holding (agent/teardown/verify.py): what holds a GPU;
         gpu None: a holder of a device file with no memory on any GPU."""
         gpu: int | None
         used_mib: int | None
 
     class Action(ProcessRow, total=False):
-        """TeardownResult.actions, StopResult.actions: one audit record (agent/auditlog.py):
+        """TeardownResult.actions, StopResult.actions: one audit record (agent/state/auditlog.py):
         a signal sent, a unit or container stopped; signal_failures: one that failed."""
         time: str
         host: str
         operator: str
         signal: str  # "SIGTERM", "SIGKILL", "systemctl stop UNIT", ...
         result: str  # "sent", "gone", or why not
-        comes_back: str  # a unit or container that starts again by itself (agent/units.py)
+        comes_back: str  # a unit or container that starts again by itself (agent/teardown/units.py)
 
     class Respawn(ProcessRow, total=False):
-        """TeardownResult.appeared (a respawn: agent/settle.py) and ignored (seen in the settle
+        """TeardownResult.appeared (a respawn: agent/teardown/settle.py) and ignored (seen in the settle
         window, not a respawn)."""
         why: str
         started_by: str
         include: str | None  # what to add to stop what restarts it
 
     class Stuck(ProcessRow, total=False):
-        """TeardownResult.stuck: a target that did not end (agent/teardown.py stuck_report)."""
+        """TeardownResult.stuck: a target that did not end (agent/teardown/run.py stuck_report)."""
         in_exit: bool
         why: str
         wchan: str | None
@@ -338,7 +338,11 @@ STDIN = "-"  # the agent's source comes on stdin: `python3 - SUBCOMMAND ...`
 # (bundle.agent_stream). Why: Python reads a script from stdin at ~0.25 ms per KB, where raw
 # bytes cost nothing, and -S skips site (.pth files: 50-85 ms on a torch host) before the first
 # signal; the agent adds site only when it imports pynvml (gpuinfo.import_pynvml), after them.
-BOOT = "import sys,zlib;_D=zlib.decompress(sys.stdin.buffer.read());exec(_D[:_D.index(bytes(1))])"
+# The first statement drops '' (the working directory, which `-c` and `-` put first on sys.path):
+# the agent runs as root in whatever directory the operator stands in, and a zlib.py or json.py
+# another user left there must never be imported (tests/test_agent_imports.py).
+BOOT = ("import sys;sys.path[:]=[p for p in sys.path if p];import zlib;"
+        "_D=zlib.decompress(sys.stdin.buffer.read());exec(_D[:_D.index(bytes(1))])")
 STREAM_FLAGS = ("-S", "-c", BOOT)
 
 # Every subcommand takes these (the transport sends the first ones; --json is for people).

@@ -10,7 +10,7 @@ themselves handle both their own way (common.ClosedStdoutSafe).
 
 How it is reached: tasks.py installs it when Invoke loads the tasks (--list, --help, TASK
 --help). `--version` is answered before tasks.py is read, so `make setup` also puts a .pth
-file in the venv (scripts/cli/output_guard.pth.in) that runs this file at interpreter start;
+file in the venv (PTH_NAME, written by write_pth) that runs this file at interpreter start;
 it installs itself only in an `invoke` (or `inv`) process. Standard library only, and
 nothing else of the project: it runs before anything else is imported.
 """

@@ -64,7 +64,7 @@ protected() {
     protected_name "$(comm_of "$1")" || protected_name "$(arg0_of "$1")"
 }
 # Does this (protected) process map a device file: a CUDA context, which keeps GPU memory
-# (as scripts/agent/verify.evaluate; the MPS control daemon maps and holds none).
+# (as scripts/agent/teardown/verify.evaluate; the MPS control daemon maps and holds none).
 maps_device() {
     [ "$(comm_of "$1")" = nvidia-cuda-mps-control ] && return 1
     while read -r _ _ _ _ _ path; do

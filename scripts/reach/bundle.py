@@ -61,7 +61,9 @@ sys.exit(main())
 '''
 
 
-_RELATIVE_IMPORT = re.compile(r"^[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n]*)", re.M)
+# a statement that starts a line or follows `;` or `:` (`if x: from . import y`)
+_RELATIVE_IMPORT = re.compile(r"(?:^|[;:])[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n;]*)", re.M)
+_COMMENT = re.compile(r"#[^\n]*")
 
 
 def imported_modules(name: str, source: str) -> set:
@@ -78,8 +80,8 @@ def imported_modules(name: str, source: str) -> set:
         base = package[: len(package) - (len(dots) - 1)]
         target = base + (module.split(".") if module else [])
         found.update(_with_packages(target))
-        for item in names.split("#")[0].strip("()").replace("\n", ",").split(","):
-            leaf = item.split("#")[0].split(" as ")[0].strip()
+        for item in _COMMENT.sub("", names).strip("()").replace("\n", ",").split(","):
+            leaf = item.split(" as ")[0].strip()
             if leaf and _exists(target + [leaf]):
                 found.update(_with_packages(target + [leaf]))
     found.discard("")
@@ -266,7 +268,9 @@ def agent_payload(compiled: bool = False) -> bytes:
     blob = base64.b64encode(zlib.compress(json.dumps(sources, sort_keys=True).encode(), 6)).decode()
     code = compiled_code(sources) if compiled else b""
     code_blob = base64.b64encode(zlib.compress(code, 6)).decode() if code else ""
-    return ("# gpu-pivot agent (bundled: its modules' sources, zlib-compressed)\nimport binascii, json, zlib\n"
+    return ("# gpu-pivot agent (bundled: its modules' sources, zlib-compressed)\n"
+            "import sys\nsys.path[:] = [p for p in sys.path if p]  # never the working directory: contract.BOOT\n"
+            "import binascii, json, zlib\n"
             f"_SOURCES = json.loads(zlib.decompress(binascii.a2b_base64({blob!r})))\n"
             f"_CODE_MAGIC = {importlib.util.MAGIC_NUMBER!r}\n"
             f"_CODE = zlib.decompress(binascii.a2b_base64({code_blob!r})) if {bool(code)!r} else b''\n"
