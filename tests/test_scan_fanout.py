@@ -134,3 +134,70 @@ def test_a_worker_that_dies_before_its_first_answer_has_it_made_here():
     parts = fanout.map_pieces(lambda p: list(p), items, fanout.HERE_MAX + 2, first=first, on_first=answers.append)
     assert len(answers) == 1 and sum(n for a in answers[0] for n in a) == len(items)
     assert sorted(x for p in parts for x in p) == items
+
+
+def test_map_stream_starts_workers_as_the_listing_grows_and_gives_every_item_back():
+    items = list(range(3000))
+    listed = []
+
+    def listing():
+        for x in items:
+            listed.append(x)
+            yield x
+
+    answers = []
+    parts, workers = fanout.map_stream(lambda p: list(p), listing(), lambda n: min(5, n // 250), piece=40,
+                                       first=lambda block: len(block), on_first=answers.append)
+    assert workers == 5 and listed == items
+    assert sorted(x for p in parts for x in p) == items
+    assert len(answers) == 1 and sum(answers[0]) == len(items)  # every block's answer, once
+    parts, workers = fanout.map_stream(lambda p: list(p), iter(range(100)), lambda n: 4)
+    assert workers == 4 and sorted(x for p in parts for x in p) == list(range(100))  # the count asks for them
+    parts, workers = fanout.map_stream(lambda p: list(p), iter(range(400)), lambda n: 1)
+    assert workers == 1 and parts == [list(range(400))]  # a one-core scan: here, no fork
+
+
+def test_map_stream_runs_here_what_a_dead_worker_never_sent():
+    here = os.getpid()
+
+    def first(block):
+        if os.getpid() != here and 1500 in block:
+            os._exit(3)
+        return list(block)
+
+    def piece(p):
+        if os.getpid() != here and 700 in p:
+            os._exit(3)
+        return list(p)
+
+    answers = []
+    parts, _ = fanout.map_stream(piece, iter(range(3000)), lambda n: 4, first=first, on_first=answers.append)
+    assert sorted(x for p in parts for x in p) == list(range(3000))
+    assert sorted(x for a in answers[0] for x in a) == list(range(3000))
+
+
+def test_a_scan_with_an_early_callback_reads_records_lean_then_whole(tmp_path, monkeypatch):
+    """Before the callback only a marked record is read whole (uid, command line shown); every
+    record the scan returns is whole; the Kin knows each process's children."""
+    (tmp_path / "nvidia0").touch()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wait_for(lambda: (procscan.basic(child.pid) or {}).get("argv", [""])[-1].endswith("sleep(60)"), "child")
+        seen = {}
+
+        def early(records, kin):
+            seen.update(records={r["pid"]: r for r in records}, kids=kin.children(os.getpid()))
+
+        me = os.getpid()
+        for workers in (1, 3):
+            monkeypatch.setattr(fanout, "workers_for", lambda n, w=workers: w)
+            snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True),
+                                     mark=lambda info: "me" if info["pid"] == me else None, early=early)
+            assert set(seen["records"]) == {me} and seen["records"][me]["uid"] == os.getuid()
+            assert "cmdline" in seen["records"][me]
+            assert (child.pid, procscan.basic(child.pid)["start_time"]) in seen["kids"]
+            assert all("uid" in r and "cmdline" in r for r in snap["procs"].values())
+            assert snap["procs"][child.pid]["uid"] == os.getuid() and snap["workers"] == workers
+    finally:
+        child.kill()
+        child.wait()

@@ -115,7 +115,6 @@ class Batch:
         self.error = None
 
     def __call__(self, records, table=()):
-        """True when a batch went out (the scan's workers then yield the cores: procscan.snapshot)."""
         try:
             self.rows = pick(records, self.args, self.approved, table)
             if self.rows:
@@ -123,7 +122,6 @@ class Batch:
         except Exception as exc:  # the full plan still runs: this batch only saves time
             self.error = "the early SIGTERM batch failed (%s: %s); the plan's batch sent the rest" % (
                 type(exc).__name__, exc)
-        return bool(self.rows)
 
 
 def merge(the_plan, rows):

@@ -91,10 +91,8 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
     that has the fewest so far, through a pipe, while the listing goes on. A worker runs
     `first` on each block as it comes (its answer: the list of those answers, sent once its
     input ends), then func on each piece of its share. `on_first` gets every block's answer, in
-    one list, once all are in; when it answers true (a SIGTERM batch went out), the workers
-    still running are given a lower CPU priority (NICE_AFTER): what they still read must not
-    take cores from the processes that now exit. Fewer than 2 x `per_worker` items: everything
-    is run here, as a one-core scan. A worker that fails, or cannot be started or handed a block, costs only
+    one list, once all are in. Fewer than 2 x `per_worker` items: everything is run here, as a
+    one-core scan. A worker that fails, or cannot be started or handed a block, costs only
     speed: what it did not send is run here."""
     listed: list = []
     workers: list = []  # [_Streamed]
@@ -127,34 +125,15 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
         return [func(listed)], 1
     shares = [w.share for w in workers] + [here]
     running = {w.out: (w.pid, n, bytearray()) for n, w in enumerate(workers)}
-
-    def told(answers):
-        if on_first([a for blocks in answers for a in blocks]):
-            lower([pid for pid, _, _ in running.values()])  # not reaped yet: still our children, no pid reused
-
-    firsts = _Firsts(first and (lambda share: [first(share)] if share else []), told, shares, running, False)
+    firsts = _Firsts(first and (lambda share: [first(share)] if share else []),
+                     on_first and (lambda answers: on_first([a for blocks in answers for a in blocks])),
+                     shares, running, False)
     done: dict = {}
     _gather(running, done, firsts)
     firsts.finish()
     pieces = [[share[j:j + piece] for j in range(0, len(share), piece)] for share in shares]
     return [done[(w, j)] if (w, j) in done else func(p) for w, mine in enumerate(pieces) for j, p in enumerate(mine)], \
         len(workers)
-
-
-NICE_AFTER = 10  # added to the workers' nice value once the first SIGTERM batch is out
-
-
-def lower(pids):
-    """Lower the CPU priority of these processes (this process's workers) by NICE_AFTER; best effort."""
-    try:
-        nice = min(19, os.getpriority(os.PRIO_PROCESS, 0) + NICE_AFTER)
-    except (AttributeError, OSError):
-        return
-    for pid in pids:
-        try:
-            os.setpriority(os.PRIO_PROCESS, pid, nice)
-        except OSError:
-            pass
 
 
 class _Streamed:

@@ -387,8 +387,7 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
     `early(records, kin)`: called with the records `mark` answered (a true mark, read whole) and
     every process's parent and start time (a Kin), as soon as every worker has read its share's
     records (lean ones: basic(lean=True)) and before the fd tables and maps are read (the
-    teardown's first SIGTERM batch: agent/early.py); its true answer (a batch went out) lowers
-    the workers' priority for the rest (fanout.map_stream).
+    teardown's first SIGTERM batch: agent/early.py).
     """
     keys = devset.inode_keys()
     paths = devset.paths
@@ -408,7 +407,7 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
         return marked, kin
 
     def on_first(answers):
-        return early([info for marked, _ in answers for info in marked], Kin([kin for _, kin in answers]))
+        early([info for marked, _ in answers for info in marked], Kin([kin for _, kin in answers]))
 
     parts, workers = fanout.map_stream(lambda piece: _scan_part(piece, devset, proc, keys, mark, read),
                                        listing(proc), fanout.workers_for if proc == PROC else (lambda n: 1),
