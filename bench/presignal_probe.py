@@ -57,7 +57,7 @@ def _args(devdir: str, token: str):
                               "--match", token + r"_\w+\.py", "--scope", token])
 
 
-def one(args) -> dict:
+def one(args, steps=None) -> dict:
     """One pass over the pieces, in the order teardown.execute runs them; seconds each. The
     early batch is picked (agent/teardown/early.py) but not sent: `early_batch_at` is when it would go."""
     out = {}
@@ -78,6 +78,8 @@ def one(args) -> dict:
     doc = scan.collect(args, scan.gpuinfo.NoSource(), early=batch)
     t2 = time.monotonic()
     out["early_batch_at"] = seen["at"] - t0
+    if steps is not None:
+        out.update({"step_" + k: v for k, v in steps.pieces(t0).items()})
     out["proc_scan"] = doc["proc_scan_ms"] / 1000
     out["rest_of_collect"] = (t2 - t1) - out["proc_scan"]
     the_plan = early.merge(plan.build(doc, args), seen["rows"])
@@ -100,8 +102,113 @@ def one(args) -> dict:
     return out
 
 
-def measure(args, reps: int, profile: bool = False) -> dict:
-    runs = [one(args) for _ in range(reps)]
+class Steps:
+    """Times inside the first stage, by wrapping what it calls (the workers write their own
+    first-stage start and end to a file): the /proc listing (workers read records meanwhile:
+    fanout.map_stream), the workers' forks, each worker's first stage, and the early batch's
+    pick with its records' details."""
+
+    def __init__(self):
+        self.saved: list = []
+        self.log = tempfile.NamedTemporaryFile(prefix="presignal-", delete=False)
+        self.reset()
+
+    def reset(self):
+        self.t: dict = {"forks": [], "detail": 0.0}
+        os.truncate(self.log.name, 0)
+
+    def wrap(self, owner, name, make):
+        old = getattr(owner, name)
+        self.saved.append((owner, name, old))
+        setattr(owner, name, make(old))
+
+    def __enter__(self):
+        log = self.log.name
+
+        def listing(old):
+            def f(*a, **k):
+                self.t["listing_begin"] = time.monotonic()
+                yield from old(*a, **k)
+                self.t["listing_end"] = time.monotonic()
+            return f
+
+        def grow(old):
+            def f(*a, **k):
+                out = old(*a, **k)
+                self.t["forks"].append(time.monotonic())
+                return out
+            return f
+
+        def stream_worker(old):
+            def f(func, first, *a, **k):
+                seen: list = []
+
+                def timed_first(items):
+                    t0 = time.monotonic()
+                    out = first(items)
+                    seen.append((t0, time.monotonic()))
+                    return out
+                try:
+                    return old(func, timed_first if first is not None else None, *a, **k)
+                finally:
+                    if seen:
+                        with open(log, "a") as fh:
+                            fh.write("%r %r\n" % (seen[0][0], seen[-1][1]))
+            return f
+
+        def pick(old):
+            def f(*a, **k):
+                self.t["pick_begin"] = time.monotonic()
+                out = old(*a, **k)
+                self.t["pick_end"] = time.monotonic()
+                return out
+            return f
+
+        def detail(old):
+            def f(*a, **k):
+                t0 = time.monotonic()
+                out = old(*a, **k)
+                self.t["detail"] += time.monotonic() - t0
+                return out
+            return f
+
+        self.wrap(procscan, "listing", listing)
+        self.wrap(fanout, "_grow", grow)
+        self.wrap(fanout, "_stream_worker", stream_worker)
+        self.wrap(early, "pick", pick)
+        self.wrap(procscan, "detail", detail)
+        return self
+
+    def __exit__(self, *exc):
+        for owner, name, old in reversed(self.saved):
+            setattr(owner, name, old)
+        self.saved.clear()
+
+    def pieces(self, t0):
+        """Seconds from t0 (the fork watch's subscription, as `one` counts)."""
+        t = self.t
+        workers = [tuple(map(float, line.split())) for line in Path(self.log.name).read_text().splitlines()]
+        out = {"listing": t["listing_end"] - t["listing_begin"], "listing_end_at": t["listing_end"] - t0,
+               "detail_in_pick": t["detail"], "pick": t["pick_end"] - t["pick_begin"],
+               "pick_begin_at": t["pick_begin"] - t0}
+        if t["forks"]:
+            out["last_fork_at"] = t["forks"][-1] - t0
+        if workers:
+            out["worker_first_stage_max"] = max(e - b for b, e in workers)
+            out["worker_first_stage_min"] = min(e - b for b, e in workers)
+            out["last_worker_first_end_at"] = max(e for _, e in workers) - t0
+        return out
+
+
+def measure(args, reps: int, profile: bool = False, steps: bool = False) -> dict:
+    runs = []
+    for _ in range(reps):
+        if not steps:
+            runs.append(one(args))
+            continue
+        with Steps() as st:
+            row = one(args, st)
+        runs.append(row)
     if profile:
         import cProfile
         import pstats
@@ -110,6 +217,7 @@ def measure(args, reps: int, profile: bool = False) -> dict:
         prof.runcall(one, args)
         pstats.Stats(prof).sort_stats("tottime").print_stats(18)
     keys = [k for k in runs[0] if k not in ("targets", "early_targets", "processes")]
+    keys = [k for k in keys if all(k in r for r in runs)]
     row = {k: round(statistics.median(r[k] for r in runs), 4) for k in keys}
     row.update(targets=runs[0]["targets"], early_targets=runs[0]["early_targets"], processes=runs[0]["processes"],
                reps=reps, cores=fanout.cores(),
@@ -123,6 +231,9 @@ def main():
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out")
     p.add_argument("--profile", action="store_true", help="also print cProfile's top functions of one pass per row")
+    p.add_argument("--steps", action="store_true",
+                   help="also time the steps inside the first stage (listing, forks, the workers' first "
+                        "stage, the early batch's pick and its records' details): step_* keys, seconds")
     a = p.parse_args()
     token = "gpvprobe%d" % os.getpid()
     with tempfile.TemporaryDirectory() as devdir:
@@ -136,10 +247,10 @@ def main():
         try:
             assert tree.stdout is not None and tree.stdout.readline().strip() == b"ready"
             args = _args(devdir, token)
-            rows = [dict(measure(args, a.reps, a.profile), label="this machine")]
+            rows = [dict(measure(args, a.reps, a.profile, a.steps), label="this machine")]
             for n in a.extra:
                 with Bystanders(n):
-                    rows.append(dict(measure(args, a.reps, a.profile), label=f"+{n} processes"))
+                    rows.append(dict(measure(args, a.reps, a.profile, a.steps), label=f"+{n} processes"))
         finally:
             os.killpg(tree.pid, 9)
             tree.wait()
@@ -148,6 +259,9 @@ def main():
         print(f"{r['label']:>18}: {r['processes']} processes, {r['targets']} targets ({r['early_targets']} early), "
               f"{r['workers']}/{r['cores']} "
               f"workers/cores; ms: {parts}", flush=True)
+        steps = "  ".join(f"{k[5:]} {r[k] * 1000:.1f}" for k in r if k.startswith("step_"))
+        if steps:
+            print(f"{'':>18}  steps, ms: {steps}", flush=True)
     if a.out:
         Path(a.out).write_text(json.dumps(rows, indent=1))
 

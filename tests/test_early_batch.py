@@ -41,6 +41,8 @@ def test_pattern_targets_go_first_and_the_orphan_holder_with_the_plan(ps):
     assert res.code == 0, doc["problems"]
     assert doc["timings"]["early_batch"] == 3, doc["timings"]  # the server and its two workers
     assert doc["timings"]["sigterm_s"] <= doc["timings"]["plan_sigterm_s"]
+    # the GPU source opens right after the first batch, while the scan goes on: not after the plan
+    assert doc["timings"]["sigterm_s"] <= doc["timings"]["source_start_s"] <= doc["timings"]["planned_s"]
     sigterms = [a["pid"] for a in doc["actions"] if a["signal"] == "SIGTERM"]
     assert sorted(sigterms[:3]) == sorted([server, *workers]) and orphan in sigterms[3:], doc["actions"]
     reasons = {t["pid"]: t["reason"] for t in doc["plan"]["targets"]}

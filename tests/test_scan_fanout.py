@@ -21,10 +21,15 @@ time.sleep(600)
 """
 
 
-def test_map_pieces_gives_every_piece_back_and_runs_what_a_worker_did_not_send_here():
+def _map(func, items, workers, **kw):
+    """fanout.map_stream over a list with this many workers."""
+    return fanout.map_stream(func, iter(items), lambda n: workers, **kw)[0]
+
+
+def test_every_piece_comes_back_and_what_a_worker_did_not_send_is_run_here():
     items = list(range(1000))
-    parts = fanout.map_pieces(lambda piece: sorted(piece), items, 4, piece=50)
-    assert sorted(x for p in parts for x in p) == items and len(parts) == 20
+    parts = _map(lambda piece: sorted(piece), items, 4, piece=50)
+    assert sorted(x for p in parts for x in p) == items
     here = os.getpid()
 
     def dies_halfway(piece):
@@ -32,8 +37,8 @@ def test_map_pieces_gives_every_piece_back_and_runs_what_a_worker_did_not_send_h
             os._exit(3)  # a worker gone mid-share: its later pieces never come
         return list(piece)
 
-    for workers in (3, fanout.HERE_MAX + 2):  # with a share read here, and with every share in a worker
-        parts = fanout.map_pieces(dies_halfway, items, workers, piece=40)
+    for workers in (2, 4):
+        parts = _map(dies_halfway, items, workers, piece=40)
         assert sorted(x for p in parts for x in p) == items
 
 
@@ -81,8 +86,7 @@ def test_the_scan_survives_an_ignored_sigchld(tmp_path, monkeypatch):
 
     old = signal.signal(signal.SIGCHLD, signal.SIG_IGN)
     try:
-        assert sorted(x for part in fanout.map_pieces(list, list(range(2000)), 2) for x in part) == \
-            list(range(2000))
+        assert sorted(x for part in _map(list, list(range(2000)), 2) for x in part) == list(range(2000))
         (tmp_path / "nvidia0").touch()
         monkeypatch.setattr(fanout, "workers_for", lambda count: 2)
         snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True))
@@ -111,26 +115,77 @@ def test_the_first_stage_reaches_on_first_once_with_every_share_while_the_pieces
         return list(p)
 
     here = os.getpid()
-    for workers in (3, fanout.HERE_MAX + 2):
+    for workers in (2, 4):
         calls.clear()
         flag.unlink(missing_ok=True)
-        parts = fanout.map_pieces(piece, items, workers, piece=50, first=lambda share: list(share),
-                                  on_first=on_first)
+        parts = _map(piece, items, workers, piece=50, first=lambda share: list(share), on_first=on_first)
         assert calls == [items]  # once, with every share
         assert not any("late" in p for p in parts)
         assert sorted(x for p in parts for x in p) == items
 
 
-def test_a_worker_that_dies_before_its_first_answer_has_it_made_here():
-    items = list(range(1000))
-    here = os.getpid()
+def test_map_stream_starts_workers_as_the_listing_grows_and_gives_every_item_back():
+    items = list(range(3000))
+    listed = []
 
-    def first(share):
-        if os.getpid() != here and 500 in share:
-            os._exit(3)
-        return [len(share)]
+    def listing():
+        for x in items:
+            listed.append(x)
+            yield x
 
     answers = []
-    parts = fanout.map_pieces(lambda p: list(p), items, fanout.HERE_MAX + 2, first=first, on_first=answers.append)
-    assert len(answers) == 1 and sum(n for a in answers[0] for n in a) == len(items)
+    parts, workers = fanout.map_stream(lambda p: list(p), listing(), lambda n: min(5, n // 250), piece=40,
+                                       first=lambda block: len(block), on_first=answers.append)
+    assert workers == 5 and listed == items
     assert sorted(x for p in parts for x in p) == items
+    assert len(answers) == 1 and sum(answers[0]) == len(items)  # every block's answer, once
+    parts, workers = fanout.map_stream(lambda p: list(p), iter(range(100)), lambda n: 4)
+    assert workers == 4 and sorted(x for p in parts for x in p) == list(range(100))  # the count asks for them
+    parts, workers = fanout.map_stream(lambda p: list(p), iter(range(400)), lambda n: 1)
+    assert workers == 1 and parts == [list(range(400))]  # a one-core scan: here, no fork
+
+
+def test_map_stream_runs_here_what_a_dead_worker_never_sent():
+    here = os.getpid()
+
+    def first(block):
+        if os.getpid() != here and 1500 in block:
+            os._exit(3)
+        return list(block)
+
+    def piece(p):
+        if os.getpid() != here and 700 in p:
+            os._exit(3)
+        return list(p)
+
+    answers = []
+    parts, _ = fanout.map_stream(piece, iter(range(3000)), lambda n: 4, first=first, on_first=answers.append)
+    assert sorted(x for p in parts for x in p) == list(range(3000))
+    assert sorted(x for a in answers[0] for x in a) == list(range(3000))
+
+
+def test_a_scan_with_an_early_callback_reads_records_lean_then_whole(tmp_path, monkeypatch):
+    """Before the callback only a marked record is read whole (uid, command line shown); every
+    record the scan returns is whole; the Kin knows each process's children."""
+    (tmp_path / "nvidia0").touch()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        wait_for(lambda: (procscan.basic(child.pid) or {}).get("argv", [""])[-1].endswith("sleep(60)"), "child")
+        seen = {}
+
+        def early(records, kin):
+            seen.update(records={r["pid"]: r for r in records}, kids=kin.children(os.getpid()))
+
+        me = os.getpid()
+        for workers in (1, 3):
+            monkeypatch.setattr(fanout, "workers_for", lambda n, w=workers: w)
+            snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True),
+                                     mark=lambda info: "me" if info["pid"] == me else None, early=early)
+            assert set(seen["records"]) == {me} and seen["records"][me]["uid"] == os.getuid()
+            assert "cmdline" in seen["records"][me]
+            assert (child.pid, procscan.basic(child.pid)["start_time"]) in seen["kids"]
+            assert all("uid" in r and "cmdline" in r for r in snap["procs"].values())
+            assert snap["procs"][child.pid]["uid"] == os.getuid() and snap["workers"] == workers
+    finally:
+        child.kill()
+        child.wait()

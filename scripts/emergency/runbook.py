@@ -17,7 +17,8 @@ HOLDERS = ["sh", "-c", "fuser -v $1 2>&1; nvidia-smi --query-compute-apps=gpu_uu
            "--format=csv,noheader,nounits", "gpu-pivot-holders", DEVICE_GLOB]
 MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total,memory.reserved",
           "--format=csv,noheader,nounits"]
-# Where the agent keeps last.json (scripts/agent/state/statedir.run_dir): root, then a user's runtime dir, then state home.
+# Where the agent keeps last.json (scripts/agent/state/statedir.run_dir): root, then a user's runtime
+# dir, then state home.
 LAST = ["sh", "-c", "cat /run/gpu-pivot/last.json 2>/dev/null || cat \"$XDG_RUNTIME_DIR/gpu-pivot/last.json\" "
         "2>/dev/null || cat \"${XDG_STATE_HOME:-$HOME/.local/state}/gpu-pivot/run/last.json\""]
 

@@ -38,12 +38,13 @@ class _Live:
 
 class _OnDemand(dict):
     """The records the early batch looks at: the marked ones, and any other read from /proc the
-    first time it is asked for, when its start time is the one the table says (a target's tree:
-    a few processes, read here rather than every record sent from the workers)."""
+    first time it is asked for, when its start time is the one the scan read (`starts`: a
+    target's tree, filled as _Kids finds it; a few processes, read here rather than every
+    record sent from the workers)."""
 
-    def __init__(self, records, starts):
+    def __init__(self, records):
         super().__init__((r["pid"], r) for r in records)
-        self.starts = starts
+        self.starts: dict = {}
 
     def _load(self, pid):
         if dict.__contains__(self, pid) or pid not in self.starts:
@@ -64,18 +65,30 @@ class _OnDemand(dict):
         return dict.__getitem__(self, pid)
 
 
+class _Kids:
+    """plan._Picked.trees' `kids` (parent pid -> child pids) from the scan's Kin, noting each
+    child's start time for _OnDemand as it is asked for."""
+
+    def __init__(self, kin, procs):
+        self.kin, self.procs = kin, procs
+
+    def get(self, parent, default=()):
+        pairs = self.kin.children(parent)
+        for pid, start in pairs:
+            self.procs.starts.setdefault(pid, start)
+        return [pid for pid, _ in pairs] or default
+
+
 def pick(records, args, approved, table=()):
     """Plan rows (via "signal") for what plan.build makes targets by a pattern - the marked
-    `records` and their trees (`table`: every process's (pid, ppid, start_time)) - and could
-    only signal; sorted by pid."""
-    procs = _OnDemand(records, {pid: start for pid, _, start in table})
+    `records` and their trees (`table`: every process's parent and start time, a procscan.Kin
+    or (pid, ppid, start_time) rows) - and could only signal; sorted by pid."""
+    kin = table if isinstance(table, procscan.Kin) else procscan.Kin.of_rows(table)
+    procs = _OnDemand(records)
     picked = plan._Picked(procs, own_chain() | {os.getpid()}, args)
     matched = [r["pid"] for r in sorted(records, key=lambda r: r["pid"])
                if r.get("mark") and plan.in_scope(r, args) and picked.add(r["pid"], r["mark"])]
-    kids: dict = {}
-    for pid, ppid, _ in table:
-        kids.setdefault(ppid, []).append(pid)
-    picked.trees(matched, kids)
+    picked.trees(matched, _Kids(kin, procs))
     now = scan.procfs_now_ticks()
     rows = []
     for pid in sorted(picked.reasons):
