@@ -61,8 +61,10 @@ sys.exit(main())
 '''
 
 
-# a statement that starts a line or follows `;` or `:` (`if x: from . import y`)
-_RELATIVE_IMPORT = re.compile(r"(?:^|[;:])[ \t]*from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n;]*)", re.M)
+# anywhere in a line (after `;` or `:` too: `if x: from . import y`). It starts with the literal
+# `from` (no `^` or `\b` before it) so re finds candidates by a fast search: ~1 ms for the agent,
+# where an anchored pattern cost ~10-25 ms of every call.
+_RELATIVE_IMPORT = re.compile(r"from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n;]*)")
 _COMMENT = re.compile(r"#[^\n]*")
 
 
@@ -72,7 +74,8 @@ def imported_modules(name: str, source: str) -> set:
     `from .c import d`), wherever the statement is (top level, a function, a try block). A
     line inside a string that reads like one counts too: at worst a module ships that is not
     needed. Names are dotted within the agent ("procs.procfs"), each with its packages."""
-    is_package = (AGENT_DIR / name.replace(".", "/") / "__init__.py").exists() if name else True
+    modules, packages = _index()
+    is_package = name in packages
     here = name.split(".") if name else []
     package = here if is_package else here[:-1]
     found = set()
@@ -82,15 +85,31 @@ def imported_modules(name: str, source: str) -> set:
         found.update(_with_packages(target))
         for item in _COMMENT.sub("", names).strip("()").replace("\n", ",").split(","):
             leaf = item.split(" as ")[0].strip()
-            if leaf and _exists(target + [leaf]):
+            if leaf and ".".join(target + [leaf]) in modules:
                 found.update(_with_packages(target + [leaf]))
     found.discard("")
     return found
 
 
-def _exists(parts: list) -> bool:
-    path = AGENT_DIR.joinpath(*parts)
-    return path.with_suffix(".py").is_file() or (path / "__init__.py").is_file()
+@lru_cache(maxsize=1)
+def _index() -> tuple:
+    """({every agent module and package}, {the packages}), dotted within the agent ("" the
+    agent itself): one walk of the folder, where a stat per imported name cost ~10 ms a call."""
+    modules, packages = set(), {""}
+    for folder, dirs, files in os.walk(AGENT_DIR):
+        dirs[:] = [d for d in dirs if d != "__pycache__"]
+        rel = os.path.relpath(folder, AGENT_DIR)
+        prefix = "" if rel == "." else rel.replace(os.sep, ".")
+        for f in files:
+            if not f.endswith(".py"):
+                continue
+            if f == "__init__.py":
+                packages.add(prefix)
+                modules.add(prefix)
+            else:
+                modules.add(f"{prefix}.{f[:-3]}" if prefix else f[:-3])
+    modules.discard("")
+    return modules, packages
 
 
 def _with_packages(parts: list) -> set:
@@ -101,7 +120,7 @@ def _with_packages(parts: list) -> set:
 def module_path(name: str) -> Path:
     """The file of an agent module or package, `name` dotted within the agent ("" the agent)."""
     path = AGENT_DIR.joinpath(*name.split(".")) if name else AGENT_DIR
-    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    return path / "__init__.py" if name in _index()[1] else path.with_suffix(".py")
 
 
 def agent_modules() -> list:
