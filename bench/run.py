@@ -274,7 +274,9 @@ def busy_host_lines(base: Path, busy: Path, wrapped: Path) -> list:
              "whole run; floor and gpu-pivot alternate. No supervisor survives the tree, so the settle window ends "
              "as soon as the GPUs read free (`settle: nothing left that could restart a target`); in the last column "
              "(`gpu-scale-wrapped.json`, when measured; maybe an older run) the tree runs under a "
-             "`bash -c '...; sleep'` that survives it, and the CLI's exit waits out the 2 s window.", "",
+             "`bash -c '...; sleep'` that survives it, and the CLI's exit waits out the 2 s window. Device "
+             "sessions differ by 20-30% (a floor of 0.31 s one day, 0.40 s the next): compare within one run; "
+             "`bench/results/history/README.md` keeps earlier runs and a same-call old/new comparison.", "",
              table(head, rows), ""]
     if steps:
         lines += ["Where the time goes among 20,000 processes (medians):", "",
