@@ -198,3 +198,81 @@ def test_with_an_early_batch_the_gpus_are_read_before_it_goes_out(ps):
 
     doc = scan.collect(args, source, early=end_the_tree)
     assert sum(g["used_mib"] for g in doc["gpus"]) == held
+
+
+def _detached(ps, *argv):
+    """A process reparented away from this test (its parent shell exits): (pid, start_time)."""
+    out = subprocess.run(["sh", "-c", '"$@" >/dev/null 2>&1 </dev/null & echo $!', "sh", *argv],
+                         capture_output=True, text=True, check=True, timeout=30)
+    pid = int(out.stdout)  # ended by the test, by PID
+    wait_for(lambda: procscan.basic(pid)["ppid"] != os.getpid(), "the process away from its shell")
+    return pid, procscan.basic(pid)["start_time"]
+
+
+def test_a_reused_pid_never_hands_over_a_tree(ps):
+    """A bystander's parent died and the bystander went to PID 1; the dead parent's pid went to
+    a new target. A parent table read before that (the scan's first stage) still lists the
+    bystander under that pid: neither its start (before the target's) nor its parent now (not
+    the target) lets it into the target's tree, in the early batch or the full plan."""
+    args = _args(ps)
+    older, older_start = _detached(ps, "sleep", "120")  # the bystander: started first
+    target = ps.role("worker", "--gpu", "0")  # the named target, started after it
+    target_start = procscan.basic(target)["start_time"]
+    assert older_start <= target_start
+    try:
+        table = [(target, 1, target_start), (older, target, older_start)]  # the stale row
+        rows = early.pick(_marked(args, [target]), args, None, table)
+        assert [r["pid"] for r in rows] == [target], rows
+        procs = {p: procscan.basic(p) for p in (target, older)}
+        procs[older]["ppid"] = target  # as a torn full scan would read it
+        picked = plan._Picked(procs, set(), args)
+        picked.add(target, "target pattern")
+        picked.trees([target], {target: [older]})
+        if older_start < target_start:  # the same clock tick: only the parent check above can tell
+            assert older not in picked.reasons, picked.reasons
+    finally:
+        os.kill(older, signal.SIGKILL)
+
+
+def test_a_child_that_moved_to_another_parent_is_not_in_the_tree(ps):
+    """The same stale row with a bystander started after the target (its start cannot tell):
+    the early batch re-reads it and finds another parent."""
+    args = _args(ps)
+    target = ps.role("worker", "--gpu", "0")
+    target_start = procscan.basic(target)["start_time"]
+    later, later_start = _detached(ps, "sleep", "120")
+    try:
+        table = [(target, 1, target_start), (later, target, later_start)]
+        rows = early.pick(_marked(args, [target]), args, None, table)
+        assert [r["pid"] for r in rows] == [target], rows
+    finally:
+        os.kill(later, signal.SIGKILL)
+
+
+def test_the_agents_own_scan_workers_are_never_targets(ps, monkeypatch):
+    """The scan's workers run the agent's own program (a pattern such as `gpuagent` names them):
+    while this agent is their parent they are protected; a pid of one that is reaped and
+    reused by anything else is not."""
+    from scripts.agent.procs import procfs
+
+    args = _args(ps)
+    worker = ps.role("worker", "--gpu", "0")
+    records = _marked(args, [worker])
+    assert records[0]["mark"], records  # a pattern names it
+    records[0]["ppid"] = os.getpid()  # as the agent's own fork reads
+    assert [r["pid"] for r in early.pick(records, args, None)] == [worker]  # a child of ours, no worker
+    monkeypatch.setattr(procfs, "OWN_WORKERS", {worker})
+    assert rules.protect_reason(records[0], set()) == "this gpu-pivot agent's scan worker"
+    assert early.pick(records, args, None) == []
+    records[0]["ppid"] = 1  # the same pid under another parent: a reused pid, anyone's
+    assert rules.protect_reason(records[0], set()) is None
+
+
+def test_a_scan_records_its_workers(tmp_path, monkeypatch):
+    from scripts.agent.procs import devices, fanout, procfs
+
+    monkeypatch.setattr(procfs, "OWN_WORKERS", set())
+    monkeypatch.setattr(fanout, "workers_for", lambda n: 2)
+    (tmp_path / "nvidia0").touch()
+    snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True))
+    assert snap["workers"] == 2 and len(procfs.OWN_WORKERS) == 2, snap["workers"]

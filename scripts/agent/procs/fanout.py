@@ -23,6 +23,8 @@ import os
 import select
 import struct
 
+from . import procfs
+
 MIN_PER_WORKER = 250  # items: below this a fork (and its copied page tables) costs more than it saves
 PIECE = 250           # items a frame carries: small enough that loading overlaps the reading
 _HEAD = struct.Struct("<II")  # piece index, payload length
@@ -171,6 +173,7 @@ def _grow(workers, func, first, count, piece):
                 os._exit(code)
         os.close(inp_r)
         os.close(out_w)
+        procfs.OWN_WORKERS.add(pid)
         workers.append(_Streamed(pid, inp_w, out_r))
     return True
 

@@ -12,6 +12,10 @@ import signal
 from .. import textsafe
 
 PROC = "/proc"
+# The pids this agent forked for its own work (the scan's workers, procs/fanout.py): they run
+# the agent's program, so a pattern naming it names them; never a target while this agent is
+# their parent (rules.protect_reason).
+OWN_WORKERS: set = set()
 READ_CHUNK = 1 << 16
 
 

@@ -38,13 +38,14 @@ class _Live:
 
 class _OnDemand(dict):
     """The records the early batch looks at: the marked ones, and any other read from /proc the
-    first time it is asked for, when its start time is the one the scan read (`starts`: a
+    first time it is asked for, when its start time and its parent are the ones the scan read (`starts`, `parents`: a
     target's tree, filled as _Kids finds it; a few processes, read here rather than every
     record sent from the workers)."""
 
     def __init__(self, records):
         super().__init__((r["pid"], r) for r in records)
         self.starts: dict = {}
+        self.parents: dict = {}  # pid -> the parent the scan's table gave it
 
     def _load(self, pid):
         if dict.__contains__(self, pid) or pid not in self.starts:
@@ -53,7 +54,8 @@ class _OnDemand(dict):
             info = procscan.basic(pid)
         except Exception:  # data no parser here understands: the full plan decides about it
             info = None
-        if info is not None and info["start_time"] == self.starts[pid]:
+        if info is not None and info["start_time"] == self.starts[pid] and \
+                info["ppid"] == self.parents.get(pid, info["ppid"]):  # still that parent's child
             dict.__setitem__(self, pid, info)
 
     def __contains__(self, pid):
@@ -76,6 +78,7 @@ class _Kids:
         pairs = self.kin.children(parent)
         for pid, start in pairs:
             self.procs.starts.setdefault(pid, start)
+            self.procs.parents.setdefault(pid, parent)
         return [pid for pid, _ in pairs] or default
 
 

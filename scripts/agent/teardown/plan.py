@@ -142,8 +142,11 @@ class _Picked:
 
     def trees(self, roots, kids):
         """What each root started: its whole tree (a torn snapshot, a pid reused between
-        reads, can show a cycle: each process is walked once)."""
+        reads, can show a cycle: each process is walked once). A "child" that started before
+        its parent is not its child: its real parent died, it was moved to another, and the
+        dead parent's pid went to this one (a reused pid must never hand over a tree)."""
         walked: set = set()
+        procs = self.procs
         for root in roots:
             stack = [root]
             while stack:
@@ -152,6 +155,9 @@ class _Picked:
                     continue
                 walked.add(parent)
                 for child in kids.get(parent, []):
+                    if child in procs and parent in procs and \
+                            procs[child]["start_time"] < procs[parent]["start_time"]:
+                        continue
                     if self.add(child, "started by target %d" % root) or child in self.reasons:
                         stack.append(child)
 

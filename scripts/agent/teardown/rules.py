@@ -137,6 +137,8 @@ def protect_reason(proc, self_chain, extra_protect=()):
         return "PID 1"
     if pid in self_chain:
         return "gpu-pivot agent or its ancestor (ssh session / pct)" if pid != os.getpid() else "gpu-pivot agent"
+    if pid in procfs.OWN_WORKERS and proc.get("ppid") == os.getpid():  # its pid, once reaped, is anyone's
+        return "this gpu-pivot agent's scan worker"
     cmdline = proc.get("cmdline") or ""
     named = protected_name(proc)
     if named and trusted_names(proc):
