@@ -40,7 +40,8 @@ def test_modules_planted_in_the_working_directory_are_never_imported(second_user
 
 def test_a_crash_names_the_agents_own_frame_with_its_folder(capsys):
     """Two agent modules are called run.py (teardown/, phases/): the one-line failure names
-    the folder, and the agent's last frame rather than the standard library's below it."""
+    the folder, and the last frame outside the standard library (who passed json a bad
+    document, not json's decoder)."""
     import json
 
     from scripts.agent import cli
@@ -55,5 +56,5 @@ def test_a_crash_names_the_agents_own_frame_with_its_folder(capsys):
     assert cli._agent_file("/usr/lib/python3.11/json/decoder.py") is None
     with pytest.raises(json.JSONDecodeError) as caught:
         json.loads("{")
-    assert "(decoder.py:" in cli.failure(caught.value)  # no agent frame: the last one, as before
+    assert "(test_agent_imports.py:" in cli.failure(caught.value)  # the caller, not json's decoder
     capsys.readouterr()

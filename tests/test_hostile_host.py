@@ -160,10 +160,10 @@ def test_a_process_no_parser_understands_is_not_inspected(monkeypatch, ps):
     server = scenario._server(ps, "--tp", "1")
     real = procscan.basic
 
-    def basic(pid, proc=procscan.PROC):
+    def basic(pid, *rest, **kw):
         if pid == server:
             raise ValueError("a stat line no kernel writes")
-        return real(pid, proc)
+        return real(pid, *rest, **kw)
 
     monkeypatch.setattr(procscan, "basic", basic)
     from scripts.agent.procs import devices

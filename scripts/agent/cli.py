@@ -193,9 +193,9 @@ def human(doc):
 
 def failure(exc):
     """One line naming an exception and where it was raised, for the operator to report:
-    `IndexError: list index out of range (agent/procs/program.py:72 in names)`: the agent's
-    own last frame, with its folder (two modules are called run.py), not the standard
-    library's frame under it. The traceback goes to
+    `IndexError: list index out of range (agent/procs/program.py:72 in names)`: the last frame
+    outside the standard library (json's decoder is where a bad document was noticed, the
+    agent's frame above it who passed it), an agent module with its folder (two are run.py). The traceback goes to
     stderr too. Why: a bare traceback reaches the operator as "the agent gave no result",
     and a crash in one subcommand must still be a result the local side reads."""
     import traceback  # only on this path: a teardown's start does not pay for it
@@ -205,8 +205,8 @@ def failure(exc):
     except Exception:  # stderr gone too: the result below still names it
         pass
     frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if _agent_file(f.filename)]  # the agent's own last frame, not the stdlib's
-    where = (ours or frames)[-1:]
+    stdlib = os.path.dirname(os.__file__) + os.sep  # its frames say where Python noticed, not who erred
+    where = ([f for f in frames if not f.filename.startswith(stdlib)] or frames)[-1:]
     at = " (%s:%s in %s)" % (_agent_file(where[0].filename) or os.path.basename(where[0].filename),
                              where[0].lineno, where[0].name) if where else ""
     return "%s: %s%s" % (type(exc).__name__, exc, at)
