@@ -189,3 +189,20 @@ def test_a_scan_with_an_early_callback_reads_records_lean_then_whole(tmp_path, m
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_process_gone_after_its_lean_read_stays_in_the_snapshot():
+    """Before the first signal a process is read lean (stat, argv); its owner is read after.
+    A wrapper that ended with its server in between (`setsid bash -c 'SERVER; echo exited'`
+    under a restart loop) must stay in the snapshot as read: its parent is what links the
+    targets to the loop that restarts them, and without it the window is skipped."""
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lean = procscan.basic(child.pid, lean=True)
+        assert lean is not None and "uid" not in lean
+    finally:
+        child.kill()
+        child.wait()
+    part = procscan._scan_part([child.pid], None, procscan.PROC, {}, read={child.pid: lean})
+    procs = part["procs"]
+    assert procs[child.pid]["ppid"] == os.getpid() and procs[child.pid]["uid"] == procscan.GONE_UID

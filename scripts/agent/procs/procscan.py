@@ -89,6 +89,9 @@ def basic(pid, proc=PROC, lean=False):
     return stat if lean else complete(stat, proc)
 
 
+GONE_UID = -1  # the uid of a process gone before its owner was read (as not_understood's unknown one)
+
+
 def complete(stat, proc=PROC):
     """basic()'s record whole: the command line as shown and the owner's uid added to a lean
     one; None when the process is gone. Why lean first: before the first signal the scan reads
@@ -449,9 +452,14 @@ def _scan_part(pids, devset, proc, keys, mark=None, read=None):
         info = read[pid] if pid in read else _record(pid, proc, mark)
         if info is not None and "uid" not in info:  # read lean before the first signal
             try:
-                info = complete(info, proc)
+                done = complete(info, proc)
             except Exception as exc:
-                info = not_understood(pid, exc)
+                done = not_understood(pid, exc)
+            if done is None:  # gone since its lean read (a wrapper that ended with its server)
+                info["uid"] = GONE_UID  # kept as read: its parent still links a target to whatever started it
+                procs[pid] = info
+                continue
+            info = done
         if info is None:
             continue
         procs[pid] = info
