@@ -170,7 +170,7 @@ def test_a_scan_with_an_early_callback_reads_records_lean_then_whole(tmp_path, m
     (tmp_path / "nvidia0").touch()
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        wait_for(lambda: (procscan.basic(child.pid) or {}).get("argv", [""])[-1].endswith("sleep(60)"), "child")
+        wait_for(lambda: ((procscan.basic(child.pid) or {}).get("argv") or [""])[-1].endswith("sleep(60)"), "child")
         seen = {}
 
         def early(records, kin):
