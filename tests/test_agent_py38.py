@@ -109,8 +109,6 @@ def test_every_module_is_python_38(tmp_path):
         for name, text in SOURCES.items():
             parse_38(name, text)
         return
-    pkg = tmp_path / "agent"
-    pkg.mkdir()
     for name, text in SOURCES.items():
         path = tmp_path.joinpath(*name.split("."))
         is_package = any(other.startswith(name + ".") for other in SOURCES)
