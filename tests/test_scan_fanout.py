@@ -206,3 +206,35 @@ def test_a_process_gone_after_its_lean_read_stays_in_the_snapshot():
     part = procscan._scan_part([child.pid], None, procscan.PROC, {}, read={child.pid: lean})
     procs = part["procs"]
     assert procs[child.pid]["ppid"] == os.getpid() and procs[child.pid]["uid"] == procscan.GONE_UID
+
+
+def test_a_holder_gone_before_the_plan_is_not_a_target_signalled_outside_its_container():
+    """A loop in a container (`while :; do sleep 1 & wait; done` under docker-init) forks a
+    `sleep` that inherits the GPU fds: a holder when the fds are read, gone by the time its
+    cgroup is. With no cgroup it passed for a bare process and the plan listed it to be
+    signalled beside `docker stop` (CI). A process that exited before its details were read is
+    marked gone and left out of the plan; a live one is kept."""
+    import argparse
+
+    from scripts.agent.teardown import plan
+
+    live = subprocess.Popen(["sleep", "60"])
+    ended = subprocess.Popen(["sleep", "60"])
+    try:
+        records = {p.pid: procscan.basic(p.pid) for p in (live, ended)}
+    finally:
+        ended.kill()
+        ended.wait()
+    try:
+        holders = [procscan.detail(records[p.pid], ["/dev/nvidia0"]) for p in (live, ended)]
+        assert [h.get("gone", False) for h in holders] == [False, True]
+        for h in holders:
+            h["protected"] = None
+        doc = {"_procs": records, "_chain": set(), "holders": holders}
+        args = argparse.Namespace(target=None, match=[], protect=[], scope=None, scope_uid=None,
+                                  only_matching=False, stop_supervisors=False, disable=False)
+        built = plan.build(doc, args)
+        assert [(t["pid"], t["via"]) for t in built["targets"]] == [(live.pid, "signal")], built["targets"]
+    finally:
+        live.kill()
+        live.wait()

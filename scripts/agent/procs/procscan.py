@@ -537,7 +537,8 @@ def proc_hidden(proc=PROC):
 
 
 def detail(info, held, proc=PROC, now_ticks=None, mapped=None):
-    """The full per-process record shown to users: add user, age, unit/container, writes."""
+    """The full per-process record shown to users: add user, age, unit/container, writes;
+    "gone": True when the process exited (or its pid was reused) before they were read."""
     pid = info["pid"]
     cg = cgroup.read(pid, proc)
     out = dict(info)
@@ -550,6 +551,10 @@ def detail(info, held, proc=PROC, now_ticks=None, mapped=None):
     out["mapped_devices"] = list(mapped or [])
     if now_ticks is not None:
         out["age_s"] = max(0.0, (now_ticks - info["start_time"]) / clock_ticks())
+    if not procfs.same_process(pid, info["start_time"], proc):
+        # exited since the scan read it (a loop's `sleep 1`): what was read after is nobody's
+        # (no cgroup: it would pass for a bare process outside its container and be signalled)
+        out["gone"] = True
     return out
 
 

@@ -99,8 +99,8 @@ def pick(records, args, approved, table=()):
         if approved is not None and (pid, info["start_time"]) not in approved:
             continue
         full = procscan.detail(info, [], now_ticks=now)
-        if plan.stoppable_unit(full["unit"]) or full["container"]:
-            continue  # its manager may be the one to stop it: the full plan decides
+        if plan.stoppable_unit(full["unit"]) or full["container"] or full.get("gone"):
+            continue  # its manager may be the one to stop it (or it has exited): the full plan decides
         full["gpu_mib"] = {}
         row = plan._row(full, picked.reasons[pid])
         row["via"] = "signal"

@@ -263,13 +263,17 @@ def _row(info, why):
 def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
     now = scan.procfs_now_ticks()
 
-    def row(pid, why):
-        info = holders.get(pid) or procscan.detail(procs[pid], [], now_ticks=now)
-        info.setdefault("gpu_mib", {})
-        return _row(info, why)
+    def rows(pids, why):  # a process that exited since the scan is nobody's to stop: left out
+        out = []
+        for pid in sorted(pids):
+            info = holders.get(pid) or procscan.detail(procs[pid], [], now_ticks=now)
+            if not info.get("gone"):
+                info.setdefault("gpu_mib", {})
+                out.append(_row(info, why(pid)))
+        return out
 
-    targets = [row(pid, reasons[pid]) for pid in sorted(reasons)]
-    wrapper_rows = [row(pid, _wrapper_why(pid, pids, procs)) for pid, pids in sorted(wrapped.items())]
+    targets = rows(reasons, reasons.get)
+    wrapper_rows = rows(wrapped, lambda pid: _wrapper_why(pid, wrapped[pid], procs))
     units: dict = {}
     containers: dict = {}
     found: dict = {}
