@@ -121,3 +121,29 @@ def test_a_teardown_request_builds_one_argv_and_reads_its_deadline_from_its_fiel
     assert full.deadline_s() == 60 + 30 + 2 * 60 + 5 + 2 + contract.MPS_QUIT_TIMEOUT_S
     for req in (plain, full, TeardownRequest(settle=0.5, wait_lock=1.5)):
         assert req.deadline_s() == deadline_for("teardown", [str(a) for a in req.argv()])
+
+
+@pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "popen-wait"])
+def test_the_wait_for_a_command_gives_its_code_and_stops_at_the_deadline(monkeypatch, pidfd):
+    """runner.wait_exit: woken by the exit through a pidfd (Popen's own wait polls, up to 50 ms
+    late); where no pidfd can be opened, Popen's wait. Either way: the exit code, and at the
+    deadline TimeoutExpired with the process left running for the caller to kill."""
+    import os
+
+    from scripts.reach import runner
+
+    if not pidfd:
+        def refused(pid):
+            raise OSError("no pidfd")
+        monkeypatch.setattr(os, "pidfd_open", refused)
+    done = subprocess.Popen(["sh", "-c", "exit 3"])
+    assert runner.wait_exit(done, 30) == 3
+    slow = subprocess.Popen(["sleep", "30"])
+    try:
+        with pytest.raises(subprocess.TimeoutExpired):
+            runner.wait_exit(slow, 0.2)
+        assert slow.poll() is None
+    finally:
+        slow.kill()
+        slow.wait()
+    assert runner.wait_exit(slow, 1) == -9  # already reaped: its code again

@@ -11,6 +11,7 @@ what goes in and out (`How`).
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import tempfile
 import threading
@@ -125,7 +126,7 @@ def _stdout_file(how: How):
 def _wait(proc, how: How, io: _Io) -> dict:
     """Wait for the exit, the deadline or Ctrl-C: {code, cut_off, stuck_pid}."""
     try:
-        code = proc.wait(timeout=how.deadline_s)
+        code = wait_exit(proc, how.deadline_s)
         done: dict = {"code": code}
     except subprocess.TimeoutExpired:
         code = kill_and_reap(proc)
@@ -139,6 +140,26 @@ def _wait(proc, how: How, io: _Io) -> dict:
     if io.reader is not None:
         io.reader.join(timeout=5 if code is not None else 0.2)
     return done
+
+
+def wait_exit(proc: subprocess.Popen, timeout: float | None) -> int:
+    """proc.wait(timeout), woken by the exit itself. Why: Popen.wait with a timeout polls,
+    its sleeps doubling to 50 ms, so a verdict that took seconds reached the caller up to 50 ms
+    after the agent had exited; a pidfd is readable the moment the process ends (Linux 5.3+;
+    elsewhere, or when one cannot be opened, Popen's own wait). Raises TimeoutExpired."""
+    if timeout is None or proc.returncode is not None:  # reaped: its pid may name another process now
+        return proc.wait()
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (AttributeError, OSError):  # an older kernel, no fds left, or already reaped
+        return proc.wait(timeout=timeout)
+    try:
+        ready, _, _ = select.select([pidfd], [], [], max(0.0, timeout))
+    finally:
+        os.close(pidfd)
+    if not ready:
+        raise subprocess.TimeoutExpired(proc.args, timeout)
+    return proc.wait()
 
 
 @dataclass
