@@ -7,7 +7,7 @@ import os
 import subprocess
 import sys
 
-from scripts.agent.procs import devices, fanout, procscan
+from scripts.agent.procs import devices, fanout, procfs, procscan
 from tests.procs import wait_for
 
 HOLD = """
@@ -238,3 +238,64 @@ def test_a_holder_gone_before_the_plan_is_not_a_target_signalled_outside_its_con
     finally:
         live.kill()
         live.wait()
+
+
+EXEC_LATER = """
+import os, sys, time
+open(sys.argv[1], "w").close()
+while not os.path.exists(sys.argv[2]):
+    time.sleep(0.01)
+os.execvp("sleep", ["sleep", "600"])
+"""
+
+
+def test_a_confirming_scan_reads_again_only_what_changed_since_the_plans(tmp_path, monkeypatch):
+    """snapshot(known=the plan's records): a process still the same keeps its known record (one
+    read, its stat, nothing sent back by a worker); one that exec'd another program, one whose
+    parent died (reparented), and one started since are read whole; one gone is not there; a
+    holder's fds are still read. In workers and on one core alike."""
+    gpu = tmp_path / "nvidia0"
+    gpu.write_bytes(b"\0" * 4096)
+    devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
+    started: list = []
+
+    def start(argv, ready=None):
+        started.append(subprocess.Popen(argv))
+        if ready is not None:
+            wait_for(ready.exists, f"{argv[:3]} ready")
+        return started[-1]
+
+    try:
+        holder = start([sys.executable, "-c", HOLD, str(gpu), "hold", str(tmp_path / "held")], tmp_path / "held")
+        still = start(["sleep", "600"])
+        execs = start([sys.executable, "-c", EXEC_LATER, str(tmp_path / "up"), str(tmp_path / "go")], tmp_path / "up")
+        parent = start(["sh", "-c", f"sleep 600 & echo $! > {tmp_path}/orphan; wait"])
+        wait_for(lambda: (tmp_path / "orphan").exists() and (tmp_path / "orphan").read_text().strip(), "the orphan")
+        orphan = int((tmp_path / "orphan").read_text())
+        gone = start(["sleep", "600"])
+        known = procscan.snapshot(devset)["procs"]
+        assert known[orphan]["ppid"] == parent.pid
+        (tmp_path / "go").touch()
+        wait_for(lambda: procscan.basic(execs.pid)["argv"][:1] == ["sleep"], "the exec")
+        parent.kill()
+        parent.wait()
+        wait_for(lambda: procscan.basic(orphan)["ppid"] != parent.pid, "the orphan reparented")
+        gone.kill()
+        gone.wait()
+        new = start(["sleep", "601"])
+        wait_for(lambda: procscan.basic(new.pid)["argv"] == ["sleep", "601"], "the new process's exec")
+        for workers in (1, 3):
+            monkeypatch.setattr(fanout, "workers_for", lambda n, w=workers: w)
+            snap = procscan.snapshot(devset, known=known)
+            procs = snap["procs"]
+            assert procs[still.pid] is known[still.pid] and procs[holder.pid] is known[holder.pid]
+            assert list(snap["holders"].get(holder.pid, [])) == [str(gpu)], snap["holders"]
+            assert procs[execs.pid]["argv"] == ["sleep", "600"] and procs[execs.pid] is not known[execs.pid]
+            assert procs[orphan]["ppid"] != parent.pid
+            assert procs[new.pid]["argv"] == ["sleep", "601"] and gone.pid not in procs
+    finally:
+        for p in started:
+            p.kill()
+            p.wait()
+        if "known" in locals() and orphan in known:  # ours, reparented: by pid and start time
+            procfs.signal_if_same(orphan, known[orphan]["start_time"], 9)

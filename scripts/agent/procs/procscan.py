@@ -377,7 +377,7 @@ def user_name(uid):
     return _USER_NAMES[uid]
 
 
-def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
+def snapshot(devset, proc=PROC, fds=True, mark=None, early=None, known=None):
     """Every process (basic fields) and which of them hold a GPU device (devices.DeviceSet).
 
     Returns {'procs': {pid: info}, 'holders': {pid: [devices]}, 'denied': [pids],
@@ -392,6 +392,9 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
     every process's parent and start time (a Kin), as soon as every worker has read its share's
     records (lean ones: basic(lean=True)) and before the fd tables and maps are read (the
     teardown's first SIGTERM batch: agent/teardown/early.py).
+    `known`: {pid: record} of an earlier snapshot (the plan's, for the scans that confirm FREED):
+    a process it has that is still the same (_same_as_known) costs one read, its stat, and its
+    record is that one, neither read again nor sent back by a worker.
     """
     keys = devset.inode_keys()
     paths = devset.paths
@@ -413,12 +416,14 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None):
     def on_first(answers):
         early([info for marked, _ in answers for info in marked], Kin([kin for _, kin in answers]))
 
-    parts, workers = fanout.map_stream(lambda piece: _scan_part(piece, devset, proc, keys, mark, read),
+    parts, workers = fanout.map_stream(lambda piece: _scan_part(piece, devset, proc, keys, mark, read, known),
                                        listing(proc), fanout.workers_for if proc == PROC else (lambda n: 1),
                                        first=first if early is not None else None, on_first=on_first)
     procs, holders, denied, mapped, links = {}, {}, [], {}, dict(keys)
     for part in parts:
         procs.update(part["procs"])
+        for pid in part["same"]:
+            procs[pid] = known[pid]
         holders.update(part["holders"])
         denied.extend(part["denied"])
         mapped.update(part["mapped"])
@@ -443,13 +448,44 @@ def _record(pid, proc, mark, lean=False):
     return info
 
 
-def _scan_part(pids, devset, proc, keys, mark=None, read=None):
-    """The scan of some pids: their records (those `read` has already, as read then), the
-    devices their fds hold, then their maps."""
-    procs, holders, denied, links = {}, {}, [], dict(keys)
+# What a confirming scan compares with the plan's record of a process (snapshot's `known`):
+# the same process (start time), program name, parent, group and session, and the same task
+# flags (no exit begun). Its state and thread count stay as the plan read them: nothing reads
+# them of a process that was there before the teardown (settle and targets skip those by start
+# time), and its fds are read with the thread count just read.
+_SAME_FIELDS = ("start_time", "comm", "ppid", "pgid", "sid", "flags")
+
+
+def _same_as_known(pid, proc, known, mark):
+    """(record, threads, same) for a pid `known` has: its known record while still the same
+    (one read: its stat), else the record read whole; (None, 0, False) when it is gone."""
+    try:
+        stat = procfs.read_stat(pid, proc)
+    except Exception as exc:  # data no parser here understands: as _record does
+        return not_understood(pid, exc), 1, False
+    if stat is None:
+        return None, 0, False
+    old = known[pid]
+    if all(stat[k] == old.get(k) for k in _SAME_FIELDS) and not procfs.finished(stat):
+        return old, stat["threads"], True
+    info = _record(pid, proc, mark)
+    return info, (info or {}).get("threads", 1), False
+
+
+def _scan_part(pids, devset, proc, keys, mark=None, read=None, known=None):
+    """The scan of some pids: their records (those `read` has already, as read then; those
+    `known` has and still the same, as known), the devices their fds hold, then their maps.
+    The records taken from `known` are not sent back: "same" lists their pids."""
+    procs, holders, denied, links, same = {}, {}, [], dict(keys), []
     read = read or {}
     for pid in pids:
-        info = read[pid] if pid in read else _record(pid, proc, mark)
+        threads = None
+        if known is not None and pid in known and pid not in read:
+            info, threads, unchanged = _same_as_known(pid, proc, known, mark)
+            if unchanged:
+                same.append(pid)
+        else:
+            info = read[pid] if pid in read else _record(pid, proc, mark)
         if info is not None and "uid" not in info:  # read lean before the first signal
             try:
                 done = complete(info, proc)
@@ -469,7 +505,7 @@ def _scan_part(pids, devset, proc, keys, mark=None, read=None):
         if not devset or info["flags"] & PF_KTHREAD:
             continue
         try:
-            held, problem = held_devices(pid, devset, info["threads"], proc, links)
+            held, problem = held_devices(pid, devset, info["threads"] if threads is None else threads, proc, links)
         except Exception as exc:
             held, problem = [], "its open files could not be understood (%s)" % type(exc).__name__
         if problem:
@@ -479,7 +515,10 @@ def _scan_part(pids, devset, proc, keys, mark=None, read=None):
     mapped: dict = {}
     if devset:
         _map_pass(procs, set(denied), {_needle(k): name for k, name in links.items()}, proc, holders, denied, mapped)
-    return {"procs": procs, "holders": holders, "denied": denied, "mapped": mapped,
+    if same:
+        kept = set(same)
+        procs = {pid: info for pid, info in procs.items() if pid not in kept}
+    return {"procs": procs, "holders": holders, "denied": denied, "mapped": mapped, "same": same,
             "links": {k: v for k, v in links.items() if k not in keys}}
 
 

@@ -27,7 +27,7 @@ def device_set(args):
     return cached
 
 
-def collect(args, source=None, confirm=False, early=None):
+def collect(args, source=None, confirm=False, early=None, known=None):
     """One scan. `source` (an open GPU reader) is reused by callers that poll. `early`: called
     with the records a target pattern names once every record is read (procscan.snapshot).
 
@@ -35,7 +35,9 @@ def collect(args, source=None, confirm=False, early=None):
     lists the GPUs' processes (context_source) and lists none, and no GPU memory is used, no
     process has a CUDA context, so no fd table or mapping can change the answer: the GPUs are
     read first, and then only the process records are (what a respawn is told by). On a host of
-    20,000 processes that is half the scan between "free" and the FREED line."""
+    20,000 processes that is half the scan between "free" and the FREED line. `known`: the
+    plan's records ({pid: record}); a process still the same costs one read (procscan.snapshot):
+    most of a busy host, between "free" and the FREED line again."""
     started = time.monotonic()
     gpus = None
     if confirm or early is not None:  # with an early batch: before it goes out, not while the targets release
@@ -43,7 +45,7 @@ def collect(args, source=None, confirm=False, early=None):
             gpus = source.read()
     idle = confirm and gpus is not None and context_source(source.name, []) and not any(
         g["processes"] or g["used_mib"] is None or g["used_mib"] > args.max_used_mib or g.get("unread") for g in gpus)
-    snap = procscan.snapshot(device_set(args), fds=not idle, mark=_target_mark(args), early=early)
+    snap = procscan.snapshot(device_set(args), fds=not idle, mark=_target_mark(args), early=early, known=known)
     procs_done = time.monotonic()
     if gpus is None or (confirm and not idle):  # read (again) after the processes: what they hold now
         with gpuinfo.reader(args, source) as (source, tried):

@@ -63,10 +63,12 @@ class Lineage:
     target), past a session leader that is itself a wrapper (`setsid bash -c SERVER` in a
     loop: the loop is what restarts it), plus every supervisor the plan named; and `managers`
     {owner key: hint}, the units and containers the targets ran in (a service unit, a docker
-    or LXC container). `stopped`: owner keys whose stop was run."""
+    or LXC container). `stopped`: owner keys whose stop was run. `procs`: the plan's records
+    (the confirming scans read again only what changed since: procscan.snapshot's `known`)."""
 
     def __init__(self, doc, planned, stopped=(), supervisors=()):
         procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
+        self.procs = procs
         mine = {t["pid"] for t in planned}
         self.starters: dict = {(s["pid"], s["start_time"]): s["cmdline"] for s in supervisors}
         self.managers: dict = {}
@@ -221,7 +223,7 @@ class _Seen:
         """One scan: adopt what targets forked, SIGKILL what outlived its grace, classify what
         started meanwhile, and evaluate. Returns (doc, free, problems, new respawns)."""
         args, targets = self.args, self.targets
-        doc = scan.collect(args, source, confirm=True)
+        doc = scan.collect(args, source, confirm=True, known=self.lineage.procs)
         self.scans += 1
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
