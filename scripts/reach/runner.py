@@ -125,6 +125,7 @@ def _stdout_file(how: How):
 
 def _wait(proc, how: How, io: _Io) -> dict:
     """Wait for the exit, the deadline or Ctrl-C: {code, cut_off, stuck_pid}."""
+    code: int | None
     try:
         code = wait_exit(proc, how.deadline_s)
         done: dict = {"code": code}
