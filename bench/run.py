@@ -204,13 +204,21 @@ def scan_costs(extra: list, reps: int, work: Path | None = None) -> list:
 
 
 def scan_rows(scans: list) -> str:
-    """The scan-vs-fuser table: processes, the holder scan, fuser, their ratio, workers."""
+    """The scan-vs-fuser table: processes, the holder scan, fuser, their ratio, workers; then the
+    records-only confirming scan, every record read whole beside given the plan's (an older
+    result without them: -)."""
+    def confirm(s):
+        if s.get("confirm_known_ms") is None:
+            return ["-", "-"]
+        return [f"{s['confirm_all_ms']:.1f} / {s['confirm_known_ms']:.1f}", f"{s['confirm_known_vs_all']:.2f}x"]
+
     return table(["processes", "holder scan ms (median)", "fuser ms (median)", "scan / fuser", "workers / cores",
-                  "whole scan ms", "GPU source"],
+                  "whole scan ms", "GPU source", "confirming scan ms: all / given the plan's", "ratio"],
                  [[s["processes"], f"{s['holder_scan_ms']:.1f}",
                    "-" if s.get("fuser_ms") is None else f"{s['fuser_ms']:.1f}",
                    "-" if not s.get("scan_vs_fuser") else f"{s['scan_vs_fuser']:.2f}x",
-                   f"{s.get('workers', 1)} / {s.get('cores', '?')}", f"{s['median_ms']:.1f}", s["gpu_source"]]
+                   f"{s.get('workers', 1)} / {s.get('cores', '?')}", f"{s['median_ms']:.1f}", s["gpu_source"],
+                   *confirm(s)]
                   for s in scans])
 
 

@@ -8,6 +8,9 @@ whole `scan.collect` (plus the GPU source's read and the records of the holders)
 run on the files the glob names (a fresh fuser each rep, as an operator's one-liner runs it),
 each the median of the reps, with the cores the scan could use. Why beside fuser: fuser is
 what the incidents used to find holders, and the scan must not be the slower way to do it.
+Beside them, the records-only scan that confirms FREED where NVML vouches (`confirm_all_ms`:
+every record read whole) and the same given the plan's records (`confirm_known_ms`: a process
+still the same costs one stat read, procscan.snapshot's `known`), alternating in each rep.
 """
 from __future__ import annotations
 
@@ -23,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.agent.procs import fanout, scan  # noqa: E402
+from scripts.agent.procs import fanout, procscan, scan  # noqa: E402
 from tests.procs import Bystanders  # noqa: E402
 
 
@@ -35,6 +38,8 @@ def measure(reps, devices, fake=False):
     ns = argparse.Namespace(devices=devices, protect=[], target=[], match=[], fake_gpus=None, fake_devices=fake)
     paths = sorted(glob.glob(devices))
     holder, whole, fuser, count, source = [], [], [], 0, None
+    confirm_all: list = []
+    confirm_known: list = []
     for _ in range(reps):
         if paths:
             t0 = time.monotonic()
@@ -44,9 +49,15 @@ def measure(reps, devices, fake=False):
         holder.append(doc["proc_scan_ms"])
         whole.append(doc["scan_ms"])
         count, source = doc["processes_scanned"], doc["gpu_source"]
+        for known, into in ((None, confirm_all), (doc["_procs"], confirm_known)):
+            t0 = time.monotonic()
+            procscan.snapshot(scan.device_set(ns), fds=False, known=known)
+            into.append((time.monotonic() - t0) * 1000)
     row = {"processes": count, "median_ms": _median(whole), "min_ms": min(whole), "max_ms": max(whole),
            "holder_scan_ms": _median(holder), "fuser_ms": _median(fuser), "reps": reps, "gpu_source": source,
-           "cores": fanout.cores(), "workers": fanout.workers_for(count), "device_files": len(paths)}
+           "cores": fanout.cores(), "workers": fanout.workers_for(count), "device_files": len(paths),
+           "confirm_all_ms": _median(confirm_all), "confirm_known_ms": _median(confirm_known)}
+    row["confirm_known_vs_all"] = row["confirm_known_ms"] / row["confirm_all_ms"]
     row["scan_vs_fuser"] = row["fuser_ms"] and row["holder_scan_ms"] / row["fuser_ms"]
     return row
 
@@ -67,7 +78,8 @@ def main():
         fuser = f"fuser {r['fuser_ms']:.1f} ms, scan/fuser {r['scan_vs_fuser']:.2f}x" if r["fuser_ms"] else "no fuser"
         print(f"{r['label']:>18}: {r['processes']:6d} processes  holder scan {r['holder_scan_ms']:.1f} ms, "
               f"{fuser}, whole scan {r['median_ms']:.1f} ms ({r['workers']} worker(s) of {r['cores']} cores; "
-              f"GPU source {r['gpu_source']})", flush=True)
+              f"GPU source {r['gpu_source']}); confirming scan {r['confirm_all_ms']:.1f} ms, given the plan's "
+              f"records {r['confirm_known_ms']:.1f} ms ({r['confirm_known_vs_all']:.2f}x)", flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(rows, indent=1))
 
