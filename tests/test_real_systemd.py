@@ -9,11 +9,12 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 
 import pytest
 
-from tests.conftest import invoke as invoke_cli
+from tests.conftest import REPO, invoke as invoke_cli
 from tests.realhosts import cgroups
 from tests.realhosts.session import hosted, require
 from tests.realhosts.systemd_host import INNER, SystemdHost, sweep
@@ -190,12 +191,17 @@ def test_a_crashed_runs_leftovers_are_swept_and_a_live_runs_are_not():
     """A run killed mid-session leaves its host's cgroups (and whatever is in them); the next
     session's sweep ends those processes and removes them, but never another live run's."""
     require()
-    crashed = cgroups.make("crashed", owner="999999999-1")  # no such pid: its owner is gone
+    crashed = cgroups.make(f"crashed-{os.getpid()}", owner="999999999-1")  # no such pid: its owner is gone
     live = cgroups.make("live")
     proc = subprocess.Popen(["sleep", "600"])
     try:
         for d in crashed:
             (d / "cgroup.procs").write_text(str(proc.pid))
+        # another test process booting a host meanwhile sweeps too: it must leave this test's
+        # made-up crashed run to this test (CI: a parallel worker's sweep removed it mid-test)
+        other = subprocess.run([sys.executable, "-c", "from tests.realhosts.systemd_host import sweep; print(sweep())"],
+                               cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert other.returncode == 0 and all(d.exists() for d in crashed), other.stdout + other.stderr
         swept = sweep()
         assert {str(d) for d in crashed} <= set(swept)
         assert proc.wait(5) == -signal.SIGKILL

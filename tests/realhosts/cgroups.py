@@ -77,6 +77,7 @@ def _alive(pid: str, start: str) -> bool:
 
 
 _LOCKS: dict[str, int] = {}  # cgroup dir -> the fd whose flock says its owner (this process) lives
+_HELD: dict[str, int] = {}  # a made "crashed" cgroup -> its flock fd: other processes' sweeps skip it, ours takes it
 
 
 def _lock(d: Path) -> int | None:
@@ -95,15 +96,16 @@ def _lock(d: Path) -> int | None:
 
 def make(name: str, owner: str | None = None) -> list[Path]:
     """Child cgroups named PREFIX<owner>-<name> under ours, one per hierarchy (owner: this
-    process's tag, which it locks; another owner given, as tests of the sweep do, is not locked)."""
+    process's tag, which it locks). Another owner given (a crashed run's, as tests of the sweep
+    make): locked too, so that another test process's sweep (a host booting meanwhile) cannot
+    take it, but held apart (_HELD) for this process's own sweep to take."""
     dirs = []
     for mnt, path in own_paths().items():
         d = Path(mnt) / path.lstrip("/") / f"{PREFIX}{owner or owner_tag()}-{name}"
         d.mkdir()
-        if owner is None:
-            fd = _lock(d)
-            if fd is not None:
-                _LOCKS[str(d)] = fd
+        fd = _lock(d)
+        if fd is not None:
+            (_LOCKS if owner is None else _HELD)[str(d)] = fd
         for knob in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset refuses tasks until these are set
             if (d / knob).exists():
                 (d / knob).write_text((d.parent / knob).read_text())
@@ -177,7 +179,7 @@ def stale() -> list[Path]:
                 pid, start, ns = _owner(d.name)
                 if (ns is None or ns == ours) and _alive(pid, start):
                     continue
-                fd = _lock(d)
+                fd = _HELD.pop(str(d), None) or _lock(d)
                 if fd is not None:
                     _LOCKS[str(d)] = fd
                     out.append(d)
