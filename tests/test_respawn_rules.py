@@ -245,3 +245,88 @@ def test_the_confirming_scan_reads_fd_tables_only_where_a_context_could_be(ps):
     used = [{"index": 0, "used_mib": 300, "processes": []}]  # memory without a listed process: look at everything
     assert scan.collect(args, _ListingSource(used), confirm=True)["holders_read"] is True
     assert scan.collect(args, _ListingSource(idle))["holders_read"] is True  # only the confirming scan is light
+
+
+SLOW_SERVER = """\
+import os, signal, sys, time
+args = sys.argv[1:]
+def opt(name):
+    return args[args.index(name) + 1] if name in args else None
+fd = os.open(opt("--hold"), os.O_RDWR)
+def term(*_):
+    open(opt("--ready") + ".term", "w").close()
+    time.sleep(0.5)
+    os._exit(0)
+signal.signal(signal.SIGTERM, term)
+with open(opt("--ready") + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(opt("--ready") + ".tmp", opt("--ready"))
+while True:
+    time.sleep(1)
+"""
+
+# At the plan a monitor by name (a script called nvitop: trusted in the sandbox for the agent's
+# own uid), holding the device without mapping it; once the target has its SIGTERM it execs
+# another Python program keeping the fd: the same name, parent, group, session and flags.
+EXECS_AFTER_TERM = """\
+import os, sys, time
+dev, term, after = sys.argv[1], sys.argv[2], sys.argv[3]
+fd = os.open(dev, os.O_RDWR)
+os.set_inheritable(fd, True)
+open(term + ".mon", "w").write(str(os.getpid()))
+while not os.path.exists(term):
+    time.sleep(0.001)
+os.execv(sys.executable, [sys.executable, after, str(fd)])
+"""
+
+OPENS_AFTER_TERM = """\
+import os, sys, time
+dev, term = sys.argv[1], sys.argv[2]
+open(term + ".late", "w").write(str(os.getpid()))
+while not os.path.exists(term):
+    time.sleep(0.001)
+time.sleep(0.25)  # after the plan's scan (the server takes 0.5 s to exit)
+fd = os.open(dev, os.O_RDWR)
+open(term + ".opened", "w").close()
+time.sleep(600)
+"""
+
+
+def _slow_server(ps) -> Path:
+    """`xsrv.launch_server` holding GPU 0, 0.5 s in its exit after SIGTERM (it writes READY.term first)."""
+    pkg = ps.base / "slowpkg" / "xsrv"
+    pkg.mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "launch_server.py").write_text(SLOW_SERVER)
+    ready = ps.base / "slow.ready"
+    shell(ps, f"PYTHONPATH={pkg.parent} exec {sys.executable} -m xsrv.launch_server --ready {ready} "
+              f"--hold {ps.devdir / 'nvidia0'}")
+    ps.adopt(ready_pid(ready))
+    return ready
+
+
+@pytest.mark.parametrize("what", ["a monitor that execs a holder", "a bystander that opens the device"])
+def test_what_takes_a_gpu_after_the_plan_is_seen_by_the_confirming_scans(ps, what):
+    """The confirming scans keep the plan's record of a process still the same (one stat read):
+    a process there before the teardown that then takes the device is still read as it is now.
+    A protected monitor by name that exec'd another program under the same name is not protected
+    any more (red team: FREED, exit 0, with the exec'd program holding GPU 0); a bystander that
+    opens the device after the plan holds it. Either way: NOT FREE."""
+    ready = _slow_server(ps)
+    dev = ps.devdir / "nvidia0"
+    if what.startswith("a monitor"):
+        monitor, holder = ps.base / "nvitop", ps.base / "holder.py"
+        monitor.write_text(EXECS_AFTER_TERM)
+        holder.write_text("import sys, time\nopen(sys.argv[0] + '.execd', 'w').close()\ntime.sleep(600)\n")
+        shell(ps, f"exec {sys.executable} {monitor} {dev} {ready}.term {holder}")
+        ps.adopt(ready_pid(Path(f"{ready}.term.mon")))
+        done = Path(f"{holder}.execd")
+    else:
+        late = ps.base / "late.py"
+        late.write_text(OPENS_AFTER_TERM)
+        shell(ps, f"exec {sys.executable} {late} {dev} {ready}.term")
+        ps.adopt(ready_pid(Path(f"{ready}.term.late")))
+        done = Path(f"{ready}.term.opened")
+    result = teardown(ps, "--settle", "1", TARGETS=r"xsrv\.launch_server")
+    assert done.exists(), f"{what}: never took the device"
+    assert result.code != 0, (what, result.doc.get("problems"))

@@ -299,3 +299,61 @@ def test_a_confirming_scan_reads_again_only_what_changed_since_the_plans(tmp_pat
             p.wait()
         if "known" in locals() and orphan in known:  # ours, reparented: by pid and start time
             procfs.signal_if_same(orphan, known[orphan]["start_time"], 9)
+
+
+def test_a_process_whose_stat_cannot_be_read_again_is_not_taken_for_gone(monkeypatch):
+    """detail() asks whether the process is still there. Where /proc is mounted hidepid=noaccess
+    and the agent is not root, another user's stat is refused (PermissionError); a record no
+    parser understood has no start time. Neither can tell, so neither is "gone" (red team: the
+    refusal crashed the scan of a GPU process NVML listed; before, it was not inspected: exit 6)."""
+    from scripts.agent.procs import procfs
+
+    child = subprocess.Popen(["sleep", "60"])
+    try:
+        record = procscan.basic(child.pid)
+
+        def refused(pid, proc=procscan.PROC):
+            raise PermissionError(1, "Operation not permitted", f"{proc}/{pid}/stat")
+
+        monkeypatch.setattr(procfs, "read_stat", refused)
+        assert "gone" not in procscan.detail(record, [])
+        monkeypatch.undo()
+        odd = procscan.not_understood(child.pid, ValueError("odd"))
+        assert "gone" not in procscan.detail(odd, [])
+    finally:
+        child.kill()
+        child.wait()
+
+
+def test_a_target_gone_before_the_plan_still_leaves_what_started_it_watched(tmp_path):
+    """A holder that exited between the scan and its details (a crash-looping server caught
+    mid-crash) is not signalled, but it is kept in the plan's `gone`, and the teardown builds
+    the lineage from it too: its parent, which may start it again, is watched (red team:
+    without it nothing 'could restart a target', the window was 0 and the restart came after
+    FREED)."""
+    import argparse
+
+    from scripts.agent.teardown import plan, settle
+
+    starter = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                                "p = subprocess.Popen(['sleep', '600'])\n"
+                                "open(sys.argv[1], 'w').write(str(p.pid))\ntime.sleep(600)\n", str(tmp_path / "child")])
+    try:
+        child = int(wait_for(lambda: (tmp_path / "child").exists() and (tmp_path / "child").read_text(), "the child"))
+        wait_for(lambda: (procscan.basic(child) or {}).get("argv", [])[:1] == ["sleep"], "the child's exec")
+        records = {p: procscan.basic(p) for p in (starter.pid, child)}
+        os.kill(child, 9)  # it crashes right after the scan read it (its parent has not reaped it)
+        wait_for(lambda: not procfs.same_process(child, records[child]["start_time"]), "the crash")
+        held = procscan.detail(records[child], ["/dev/nvidia0"])
+        held["protected"] = None
+        doc = {"_procs": records, "_chain": set(), "holders": [held]}
+        args = argparse.Namespace(target=None, match=[], protect=[], scope=None, scope_uid=None,
+                                  only_matching=False, stop_supervisors=False, disable=False)
+        built = plan.build(doc, args)
+        assert built["targets"] == [] and [g["pid"] for g in built["gone"]] == [child]
+        lineage = settle.Lineage(doc, built["targets"] + built["gone"], supervisors=built["supervisors"])
+        alive, _ = lineage.surviving()
+        assert (starter.pid, records[starter.pid]["start_time"]) in dict(alive), alive
+    finally:
+        starter.kill()
+        starter.wait()

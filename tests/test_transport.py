@@ -147,3 +147,29 @@ def test_the_wait_for_a_command_gives_its_code_and_stops_at_the_deadline(monkeyp
         slow.kill()
         slow.wait()
     assert runner.wait_exit(slow, 1) == -9  # already reaped: its code again
+
+
+def test_the_wait_for_a_command_works_with_fds_numbered_past_fd_setsize(tmp_path):
+    """A fleet's CLI may hold over 1024 fds (each host's pipes, files and ssh log): the wait
+    still ends with the exit code, and at the deadline with the command killed (red team:
+    select() refused the pidfd, raised, and left the command running with no deadline)."""
+    import os
+    import time
+
+    from scripts.reach import runner
+    from scripts.reach.route import Route
+
+    held = []
+    try:
+        while len(held) < 1100:
+            held.append(os.open("/dev/null", os.O_RDONLY))
+        assert runner.wait_exit(subprocess.Popen(["sh", "-c", "exit 3"]), 30) == 3
+        pidfile = tmp_path / "pid"
+        started = time.monotonic()
+        done = runner.run(Route(), ["sh", "-c", 'echo $$ > "$1"; exec sleep 30', "x", str(pidfile)], "n",
+                          runner.How(capture=True, deadline_s=1.0))
+        assert done.cut_off and time.monotonic() - started < 20
+        assert not os.path.exists(f"/proc/{pidfile.read_text().strip()}/fd"), "the command outlived its deadline"
+    finally:
+        for fd in held:
+            os.close(fd)

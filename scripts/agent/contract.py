@@ -737,6 +737,7 @@ class Plan(Record):
     units: list[Unit] = []
     containers: list[PlanContainer] = []
     supervisors: list[PlanRow] = []
+    gone: list[PlanRow] = []  # targets (and wrappers) that exited before the plan was made: not signalled
     writing: list[Writing] = []
     scope: Scope = {}
     rules: list[str] = []

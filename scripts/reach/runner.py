@@ -147,7 +147,9 @@ def wait_exit(proc: subprocess.Popen, timeout: float | None) -> int:
     """proc.wait(timeout), woken by the exit itself. Why: Popen.wait with a timeout polls,
     its sleeps doubling to 50 ms, so a verdict that took seconds reached the caller up to 50 ms
     after the agent had exited; a pidfd is readable the moment the process ends (Linux 5.3+;
-    elsewhere, or when one cannot be opened, Popen's own wait). Raises TimeoutExpired."""
+    elsewhere, or when one cannot be opened, Popen's own wait). poll(), not select(): a fleet's
+    CLI may hold over 1024 fds (each host's pipes, files and log), and select refuses an fd
+    numbered past FD_SETSIZE. Raises TimeoutExpired."""
     if timeout is None or proc.returncode is not None:  # reaped: its pid may name another process now
         return proc.wait()
     try:
@@ -155,9 +157,15 @@ def wait_exit(proc: subprocess.Popen, timeout: float | None) -> int:
     except (AttributeError, OSError):  # an older kernel, no fds left, or already reaped
         return proc.wait(timeout=timeout)
     try:
-        ready, _, _ = select.select([pidfd], [], [], max(0.0, timeout))
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        ready = poller.poll(min(max(0, int(timeout * 1000) + 1), 2**31 - 1))  # ms, rounded up
+    except (ValueError, OverflowError, OSError):  # cannot be polled here: Popen's own wait
+        ready = None
     finally:
         os.close(pidfd)
+    if ready is None:
+        return proc.wait(timeout=timeout)
     if not ready:
         raise subprocess.TimeoutExpired(proc.args, timeout)
     return proc.wait()

@@ -434,6 +434,11 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None, known=None):
             "mapped": mapped, "hidden": proc_hidden(proc), "workers": workers}
 
 
+def record_of(pid, mark=None, proc=PROC):
+    """One process's whole record as the scan reads it (with `mark`'s answer), None when gone."""
+    return _record(pid, proc, mark)
+
+
 def _record(pid, proc, mark, lean=False):
     """basic() with the mark, or not_understood()'s record: never raises. `lean`: a record
     the mark does not name is left lean (complete() reads the rest)."""
@@ -590,11 +595,23 @@ def detail(info, held, proc=PROC, now_ticks=None, mapped=None):
     out["mapped_devices"] = list(mapped or [])
     if now_ticks is not None:
         out["age_s"] = max(0.0, (now_ticks - info["start_time"]) / clock_ticks())
-    if not procfs.same_process(pid, info["start_time"], proc):
+    if not _still_there(info, proc):
         # exited since the scan read it (a loop's `sleep 1`): what was read after is nobody's
         # (no cgroup: it would pass for a bare process outside its container and be signalled)
         out["gone"] = True
     return out
+
+
+def _still_there(info, proc=PROC):
+    """False only when the process is seen gone (or its pid reused). A record no parser
+    understood (start time unknown) and a stat this agent may not read (hidepid=noaccess, not
+    root) cannot tell: still there."""
+    if info.get("unreadable") is not None:
+        return True
+    try:
+        return procfs.same_process(info["pid"], info["start_time"], proc)
+    except Exception:  # refused, or data no parser here understands
+        return True
 
 
 def children_map(procs):

@@ -45,7 +45,8 @@ def collect(args, source=None, confirm=False, early=None, known=None):
             gpus = source.read()
     idle = confirm and gpus is not None and context_source(source.name, []) and not any(
         g["processes"] or g["used_mib"] is None or g["used_mib"] > args.max_used_mib or g.get("unread") for g in gpus)
-    snap = procscan.snapshot(device_set(args), fds=not idle, mark=_target_mark(args), early=early, known=known)
+    mark = _target_mark(args)
+    snap = procscan.snapshot(device_set(args), fds=not idle, mark=mark, early=early, known=known)
     procs_done = time.monotonic()
     if gpus is None or (confirm and not idle):  # read (again) after the processes: what they hold now
         with gpuinfo.reader(args, source) as (source, tried):
@@ -63,6 +64,8 @@ def collect(args, source=None, confirm=False, early=None, known=None):
             else:  # NVML reports host PIDs; inside a container they are not in our /proc
                 foreign.append({"pid": p["pid"], "gpu": g["index"], "used_mib": p["used_mib"]})
     holder_pids = (set(snap["holders"]) | set(gpu_mib)) - {me}  # our own NVML handle is not a holder
+    if known:
+        _reread(procs, holder_pids, known, mark)
     now = procfs_now_ticks()
     holders = []
     lists = context_source(source.name, foreign)
@@ -106,6 +109,16 @@ def collect(args, source=None, confirm=False, early=None, known=None):
         "_procs": procs,
         "_chain": chain,
     }
+
+
+def _reread(procs, pids, known, mark):
+    """The holders among `pids` whose record the scan took from the plan's (`known`), read
+    whole again: one may have exec'd another program under the same name since (python ->
+    python) or rewritten its argv, and what it runs now decides whether it is protected and
+    how it is shown. Holders are few; gone by now, a holder keeps the record it was seen with."""
+    for pid in pids:
+        if pid in procs and procs[pid] is known.get(pid):
+            procs[pid] = procscan.record_of(pid, mark) or procs[pid]
 
 
 def _target_mark(args):

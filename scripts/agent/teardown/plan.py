@@ -263,13 +263,14 @@ def _row(info, why):
 def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
     now = scan.procfs_now_ticks()
 
-    def rows(pids, why):  # a process that exited since the scan is nobody's to stop: left out
-        out = []
+    gone: list = []
+
+    def rows(pids, why):  # a process that exited since the scan is nobody's to stop: kept apart, in `gone`
+        out: list = []
         for pid in sorted(pids):
             info = holders.get(pid) or procscan.detail(procs[pid], [], now_ticks=now)
-            if not info.get("gone"):
-                info.setdefault("gpu_mib", {})
-                out.append(_row(info, why(pid)))
+            info.setdefault("gpu_mib", {})
+            (gone if info.get("gone") else out).append(_row(info, why(pid)))
         return out
 
     targets = rows(reasons, reasons.get)
@@ -328,6 +329,7 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
         "rules": list(RULES),
         "will_free_mib": sum(v for t in targets for v in t["gpu_mib"].values() if v),
         "writing": [{"pid": t["pid"], "files": t["write_files"]} for t in targets if t["write_files"]],
+        "gone": gone,
     }
 
 

@@ -454,8 +454,10 @@ def _watch_window(args, source, targets, started, doc, the_plan, planned, settle
         args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=problems[:5],
                            mib_left=gpuinfo.total_used_mib(d["gpus"]))
 
-    lineage = settle.Lineage(doc, planned, stopped={settle.manager_key(t) for t in planned
-                                                    if t.get("via", "signal") != "signal"},
+    # the targets that exited before the plan was made (plan's `gone`) are not signalled, but
+    # what started them may start them again: their ancestry is watched as the others'
+    lineage = settle.Lineage(doc, planned + the_plan.get("gone", []),
+                             stopped={settle.manager_key(t) for t in planned if t.get("via", "signal") != "signal"},
                              supervisors=the_plan["supervisors"])
     before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
     return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,
