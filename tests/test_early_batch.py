@@ -20,7 +20,7 @@ from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests import scenario
 from tests.conftest import REPO
-from tests.procs import alive, wait_for
+from tests.procs import alive, children, wait_for
 
 TARGETS = r"sandbox_roles\.py|sglang\.launch_server"
 
@@ -276,3 +276,82 @@ def test_a_scan_records_its_workers(tmp_path, monkeypatch):
     (tmp_path / "nvidia0").touch()
     snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True))
     assert snap["workers"] == 2 and len(procfs.OWN_WORKERS) == 2, snap["workers"]
+
+
+LAUNCHER = "import subprocess, sys\nwhile True:\n    subprocess.run([sys.argv[1], '2'])\n"
+
+
+def _in_process_teardown(args, monkeypatch):
+    """teardown.run in this process, as an agent started now: only what starts from here on
+    counts as started during the teardown (a real agent's own start time; this one's is the
+    test run's)."""
+    class StartedNow(teardown.Targets):
+        def __init__(self, *a, **k):
+            super().__init__(*a, **dict(k, since_ticks=int(scan.procfs_now_ticks())))
+
+    monkeypatch.setattr(teardown, "Targets", StartedNow)
+    saved = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE)}
+    args.emit_progress = lambda **_f: None
+    rules.trust_own_names(True)
+    try:
+        return teardown.run(args)
+    finally:
+        rules.trust_own_names(False)
+        for s, h in saved.items():
+            signal.signal(s, h)
+
+
+def test_a_gone_target_the_operator_did_not_approve_leaves_what_starts_it_unwatched(ps, tmp_path, monkeypatch):
+    """The plan keeps targets that exited before it was made in `gone`, and the teardown
+    watches what started them: unless the operator did not approve them. Another job's launcher
+    runs a target program every 0.3 s; this teardown (--approved: the Slurm epilog's way) is for
+    the worker only. With the launcher's run caught gone at plan time (made certain here) its
+    next run, in the settle window, is not this teardown's respawn (red team: NOT FREE, the
+    node drained, 10 in 11)."""
+    crash = ps.base / "xcrash"
+    crash.write_bytes(open("/bin/sleep", "rb").read())
+    crash.chmod(0o755)
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(crash)], stdin=subprocess.DEVNULL)
+    ps.adopt(launcher.pid)
+
+    def run_now():  # the launcher's current run of xcrash (2 s each), once its exec is done
+        kids = [procscan.basic(p) for p in children(launcher.pid)]
+        return next((k["pid"] for k in kids if k and k["comm"] == "xcrash"), None)
+
+    worker = ps.role("worker", "--gpu", "0")
+    first = wait_for(run_now, "the launcher's first run")
+    wait_for(lambda: run_now() not in (None, first), "the launcher's next run")  # ~2 s left: the plan sees it
+    real = procscan.detail
+    caught: list = []
+
+    def caught_gone(info, held, *a, **k):  # the launcher's run exits between the scan and its details
+        out = real(info, held, *a, **k)
+        if info["comm"] == "xcrash":
+            out["gone"] = True
+            caught.append(info["pid"])
+        return out
+
+    monkeypatch.setattr(procscan, "detail", caught_gone)
+    monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
+    approved = f"{worker}:{procscan.basic(worker)['start_time']}"
+    args = _args(ps, "--target", "xcrash", "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "10",
+                 "--settle", "4", "--approved", approved)
+    code, doc = _in_process_teardown(args, monkeypatch)
+    assert caught, "the launcher's run was never among the plan's details"
+    assert code == 0, (doc.get("problems"), doc.get("respawned"))
+    assert not alive(worker) and launcher.poll() is None and run_now() not in caught  # it ran again meanwhile
+
+
+def test_what_the_early_batch_signalled_is_never_listed_as_gone(ps, tmp_path):
+    """The early batch's targets that exited before the plan read their details are merged into
+    the plan's targets (they were signalled): its `gone` (not signalled) must not list them."""
+    ps.role("worker", "--gpu", "0")
+    ps.role("worker", "--gpu", "1")
+    result = _teardown(ps)
+    sent = {(a["pid"], a.get("start_time")) for a in result.doc["actions"] if a["signal"] == "SIGTERM"}
+    sent_pids = {pid for pid, _ in sent}
+    assert result.code == 0, result.doc.get("problems")
+    assert [g["pid"] for g in result.doc["plan"].get("gone", []) if g["pid"] in sent_pids] == []
+    rows = [{"pid": 7, "start_time": 70}]
+    merged = early.merge({"targets": [], "gone": [dict(rows[0], comm="x")]}, rows)
+    assert merged["gone"] == [] and [t["pid"] for t in merged["targets"]] == [7]

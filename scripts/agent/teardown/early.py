@@ -130,11 +130,15 @@ class Batch:
 
 def merge(the_plan, rows):
     """The plan with the early batch's rows it does not list (they exited, or began to, before
-    the full scan read them): the plan states every process that was signalled."""
+    the full scan read them): the plan states every process that was signalled, and its `gone`
+    (not signalled) none of them."""
     have = {(t["pid"], t["start_time"]) for t in the_plan["targets"]}
     extra = [r for r in rows if (r["pid"], r["start_time"]) not in have]
     if extra:
         the_plan["targets"] = sorted(the_plan["targets"] + extra, key=lambda t: t["pid"])
+    sent = {(r["pid"], r["start_time"]) for r in rows}
+    if the_plan.get("gone"):
+        the_plan["gone"] = [g for g in the_plan["gone"] if (g["pid"], g["start_time"]) not in sent]
     return the_plan
 
 
