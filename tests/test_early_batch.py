@@ -12,6 +12,8 @@ import signal
 import subprocess
 import sys
 
+import pytest
+
 from scripts.agent import cli
 from scripts.agent.gpu import gpuinfo
 from scripts.agent.procs import cgroup, procscan, scan
@@ -301,20 +303,23 @@ def _in_process_teardown(args, monkeypatch):
             signal.signal(s, h)
 
 
-def test_a_gone_target_the_operator_did_not_approve_leaves_what_starts_it_unwatched(ps, tmp_path, monkeypatch):
-    """The plan keeps targets that exited before it was made in `gone`, and the teardown
-    watches what started them: unless the operator did not approve them. Another job's launcher
-    runs a target program every 0.3 s; this teardown (--approved: the Slurm epilog's way) is for
-    the worker only. With the launcher's run caught gone at plan time (made certain here) its
-    next run, in the settle window, is not this teardown's respawn (red team: NOT FREE, the
-    node drained, 10 in 11)."""
+@pytest.mark.parametrize("how", ["caught gone at plan time", "run by a shell loop"])
+def test_what_starts_a_target_the_operator_did_not_approve_is_not_watched(ps, tmp_path, monkeypatch, how):
+    """This teardown (--approved: the Slurm epilog's way) is for the worker only. Another job's
+    launcher runs a target program (2 s a run): a Python loop whose run the plan caught gone
+    (made certain here: the plan keeps such targets in `gone` and watches what started them),
+    or a shell loop (a supervisor of it, by the plan). Neither is this teardown's to watch: the
+    launcher's next run, in the settle window, is not our respawn (red team: NOT FREE and the
+    node drained, 10 in 11, for the gone one; the shell loop's, older, the same way)."""
     crash = ps.base / "xcrash"
     crash.write_bytes(open("/bin/sleep", "rb").read())
     crash.chmod(0o755)
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, str(crash)], stdin=subprocess.DEVNULL)
+    argv = ([sys.executable, "-c", LAUNCHER, str(crash)] if how.startswith("caught")
+            else ["bash", "-c", f"while :; do {crash} 2; done"])
+    launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
     ps.adopt(launcher.pid)
 
-    def run_now():  # the launcher's current run of xcrash (2 s each), once its exec is done
+    def run_now():  # the launcher's current run of xcrash, once its exec is done
         kids = [procscan.basic(p) for p in children(launcher.pid)]
         return next((k["pid"] for k in kids if k and k["comm"] == "xcrash"), None)
 
@@ -331,15 +336,16 @@ def test_a_gone_target_the_operator_did_not_approve_leaves_what_starts_it_unwatc
             caught.append(info["pid"])
         return out
 
-    monkeypatch.setattr(procscan, "detail", caught_gone)
+    if how.startswith("caught"):
+        monkeypatch.setattr(procscan, "detail", caught_gone)
     monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
     approved = f"{worker}:{procscan.basic(worker)['start_time']}"
     args = _args(ps, "--target", "xcrash", "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "10",
                  "--settle", "4", "--approved", approved)
     code, doc = _in_process_teardown(args, monkeypatch)
-    assert caught, "the launcher's run was never among the plan's details"
+    assert caught or not how.startswith("caught"), "the launcher's run was never among the plan's details"
     assert code == 0, (doc.get("problems"), doc.get("respawned"))
-    assert not alive(worker) and launcher.poll() is None and run_now() not in caught  # it ran again meanwhile
+    assert not alive(worker) and launcher.poll() is None and run_now() != first  # it ran again meanwhile
 
 
 def test_what_the_early_batch_signalled_is_never_listed_as_gone(ps, tmp_path):

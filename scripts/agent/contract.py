@@ -92,6 +92,7 @@ if TYPE_CHECKING:
         reason: str
         via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
         hint: str  # supervisors: how to stop it too
+        wraps: list[int]  # supervisors, and wrappers stopped as targets: the pids of the targets it runs
 
     class GpuProcess(TypedDict):
         """GpuRow.processes: a compute process the GPU source lists."""

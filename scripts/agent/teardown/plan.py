@@ -303,6 +303,7 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
         else:
             t["via"] = "signal"
         if t["pid"] in wrapped:
+            t["wraps"] = list(wrapped[t["pid"]])  # the targets it runs (an --approved teardown keeps its own)
             if t["via"] != "signal" or args.stop_supervisors:
                 targets.append(t)
             else:

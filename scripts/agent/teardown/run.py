@@ -249,11 +249,13 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got):
     approved = batch.approved  # the operator's --approved (None: all of the plan)
     planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
     unapproved = [t for t in the_plan["targets"] if t not in planned]
-    # a gone target the operator did not approve is not this teardown's: what starts it (another
-    # job's launcher, say) is not watched as a respawn of ours (red team: a Slurm epilog's
-    # --approved teardown drained the node for another job's next run)
-    the_plan["gone"] = [g for g in the_plan.get("gone", [])
-                        if approved is None or (g["pid"], g["start_time"]) in approved]
+    # a gone target the operator did not approve is not this teardown's, nor a supervisor of such
+    # targets only: what they start (another job's launcher, say) is not watched as a respawn of
+    # ours (red team: a Slurm epilog's --approved teardown drained the node for another job's run)
+    if approved is not None:
+        the_plan["gone"] = [g for g in the_plan.get("gone", []) if (g["pid"], g["start_time"]) in approved]
+        mine = {t["pid"] for t in planned + the_plan["gone"]}
+        the_plan["supervisors"] = [s for s in the_plan["supervisors"] if mine & set(s.get("wraps", []))]
     timings["planned_s"] = _since(started)
     targets.chain = doc["_chain"] | {os.getpid()}
     targets.watch = _begin_watch(watch, planned, doc["_procs"])
