@@ -361,3 +361,72 @@ def test_what_the_early_batch_signalled_is_never_listed_as_gone(ps, tmp_path):
     rows = [{"pid": 7, "start_time": 70}]
     merged = early.merge({"targets": [], "gone": [dict(rows[0], comm="x")]}, rows)
     assert merged["gone"] == [] and [t["pid"] for t in merged["targets"]] == [7]
+
+
+SESSION_LAUNCHER = "import subprocess, sys\nsubprocess.run([sys.executable, sys.argv[1]])\n"
+
+
+def test_a_supervisor_above_an_approved_target_is_watched_past_a_session_leader(ps, tmp_path, monkeypatch):
+    """A shell loop runs `setsid python launcher.py` (a target, not approved: a session leader,
+    no wrapper), which runs the approved worker. The loop wraps only the launcher, and the
+    ancestry walk ends at a session leader; still the loop is above the approved target and
+    starts it again: a respawn, NOT FREE (red team: the --approved supervisor filter dropped
+    the loop, and the restarted worker was 'an unrelated job': FREED)."""
+    (ps.base / "lnchrt.py").write_text(SESSION_LAUNCHER)
+    (ps.base / "wrkrt.py").write_text("import time\ntime.sleep(1000)\n")
+    loop = subprocess.Popen(["bash", "-c", f"while :; do setsid {sys.executable} {ps.base}/lnchrt.py "
+                                           f"{ps.base}/wrkrt.py; sleep 0.3; done"], stdin=subprocess.DEVNULL)
+    ps.adopt(loop.pid)
+
+    def now():  # (launcher, worker) as the loop runs them
+        kids = [k for k in children(loop.pid) if "lnchrt" in (procscan.basic(k) or {}).get("cmdline", "")]
+        w = [w for w in children(kids[0]) if "wrkrt" in (procscan.basic(w) or {}).get("cmdline", "")] if kids else []
+        return (kids[0], w[0]) if w else None
+
+    _, worker = wait_for(now, "the launcher and its worker")
+    monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
+    args = _args(ps, "--target", "lnchrt|wrkrt", "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "10",
+                 "--settle", "3", "--approved", f"{worker}:{procscan.basic(worker)['start_time']}")
+    code, doc = _in_process_teardown(args, monkeypatch)
+    assert not alive(worker)
+    again = wait_for(now, "the loop's next worker")
+    assert again[1] != worker
+    assert code != 0 and doc.get("appeared"), (code, doc["plan"]["supervisors"], doc.get("ignored"))
+
+
+def test_a_detached_run_of_the_same_program_holding_none_of_the_jobs_gpus_drains_no_node(ps, tmp_path, monkeypatch):
+    """The Slurm epilog's agent (no pattern: targets are the holders; --approved). Another job
+    of the same user starts the same program through a double fork (`( xcrash & )`) in the
+    settle window, holding nothing: the agent reports it (the PID-1 rule: whoever started it),
+    marked `detached`; the epilog does not blame the job for it (no proctrack cgroup tells the
+    jobs apart), while one that holds the job's GPU still counts (red team)."""
+    import types
+
+    from scripts.engines import slurm_job
+
+    crash = ps.base / "xcrash"
+    crash.write_bytes(open("/bin/sleep", "rb").read())
+    crash.chmod(0o755)
+    held = subprocess.Popen(["bash", "-c", f"exec 3<{ps.devdir}/nvidia0; exec {crash} 1000"], stdin=subprocess.DEVNULL)
+    ps.adopt(held.pid)
+    wait_for(lambda: (procscan.basic(held.pid) or {}).get("comm") == "xcrash", "the target's exec")
+    other = subprocess.Popen(["bash", "-c", f"sleep 1.5; while :; do ( {crash} 1.0 & ); sleep 1.2; done"],
+                             stdin=subprocess.DEVNULL)  # another job's launcher, not this teardown's
+    ps.adopt(other.pid)
+    monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
+    args = cli.build_parser().parse_args([
+        "teardown", "--devices", ps.glob, "--fake-devices", "--target", "\x00", "--scope", str(ps.base),
+        "--scope-uid", str(os.getuid()), "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "10",
+        "--settle", "4", "--approved", f"{held.pid}:{procscan.basic(held.pid)['start_time']}"])
+    try:
+        code, doc = _in_process_teardown(args, monkeypatch)
+    finally:
+        other.kill()
+        other.wait()
+    assert not alive(held.pid)
+    appeared = doc.get("appeared") or []
+    assert code == 1 and appeared and all(a["detached"] and not a["devices"] for a in appeared), appeared
+    job = slurm_job.Job(id="12", uid=os.getuid(), gpus=(0,), node=None)
+    assert slurm_job._appeared(types.SimpleNamespace(appeared=appeared), job) == []
+    holding = [dict(appeared[0], devices=[str(ps.devdir / "nvidia0")])]
+    assert slurm_job._appeared(types.SimpleNamespace(appeared=holding), job) == holding

@@ -237,7 +237,12 @@ def _foreign(res, job: Job) -> list:
 
 
 def _appeared(res, job: Job) -> list:
-    return [a for a in res.appeared if not other_job(a, job.id)]
+    """The respawns that are this job's: not in another job's cgroup, and - for one reparented to
+    PID 1 at once, whoever started it (the agent's "detached": a same-user job starting the same
+    program on a shared node during this epilog, where no proctrack cgroup tells jobs apart) -
+    holding one of the job's GPUs. One that holds none is no reason to drain: the next job's
+    prolog verifies its own GPUs."""
+    return [a for a in res.appeared if not other_job(a, job.id) and (not a.get("detached") or on_job(a, job.gpus))]
 
 
 def other_job(row: contract.ProcessRow, job_id: str | None) -> bool:

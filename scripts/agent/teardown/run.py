@@ -33,7 +33,7 @@ import time
 
 from .. import contract, options
 from ..gpu import gpuinfo
-from ..procs import procfs, scan
+from ..procs import procfs, procscan, scan
 from ..state import lastrun
 from ..state.auditlog import Audit
 from . import early, forkwatch, hostlock, plan, units
@@ -254,8 +254,13 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got):
     # ours (red team: a Slurm epilog's --approved teardown drained the node for another job's run)
     if approved is not None:
         the_plan["gone"] = [g for g in the_plan.get("gone", []) if (g["pid"], g["start_time"]) in approved]
-        mine = {t["pid"] for t in planned + the_plan["gone"]}
-        the_plan["supervisors"] = [s for s in the_plan["supervisors"] if mine & set(s.get("wraps", []))]
+        ours = planned + the_plan["gone"]
+        mine = {t["pid"] for t in ours}
+        # or above one, however far (past an unapproved target that leads a session of its own,
+        # where settle's ancestry walk ends): still what restarts ours (red team)
+        above = {a for t in ours for a in procscan.ancestors(t["ppid"], doc["_procs"])}
+        the_plan["supervisors"] = [s for s in the_plan["supervisors"]
+                                   if s["pid"] in above or mine & set(s.get("wraps", []))]
     timings["planned_s"] = _since(started)
     targets.chain = doc["_chain"] | {os.getpid()}
     targets.watch = _begin_watch(watch, planned, doc["_procs"])
