@@ -283,6 +283,14 @@ def test_a_scan_records_its_workers(tmp_path, monkeypatch):
 LAUNCHER = "import subprocess, sys\nwhile True:\n    subprocess.run([sys.argv[1], '2'])\n"
 
 
+def _xcrash(ps):
+    """A program of the test's own named xcrash (a copy of sleep): what another job runs."""
+    crash = ps.base / "xcrash"
+    crash.write_bytes(open("/bin/sleep", "rb").read())
+    crash.chmod(0o755)
+    return crash
+
+
 def _in_process_teardown(args, monkeypatch):
     """teardown.run in this process, as an agent started now: only what starts from here on
     counts as started during the teardown (a real agent's own start time; this one's is the
@@ -311,9 +319,7 @@ def test_what_starts_a_target_the_operator_did_not_approve_is_not_watched(ps, tm
     or a shell loop (a supervisor of it, by the plan). Neither is this teardown's to watch: the
     launcher's next run, in the settle window, is not our respawn (red team: NOT FREE and the
     node drained, 10 in 11, for the gone one; the shell loop's, older, the same way)."""
-    crash = ps.base / "xcrash"
-    crash.write_bytes(open("/bin/sleep", "rb").read())
-    crash.chmod(0o755)
+    crash = _xcrash(ps)
     argv = ([sys.executable, "-c", LAUNCHER, str(crash)] if how.startswith("caught")
             else ["bash", "-c", f"while :; do {crash} 2; done"])
     launcher = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
@@ -404,9 +410,7 @@ def test_a_detached_run_of_the_same_program_holding_none_of_the_jobs_gpus_drains
 
     from scripts.engines import slurm_job
 
-    crash = ps.base / "xcrash"
-    crash.write_bytes(open("/bin/sleep", "rb").read())
-    crash.chmod(0o755)
+    crash = _xcrash(ps)
     held = subprocess.Popen(["bash", "-c", f"exec 3<{ps.devdir}/nvidia0; exec {crash} 1000"], stdin=subprocess.DEVNULL)
     ps.adopt(held.pid)
     wait_for(lambda: (procscan.basic(held.pid) or {}).get("comm") == "xcrash", "the target's exec")
