@@ -400,37 +400,52 @@ def test_a_supervisor_above_an_approved_target_is_watched_past_a_session_leader(
     assert code != 0 and doc.get("appeared"), (code, doc["plan"]["supervisors"], doc.get("ignored"))
 
 
-def test_a_detached_run_of_the_same_program_holding_none_of_the_jobs_gpus_drains_no_node(ps, tmp_path, monkeypatch):
-    """The Slurm epilog's agent (no pattern: targets are the holders; --approved). Another job
-    of the same user starts the same program through a double fork (`( xcrash & )`) in the
-    settle window, holding nothing: the agent reports it (the PID-1 rule: whoever started it),
-    marked `detached`; the epilog does not blame the job for it (no proctrack cgroup tells the
-    jobs apart), while one that holds the job's GPU still counts (red team)."""
+# opens the job's GPU after a delay (a model load), then runs
+JOB_SERVER = ("import os, sys, time\ntime.sleep(float(sys.argv[2]))\nfd = os.open(sys.argv[1], os.O_RDONLY)\n"
+              "time.sleep(600)\n")
+
+
+def test_a_jobs_watchdog_restarting_its_server_by_double_fork_is_counted_against_the_job(ps, tmp_path, monkeypatch):
+    """The Slurm epilog's agent (no pattern: targets are the holders; --approved the job's). The
+    job's watchdog (a double-forked loop that outlived the job) restarts its server with
+    `( python3 server.py & )`, and a restart opens the job's GPU only seconds later (a model
+    load). The restart appears in the settle window, reparented to PID 1, holding nothing yet:
+    it counts against the job (the epilog drains), never excused for holding nothing yet (red
+    team: such an excuse let the epilog exit 0 with the restart about to hold the GPU)."""
     import types
 
     from scripts.engines import slurm_job
 
-    crash = _xcrash(ps)
-    held = subprocess.Popen(["bash", "-c", f"exec 3<{ps.devdir}/nvidia0; exec {crash} 1000"], stdin=subprocess.DEVNULL)
-    ps.adopt(held.pid)
-    wait_for(lambda: (procscan.basic(held.pid) or {}).get("comm") == "xcrash", "the target's exec")
-    other = subprocess.Popen(["bash", "-c", f"sleep 1.5; while :; do ( {crash} 1.0 & ); sleep 1.2; done"],
-                             stdin=subprocess.DEVNULL)  # another job's launcher, not this teardown's
-    ps.adopt(other.pid)
+    server, pidfile, dev = ps.base / "jobsrv.py", ps.base / "srv.pid", ps.devdir / "nvidia0"
+    server.write_text(JOB_SERVER)
+    stop = ps.base / "stop"
+    loop = (f"d=0; while [ ! -e {stop} ]; do if ! kill -0 $(cat {pidfile} 2>/dev/null) 2>/dev/null; then "
+            f"( {sys.executable} {server} {dev} $d & echo $! > {pidfile} ); d=4; fi; sleep 0.2; done")
+    watchdog = subprocess.Popen(["setsid", "bash", "-c", loop], stdin=subprocess.DEVNULL,
+                                env=dict(os.environ, SLURM_JOB_ID="12"))
+    ps.adopt(watchdog.pid)
+
+    def current():
+        text = pidfile.read_text().strip() if pidfile.exists() else ""
+        return int(text) if text else None
+
+    first = wait_for(current, "the first server")
+    ps.adopt(first)
+    wait_for(lambda: str(dev) in [os.path.realpath(f"/proc/{first}/fd/{f}") for f in os.listdir(f"/proc/{first}/fd")],
+             "the server holds nvidia0")
     monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
     args = cli.build_parser().parse_args([
         "teardown", "--devices", ps.glob, "--fake-devices", "--target", "\x00", "--scope", str(ps.base),
-        "--scope-uid", str(os.getuid()), "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "10",
-        "--settle", "4", "--approved", f"{held.pid}:{procscan.basic(held.pid)['start_time']}"])
+        "--scope-uid", str(os.getuid()), "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "3",
+        "--settle", "3", "--approved", f"{first}:{procscan.basic(first)['start_time']}"])
     try:
         code, doc = _in_process_teardown(args, monkeypatch)
     finally:
-        other.kill()
-        other.wait()
-    assert not alive(held.pid)
+        stop.touch()  # the watchdog ends its loop; its last restart is ended by pid
+        wait_for(lambda: watchdog.poll() is not None, "the watchdog's end")
+        if current() not in (None, first):
+            ps.adopt(current())
     appeared = doc.get("appeared") or []
-    assert code == 1 and appeared and all(a["detached"] and not a["devices"] for a in appeared), appeared
+    assert not alive(first) and code == 1 and appeared, (code, doc.get("problems"))
     job = slurm_job.Job(id="12", uid=os.getuid(), gpus=(0,), node=None)
-    assert slurm_job._appeared(types.SimpleNamespace(appeared=appeared), job) == []
-    holding = [dict(appeared[0], devices=[str(ps.devdir / "nvidia0")])]
-    assert slurm_job._appeared(types.SimpleNamespace(appeared=holding), job) == holding
+    assert slurm_job._appeared(types.SimpleNamespace(appeared=appeared), job) == appeared

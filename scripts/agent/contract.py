@@ -211,7 +211,6 @@ if TYPE_CHECKING:
         why: str
         started_by: str
         include: str | None  # what to add to stop what restarts it
-        detached: bool  # a respawn by the PID-1 rule: reparented at once, whoever started it
 
     class Stuck(ProcessRow, total=False):
         """TeardownResult.stuck: a target that did not end (agent/teardown/run.py stuck_report)."""

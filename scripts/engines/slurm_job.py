@@ -237,12 +237,13 @@ def _foreign(res, job: Job) -> list:
 
 
 def _appeared(res, job: Job) -> list:
-    """The respawns that are this job's: not in another job's cgroup, and - for one reparented to
-    PID 1 at once, whoever started it (the agent's "detached": a same-user job starting the same
-    program on a shared node during this epilog, where no proctrack cgroup tells jobs apart) -
-    holding one of the job's GPUs. One that holds none is no reason to drain: the next job's
-    prolog verifies its own GPUs."""
-    return [a for a in res.appeared if not other_job(a, job.id) and (not a.get("detached") or on_job(a, job.gpus))]
+    """The respawns that are this job's: all but those in another job's cgroup. One reparented
+    to PID 1 at once and not holding a GPU yet counts too: it may be the job's own watchdog's
+    restart, which opens the job's GPU a moment after the last look (red team: an excuse for
+    those let the epilog exit 0 with the restart about to hold the GPU). The cost: on a shared
+    node without proctrack cgroups, another job of the same user starting the same program
+    during this epilog drains the node."""
+    return [a for a in res.appeared if not other_job(a, job.id)]
 
 
 def other_job(row: contract.ProcessRow, job_id: str | None) -> bool:

@@ -151,11 +151,10 @@ def _classify(doc, targets, args, patterns, lineage, known):
             ignored[k] = _ignored(info, "%s, but was not started by anything that started the targets "
                                         "(an unrelated job)" % what)
             continue
-        started_by, hint, detached = by
+        started_by, hint = by
         held: list = next((h["devices"] for h in doc["holders"] if h["pid"] == pid), [])
         respawns[k] = {"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"],
                        "devices": held, "ppid": info["ppid"], "started_by": started_by,
-                       "detached": detached,
                        "why": "a target started again during the teardown (%s), %s; started by %s"
                               % (what, "holding a GPU" if held or pid in context else "not holding a GPU yet",
                                  started_by),
@@ -164,22 +163,21 @@ def _classify(doc, targets, args, patterns, lineage, known):
 
 
 def _respawned_by(info, procs, since_ticks, lineage, what):
-    """(who started it, what stops that, detached) when `info` was started by a survivor of the
+    """(who started it, what stops that) when `info` was started by a survivor of the
     targets' ancestry or by a target's unit or container manager, or - a target by program
     identity - by something that left at once (a watchdog's double fork: `( server & )`
-    reparents it to PID 1; `detached` True: whoever started it is not known, and a Slurm epilog
-    does not blame its job for one that holds none of its GPUs: slurm_job._appeared); else None."""
+    reparents it to PID 1); else None."""
     starter = _starter(info, procs, since_ticks)
     if starter is not None:
         k = (starter["pid"], starter["start_time"])
         if k in lineage.starters:
-            return _parent_text(procs, k[0]), _stop_hint(_owned(starter)), False
+            return _parent_text(procs, k[0]), _stop_hint(_owned(starter))
     key = manager_key(_owned(info))
     if key is not None and key in lineage.managers and key not in lineage.stopped:  # a stop job's own ExecStop
-        return "its %s" % _manager_words(key), lineage.managers[key], False
+        return "its %s" % _manager_words(key), lineage.managers[key]
     if (starter is None or starter["pid"] == 1) and what != "has a CUDA context":
         return ("a process that left at once (it was reparented to PID 1: a double fork, as a watchdog does)",
-                "find what starts it: nothing the teardown saw does", True)
+                "find what starts it: nothing the teardown saw does")
     return None
 
 
