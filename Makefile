@@ -52,9 +52,8 @@ test-gpu: setup ## run only the GPU tests (on a machine with NVIDIA GPUs)
 	$(PY) -m pytest -q -m gpu -rs
 
 .PHONY: lint
-lint: setup ## ruff on the Python, shellcheck on the shell scripts (apt-get installs it when missing; settings: pyproject.toml)
-	@command -v shellcheck >/dev/null 2>&1 || \
-	  { $(SUDO) apt-get update -qq && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq shellcheck >/dev/null; }
+lint: setup ## ruff on the Python, shellcheck on the shell scripts (installed from .ci/packages when missing; settings: pyproject.toml)
+	@command -v shellcheck >/dev/null 2>&1 || bash .ci/install-packages --only shellcheck
 	$(VENV)/bin/ruff check .
 	shellcheck -s sh scripts/emergency/*.sh
 	shellcheck bench/*.sh .ci/run .ci/install-packages tests/standin/pct tests/standin/bad-json-agent scripts/slurm/epilog scripts/slurm/prolog scripts/slurm/job.sh scripts/completion.bash

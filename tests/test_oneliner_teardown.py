@@ -46,8 +46,8 @@ def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):
     try:
         os.chmod(base, 0o755)
         open(os.path.join(base, "nvidia0"), "w").close()
-        ran = second_user.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", f"{base}/nvidia*", "1"],
-                              text=True)
+        ran = second_user.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", f"{base}/nvidia*",
+                               "1", "2"], text=True)
         report = shell_teardown.parse_report(ran.stdout)
         assert ran.returncode == 1 and report["verdict"] == "not-free"
         assert "run as root" in report["not-root"]
@@ -106,7 +106,7 @@ def start(role, argv, user=False, executable=None, stdin=None, mapped=False):
 
 def teardown():
     # cwd holds a file named Xorg: a comm `*` that the shell expanded would read as Xorg
-    out = subprocess.run(["sh", "-c", script, "gpu-pivot-teardown", base + "/nvidia*", "1"], cwd=base,
+    out = subprocess.run(["sh", "-c", script, "gpu-pivot-teardown", base + "/nvidia*", "1", "2"], cwd=base,
                          capture_output=True, text=True, timeout=60)
     return {"rc": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
 

@@ -29,7 +29,7 @@ from . import textsafe  # noqa: F401  (re-exported)
 # textsafe is the one escaping rule for host text (terminals) and JSON (valid Unicode).
 from .procs import procfs  # noqa: F401  (re-exported)
 from .state import statedir  # noqa: F401  (re-exported)
-from .waits import GRACE_S, SETTLE_S, TIMEOUT_S  # noqa: F401  (re-exported: a teardown's default waits)
+from .waits import GRACE_S, MAX_USED_MIB, SETTLE_S, TIMEOUT_S  # noqa: F401  (re-exported: a teardown's defaults)
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
 if TYPE_CHECKING:
@@ -331,6 +331,9 @@ TIME_FORMAT = "%Y-%m-%dT%H:%M:%S%z"  # audit records, last.json, pivot records: 
 MAX_WAIT_S = 3600  # the longest wait either side accepts: a typo must not hold a host's lock for days
 MPS_QUIT_TIMEOUT_S = 10.0  # `teardown --mps quit`: every daemon's quit together (mps.py); the caller waits more
 RESET_TIMEOUT_S = 120  # `nvidia-smi --gpu-reset` may take this long on the host (reset.py); the caller waits more
+GATE_TIMEOUT_S = 600.0  # each command gate of a phase (phases/gates.py); the caller waits this per gate
+SMOKE_TIMEOUT_S = 60.0  # a phase's smoke request (phases/run.py); the caller waits this more
+STOP_TIMEOUT_S = 30.0  # a phase's stop: SIGTERM to SIGKILL, when its spec names none (phases/run.py)
 
 # -- subcommands and their flags -----------------------------------------------------------------
 

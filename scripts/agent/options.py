@@ -51,5 +51,5 @@ def add_spec(parser):
 
 
 def add_threshold(parser):
-    parser.add_argument("--max-used-mib", type=int, default=0,
+    parser.add_argument("--max-used-mib", type=int, default=contract.MAX_USED_MIB,
                         help="a GPU counts as free at or under this many MiB used (NVML v2, excluding reserved)")

@@ -1,4 +1,4 @@
-"""A teardown's waits, by default: the one definition both sides read.
+"""A teardown's waits and what counts as free, by default: the one definition both sides read.
 
 The agent's flags (through contract.py), the local tasks' defaults and --help
 (scripts/config/defaults.py), the Ansible task and the shell one-liner read these; the Ansible
@@ -8,3 +8,4 @@ its own that imports nothing: loading the tasks for `invoke --list` reads it and
 GRACE_S = 30.0    # between SIGTERM and SIGKILL
 TIMEOUT_S = 60.0  # for the GPUs to be free after that
 SETTLE_S = 2.0    # the respawn watch once they are (when something could restart a target)
+MAX_USED_MIB = 0  # a GPU is free at or under this many MiB used (NVML v2, reserved memory excluded)

@@ -57,18 +57,18 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     """
     from scripts.config import cliargs
     from scripts.ops import fleet
-    from scripts.reach.transport import call_agent
+    from scripts.reach.transport import VerifyRequest, call_agent
     from scripts.views import health as health_view, status as status_view
     from scripts.views.render import Progress
 
     wait_s = cliargs.seconds("wait", wait)
-    args = ["--wait", wait_s, "--max-used-mib", cliargs.whole("max-used-mib", max_used_mib)]
+    req = VerifyRequest(wait=wait_s, max_used_mib=cliargs.whole("max-used-mib", max_used_mib))
     targets = hosts_of(host)
     shown = Progress(live=len(targets) == 1)
 
     def one(h):
         on_progress = None if json or not wait_s else lambda p: shown.update(status_view.verify_progress(h.alias, p))
-        return call_agent(h, "verify", args, on_progress=on_progress)
+        return call_agent(h, "verify", req.argv(), on_progress=on_progress, deadline_s=req.deadline_s())
 
     outcomes = fleet.each_host(targets, one)
     shown.done()

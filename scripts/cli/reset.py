@@ -24,7 +24,7 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
     from scripts.agent import contract
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError
-    from scripts.reach.transport import call_agent
+    from scripts.reach.transport import BASE_DEADLINE_S, call_agent
     from scripts.views import reset as reset_view
 
     if gpu in ("", None):
@@ -32,11 +32,9 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
     target = one_host(host)
     args = ["--gpu", str(cliargs.whole("gpu", gpu))] + (["--yes"] if yes else [])
     with jsonout.one_host(target.alias, json):
-        result = call_agent(target, "reset", args, deadline_s=60.0 + contract.RESET_TIMEOUT_S)  # may be slow
+        result = call_agent(target, "reset", args, deadline_s=BASE_DEADLINE_S + contract.RESET_TIMEOUT_S)  # may be slow
     if json:
         print(dumps({target.alias: result.doc}))
     else:
-        record = result.result
-        assert isinstance(record, contract.ResetResult)  # what transport reads a reset's result into
-        print(reset_view.report(target.alias, record))
+        print(reset_view.report(target.alias, result.result))
     exit_worst([result.code])

@@ -21,7 +21,7 @@ HOST = os.environ.get(HOST_ENV, "sandbox")  # read once, when the tasks load: it
 # -- teardown (also the teardown step of a pivot) -----------------------------------------------
 GRACE_S, TIMEOUT_S, SETTLE_S = waits.GRACE_S, waits.TIMEOUT_S, waits.SETTLE_S  # both sides': one place
 WAIT_LOCK_S = 0.0      # 0: another teardown holding the host's lock fails at once (exit 4)
-MAX_USED_MIB = 0       # a GPU is free at or under this many MiB used
+MAX_USED_MIB = waits.MAX_USED_MIB  # a GPU is free at or under this many MiB used
 FANOUT = 16            # hosts worked on at once
 
 # -- other tasks --------------------------------------------------------------------------------

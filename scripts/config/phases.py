@@ -12,6 +12,7 @@ import re
 import shlex
 from dataclasses import asdict, dataclass
 
+from ..agent import contract
 from .errors import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
@@ -44,7 +45,7 @@ class Phase:
     smoke_url: str | None = None
     smoke_body: str | None = None
     lint: bool = True
-    stop_timeout: float = 30.0
+    stop_timeout: float = contract.STOP_TIMEOUT_S
 
     @property
     def is_server(self) -> bool:

@@ -7,6 +7,7 @@ Run: python3 -m scripts.emergency.runbook > runbooks/emergency-one-liners.md  (m
 """
 from __future__ import annotations
 
+from ..agent import contract
 from ..agent.contract import DEVICE_GLOB
 from ..config.hostconfig import build_host
 from . import shell_teardown
@@ -46,20 +47,21 @@ def render() -> str:
         "Free = the 4th column (memory.used) is 0 on every line and the holder list above is empty or only "
         "protected daemons.\n",
         block(DIRECT.route.one_liner(MEMORY)),
-        "## 3. Tear down: TERM every GPU holder at once, KILL after 30 s, skip the protected\n",
+        f"## 3. Tear down: TERM every GPU holder at once, KILL after {contract.GRACE_S:g} s, skip the protected\n",
         "Skips PID 1, itself and its ancestors, sshd, nvidia-persistenced, nv-hostengine, dcgm-exporter and other "
         "exporters, nvidia-smi/nvitop/gpustat/nvtop - by their process name or argv[0], never an argument, and only "
         "when every uid of the process is a system uid (below login.defs UID_MIN) and it runs a root-owned program "
         "(a user's `exec -a Xorg` or `python3 ~/nvitop` is stopped like any holder); checks each PID's start time "
-        "before every signal; polls every 50 ms instead of sleeping; prints a report (`holders:`, `protected:`, "
+        "before every signal; polls every 50 ms instead of sleeping; "
+        f"watches {contract.SETTLE_S:g} s more for a respawn; prints a report (`holders:`, `protected:`, "
         "`sigTERM:`, `sigKILL:`, `remaining:`, `protected-mapped:`, `verdict:`) and exits 0 only when no unprotected "
         "holder is left, no protected one maps a GPU device file (a CUDA context) and every GPU reads "
         "0 MiB used. It stops GPU holders only: a server's non-GPU children (tokenizers) are left; "
         "`invoke teardown` stops whole trees.\n",
         "Direct to the GPU container:\n",
-        block(DIRECT.route.one_liner(shell_teardown.argv(DIRECT, 30))),
+        block(DIRECT.route.one_liner(shell_teardown.argv(DIRECT))),
         "Through the Proxmox node (`pct exec` passes the command through unchanged):\n",
-        block(PROXMOX.route.one_liner(shell_teardown.argv(PROXMOX, 30))),
+        block(PROXMOX.route.one_liner(shell_teardown.argv(PROXMOX))),
         "## 4. What the last gpu-pivot teardown on the host did\n",
         block(DIRECT.route.one_liner(LAST)),
     ]

@@ -44,8 +44,11 @@ def script_text() -> str:
     return "\n".join(lines) + "\n"
 
 
-def argv(host, grace_s: float = contract.GRACE_S) -> list:
-    return ["sh", "-c", script_text(), "gpu-pivot-teardown", host.devices, str(int(math.ceil(grace_s)))]
+def argv(host, grace_s: float = contract.GRACE_S, settle_s: float = contract.SETTLE_S) -> list:
+    """The one-liner's argv: the script and its inputs, the waits in whole seconds (rounded up:
+    never shorter than asked)."""
+    return ["sh", "-c", script_text(), "gpu-pivot-teardown", host.devices, str(int(math.ceil(grace_s))),
+            str(int(math.ceil(settle_s)))]
 
 
 def parse_report(text: str) -> dict:

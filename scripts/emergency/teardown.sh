@@ -1,7 +1,8 @@
 # gpu-pivot emergency teardown, POSIX sh, for hosts without python3 or without this repo.
-# Run as: sh -c "$(cat this file)" gpu-pivot-teardown DEVICE_GLOB GRACE_SECONDS
+# Run as: sh -c "$(cat this file)" gpu-pivot-teardown DEVICE_GLOB GRACE_SECONDS SETTLE_SECONDS
+# (whole seconds; scripts/emergency/shell_teardown.py passes the agent's defaults, scripts/agent/waits.py).
 # Same order as the agent: holders of the GPU device files -> skip protected -> TERM all
-# at once -> poll every 50 ms up to GRACE -> KILL what is left -> 2 s settle -> report.
+# at once -> poll every 50 ms up to GRACE -> KILL what is left -> SETTLE s settle -> report.
 # It says "free" only as root (others' fds are unreadable otherwise) and after the settle.
 # It selects by device holders and PIDs only (never a name pattern), skips itself and its
 # ancestors, and checks each PID's start time before every signal (no reused PID is hit).
@@ -13,8 +14,13 @@ set -u
 # -f: no pathname expansion anywhere (a process's name such as `*` stays text); holders() turns
 # it back on in its own subshell for the device glob only.
 set -f
+if [ $# -ne 3 ]; then
+    echo "usage: sh -c SCRIPT gpu-pivot-teardown DEVICE_GLOB GRACE_SECONDS SETTLE_SECONDS" >&2
+    exit 2
+fi
 glob=$1
-grace=${2:-30}
+grace=$2
+settle=$3
 st() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 state() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1; }
 parent() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f2; }
@@ -117,9 +123,9 @@ send TERM $targets
 wait_gone "$grace" $targets
 # shellcheck disable=SC2086
 [ -n "$left" ] && send KILL $left && wait_gone 5 $left
-# settle: the GPUs must stay free for 2 s (a supervisor's respawn is caught, not blessed)
+# settle: the GPUs must stay free for SETTLE s (a supervisor's respawn is caught, not blessed)
 ticks=0; remaining=""
-while [ "$ticks" -lt 40 ]; do
+while [ "$ticks" -lt $((settle * 20)) ]; do
     remaining=""
     for p in $(holders); do protected "$p" || remaining="$remaining $p"; done
     [ -n "$remaining" ] && break

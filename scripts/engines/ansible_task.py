@@ -21,7 +21,7 @@ STATES = ("free", "verified")
 DEFAULTS = {"state": "free", "devices": contract.DEVICE_GLOB, "fake_devices": False, "targets": [], "match": [],
             "protect": [], "scope": None, "scope_uid": None, "grace": contract.GRACE_S, "timeout": contract.TIMEOUT_S,
             "settle": None,  # not given: the agent's rule (contract.SETTLE_S, none when nothing can respawn)
-            "max_used_mib": 0, "python": None}
+            "max_used_mib": contract.MAX_USED_MIB, "python": None}
 
 
 def _params(raw: dict) -> dict:
@@ -58,22 +58,22 @@ def _bool(key: str, value) -> bool:
 
 def agent_call(raw: dict, check_mode: bool) -> dict:
     """{subcommand, argv, nonce, deadline_s} for one task; ConfigError for a bad argument."""
-    from ..reach.transport import TeardownRequest, deadline_for
+    from ..reach.transport import BASE_DEADLINE_S, TeardownRequest, VerifyRequest
 
     p = _params(raw)
     nonce = contract.new_nonce()
     req = TeardownRequest(grace=p["grace"], timeout=p["timeout"], settle=p["settle"], max_used_mib=p["max_used_mib"],
                           operator="ansible", match=tuple(p["match"]))
     if p["state"] == "verified":
-        sub, args = "verify", ["--max-used-mib", p["max_used_mib"]]
+        verify = VerifyRequest(max_used_mib=p["max_used_mib"])
+        sub, args, deadline = "verify", verify.argv(), verify.deadline_s()
     elif check_mode:
-        sub, args = "plan", req.selection()
+        sub, args, deadline = "plan", req.selection(), BASE_DEADLINE_S  # a plan waits for nothing
     else:
-        sub, args = "teardown", req.argv()
+        sub, args, deadline = "teardown", req.argv(), req.deadline_s()
     argv = contract.agent_argv(p["python"] or "python3", sub, nonce, p["devices"], fake_devices=p["fake_devices"],
                                targets=p["targets"], protect=p["protect"], scope=p["scope"],
                                scope_uid=p["scope_uid"], args=args)
-    deadline = req.deadline_s() if sub == "teardown" else deadline_for(sub, args)
     return {"subcommand": sub, "argv": argv, "nonce": nonce, "deadline_s": deadline, "state": p["state"]}
 
 

@@ -55,7 +55,7 @@ from ..agent import contract
 from ..config.envfile import read_env_file
 from ..config.errors import ConfigError, show
 from ..config.hostconfig import Host, build_host
-from ..reach.transport import AgentError, TeardownRequest, call_agent
+from ..reach.transport import AgentError, TeardownRequest, VerifyRequest, call_agent, exit_code_for
 from . import slurm_cgroup
 
 CONF_ENV = "GPU_PIVOT_SLURM_CONF"
@@ -80,7 +80,7 @@ class Settings:
     timeout: float = 2.0
     settle: float = 0.5
     wait_lock: float = 1.0
-    max_used_mib: int = 0
+    max_used_mib: int = contract.MAX_USED_MIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -377,9 +377,8 @@ def prolog(job: Job, settings: Settings, started: float) -> tuple:
     if view is None:
         return early
     try:
-        wait = min(1.0, BUDGET_S / 4)
-        res = call_agent(_job_host(settings, job, view, scoped=False), "verify",
-                         ["--wait", wait, "--max-used-mib", settings.max_used_mib],
+        req = VerifyRequest(wait=min(1.0, BUDGET_S / 4), max_used_mib=settings.max_used_mib)
+        res = call_agent(_job_host(settings, job, view, scoped=False), "verify", req.argv(),
                          deadline_s=AGENT_S - (time.monotonic() - started))
         if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE and not job_problems(
                 *_last_scan(res.result), job.gpus, settings.max_used_mib, job.id)):
@@ -432,7 +431,9 @@ def main(argv=None, env=None) -> int:
         code, problems = contract.EXIT_USAGE, [str(exc)]
         job = Job(env.get("SLURM_JOB_ID") or "?", -1, (), node)
     except (AgentError, OSError, RuntimeError) as exc:  # HostTimedOut is a RuntimeError too
-        code, problems = contract.EXIT_UNREACHABLE, [f"the agent gave no result: {exc}"]
+        # the tasks' one mapping (a timed-out host: 7); any other error here: the agent gave no result
+        code = exit_code_for(exc) or contract.EXIT_UNREACHABLE
+        problems = [f"the agent gave no result: {exc}"]
     wall = time.monotonic() - started
     if code == contract.EXIT_OK:
         print(f"gpu-pivot {kind} job {job.id}: GPUs {list(job.gpus)} free ({wall:.2f} s)")

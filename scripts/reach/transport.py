@@ -80,8 +80,6 @@ def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
 # with --grace 30 --settle 2 may rightly take a minute, a ping never; one fixed number would
 # either cut the teardown off or let a frozen host hold the ping for as long.
 BASE_DEADLINE_S = 60.0
-GATE_TIMEOUT_S = 600.0  # each command gate's own limit on the host (agent/phases/gates.py)
-SMOKE_TIMEOUT_S = 60.0  # the smoke request's own limit on the host (agent/phases/run.py)
 _WAIT_FLAGS = {  # flags whose seconds the call may spend waiting, by subcommand
     "teardown": ("--grace", "--timeout", "--wait-lock", "--settle"),
     "verify": ("--wait",),
@@ -137,6 +135,21 @@ class TeardownRequest:
         return BASE_DEADLINE_S + waits + (contract.MPS_QUIT_TIMEOUT_S if self.mps_quit else 0.0)
 
 
+@dataclass(frozen=True)
+class VerifyRequest:
+    """One verify's flags as fields: the agent argv for `invoke verify`, the Slurm prolog and the
+    Ansible module's `state: verified` alike, its deadline read from the fields."""
+
+    wait: float = defaults.VERIFY_WAIT_S  # poll this long for free GPUs (0: look once)
+    max_used_mib: int = defaults.MAX_USED_MIB
+
+    def argv(self) -> list:
+        return ["--wait", self.wait, "--max-used-mib", self.max_used_mib]
+
+    def deadline_s(self) -> float:
+        return BASE_DEADLINE_S + self.wait
+
+
 def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult[contract.TeardownResult]:
     """One teardown on `host`, within the deadline its fields give."""
     return call_agent(host, "teardown", request.argv(), on_progress=on_progress, deadline_s=request.deadline_s())
@@ -168,11 +181,11 @@ def deadline_for(subcommand: str, args=()) -> float:
             waits += contract.MPS_QUIT_TIMEOUT_S  # every MPS daemon's quit, one shared limit (agent mps.py)
     spec = _spec_of(args)
     if subcommand == "gates":
-        waits += GATE_TIMEOUT_S * len(spec.get("gates") or ())
+        waits += contract.GATE_TIMEOUT_S * len(spec.get("gates") or ())
     elif subcommand == "phase-stop":
         waits += 2 * float(spec.get("stop_timeout") or 0)
     elif subcommand == "smoke":
-        waits += SMOKE_TIMEOUT_S
+        waits += contract.SMOKE_TIMEOUT_S
     elif subcommand == "reset" and "--yes" in [str(a) for a in args]:
         waits += contract.RESET_TIMEOUT_S  # nvidia-smi --gpu-reset is bounded by the agent itself
     return BASE_DEADLINE_S + waits

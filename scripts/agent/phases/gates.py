@@ -31,9 +31,10 @@ def check_gate(gate, cwd):
     if not isinstance(gate, str):
         return {"gate": json.dumps(gate), "ok": False, "detail": "neither a shell command nor a file count gate"}
     try:
-        proc = subprocess.run(["sh", "-c", gate], cwd=cwd, capture_output=True, text=True, timeout=600)
+        proc = subprocess.run(["sh", "-c", gate], cwd=cwd, capture_output=True, text=True,
+                              timeout=contract.GATE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return {"gate": gate, "ok": False, "detail": "timed out after 600 s"}
+        return {"gate": gate, "ok": False, "detail": "timed out after %g s" % contract.GATE_TIMEOUT_S}
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
     detail = "exit %d%s" % (proc.returncode, (": " + " | ".join(tail)) if tail else "")
     return {"gate": gate, "ok": proc.returncode == 0, "detail": detail}

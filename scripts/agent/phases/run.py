@@ -307,7 +307,8 @@ class Stop(SpecCommand):
                 targets += _members(leader)
         tracked = Targets(targets, audit)
         tracked.signal(targets, signal.SIGTERM, "SIGTERM")
-        alive = teardown.wait_gone(args, tracked, spec.get("stop_timeout", 30), None, time.monotonic(), "stop")
+        limit = spec.get("stop_timeout", contract.STOP_TIMEOUT_S)
+        alive = teardown.wait_gone(args, tracked, limit, None, time.monotonic(), "stop")
         if alive:
             tracked.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
@@ -353,7 +354,7 @@ class Smoke(SpecCommand):
         req = urllib.request.Request(spec["smoke_url"], data=body, method="POST" if body else "GET",
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=60) as resp:
+            with urllib.request.urlopen(req, timeout=contract.SMOKE_TIMEOUT_S) as resp:
                 text = resp.read(2000).decode("utf-8", "replace")
                 return contract.EXIT_OK, {"ok": True, "status": resp.status, "body": text}
         except Exception as exc:

@@ -20,7 +20,6 @@ class Audit:
         self.host = socket.gethostname()
         self.records = []
         self.write_errors = []
-        self.unwritten = 0
         self.path = path
         if path is None:
             try:
@@ -29,7 +28,6 @@ class Audit:
                 self._failed("audit log: %s" % exc)
 
     def _failed(self, line):
-        self.unwritten += 1
         line = " ".join(str(line).split())  # one line, whatever the error text held
         if line not in self.write_errors:
             self.write_errors.append(line)
@@ -40,7 +38,6 @@ class Audit:
                "signal": action, "result": result}
         self.records.append(rec)
         if self.path is None:
-            self.unwritten += 1
             return rec
         try:
             statedir.append_json(self.path, rec)
