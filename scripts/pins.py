@@ -1,7 +1,7 @@
 """The requirements files, made from pyproject.toml: the one place the pins are written.
 
 Why: `make setup` and CI install requirements-dev.txt (pip reads it fast, with no build step),
-and `pip install .` reads pyproject.toml; pins kept by hand in both drifted. Here the files are
+and `pip install .` reads pyproject.toml; pins kept by hand in both drift apart. Here the files are
 made from pyproject's lists (`make requirements`), with the comment each pin carries there, and
 tests/test_requirements.py checks the files are what this makes.
 

@@ -1,9 +1,9 @@
 """What `teardown` and `pivot` share: their teardown flags, the agent argv built from them,
 and the confirmation step.
 
-Why one place: pivot had its own copy of the teardown argv and silently dropped
---wait-lock, --max-used-mib and --settle; a pivot's teardown step must be the same
-teardown, asked about the same way, as `invoke teardown`.
+Why one place: a pivot's teardown step must be the same teardown, asked about the same
+way, as `invoke teardown`; a second copy of the argv drops flags (--wait-lock,
+--max-used-mib, --settle) without a sign.
 """
 from __future__ import annotations
 

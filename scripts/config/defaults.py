@@ -1,7 +1,7 @@
 """The local side's defaults in one place: the default host and every task flag's default.
 
 Why one place: the same number was written in a flag's default, in its --help text and in
-the README, and they drifted. Each task flag default and its help text are built from the
+the README drifts apart. Each task flag default and its help text are built from the
 names here. Standard library only and imports nothing, so every task module can import it
 without slowing `invoke --list`.
 

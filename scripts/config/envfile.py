@@ -1,8 +1,8 @@
 """Read hosts.env strictly: every line is blank, a comment, or KEY=VALUE, or the file is refused.
 
 Why not python-dotenv's `dotenv_values` alone: it drops a line it cannot parse with only a
-warning. `GPU1_CTID 129` (no `=`) vanished that way and commands went to the Proxmox node
-instead of the container. An unclosed quote swallowed the lines after it. Here such a line
+warning: `GPU1_CTID 129` (no `=`) would vanish and commands go to the Proxmox node
+instead of the container, and an unclosed quote swallows the lines after it. Here such a line
 stops everything with `FILE:LINE: ...` (exit 2) before any host is contacted.
 
 The accepted syntax is a strict subset of dotenv's, and an accepted file yields the same

@@ -22,7 +22,7 @@ def select(spec: str, path: Path | None = None) -> list:
 
     A sandbox directory another user owns (or a loose or linked one) is refused here, for
     every task, not only by `sandbox up` (StateDirError, exit 3): status, verify and
-    teardown ran against it and wrote into it."""
+    teardown would run against it and write into it."""
     chosen = select_hosts(spec, load(path))
     if any(h.sandbox for h in chosen):
         existing_dir()

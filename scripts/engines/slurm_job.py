@@ -239,8 +239,8 @@ def _foreign(res, job: Job) -> list:
 def _appeared(res, job: Job) -> list:
     """The respawns that are this job's: all but those in another job's cgroup. One reparented
     to PID 1 at once and not holding a GPU yet counts too: it may be the job's own watchdog's
-    restart, which opens the job's GPU a moment after the last look (red team: an excuse for
-    those let the epilog exit 0 with the restart about to hold the GPU). The cost: on a shared
+    restart, which opens the job's GPU a moment after the last look (excusing those would let
+    the epilog exit 0 with the restart about to hold the GPU). The cost: on a shared
     node without proctrack cgroups, another job of the same user starting the same program
     during this epilog drains the node."""
     return [a for a in res.appeared if not other_job(a, job.id)]

@@ -1,8 +1,8 @@
 """A pivot: drain -> teardown -> gates -> (deploy: patch) -> launch lint -> start -> ready
 -> (deploy: smoke test, roll back on failure) -> prep jobs reported -> audit.
 
-Why one place: done by hand, these steps came in an order that changed each time, with
-fixed sleeps and no rollback. Each step is one agent call; a failed step stops the pivot
+Why one place: by hand, these steps come in a different order each time, with fixed
+sleeps and no rollback. Each step is one agent call; a failed step stops the pivot
 with the documented exit code (contract.EXIT_CODES) and says what was (not) started.
 
 Why every step is recorded with its exit: the verdict is computed from what happened, never

@@ -55,7 +55,7 @@ exec {py} -c 'import os, sys; os.execv(sys.argv[1], ["torchrun"] + sys.argv[2:])
 
 
 # The ports of the sandbox's servers are picked free at `sandbox up` and recorded in
-# ports.json (fixed ones made the suite fail whenever anything held them); these are shown
+# ports.json (a fixed port fails whenever anything else holds it); these are shown
 # only while no sandbox was ever started.
 SERVER_PORT, DATAGEN_PORT = 30000, 30001
 PORTS_FILE = "ports.json"

@@ -8,8 +8,8 @@ $XDG_RUNTIME_DIR/gpu-pivot/sandbox, else $XDG_STATE_HOME/gpu-pivot/sandbox), cre
 0700 or checked like every gpu-pivot state directory (scripts/agent/state/statedir.py): not a
 symlink, owned by us, not writable by group or others; a directory that fails is refused
 with one line naming it, never reused. $GPU_PIVOT_SANDBOX_DIR overrides the location: it
-must be absolute (a relative one is refused, exit 2: it made the sandbox inside whatever
-directory a task ran from) and is checked the same way, and so is the directory it sits in
+must be absolute (a relative one is refused, exit 2: it would make the sandbox inside whatever
+directory a task runs from) and is checked the same way, and so is the directory it sits in
 (its owner could otherwise swap ours for theirs after the check). Every file is written O_NOFOLLOW (a link there is
 refused); the one script the sandbox executes is created O_EXCL.
 """

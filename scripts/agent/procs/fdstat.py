@@ -12,7 +12,7 @@ type, mode, owner and inode only (not size or times) keeps NFS from first writin
 dirty pages. The device number and the
 file system's own device come with every statx() answer. Python 3.8 to 3.13 have no
 os.statx: glibc's statx() (2.28+) through ctypes, else the raw syscall; where neither
-exists, os.stat() (and the old risk). A call costs about what os.stat() costs (~1.6 us).
+exists, os.stat() (which can hang there). A call costs about what os.stat() costs (~1.6 us).
 """
 import collections
 import ctypes

@@ -37,7 +37,6 @@ descendant's pid.
     w.lineage(pid)         # [parent, grandparent, ..., root] as the watch saw them
     w.kin(pid)             # how an unknown process is tied by session / process group, or None
     w.fileno()             # the connector's socket to select/poll on (None in the proc view)
-    w.descendants()        # full /proc walk: every live descendant known now
     w.close()
 
 Cost: poll() when nothing forks is one non-blocking recv (connector) or one read of
@@ -409,17 +408,6 @@ class ForkWatch:
         [812, 800] reads "forked by 812, which root 800 forked". [] for a root or a pid the
         watch does not know."""
         return list(self._lineage.get(pid, []))
-
-    def descendants(self):
-        """A full /proc walk now: [(pid, start_time, parent_pid)] of every live descendant
-        known to the watch (roots excluded), whatever poll() already returned."""
-        self._walk(full=True)
-        out = []
-        for pid, start in self._tracked.items():
-            if pid in self._roots or pid in self._dead or start is None or pid in self._pending:
-                continue
-            out.append((pid, start, self._lineage[pid][0]))
-        return out
 
     def kin(self, pid):
         """How a process the watch does not count as a descendant is tied to the tracked

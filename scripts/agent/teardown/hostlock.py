@@ -5,8 +5,8 @@ teardown never leaves a stale lock; the file's text only says who to ask.
 
 Why the lock lives in statedir.run_dir(): root's is /run/gpu-pivot/gpu-pivot.lock, in a
 directory only root can create or enter, so no other user can create, replace or hold
-it (the old /run/lock/gpu-pivot.lock could be created and flock-ed first by anyone, and
-a symlink there made root truncate the file it pointed to). The file is opened O_NOFOLLOW,
+it (a lock in a world-writable directory such as /run/lock can be created and flock-ed first
+by anyone, and a symlink there would make root truncate the file it points to). The file is opened O_NOFOLLOW,
 created 0600, never truncated on open, checked to be a regular file we own; who holds
 it is written only once the flock is held.
 

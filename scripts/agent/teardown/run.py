@@ -251,13 +251,13 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got):
     unapproved = [t for t in the_plan["targets"] if t not in planned]
     # a gone target the operator did not approve is not this teardown's, nor a supervisor of such
     # targets only: what they start (another job's launcher, say) is not watched as a respawn of
-    # ours (red team: a Slurm epilog's --approved teardown drained the node for another job's run)
+    # ours (a Slurm epilog's --approved teardown must never drain the node for another job's run)
     if approved is not None:
         the_plan["gone"] = [g for g in the_plan.get("gone", []) if (g["pid"], g["start_time"]) in approved]
         ours = planned + the_plan["gone"]
         mine = {t["pid"] for t in ours}
         # or above one, however far (past an unapproved target that leads a session of its own,
-        # where settle's ancestry walk ends): still what restarts ours (red team)
+        # where settle's ancestry walk ends): still what restarts ours
         above = {a for t in ours for a in procscan.ancestors(t["ppid"], doc["_procs"])}
         the_plan["supervisors"] = [s for s in the_plan["supervisors"]
                                    if s["pid"] in above or mine & set(s.get("wraps", []))]
