@@ -49,6 +49,15 @@ FAST_WAIT_MAX_S = 0.2
 IGNORED_KEPT = 20  # the seen-and-ignored list is for people: the first few say what happened
 
 
+def reusable_records(lineage, since_ticks):
+    """The plan's records a confirming scan may keep when the process looks the same (start
+    time, name, parent, group, session, flags): never one started during the teardown nor a
+    starter, since an exec keeps all of those but, often, the name (`python3 launcher.py`
+    becoming `python3 -m server`). Those are few; they are read whole on every scan."""
+    return {pid: rec for pid, rec in lineage.procs.items()
+            if rec["start_time"] < since_ticks and (pid, rec["start_time"]) not in lineage.starters}
+
+
 def _parent_text(procs, pid):
     info = procs.get(pid)
     if info is None:
@@ -92,8 +101,9 @@ class Lineage:
 
 def _ancestry(pid, procs, chain, mine):
     """{(pid, start): cmdline} from `pid` up: stops after a session leader that is no wrapper
-    (a terminal's shell, a unit's main process), at PID 1, at the agent's chain, and at a cycle
-    (a pid reused between two reads)."""
+    (a terminal's shell, a unit's main process) unless a wrapper started it (`while :; do
+    setsid python3 launch.py; done`: the loop restarts it, the launcher goes with its server),
+    at PID 1, at the agent's chain, and at a cycle (a pid reused between two reads)."""
     out: dict = {}
     seen = set()
     while pid not in (0, 1) and pid in procs and pid not in chain and pid not in seen:
@@ -101,7 +111,8 @@ def _ancestry(pid, procs, chain, mine):
         info = procs[pid]
         if pid not in mine:
             out[(pid, info["start_time"])] = info["cmdline"]
-        if info["sid"] == pid and wrappers.kind(info) is None:
+        parent = procs.get(info["ppid"])
+        if info["sid"] == pid and wrappers.kind(info) is None and (parent is None or wrappers.kind(parent) is None):
             break
         pid = info["ppid"]
     return out
@@ -153,13 +164,38 @@ def _classify(doc, targets, args, patterns, lineage, known):
             continue
         started_by, hint = by
         held: list = next((h["devices"] for h in doc["holders"] if h["pid"] == pid), [])
-        respawns[k] = {"pid": pid, "start_time": info["start_time"], "cmdline": info["cmdline"],
-                       "devices": held, "ppid": info["ppid"], "started_by": started_by,
-                       "why": "a target started again during the teardown (%s), %s; started by %s"
-                              % (what, "holding a GPU" if held or pid in context else "not holding a GPU yet",
-                                 started_by),
-                       "include": hint}
+        respawns[k] = _respawn(info, what, held, pid in context, started_by, hint)
+    for k, what in _exec_in_place(procs, args, patterns, lineage, known):
+        info = procs[k[0]]
+        held = next((h["devices"] for h in doc["holders"] if h["pid"] == k[0]), [])
+        respawns[k] = _respawn(info, what, held, k[0] in context,
+                               "itself: it ran `%s` and exec'd a target program in place (bash runs a -c "
+                               "string's last command that way)" % lineage.starters[k][:80], _stop_hint(_owned(info)))
     return respawns, ignored
+
+
+def _respawn(info, what, held, context, started_by, hint):
+    return {"pid": info["pid"], "start_time": info["start_time"], "cmdline": info["cmdline"], "devices": held,
+            "ppid": info["ppid"], "started_by": started_by, "include": hint,
+            "why": "a target started again during the teardown (%s), %s; started by %s"
+                   % (what, "holding a GPU" if held or context else "not holding a GPU yet", started_by)}
+
+
+def _exec_in_place(procs, args, patterns, lineage, known):
+    """[((pid, start), why)] of the surviving starters that now run a target program: a process
+    keeps its pid and start time across exec, so `bash -c "SERVER; SERVER"` becomes the second
+    server in place, and a standby that execs the server is no new process either."""
+    out = []
+    for k, cmdline in lineage.starters.items():
+        info = procs.get(k[0])
+        if (info is None or info["start_time"] != k[1] or info["cmdline"] == cmdline or k in known
+                or procfs.finished(info) or not plan.in_scope(info, args)):
+            continue
+        what = rules.target_reason(info, patterns) or (
+            program.identity(info) & lineage.identities and "runs the same program as a target")
+        if what:
+            out.append((k, what))
+    return out
 
 
 def _respawned_by(info, procs, since_ticks, lineage, what):
@@ -213,6 +249,7 @@ class _Seen:
     def __init__(self, args, targets, lineage, before):
         self.args, self.targets, self.lineage, self.before = args, targets, lineage, set(before)
         self.patterns = plan.patterns_of(args)
+        self.known = reusable_records(lineage, targets.since_ticks)
         self.respawned: dict = {}
         self.ignored: dict = {}
         self.first_free: dict = {}
@@ -223,7 +260,7 @@ class _Seen:
         """One scan: adopt what targets forked, SIGKILL what outlived its grace, classify what
         started meanwhile, and evaluate. Returns (doc, free, problems, new respawns)."""
         args, targets = self.args, self.targets
-        doc = scan.collect(args, source, confirm=True, known=self.lineage.procs)
+        doc = scan.collect(args, source, confirm=True, known=self.known)
         self.scans += 1
         targets.adopt_new(doc["_procs"])
         targets.escalate(min(args.grace, 2.0))
@@ -244,12 +281,24 @@ class _Seen:
                                    % (f["pid"], f["signal"], f["result"]) for f in targets.failed]
         return doc, free, problems, new
 
-    def window(self):
+    def window(self, doc):
         """(seconds to watch once free, why it ends at once or None): none when the agent's own
-        rule applies (no --settle) and nothing that could restart a target survives."""
-        if getattr(self.args, "settle_auto", False) and not self.respawned and not any(self.lineage.surviving()):
+        rule applies (no --settle), nothing that could restart a target survives, and no
+        process started during the teardown was left to PID 1 (a target that forked and
+        exited, the child in a session of its own: where no fork event ties it to the
+        target, only the window shows what it starts)."""
+        if getattr(self.args, "settle_auto", False) and not self.respawned and not any(self.lineage.surviving()) \
+                and not self._orphans(doc["_procs"]):
             return 0.0, "nothing left that could restart a target"
         return self.args.settle, None
+
+    def _orphans(self, procs):
+        """Processes started during the teardown whose parent is PID 1 (or none), not ours,
+        alive and in scope."""
+        since, targets = self.targets.since_ticks, self.targets
+        return [info for info in procs.values() if info["start_time"] >= since and info["ppid"] in (0, 1)
+                and (info["pid"], info["start_time"]) not in targets.keys and not procfs.finished(info)
+                and plan.in_scope(info, self.args)]
 
     def problems(self, problems, pending):
         """The verdict's problem lines: every respawn, and targets that have not exited."""
@@ -287,7 +336,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
                 seen.first_free = seen.first_free or {
                     "confirm_proc_ms": doc.get("proc_scan_ms"), "confirm_gpu_ms": doc.get("gpu_read_ms"),
                     "confirmed_s": round(time.monotonic() - started, 3)}
-                window, ended_early = seen.window()
+                window, ended_early = seen.window(doc)
                 if on_free and not announced:
                     announced = True
                     on_free(round(free_at - started, 3), window)

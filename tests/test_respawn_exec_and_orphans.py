@@ -1,0 +1,208 @@
+"""Restarts the settle window must see even where no new process ties them to a survivor:
+a starter that execs the server in place (same pid, same start time), a launcher that joined
+the plan and execs the server under the same name, a restarter a target forked and left to
+PID 1 (no fork event ties it to the target inside a PID namespace or with clone(CLONE_PARENT)),
+and a loop above a `setsid` Python launcher. Each must end NOT FREE (exit 1) with the restart
+named, or - where the kernel's fork event ties the child to a target - be stopped with it.
+Every process is started here; every teardown is scoped to the test's temp dir."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.reach.transport import call_agent
+from tests.procs import alive, wait_for
+from tests.test_teardown_honesty import host
+
+SERVER = """\
+import os, signal, sys, time
+args = sys.argv[1:]
+def opt(name):
+    return args[args.index(name) + 1] if name in args else None
+def restart_on_term(clone_parent):
+    def term(*_):
+        if clone_parent:  # clone(CLONE_PARENT | SIGCHLD): the child's parent is this one's parent
+            import ctypes
+            child = ctypes.CDLL(None, use_errno=True).syscall(56, 0x00008000 | 17, 0, 0, 0, 0) == 0
+        else:
+            child = os.fork() == 0
+        if child:
+            os.setsid()
+            os.execv("/bin/sh", ["sh", "-c", opt("--restart")])
+        os._exit(0)
+    signal.signal(signal.SIGTERM, term)
+if opt("--restart"):
+    restart_on_term(opt("--how") == "clone-parent")
+with open(opt("--ready") + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(opt("--ready") + ".tmp", opt("--ready"))
+time.sleep(float(opt("--load") or 0))
+fd = os.open(opt("--hold"), os.O_RDWR)
+open(opt("--ready") + ".holds", "w").close()
+while True:
+    time.sleep(1)
+"""
+TARGETS = r"xsrv\.launch_server"
+
+
+def server_pkg(base: Path) -> Path:
+    pkg = base / "pkg"
+    (pkg / "xsrv").mkdir(parents=True, exist_ok=True)
+    (pkg / "xsrv" / "__init__.py").write_text("")
+    (pkg / "xsrv" / "launch_server.py").write_text(SERVER)
+    return pkg
+
+
+def ready_pid(path: Path, timeout: float = 30) -> int:
+    return int(wait_for(lambda: path.exists() and path.read_text().strip(), f"{path.name} written", timeout))
+
+
+def cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+def teardown(ps, *extra):
+    return call_agent(host(ps, TARGETS=TARGETS), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+
+
+def assert_restart_named(result, pid: int):
+    doc = result.doc
+    assert result.code == 1, (result.code, doc.get("problems"), doc.get("settle_ended"))
+    assert pid in [a["pid"] for a in doc["appeared"]], (doc["appeared"], doc.get("ignored"))
+    assert doc.get("settle_ended") is None
+
+
+def test_bash_running_its_last_command_in_place_is_a_restart(ps):
+    """`bash -c "SERVER; SERVER"`: bash execs the last command, so the wrapper the plan named
+    a supervisor becomes the second server with its own pid and start time."""
+    pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
+    srv = f"{sys.executable} -m xsrv.launch_server --hold {dev}"
+    wrapper = subprocess.Popen(["bash", "-c", f"export PYTHONPATH={pkg}; {srv} --ready {ready}; "
+                                              f"{srv} --ready {ready}.again --load 4"],
+                               start_new_session=True, stdin=subprocess.DEVNULL)
+    ps.adopt(wrapper.pid)
+    ps.adopt(ready_pid(ready))
+    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    result = teardown(ps)
+    assert ready_pid(Path(f"{ready}.again")) == wrapper.pid and "xsrv.launch_server" in cmdline(wrapper.pid)
+    assert_restart_named(result, wrapper.pid)
+    assert "in place" in next(a["started_by"] for a in result.doc["appeared"] if a["pid"] == wrapper.pid)
+
+
+LAUNCHER = """\
+import os, sys, time
+srv, ready, dev, exe = int(sys.argv[1]), sys.argv[2], sys.argv[3], sys.argv[4]
+open(ready + ".launcher", "w").write(str(os.getpid()))
+def runs(pid):
+    try:
+        with open("/proc/%d/stat" % pid) as f:
+            return f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+while runs(srv):
+    time.sleep(0.002)
+time.sleep(0.05)
+os.execv(exe, [exe, "-m", "xsrv.launch_server", "--ready", ready + ".again", "--hold", dev, "--load", "6"])
+"""
+
+
+def test_a_standby_older_than_the_teardown_that_execs_the_server_is_a_restart(ps):
+    """A standby (the server's parent, there long before the teardown) execs the server under the
+    interpreter's own name once the target is gone: its record would look the same to a
+    confirming scan that kept the plan's."""
+    pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
+    (ps.base / "launcher.py").write_text(LAUNCHER)
+    standby = subprocess.Popen(
+        ["bash", "-c", f"{sys.executable} -m xsrv.launch_server --ready {ready} --hold {dev} & "
+                       f"exec {sys.executable} {ps.base / 'launcher.py'} $! {ready} {dev} {sys.executable}"],
+        start_new_session=True, stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(pkg)))
+    ps.adopt(standby.pid)
+    ps.adopt(ready_pid(ready))
+    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    result = teardown(ps)
+    assert ready_pid(Path(f"{ready}.again")) == standby.pid
+    assert_restart_named(result, standby.pid)
+
+
+@pytest.mark.parametrize("how", ["fork", "clone-parent"])
+def test_a_restarter_a_target_leaves_to_pid_1_keeps_the_window(ps, how):
+    """On SIGTERM the server (itself left to PID 1 by a double fork) forks a child that leaves
+    its session and runs the server again 0.8 s later. Where the fork watch ties the child to
+    the target it is stopped with it; where nothing does (a PID namespace or another user: no
+    fork events; clone(CLONE_PARENT): the event names PID 1) the window is watched, not ended
+    at once, and the restart makes the verdict NOT FREE."""
+    pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
+    restart = (f"sleep 0.8; PYTHONPATH={pkg} exec {sys.executable} -m xsrv.launch_server "
+               f"--ready {ready}.again --hold {dev} --load 4 {ps.base}")
+    subprocess.run(["setsid", "-f", sys.executable, "-m", "xsrv.launch_server", "--ready", str(ready),
+                    "--hold", str(dev), "--restart", restart, "--how", how],
+                   env=dict(os.environ, PYTHONPATH=str(pkg)), stdin=subprocess.DEVNULL, check=True, timeout=30)
+    server = ready_pid(ready)
+    ps.adopt(server)
+    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    result = teardown(ps)
+    doc = result.doc
+    if doc["adopted"]:  # the fork event named the target: the child was stopped with it
+        assert how == "fork" and result.code == 0, doc["problems"]
+        assert not Path(f"{ready}.again").exists()
+        return
+    again = ready_pid(Path(f"{ready}.again"))
+    ps.adopt(again)
+    assert not alive(server) and alive(again)
+    assert_restart_named(result, again)
+
+
+LAUNCH = """\
+import os, subprocess, sys
+n = int(open(sys.argv[1] + ".n").read()) if os.path.exists(sys.argv[1] + ".n") else 0
+open(sys.argv[1] + ".n", "w").write(str(n + 1))
+ready = sys.argv[1] if n == 0 else sys.argv[1] + ".again"
+subprocess.call([sys.executable, "-m", "xsrv.launch_server", "--ready", ready, "--hold", sys.argv[2],
+                 "--load", "0" if n == 0 else "4"])
+"""
+
+
+def test_a_loop_above_a_setsid_python_launcher_is_a_starter(ps):
+    """`while :; do setsid python3 launch.py; sleep 0.3; done`: the launcher leads its own
+    session and exits with its server; the loop above it restarts both."""
+    pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
+    (ps.base / "launch.py").write_text(LAUNCH)
+    loop = subprocess.Popen(["bash", "-c", f"export PYTHONPATH={pkg}; while :; do setsid {sys.executable} "
+                                           f"{ps.base / 'launch.py'} {ready} {dev}; sleep 0.3; done"],
+                            start_new_session=True, stdin=subprocess.DEVNULL)
+    ps.adopt(loop.pid)
+    ps.adopt(ready_pid(ready))
+    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    result = teardown(ps)
+    again = ready_pid(Path(f"{ready}.again"))
+    ps.adopt(again)
+    assert_restart_named(result, again)
+
+
+def test_the_confirming_scans_never_keep_the_record_of_a_starter_or_of_a_process_started_since():
+    """An exec keeps a process's start time, parent, group, session and, under the same
+    interpreter, its name: the plan's record of a starter, or of a process started during the
+    teardown (a launcher that later execs the server), must be read again on every scan."""
+    from scripts.agent.procs import procscan
+    from scripts.agent.teardown import settle
+
+    me = procscan.basic(os.getpid())
+    loop = dict(me, pid=900001, ppid=1, pgid=900001, sid=900001, start_time=100,
+                argv=["bash", "-c", "while :; do x; done"], comm="bash", cmdline="bash -c while :; do x; done")
+    server = dict(me, pid=900002, ppid=900001, pgid=900001, sid=900001, start_time=101, argv=["python3", "-m", "srv"],
+                  comm="python3", cmdline="python3 -m srv")
+    bystander = dict(me, pid=900003, ppid=1, pgid=900003, sid=900003, start_time=50, argv=["sleep", "9"],
+                     comm="sleep", cmdline="sleep 9")
+    launcher = dict(me, pid=900004, ppid=900001, pgid=900001, sid=900001, start_time=200,
+                    argv=["python3", "launcher.py"], comm="python3", cmdline="python3 launcher.py")
+    procs = {p["pid"]: p for p in (loop, server, bystander, launcher)}
+    lineage = settle.Lineage({"_procs": procs, "_chain": set()}, [server])
+    assert (900001, 100) in lineage.starters
+    assert set(settle.reusable_records(lineage, since_ticks=150)) == {900002, 900003}
