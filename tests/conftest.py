@@ -20,7 +20,28 @@ MOTD = "echo 'Welcome to gpu-node (MOTD noise)'; echo '=====gpu-pivot-result fak
 
 
 
+def _keep_hangups_from_this_process(signum, frame):
+    """SIGHUP and SIGQUIT, ignored when the suite started so: still nothing here."""
+
+
+def _children_start_with_default_signals():
+    """A suite started in the background of a script (`make test &`, nohup) inherits SIGINT,
+    SIGQUIT and SIGHUP ignored, and an ignored signal stays ignored across exec: every CLI a
+    test starts would then shrug off the Ctrl-C the test sends as a terminal would (exit 130
+    never comes). A signal caught here is reset to its default in every program started
+    from here, so each is caught: SIGINT as Python does by default, the others by a handler
+    that does nothing, so this process still ignores them in effect."""
+    import signal
+
+    for sig, handler in ((signal.SIGINT, signal.default_int_handler),
+                         (signal.SIGQUIT, _keep_hangups_from_this_process),
+                         (signal.SIGHUP, _keep_hangups_from_this_process)):
+        if signal.getsignal(sig) is signal.SIG_IGN:
+            signal.signal(sig, handler)
+
+
 def pytest_configure(config):
+    _children_start_with_default_signals()
     config.addinivalue_line("markers", "host_pid_ns: needs the machine's own PID and network namespace (the "
                             "kernel's fork events); runs on the one xdist worker left there (tests/workers.py)")
     if not config.pluginmanager.hasplugin("xdist"):  # not installed, or -p no:xdist

@@ -321,6 +321,15 @@ def test_declining_the_confirmation_is_its_own_exit_code(ps, hosts_env):
     assert alive(server)
 
 
+def test_a_cli_the_tests_start_takes_ctrl_c_as_a_terminal_gives_it():
+    """However the suite was started (`make test &` in a script ignores SIGINT, and that stays
+    across exec), a program a test starts gets SIGINT, SIGQUIT and SIGHUP at their defaults
+    (conftest): else every Ctrl-C test below would wait for an exit 130 that never comes."""
+    ignored = int(subprocess.run(["awk", "/^SigIgn:/ {print $2}", "/proc/self/status"], capture_output=True,
+                                 text=True, timeout=30).stdout, 16)
+    assert not ignored & (1 << (signal.SIGINT - 1) | 1 << (signal.SIGQUIT - 1) | 1 << (signal.SIGHUP - 1)), hex(ignored)
+
+
 def test_ctrl_c_is_130_and_one_line(hosts_env):
     hosts_env("")
     proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", "--host", "local", "--", "sleep", "30"], cwd=REPO,
