@@ -68,6 +68,15 @@ def cmdline(pid: int) -> str:
         return ""
 
 
+def under_bash(ps, ready: Path, script: str, env=None) -> int:
+    """`bash -c script` in a session of its own, once the server it starts holds GPU 0: its pid."""
+    shell = subprocess.Popen(["bash", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL, env=env)
+    ps.adopt(shell.pid)
+    ps.adopt(ready_pid(ready))
+    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    return shell.pid
+
+
 def teardown(ps, *extra):
     return call_agent(host(ps, TARGETS=TARGETS), "teardown", ["--grace", "2", "--timeout", "10", *extra])
 
@@ -84,16 +93,12 @@ def test_bash_running_its_last_command_in_place_is_a_restart(ps):
     a supervisor becomes the second server with its own pid and start time."""
     pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
     srv = f"{sys.executable} -m xsrv.launch_server --hold {dev}"
-    wrapper = subprocess.Popen(["bash", "-c", f"export PYTHONPATH={pkg}; {srv} --ready {ready}; "
-                                              f"{srv} --ready {ready}.again --load 4"],
-                               start_new_session=True, stdin=subprocess.DEVNULL)
-    ps.adopt(wrapper.pid)
-    ps.adopt(ready_pid(ready))
-    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    wrapper = under_bash(ps, ready, f"export PYTHONPATH={pkg}; {srv} --ready {ready}; "
+                                    f"{srv} --ready {ready}.again --load 4")
     result = teardown(ps)
-    assert ready_pid(Path(f"{ready}.again")) == wrapper.pid and "xsrv.launch_server" in cmdline(wrapper.pid)
-    assert_restart_named(result, wrapper.pid)
-    assert "in place" in next(a["started_by"] for a in result.doc["appeared"] if a["pid"] == wrapper.pid)
+    assert ready_pid(Path(f"{ready}.again")) == wrapper and "xsrv.launch_server" in cmdline(wrapper)
+    assert_restart_named(result, wrapper)
+    assert "in place" in next(a["started_by"] for a in result.doc["appeared"] if a["pid"] == wrapper)
 
 
 LAUNCHER = """\
@@ -119,16 +124,13 @@ def test_a_standby_older_than_the_teardown_that_execs_the_server_is_a_restart(ps
     confirming scan that kept the plan's."""
     pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
     (ps.base / "launcher.py").write_text(LAUNCHER)
-    standby = subprocess.Popen(
-        ["bash", "-c", f"{sys.executable} -m xsrv.launch_server --ready {ready} --hold {dev} & "
-                       f"exec {sys.executable} {ps.base / 'launcher.py'} $! {ready} {dev} {sys.executable}"],
-        start_new_session=True, stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(pkg)))
-    ps.adopt(standby.pid)
-    ps.adopt(ready_pid(ready))
-    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    launcher = ps.base / "launcher.py"
+    standby = under_bash(ps, ready, f"{sys.executable} -m xsrv.launch_server --ready {ready} --hold {dev} & "
+                                    f"exec {sys.executable} {launcher} $! {ready} {dev} {sys.executable}",
+                         env=dict(os.environ, PYTHONPATH=str(pkg)))
     result = teardown(ps)
-    assert ready_pid(Path(f"{ready}.again")) == standby.pid
-    assert_restart_named(result, standby.pid)
+    assert ready_pid(Path(f"{ready}.again")) == standby
+    assert_restart_named(result, standby)
 
 
 @pytest.mark.parametrize("how", ["fork", "clone-parent"])
@@ -174,12 +176,8 @@ def test_a_loop_above_a_setsid_python_launcher_is_a_starter(ps):
     session and exits with its server; the loop above it restarts both."""
     pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
     (ps.base / "launch.py").write_text(LAUNCH)
-    loop = subprocess.Popen(["bash", "-c", f"export PYTHONPATH={pkg}; while :; do setsid {sys.executable} "
-                                           f"{ps.base / 'launch.py'} {ready} {dev}; sleep 0.3; done"],
-                            start_new_session=True, stdin=subprocess.DEVNULL)
-    ps.adopt(loop.pid)
-    ps.adopt(ready_pid(ready))
-    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    under_bash(ps, ready, f"export PYTHONPATH={pkg}; while :; do setsid {sys.executable} "
+                          f"{ps.base / 'launch.py'} {ready} {dev}; sleep 0.3; done")
     result = teardown(ps)
     again = ready_pid(Path(f"{ready}.again"))
     ps.adopt(again)
