@@ -155,10 +155,97 @@ def test_a_restarter_a_target_leaves_to_pid_1_keeps_the_window(ps, how):
         assert how == "fork" and result.code == 0, doc["problems"]
         assert not Path(f"{ready}.again").exists()
         return
+    if doc["fork_watch"] == "connector":
+        assert how == "clone-parent"
+        pytest.skip("with the kernel's fork events a clone(CLONE_PARENT) child is not tied to its target, and "
+                    "the orphan rule is off there (README: the settle window's limits)")
     again = ready_pid(Path(f"{ready}.again"))
     ps.adopt(again)
     assert not alive(server) and alive(again)
     assert_restart_named(result, again)
+
+
+@pytest.mark.parametrize("form", ["exec", "fork"])
+def test_a_watcher_beside_the_server_that_starts_it_again_is_a_restart(ps, form):
+    """`bash -c 'SERVER & p=$!; (while kill -0 $p; do sleep .05; done; exec SERVER) & wait'`: the
+    watcher subshell (there before the teardown, a child of the surviving shell, no ancestor of
+    the server) execs the server in place, or forks it, once the first one is gone."""
+    pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
+    srv = f"{sys.executable} -m xsrv.launch_server --hold {dev}"
+    how = ("exec ", "") if form == "exec" else ("", "; true")
+    under_bash(ps, ready, f"export PYTHONPATH={pkg}; {srv} --ready {ready} & p=$!; "
+                          f"(while kill -0 $p 2>/dev/null; do sleep 0.05; done; {how[0]}{srv} "
+                          f"--ready {ready}.again --load 4{how[1]}) & wait")
+    result = teardown(ps)
+    again = ready_pid(Path(f"{ready}.again"))
+    ps.adopt(again)
+    assert_restart_named(result, again)
+
+
+ROUTER = """\
+import os, subprocess, sys, time
+def retitle(old, new):  # what setproctitle does: the argv area rewritten in place, no exec
+    fields = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+    start, end = int(fields[45]), int(fields[46])
+    with open("/proc/self/mem", "r+b") as mem:
+        mem.seek(start)
+        area = mem.read(end - start)
+        mem.seek(start)
+        mem.write(area.replace(old, new))
+rest = sys.argv[sys.argv.index("--role") + 3:]
+subprocess.call([sys.executable, "-m", "xsrv.launch_server"] + rest)
+retitle(b"state=serving", b"state=drained")
+while True:
+    time.sleep(1)
+"""
+
+
+def test_a_router_that_retitles_itself_when_its_server_goes_is_no_restart(ps):
+    """A router of the same package runs the server and, once it is gone, rewrites its own
+    title in place (setproctitle: no exec). Its command line changed; it exec'd nothing."""
+    pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
+    (pkg / "xsrv" / "router.py").write_text(ROUTER)
+    router = subprocess.Popen([sys.executable, "-m", "xsrv.router", "--role", "router", "state=serving",
+                               "--ready", str(ready), "--hold", str(dev)], start_new_session=True,
+                              stdin=subprocess.DEVNULL, env=dict(os.environ, PYTHONPATH=str(pkg)))
+    ps.adopt(router.pid)
+    ps.adopt(ready_pid(ready))
+    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    result = teardown(ps)
+    assert "state=drained" in cmdline(router.pid)
+    assert result.code == 0 and result.doc["appeared"] == [], result.doc["problems"]
+
+
+DAEMON = """\
+import os, sys, time
+while True:  # an unrelated daemon that leaves short jobs to PID 1 (a timer's unit, cron's mail)
+    if os.fork() == 0:
+        if os.fork() == 0:
+            os.setsid()
+            os.execv("/bin/sh", ["sh", "-c", "sleep 1.5; : " + sys.argv[1]])
+        os._exit(0)
+    os.wait()
+    time.sleep(0.1)
+"""
+
+
+def test_jobs_an_unrelated_daemon_leaves_to_pid_1_end_no_teardown_as_not_free(ps):
+    """Nothing could restart the server (its parent is PID 1); a daemon beside it starts jobs
+    under PID 1 all the while. FREED; where fork events are read the window still ends at once."""
+    pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
+    subprocess.run(["setsid", "-f", sys.executable, "-m", "xsrv.launch_server", "--ready", str(ready), "--hold",
+                    str(dev)], env=dict(os.environ, PYTHONPATH=str(pkg)), stdin=subprocess.DEVNULL, check=True,
+                   timeout=30)
+    ps.adopt(ready_pid(ready))
+    wait_for(Path(f"{ready}.holds").exists, "the server on GPU 0")
+    (ps.base / "daemon.py").write_text(DAEMON)
+    daemon = subprocess.Popen([sys.executable, str(ps.base / "daemon.py"), str(ps.base)], start_new_session=True,
+                              stdin=subprocess.DEVNULL)
+    ps.adopt(daemon.pid)
+    result = teardown(ps)
+    assert result.code == 0, result.doc["problems"]
+    if result.doc["fork_watch"] == "connector":
+        assert result.doc["settle_ended"] == "nothing left that could restart a target"
 
 
 LAUNCH = """\
@@ -171,12 +258,15 @@ subprocess.call([sys.executable, "-m", "xsrv.launch_server", "--ready", ready, "
 """
 
 
-def test_a_loop_above_a_setsid_python_launcher_is_a_starter(ps):
+@pytest.mark.parametrize("between", ["", "flock LOCK ", "setsid -f -w "])
+def test_a_loop_above_a_setsid_python_launcher_is_a_starter(ps, between):
     """`while :; do setsid python3 launch.py; sleep 0.3; done`: the launcher leads its own
-    session and exits with its server; the loop above it restarts both."""
+    session and exits with its server; the loop above it restarts both, also through a helper
+    that forks and waits in between (a lock, `setsid --fork --wait`)."""
     pkg, ready, dev = server_pkg(ps.base), ps.base / "srv.ready", ps.devdir / "nvidia0"
     (ps.base / "launch.py").write_text(LAUNCH)
-    under_bash(ps, ready, f"export PYTHONPATH={pkg}; while :; do setsid {sys.executable} "
+    helper = between.replace("LOCK", str(ps.base / "lock")) or "setsid "
+    under_bash(ps, ready, f"export PYTHONPATH={pkg}; while :; do {helper}{sys.executable} "
                           f"{ps.base / 'launch.py'} {ready} {dev}; sleep 0.3; done")
     result = teardown(ps)
     again = ready_pid(Path(f"{ready}.again"))

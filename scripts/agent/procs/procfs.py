@@ -65,6 +65,9 @@ def read_stat(pid, proc=PROC):
         "flags": int(rest[6]),
         "threads": int(rest[17]),
         "start_time": int(rest[19]),
+        # where the argv area begins: an exec moves it (a new stack), a title rewritten in
+        # place does not; 0 where /proc hides it (another user's process, not root)
+        "arg_start": int(rest[45]) if len(rest) > 45 else 0,
     }
 
 

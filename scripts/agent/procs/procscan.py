@@ -458,7 +458,7 @@ def _record(pid, proc, mark, lean=False):
 # flags (no exit begun). Its state and thread count stay as the plan read them: nothing reads
 # them of a process that was there before the teardown (settle and targets skip those by start
 # time), and its fds are read with the thread count just read.
-_SAME_FIELDS = ("start_time", "comm", "ppid", "pgid", "sid", "flags")
+_SAME_FIELDS = ("start_time", "comm", "ppid", "pgid", "sid", "flags", "arg_start")  # arg_start: an exec moves it
 
 
 def _same_as_known(pid, proc, known, mark):

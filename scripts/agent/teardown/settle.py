@@ -54,8 +54,8 @@ def reusable_records(lineage, since_ticks):
     time, name, parent, group, session, flags): never one started during the teardown nor a
     starter, since an exec keeps all of those but, often, the name (`python3 launcher.py`
     becoming `python3 -m server`). Those are few; they are read whole on every scan."""
-    return {pid: rec for pid, rec in lineage.procs.items()
-            if rec["start_time"] < since_ticks and (pid, rec["start_time"]) not in lineage.starters}
+    return {pid: rec for pid, rec in lineage.procs.items() if rec["start_time"] < since_ticks
+            and (pid, rec["start_time"]) not in lineage.starters and (pid, rec["start_time"]) not in lineage.near}
 
 
 def _parent_text(procs, pid):
@@ -73,7 +73,9 @@ class Lineage:
     loop: the loop is what restarts it), plus every supervisor the plan named; and `managers`
     {owner key: hint}, the units and containers the targets ran in (a service unit, a docker
     or LXC container). `stopped`: owner keys whose stop was run. `procs`: the plan's records
-    (the confirming scans read again only what changed since: procscan.snapshot's `known`)."""
+    (the confirming scans read again only what changed since: procscan.snapshot's `known`).
+    `near`: the starters' other descendants, not targets (a watcher subshell beside the server
+    that starts it again): what they start counts as the starter's."""
 
     def __init__(self, doc, planned, stopped=(), supervisors=()):
         procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
@@ -92,11 +94,32 @@ class Lineage:
                     "%s runs other processes too, so it is not stopped: stop what starts the server there"
                     % _manager_words(key))
         self.stopped = set(stopped)
+        self.near = _descendants(self.starters, procs, chain, mine)
 
     def surviving(self):
         """The starters still alive, and the managers not stopped: what could restart a target."""
         alive = [(k, cmd) for k, cmd in self.starters.items() if procfs.same_process(*k)]
         return alive, {k: v for k, v in self.managers.items() if k not in self.stopped}
+
+
+def _descendants(roots, procs, chain, mine):
+    """{(pid, start): cmdline} of every process below `roots` in the plan's scan, but targets
+    and this agent's chain (and what is below them); a child that started before its parent
+    (a reused pid) is no descendant."""
+    kids: dict = {}
+    for info in procs.values():
+        kids.setdefault(info["ppid"], []).append(info)
+    out: dict = {}
+    todo = [(pid, start) for pid, start in roots]
+    while todo:
+        pid, start = todo.pop()
+        for child in kids.get(pid, ()):
+            k = (child["pid"], child["start_time"])
+            if child["start_time"] < start or k in out or k in roots or child["pid"] in mine or child["pid"] in chain:
+                continue
+            out[k] = child["cmdline"]
+            todo.append(k)
+    return out
 
 
 def _ancestry(pid, procs, chain, mine):
@@ -111,11 +134,21 @@ def _ancestry(pid, procs, chain, mine):
         info = procs[pid]
         if pid not in mine:
             out[(pid, info["start_time"])] = info["cmdline"]
-        parent = procs.get(info["ppid"])
-        if info["sid"] == pid and wrappers.kind(info) is None and (parent is None or wrappers.kind(parent) is None):
+        if info["sid"] == pid and wrappers.kind(info) is None and not _started_by_wrapper(info, procs):
             break
         pid = info["ppid"]
     return out
+
+
+def _started_by_wrapper(info, procs):
+    """Was this session leader started by a wrapper, or by a helper in a wrapper's session
+    (`while :; do flock LOCK setsid python3 launch.py; done`)? A terminal's shell is not:
+    its parent is sshd, a multiplexer or a terminal, each leading a session of its own."""
+    parent = procs.get(info["ppid"])
+    if parent is None or parent["pid"] in (0, 1):
+        return False
+    leader = procs.get(parent["sid"])
+    return wrappers.kind(parent) is not None or (leader is not None and wrappers.kind(leader) is not None)
 
 
 def manager_key(info):
@@ -165,12 +198,12 @@ def _classify(doc, targets, args, patterns, lineage, known):
         started_by, hint = by
         held: list = next((h["devices"] for h in doc["holders"] if h["pid"] == pid), [])
         respawns[k] = _respawn(info, what, held, pid in context, started_by, hint)
-    for k, what in _exec_in_place(procs, args, patterns, lineage, known):
+    for k, what, before in _exec_in_place(procs, args, patterns, lineage, known, doc["_chain"]):
         info = procs[k[0]]
         held = next((h["devices"] for h in doc["holders"] if h["pid"] == k[0]), [])
         respawns[k] = _respawn(info, what, held, k[0] in context,
                                "itself: it ran `%s` and exec'd a target program in place (bash runs a -c "
-                               "string's last command that way)" % lineage.starters[k][:80], _stop_hint(_owned(info)))
+                               "string's last command that way)" % before[:80], _stop_hint(_owned(info)))
     return respawns, ignored
 
 
@@ -181,20 +214,23 @@ def _respawn(info, what, held, context, started_by, hint):
                    % (what, "holding a GPU" if held or context else "not holding a GPU yet", started_by)}
 
 
-def _exec_in_place(procs, args, patterns, lineage, known):
-    """[((pid, start), why)] of the surviving starters that now run a target program: a process
-    keeps its pid and start time across exec, so `bash -c "SERVER; SERVER"` becomes the second
-    server in place, and a standby that execs the server is no new process either."""
+def _exec_in_place(procs, args, patterns, lineage, known, chain):
+    """[((pid, start), why, the command line it ran)] of the surviving starters (and their other
+    descendants) that exec'd a target program: a process keeps its pid and start time across exec, so `bash -c "SERVER;
+    SERVER"` becomes the second server in place, and a standby that execs the server is no new
+    process either. A title rewritten in place (setproctitle) is no exec: the argv area, where
+    stat's arg_start says it begins, stays where it was in the plan's scan."""
     out = []
-    for k, cmdline in lineage.starters.items():
-        info = procs.get(k[0])
+    for k, cmdline in list(lineage.starters.items()) + list(lineage.near.items()):
+        info, then = procs.get(k[0]), lineage.procs.get(k[0], {})
         if (info is None or info["start_time"] != k[1] or info["cmdline"] == cmdline or k in known
-                or procfs.finished(info) or not plan.in_scope(info, args)):
+                or info.get("arg_start") == then.get("arg_start") or procfs.finished(info)
+                or not plan.in_scope(info, args) or rules.protect_reason(info, chain, args.protect)):
             continue
         what = rules.target_reason(info, patterns) or (
             program.identity(info) & lineage.identities and "runs the same program as a target")
         if what:
-            out.append((k, what))
+            out.append((k, what, cmdline))
     return out
 
 
@@ -206,7 +242,7 @@ def _respawned_by(info, procs, since_ticks, lineage, what):
     starter = _starter(info, procs, since_ticks)
     if starter is not None:
         k = (starter["pid"], starter["start_time"])
-        if k in lineage.starters:
+        if k in lineage.starters or k in lineage.near:
             return _parent_text(procs, k[0]), _stop_hint(_owned(starter))
     key = manager_key(_owned(info))
     if key is not None and key in lineage.managers and key not in lineage.stopped:  # a stop job's own ExecStop
@@ -294,8 +330,13 @@ class _Seen:
 
     def _orphans(self, procs):
         """Processes started during the teardown whose parent is PID 1 (or none), not ours,
-        alive and in scope."""
+        alive and in scope; none to look for when the kernel's fork events are read (the
+        connector: root in the host's PID namespace), which tie a target's child to it however
+        soon it is left to PID 1 (it is adopted and stopped), so a host whose units and timers
+        start processes under PID 1 all the time keeps its window ending at once."""
         since, targets = self.targets.since_ticks, self.targets
+        if getattr(targets.watch, "mode", "proc") == "connector":
+            return []
         return [info for info in procs.values() if info["start_time"] >= since and info["ppid"] in (0, 1)
                 and (info["pid"], info["start_time"]) not in targets.keys and not procfs.finished(info)
                 and plan.in_scope(info, self.args)]
