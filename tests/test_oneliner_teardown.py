@@ -1,13 +1,15 @@
 """The emergency one-liner, printed by `invoke oneliner --action teardown`, run through the
 real quoting layers (bash -c -> ssh -> pct exec -> sh -c) against real processes."""
 import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from scripts.emergency import shell_teardown
 from tests import scenario
 from tests.conftest import invoke
-from tests.procs import alive
+from tests.procs import alive, children, wait_for
 
 
 def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
@@ -211,3 +213,40 @@ def test_protected_names_trusted_only_from_system_uids_and_root_programs(second_
     assert second["sigTERM"] == [] and second["remaining"] == []
     assert second["protected-mapped"] == [roles["root_persistenced_mapped"]] and second["verdict"] == "not-free"
     assert res["second_alive"]["root_xorg"] and res["second_alive"]["root_persistenced_mapped"]
+
+
+def _respawning_holder(ps):
+    """A loop that opens the fake device again the moment its holder is gone (the holder
+    carries the temp dir in its argv: ps ends it whatever its pid)."""
+    dev = ps.base / "olsettle" / "nvidia0"
+    dev.parent.mkdir()
+    dev.write_text("")
+    hold = f"{sys.executable} -c 'import time; time.sleep(600)' {dev} 3<{dev}"
+    loop = subprocess.Popen(["bash", "-c", f"while :; do {hold}; done"], start_new_session=True,
+                            stdin=subprocess.DEVNULL)
+    ps.adopt(loop.pid)
+    wait_for(lambda: any(str(dev) in " ".join(f.readlink().as_posix() for f in Path(f"/proc/{c}/fd").iterdir())
+                         for c in children(loop.pid)), "the first holder")
+    return dev, loop
+
+
+def _run(dev, grace, settle):
+    return subprocess.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", f"{dev.parent}/nvidia*",
+                           grace, settle], capture_output=True, text=True, timeout=120)
+
+
+def test_a_settle_of_0_still_looks_once_after_the_kill(ps):
+    """SETTLE 0 means no wait, never no look: a holder back by then keeps the verdict not-free."""
+    dev, _ = _respawning_holder(ps)
+    ran = _run(dev, "1", "0")
+    report = shell_teardown.parse_report(ran.stdout)
+    assert ran.returncode == 1 and report["verdict"] == "not-free" and report["remaining"], ran.stdout
+
+
+@pytest.mark.parametrize("grace, settle", [("", "2"), ("1", ""), ("1", "2.5"), ("1", "abc"), ("-1", "2")])
+def test_waits_that_are_not_whole_seconds_are_refused_before_any_signal(ps, grace, settle):
+    dev, loop = _respawning_holder(ps)
+    holder = children(loop.pid)
+    ran = _run(dev, grace, settle)
+    assert ran.returncode == 2 and "whole seconds" in ran.stderr and "nothing was signalled" in ran.stderr
+    assert "sigTERM" not in ran.stdout and children(loop.pid) == holder

@@ -21,6 +21,10 @@ fi
 glob=$1
 grace=$2
 settle=$3
+case "${grace:-x}${settle:-x}" in *[!0-9]*)
+    echo "GRACE_SECONDS and SETTLE_SECONDS: whole seconds (got \"$grace\" \"$settle\"); nothing was signalled" >&2
+    exit 2 ;;
+esac
 st() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 state() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1; }
 parent() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f2; }
@@ -124,8 +128,9 @@ wait_gone "$grace" $targets
 # shellcheck disable=SC2086
 [ -n "$left" ] && send KILL $left && wait_gone 5 $left
 # settle: the GPUs must stay free for SETTLE s (a supervisor's respawn is caught, not blessed)
-ticks=0; remaining=""
-while [ "$ticks" -lt $((settle * 20)) ]; do
+# it looks at least once, whatever SETTLE is: a SETTLE of 0 must not skip the look
+ticks=0; remaining=""; looks=$((settle * 20)); [ "$looks" -gt 0 ] || looks=1
+while [ "$ticks" -lt "$looks" ]; do
     remaining=""
     for p in $(holders); do protected "$p" || remaining="$remaining $p"; done
     [ -n "$remaining" ] && break
