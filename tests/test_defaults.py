@@ -13,13 +13,13 @@ from pathlib import Path
 import yaml  # ansible-core's own dependency (requirements-dev.txt)
 
 from scripts.agent import contract, options
-from scripts.agent.teardown import run as teardown
+from scripts.agent.teardown import run as teardown, verify
 from scripts.config import defaults
 from scripts.config.phases import Phase
 from scripts.emergency import runbook, shell_teardown
 from scripts.engines import ansible_task, slurm_job
 from scripts.reach import transport
-from scripts.reach.transport import TeardownRequest
+from scripts.reach.transport import TeardownRequest, VerifyRequest
 
 
 def _agent_defaults() -> dict:
@@ -88,3 +88,10 @@ def test_a_phases_limits_are_the_contracts():
     assert transport.deadline_for("gates", args) == base + 2 * contract.GATE_TIMEOUT_S
     assert transport.deadline_for("phase-stop", args) == base + 2 * 7
     assert transport.deadline_for("smoke", args) == base + contract.SMOKE_TIMEOUT_S
+
+
+def test_a_verify_and_a_lock_wait_have_one_definition():
+    verify_flags = argparse.ArgumentParser()
+    verify.add_arguments(verify_flags)
+    assert verify_flags.get_default("wait") == defaults.VERIFY_WAIT_S == VerifyRequest().wait == contract.VERIFY_WAIT_S
+    assert _agent_defaults()["wait_lock"] == defaults.WAIT_LOCK_S == contract.WAIT_LOCK_S

@@ -29,7 +29,9 @@ from . import textsafe  # noqa: F401  (re-exported)
 # textsafe is the one escaping rule for host text (terminals) and JSON (valid Unicode).
 from .procs import procfs  # noqa: F401  (re-exported)
 from .state import statedir  # noqa: F401  (re-exported)
-from .waits import GRACE_S, MAX_USED_MIB, SETTLE_S, TIMEOUT_S  # noqa: F401  (re-exported: a teardown's defaults)
+
+# a teardown's and a verify's defaults, re-exported
+from .waits import GRACE_S, MAX_USED_MIB, SETTLE_S, TIMEOUT_S, VERIFY_WAIT_S, WAIT_LOCK_S  # noqa: F401
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
 if TYPE_CHECKING:

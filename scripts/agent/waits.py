@@ -8,4 +8,6 @@ its own that imports nothing: loading the tasks for `invoke --list` reads it and
 GRACE_S = 30.0    # between SIGTERM and SIGKILL
 TIMEOUT_S = 60.0  # for the GPUs to be free after that
 SETTLE_S = 2.0    # the respawn watch once they are (when something could restart a target)
+WAIT_LOCK_S = 0.0  # another teardown's lock: 0 fails at once (exit 4)
+VERIFY_WAIT_S = 0.0  # verify: poll this long for free GPUs (0: look once)
 MAX_USED_MIB = 0  # a GPU is free at or under this many MiB used (NVML v2, reserved memory excluded)

@@ -20,12 +20,12 @@ HOST = os.environ.get(HOST_ENV, "sandbox")  # read once, when the tasks load: it
 
 # -- teardown (also the teardown step of a pivot) -----------------------------------------------
 GRACE_S, TIMEOUT_S, SETTLE_S = waits.GRACE_S, waits.TIMEOUT_S, waits.SETTLE_S  # both sides': one place
-WAIT_LOCK_S = 0.0      # 0: another teardown holding the host's lock fails at once (exit 4)
+WAIT_LOCK_S = waits.WAIT_LOCK_S  # 0: another teardown holding the host's lock fails at once (exit 4)
 MAX_USED_MIB = waits.MAX_USED_MIB  # a GPU is free at or under this many MiB used
 FANOUT = 16            # hosts worked on at once
 
 # -- other tasks --------------------------------------------------------------------------------
-VERIFY_WAIT_S = 0.0    # verify: poll this long for free GPUs (0: look once)
+VERIFY_WAIT_S = waits.VERIFY_WAIT_S  # verify: poll this long for free GPUs (0: look once)
 ONELINER_GRACE_S = waits.GRACE_S
 LOG_LINES = 50
 AUDIT_LINES = 20

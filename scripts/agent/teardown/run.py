@@ -57,7 +57,8 @@ def add_arguments(parser):
     parser.add_argument("--grace", type=float, default=contract.GRACE_S, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--timeout", type=float, default=contract.TIMEOUT_S,
                         help="seconds to wait for the GPUs to be free after that")
-    parser.add_argument("--wait-lock", type=float, default=0.0, help="wait this long for another teardown's lock")
+    parser.add_argument("--wait-lock", type=float, default=contract.WAIT_LOCK_S,
+                        help="wait this long for another teardown's lock")
     parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
     parser.add_argument("--approved", default=None, metavar="PID:START,...",
                         help="signal only these processes (the plan the operator saw)")

@@ -21,7 +21,8 @@ POLL_S = 0.05
 
 def add_arguments(parser):
     options.add_threshold(parser)
-    parser.add_argument("--wait", type=float, default=0.0, help="poll up to this many seconds for the GPUs to be free")
+    parser.add_argument("--wait", type=float, default=contract.VERIFY_WAIT_S,
+                        help="poll up to this many seconds for the GPUs to be free")
 
 
 def evaluate(doc, max_used_mib):
