@@ -1,8 +1,8 @@
 """The emergency one-liner, printed by `invoke oneliner --action teardown`, run through the
 real quoting layers (bash -c -> ssh -> pct exec -> sh -c) against real processes."""
+import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -225,9 +225,23 @@ def _respawning_holder(ps):
     loop = subprocess.Popen(["bash", "-c", f"while :; do {hold}; done"], start_new_session=True,
                             stdin=subprocess.DEVNULL)
     ps.adopt(loop.pid)
-    wait_for(lambda: any(str(dev) in " ".join(f.readlink().as_posix() for f in Path(f"/proc/{c}/fd").iterdir())
-                         for c in children(loop.pid)), "the first holder")
+    wait_for(lambda: any(_holds(c, dev) for c in children(loop.pid)), "the first holder")
     return dev, loop
+
+
+def _holds(pid, path) -> bool:
+    """Does `pid` have `path` open? Its fds come and go while it starts, and it may be gone."""
+    try:
+        fds = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") == str(path):
+                return True
+        except OSError:
+            continue
+    return False
 
 
 def _run(dev, grace, settle):
