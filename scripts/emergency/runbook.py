@@ -8,14 +8,13 @@ Run: python3 -m scripts.emergency.runbook > runbooks/emergency-one-liners.md  (m
 from __future__ import annotations
 
 from ..agent import contract
-from ..agent.contract import DEVICE_GLOB
 from ..config.hostconfig import build_host
 from . import shell_teardown
 
 DIRECT = build_host("gpu1", {"SSH": "root@192.0.2.174"}, "doc")
 PROXMOX = build_host("gpu1pct", {"SSH": "root@192.0.2.6", "CTID": "129"}, "doc")
 HOLDERS = ["sh", "-c", "fuser -v $1 2>&1; nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
-           "--format=csv,noheader,nounits", "gpu-pivot-holders", DEVICE_GLOB]
+           "--format=csv,noheader,nounits", "gpu-pivot-holders", contract.DEVICE_GLOB]
 MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total,memory.reserved",
           "--format=csv,noheader,nounits"]
 # Where the agent keeps last.json (scripts/agent/state/statedir.run_dir): root, then a user's runtime

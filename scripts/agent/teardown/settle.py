@@ -41,7 +41,7 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import cgroup, procfs, program, scan, wrappers
+from ..procs import cgroup, procfs, procscan, program, scan, wrappers
 from . import plan, rules, verify
 
 PROGRESS_EVERY_S = 0.5
@@ -51,9 +51,11 @@ IGNORED_KEPT = 20  # the seen-and-ignored list is for people: the first few say 
 
 def reusable_records(lineage, since_ticks):
     """The plan's records a confirming scan may keep when the process looks the same (start
-    time, name, parent, group, session, flags): never one started during the teardown nor a
-    starter, since an exec keeps all of those but, often, the name (`python3 launcher.py`
-    becoming `python3 -m server`). Those are few; they are read whole on every scan."""
+    time, name, parent, group, session, flags, where its argv begins): never one started
+    during the teardown, a starter or a starter's other descendant. An exec moves arg_start,
+    but /proc shows it as 0 where the reader may not trace the process, and then an exec under
+    the same name (`python3 launcher.py` becoming `python3 -m server`) would look the same.
+    Those are few; they are read whole on every scan."""
     return {pid: rec for pid, rec in lineage.procs.items() if rec["start_time"] < since_ticks
             and (pid, rec["start_time"]) not in lineage.starters and (pid, rec["start_time"]) not in lineage.near}
 
@@ -106,14 +108,12 @@ def _descendants(roots, procs, chain, mine):
     """{(pid, start): cmdline} of every process below `roots` in the plan's scan, but targets
     and this agent's chain (and what is below them); a child that started before its parent
     (a reused pid) is no descendant."""
-    kids: dict = {}
-    for info in procs.values():
-        kids.setdefault(info["ppid"], []).append(info)
+    kids = procscan.children_map(procs)
     out: dict = {}
     todo = [(pid, start) for pid, start in roots]
     while todo:
         pid, start = todo.pop()
-        for child in kids.get(pid, ()):
+        for child in (procs[c] for c in kids.get(pid, ())):
             k = (child["pid"], child["start_time"])
             if child["start_time"] < start or k in out or k in roots or child["pid"] in mine or child["pid"] in chain:
                 continue
@@ -196,18 +196,19 @@ def _classify(doc, targets, args, patterns, lineage, known):
                                         "(an unrelated job)" % what)
             continue
         started_by, hint = by
-        held: list = next((h["devices"] for h in doc["holders"] if h["pid"] == pid), [])
-        respawns[k] = _respawn(info, what, held, pid in context, started_by, hint)
+        respawns[k] = _respawn(info, what, doc["holders"], pid in context, started_by, hint)
     for k, what, before in _exec_in_place(procs, args, patterns, lineage, known, doc["_chain"]):
         info = procs[k[0]]
-        held = next((h["devices"] for h in doc["holders"] if h["pid"] == k[0]), [])
-        respawns[k] = _respawn(info, what, held, k[0] in context,
+        respawns[k] = _respawn(info, what, doc["holders"], k[0] in context,
                                "itself: it ran `%s` and exec'd a target program in place (bash runs a -c "
                                "string's last command that way)" % before[:80], _stop_hint(_owned(info)))
     return respawns, ignored
 
 
-def _respawn(info, what, held, context, started_by, hint):
+def _respawn(info, what, holders, context, started_by, hint):
+    """The record of one respawn: what it runs, the devices it holds (from the scan's
+    holders), who started it and what would stop that."""
+    held: list = next((h["devices"] for h in holders if h["pid"] == info["pid"]), [])
     return {"pid": info["pid"], "start_time": info["start_time"], "cmdline": info["cmdline"], "devices": held,
             "ppid": info["ppid"], "started_by": started_by, "include": hint,
             "why": "a target started again during the teardown (%s), %s; started by %s"
@@ -215,11 +216,12 @@ def _respawn(info, what, held, context, started_by, hint):
 
 
 def _exec_in_place(procs, args, patterns, lineage, known, chain):
-    """[((pid, start), why, the command line it ran)] of the surviving starters (and their other
-    descendants) that exec'd a target program: a process keeps its pid and start time across exec, so `bash -c "SERVER;
-    SERVER"` becomes the second server in place, and a standby that execs the server is no new
-    process either. A title rewritten in place (setproctitle) is no exec: the argv area, where
-    stat's arg_start says it begins, stays where it was in the plan's scan."""
+    """[((pid, start), why, the command line it ran)] of the surviving starters (and their
+    other descendants) that exec'd a target program: a process keeps its pid and start time
+    across exec, so `bash -c "SERVER; SERVER"` becomes the second server in place, and a
+    standby that execs the server is no new process either. A title rewritten in place
+    (setproctitle) is no exec: the argv area, where stat's arg_start says it begins, stays
+    where it was in the plan's scan."""
     out = []
     for k, cmdline in list(lineage.starters.items()) + list(lineage.near.items()):
         info, then = procs.get(k[0]), lineage.procs.get(k[0], {})
