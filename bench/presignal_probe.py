@@ -102,11 +102,34 @@ def one(args, steps=None) -> dict:
     return out
 
 
+def _timed_worker(old, log, from_start):
+    """A scan worker's body (fanout._stream_worker or _shard_worker) that writes to `log` when
+    its first stage began (`from_start`: when the worker began, as a map_shards worker lists its
+    own share first) and when it ended."""
+    def f(func, first, *a, **k):
+        begun = time.monotonic()
+        seen: list = []
+
+        def timed_first(items):
+            t0 = time.monotonic()
+            out = first(items)
+            seen.append((t0, time.monotonic()))
+            return out
+        try:
+            return old(func, timed_first if first is not None else None, *a, **k)
+        finally:
+            if seen:
+                with open(log, "a") as fh:
+                    fh.write("%r %r\n" % (begun if from_start else seen[0][0], seen[-1][1]))
+    return f
+
+
 class Steps:
     """Times inside the first stage, by wrapping what it calls (the workers write their own
-    first-stage start and end to a file): the /proc listing (workers read records meanwhile:
-    fanout.map_stream), the workers' forks, each worker's first stage, and the early batch's
-    pick with its records' details."""
+    first-stage start and end to a file): the /proc listing where this process lists it
+    (fanout.map_stream: workers read records meanwhile), the workers' forks, each worker's first
+    stage (with map_shards, from its start: it lists its own share first), and the early
+    batch's pick with its records' details."""
 
     def __init__(self):
         self.saved: list = []
@@ -132,28 +155,11 @@ class Steps:
                 self.t["listing_end"] = time.monotonic()
             return f
 
-        def grow(old):
+        def forked(old):
             def f(*a, **k):
                 out = old(*a, **k)
                 self.t["forks"].append(time.monotonic())
                 return out
-            return f
-
-        def stream_worker(old):
-            def f(func, first, *a, **k):
-                seen: list = []
-
-                def timed_first(items):
-                    t0 = time.monotonic()
-                    out = first(items)
-                    seen.append((t0, time.monotonic()))
-                    return out
-                try:
-                    return old(func, timed_first if first is not None else None, *a, **k)
-                finally:
-                    if seen:
-                        with open(log, "a") as fh:
-                            fh.write("%r %r\n" % (seen[0][0], seen[-1][1]))
             return f
 
         def pick(old):
@@ -173,8 +179,10 @@ class Steps:
             return f
 
         self.wrap(procscan, "listing", listing)
-        self.wrap(fanout, "_grow", grow)
-        self.wrap(fanout, "_stream_worker", stream_worker)
+        self.wrap(fanout, "_grow", forked)
+        self.wrap(fanout, "_fork_shard", forked)
+        self.wrap(fanout, "_stream_worker", lambda old: _timed_worker(old, log, from_start=False))
+        self.wrap(fanout, "_shard_worker", lambda old: _timed_worker(old, log, from_start=True))
         self.wrap(early, "pick", pick)
         self.wrap(procscan, "detail", detail)
         return self
@@ -188,9 +196,10 @@ class Steps:
         """Seconds from t0 (the fork watch's subscription, as `one` counts)."""
         t = self.t
         workers = [tuple(map(float, line.split())) for line in Path(self.log.name).read_text().splitlines()]
-        out = {"listing": t["listing_end"] - t["listing_begin"], "listing_end_at": t["listing_end"] - t0,
-               "detail_in_pick": t["detail"], "pick": t["pick_end"] - t["pick_begin"],
+        out = {"detail_in_pick": t["detail"], "pick": t["pick_end"] - t["pick_begin"],
                "pick_begin_at": t["pick_begin"] - t0}
+        if "listing_end" in t:  # listed here (fanout.map_stream); with map_shards each worker lists its share
+            out.update(listing=t["listing_end"] - t["listing_begin"], listing_end_at=t["listing_end"] - t0)
         if t["forks"]:
             out["last_fork_at"] = t["forks"][-1] - t0
         if workers:

@@ -106,6 +106,119 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
         len(workers)
 
 
+def map_shards(func, shard, count, piece=PIECE, first=None, on_first=None, block=BLOCK):
+    """map_stream's answer, each worker listing its own items: worker k of `count` runs
+    func over shard(k, count) (an iterable of marshal-able items; together the shards are every
+    item once). No listing here and nothing handed out: this process only forks and loads
+    (procs/pidrange.py: a 20,000-pid /proc listed by 16 workers at once). `first` is run on
+    each `block` of a worker's shard as it is listed, and on_first gets every block's answer
+    once all are in, as in map_stream. A worker that fails or cannot be started costs only
+    speed: its shard, or the pieces of it it did not send, is run here. Returns (results, workers)."""
+    workers: list = []
+    for k in range(count):
+        w = _fork_shard(func, first, shard, k, count, piece, block, workers)
+        if w is None:
+            break
+        workers.append(w)
+    running = {out: (pid, k, bytearray()) for k, (pid, out) in enumerate(workers)}
+    shares: list = [None] * count
+    firsts = _ShardFirsts(first, on_first, shares, lambda k: list(shard(k, count)), block)
+    for k in range(len(workers), count):  # never started: listed and read here
+        firsts.ended(k)
+    done: dict = {}
+    _gather(running, done, firsts)
+    firsts.finish()
+    pieces = [[share[j:j + piece] for j in range(0, len(share), piece)] for share in shares]
+    return [done[(k, j)] if (k, j) in done else func(p) for k, mine in enumerate(pieces) for j, p in enumerate(mine)], \
+        len(workers)
+
+
+def _fork_shard(func, first, shard, k, count, piece, block, started):
+    """(pid, read end of its output) of a new map_shards worker for shard k, or None when none
+    could be started (no fds or processes left)."""
+    try:
+        out_r, out_w = os.pipe()
+    except OSError:
+        return None
+    try:
+        pid = os.fork()
+    except OSError:
+        os.close(out_r)
+        os.close(out_w)
+        return None
+    if pid == 0:  # the worker
+        code = 1
+        try:
+            os.close(out_r)
+            for _, fd in started:  # another worker's output held open here would never end
+                os.close(fd)
+            _shard_worker(func, first, lambda: shard(k, count), out_w, piece, block)
+            code = 0
+        finally:
+            os._exit(code)
+    os.close(out_w)
+    procfs.OWN_WORKERS.add(pid)
+    return pid, out_r
+
+
+def list_blocks(items, block):
+    """The items in lists of `block`, as they come."""
+    chunk: list = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == block:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
+
+
+def _shard_worker(func, first, listed, out, piece, block):
+    """A map_shards worker: lists its shard (`listed()`), first() on each block of it, then
+    (its shard, the answers) in one frame, then func on each piece of its share."""
+    share: list = []
+    answers: list = []
+    for items in list_blocks(listed(), block):
+        share.extend(items)
+        if first is not None:
+            answers.append(first(items))
+    data = marshal.dumps([share, answers])
+    _write_all(out, _HEAD.pack(FIRST, len(data)) + data)
+    for j in range(0, len(share), piece):
+        data = marshal.dumps(func(share[j:j + piece]))
+        _write_all(out, _HEAD.pack(j // piece, len(data)) + data)
+
+
+class _ShardFirsts:
+    """map_shards' first frames as they come: each worker's shard and first-stage answers; a
+    shard whose worker never sent it is listed (and its first stage run) here. on_first once
+    all are in."""
+
+    def __init__(self, first, on_first, shares, list_here, block):
+        self.first, self.on_first, self.shares, self.list_here, self.block = first, on_first, shares, list_here, block
+        self.answers: dict = {}
+        self.called = False
+
+    def got(self, k, answer):
+        if self.shares[k] is not None or not (isinstance(answer, list) and len(answer) == 2):
+            return  # a frame that did not load: the shard is listed here when its worker ends
+        self.shares[k], self.answers[k] = answer
+        if not self.called and all(s is not None for s in self.shares):
+            self.called = True
+            if self.first is not None and self.on_first is not None:
+                self.on_first([a for n in sorted(self.answers) for a in self.answers[n]])
+
+    def ended(self, k):
+        if self.shares[k] is None:
+            share = self.list_here(k)
+            blocks = list(list_blocks(share, self.block))
+            self.got(k, [share, [self.first(b) for b in blocks] if self.first is not None else []])
+
+    def finish(self):
+        for k in range(len(self.shares)):
+            self.ended(k)
+
+
 class _Streamed:
     """A worker of map_stream: its pid, the write end of its input, the read end of its output,
     and its share (the items handed to it, in order)."""
