@@ -21,23 +21,23 @@ def fresh_offsets(monkeypatch):
     monkeypatch.setattr(pidrange, "_OFFSETS", {})
 
 
-def test_the_shards_are_every_pid_once_and_spread_a_band_over_every_worker(fresh_offsets):
+def test_the_shards_are_every_pid_once_and_spread_a_band_over_every_shard(fresh_offsets):
     with Bystanders(3000) as band:
         mine = set(children(band.shell.pid))
         lister = pidrange.open_lister()
         assert lister is not None and lister.offset > 0
         try:
-            for workers in (1, 2, 3, 16):
+            for shards in (1, 2, 3, 16, 128):
                 before = _listed()
-                shares = [pidrange.shard_list(lister, k, workers) for k in range(workers)]
+                shares = [pidrange.shard_list(lister, k, shards) for k in range(shards)]
                 after = _listed()
                 together = [p for share in shares for p in share]
                 assert len(together) == len(set(together))  # no pid in two shards
                 assert (before & after) <= set(together)  # every process there throughout is listed
                 assert all(share == sorted(share) for share in shares)
-                if workers in (2, 3):  # the band's 3,000 pids: ~24 chunks, dealt round
+                if shards in (2, 3):  # the band's 3,000 pids: ~47 chunks, dealt round
                     counts = [len(mine & set(share)) for share in shares]
-                    assert min(counts) >= len(mine) / workers / 2, counts
+                    assert min(counts) >= len(mine) / shards / 2, counts
         finally:
             lister.close()
 
@@ -71,40 +71,55 @@ def test_a_scan_of_a_big_host_lists_in_shards_and_sees_every_process(fresh_offse
     (tmp_path / "nvidia0").touch()
     sharded = []
     real = fanout.map_shards
-    monkeypatch.setattr(fanout, "map_shards", lambda *a, **k: sharded.append(a[2]) or real(*a, **k))
+    monkeypatch.setattr(fanout, "map_shards", lambda *a, **k: sharded.append(a[2:4]) or real(*a, **k))
     monkeypatch.setattr(fanout, "cores", lambda: 4)
-    with Bystanders(procscan.SHARDED_FROM + 500) as band:
+    with Bystanders(2 * procscan.SHARDED_FROM) as band:
         seen = {}
         snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True),
                                  mark=lambda info: "sleep" in info["argv"][:1] and "bystander",
                                  early=lambda records, kin: seen.setdefault("marked", records))
         mine = set(children(band.shell.pid))
-        assert sharded == [4] and snap["workers"] == 4
+        assert sharded == [(4 * procscan.SHARDS_PER_WORKER, 4)] and snap["workers"] == 4
         assert mine <= set(snap["procs"])
         assert mine <= {r["pid"] for r in seen["marked"]}  # the early callback saw every shard's
         again = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True), known=snap["procs"])
-        assert mine <= set(again["procs"]) and sharded == [4, 4]  # the plan's count picks the workers
+        assert mine <= set(again["procs"]) and len(sharded) == 2  # the plan's count picks the workers
 
 
-def test_map_shards_lists_here_the_shard_of_a_worker_that_died_and_runs_what_it_never_sent():
-    items = list(range(3000))
+def _dies_in_worker(at):
     here = os.getpid()
 
-    def shard(k, n):
-        if os.getpid() != here and k == 1:
-            os._exit(3)  # dies while listing: its shard is listed here
-        return [x for x in items if x % n == k]
+    def check(items):
+        if os.getpid() != here and at in items:
+            os._exit(3)
+        return list(items)
+    return check
 
-    def piece(p):
-        if os.getpid() != here and 700 in p:
-            os._exit(3)  # dies after its first frame: the pieces it never sent are run here
-        return list(p)
 
+def test_every_shard_comes_back_once_when_workers_take_them_from_the_queue():
+    items = list(range(5000))
     answers: list = []
-    parts, workers = fanout.map_shards(piece, shard, 4, piece=50, first=lambda block: list(block),
-                                       on_first=answers.append)
+    parts, workers = fanout.map_shards(lambda p: list(p), lambda s, n: [x for x in items if x % n == s], 37, 4,
+                                       piece=50, first=lambda block: list(block), on_first=answers.append)
     assert workers == 4
     assert sorted(x for p in parts for x in p) == items
     assert len(answers) == 1 and sorted(x for a in answers[0] for x in a) == items
-    parts, _ = fanout.map_shards(lambda p: list(p), shard, 3)  # no first stage: no callback needed
+
+
+def test_map_shards_lists_here_what_a_dead_worker_took_and_runs_what_it_never_sent():
+    items = list(range(3000))
+    listing_dies = _dies_in_worker(1)  # the worker that takes shard 1 dies listing it: taken, never reported
+
+    def shard(s, n):
+        return listing_dies([x for x in items if x % n == s])
+
+    answers: list = []
+    parts, workers = fanout.map_shards(_dies_in_worker(700), shard, 8, 4, piece=50,
+                                       first=lambda block: list(block), on_first=answers.append)
+    assert workers == 4
+    assert sorted(x for p in parts for x in p) == items  # shard 1 listed here; 700's piece run here
+    assert len(answers) == 1 and sorted(x for a in answers[0] for x in a) == items
+    parts, _ = fanout.map_shards(lambda p: list(p), shard, 3, 2)  # no first stage: no callback needed
     assert sorted(x for p in parts for x in p) == items
+    parts, workers = fanout.map_shards(lambda p: list(p), lambda s, n: [x for x in items if x % n == s], 5, 0)
+    assert workers == 0 and sorted(x for p in parts for x in p) == items  # no worker: all of it here

@@ -106,36 +106,53 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
         len(workers)
 
 
-def map_shards(func, shard, count, piece=PIECE, first=None, on_first=None, block=BLOCK):
-    """map_stream's answer, each worker listing its own items: worker k of `count` runs
-    func over shard(k, count) (an iterable of marshal-able items; together the shards are every
-    item once). No listing here and nothing handed out: this process only forks and loads
-    (procs/pidrange.py: a 20,000-pid /proc listed by 16 workers at once). `first` is run on
-    each `block` of a worker's shard as it is listed, and on_first gets every block's answer
-    once all are in, as in map_stream. A worker that fails or cannot be started costs only
-    speed: its shard, or the pieces of it it did not send, is run here. Returns (results, workers)."""
-    workers: list = []
-    for k in range(count):
-        w = _fork_shard(func, first, shard, k, count, piece, block, workers)
-        if w is None:
-            break
-        workers.append(w)
-    running = {out: (pid, k, bytearray()) for k, (pid, out) in enumerate(workers)}
-    shares: list = [None] * count
-    firsts = _ShardFirsts(first, on_first, shares, lambda k: list(shard(k, count)), block)
-    for k in range(len(workers), count):  # never started: listed and read here
-        firsts.ended(k)
+_TOKEN = struct.Struct("<H")  # a shard's number, as map_shards' queue carries it
+MAX_SHARDS = 1 << 14  # tokens the queue holds (two bytes each, within a pipe's 64 KiB)
+
+
+def map_shards(func, shard, shards, workers, piece=PIECE, first=None, on_first=None, block=BLOCK):
+    """map_stream's answer where the workers list the items themselves: the items are
+    shard(s, shards) for s in range(shards) (each an iterable of marshal-able items; together
+    every item once), and each of `workers` forked workers takes shard numbers from a queue (a
+    pipe filled before the forks) until none is left, lists and reads them, then sends what it
+    took and read. Nothing is listed or handed out here: this process forks and loads. Why a
+    queue of more shards than workers: the workers are forked one after another (~1.2 ms each
+    on a 16-core host), and one that starts late, or runs slow, takes fewer.
+
+    `first` is run on each `block` of what a worker listed, and on_first gets every block's
+    answer once every shard's are in, as in map_stream. A worker that fails or cannot be started
+    costs only speed: the shards no worker reported are listed and read here, and the pieces a
+    worker did not send are run here. Returns (results, workers)."""
+    shards = max(1, min(shards, MAX_SHARDS))
+    started: list = []
+    try:
+        queue_r, queue_w = os.pipe()
+    except OSError:
+        queue_r = queue_w = -1
+    if queue_r >= 0:
+        _write_all(queue_w, b"".join(_TOKEN.pack(s) for s in range(shards)))
+        os.close(queue_w)  # the queue ends when it is empty
+        for _ in range(workers):
+            w = _fork_shard(func, first, shard, shards, queue_r, piece, block, started)
+            if w is None:
+                break
+            started.append(w)
+        os.close(queue_r)
+    running = {out: (pid, n, bytearray()) for n, (pid, out) in enumerate(started)}
+    firsts = _ShardFirsts(first, on_first, shards, lambda s: list(shard(s, shards)), block)
     done: dict = {}
     _gather(running, done, firsts)
     firsts.finish()
-    pieces = [[share[j:j + piece] for j in range(0, len(share), piece)] for share in shares]
-    return [done[(k, j)] if (k, j) in done else func(p) for k, mine in enumerate(pieces) for j, p in enumerate(mine)], \
-        len(workers)
+    out = []
+    for n, share in sorted(firsts.shares.items()):
+        for j in range(0, len(share), piece):
+            out.append(done[(n, j // piece)] if (n, j // piece) in done else func(share[j:j + piece]))
+    return out, len(started)
 
 
-def _fork_shard(func, first, shard, k, count, piece, block, started):
-    """(pid, read end of its output) of a new map_shards worker for shard k, or None when none
-    could be started (no fds or processes left)."""
+def _fork_shard(func, first, shard, shards, queue, piece, block, started):
+    """(pid, read end of its output) of a new map_shards worker, or None when none could be
+    started (no fds or processes left)."""
     try:
         out_r, out_w = os.pipe()
     except OSError:
@@ -152,7 +169,7 @@ def _fork_shard(func, first, shard, k, count, piece, block, started):
             os.close(out_r)
             for _, fd in started:  # another worker's output held open here would never end
                 os.close(fd)
-            _shard_worker(func, first, lambda: shard(k, count), out_w, piece, block)
+            _shard_worker(func, first, lambda s: shard(s, shards), queue, out_w, piece, block)
             code = 0
         finally:
             os._exit(code)
@@ -173,16 +190,24 @@ def list_blocks(items, block):
         yield chunk
 
 
-def _shard_worker(func, first, listed, out, piece, block):
-    """A map_shards worker: lists its shard (`listed()`), first() on each block of it, then
-    (its shard, the answers) in one frame, then func on each piece of its share."""
+def _shard_worker(func, first, listed, queue, out, piece, block):
+    """A map_shards worker: takes shard numbers from the queue while there are any, lists each
+    (`listed(s)`) and runs first() on each block of it; then sends (the shards it took, its
+    items, the answers) in one frame, then func on each piece of its items."""
+    took: list = []
     share: list = []
     answers: list = []
-    for items in list_blocks(listed(), block):
-        share.extend(items)
-        if first is not None:
-            answers.append(first(items))
-    data = marshal.dumps([share, answers])
+    while True:
+        token = os.read(queue, _TOKEN.size)  # a pipe read this small takes a whole token or nothing
+        if len(token) < _TOKEN.size:
+            break
+        took.append(_TOKEN.unpack(token)[0])
+        for items in list_blocks(listed(took[-1]), block):
+            share.extend(items)
+            if first is not None:
+                answers.append(first(items))
+    os.close(queue)
+    data = marshal.dumps([took, share, answers])
     _write_all(out, _HEAD.pack(FIRST, len(data)) + data)
     for j in range(0, len(share), piece):
         data = marshal.dumps(func(share[j:j + piece]))
@@ -190,33 +215,36 @@ def _shard_worker(func, first, listed, out, piece, block):
 
 
 class _ShardFirsts:
-    """map_shards' first frames as they come: each worker's shard and first-stage answers; a
-    shard whose worker never sent it is listed (and its first stage run) here. on_first once
-    all are in."""
+    """map_shards' first frames as they come: what each worker took, its items and its
+    first-stage answers; on_first once every shard is in. `finish` lists here the shards no
+    worker reported (its worker died, or none could be started), under worker number -1."""
 
-    def __init__(self, first, on_first, shares, list_here, block):
-        self.first, self.on_first, self.shares, self.list_here, self.block = first, on_first, shares, list_here, block
+    def __init__(self, first, on_first, shards, list_here, block):
+        self.first, self.on_first, self.list_here, self.block = first, on_first, list_here, block
+        self.missing = set(range(shards))
+        self.shares: dict = {}  # worker number -> its items
         self.answers: dict = {}
         self.called = False
 
-    def got(self, k, answer):
-        if self.shares[k] is not None or not (isinstance(answer, list) and len(answer) == 2):
-            return  # a frame that did not load: the shard is listed here when its worker ends
-        self.shares[k], self.answers[k] = answer
-        if not self.called and all(s is not None for s in self.shares):
+    def got(self, n, answer):
+        if n in self.shares or not (isinstance(answer, list) and len(answer) == 3):
+            return  # a frame that did not load: its shards are listed here at the end
+        took, self.shares[n], self.answers[n] = answer
+        self.missing -= set(took)
+        if not self.missing and not self.called:
             self.called = True
             if self.first is not None and self.on_first is not None:
-                self.on_first([a for n in sorted(self.answers) for a in self.answers[n]])
+                self.on_first([a for k in sorted(self.answers) for a in self.answers[k]])
 
-    def ended(self, k):
-        if self.shares[k] is None:
-            share = self.list_here(k)
-            blocks = list(list_blocks(share, self.block))
-            self.got(k, [share, [self.first(b) for b in blocks] if self.first is not None else []])
+    def ended(self, n):
+        """A worker ended: which shards it took without reporting is known only at the end."""
 
     def finish(self):
-        for k in range(len(self.shares)):
-            self.ended(k)
+        if not self.missing:
+            return
+        share = [item for s in sorted(self.missing) for item in self.list_here(s)]
+        answers = [self.first(b) for b in list_blocks(share, self.block)] if self.first is not None else []
+        self.got(-1, [sorted(self.missing), share, answers])
 
 
 class _Streamed:

@@ -8,10 +8,11 @@ kernel lists /proc's root in pid order from where the directory was seeked to (f
 proc_pid_readdir: position = pid + an offset), so the pids can be split in ranges that W
 processes list at once: 16 workers list 20,000 pids in 5.6 ms (bench/listing_probe.py).
 
-Which pids a worker lists: the pid space in CHUNK-wide chunks, chunk j to worker j mod W
-(a dense band of pids, what a busy host has, is spread over every worker), read through
-getdents64 with a buffer sized to what the chunk can still hold at the density seen so far
-(a read past a chunk's end is work another worker does again), jumping over empty space.
+Which pids a shard holds: the pid space in CHUNK-wide chunks, chunk j to shard j mod N (a
+dense band of pids, what a busy host has, is spread over every shard; the workers take shards
+from a queue, fanout.map_shards), read through getdents64 asking for a little less than the
+chunk holds at the density seen so far (a read past a chunk's end is work another shard does
+again), jumping over empty space.
 The offset is read from the kernel's own answers (a pid's d_off is where the next pid
 begins), and checked by seeking to a pid and reading it back: a kernel that seeks otherwise
 makes `open_lister` answer None, and the scan lists /proc as before (never a pid missed).
@@ -20,7 +21,7 @@ import ctypes
 import os
 import struct
 
-CHUNK = 128  # pids a chunk spans: a 20,000-pid band is ~160 chunks, ~10 for each of 16 workers
+CHUNK = 64  # pids a chunk spans: a 20,000-pid band is ~300 chunks, ~2-3 for each of 128 shards
 MAX_ENTRY = 32  # bytes of a /proc pid entry: the 19-byte header and a name of up to 7 digits, 8-aligned
 MAX_BATCH = 1024  # entries one read asks for
 _SYSCALL_NR = {"x86_64": 217, "aarch64": 61}
@@ -83,8 +84,8 @@ _OFFSETS: dict = {}  # proc path -> the offset learnt (None: this kernel seeks o
 
 def open_lister(proc="/proc"):
     """A Lister whose seek to a pid was seen to start the listing at that pid, or None (no
-    getdents64 here, /proc not readable, fewer than two processes to learn the offset from, or
-    a kernel that does not seek as fs/proc/base.c does now)."""
+    getdents64 here, /proc not readable, PID 1 not shown to us, or a kernel that does not seek
+    as fs/proc/base.c does now)."""
     getdents = _find_getdents()
     if getdents is None or _OFFSETS.get(proc, 0) is None:
         return None
@@ -95,38 +96,39 @@ def open_lister(proc="/proc"):
     try:
         if proc not in _OFFSETS:
             _OFFSETS[proc] = _learn_offset(lister)
-        if _OFFSETS[proc] is None:
-            lister.close()
-            return None
         lister.offset = _OFFSETS[proc]
-        return lister
     except (OSError, ValueError):
+        lister.offset = None
+    if lister.offset is None:
         lister.close()
         return None
+    return lister
 
 
 def _learn_offset(lister):
-    """The position of pid 0 in /proc's root, from the first two pids listed (a pid's d_off is
-    the next pid's position), then checked: seeking to each of them lists it first, and seeking
-    to one past the first lists the second. None where that does not hold."""
+    """The position of pid 0 in /proc's root, from the first two pids one read lists (a pid's
+    d_off is the next pid's position), then checked on PID 1, which lives as long as its PID
+    namespace (any other pid may come or go meanwhile): a seek to pid 0 and to pid 1 each list
+    PID 1 first. An offset one too large would skip the first pid of every chunk, and fails
+    that check; one too small would list one pid more, which its chunk's owner alone keeps.
+    None where the check fails (or PID 1 is hidden from us: hidepid)."""
     named: list = []
     for _ in range(4):  # /proc's own files come first (~70), then the pids
         got = lister.entries(128)
         if not got:
             break
-        named += [(int(name), off) for name, off in got if name.isdigit()]
+        named = [(int(name), off) for name, off in got if name.isdigit()]
         if len(named) >= 2:
             break
     if len(named) < 2:
         return None
-    (first, first_off), (second, _) = named[0], named[1]
-    offset = first_off - second
+    offset = named[0][1] - named[1][0]
     if offset <= 0:
         return None
     lister.offset = offset
-    for pid, want in ((first, first), (second, second), (first + 1, second)):
+    for pid in (0, 1):
         lister.seek(pid)
-        if lister.pids(1)[:1] != [want]:
+        if lister.pids(1)[:1] != [1]:
             return None
     return offset
 
@@ -140,10 +142,10 @@ def threads_on_host(proc="/proc"):
         return None
 
 
-def shard(lister, k, workers, chunk=CHUNK):
-    """Worker k's pids (of `workers`): those in chunks j with j mod workers == k, ascending.
+def shard(lister, k, shards, chunk=CHUNK):
+    """Shard k's pids (of `shards`): those in chunks j with j mod shards == k, ascending.
     Each chunk is read from a seek to its first pid (_want: how much a read asks for), and a
-    read that lands past the chunk jumps to this worker's next chunk from there."""
+    read that lands past the chunk jumps to this shard's next chunk from there."""
     density = 1.0
     j = k
     while True:
@@ -154,32 +156,32 @@ def shard(lister, k, workers, chunk=CHUNK):
             return
         while True:
             for pid in batch:
-                if (pid // chunk) % workers == k:
+                if (pid // chunk) % shards == k:
                     yield pid
             last = batch[-1]
             density = min(1.0, max(len(batch) / float(last - start + 1), 1.0 / chunk))
             end = (last // chunk + 1) * chunk
-            if (last // chunk) % workers != k or last + 1 >= end:
+            if (last // chunk) % shards != k or last + 1 >= end:
                 break
             batch = lister.pids(_want(end - last - 1, density))  # the rest of this chunk, read on
             if not batch:
                 return
             start = last + 1
         after = last // chunk + 1
-        j = after + (k - after) % workers
+        j = after + (k - after) % shards
 
 
-def shard_list(lister, k, workers, proc="/proc"):
+def shard_list(lister, k, shards, proc="/proc"):
     """shard()'s pids as a list, from a Lister of its own; where the seeked listing fails, the
     same pids taken from a whole listing of `proc` (never fewer)."""
     own = None
     try:
         own = lister.fresh()
-        return list(shard(own, k, workers))
+        return list(shard(own, k, shards))
     except OSError:
         with os.scandir(proc) as entries:
             return sorted(p for p in (int(e.name) for e in entries if e.name.isdigit())
-                          if (p // CHUNK) % workers == k)
+                          if (p // CHUNK) % shards == k)
     finally:
         if own is not None:
             own.close()
@@ -193,7 +195,7 @@ def _want(span, density):
     return max(4, min(MAX_BATCH, int(span * density * 0.8) + 2))
 
 
-def estimate(lister, samples=16, width=16):
+def estimate(lister, samples=64, width=8):
     """About how many pids /proc lists: the highest pid found by halving, then the density at
     `samples` points spread up to it (the span `width` pids take there). Costs 1-3 ms; an
     estimate only (it picks how many workers a scan is worth)."""

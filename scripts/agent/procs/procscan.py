@@ -434,6 +434,7 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None, known=None):
 
 
 SHARDED_FROM = 2000  # processes: below this, listing /proc here costs ~3 ms (fanout.map_stream)
+SHARDS_PER_WORKER = 8  # shards a sharded scan's queue holds for each worker: a late or slow one takes fewer
 
 
 def _fan_out(func, proc, first, on_first, known):
@@ -456,8 +457,9 @@ def _fan_out(func, proc, first, on_first, known):
             lister.close()
         return fanout.map_stream(func, listing(proc), fanout.workers_for, first=first, on_first=on_first)
     try:
+        workers = fanout.workers_for(count)
         return fanout.map_shards(func, lambda k, n: pidrange.shard_list(lister, k, n, proc),
-                                 fanout.workers_for(count), first=first, on_first=on_first)
+                                 SHARDS_PER_WORKER * workers, workers, first=first, on_first=on_first)
     finally:
         lister.close()
 
