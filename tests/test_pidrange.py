@@ -3,7 +3,9 @@ together the shards are every pid once, a dense band of pids is spread over ever
 kernel that seeks otherwise is never trusted, and a worker that fails costs only speed."""
 from __future__ import annotations
 
+import fcntl
 import os
+import signal
 
 import pytest
 
@@ -123,3 +125,29 @@ def test_map_shards_lists_here_what_a_dead_worker_took_and_runs_what_it_never_se
     assert sorted(x for p in parts for x in p) == items
     parts, workers = fanout.map_shards(lambda p: list(p), lambda s, n: [x for x in items if x % n == s], 5, 0)
     assert workers == 0 and sorted(x for p in parts for x in p) == items  # no worker: all of it here
+
+
+def test_a_queue_pipe_smaller_than_the_shards_never_hangs_and_loses_no_shard(monkeypatch):
+    """A pipe can be one page (a user past fs.pipe-user-pages-soft, an older kernel): filling it
+    with more tokens than fit, before any worker reads, blocked for ever. What does not fit is
+    run here."""
+    real_pipe = os.pipe
+
+    def one_page_pipe():
+        r, w = real_pipe()
+        fcntl.fcntl(w, 1031, 4096)  # F_SETPIPE_SZ: shrinking is allowed to anyone
+        return r, w
+
+    monkeypatch.setattr(os, "pipe", one_page_pipe)
+
+    def hung(*_):
+        raise TimeoutError("map_shards hung filling its queue")
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)
+    try:
+        parts, _ = fanout.map_shards(lambda p: list(p), lambda s, n: [s], 4097, 2)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, old)
+    assert sorted(x for p in parts for x in p) == list(range(4097))

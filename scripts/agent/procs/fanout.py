@@ -18,6 +18,7 @@ A worker runs nothing but `func` and leaves through os._exit: no atexit handler,
 output of the agent's is flushed twice, and nothing of the GPU source (NVML, opened on a
 thread of the agent) is touched in it.
 """
+import fcntl
 import marshal
 import os
 import select
@@ -130,7 +131,7 @@ def map_shards(func, shard, shards, workers, piece=PIECE, first=None, on_first=N
     except OSError:
         queue_r = queue_w = -1
     if queue_r >= 0:
-        _write_all(queue_w, b"".join(_TOKEN.pack(s) for s in range(shards)))
+        _fill_queue(queue_w, shards)
         os.close(queue_w)  # the queue ends when it is empty
         for _ in range(workers):
             w = _fork_shard(func, first, shard, shards, queue_r, piece, block, started)
@@ -148,6 +149,27 @@ def map_shards(func, shard, shards, workers, piece=PIECE, first=None, on_first=N
         for j in range(0, len(share), piece):
             out.append(done[(n, j // piece)] if (n, j // piece) in done else func(share[j:j + piece]))
     return out, len(started)
+
+
+F_GETPIPE_SZ = 1032  # fcntl: a pipe's capacity in bytes (Linux)
+
+
+def _fill_queue(queue_w, shards):
+    """Every shard's token into the queue, never blocking: no worker reads it yet, and a pipe
+    can be as small as one page (a user past fs.pipe-user-pages-soft gets 2; older kernels 1),
+    so it is filled without waiting, as far as it goes. A token that does not fit is no
+    worker's, and map_shards runs its shard here (never lost: it is `missing` to the end)."""
+    os.set_blocking(queue_w, False)
+    try:
+        room = fcntl.fcntl(queue_w, F_GETPIPE_SZ)
+    except OSError:
+        room = 4096
+    data = b"".join(_TOKEN.pack(s) for s in range(shards))[:room - room % _TOKEN.size]
+    try:
+        while data:
+            data = data[os.write(queue_w, data):]
+    except OSError:  # full after all (BlockingIOError): the rest is run here
+        pass
 
 
 def _fork_shard(func, first, shard, shards, queue, piece, block, started):
