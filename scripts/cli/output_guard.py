@@ -95,7 +95,8 @@ def _hook(kind, value, tb, default=sys.excepthook):
 
 def _flush_at_exit():
     """Flush stdout before Python's own last flush (whose failure would print "Exception
-    ignored" and exit 120): a buffered listing fails here, not in print()."""
+    ignored" and exit 120): a buffered listing fails here, not in print(). Then, in an Invoke
+    process that ended by sys.exit with a number or by returning, leave at once (_exit_now)."""
     try:
         if sys.stdout is not None:
             sys.stdout.flush()
@@ -104,16 +105,67 @@ def _flush_at_exit():
         if code is not None:
             _leave(code, exc)
         raise
+    if _EXIT:
+        _exit_now(_EXIT[0])
+
+
+# The exit the program asked for, in an Invoke process (install: sys.exit is wrapped to note
+# it): [code] once known; [] where leaving at once is not armed or not safe (sys.exit given a
+# message, which Python prints on the way out; an exception no one caught).
+_EXIT: list = []
+_UNSURE = object()
+
+
+def _noting_exit(real_exit):
+    def exit(code=None):  # noqa: A001 - sys.exit's own name and signature
+        _EXIT[:] = [code or 0] if code is None or (isinstance(code, int) and not isinstance(code, bool)) \
+            else [_UNSURE]
+        return real_exit(code)
+    exit.__doc__ = real_exit.__doc__
+    return exit
+
+
+def _exit_now(code):
+    """os._exit(code) once the program is done and every other exit handler has run: Python's
+    own teardown of an Invoke process (~310 modules) is 40-80 ms after the last line is
+    printed, and the exit is the verdict a script or an operator waits on (a teardown with
+    nothing that could restart a target exits as its GPUs read free: bench/RESULTS.md 5c).
+    What that teardown would still do is done here first: stderr flushed, logging shut down
+    (its exit handler was registered before this one, so it would run after). Not where an
+    exception went uncaught (Python has printed it, and exits 1)."""
+    if code is _UNSURE or getattr(sys, "last_value", None) is not None or getattr(sys, "last_exc", None) is not None:
+        return
+    try:
+        if sys.stderr is not None:
+            sys.stderr.flush()
+        if "logging" in sys.modules:
+            sys.modules["logging"].shutdown()
+    except Exception:
+        return  # let Python's own exit report it
+    os._exit(code & 0xFF)
+
+
+def _invoke_process():
+    """Is this interpreter Invoke itself (`invoke ...`, `inv ...`, `python -m invoke ...`), and
+    not a program that imports tasks.py (pytest)?"""
+    if hasattr(sys, "orig_argv"):
+        return _is_invoke(sys.orig_argv)
+    first = sys.argv[0] if sys.argv else ""
+    return os.path.basename(first) in ("invoke", "inv") or first.endswith(os.path.join("invoke", "__main__.py"))
 
 
 def install():
-    """Hook this process once: the excepthook, the flush at exit, the recorder on stdout."""
+    """Hook this process once: the excepthook, the flush at exit, the recorder on stdout; in
+    Invoke itself, sys.exit noted and a normal end armed to leave at once (_exit_now)."""
     if getattr(sys, "_gpu_pivot_output_guard", False):
         return
     sys._gpu_pivot_output_guard = True  # type: ignore[attr-defined]
     if sys.stdout is not None and not isinstance(sys.stdout, Recorder):
         sys.stdout = Recorder(sys.stdout)
     sys.excepthook = _hook
+    if _invoke_process():
+        _EXIT[:] = [0]  # returning from the program is exit 0, as Python's own end would be
+        sys.exit = _noting_exit(sys.exit)
     atexit.register(_flush_at_exit)
 
 

@@ -57,7 +57,14 @@ class _AgentSource:  # a meta path finder and loader by duck typing: importlib.a
         exec(code, module.__dict__)
 sys.meta_path.insert(0, _AgentSource())
 from agent.cli import main
-sys.exit(main())
+_code = main()
+try:  # the result is out: leave without Python's teardown of the agent's modules (~10-20 ms the CLI waits for)
+    sys.stdout.flush()
+    sys.stderr.flush()
+except Exception:
+    sys.exit(_code)
+import os
+os._exit(_code)
 '''
 
 
