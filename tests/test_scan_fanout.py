@@ -21,6 +21,11 @@ time.sleep(600)
 """
 
 
+def _identities():
+    """(pid, start time) of every process now: a pid another test's process left may be reused."""
+    return {(pid, st["start_time"]) for pid, st in ((p, procfs.read_stat(p)) for p in procscan.all_pids()) if st}
+
+
 def _map(func, items, workers, **kw):
     """fanout.map_stream over a list with this many workers."""
     return fanout.map_stream(func, iter(items), lambda n: workers, **kw)[0]
@@ -61,18 +66,20 @@ def test_a_scan_in_workers_says_what_a_one_core_scan_says(tmp_path, monkeypatch)
             procs.append(subprocess.Popen([sys.executable, "-c", HOLD, str(path), how, str(ready)]))
             wait_for(ready.exists, f"holder {len(procs)}")
         devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
+        before = _identities()
         monkeypatch.setattr(fanout, "workers_for", lambda n: 1)
         one = procscan.snapshot(devset)
         monkeypatch.setattr(fanout, "workers_for", lambda n: 3)
         three = procscan.snapshot(devset)
+        stable = before & _identities()  # others on the machine come and go (and their pids are reused) meanwhile
         mine = {p.pid for p in procs}
         for snap in (one, three):
             assert {pid for pid in snap["holders"] if pid in mine} == mine, snap["holders"]
             assert set(snap["mapped"]) & mine == {procs[1].pid}
         assert {k: three["holders"][k] for k in mine} == {k: one["holders"][k] for k in mine}
-        common = set(one["procs"]) & set(three["procs"])  # others on the machine come and go meanwhile
-        assert len(common) > 0.9 * len(one["procs"])
-        assert all(one["procs"][p]["cmdline"] == three["procs"][p]["cmdline"] for p in common & mine)
+        for snap in (one, three):  # both saw every process there throughout
+            assert stable <= {(p, r["start_time"]) for p, r in snap["procs"].items()}
+        assert all(one["procs"][p]["cmdline"] == three["procs"][p]["cmdline"] for p in mine)
     finally:
         for p in procs:
             p.kill()

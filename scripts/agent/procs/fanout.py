@@ -140,15 +140,12 @@ def map_shards(func, shard, shards, workers, piece=PIECE, first=None, on_first=N
             started.append(w)
         os.close(queue_r)
     running = {out: (pid, n, bytearray()) for n, (pid, out) in enumerate(started)}
-    firsts = _ShardFirsts(first, on_first, shards, lambda s: list(shard(s, shards)), block)
+    firsts = _ShardFirsts(first, on_first, shards, lambda s: list(shard(s, shards)), block, piece)
     done: dict = {}
     _gather(running, done, firsts)
     firsts.finish()
-    out = []
-    for n, share in sorted(firsts.shares.items()):
-        for j in range(0, len(share), piece):
-            out.append(done[(n, j // piece)] if (n, j // piece) in done else func(share[j:j + piece]))
-    return out, len(started)
+    return [done[(n, j)] if (n, j) in done else func(p) for n, mine in sorted(firsts.pieces.items())
+            for j, p in enumerate(mine)], len(started)
 
 
 F_GETPIPE_SZ = 1032  # fcntl: a pipe's capacity in bytes (Linux)
@@ -213,23 +210,37 @@ def list_blocks(items, block):
 
 
 def _shard_worker(func, first, listed, queue, out, piece, block):
-    """A map_shards worker: takes shard numbers from the queue while there are any, lists each
-    (`listed(s)`) and runs first() on each block of it; then sends (the shards it took, its
-    items, the answers) in one frame, then func on each piece of its items."""
+    """A map_shards worker: takes shard numbers from the queue while there are any and lists
+    each (`listed(s)`).
+
+    With a first stage: first() on each block as it is listed; once the queue is empty, (the
+    shards it took, its items, the answers) in one frame, then func on each piece of its items
+    (the first stage of every shard ends before any second: on_first is what waits on it).
+    Without one: func on each piece of a shard as soon as it is listed, then (the shards it
+    took, its pieces, None) in one last frame: the queue then shares out all of the work, not
+    only the listing (a worker forked first would list most shards while the others are forked,
+    and then read all of them alone)."""
     took: list = []
     share: list = []
     answers: list = []
+    pieces: list = []
     while True:
         token = os.read(queue, _TOKEN.size)  # a pipe read this small takes a whole token or nothing
         if len(token) < _TOKEN.size:
             break
         took.append(_TOKEN.unpack(token)[0])
+        if first is None:
+            items = list(listed(took[-1]))
+            for j in range(0, len(items), piece):
+                pieces.append(items[j:j + piece])
+                data = marshal.dumps(func(pieces[-1]))
+                _write_all(out, _HEAD.pack(len(pieces) - 1, len(data)) + data)
+            continue
         for items in list_blocks(listed(took[-1]), block):
             share.extend(items)
-            if first is not None:
-                answers.append(first(items))
+            answers.append(first(items))
     os.close(queue)
-    data = marshal.dumps([took, share, answers])
+    data = marshal.dumps([took, pieces, None] if first is None else [took, share, answers])
     _write_all(out, _HEAD.pack(FIRST, len(data)) + data)
     for j in range(0, len(share), piece):
         data = marshal.dumps(func(share[j:j + piece]))
@@ -237,21 +248,27 @@ def _shard_worker(func, first, listed, queue, out, piece, block):
 
 
 class _ShardFirsts:
-    """map_shards' first frames as they come: what each worker took, its items and its
-    first-stage answers; on_first once every shard is in. `finish` lists here the shards no
-    worker reported (its worker died, or none could be started), under worker number -1."""
+    """map_shards' first frames as they come: what each worker took, the pieces of its items
+    (its items cut in `piece`s, or the pieces it sent) and its first-stage answers; on_first
+    once every shard is in. `finish` lists here the shards no worker reported (its worker died,
+    or none could be started), under worker number -1."""
 
-    def __init__(self, first, on_first, shards, list_here, block):
-        self.first, self.on_first, self.list_here, self.block = first, on_first, list_here, block
+    def __init__(self, first, on_first, shards, list_here, block, piece):
+        self.first, self.on_first, self.list_here, self.block, self.piece = first, on_first, list_here, block, piece
         self.missing = set(range(shards))
-        self.shares: dict = {}  # worker number -> its items
+        self.pieces: dict = {}  # worker number -> its items, in the pieces func runs on
         self.answers: dict = {}
         self.called = False
 
     def got(self, n, answer):
-        if n in self.shares or not (isinstance(answer, list) and len(answer) == 3):
+        if n in self.pieces or not (isinstance(answer, list) and len(answer) == 3):
             return  # a frame that did not load: its shards are listed here at the end
-        took, self.shares[n], self.answers[n] = answer
+        took, items, answers = answer
+        if answers is None:  # no first stage: the pieces as the worker sent them
+            self.pieces[n] = items
+        else:
+            self.pieces[n] = [items[j:j + self.piece] for j in range(0, len(items), self.piece)]
+            self.answers[n] = answers
         self.missing -= set(took)
         if not self.missing and not self.called:
             self.called = True
