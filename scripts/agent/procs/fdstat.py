@@ -19,6 +19,8 @@ import ctypes
 import os
 import struct
 
+from . import libcall
+
 AT_FDCWD = -100
 AT_STATX_DONT_SYNC = 0x4000
 STATX_TYPE, STATX_MODE, STATX_UID, STATX_INO = 0x1, 0x2, 0x8, 0x100
@@ -35,21 +37,7 @@ def _clear(buf):
     return buf
 
 
-def _find_statx():
-    """glibc's statx(), else the raw syscall for this machine, else None."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    if hasattr(libc, "statx"):
-        return libc.statx  # no argtypes: ctypes converts ints and bytes itself, ~0.4 us a call faster
-    nr = _SYSCALL_NR.get(os.uname().machine)
-    if nr is None:
-        return None
-    return lambda *a: libc.syscall(nr, *a)
-
-
-_FN = [_find_statx()]  # found once, at import; None after ENOSYS (a kernel older than 4.11)
+_FN = [libcall.find("statx", _SYSCALL_NR)]  # found once, at import; None after ENOSYS (a kernel older than 4.11)
 
 
 def stat_open_file(path, refused_ok=False):

@@ -21,23 +21,13 @@ import ctypes
 import os
 import struct
 
+from . import libcall
+
 CHUNK = 64  # pids a chunk spans: a 20,000-pid band is ~300 chunks, ~2-3 for each of 128 shards
 MAX_ENTRY = 32  # bytes of a /proc pid entry: the 19-byte header and a name of up to 7 digits, 8-aligned
 MAX_BATCH = 1024  # entries one read asks for
 _SYSCALL_NR = {"x86_64": 217, "aarch64": 61}
 _HEADER = struct.Struct("<QqH")  # d_ino, d_off, d_reclen (d_type and the name follow)
-
-
-def _find_getdents():
-    """glibc's getdents64 (2.30+), else the raw syscall for this machine, else None."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-    except OSError:
-        return None
-    if hasattr(libc, "getdents64"):
-        return libc.getdents64
-    nr = _SYSCALL_NR.get(os.uname().machine)
-    return None if nr is None else (lambda *a: libc.syscall(nr, *a))
 
 
 class Lister:
@@ -86,7 +76,7 @@ def open_lister(proc="/proc"):
     """A Lister whose seek to a pid was seen to start the listing at that pid, or None (no
     getdents64 here, /proc not readable, PID 1 not shown to us, or a kernel that does not seek
     as fs/proc/base.c does now)."""
-    getdents = _find_getdents()
+    getdents = libcall.find("getdents64", _SYSCALL_NR)
     if getdents is None or _OFFSETS.get(proc, 0) is None:
         return None
     try:
