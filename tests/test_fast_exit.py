@@ -98,3 +98,18 @@ def test_a_program_that_imports_the_tasks_is_not_armed(tmp_path):
             "print(output_guard._EXIT); sys.exit(3)" % str(REPO))
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert done.returncode == 3 and done.stdout.strip() == "[]"
+
+
+def test_an_exit_whose_message_cannot_be_written_keeps_its_code(tmp_path):
+    """Invoke prints an Exit's message to stderr; on a full disk that write failed and the CLI
+    exited 1 ("done but not free") for a bad host name, whose code is 2."""
+    hosts = tmp_path / "hosts.env"
+    hosts.write_text("")
+    env = dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(hosts), XDG_STATE_HOME=str(tmp_path / "state"),
+               GPU_PIVOT_RUN_DIR=str(tmp_path / "run"), GPU_PIVOT_SANDBOX_DIR=str(tmp_path / "sb"))
+    argv = [sys.executable, "-m", "invoke", "status", "--host", "nosuch"]
+    shown = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert shown.returncode == 2 and "nosuch" in shown.stderr
+    with open("/dev/full", "w") as full:
+        done = subprocess.run(argv, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=full, timeout=60)
+    assert done.returncode == 2

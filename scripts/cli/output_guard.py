@@ -85,9 +85,26 @@ def _leave(code, exc):
     os._exit(code)
 
 
+def _reported_exit(exc):
+    """The code of the Exit Invoke was reporting when writing its message failed (stderr on a
+    full disk or a closed pipe: `invoke status --host nosuch 2>/dev/full` exited 1, "done but
+    not free", for a bad host name), or None. Invoke prints an Exit's message in its handler,
+    so the Exit is the failed write's context."""
+    reporting = getattr(exc, "__context__", None)
+    if not (isinstance(exc, BrokenPipeError) or (isinstance(exc, OSError) and exc.errno in FAILED_WRITE)):
+        return None
+    if type(reporting).__name__ != "Exit" or not type(reporting).__module__.startswith("invoke"):
+        return None
+    code = getattr(reporting, "code", None)
+    return code if isinstance(code, int) and not isinstance(code, bool) else None
+
+
 def _hook(kind, value, tb, default=sys.excepthook):
     code = _stdout_failure(value)
     if code is None:
+        reported = _reported_exit(value)
+        if reported is not None:  # the message could not be written; the code still can
+            os._exit(reported & 0xFF)
         default(kind, value, tb)
         return
     _leave(code, value)
