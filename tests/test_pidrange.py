@@ -10,11 +10,21 @@ import signal
 import pytest
 
 from scripts.agent.procs import devices, fanout, pidrange, procfs, procscan
-from tests.procs import Bystanders, children
+from tests.procs import Bystanders, children, wait_for
 
 
 def _listed():
     return {int(n) for n in os.listdir("/proc") if n.isdigit()}
+
+
+def _argv0(pid):
+    """The program a process runs now, as its command line's first word; None when it is gone
+    (a bystander's shell forks it, and it runs `sleep` only once it has exec'd)."""
+    try:
+        with open("/proc/%d/cmdline" % pid, "rb") as f:
+            return f.read().split(b"\0")[0]
+    except OSError:
+        return None
 
 
 def _identities():
@@ -86,11 +96,12 @@ def test_a_scan_of_a_big_host_lists_in_shards_and_sees_every_process(fresh_offse
     monkeypatch.setattr(fanout, "map_shards", lambda *a, **k: sharded.append(a[2:4]) or real(*a, **k))
     monkeypatch.setattr(fanout, "cores", lambda: 4)
     with Bystanders(2 * procscan.SHARDED_FROM) as band:
+        mine = set(children(band.shell.pid))
+        wait_for(lambda: all(_argv0(pid) in (b"sleep", None) for pid in mine), "the bystanders to exec sleep")
         seen = {}
         snap = procscan.snapshot(devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True),
                                  mark=lambda info: "sleep" in info["argv"][:1] and "bystander",
                                  early=lambda records, kin: seen.setdefault("marked", records))
-        mine = set(children(band.shell.pid))
         assert sharded == [(4 * procscan.SHARDS_PER_WORKER, 4)] and snap["workers"] == 4
         assert mine <= set(snap["procs"])
         assert mine <= {r["pid"] for r in seen["marked"]}  # the early callback saw every shard's
