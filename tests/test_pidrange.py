@@ -46,7 +46,7 @@ def test_the_shards_are_every_pid_once_and_spread_a_band_over_every_shard(fresh_
         try:
             for shards in (1, 2, 3, 16, 128):
                 before = _identities()
-                shares = [pidrange.shard_list(lister, k, shards) for k in range(shards)]
+                shares = [pidrange.shard_list(lister, k, shards, procscan.listing) for k in range(shards)]
                 stable = {pid for pid, _ in before & _identities()}
                 together = [p for share in shares for p in share]
                 assert len(together) == len(set(together))  # no pid in two shards
@@ -172,3 +172,17 @@ def test_a_queue_pipe_smaller_than_the_shards_never_hangs_and_loses_no_shard(mon
         signal.alarm(0)
         signal.signal(signal.SIGALRM, old)
     assert sorted(x for p in parts for x in p) == list(range(4097))
+
+
+def test_a_shard_whose_seeked_listing_fails_is_taken_from_the_whole_listing(fresh_offsets, monkeypatch):
+    lister = pidrange.open_lister()
+    try:
+        def refused(self, pid):
+            raise OSError(22, "seek refused")
+
+        monkeypatch.setattr(pidrange.Lister, "seek", refused)
+        pids = list(range(1, 1000))
+        assert pidrange.shard_list(lister, 3, 5, lambda: iter(pids)) == [
+            p for p in pids if (p // pidrange.CHUNK) % 5 == 3]
+    finally:
+        lister.close()

@@ -208,7 +208,7 @@ def write_pth(site_dir=None):
     return path
 
 
-if __name__ == "gpu_pivot_output_guard" and _is_invoke(getattr(sys, "orig_argv", [])):  # loaded by the .pth
+if __name__ == "gpu_pivot_output_guard" and _invoke_process():  # loaded by the .pth
     install()
 elif __name__ == "__main__":
     print(write_pth())

@@ -161,17 +161,15 @@ def shard(lister, k, shards, chunk=CHUNK):
         j = after + (k - after) % shards
 
 
-def shard_list(lister, k, shards, proc="/proc"):
+def shard_list(lister, k, shards, listing):
     """shard()'s pids as a list, from a Lister of its own; where the seeked listing fails, the
-    same pids taken from a whole listing of `proc` (never fewer)."""
+    same pids taken from `listing` (every pid, as procscan.listing lists them: never fewer)."""
     own = None
     try:
         own = lister.fresh()
         return list(shard(own, k, shards))
     except OSError:
-        with os.scandir(proc) as entries:
-            return sorted(p for p in (int(e.name) for e in entries if e.name.isdigit())
-                          if (p // CHUNK) % shards == k)
+        return sorted(p for p in listing() if (p // CHUNK) % shards == k)
     finally:
         if own is not None:
             own.close()
@@ -213,9 +211,8 @@ def estimate(lister, samples=64, width=8):
         got = lister.pids(width)
         if not got:
             continue
-        seen = [p for p in got if p < x + step]
         if len(got) < width or got[-1] >= x + step:  # the whole step read
-            total += len(seen)
+            total += sum(1 for p in got if p < x + step)
         else:
             total += len(got) * step / float(got[-1] - x + 1)
     return int(total)

@@ -458,7 +458,7 @@ def _fan_out(func, proc, first, on_first, known):
         return fanout.map_stream(func, listing(proc), fanout.workers_for, first=first, on_first=on_first)
     try:
         workers = fanout.workers_for(count)
-        return fanout.map_shards(func, lambda k, n: pidrange.shard_list(lister, k, n, proc),
+        return fanout.map_shards(func, lambda k, n: pidrange.shard_list(lister, k, n, lambda: listing(proc)),
                                  SHARDS_PER_WORKER * workers, workers, first=first, on_first=on_first)
     finally:
         lister.close()
