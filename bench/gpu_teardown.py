@@ -10,7 +10,7 @@ every GPU, so (CHILDREN+1)*GIB per GPU) and frees it two ways, alternating:
            is what the agent's FREED requires (on 2 GPUs it comes with the processes' exit)
   gpu-pivot: `invoke teardown --host local --yes` as an operator types it, stdout read line
            by line with a timestamp each:
-    CLI to FREED     Enter -> the line "local: FREED at ..." (printed when every GPU first reads
+    CLI to FREED     Enter -> the line "local: free at ..." (printed when every GPU first reads
                      free; the settle window is still watching then)
     CLI exit         Enter -> the command returns (after the settle window: the verdict)
     agent free at    the agent's own free_at_s (from its start of the teardown: lock, scan,
@@ -38,7 +38,7 @@ sys.path.insert(0, str(REPO))
 from tests.gpu_support import POLLERS, GpuTree, Poller, add_tree_arguments, gpu_count, nvml_used_mib  # noqa: E402
 from tests.procs import Bystanders  # noqa: E402
 
-FREED_LINE = "local: FREED at "
+FREED_LINE = "local: free at "  # the moment every GPU reads free (FREED is the verdict's word)
 AGENT_LIMIT = 1.15   # agent "free at" <= 1.15 x the floor (median of the reps)
 CLI_MARGIN_S = 0.3   # CLI to FREED <= floor + 0.3 s
 

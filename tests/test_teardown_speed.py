@@ -4,8 +4,9 @@ The speed itself is measured by benchmarks (bench/gpu_teardown.py on the GPU mac
 bench`), not by timed tests; these tests check what makes it fast and what keeps it honest:
 - "free at" (first moment every GPU reads free) is reported apart from "settled at" (free
   at + the settle window), streamed as a progress line at free-at, and the CLI prints
-  `FREED at` then while the verdict still waits for the window: a respawn inside it turns
-  the verdict into NOT FREE (exit 1) after the FREED line;
+  `free at` then while the verdict still waits for the window: a respawn inside it turns
+  the verdict into NOT FREE (exit 1) after the `free at` line, and FREED is the verdict's
+  word alone;
 - waits for exits wake on pidfds (no sleep-polling), and a zombie (exited, not reaped yet)
   counts as gone;
 - `verify --wait` scans once while a holder lives, not once per 50 ms poll;
@@ -84,17 +85,22 @@ def test_cli_prints_freed_at_free_at_and_the_verdict_after_the_window(ps, hosts_
     lines, code = _cli(env, "teardown", "--host", "local", "--yes", "--settle", "5")
     text = "\n".join(line for _, line in lines)
     assert code == 0, text
-    freed = [running for running, line in lines if line.startswith("local: FREED at ")]
+    freed = [running for running, line in lines if line.startswith("local: free at ")]
     assert len(freed) == 1, text
     words = " ".join(text.split())  # the screen may wrap long lines
-    assert "watching 5s more for a respawn before the verdict" in words
+    assert "watching 5 s for a respawn before the verdict" in words
     assert freed[0], text  # printed at free-at, while the 5 s window still ran, not at the end
     assert "local: FREED and verified free at" in words
+    # FREED is the verdict's word alone: once, on the verdict line of the report, never before it
+    said = [line for _, line in lines]
+    freed_at = [i for i, line in enumerate(said) if "FREED" in line]
+    assert len(freed_at) == 1 and said[freed_at[0]].startswith("local: FREED and verified"), text
+    assert freed_at[0] > next(i for i, line in enumerate(said) if line.startswith("== local")), text
 
 
 def test_respawn_inside_the_window_turns_an_early_freed_into_not_free(ps, hosts_env):
-    """The FREED line says what was seen then; the exit code is the window's verdict."""
-    supervisor, _ = ps.supervised_worker(pause=0.6)  # its restart comes after the FREED line
+    """The `free at` line says what was seen then; the exit code is the window's verdict."""
+    supervisor, _ = ps.supervised_worker(pause=0.6)  # its restart comes after the `free at` line
     time.sleep(0.3)
     env = _cli_env(ps, hosts_env, TARGETS=r"sandbox_roles\.py")
     # a 6 s window: the restart (0.6 s after the exit, then a Python start-up) falls well inside
@@ -104,10 +110,10 @@ def test_respawn_inside_the_window_turns_an_early_freed_into_not_free(ps, hosts_
         ps.adopt(pid)
     text = "\n".join(line for _, line in lines)
     assert code == 1, text
-    first_freed = next(i for i, (_, line) in enumerate(lines) if line.startswith("local: FREED at "))
+    first_freed = next(i for i, (_, line) in enumerate(lines) if line.startswith("local: free at "))
     verdict = next(i for i, (_, line) in enumerate(lines) if line.startswith("local: NOT FREE"))
     assert first_freed < verdict, text
-    assert "FREED and verified" not in text
+    assert "FREED" not in text  # the verdict is NOT FREE, and nothing before it said FREED
     # the screen wraps at a word: where depends on the lengths of the pid and the paths (a
     # clone's, pytest's temp dir), so "PID" and the number may land on two lines
     assert f"started by PID {supervisor}" in " ".join(text.split()), text

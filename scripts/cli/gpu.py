@@ -114,8 +114,8 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     Order: lock the host; plan (targets + their trees and process groups, orphans holding a
     GPU; protected: PID 1, sshd, nvidia-persistenced, DCGM, exporters, monitors, this
     session); SIGTERM all targets at once; wake on each exit; SIGKILL what outlives --grace;
-    verify the GPUs free (NVML v2, 0 MiB used; `FREED at` is printed then) and keep watching
-    --settle seconds for a respawn (the exit code is that window's verdict). Targets are
+    verify the GPUs free (NVML v2, 0 MiB used; `free at` is printed then) and keep watching
+    --settle seconds for a respawn (the exit code and the word FREED are that window's verdict). Targets are
     PROGRAMS named by a pattern (module, script, executable or process title), never a mere
     argument of another program. Exit 0 freed and verified, 1 done but
     not free, 2 bad input, 3 host unreachable or its state dir unusable (nothing signalled),
@@ -141,9 +141,13 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     fleet_mode = len(hosts) > 1
 
     def one(h):
-        progress = None if json or fleet_mode else (
-            lambda p: print(teardown_view.progress_line(h.alias, p), flush=True))
-        result = call_teardown(h, td.approved_for(req, approved, h.alias), on_progress=progress)
+        shown = None if json or fleet_mode else teardown_view.TeardownProgress(h.alias, req.grace)
+        try:
+            result = call_teardown(h, td.approved_for(req, approved, h.alias),
+                                   on_progress=None if shown is None else shown.update)
+        finally:
+            if shown is not None:
+                shown.done()
         record = result.result  # a contract.TeardownResult: call_teardown's type says so
         if record.actions:
             audit_log.append(h.alias, record.actions)

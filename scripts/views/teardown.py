@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from ..agent import contract
 from . import health as health_view
-from .render import Col, Command, command, note, paint, record, shorten, shown, table
+from .render import Col, Command, Progress, command, note, paint, record, shorten, shown, table
 from .status import header, still_holding, where, writing_line
 
 
@@ -66,19 +66,33 @@ def plan_tables(x) -> str:
     return paint("\n".join(out))
 
 
-def progress_line(alias: str, p: dict) -> str:
+def progress_line(alias: str, p: dict, kill_in: float | None = None) -> str:
     """One progress line of a running teardown (the fields of contract.parse_progress), fitted
-    to the width (wrapped, never cut: a claim keeps its caveat)."""
-    return note(_progress_text(alias, p), "", "    ")
+    to the width (wrapped, never cut: a claim keeps its caveat). `kill_in`: the seconds left
+    until SIGKILL, where the caller knows them (TeardownProgress)."""
+    return note(_progress_text(alias, p, kill_in), "", "    ")
 
 
-def _progress_text(alias: str, p: dict) -> str:
+def _free_text(alias: str, p: dict, left: float | None = None) -> str:
+    """The GPUs read free: a moment, not the verdict. FREED is the verdict's word alone (the
+    last line, after the settle window): a line that said it here was followed by NOT FREE
+    whenever a respawn came inside the window. `left`: the seconds of the window still to
+    watch (a terminal's countdown)."""
+    seen = f"{alias}: free at {p.get('free_at_s', 0):.2f}s"
+    if p.get("settle_s"):
+        countdown = "" if left is None else f": {max(0.0, left):.1f}s left"
+        return f"{seen}, watching {p['settle_s']:g} s for a respawn before the verdict{countdown} (every GPU " \
+               "read free, no holder left)"
+    return f"{seen} (every GPU read free, no holder left); no respawn window to watch: the verdict follows"
+
+
+def _progress_text(alias: str, p: dict, kill_in: float | None = None) -> str:
     if p.get("phase") == "free":  # seen free now; the verdict (exit code) comes after the settle window
-        watch = (f"watching {p['settle_s']:g}s more for a respawn before the verdict" if p.get("settle_s")
-                 else "nothing left that could restart a target")
-        return f"{alias}: FREED at {p.get('free_at_s', 0):.2f}s: every GPU read free, no holder left ({watch})"
+        return _free_text(alias, p)
     alive = p.get("alive")
     parts = [f"{alias}: [{p.get('elapsed_s', 0):6.2f}s] {p.get('phase')}"]
+    if kill_in is not None:  # first: a line cut to the terminal's width keeps it
+        parts.append(f"SIGKILL in {kill_in:.1f}s")
     if alive is not None:
         parts.append(f"alive {len(alive)}" + (f" ({' '.join(map(str, alive[:8]))})" if alive else ""))
     if p.get("mib_left") is not None:
@@ -86,6 +100,58 @@ def _progress_text(alias: str, p: dict) -> str:
     if p.get("problems"):
         parts.append(f"waiting on: {p['problems'][0]}")
     return "  ".join(parts)
+
+
+class TeardownProgress:
+    """One host's running teardown as the CLI shows it (teardown.on_progress).
+
+    On a terminal: one line rewritten in place (render.Progress, as `verify --wait` shows
+    its wait), counting down to SIGKILL during the grace and to the verdict while a free
+    stretch is watched for a respawn; a new line every half second scrolled the plan off the
+    screen. Elsewhere (a pipe, a log): a line per update (progress_line). Either way the
+    "free at" line comes once per free stretch: a repeat of the stretch already shown is
+    dropped, and only a respawn (the agent's next progress names a problem or memory in use)
+    makes the next one news."""
+
+    def __init__(self, alias: str, grace_s: float, stream=None):
+        self.alias, self.grace_s = alias, grace_s
+        self.line = Progress(stream)
+        self.sigterm_at: float | None = None
+        self.free: dict | None = None  # the free stretch shown: its "free" progress fields
+
+    def update(self, p: dict) -> None:
+        p = shown(p)
+        phase = p.get("phase")
+        if phase == "sigterm":
+            self.sigterm_at = float(p.get("elapsed_s") or 0)
+        if phase == "free":
+            if self.free is not None and self.free.get("free_at_s") == p.get("free_at_s"):
+                return
+            self.free = p
+        elif p.get("problems") or p.get("mib_left"):
+            self.free = None  # the stretch ended: the next free is news
+        if self.line.live:
+            self.line.update(self._live_text(p))
+        else:
+            self.line.update(progress_line(self.alias, p, self._kill_in(p)))
+
+    def _kill_in(self, p: dict) -> float | None:
+        if self.sigterm_at is None or p.get("phase") not in ("sigterm", "grace"):
+            return None
+        return max(0.0, self.grace_s - (float(p.get("elapsed_s") or 0) - self.sigterm_at))
+
+    def _live_text(self, p: dict) -> str:
+        stretch = self.free
+        if p.get("phase") == "free":
+            return _free_text(self.alias, p, p.get("settle_s"))
+        if p.get("phase") == "verify" and stretch is not None and stretch.get("settle_s"):
+            left = float(stretch.get("free_at_s") or 0) + stretch["settle_s"] - float(p.get("elapsed_s") or 0)
+            return _free_text(self.alias, stretch, left)
+        return _progress_text(self.alias, p, self._kill_in(p))
+
+    def done(self) -> None:
+        """End the live line: the report starts on a line of its own."""
+        self.line.done()
 
 
 def before_after(x) -> str:

@@ -1,0 +1,115 @@
+"""What a running teardown shows, on a terminal and in a pipe.
+
+- On a terminal (a real pty): one line rewritten in place (`\\r`, then `\\x1b[K` to erase the
+  rest), counting down to SIGKILL through the grace and to the verdict through the respawn
+  watch; the report then starts on a line of its own.
+- In a pipe: a line per update, no `\\r`, the countdown in the grace's lines.
+- Either way FREED is the verdict's word alone: the moment the GPUs read free is `free at`,
+  shown once per free stretch.
+Each teardown is the test's own: fake device files and its temp dir as the scope.
+"""
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+import tty
+
+from scripts.views.teardown import TeardownProgress
+from tests import scenario
+from tests.conftest import REPO
+
+KILL_IN = re.compile(r"SIGKILL in (\d+\.\d)s")
+
+
+def _stubborn_server(ps, hosts_env) -> dict:
+    """A server that ignores SIGTERM (it lives through the whole grace); the env to tear it down."""
+    ps.server("--ignore-term", "--ignore-term-workers", tp=1)
+    hosts_env("".join(f"LOCAL_{k}='{v}'\n" for k, v in dict(
+        scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py").items()))
+    return dict(os.environ, NO_COLOR="1", TERM="xterm", COLUMNS="200")
+
+
+TEARDOWN = [sys.executable, "-m", "invoke", "teardown", "--host", "local", "--yes", "--grace", "2", "--settle", "2"]
+
+
+def _on_a_terminal(env: dict) -> tuple:
+    """Run the teardown with stdout and stderr on a pty (raw: no \\n -> \\r\\n); (exit code, text)."""
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    proc = subprocess.Popen(TEARDOWN, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: every writer of the pty is gone
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    return proc.wait(60), b"".join(chunks).decode("utf-8", "replace")
+
+
+def test_on_a_terminal_progress_is_one_line_updated_in_place_with_a_countdown(ps, hosts_env):
+    code, text = _on_a_terminal(_stubborn_server(ps, hosts_env))
+    assert code == 0, text
+    live, report = text.split("\n== local", 1)  # the live line, ended by one newline, then the report
+    assert "\n" not in live, live  # every update rewrote the same line
+    updates = [u.replace("\x1b[K", "") for u in live.split("\r") if u]
+    assert len(updates) >= 3 and all(u.startswith("local: ") for u in updates), updates
+    assert all(u.endswith("\x1b[K") for u in live.split("\r") if u), live
+    countdown = [float(m) for u in updates for m in KILL_IN.findall(u)]
+    assert countdown[0] == 2.0, updates  # at SIGTERM: the whole grace
+    assert len(countdown) >= 2 and countdown == sorted(countdown, reverse=True), updates
+    free = [u for u in updates if u.startswith("local: free at ")]
+    assert free and "watching 2 s for a respawn before the verdict" in free[0], updates
+    assert re.search(r"watching 2 s for a respawn before the verdict: \d+\.\ds left", live), updates
+    assert "FREED" not in live and text.count("FREED") == 1, text
+    assert "local: FREED and verified" in report
+
+
+def test_in_a_pipe_progress_is_a_line_per_update(ps, hosts_env):
+    env = _stubborn_server(ps, hosts_env)
+    out = subprocess.run(TEARDOWN, cwd=REPO, env=env, capture_output=True, timeout=60)
+    text = out.stdout.decode()
+    assert out.returncode == 0, text + out.stderr.decode()
+    assert "\r" not in text and "\x1b" not in text
+    progress = text.split("\n== local", 1)[0].splitlines()
+    grace = [line for line in progress if "] grace" in line]
+    assert grace and all(KILL_IN.search(line) for line in grace), progress
+    assert [line for line in progress if line.startswith("local: free at ")], progress
+    assert "FREED" not in "\n".join(progress) and text.count("FREED") == 1, text
+
+
+def _fed(*updates) -> list:
+    out = io.StringIO()  # not a terminal: a line per update
+    shown = TeardownProgress("local", 2.0, stream=out)
+    for p in updates:
+        shown.update(p)
+    shown.done()
+    return out.getvalue().splitlines()
+
+
+FREE = {"phase": "free", "elapsed_s": 0.21, "free_at_s": 0.21, "settle_s": 2, "mib_left": 0}
+
+
+def test_the_free_line_comes_once_per_free_stretch():
+    lines = _fed(FREE, {"phase": "verify", "elapsed_s": 0.7, "problems": [], "mib_left": 0}, FREE)
+    assert [line.split(",")[0] for line in lines if "free at" in line] == ["local: free at 0.21s"], lines
+    # a respawn ended the stretch: the next free is news, and still not the verdict
+    lines = _fed(FREE, {"phase": "verify", "elapsed_s": 0.9, "problems": ["RESPAWN pid 9"], "mib_left": 0},
+                 dict(FREE, free_at_s=1.5, elapsed_s=1.5))
+    assert [line.split(",")[0] for line in lines if "free at" in line] == ["local: free at 0.21s",
+                                                                          "local: free at 1.50s"], lines
+    assert not any("FREED" in line for line in lines)
+
+
+def test_a_free_without_a_window_says_the_verdict_follows_and_not_freed():
+    lines = _fed(dict(FREE, settle_s=0))
+    assert " ".join(" ".join(lines).split()) == (
+        "local: free at 0.21s (every GPU read free, no holder left); no respawn window to watch: the verdict "
+        "follows")
