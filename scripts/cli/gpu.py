@@ -11,58 +11,109 @@ from .flags import task
 VERIFY_WAIT = num(defaults.VERIFY_WAIT_S)
 
 
-def _show(outcomes, json: bool, *views) -> None:
-    """Each answering host's views (or all documents as JSON), then exit with the worst code."""
+FLEET_HELP = """Over several hosts (`--host gpu[1-8]`, `gpu1,gpu2`): a summary first, one line per
+    host in the order given (`HOST  GPUs free/total  holders  verdict`, a host that did not
+    answer as UNREACHABLE or TIMED OUT), then each host's details; --brief prints the summary
+    alone. The fleet's exit code is the highest of its hosts' codes (each is in its summary
+    line): e.g. 7 (a host timed out) over 6 over 3 (one unreachable) over 1 (one not free);
+    0 only when every host gives 0."""
+BRIEF_HELP = "over several hosts (or one): print only the summary, a line per host"
+
+
+def _show(outcomes, json: bool, brief: bool, summary: str, *views) -> None:
+    """The fleet's summary (over several hosts, or --brief), then each answering host's views
+    (or all documents as JSON), then exit with the highest host's code."""
     from .jsonout import docs
 
     if json:
         print(dumps(docs(outcomes)))  # a failed host too: {alias: {"error", "exit_code"}}
     else:
-        for out in outcomes:
+        if brief or len(outcomes) > 1:
+            print(summary, flush=True)
+        for out in outcomes if not brief else ():
             if out.error is None:
                 print_views(out.host, out.value.result, *views)
     exit_worst(codes(outcomes, agent_code=True))
 
 
-@task(help={"host": HOST_HELP, "json": "print the scan as JSON"})
+def _fleet_doc(fn):
+    """The fleet's rules (FLEET_HELP) in a task's -h, written once for status and verify."""
+    fn.__doc__ = (fn.__doc__ or "").replace("{fleet}", FLEET_HELP)
+    return fn
+
+
+def _brief_or_json(brief: bool, json: bool) -> None:
+    if brief and json:
+        from scripts.config.errors import ConfigError
+
+        raise ConfigError("--brief and --json: choose one (--json has every host's whole document)")
+
+
+def _no_gpu_is_not_free(r):
+    """A scan of a host that shows no GPU at all exits 1 (not free), as verify does there, and
+    its --json document says the same code: "no process holds a GPU" and exit 0 read as
+    free on a host whose device glob matched nothing."""
+    import dataclasses
+
+    from scripts.agent import contract
+    from scripts.views.status import no_gpu_visible
+
+    if r.code != contract.EXIT_OK or not no_gpu_visible(r.result):
+        return r
+    return dataclasses.replace(r, code=contract.EXIT_NOT_FREE, doc=dict(r.doc, exit_code=contract.EXIT_NOT_FREE))
+
+
+@task(help={"host": HOST_HELP, "json": "print the scan as JSON", "brief": BRIEF_HELP})
 @guarded
-def status(c, host=defaults.HOST, json=False):
+@_fleet_doc
+def status(c, host=defaults.HOST, json=False, brief=False):
     """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked).
 
     Also each GPU's health verdict (ok / reset needed / reboot needed / drain / unknown, with
     its reasons), its MIG mode and instances, and any CUDA MPS server with the clients it
-    serves. Exit 0; 6 when some process could not be inspected (its open files are not
-    readable by this user, so it may hold a GPU unseen: run as root); 3 unreachable.
+    serves. Exit 0; 1 when no GPU is visible (no device file matches the host's glob and no
+    GPU memory source: as verify); 6 when some process could not be inspected (its open
+    files are not readable by this user, so it may hold a GPU unseen: run as root); 3
+    unreachable; 7 timed out.
+
+    {fleet}
     """
     from scripts.ops import fleet
     from scripts.reach.transport import call_agent
-    from scripts.views import health as health_view, status as status_view
+    from scripts.views import fleet as fleet_view, health as health_view, status as status_view
 
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "scan"))
-    _show(outcomes, json, status_view.gpu_table, health_view.health, health_view.mig, status_view.holder_table,
-          health_view.mps, status_view.last_teardown)
+    _brief_or_json(brief, json)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, "scan")))
+    summary = "" if json else fleet_view.summary(outcomes, fleet_view.status_verdict)
+    _show(outcomes, json, brief, summary, status_view.visible, status_view.gpu_table, health_view.health,
+          health_view.mig, status_view.holder_table, health_view.mps, status_view.last_teardown)
 
 
 @task(help={"host": HOST_HELP, "wait": "wait up to this many seconds until free",
             "max_used_mib": td.TEARDOWN_HELP["max_used_mib"],
-            "json": "print the result as JSON"})
+            "json": "print the result as JSON", "brief": BRIEF_HELP})
 @guarded
-def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB, json=False):
+@_fleet_doc
+def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB, json=False, brief=False):
     """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1.
 
-    Exit 6 when the only obstacle is processes this user could not inspect (run as root:
-    a holder among them would be unseen, so FREE is never said). Exit 9 when free but a
-    GPU's health verdict is drain, reset needed or reboot needed ("unknown" never changes
-    the code); every GPU's verdict is printed with its reasons (JSON: gpus[].health).
+    Exit 1 too when no GPU is visible at all. Exit 6 when the only obstacle is processes
+    this user could not inspect (run as root: a holder among them would be unseen, so FREE
+    is never said). Exit 9 when free but a GPU's health verdict is drain, reset needed or
+    reboot needed ("unknown" never changes the code); every GPU's verdict is printed with
+    its reasons (JSON: gpus[].health). 3 unreachable; 7 timed out.
+
+    {fleet}
     """
     from scripts.config import cliargs
     from scripts.ops import fleet
     from scripts.reach.transport import VerifyRequest, call_agent
-    from scripts.views import health as health_view, status as status_view
+    from scripts.views import fleet as fleet_view, health as health_view, status as status_view
     from scripts.views.render import Progress
 
     wait_s = cliargs.seconds("wait", wait)
     req = VerifyRequest(wait=wait_s, max_used_mib=cliargs.whole("max-used-mib", max_used_mib))
+    _brief_or_json(brief, json)
     targets = hosts_of(host)
     shown = Progress(live=len(targets) == 1)
 
@@ -72,8 +123,9 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
 
     outcomes = fleet.each_host(targets, one)
     shown.done()
-    _show(outcomes, json, status_view.gpu_table, status_view.verdict, health_view.health, health_view.mps,
-          status_view.still_holding)
+    summary = "" if json else fleet_view.summary(outcomes, fleet_view.verify_verdict, req.max_used_mib)
+    _show(outcomes, json, brief, summary, status_view.gpu_table, status_view.verdict, health_view.health,
+          health_view.mps, status_view.still_holding)
 
 
 @task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON"))

@@ -75,7 +75,10 @@ def run(c, host=defaults.HOST, timeout="600"):
     """Run `-- CMD ARGS...` on the host exactly (no re-quoting needed); returns its exit code.
 
     With one host, stdout and stderr pass through byte for byte. With several, each host's
-    output is printed under a header once it finishes. ssh's own failure exits 3, no answer
+    stdout is printed under a header (`===== gpu1 =====`) once it finishes, and each line of
+    its stderr is led by `gpu1: `; a host that could not be reached or timed out has a
+    section of its own (`===== gpu3: unreachable (exit 3) =====`) and its error on stderr.
+    The fleet's exit code is the highest of its hosts' codes. ssh's own failure exits 3, no answer
     within --timeout (or ssh's connect / keep-alive timeout) exits 7; a command that exits
     255 on the host exits 255; a missing command exits 127.
     """
@@ -99,17 +102,33 @@ def run(c, host=defaults.HOST, timeout="600"):
 
     results = []
     for out in fleet.each_host(targets, lambda h: remote_cmd.run_on(h, argv, capture=True, deadline_s=deadline)):
-        print(f"===== {out.host.alias} =====", flush=True)
+        alias = out.host.alias
         if out.error is None:
+            print(f"===== {alias} =====", flush=True)
             sys.stdout.buffer.write(out.value.stdout)
             sys.stdout.flush()
-            sys.stderr.buffer.write(out.value.stderr)
+            sys.stderr.buffer.write(host_lines(alias, out.value.stderr))
             sys.stderr.flush()
             results.append(out.value.code)
         else:
-            print(f"gpu-pivot: {out.error}", file=sys.stderr)
-            results.append(code_for(out.error) or 1)
+            from scripts.views.status import failed
+
+            code = code_for(out.error) or 1
+            print(f"===== {alias}: {failed(out.error)} (exit {code}) =====", flush=True)  # a section of its own
+            print(f"gpu-pivot: {out.error}", file=sys.stderr, flush=True)
+            results.append(code)
     exit_worst(results)
+
+
+def host_lines(alias: str, data: bytes) -> bytes:
+    """A fleet host's stderr, each line led by `alias: ` (its bytes otherwise as they came): its
+    stdout has a section of its own, and stderr, read apart from it (`2>err.log`, a terminal
+    beside a piped stdout), must still say which host wrote each line. A last line without
+    its newline gets one, so the next host's output starts on a line of its own."""
+    lines = data.split(b"\n")
+    if lines[-1] == b"":
+        lines.pop()
+    return b"".join(alias.encode() + b": " + line + b"\n" for line in lines)
 
 
 @task(remainder=True, help={

@@ -21,11 +21,31 @@ def _mib(v) -> str:
     return "?" if v is None else f"{v}"
 
 
+def no_gpu_visible(x) -> str | None:
+    """The host shows no GPU at all (no device file matches its glob, no GPU memory source),
+    in verify's words; None when it shows one. Said plainly: "no process holds a GPU" there
+    read as "free" on a host whose glob was wrong or whose driver was not loaded."""
+    scan = scan_of(x)
+    if scan.gpus or scan.devices:
+        return None
+    tried = "; ".join(scan.gpu_source_tried) or scan.gpu_source
+    return f"no GPU visible: no device file matches {scan.devices_glob} and no GPU memory source ({tried})"
+
+
+def visible(x) -> str:
+    """`NO GPU VISIBLE: ...` (status) where the host shows no GPU; nothing where it shows one."""
+    missing = no_gpu_visible(x)
+    return note(missing.replace("no GPU visible", "NO GPU VISIBLE", 1), indent="", hang="  ") if missing else ""
+
+
 def gpu_table(x) -> str:
     scan = scan_of(x)
+    if no_gpu_visible(scan):
+        return ""  # said once, plainly, by `visible` (status) or verify's verdict
     if not scan.gpus:
         tried = "; ".join(scan.gpu_source_tried)
-        return f"GPU memory: no source on this host ({tried or 'none tried'}); holders below come from /proc only"
+        return note(f"GPU memory: no source on this host ({tried or 'none tried'}); holders below come from /proc "
+                    "only", indent="", hang="  ")
     rows = []
     for g in scan.gpus:
         procs = " ".join(f"{p['pid']}({_mib(p['used_mib'])})" for p in g["processes"]) or "-"  # wraps between pids
@@ -49,9 +69,12 @@ def where(h: contract.ProcessRow) -> str:
 
 def holder_table(x) -> str:
     scan = scan_of(x)
+    if not scan.holders and no_gpu_visible(scan):
+        return "\n".join(_notes(scan))  # no device to hold: `visible` says so
     if not scan.holders:
         seen = "no process it could inspect holds" if scan.denied else "no process holds"
-        return "\n".join([f"Holders: {seen} a GPU device" + (f" ({scan.devices_glob})" if scan.devices_glob else ""),
+        return "\n".join([note(f"Holders: {seen} a GPU device" + (f" ({scan.devices_glob})" if scan.devices_glob
+                                                                      else ""), indent="", hang="  "),
                           *_notes(scan)])
     rows = []
     for h in scan.holders:
@@ -83,13 +106,13 @@ def _notes(scan: contract.ScanResult) -> list:
     extra = [note(writing_line(h["pid"], h["write_files"])) for h in scan.holders if h.get("write_files")]
     if scan.foreign_gpu_pids:
         pids = ", ".join(str(p["pid"]) for p in scan.foreign_gpu_pids)
-        extra.append(f"  NVML reports pids not visible here (another PID namespace, e.g. the Proxmox node): {pids}")
+        extra.append(note(f"NVML reports pids not visible here (another PID namespace, e.g. the Proxmox node): {pids}"))
     if scan.proc_hidden:
-        extra.append(f"  NOT INSPECTED: {scan.proc_hidden}: a holder may be unseen, so nothing is called free; "
-                     "run as root")
+        extra.append(note(f"NOT INSPECTED: {scan.proc_hidden}: a holder may be unseen, so nothing is called free; "
+                          "run as root"))
     if scan.denied:
-        extra.append(f"  NOT INSPECTED: {len(scan.denied)} process(es) whose open files this user cannot read "
-                     f"({scan.denied[:10]}): they may hold a GPU, so nothing is called free; run as root")
+        extra.append(note(f"NOT INSPECTED: {len(scan.denied)} process(es) whose open files this user cannot read "
+                          f"({scan.denied[:10]}): they may hold a GPU, so nothing is called free; run as root"))
     return extra
 
 
@@ -158,3 +181,10 @@ def ping_line(alias: str, x, wall_s: float) -> str:
 
     return (f"{alias}: {p.hostname} python {p.python} pid {p.pid} nvml={yes(p.nvml)} nvidia-smi={yes(p.nvidia_smi)} "
             f"fuser={yes(p.fuser)} devices={len(p.devices)} ({wall_s * 1000:.0f} ms)")
+
+
+def failed(error) -> str:
+    """What a host's failed call was: 'timed out' (no answer in time, exit 7) or 'unreachable'."""
+    from ..reach.route import HostTimedOut
+
+    return "timed out" if isinstance(error, HostTimedOut) else "unreachable"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..agent import contract
 from . import health as health_view
 from .render import Col, Command, Progress, command, note, paint, record, shorten, shown, table
-from .status import header, still_holding, where, writing_line
+from .status import failed, header, still_holding, where, writing_line
 
 
 def _mib(gpu_mib: dict) -> str:
@@ -204,7 +204,7 @@ def host_line(outcome) -> str:
     """One line per host as it finishes, for a fleet teardown (outcome: a fleet.Outcome)."""
     alias = outcome.host.alias
     if outcome.error is not None:
-        return f"{alias}: {_failed(outcome.error).upper()}: {shorten(str(outcome.error), 80)}"
+        return f"{alias}: {failed(outcome.error).upper()}: {shorten(str(outcome.error), 80)}"
     return paint(f"{alias}: {brief(outcome.value, outcome.value.wall_s)}")
 
 
@@ -281,19 +281,12 @@ def report(alias: str, result, sandbox: bool = False) -> str:
     return paint("\n".join(p for p in parts if p))
 
 
-def _failed(error) -> str:
-    """What a host's failed call was: 'timed out' (no answer in time, exit 7) or 'unreachable'."""
-    from ..reach.route import HostTimedOut
-
-    return "timed out" if isinstance(error, HostTimedOut) else "unreachable"
-
-
 def summary(outcomes) -> str:
     """The table after a fleet teardown: one row per host, in the order given."""
     rows = []
     for out in outcomes:
         if out.error is not None:
-            rows.append([out.host.alias, "-", "-", "-", "-", f"{_failed(out.error)}: {out.error}"])
+            rows.append([out.host.alias, "-", "-", "-", "-", f"{failed(out.error)}: {out.error}"])
             continue
         t: contract.TeardownResult = record(out.value)
         result = "locked" if t.locked else ("not started" if t.state_error else _word(t))

@@ -1,0 +1,143 @@
+"""A fleet at a glance, and a host that shows no GPU.
+
+`status` and `verify` over several hosts print a summary first, one line per host in the
+order given (`HOST  GPUs free/total  holders  verdict`), then each host's details; `--brief`
+prints the summary alone; `--json` is every host's document as before. The fleet here is
+real: n1 (a server tree and a protected holder) and n4 (a device glob that matches nothing)
+are aliases of this machine, n2 is this machine again through the loopback sshd, n3 is an
+ssh destination nobody answers. `run` over a fleet leads each stderr line with its host and
+gives an unreachable host a section of its own. `status` on a host that shows no GPU says
+"no GPU visible" and exits 1, as verify does; and its screen fits 80 columns.
+"""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from tests import scenario
+from tests.conftest import invoke
+from tests.procs import ProcessSet
+
+UNREACHABLE = "N3_SSH=nobody@127.0.0.1\nN3_SSH_OPTS='-p 1 -o ConnectTimeout=3 -o ControlPath=none'\n"
+HEADER = ["host", "GPUs free/total", "holders", "verdict"]
+
+
+def _keys(alias: str, keys: dict) -> str:
+    return "".join(f"{alias.upper()}_{k}='{v}'\n" for k, v in keys.items())
+
+
+@pytest.fixture
+def fleet(tmp_path, sshd, hosts_env):
+    busy, idle = ProcessSet(tmp_path / "busy"), ProcessSet(tmp_path / "idle")
+    pids = {"server": busy.server(tp=2)[0], "persistenced": busy.role("hold", title="nvidia-persistenced")}
+    hosts_env(_keys("n1", scenario.host_keys(busy))
+              + sshd.hosts_env("n2", extra=scenario.host_keys(idle))
+              + UNREACHABLE
+              + _keys("n4", {"DEVICES": f"{tmp_path}/nothing/nvidia*", "FAKE_DEVICES": "yes"}))
+    yield pids
+    busy.kill_all()
+    idle.kill_all()
+
+
+def _summary(text: str) -> dict:
+    """{host: its summary row's cells} from the table at the top of `text` (a wrapped verdict's
+    later lines joined to its row), in the order printed: a dict keeps it."""
+    lines = text.splitlines()
+    assert lines[0].split(None, 1)[0] == "host" and " ".join(lines[0].split()) == " ".join(HEADER), text
+    rows: dict = {}
+    for line in lines[2:]:
+        if not line.strip() or line.startswith("== "):
+            break
+        if line[0] != " ":
+            host, gpus, rest = line.split(None, 2)
+            rows[host] = [gpus, rest]
+        else:
+            rows[host][-1] += " " + line.strip()
+    return {h: [gpus] + _split_holders(rest) for h, (gpus, rest) in rows.items()}
+
+
+def _split_holders(rest: str) -> list:
+    """'3 (+1 protected)  NOT FREE' -> ['3 (+1 protected)', 'NOT FREE'] (columns are 2+ spaces apart)."""
+    holders, verdict = rest.split("  ", 1)
+    return [holders.strip(), " ".join(verdict.split())]
+
+
+def test_status_over_a_fleet_puts_one_line_per_host_first(fleet):
+    out = invoke("status", "--host", "n[1-4]", env=dict(os.environ, COLUMNS="100"))
+    text = out.stdout.decode()
+    assert out.returncode == 3, text + out.stderr.decode()  # the highest: n3 unreachable (3) over n4 (1)
+    rows = _summary(text)
+    assert list(rows) == ["n1", "n2", "n3", "n4"], text
+    assert rows["n1"] == ["0/2", "3 (+1 protected)", "NOT FREE"], text
+    assert rows["n2"] == ["2/2", "0", "FREE"], text
+    assert rows["n3"][:2] == ["-", "-"] and rows["n3"][2].startswith("UNREACHABLE (exit 3): host unreachable"), text
+    assert rows["n4"] == ["0/0", "0", "NO GPU VISIBLE (exit 1)"], text
+    # then the details, in the same order, after the summary
+    headers = [line.split()[1] for line in text.splitlines() if line.startswith("== ")]
+    assert headers == ["n1", "n2", "n4"], text
+    assert text.index("== n1") > text.index("NO GPU VISIBLE (exit 1)")
+    assert str(fleet["server"]) in text.split("== n2")[0].split("== n1")[1]
+    assert "gpu-pivot: n3: host unreachable" in out.stderr.decode()
+
+
+def test_brief_is_the_summary_alone_and_json_is_unchanged(fleet):
+    out = invoke("verify", "--host", "n[1-4]", "--brief")
+    text = out.stdout.decode()
+    assert out.returncode == 3, text + out.stderr.decode()
+    rows = _summary(text)
+    assert list(rows) == ["n1", "n2", "n3", "n4"] and len(text.strip().splitlines()) == 2 + 5, text
+    assert rows["n1"] == ["0/2", "3 (+1 protected)", "NOT FREE (exit 1)"], text
+    assert rows["n2"] == ["2/2", "0", "FREE"], text
+    assert "== " not in text and "Still holding" not in text
+    out = invoke("verify", "--host", "n[1-4]", "--json")
+    doc = json.loads(out.stdout)
+    assert out.returncode == 3
+    assert sorted(doc) == ["n1", "n2", "n3", "n4"]  # one document per host, no summary mixed in
+    assert [doc[h]["exit_code"] for h in ("n1", "n2", "n3", "n4")] == [1, 0, 3, 1]
+    assert doc["n2"]["free"] is True and "error" in doc["n3"]
+    out = invoke("status", "--host", "n[1-4]", "--brief", "--json")
+    assert out.returncode == 2 and out.stderr.decode().strip() == (
+        "gpu-pivot: --brief and --json: choose one (--json has every host's whole document)")
+
+
+def test_one_host_keeps_its_view(fleet):
+    out = invoke("status", "--host", "n1")
+    text = out.stdout.decode()
+    assert out.returncode == 0, text
+    assert text.startswith("== n1 ") and "GPUs free/total" not in text
+    out = invoke("status", "--host", "n1", "--brief")  # --brief: the one line, under its header
+    assert _summary(out.stdout.decode()) == {"n1": ["0/2", "3 (+1 protected)", "NOT FREE"]}
+
+
+def test_a_host_that_shows_no_gpu_says_so_as_verify_does(fleet):
+    out = invoke("status", "--host", "n4")
+    text = " ".join(out.stdout.decode().split())
+    assert out.returncode == 1, text  # as verify: nothing here is free
+    assert "NO GPU VISIBLE: no device file matches" in text and "nothing/nvidia*" in text
+    assert "holds a GPU" not in text, text
+    assert json.loads(invoke("status", "--host", "n4", "--json").stdout)["n4"]["exit_code"] == 1
+    verify = invoke("verify", "--host", "n4")
+    assert verify.returncode == 1 and "no GPU visible: no device file matches" in verify.stdout.decode()
+
+
+def test_run_over_a_fleet_names_the_host_of_every_stderr_line(fleet):
+    out = invoke("run", "--host", "n1,n3,n2", "--", "sh", "-c", "echo out; echo err >&2; printf 'no newline' >&2")
+    assert out.returncode == 3, out
+    stdout, stderr = out.stdout.decode(), out.stderr.decode()
+    assert stdout == "===== n1 =====\nout\n===== n3: unreachable (exit 3) =====\n===== n2 =====\nout\n", stdout
+    lines = stderr.splitlines()
+    assert lines[:2] == ["n1: err", "n1: no newline"], stderr
+    assert lines[2].startswith("gpu-pivot: n3: host unreachable"), stderr
+    assert lines[3:] == ["n2: err", "n2: no newline"], stderr
+
+
+def test_status_fits_80_columns(fleet):
+    for host in ("n1", "n4", "n[1-4]"):
+        out = invoke("status", "--host", host, env=dict(os.environ, COLUMNS="80"))
+        text = out.stdout.decode()
+        assert text.strip(), out
+        assert max(len(line) for line in text.splitlines()) <= 80, text
+        if host == "n1":  # the 179-character line of a host without a GPU memory source, wrapped
+            assert "GPU memory: no source on this host" in text, text
