@@ -18,6 +18,7 @@ import pytest
 
 from tests import scenario
 from tests.conftest import invoke
+from tests.fleet_faults import Tarpit
 from tests.procs import ProcessSet
 
 UNREACHABLE = "N3_SSH=nobody@127.0.0.1\nN3_SSH_OPTS='-p 1 -o ConnectTimeout=3 -o ControlPath=none'\n"
@@ -32,11 +33,15 @@ def _keys(alias: str, keys: dict) -> str:
 def fleet(tmp_path, sshd, hosts_env):
     busy, idle = ProcessSet(tmp_path / "busy"), ProcessSet(tmp_path / "idle")
     pids = {"server": busy.server(tp=2)[0], "persistenced": busy.role("hold", title="nvidia-persistenced")}
+    tarpit = Tarpit()  # n5: accepts and never speaks; ssh gives up at its ConnectTimeout
     hosts_env(_keys("n1", scenario.host_keys(busy))
               + sshd.hosts_env("n2", extra=scenario.host_keys(idle))
               + UNREACHABLE
-              + _keys("n4", {"DEVICES": f"{tmp_path}/nothing/nvidia*", "FAKE_DEVICES": "yes"}))
+              + _keys("n4", {"DEVICES": f"{tmp_path}/nothing/nvidia*", "FAKE_DEVICES": "yes"})
+              + f"N5_SSH={sshd.dest()}\nN5_SSH_OPTS='-p {tarpit.port} -o ConnectTimeout=2 -o ControlPath=none "
+                f"-o UserKnownHostsFile={sshd.known_hosts} -o StrictHostKeyChecking=yes'\n")
     yield pids
+    tarpit.close()
     busy.kill_all()
     idle.kill_all()
 
@@ -65,11 +70,12 @@ def _split_holders(rest: str) -> list:
 
 
 def test_status_over_a_fleet_puts_one_line_per_host_first(fleet):
-    out = invoke("status", "--host", "n[1-4]", env=dict(os.environ, COLUMNS="100"))
+    out = invoke("status", "--host", "n[1-5]", env=dict(os.environ, COLUMNS="100"))
     text = out.stdout.decode()
-    assert out.returncode == 3, text + out.stderr.decode()  # the highest: n3 unreachable (3) over n4 (1)
+    assert out.returncode == 7, text + out.stderr.decode()  # the highest: n5 timed out (7) over n3 (3), n4 (1)
     rows = _summary(text)
-    assert list(rows) == ["n1", "n2", "n3", "n4"], text
+    assert list(rows) == ["n1", "n2", "n3", "n4", "n5"], text
+    assert rows["n5"][:2] == ["-", "-"] and rows["n5"][2].startswith("TIMED OUT (exit 7): "), text
     assert rows["n1"] == ["0/2", "3 (+1 protected)", "NOT FREE"], text
     assert rows["n2"] == ["2/2", "0", "FREE"], text
     assert rows["n3"][:2] == ["-", "-"] and rows["n3"][2].startswith("UNREACHABLE (exit 3): host unreachable"), text
