@@ -364,7 +364,7 @@ GPU_ROWS = (
     ("floor_strict_s", "floor, strict: ... and no GPU lists a compute process (FREED's test)"),
     ("agent_free_at_s", "agent free at: lock, scan, plan, SIGTERM, every GPU reads free"),
     ("agent_settled_s", "agent settled: free at + the settle window (respawn watch)"),
-    ("cli_freed_line_s", "whole CLI: Enter -> the `FREED at` line"),
+    ("cli_freed_line_s", "whole CLI: Enter -> the `free at` line"),
     ("cli_exit_s", "whole CLI: Enter -> exit (after the settle window: the verdict)"),
 )
 
@@ -382,7 +382,7 @@ def gpu_section(paths: list) -> list:
               "merged from bench/results/, not re-measured by this run. Tree: a parent + "
               f"{runs[0]['children']} spawned torch children, {runs[0]['gib_per_proc']:g} GiB each on every GPU = "
               f"{runs[0]['gib_per_gpu']:g} GiB per GPU; floor and gpu-pivot alternate, {runs[0]['reps_n']} reps each; "
-              "median (min-max) in seconds. The CLI prints `FREED at` when every GPU first reads free and keeps "
+              "median (min-max) in seconds. The CLI prints `free at` when every GPU first reads free and keeps "
               f"watching {runs[0]['settle_s']:g} s for a respawn; its exit code is the verdict of that whole window.",
               ""]
     head = ["measure"]
