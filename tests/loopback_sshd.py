@@ -31,8 +31,11 @@ class LoopbackSshd:
     """Start with `.start()`, stop with `.stop()`. `ssh_opts` are what a client needs."""
 
     def __init__(self, workdir: Path, noise: str | None = None, keys_from: LoopbackSshd | None = None,
-                 env: dict | None = None):
+                 env: dict | None = None, home_keys: bool = False):
+        """home_keys: each user's own ~/.ssh/authorized_keys is read too (after the test's file,
+        which sshd reads as the user logging in: another user cannot read it in a test's 0700 dir)."""
         self.dir = Path(workdir)
+        self.home_keys = home_keys
         self.dir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.noise = noise
@@ -78,7 +81,7 @@ class LoopbackSshd:
             "ListenAddress 127.0.0.1",
             f"HostKey {self.host_key}",
             f"PidFile {self.dir / 'sshd.pid'}",
-            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}",
+            f"AuthorizedKeysFile {self.dir / 'authorized_keys'}" + (" .ssh/authorized_keys" if self.home_keys else ""),
             "PubkeyAuthentication yes",
             "PasswordAuthentication no",
             "KbdInteractiveAuthentication no",
@@ -141,8 +144,8 @@ class LoopbackSshd:
         return (f"-p {self.port} -i {self.client_key} -o UserKnownHostsFile={self.known_hosts} "
                 "-o StrictHostKeyChecking=yes -o IdentitiesOnly=yes")
 
-    def dest(self) -> str:
-        return f"{os.environ.get('USER') or _whoami()}@127.0.0.1"
+    def dest(self, user: str | None = None) -> str:
+        return f"{user or os.environ.get('USER') or _whoami()}@127.0.0.1"
 
     def connections(self) -> int:
         """How many ssh connections sshd accepted (one 'Accepted publickey' line each)."""
@@ -150,9 +153,9 @@ class LoopbackSshd:
             return 0
         return self.log.read_text().count("Accepted publickey")
 
-    def hosts_env(self, alias: str, ctid: str | None = None, extra: dict | None = None) -> str:
+    def hosts_env(self, alias: str, ctid: str | None = None, extra: dict | None = None, user: str | None = None) -> str:
         up = alias.upper()
-        lines = [f"{up}_SSH={self.dest()}", f"{up}_SSH_OPTS='{self.ssh_opts}'"]
+        lines = [f"{up}_SSH={self.dest(user)}", f"{up}_SSH_OPTS='{self.ssh_opts}'"]
         if ctid:
             lines.append(f"{up}_CTID={ctid}")
         for k, v in (extra or {}).items():

@@ -688,6 +688,7 @@ class PingResult(Record):
     nvidia_smi: str | None
     fuser: str | None
     devices: list[str]
+    sudo_user: str | None = None  # the user who became root with sudo, where the agent could tell
     code: int = EXIT_OK
 
 

@@ -30,6 +30,8 @@ def run(args):
         "hostname": socket.gethostname(),
         "pid": os.getpid(),
         "uid": os.getuid(),
+        # who became root with sudo (sudo sets it; `pct exec` may not pass it into a container)
+        "sudo_user": os.environ.get("SUDO_USER") if os.getuid() == 0 else None,
         "python": platform.python_version(),
         "python_executable": sys.executable,
         "kernel": platform.release(),

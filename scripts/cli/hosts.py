@@ -42,11 +42,12 @@ def hosts(c, json=False, names=False):
                        " 0: no limit of its own, the longest wait: 3600)"})
 @guarded
 def ping(c, host=defaults.HOST, json=False, timeout=""):
-    """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there."""
+    """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there, and
+    whether the agent runs as root (`as root via sudo` with ALIAS_BECOME=sudo)."""
     from scripts.config import cliargs
     from scripts.ops import fleet
     from scripts.reach.transport import call_agent
-    from scripts.views import status as status_view
+    from scripts.views import ping as ping_view, status as status_view
 
     deadline = cliargs.seconds("timeout", timeout) if timeout else None
     if deadline == 0:  # 0 is no limit, as `run -T 0` (the agent's longest wait bounds it)
@@ -60,9 +61,10 @@ def ping(c, host=defaults.HOST, json=False, timeout=""):
             docs.append(dict(failed(out.error), host=out.host.alias))
             continue
         r = out.value
-        docs.append(dict(r.doc, host=r.host, wall_s=round(r.wall_s, 3)))
+        become = out.host.route.become
+        docs.append(dict(r.doc, host=r.host, wall_s=round(r.wall_s, 3), runs_as=ping_view.runs_as(r.result, become)))
         if not json:
-            print(status_view.ping_line(r.host, r.result, r.wall_s))
+            print(status_view.ping_line(r.host, r.result, r.wall_s) + ping_view.ping_suffix(r.result, become))
     if json:
         print(dumps(docs))
     exit_worst(codes(outcomes))

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..agent.contract import DEVICE_GLOB
-from ..reach.route import PctHop, Route, SshHop
+from ..reach.route import PctHop, Route, SshHop, SudoHop
 from .envfile import read_env_file
 from .errors import ConfigError, show
 from .patterncheck import check_pattern
@@ -31,7 +31,8 @@ HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
 
 # Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
 # alias "gpu1_ssh" + "OPTS".
-KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT", "SCOPE")
+KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "BECOME", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT",
+                  "SCOPE")
 _BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 _SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
@@ -106,6 +107,22 @@ def _yes_no(key: str, value: str) -> bool:
         raise ConfigError(f"{key}={show(value)}: must be yes or no (or true/false, 1/0)") from None
 
 
+BECOME_METHODS = ("sudo",)  # Ansible's word and value; the one way to root over ssh supported
+
+
+def _become(key: str, value: str, ssh: str | None, ssh_key: str) -> SudoHop:
+    """The hop that makes the rest of the route root: `sudo -n` on the ssh host, before `pct exec`
+    on a Proxmox node (the container is entered as root). Why only behind ssh: on this machine
+    the tasks themselves run as whoever started them (`sudo invoke ...` as root)."""
+    if value not in BECOME_METHODS:
+        raise ConfigError(f"{key}={show(value)}: the one way to become root is 'sudo' (a NOPASSWD rule for the ssh "
+                          "user on the host)")
+    if ssh is None:
+        raise ConfigError(f"{key} is set but {ssh_key} is not: becoming root is for an ssh host; on this machine "
+                          "run the tasks as root instead")
+    return SudoHop()
+
+
 def build_host(alias: str, keys: dict, source: str) -> Host:
     """Validate one alias's keys (suffix -> value) and build its Host."""
     up = alias.upper()
@@ -123,7 +140,7 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
         check_ssh_opts(key("SSH_OPTS"), keys["SSH_OPTS"], opts)
         if not ssh:
             raise ConfigError(f"{key('SSH_OPTS')} is set but {key('SSH')} is not")
-    hops: list[SshHop | PctHop] = []
+    hops: list[SshHop | SudoHop | PctHop] = []
     if ssh is not None:
         if ssh == "":
             raise ConfigError(f"{key('SSH')}='': empty ssh destination")
@@ -131,6 +148,8 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
             raise ConfigError(f"{key('SSH')}={show(ssh)}: an ssh destination may not start with '-'")
         dest = _check(key("SSH"), ssh, _SSH_DEST, "ssh destination (user@host or alias; no spaces or shell characters)")
         hops.append(SshHop(dest, opts))
+    if "BECOME" in keys:
+        hops.append(_become(key("BECOME"), keys["BECOME"], ssh, key("SSH")))
     if "CTID" in keys:
         ctid = keys["CTID"]
         if not ctid.isdigit() or not ctid.isascii() or int(ctid) < 100:
@@ -197,7 +216,7 @@ def load_hosts(path: Path | None = None, built_in=None) -> dict:
         if alias in grouped:
             raise ConfigError(f"{path}: {alias.upper()}_* keys are not allowed; the {alias} host is built in")
     local_keys = grouped.pop("local", {})
-    for forbidden in ("SSH", "SSH_OPTS", "CTID"):
+    for forbidden in ("SSH", "SSH_OPTS", "BECOME", "CTID"):
         if forbidden in local_keys:
             raise ConfigError(f"{path}: LOCAL_{forbidden} is not allowed; `local` is always this machine")
     hosts = {"local": build_host("local", local_keys, "built-in")}

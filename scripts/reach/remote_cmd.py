@@ -9,6 +9,7 @@ process is killed and the host counts as timed out (exit 7), and the other hosts
 """
 from __future__ import annotations
 
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -43,7 +44,7 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
         return _not_started(host, argv, exc.error, capture)
     if done.cut_off or done.code is None:
         raise done.timed_out(host.alias, deadline_s, local=not host.route.hops)
-    failure = done.failure(host.route, host.alias)
+    failure = done.failure(host.route, host.alias, what=shlex.quote(argv[0]))
     if failure is not None:
         raise failure
     code = done.code

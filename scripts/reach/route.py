@@ -147,6 +147,22 @@ class PctHop:
 
 
 @dataclass(frozen=True)
+class SudoHop:
+    """`sudo -n -- argv`: the rest of the route runs as root (hosts.env `ALIAS_BECOME=sudo`).
+
+    Why -n: sudo that wants a password (or a terminal, `requiretty`) fails at once, exit 1,
+    instead of waiting for an answer nobody can type; become_failure names it. argv passes
+    through unquoted (sudo execs it); `--` ends sudo's own options, so a command starting
+    with `-` is a command."""
+
+    def wrap(self, argv: list, for_paste: bool, ssh_log: str | None = None) -> list:
+        return ["sudo", "-n", "--", *argv]
+
+    def describe(self) -> str:
+        return "sudo -n"
+
+
+@dataclass(frozen=True)
 class Route:
     """An ordered list of hops, outermost first. No hops = this machine."""
 
@@ -169,6 +185,10 @@ class Route:
     def ssh(self) -> SshHop | None:
         return next((h for h in self.hops if isinstance(h, SshHop)), None)
 
+    @property
+    def become(self) -> SudoHop | None:
+        return next((h for h in self.hops if isinstance(h, SudoHop)), None)
+
     def describe(self) -> str:
         return " -> ".join(h.describe() for h in self.hops) or "this machine"
 
@@ -179,7 +199,9 @@ class Route:
         asking the ControlMaster socket (`ssh -O check`) cannot tell them apart when there is
         no socket (ControlPath=none: the check itself exits 255). A line printed by `sh` on
         the host before it execs the command can only come from the far side. The process
-        that runs is still exactly argv (exec); on this machine (no ssh) nothing is added."""
+        that runs is still exactly argv (exec); on this machine (no ssh) nothing is added.
+        Behind a sudo hop the line comes from root's side of sudo, so it also proves sudo ran
+        the command (become_failure)."""
         if self.ssh is None:
             return list(argv)
         return ["sh", "-c", 'printf "%s\\n" "$1" >&2; shift; exec "$@"', "gpu-pivot", ran_line(nonce), *argv]
@@ -283,14 +305,39 @@ def unreachable(alias: str, stderr: str, ran: bool = False, hop: SshHop | None =
     return HostUnreachable(f"{alias}: host unreachable (ssh exit 255: {tail or 'nothing on stderr'})")
 
 
-def ssh_failure(route: Route, alias: str, code: int, ran: bool, ssh_said: str, stderr: str):
-    """The error for a call whose exit was ssh's own failure (Route.ssh_failed), else None.
-    Decided from ssh's -E log alone (a remote command cannot fake it); the message shows that
-    log, or the call's stderr when the log is empty. One place for every ssh call (agent
-    calls, `run`, `logs --follow`)."""
-    if not route.ssh_failed(code, ran, ssh_said):
+def route_failure(route: Route, alias: str, code: int, ran: bool, ssh_said: str, stderr: str,
+                  what: str = "the agent"):
+    """The error for a call that never reached its command: ssh's own failure (Route.ssh_failed),
+    decided from ssh's -E log alone (a remote command cannot fake it) and shown with that log, or
+    the call's stderr when the log is empty; else sudo's refusal (become_failure); else None.
+    One place for every call over a route (agent calls, `run`, `logs --follow`); `what` names
+    the command in sudo's line."""
+    if route.ssh_failed(code, ran, ssh_said):
+        return unreachable(alias, ssh_said or stderr, ran, route.ssh)
+    return become_failure(route, alias, code, ran, stderr, what)
+
+
+SUDO_REFUSED = 1  # sudo's own exit code for every refusal; otherwise it exits with its command's code
+
+
+def become_failure(route: Route, alias: str, code: int, ran: bool, stderr: str, what: str = "the agent"):
+    """SudoRefused when the route's sudo hop refused to run the command, else None.
+
+    Decided by the exit code and the proof line (Route.marked), never by sudo's words, which are
+    translated (the host's LANG): the line is printed by the command's wrapper once sudo runs it
+    as root, so sudo's exit 1 without it is sudo's own refusal: a password wanted (no NOPASSWD
+    rule), a terminal wanted (requiretty: there is none, sudo -n never opens one) or no rule for
+    the command; nothing ran. sudo's words follow in the line, for the operator."""
+    if route.become is None or ran or code != SUDO_REFUSED:
         return None
-    return unreachable(alias, ssh_said or stderr, ran, route.ssh)
+    hop = route.ssh
+    user, _, where = hop.dest.rpartition("@") if hop else ("", "", "this machine")
+    said = " | ".join(line.strip() for line in stderr.splitlines() if line.strip() and RAN_PREFIX not in line)
+    said = f"; it said: {said[-200:]}" if said else ""
+    rule = f"`{user} ALL=(root) NOPASSWD: ALL`" if user else "`USER ALL=(root) NOPASSWD: ALL` for the ssh user"
+    return SudoRefused(f"{alias}: sudo on {where} refused to run {what} as root without a password or a terminal "
+                       f"(exit 1{said}); {alias.upper()}_BECOME=sudo needs a sudoers rule there such as {rule}, "
+                       "and no requiretty for that user; nothing ran")
 
 
 def known_hosts_files(opts: tuple | list) -> list:
@@ -337,6 +384,11 @@ class HostUnreachable(RuntimeError):
 class HostKeyFailed(HostUnreachable):
     """ssh refused the host's key (changed, or unknown with StrictHostKeyChecking=yes): the
     host was not reached, nothing ran there; exit 3 like any unreachable host, on its own line."""
+
+
+class SudoRefused(HostUnreachable):
+    """sudo on the host would not run the command without a password or a terminal, or has no
+    rule for it (become_failure): nothing ran there; exit 3 like an unreachable host."""
 
 
 class HostTimedOut(HostUnreachable):

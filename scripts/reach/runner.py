@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .route import HostTimedOut, Route, ran_line, read_ssh_log, ssh_failure, ssh_log
+from .route import HostTimedOut, Route, ran_line, read_ssh_log, route_failure, ssh_log
 
 KILL_WAIT_S = 5.0
 END_WAIT_S = 5.0  # after SIGTERM (Ctrl-C while following), before SIGKILL
@@ -65,11 +65,12 @@ class Finished:
     stuck_pid: int | None = None  # cut off and it did not die on SIGKILL
     feed_error: BaseException | None = None
 
-    def failure(self, route: Route, alias: str):
-        """ssh's own failure (HostUnreachable, HostTimedOut, HostKeyFailed), or None."""
+    def failure(self, route: Route, alias: str, what: str = "the agent"):
+        """ssh's own failure (HostUnreachable, HostTimedOut, HostKeyFailed) or sudo's refusal
+        (SudoRefused) before `what` ran, or None."""
         if self.code is None:
             return None
-        return ssh_failure(route, alias, self.code, self.ran, self.ssh_said, self.stderr)
+        return route_failure(route, alias, self.code, self.ran, self.ssh_said, self.stderr, what)
 
     def timed_out(self, alias: str, seconds: float, local: bool) -> HostTimedOut:
         return timed_out(alias, seconds, self.ran, local=local, stuck_pid=self.stuck_pid)
