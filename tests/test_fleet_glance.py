@@ -147,3 +147,47 @@ def test_status_fits_80_columns(fleet):
         assert max(len(line) for line in text.splitlines()) <= 80, text
         if host == "n1":  # the 179-character line of a host without a GPU memory source, wrapped
             assert "GPU memory: no source on this host" in text, text
+
+
+def _scan(gpus=2, holders=(), **fields):
+    from scripts.agent import contract
+
+    rows = [{"index": i, "name": "H200", "used_mib": 0, "reserved_mib": 0, "total_mib": 143771, "processes": []}
+            for i in range(gpus)]
+    base = {"hostname": "h", "gpus": rows, "holders": list(holders), "gpu_source": "nvml",
+            "devices": [f"/dev/nvidia{i}" for i in range(gpus)] + ["/dev/nvidiactl"]}
+    base.update(fields)
+    return contract.ScanResult(**base)
+
+
+def _holder(pid, devices, gpu_mib=None, protected=None):
+    return {"pid": pid, "devices": devices, "gpu_mib": gpu_mib or {}, "protected": protected}
+
+
+def test_a_gpu_counts_free_only_where_nothing_says_otherwise():
+    from scripts.views import fleet as fleet_view
+
+    assert fleet_view.gpus_free(_scan()) == "2/2"
+    # memory on GPU 1 (its NVML index), whatever device files the holder has open
+    assert fleet_view.gpus_free(_scan(holders=[_holder(9, ["/dev/nvidia0"], {"1": 900})])) == "1/2"
+    # a device handle alone: on the GPU of its nvidiaN file; on every GPU when it has none of those
+    assert fleet_view.gpus_free(_scan(holders=[_holder(9, ["/dev/nvidia1", "/dev/nvidiactl"])])) == "1/2"
+    assert fleet_view.gpus_free(_scan(holders=[_holder(9, ["/dev/nvidiactl"])])) == "0/2"
+    # a protected holder (a persistence daemon) keeps no GPU from being free
+    scan = _scan(holders=[_holder(9, ["/dev/nvidia0"], protected="NVIDIA persistence daemon")])
+    assert fleet_view.gpus_free(scan) == "2/2" and fleet_view.holders(scan) == "0 (+1 protected)"
+    assert fleet_view.status_verdict(scan) == "FREE"
+    # memory that could not be read, or over the threshold, is not free
+    unread = _scan()
+    unread.gpus[0]["used_mib"] = None
+    assert fleet_view.gpus_free(unread) == "1/2" and fleet_view.status_verdict(unread) == "NOT FREE"
+    used = _scan()
+    used.gpus[1]["used_mib"] = 3
+    assert fleet_view.gpus_free(used) == "1/2" and fleet_view.gpus_free(used, max_used_mib=5) == "2/2"
+    # a process not inspected may hold any GPU unseen: no count is claimed
+    denied = _scan(denied=[4242])
+    assert fleet_view.gpus_free(denied) == "?/2" and fleet_view.status_verdict(denied) == "NOT INSPECTED (run as root)"
+    # no source: the GPUs are the host's nvidiaN files
+    fake = _scan(gpus=0, devices=["/x/nvidia0", "/x/nvidia1", "/x/nvidia-uvm"],
+                 holders=[_holder(9, ["/x/nvidia1"])])
+    assert fleet_view.gpus_free(fake) == "1/2" and fleet_view.status_verdict(fake) == "NOT FREE"
