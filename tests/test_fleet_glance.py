@@ -89,7 +89,7 @@ def test_status_over_a_fleet_puts_one_line_per_host_first(fleet):
 
 
 def test_brief_is_the_summary_alone_and_json_is_unchanged(fleet):
-    out = invoke("verify", "--host", "n[1-4]", "--brief")
+    out = invoke("verify", "--host", "n[1-4]", "--brief", "--wait", "1")  # n1 waited on: no progress line shown
     text = out.stdout.decode()
     assert out.returncode == 3, text + out.stderr.decode()
     rows = _summary(text)

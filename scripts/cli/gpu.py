@@ -118,7 +118,8 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     shown = Progress(live=len(targets) == 1)
 
     def one(h):
-        on_progress = None if json or not wait_s else lambda p: shown.update(status_view.verify_progress(h.alias, p))
+        quiet = json or brief or not wait_s  # --brief: the summary alone, no progress lines before it
+        on_progress = None if quiet else lambda p: shown.update(status_view.verify_progress(h.alias, p))
         return call_agent(h, "verify", req.argv(), on_progress=on_progress, deadline_s=req.deadline_s())
 
     outcomes = fleet.each_host(targets, one)
