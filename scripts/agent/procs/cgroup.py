@@ -1,8 +1,19 @@
 """Which systemd unit or container a process belongs to, from /proc/PID/cgroup.
 
 Why: a server run by a systemd unit with Restart=always comes back after a kill, so it
-must be stopped with `systemctl stop UNIT`; one inside docker with `docker stop`. Works on
-cgroup v2 (`0::/path`) and v1 (`N:controller:/path`, the name=systemd or pids line).
+must be stopped with `systemctl stop UNIT`; one inside docker with `docker stop`, podman with
+`podman stop`, a Kubernetes pod only through the API server (the kubelet restarts whatever is
+killed or stopped under it). Works on cgroup v2 (`0::/path`) and v1 (`N:controller:/path`, the
+name=systemd or pids line).
+
+A container is told by the scope or directory its runtime makes, with the systemd cgroup
+driver or the cgroupfs one: docker `docker-ID.scope` / `/docker/ID`, podman
+`libpod-ID.scope` / `libpod-ID` (conmon, its monitor, in `libpod-conmon-ID.scope` or
+`.../conmon`), containerd's CRI plugin `cri-containerd-ID.scope`, CRI-O `crio-ID.scope`
+(`crio-conmon-ID.scope`), nerdctl `nerdctl-ID.scope`. Anything under `kubepods` is a
+Kubernetes pod's, whichever runtime made its scope: the pod UID is read from its `pod<UID>`
+element (systemd escapes the UID's dashes as underscores: `kubepods-besteffort-pod1f2e_...
+.slice`; the cgroupfs driver keeps them), and the record says which runtime runs it.
 """
 import re
 
@@ -17,6 +28,24 @@ _LXC = [
     re.compile(r"/lxc\.payload\.([^/]+)"),             # LXC 4+/Proxmox, seen from the node
     re.compile(r"/lxc/([^/]+)"),                       # older LXC layout
 ]
+# (kind, pattern): the first that matches names the container's runtime. The container's own
+# scope only: a runtime's monitor (conmon) lives beside it, in a scope of its own.
+_RUNTIMES = (
+    ("podman", re.compile(r"/libpod-(?:payload-)?(%s)(?:\.scope)?(?:/|$)" % _HEX64)),
+    ("cri-containerd", re.compile(r"/cri-containerd-(%s)\.scope(?:/|$)" % _HEX64)),
+    ("crio", re.compile(r"/crio-(%s)\.scope(?:/|$)" % _HEX64)),
+    ("nerdctl", re.compile(r"/nerdctl-(%s)\.scope(?:/|$)" % _HEX64)),
+    ("docker", _DOCKER[0]),
+)
+# A runtime's monitor process (conmon): a manager daemon of the container, not in it
+_MONITORS = (
+    ("podman", re.compile(r"/libpod-conmon-(%s)\.scope(?:/|$)" % _HEX64)),
+    ("crio", re.compile(r"/crio-conmon-(%s)\.scope(?:/|$)" % _HEX64)),
+)
+# A pod's cgroup: `kubepods-<qos>-pod<UID>.slice` (systemd driver, the UID's dashes escaped as
+# `_`) or `pod<UID>` (cgroupfs driver). A static pod's UID is a 32-digit hash without dashes.
+_POD = re.compile(r"/(?:kubepods-(?:[a-z]+-)?)?pod([0-9a-f][0-9a-f_-]{30,35}[0-9a-f])(?:\.slice)?(?:/|$)")
+_BARE_ID = re.compile(r"/(%s)(?:\.scope)?$" % _HEX64)  # the cgroupfs driver names a pod's container by its id alone
 _UNIT = re.compile(r"/([^/]+\.(?:service|scope))(?:/|$)")
 _PREFERRED_V1 = ("name=systemd", "pids", "memory", "cpu,cpuacct")
 
@@ -37,27 +66,79 @@ def pick_path(text):
 
 
 def parse(text):
-    """{'path', 'unit', 'container': {'kind','id'} or None} from the text of /proc/PID/cgroup."""
+    """{'path', 'unit', 'container', 'monitor'} from the text of /proc/PID/cgroup: `container`
+    {'kind', 'id', ...} or None; `monitor` {'kind', 'id'} for a runtime's conmon (the monitor of
+    that container, in a scope beside it: not one of its processes), else None."""
     path = pick_path(text)
-    container = None
-    for pattern in _DOCKER:
-        m = pattern.search(path)
-        if m:
-            container = {"kind": "docker", "id": m.group(1)}
-            break
+    container = _kubernetes(path) if "/kubepods" in path else None
+    if container is None:
+        container = _runtime(path)
+    if container is None:
+        for pattern in _DOCKER:
+            m = pattern.search(path)
+            if m:
+                container = {"kind": "docker", "id": m.group(1)}
+                break
     if container is None:
         for pattern in _LXC:
             m = pattern.search(path)
             if m:
                 container = {"kind": "lxc", "id": m.group(1)}
                 break
-    if container is None and "/kubepods" in path:
-        container = {"kind": "kubernetes", "id": path.rsplit("/", 1)[-1]}
+    units = _UNIT.findall(path)
     unit = None
+    if container and container.get("monitor"):
+        del container["monitor"]
+        if container["kind"] != "kubernetes":  # conmon is the container's monitor, not in it
+            return {"path": path, "unit": units[-1] if units else None, "container": None, "monitor": container}
+        container["monitor"] = True
     if container is None or container["kind"] == "lxc":
-        units = _UNIT.findall(path)
         unit = units[-1] if units else None
-    return {"path": path, "unit": unit, "container": container}
+    elif container["kind"] == "podman":
+        # podman run by a systemd unit (quadlet, `podman generate systemd --new`): the unit
+        # restarts it, so the unit is what stops it for good
+        services = [u for u in units if u.endswith(".service")]
+        if services:
+            container["unit"] = services[-1]
+    return {"path": path, "unit": unit, "container": container, "monitor": None}
+
+
+def _runtime(path):
+    """{'kind', 'id'} of a podman, CRI or nerdctl container (or {'kind', 'id', 'monitor': True}
+    for its conmon), or None."""
+    for kind, pattern in _RUNTIMES:
+        m = pattern.search(path)
+        if m:
+            return {"kind": kind, "id": m.group(1)}
+    for kind, pattern in _MONITORS:
+        m = pattern.search(path)
+        if m:
+            return {"kind": kind, "id": m.group(1), "monitor": True}
+    return None
+
+
+def _kubernetes(path):
+    """A Kubernetes pod's container: {'kind': 'kubernetes', 'id', 'pod', 'runtime'}. `id` is the
+    container's id where the path names one (a pod's own processes, outside any container's
+    scope, are known by `pod<UID>`), `pod` the pod UID with its dashes, `runtime` the scope's
+    maker (cri-containerd, crio, docker) or None. A process in `kubepods` with no pod UID (the
+    QoS slices themselves) is still the kubelet's: its id is the path's last element."""
+    pod = _POD.search(path)
+    inner = _runtime(path)
+    out = {"kind": "kubernetes", "id": path.rstrip("/").rsplit("/", 1)[-1], "pod": None, "runtime": None}
+    if pod:
+        uid = pod.group(1).replace("_", "-")
+        out["pod"] = uid
+        out["id"] = "pod" + uid
+    if inner is not None:
+        out.update(id=inner["id"], runtime=inner["kind"])
+        if inner.get("monitor"):
+            out["monitor"] = True
+    else:
+        bare = _BARE_ID.search(path)
+        if bare:
+            out["id"] = bare.group(1)
+    return out
 
 
 def inner_pid(pid, proc="/proc"):
@@ -89,4 +170,4 @@ def read(pid, proc="/proc"):
         with open("%s/%d/cgroup" % (proc, pid), "rb") as f:  # a cgroup's name is any bytes its maker chose
             return parse(textsafe.decode(f.read()))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return {"path": None, "unit": None, "container": None}
+        return {"path": None, "unit": None, "container": None, "monitor": None}

@@ -1,0 +1,443 @@
+"""Which manager runs a process, and the exact command that stops it through that manager.
+
+Why: a server is rarely run bare. supervisord (`autorestart=true`), runit's runsv, s6 and
+daemontools' supervise start it again the moment it exits; podman's `--restart=always`
+does; a Kubernetes pod's kubelet does, whatever is killed or stopped under it; a raylet
+starts Ray's workers again. Signalling the server leaves the manager to restart it, and a
+generic "stop what PID 1631 runs" leaves the operator to work out which tool and which
+name. So each process is attributed to the manager that restarts it, with:
+
+    {kind, name, stop_command, stops_by_default, note, pid, main_pid, trusted, ...}
+
+`stop_command` is a shell command an operator can paste (every name in it quoted);
+`stops_by_default` says whether a teardown may run it by itself: never for a Kubernetes pod,
+a CRI container or Ray (the kubelet, the CRI's owner or the Ray cluster decides), and only
+where the manager's daemon is `trusted` (rules.trusted_names: root's or a system account's,
+running a root-owned program: a user can name a process `supervisord` or `runsv`, and can
+write any environment into the processes they own, so a manager a user runs is named, with
+its command, and is not run by the teardown on their word). `main_pid` is the process the
+manager runs (its direct child on the way to this one): the teardown stops through the
+manager only when that process's tree holds targets and their wrappers alone.
+
+What is read: /proc only (argv, environ, cwd's link text, cgroup), and for a Kubernetes pod
+the kubelet's own pod directory (root's) for the pod's name and namespace. A manager's
+configuration file is only named in the command, never opened. Units (systemd), docker and
+LXC containers are plan.py's (owner_key): manager_of returns None for them.
+"""
+import os
+import re
+import shlex
+import stat
+
+from .. import textsafe
+from ..teardown import rules
+from . import cgroup, procfs, program, wrappers
+
+# The daemons of the managers: never a target's wrapper or supervisor to signal. By name only
+# (see is_manager_daemon): a GPU holder is a target whatever it is called.
+DAEMONS = {
+    "supervisord": "supervisord",
+    "raylet": "ray",
+    "kubelet": "kubernetes",
+    "containerd": "containerd",
+    "conmon": "podman",
+    "crio": "crio",
+    "podman": "podman",
+    "runsv": "runit",
+    "runsvdir": "runit",
+    "s6-supervise": "s6",
+    "s6-svscan": "s6",
+    "supervise": "daemontools",
+    "svscan": "daemontools",
+}
+SHIM_PREFIX = "containerd-shim"  # containerd-shim, containerd-shim-runc-v2, ...: a container's monitor
+# The daemon that runs a service's process directly, and the scanner that runs that daemon
+SERVICE_SUPERVISORS = {"runsv": ("runit", "runsvdir", "sv down %s"),
+                       "s6-supervise": ("s6", "s6-svscan", "s6-svc -d %s"),
+                       "supervise": ("daemontools", "svscan", "svc -d %s")}
+NOT_BY_DEFAULT = ("kubernetes", "cri-containerd", "crio", "nerdctl", "containerd", "ray")
+ENVIRON_MAX = 1 << 20
+# A Kubernetes object's name (RFC 1123 subdomain) and a container's id: nothing else reaches a command
+_K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+_HEX = re.compile(r"[0-9a-f]{12,64}")
+KUBELET_PODS = "/var/lib/kubelet/pods"
+SA_NAMESPACE = "kubernetes.io~projected"  # the projected service-account volume holds `namespace`
+# podman's global options that say where a container lives, with root's packaged defaults
+# (left out of the command where the container was made with them)
+PODMAN_GLOBALS = {"--root": "/var/lib/containers/storage", "--runroot": "/run/containers/storage",
+                  "--tmpdir": "/run/libpod", "--cgroup-manager": "systemd",
+                  "--network-config-dir": "/etc/containers/networks", "--events-backend": "journald",
+                  "--storage-driver": None, "--db-backend": None}
+
+
+def daemon_name(record):
+    """The manager daemon this process's program is ('supervisord', 'runsv', ...), or None. By
+    every name the program goes by (program.names: `python3 /usr/bin/supervisord` is
+    supervisord) and its comm (a `#!` script's comm is its file name)."""
+    names = {name for name, _ in program.names(record)} | {record.get("comm") or ""}
+    for name in sorted(names):
+        base = os.path.basename(name)
+        if base in DAEMONS:
+            return base
+        if base.startswith(SHIM_PREFIX):
+            return SHIM_PREFIX
+    return None
+
+
+def is_manager_daemon(record):
+    """Is this process a manager's own daemon (supervisord, raylet, kubelet, containerd and its
+    shims, conmon, crio, podman, runsv, runsvdir, s6-supervise, s6-svscan, supervise, svscan)?
+    Such a process is never signalled as a target's wrapper or supervisor: its manager is
+    asked, or named. It PROTECTS NOTHING: a name is anyone's to take (`exec -a supervisord`),
+    so a process that holds a GPU device is never a manager daemon here, and the plan makes
+    it a target as any other holder."""
+    if record.get("devices"):
+        return False
+    return daemon_name(record) is not None
+
+
+def manager_of(record, procs, proc="/proc"):
+    """The manager that runs `record` (a scan record: pid, ppid, sid, comm, argv, and where
+    read, container), from `procs` ({pid: record}, the scan's table), as
+    {kind, name, stop_command, stops_by_default, note, pid, main_pid, trusted, ...}; None for a
+    process no such manager runs (or one a unit, docker or LXC runs: plan.py's)."""
+    if "container" in record:
+        container = record.get("container")
+    else:
+        container = cgroup.read(record["pid"], proc)["container"]
+    if container and container.get("kind") == "kubernetes":
+        return _kubernetes(record, container, proc)
+    daemon, main = managing_daemon(record, procs)
+    if container and container.get("kind") in ("podman", "cri-containerd", "crio", "nerdctl"):
+        return _container(container, daemon, main)
+    name = (daemon_name(daemon) if daemon is not None else None) or ""
+    handler = _BY_DAEMON.get(SHIM_PREFIX if name.startswith(SHIM_PREFIX) else name)
+    return handler(daemon, main, procs, proc) if handler else None
+
+
+def managing_daemon(record, procs):
+    """(the manager daemon that runs this process, the process it runs on the way here) or
+    (None, None). Walked up through parents: past wrappers and launchers, and past a process
+    the daemon itself runs; it ends after a session leader that nothing of a manager started
+    (a terminal's shell under an sshd that runit supervises is the terminal's, not runit's),
+    and at PID 1 (checked: s6-svscan or supervisord can be a container's PID 1)."""
+    seen = set()
+    info = record
+    while info is not None and info["pid"] not in seen:
+        seen.add(info["pid"])
+        parent = procs.get(info.get("ppid"))
+        if parent is None:
+            return None, None
+        if is_manager_daemon(parent) and not procfs.finished(parent):
+            return parent, info
+        if parent["pid"] == 1:
+            return None, None
+        leader = info.get("sid") == info["pid"]
+        if leader and wrappers.kind(parent) is None and _launcher(parent) is False:
+            return None, None
+        info = parent
+    return None, None
+
+
+def _launcher(info):
+    """Does this process only launch one command (sudo, setsid, chpst, ...)?"""
+    launcher = getattr(wrappers, "launcher", None)
+    return bool(launcher(info)) if launcher is not None else False
+
+
+def _result(kind, name, command, note, daemon, main, default=None, **extra):
+    trusted = bool(daemon is not None and rules.trusted_names(daemon))
+    if default is None:
+        default = kind not in NOT_BY_DEFAULT
+    out = {
+        "kind": kind,
+        "name": textsafe.printable(name) if name is not None else None,
+        "stop_command": command,
+        "stops_by_default": bool(default and trusted and command),
+        "note": note,
+        "pid": daemon["pid"] if daemon is not None else None,
+        "main_pid": main["pid"] if main is not None else None,
+        "trusted": trusted,
+    }
+    if default and command and not trusted and daemon is not None:
+        out["note"] = ("%s; not run by the teardown: its daemon (PID %d) is not root's or a system account's "
+                       "running a root-owned program, so only its own user may say what it runs"
+                       % (note, daemon["pid"]))
+    out.update(extra)
+    return out
+
+
+def environ(pid, proc="/proc"):
+    """{name: value} of /proc/PID/environ (what the process started with, as far as it did not
+    overwrite it: a process's own say, never a proof), {} when it cannot be read."""
+    try:
+        raw = procfs.read_bytes("%s/%d/environ" % (proc, pid))[:ENVIRON_MAX]
+    except OSError:
+        return {}
+    out = {}
+    for item in raw.split(b"\0"):
+        key, eq, value = item.partition(b"=")
+        if eq and key:
+            out[textsafe.decode(key)] = textsafe.decode(value)
+    return out
+
+
+def _cwd(pid, proc="/proc"):
+    """The text of /proc/PID/cwd's link (never followed), or None."""
+    try:
+        path = os.readlink("%s/%d/cwd" % (proc, pid))
+    except OSError:
+        return None
+    return path if path.startswith("/") and not path.endswith(" (deleted)") else None
+
+
+def _option(argv, short, long):
+    """The value of `-c VALUE`, `-cVALUE`, `--configuration VALUE` or `--configuration=VALUE`."""
+    for i, arg in enumerate(argv):
+        if arg in (short, long) and i + 1 < len(argv):
+            return argv[i + 1]
+        if long and arg.startswith(long + "="):
+            return arg[len(long) + 1:]
+        if short and arg.startswith(short) and len(arg) > len(short) and not arg.startswith("--"):
+            return arg[len(short):]
+    return None
+
+
+def _q(word):
+    return shlex.quote(textsafe.printable(word))
+
+
+# -- supervisord ---------------------------------------------------------------------------------
+
+SUPERVISORD_DEFAULT_CONFS = ("/etc/supervisord.conf", "/etc/supervisor/supervisord.conf")
+
+
+def _supervisord(daemon, main, procs, proc):
+    env = environ(main["pid"], proc)
+    program_name, group = env.get("SUPERVISOR_PROCESS_NAME"), env.get("SUPERVISOR_GROUP_NAME")
+    argv = daemon.get("argv") or []
+    conf = _option(argv, "-c", "--configuration")
+    if conf and not conf.startswith("/"):
+        cwd = _cwd(daemon["pid"], proc)
+        conf = os.path.normpath(os.path.join(cwd, conf)) if cwd else None
+    elif conf is None:
+        # supervisord's own search, where a package puts it (read for its existence only)
+        conf = next((c for c in SUPERVISORD_DEFAULT_CONFS if os.path.exists(c)), None)
+    if not program_name:
+        return _result("supervisord", None, None,
+                       "supervisord (PID %d) runs it, but which program is not readable (SUPERVISOR_PROCESS_NAME is "
+                       "not in PID %d's environment): `supervisorctl status` names it" % (daemon["pid"], main["pid"]),
+                       daemon, main, default=False)
+    spec = program_name if not group or group == program_name else "%s:%s" % (group, program_name)
+    if conf:
+        where = "-c %s" % _q(conf)
+    else:
+        url = env.get("SUPERVISOR_SERVER_URL", "")
+        where = "-s %s" % _q(url) if re.fullmatch(r"(unix|http)://[\w./:@-]+", url) else ""
+    command = " ".join(w for w in ("supervisorctl", where, "stop", _q(spec)) if w)
+    return _result("supervisord", spec, command,
+                   "supervisord program %s (supervisord PID %d keeps running; `supervisorctl start %s` brings it "
+                   "back)" % (spec, daemon["pid"], spec), daemon, main, config=conf)
+
+
+# -- runit, s6, daemontools ----------------------------------------------------------------------
+
+
+def _service(daemon, main, procs, proc):
+    name = daemon_name(daemon)
+    kind, scanner, template = SERVICE_SUPERVISORS[name]
+    directory = _cwd(daemon["pid"], proc)
+    argv = daemon.get("argv") or []
+    parent = procs.get(daemon.get("ppid"))
+    service = argv[1] if len(argv) > 1 else None
+    if parent is not None and daemon_name(parent) == scanner and service and "/" not in service:
+        base = _cwd(parent["pid"], proc)
+        if base:
+            directory = os.path.join(base, service)  # the name the operator's scan directory gives it
+    if directory is None:
+        return _result(kind, service, None, "%s (PID %d) runs it; its service directory is not readable"
+                       % (name, daemon["pid"]), daemon, main)
+    command = template % _q(directory)
+    note = "%s service %s (%s PID %d keeps running, the service stays down until brought up)" % (
+        kind, directory, name, daemon["pid"])
+    return _result(kind, directory, command, note, daemon, main, directory=directory)
+
+
+# -- containers ----------------------------------------------------------------------------------
+
+
+def _conmon_of(container_id, daemon):
+    """The conmon daemon when it is this container's (its `-c ID`), else None."""
+    if daemon is None or daemon_name(daemon) != "conmon":
+        return None
+    argv = daemon.get("argv") or []
+    cid = _option(argv, "-c", "--cid")
+    return daemon if container_id is None or cid == container_id else None
+
+
+def _podman_globals(argv):
+    """The podman global options this container was made with (its storage root, run root...),
+    from conmon's `--exit-command-arg`s (the `podman ... container cleanup` conmon runs at its
+    exit): `podman stop` finds the container only where they point."""
+    args = [argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--exit-command-arg"]
+    out = []
+    i = 0
+    while i < len(args) - 1 and args[i] != "container":
+        if args[i] in PODMAN_GLOBALS:
+            if args[i + 1] and args[i + 1] != PODMAN_GLOBALS[args[i]]:
+                out += [args[i], args[i + 1]]
+            i += 2
+            continue
+        i += 1
+    return out
+
+
+def _conmon(daemon, main, procs, proc):
+    """A process whose parent is a conmon, where no cgroup said which container: podman's."""
+    return _container(None, daemon, main)
+
+
+def _container(container, daemon, main):
+    kind = container["kind"] if container else "podman"
+    cid = container["id"] if container else None
+    conmon = _conmon_of(cid, daemon)
+    if conmon is not None and cid is None:
+        cid = _option(conmon.get("argv") or [], "-c", "--cid")
+    if kind == "podman":
+        return _podman(container or {}, cid, conmon, main)
+    if kind == "nerdctl":
+        short = cid[:12] if cid else None
+        return _result("nerdctl", short, "nerdctl stop %s" % short if short else None,
+                       "nerdctl container %s: not stopped by default (its owner decides)" % short, daemon, main,
+                       container_id=cid)
+    runtime = "containerd (CRI)" if kind == "cri-containerd" else "CRI-O"
+    return _result(kind, cid[:13] if cid else None, "crictl stop %s" % cid if cid else None,
+                   "%s container outside any Kubernetes pod's cgroup: not stopped by default (whatever made it "
+                   "through the CRI may start it again)" % runtime, daemon, main, container_id=cid)
+
+
+def _podman(container, cid, conmon, main):
+    argv = conmon.get("argv") if conmon else []
+    name = _option(argv or [], "-n", "--name")
+    label = name if name and re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name) else (cid[:12] if cid else None)
+    unit = container.get("unit")
+    if unit:
+        return _result("podman", label, "systemctl stop %s" % _q(unit),
+                       "podman container %s run by the systemd unit %s (the unit restarts it: stopped through it)"
+                       % (label, unit), conmon, main, container_id=cid, unit=unit)
+    if label is None:
+        return _result("podman", None, None, "a podman container whose id is not readable", conmon, main)
+    command = " ".join(["podman"] + [_q(a) for a in _podman_globals(argv or [])] + ["stop", _q(label)])
+    return _result("podman", label, command,
+                   "podman container %s (its restart policy, `podman inspect --format "
+                   "'{{.HostConfig.RestartPolicy.Name}}' %s`, does not restart a container `podman stop` stopped)"
+                   % (label, label), conmon, main, container_id=cid)
+
+
+def _containerd_shim(daemon, main, procs, proc):
+    """A container whose monitor is a containerd shim (`-namespace NS -id ID`): Kubernetes's
+    (namespace k8s.io) when no kubepods cgroup said so, docker's (moby: plan.py's), or one
+    nerdctl or ctr made."""
+    argv = daemon.get("argv") or []
+    namespace, cid = _option(argv, "-namespace", None), _option(argv, "-id", None)
+    if namespace == "moby":
+        return None
+    if namespace == "k8s.io":
+        return _result("cri-containerd", cid, "crictl stop %s" % _q(cid) if cid else None,
+                       "a Kubernetes container (containerd namespace k8s.io): stop its pod with kubectl",
+                       daemon, main, default=False)
+    ns = "-n %s " % _q(namespace) if namespace and namespace != "default" else ""
+    return _result("nerdctl", cid, "nerdctl %sstop %s" % (ns, _q(cid)) if cid else None,
+                   "a containerd container (namespace %s): not stopped by default" % (namespace or "default"),
+                   daemon, main, container_id=cid, namespace=namespace)
+
+
+# -- Kubernetes ----------------------------------------------------------------------------------
+
+
+def _kubernetes(record, container, proc):
+    uid = container.get("pod")
+    env = environ(record["pid"], proc)
+    name = env.get("POD_NAME") or env.get("HOSTNAME")
+    namespace = env.get("POD_NAMESPACE") or (_kubelet_namespace(uid) if uid else None)
+    name = name if name and _K8S_NAME.fullmatch(name) else None
+    namespace = namespace if namespace and _K8S_NAME.fullmatch(namespace) else None
+    node = _node_name()
+    first = "kubectl cordon %s" % node
+    command = None
+    if name and namespace:
+        command = "kubectl -n %s delete pod %s" % (namespace, name)
+        label = "%s/%s" % (namespace, name)
+    else:
+        uid_text = uid if uid and re.fullmatch(r"[0-9a-f-]{32,36}", uid) else None
+        label = "pod %s" % (uid_text or container.get("id"))
+        command = ("kubectl get pods -A -o jsonpath='{range .items[?(@.metadata.uid==\"%s\")]}"
+                   "{\"kubectl -n \"}{.metadata.namespace}{\" delete pod \"}{.metadata.name}{\"\\n\"}{end}'"
+                   % uid_text) if uid_text else None
+    note = ("Kubernetes pod %s (pod UID %s): never stopped by the teardown, the kubelet restarts what is killed "
+            "under it. Run `%s` first, so the pod is not scheduled here again, then %s; a DaemonSet's pod comes back "
+            "on a cordoned node too: scale or change the DaemonSet" % (
+                label, uid, first, "`%s`" % command if name and namespace else "the `kubectl -n NS delete pod NAME` "
+                "that command prints"))
+    out = _result("kubernetes", label, command, note, None, None, default=False)
+    out.update(pod_uid=uid, namespace=namespace, pod=name, container_id=container.get("id"),
+               runtime=container.get("runtime"), first=first, node=node)
+    return out
+
+
+def _node_name():
+    """This node's name as the kubelet registers it by default: the host name, lowercased."""
+    import socket
+
+    name = socket.gethostname().lower()
+    return name if _K8S_NAME.fullmatch(name) else "NODE"
+
+
+def _kubelet_namespace(uid):
+    """The pod's namespace from the kubelet's pod directory (root's): the projected
+    service-account volume's `namespace` file; None when none can be read."""
+    base = "%s/%s/volumes/%s" % (KUBELET_PODS, uid, SA_NAMESPACE)
+    try:
+        volumes = sorted(os.listdir(base))
+    except OSError:
+        return None
+    for volume in volumes:
+        text = _small_root_file("%s/%s/namespace" % (base, volume))
+        if text:
+            return text.strip()
+    return None
+
+
+def _small_root_file(path, limit=256):
+    """A regular file's first bytes, opened without blocking and read only when root owns it
+    (the kubelet wrote it; another user's file is no word on a pod)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != 0:
+            return None
+        return os.read(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+# -- Ray -----------------------------------------------------------------------------------------
+
+
+def _ray(daemon, main, procs, proc):
+    kids = [p for p, info in procs.items() if info.get("ppid") == daemon["pid"] and not procfs.finished(info)]
+    title = (main.get("argv") or [""])[0]
+    name = title if title.startswith("ray::") else "raylet PID %d" % daemon["pid"]
+    note = ("a Ray worker (%s) of the raylet PID %d: not stopped by default. `ray stop` ends every Ray process on "
+            "this node (the raylet, its %d workers, and gcs_server and the dashboard on a head node): every Ray job "
+            "here, not only this one; run it as the user the raylet runs as" % (name, daemon["pid"], len(kids)))
+    return _result("ray", name, "ray stop", note, daemon, main, default=False, workers=len(kids))
+
+
+_BY_DAEMON = {"supervisord": _supervisord, "conmon": _conmon, SHIM_PREFIX: _containerd_shim, "raylet": _ray,
+              **{name: _service for name in SERVICE_SUPERVISORS}}

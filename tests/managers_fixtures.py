@@ -1,0 +1,294 @@
+"""Real process managers, each started by a test in its own temp dir: supervisord, runit, podman.
+
+Why real: a server under supervisord, runsv or podman comes back after a kill, and what the
+teardown must name is the manager's own stop command (supervisorctl, sv, podman stop). A
+stand-in would show the process tree, never whether the command stops the program for good.
+Each manager's every file is under the test's directory (supervisord's config, socket and
+logs; runit's service and scan directories; podman's storage, run root, tmp dir and network
+config), nothing is started machine-wide, and each is ended by PID at the end (the manager
+first, then what it ran, by the pids seen).
+
+A holder is `sandbox_roles.py worker` (a Python process holding fake GPU device files, as
+tests/procs.py starts): `holder_argv(ps, ready)` is its command line.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from scripts.agent.procs import procfs
+from scripts.ops.sandbox import ROLES
+from tests.procs import alive, children, wait_for
+from tests.realhosts import cgroups
+from tests.realhosts.docker_host import busybox_tarball
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def holder_argv(devdir: Path, ready: Path, gpu: int = 0, python: str = sys.executable) -> list[str]:
+    """A process holding GPU `gpu`'s fake device files; `ready` appears once it holds them.
+    `python`: the host's /usr/bin/python3 in a container (it has the host's /usr, not the venv)."""
+    return [python, str(ROLES), "worker", "--devdir", str(devdir), "--gpu", str(gpu), "--ready", str(ready)]
+
+
+def end(pids) -> None:
+    """SIGKILL each pid still the process it was (start time read now; a zombie is left to its parent)."""
+    for pid in pids:
+        start = procfs.start_time(pid)
+        if start is not None:
+            procfs.signal_if_same(pid, start, signal.SIGKILL)
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+class Supervisord:
+    """A real supervisord (`supervisord -n -c CONF`) with its own config, unix socket, pid file
+    and log dir under `base`, running `programs` ({name: argv}) with autorestart=true; in a
+    group when `group` is given (its programs are then GROUP:NAME to supervisorctl)."""
+
+    def __init__(self, base: Path, programs: dict, group: str | None = None):
+        self.dir = Path(base) / "supervisor"
+        self.dir.mkdir(parents=True)
+        self.conf = self.dir / "supervisord.conf"
+        self.sock = self.dir / "supervisor.sock"
+        sections = [
+            f"[unix_http_server]\nfile={self.sock}\nchmod=0700\n",
+            f"[supervisord]\nlogfile={self.dir}/supervisord.log\npidfile={self.dir}/supervisord.pid\n"
+            f"childlogdir={self.dir}\nnodaemon=true\n",
+            "[rpcinterface:supervisor]\n"
+            "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n",
+            f"[supervisorctl]\nserverurl=unix://{self.sock}\n",
+        ]
+        for name, argv in programs.items():
+            sections.append(f"[program:{name}]\ncommand={shlex.join(argv)}\nautorestart=true\nstartsecs=0\n"
+                            "startretries=100\nstopwaitsecs=5\n")
+        if group:
+            sections.append(f"[group:{group}]\nprograms={','.join(programs)}\n")
+        self.conf.write_text("\n".join(sections))
+        self.group = group
+        self.seen: set = set()
+        self.proc = subprocess.Popen(["supervisord", "-n", "-c", str(self.conf)], start_new_session=True,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+        wait_for(lambda: self.sock.exists() and self.ctl("pid").stdout.strip() == str(self.pid), "supervisord up")
+
+    def spec(self, name: str) -> str:
+        return f"{self.group}:{name}" if self.group else name
+
+    def ctl(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["supervisorctl", "-c", str(self.conf), *args], capture_output=True, text=True,
+                              timeout=30)
+
+    def state(self, name: str) -> str:
+        """RUNNING, STOPPED, STARTING, BACKOFF... as `supervisorctl status` says."""
+        words = self.ctl("status", self.spec(name)).stdout.split()
+        return words[1] if len(words) > 1 else "?"
+
+    def program_pid(self, name: str) -> int:
+        """The program's pid once RUNNING (waits for it)."""
+        def running():
+            out = self.ctl("pid", self.spec(name)).stdout.strip()
+            return int(out) if out.isdigit() and out != "0" else None
+        pid = wait_for(running, f"supervisord program {name} running")
+        self.seen.add(pid)
+        return pid
+
+    def down(self) -> None:
+        """supervisord ended by its pid (SIGTERM: it stops its programs), then what it ran."""
+        self.seen.update(descendants(self.pid))
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        end(sorted(self.seen))
+
+
+class Runit:
+    """A real runit: `runsvdir -P SCANDIR` (scan dir under `base`), each service's directory in
+    base/runit/sv/NAME with a `run` script that execs `argv`, linked into the scan dir as
+    runit's /etc/service links /etc/sv. `service_dir(name)` is the path `sv` takes."""
+
+    def __init__(self, base: Path, services: dict):
+        self.dir = Path(base) / "runit"
+        self.scan = self.dir / "service"
+        self.scan.mkdir(parents=True)
+        self.seen: set = set()
+        for name, argv in services.items():
+            sv = self.dir / "sv" / name
+            sv.mkdir(parents=True)
+            run = sv / "run"
+            run.write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
+            run.chmod(0o755)
+            (self.scan / name).symlink_to(sv)
+        self.proc = subprocess.Popen(["runsvdir", "-P", str(self.scan)], start_new_session=True, cwd=self.scan,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.pid = self.proc.pid
+        self.names = list(services)
+
+    def service_dir(self, name: str) -> Path:
+        return self.scan / name
+
+    def sv(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(["sv", *args], capture_output=True, text=True, timeout=30)
+
+    def status(self, name: str) -> str:
+        """`sv status`'s first word: run, down, finish, fail..."""
+        return self.sv("status", str(self.service_dir(name))).stdout.split(":", 1)[0]
+
+    def runsv_pid(self, name: str) -> int:
+        def find():
+            for pid in children(self.pid):
+                try:
+                    if procfs.read_bytes(f"/proc/{pid}/cmdline").split(b"\0")[:2] == [b"runsv", name.encode()]:
+                        return pid
+                except OSError:
+                    continue
+            return None
+        pid = wait_for(find, f"runsv {name}")
+        self.seen.add(pid)
+        return pid
+
+    def service_pid(self, name: str) -> int:
+        """The pid of what the service's run script exec'd, once `sv status` says it runs."""
+        def running():
+            out = self.sv("status", str(self.service_dir(name))).stdout
+            if out.startswith("run:") and "(pid " in out:
+                return int(out.split("(pid ", 1)[1].split(")", 1)[0])
+            return None
+        pid = wait_for(running, f"runit service {name} running")
+        self.seen.add(pid)
+        return pid
+
+    def down(self) -> None:
+        """Each runsv told to stop its service and exit (`sv exit`), runsvdir ended by its pid
+        (SIGTERM: it exits at once, leaving its runsv's), then every pid seen."""
+        self.seen.update(descendants(self.pid))
+        for name in self.names:
+            if (self.service_dir(name) / "supervise").exists():
+                self.sv("-w", "5", "force-shutdown", str(self.service_dir(name)))
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        end(sorted(self.seen))
+
+
+class PodmanError(Exception):
+    """podman cannot run a container here: the message is its error."""
+
+
+MACHINE_PATHS = ("/var/lib/containers", "/run/containers", "/etc/containers/networks")
+
+
+class Podman:
+    """podman as root with every path of its own under `base` (--root, --runroot, --tmpdir,
+    --network-config-dir), the cgroupfs manager with containers under a cgroup named for this
+    test process (removed at the end, in every hierarchy), no network, and an image imported
+    from a busybox-static tarball (no registry). A container runs the host's Python from the
+    host's /usr (read-only), the repository's scripts and the test's directory bind-mounted at
+    the same paths, so a holder in it holds the very device files the host's scan sees."""
+
+    IMAGE = "localhost/gpu-pivot-test/busybox:1"
+
+    def __init__(self, base: Path):
+        self.dir = Path(base) / "podman"
+        for sub in ("root", "tmp", "net", "tmpdir"):
+            (self.dir / sub).mkdir(parents=True)
+        self.runroot = Path(tempfile.mkdtemp(prefix="gpp-", dir="/tmp"))  # podman refuses one over 50 characters
+        self.globals = ["--root", str(self.dir / "root"), "--runroot", str(self.runroot),
+                        "--tmpdir", str(self.dir / "tmp"), "--cgroup-manager", "cgroupfs",
+                        "--network-config-dir", str(self.dir / "net"), "--events-backend", "none"]
+        self.cgroup_parent = f"/{cgroups.PREFIX}{cgroups.owner_tag()}-podman-{os.getpid()}-{time.monotonic_ns()}"
+        self.names: list = []
+        self.seen: set = set()
+        # podman (4.3) writes these machine-wide whatever its options say (the image import's blob
+        # cache, netavark's run dir): those it made are removed by down()
+        self.made = [p for p in MACHINE_PATHS if not os.path.lexists(p)]
+        tarball = self.dir / "busybox.tar"
+        busybox_tarball(tarball)
+        with tarfile.open(tarball, "a") as tar:  # the host's /usr/lib is mounted there: its loader's paths
+            for link, target in (("lib", "usr/lib"), ("lib64", "usr/lib64")):
+                info = tarfile.TarInfo(link)
+                info.type, info.linkname = tarfile.SYMTYPE, target
+                tar.addfile(info)
+        out = self.podman("import", str(tarball), self.IMAGE)
+        if out.returncode != 0:
+            raise PodmanError(out.stderr.strip() or out.stdout.strip())
+
+    def podman(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        env = dict(os.environ, TMPDIR=str(self.dir / "tmpdir"))
+        return subprocess.run(["podman", *self.globals, *args], capture_output=True, text=True, timeout=timeout,
+                              env=env)
+
+    def run(self, name: str, argv: list[str], shared: Path, restart: str = "always") -> str:
+        """`podman run -d --restart=RESTART` of `argv` in a container named `name`; its id."""
+        mounts = ["-v", "/usr:/usr:ro", "-v", f"{REPO / 'scripts'}:{REPO / 'scripts'}:ro", "-v", f"{shared}:{shared}"]
+        out = self.podman("run", "-d", "--name", name, "--network", "none", f"--restart={restart}",
+                          "--cgroup-parent", self.cgroup_parent, "--ulimit", "nofile=1024:1024",
+                          "--ulimit", "nproc=4096:4096", *mounts, self.IMAGE, *argv)
+        if out.returncode != 0:
+            raise PodmanError(out.stderr.strip() or out.stdout.strip())
+        self.names.append(name)
+        return out.stdout.strip().splitlines()[-1]
+
+    def state(self, name: str) -> str:
+        """running, exited, stopped... as `podman inspect` says."""
+        return self.podman("inspect", "--format", "{{.State.Status}}", name).stdout.strip()
+
+    def restart_policy(self, name: str) -> str:
+        return self.podman("inspect", "--format", "{{.HostConfig.RestartPolicy.Name}}", name).stdout.strip()
+
+    def main_pid(self, name: str) -> int:
+        """The container's first process, as seen from here, once it runs."""
+        def running():
+            out = self.podman("inspect", "--format", "{{.State.Pid}}", name).stdout.strip()
+            return int(out) if out.isdigit() and out != "0" and alive(int(out)) else None
+        pid = wait_for(running, f"podman container {name} running", timeout=30)
+        self.seen.add(pid)
+        return pid
+
+    def down(self) -> None:
+        """Each container removed (`podman rm -f -t 0`), then any pid seen, then the cgroups
+        podman made for them."""
+        for name in self.names:
+            self.podman("rm", "-f", "-t", "0", name)
+        end(sorted(self.seen))
+        for mount, _, _ in cgroups.hierarchies():
+            d = Path(mount) / self.cgroup_parent.lstrip("/")
+            if d.exists():
+                cgroups.kill_and_remove([d])
+        subprocess.run(["umount", "-R", str(self.runroot)], capture_output=True)  # overlay mounts podman left, if any
+        shutil.rmtree(self.runroot, ignore_errors=True)
+        for path in self.made:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def podman_usable(base: Path) -> tuple[Podman | None, str]:
+    """(a Podman, "") or (None, why not: podman's own error)."""
+    if not shutil.which("podman"):
+        return None, "podman is not installed"
+    try:
+        return Podman(base), ""
+    except (PodmanError, subprocess.SubprocessError, OSError) as exc:
+        return None, str(exc)

@@ -1,0 +1,182 @@
+"""A GPU holder under a REAL manager (supervisord, runit's runsv, podman) is attributed to that
+manager with the exact command that stops it, and that command, run as printed, stops it for
+good while the manager's daemon lives on.
+
+Why real: the names and commands come from what the managers themselves write (supervisord's
+SUPERVISOR_* environment, runsv's working directory, conmon's argv and podman's cgroup); only
+the managers can say whether the command stops the program (their own status, 5 s later:
+autorestart, runsv and --restart=always would have brought a killed holder back by then).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from scripts.agent.procs import managers, scan
+from tests.conftest import need_tools
+from tests.managers_fixtures import Runit, Supervisord, holder_argv, podman_usable
+from tests.procs import alive, wait_for
+from tests.test_scan import holders_by_pid, scan_args
+
+AFTER_STOP_S = 5  # how long after the stop the manager is asked again: long past any restart
+
+
+def _scan_holder(ps, pid):
+    """The scan's record of holder `pid` and the process table, as plan.py has them."""
+    doc = scan.collect(scan_args(ps))
+    holders = holders_by_pid(doc)
+    assert pid in holders, f"PID {pid} is not seen holding {ps.glob}"
+    return holders[pid], doc["_procs"]
+
+
+def _run(command: str) -> subprocess.CompletedProcess:
+    return subprocess.run(command, shell=True, capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture
+def supervisord_holder(ps, tmp_path):
+    need_tools("supervisord", "supervisorctl", why="a server under a real supervisord")
+    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, group="infer")
+    try:
+        yield sd
+    finally:
+        sd.down()
+
+
+def test_supervisord_program_is_named_and_supervisorctl_stops_it_for_good(ps, tmp_path, supervisord_holder):
+    sd = supervisord_holder
+    first = sd.program_pid("vllm")
+    wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+    os.kill(first, signal.SIGKILL)  # what a teardown that only signals does: autorestart brings it back
+    pid = wait_for(lambda: (p := sd.program_pid("vllm")) != first and p, "supervisord restarts the holder")
+    wait_for(lambda: _holds_now(ps, pid), "the restarted holder holds its devices")
+
+    holder, procs = _scan_holder(ps, pid)
+    m = managers.manager_of(holder, procs)
+    assert m is not None
+    assert (m["kind"], m["name"], m["pid"], m["main_pid"]) == ("supervisord", "infer:vllm", sd.pid, pid)
+    assert m["stop_command"] == f"supervisorctl -c {sd.conf} stop infer:vllm"
+    assert m["stops_by_default"] and m["trusted"]
+    assert managers.is_manager_daemon(procs[sd.pid]) and not managers.is_manager_daemon(holder)
+
+    out = _run(m["stop_command"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    time.sleep(AFTER_STOP_S)
+    assert sd.state("vllm") == "STOPPED"
+    assert not alive(pid) and alive(sd.pid)
+
+
+def test_supervisord_program_outside_a_group_is_named_alone(ps, tmp_path):
+    need_tools("supervisord", "supervisorctl", why="a server under a real supervisord")
+    sd = Supervisord(tmp_path, {"sglang": holder_argv(ps.devdir, tmp_path / "ready")})
+    try:
+        pid = sd.program_pid("sglang")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        holder, procs = _scan_holder(ps, pid)
+        m = managers.manager_of(holder, procs)
+        assert (m["name"], m["stop_command"]) == ("sglang", f"supervisorctl -c {sd.conf} stop sglang")
+        assert _run(m["stop_command"]).returncode == 0
+        time.sleep(AFTER_STOP_S)
+        assert sd.state("sglang") == "STOPPED" and not alive(pid) and alive(sd.pid)
+    finally:
+        sd.down()
+
+
+def test_supervisord_program_behind_a_shell_wrapper_is_the_programs(ps, tmp_path):
+    """`command=bash -c "cd DIR && exec-less SERVER"`: the holder is the shell's child; the
+    manager is still supervisord's, and main_pid is the shell (what supervisord runs)."""
+    need_tools("supervisord", "supervisorctl", why="a server under a real supervisord")
+    inner = " ".join(holder_argv(ps.devdir, tmp_path / "ready"))
+    sd = Supervisord(tmp_path, {"vllm": ["bash", "-c", f"cd {tmp_path} && {inner}; echo exited"]})
+    try:
+        shell = sd.program_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        doc = scan.collect(scan_args(ps))
+        holder = next(h for h in doc["holders"] if h["ppid"] == shell)
+        m = managers.manager_of(holder, doc["_procs"])
+        assert (m["kind"], m["name"], m["main_pid"], m["pid"]) == ("supervisord", "vllm", shell, sd.pid)
+    finally:
+        sd.down()
+
+
+def _holds_now(ps, pid):
+    return pid in holders_by_pid(scan.collect(scan_args(ps)))
+
+
+@pytest.fixture
+def runit_holder(ps, tmp_path):
+    need_tools("runsvdir", "runsv", "sv", why="a server under a real runit")
+    rs = Runit(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")})
+    try:
+        yield rs
+    finally:
+        rs.down()
+
+
+def test_runit_service_is_named_and_sv_down_stops_it_for_good(ps, tmp_path, runit_holder):
+    rs = runit_holder
+    first = rs.service_pid("vllm")
+    wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+    os.kill(first, signal.SIGKILL)  # runsv starts it again
+    pid = wait_for(lambda: (p := rs.service_pid("vllm")) != first and p, "runsv restarts the holder")
+    wait_for(lambda: _holds_now(ps, pid), "the restarted holder holds its devices")
+    runsv = rs.runsv_pid("vllm")
+
+    holder, procs = _scan_holder(ps, pid)
+    m = managers.manager_of(holder, procs)
+    assert m is not None
+    assert (m["kind"], m["pid"], m["main_pid"]) == ("runit", runsv, pid)
+    assert m["name"] == str(rs.service_dir("vllm"))
+    assert m["stop_command"] == f"sv down {rs.service_dir('vllm')}"
+    assert m["stops_by_default"]
+    assert managers.is_manager_daemon(procs[runsv]) and managers.is_manager_daemon(procs[rs.pid])
+
+    out = _run(m["stop_command"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    time.sleep(AFTER_STOP_S)
+    assert rs.status("vllm") == "down"
+    assert not alive(pid) and alive(runsv) and alive(rs.pid)
+
+
+@pytest.fixture
+def podman(tmp_path):
+    need_tools("podman", "conmon", why="a server in a real podman container")
+    pm, why = podman_usable(tmp_path)
+    if pm is None:
+        pytest.fail(f"podman cannot import a local image here: {why}")
+    try:
+        yield pm
+    finally:
+        pm.down()
+
+
+def test_podman_container_is_named_and_podman_stop_stops_it_for_good(ps, tmp_path, podman):
+    cid = podman.run("gpu-pivot-vllm", holder_argv(ps.devdir, tmp_path / "ready", python="/usr/bin/python3"),
+                     shared=tmp_path)
+    assert podman.restart_policy("gpu-pivot-vllm") == "always"
+    pid = podman.main_pid("gpu-pivot-vllm")
+    wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices", timeout=30)
+
+    holder, procs = _scan_holder(ps, pid)
+    assert holder["container"]["kind"] == "podman" and holder["container"]["id"] == cid
+    m = managers.manager_of(holder, procs)
+    assert m is not None
+    conmon = holder["ppid"]
+    assert (m["kind"], m["name"], m["pid"], m["container_id"]) == ("podman", "gpu-pivot-vllm", conmon, cid)
+    # the container's own storage and run roots, as conmon's exit command has them: podman finds it only there
+    assert m["stop_command"] == (f"podman --root {podman.dir / 'root'} --runroot {podman.runroot} "
+                                 f"--cgroup-manager cgroupfs --tmpdir {podman.dir / 'tmp'} "
+                                 f"--network-config-dir {podman.dir / 'net'} --events-backend none "
+                                 "stop gpu-pivot-vllm")
+    assert m["stops_by_default"]
+    assert managers.is_manager_daemon(procs[conmon])
+
+    out = _run(m["stop_command"])
+    assert out.returncode == 0, out.stdout + out.stderr
+    time.sleep(AFTER_STOP_S)
+    assert podman.state("gpu-pivot-vllm") in ("exited", "stopped")
+    assert not alive(pid)
