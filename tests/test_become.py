@@ -21,7 +21,7 @@ import pytest
 from scripts.agent import contract
 from scripts.config.errors import ConfigError
 from scripts.config.hostconfig import build_host, load_hosts
-from scripts.reach.route import PctHop, Route, SshHop, SudoHop, SudoRefused
+from scripts.reach.route import CONNECT_TIMEOUT_S, PctHop, Route, SshHop, SudoHop, SudoRefused
 from scripts.views.ping import ping_suffix, runs_as
 from tests import scenario
 from tests.conftest import invoke, need_tools
@@ -60,6 +60,20 @@ def test_become_key_builds_the_hop_in_route_order():
 def test_bad_become_values_are_one_line(keys, message):
     with pytest.raises(ConfigError, match=message):
         build_host("gpu1", keys, "test")
+
+
+def test_hosts_and_the_ansible_inventory_carry_become(hosts_env):
+    from scripts.engines.ansible_task import inventory
+
+    hosts_env("GPU1_SSH=ana@192.0.2.7\nGPU1_BECOME=sudo\nGPU2_SSH=root@192.0.2.8\n")
+    out = invoke("hosts", "--json")
+    assert out.returncode == 0, out.stderr
+    docs = {d["alias"]: d for d in json.loads(out.stdout)}
+    assert docs["gpu1"]["become"] == "sudo" and docs["gpu1"]["route"] == "ssh ana@192.0.2.7 -> sudo -n"
+    assert docs["gpu2"]["become"] is None
+    hostvars = inventory(load_hosts())["_meta"]["hostvars"]
+    assert hostvars["gpu1"]["ansible_become"] is True and hostvars["gpu1"]["ansible_become_method"] == "sudo"
+    assert "ansible_become" not in hostvars["gpu2"]
 
 
 def test_local_become_is_refused(tmp_path):
@@ -218,8 +232,9 @@ def test_sudo_that_would_ask_is_one_line_exit_3_and_nothing_runs(operator, sudoe
     hosts_env(operator.hosts_env("gpu1", BECOME="sudo", **dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py")))
     sudoers(*rules)
     before = sorted(os.listdir(operator.run_dir)) if operator.run_dir.exists() else None
-    for args, what in ((["teardown", "--yes", "--grace", "2"], "the agent"), (["ping"], "the agent"),
-                       (["run", "--", "id", "-u"], "id")):
+    # ping within the connect deadline: a sudo that waited for an answer would exit 7 (timed out)
+    for args, what in ((["teardown", "--yes", "--grace", "2"], "the agent"),
+                       (["ping", "--timeout", str(CONNECT_TIMEOUT_S)], "the agent"), (["run", "--", "id", "-u"], "id")):
         out = invoke(*args[:1], "--host", "gpu1", *args[1:])
         err = out.stderr.decode()
         assert out.returncode == 3, f"{args}: exit {out.returncode}: {err}"

@@ -17,6 +17,7 @@ def test_example_file_loads_one_host_per_route():
     hosts = load_hosts(EXAMPLE)
     assert hosts["gpu1"].route.describe().startswith("ssh -o ConnectTimeout=5 root@192.0.2.174")
     assert hosts["gpu1pct"].route.describe() == "ssh root@192.0.2.6 -> pct exec 129"
+    assert hosts["gpu2"].route.describe() == "ssh ana@192.0.2.175 -> sudo -n"  # a non-root operator
     assert set(hosts["gpu1"].phases) == {"datagen"} and set(hosts["gpu1pct"].phases) == {"train", "deploy"}
     assert hosts["gpu1"].phases["datagen"].is_server and len(hosts["gpu1"].phases["datagen"].prep) == 2
     assert hosts["gpu1pct"].phases["deploy"].is_deploy
@@ -26,7 +27,7 @@ def test_example_file_loads_one_host_per_route():
 def test_example_addresses_reach_nobody():
     """A straight copy of the example must fail fast and clearly, not reach someone's host."""
     found = re.findall(r"^[A-Z0-9_]+_SSH=\S*@([0-9.]+)\s*$", EXAMPLE.read_text(), re.M)
-    assert len(found) == 2
+    assert len(found) == 3
     for addr in found:
         assert any(ipaddress.ip_address(addr) in net for net in DOCUMENTATION), addr
 

@@ -26,8 +26,8 @@ def hosts(c, json=False, names=False):
     if names:
         print("\n".join(h.alias for h in known))
         return
-    docs = [{"alias": h.alias, "route": h.describe(), "python": h.python, "devices": h.devices,
-             "phases": sorted(h.phases), "source": h.source} for h in known]
+    docs = [{"alias": h.alias, "route": h.describe(), "become": "sudo" if h.route.become else None,
+             "python": h.python, "devices": h.devices, "phases": sorted(h.phases), "source": h.source} for h in known]
     if json:
         print(dumps(docs))
         return
@@ -140,8 +140,9 @@ def host_lines(alias: str, data: bytes) -> bytes:
 def oneliner(c, host=defaults.HOST, action="", grace=ONELINER_GRACE):
     """Print the line to paste into a terminal that runs `-- CMD ARGS...` (or an action) on the host.
 
-    `--action teardown` prints a POSIX-shell teardown for hosts without python3: holders of
-    the device files (fuser or /proc), protected names skipped, TERM, poll, KILL, report.
+    `--action teardown` prints a POSIX-shell teardown for hosts without python3, carrying the
+    host's DEVICES, TARGETS, PROTECT and scope: holders of the device files and programs TARGETS
+    names, protected ones skipped, TERM, poll, KILL, report.
     """
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError, show
@@ -155,8 +156,9 @@ def oneliner(c, host=defaults.HOST, action="", grace=ONELINER_GRACE):
         if argv:
             raise ConfigError("give either --action or `-- CMD`, not both")
         grace_s = cliargs.seconds("grace", grace)
-        for h in hosts_of(host):
-            print(h.route.one_liner(shell_teardown.argv(h, grace_s)))
+        # every host's line first: a pattern the shell cannot match refuses before any line is printed
+        lines = [h.route.one_liner(shell_teardown.argv(h, grace_s)) for h in hosts_of(host)]
+        print("\n".join(lines))
         return
     if not argv:
         raise ConfigError("oneliner needs a command after `--` (or --action teardown)")

@@ -163,6 +163,8 @@ def inventory(hosts: dict) -> dict:
         if user:
             v["ansible_user"] = user
         v.update(_ssh_vars(list(ssh.opts)))
+        if host.route.become is not None:  # ALIAS_BECOME=sudo: the module runs as root, as the agent would
+            v.update(ansible_become=True, ansible_become_method="sudo")
         for attr, var in _VARS:
             if getattr(host, attr) is not None:
                 v[var] = getattr(host, attr)
