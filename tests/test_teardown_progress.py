@@ -113,3 +113,11 @@ def test_a_free_without_a_window_says_the_verdict_follows_and_not_freed():
     assert " ".join(" ".join(lines).split()) == (
         "local: free at 0.21s (every GPU read free, no holder left); no respawn window to watch: the verdict "
         "follows")
+
+
+def test_a_progress_line_without_numbers_is_shown_not_fatal():
+    """A host's progress line is the host's word: fields that are not numbers read as 0."""
+    lines = _fed({"phase": "sigterm", "elapsed_s": "soon", "alive": [1]}, {"phase": "grace", "elapsed_s": None},
+                 dict(FREE, free_at_s="x", settle_s="y"))
+    assert lines[0].startswith("local: [  0.00s] sigterm  SIGKILL in 2.0s"), lines
+    assert any(line.startswith("local: free at 0.00s") for line in lines), lines

@@ -78,19 +78,28 @@ def _free_text(alias: str, p: dict, left: float | None = None) -> str:
     last line, after the settle window): a line that said it here was followed by NOT FREE
     whenever a respawn came inside the window. `left`: the seconds of the window still to
     watch (a terminal's countdown)."""
-    seen = f"{alias}: free at {p.get('free_at_s', 0):.2f}s"
+    seen = f"{alias}: free at {_secs(p.get('free_at_s')):.2f}s"
     if p.get("settle_s"):
         countdown = "" if left is None else f": {max(0.0, left):.1f}s left"
-        return f"{seen}, watching {p['settle_s']:g} s for a respawn before the verdict{countdown} (every GPU " \
+        return f"{seen}, watching {_secs(p['settle_s']):g} s for a respawn before the verdict{countdown} (every GPU " \
                "read free, no holder left)"
     return f"{seen} (every GPU read free, no holder left); no respawn window to watch: the verdict follows"
+
+
+def _secs(value) -> float:
+    """A number of seconds from a progress line, 0 for anything else: a line a host sent
+    that holds no number must not end the view (its error would stop the call's reader)."""
+    try:
+        return float(value or 0)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 def _progress_text(alias: str, p: dict, kill_in: float | None = None) -> str:
     if p.get("phase") == "free":  # seen free now; the verdict (exit code) comes after the settle window
         return _free_text(alias, p)
     alive = p.get("alive")
-    parts = [f"{alias}: [{p.get('elapsed_s', 0):6.2f}s] {p.get('phase')}"]
+    parts = [f"{alias}: [{_secs(p.get('elapsed_s')):6.2f}s] {p.get('phase')}"]
     if kill_in is not None:  # first: a line cut to the terminal's width keeps it
         parts.append(f"SIGKILL in {kill_in:.1f}s")
     if alive is not None:
@@ -123,7 +132,7 @@ class TeardownProgress:
         p = shown(p)
         phase = p.get("phase")
         if phase == "sigterm":
-            self.sigterm_at = float(p.get("elapsed_s") or 0)
+            self.sigterm_at = _secs(p.get("elapsed_s"))
         if phase == "free":
             if self.free is not None and self.free.get("free_at_s") == p.get("free_at_s"):
                 return
@@ -138,14 +147,14 @@ class TeardownProgress:
     def _kill_in(self, p: dict) -> float | None:
         if self.sigterm_at is None or p.get("phase") not in ("sigterm", "grace"):
             return None
-        return max(0.0, self.grace_s - (float(p.get("elapsed_s") or 0) - self.sigterm_at))
+        return max(0.0, self.grace_s - (_secs(p.get("elapsed_s")) - self.sigterm_at))
 
     def _live_text(self, p: dict) -> str:
         stretch = self.free
         if p.get("phase") == "free":
-            return _free_text(self.alias, p, p.get("settle_s"))
+            return _free_text(self.alias, p, _secs(p.get("settle_s")))
         if p.get("phase") == "verify" and stretch is not None and stretch.get("settle_s"):
-            left = float(stretch.get("free_at_s") or 0) + stretch["settle_s"] - float(p.get("elapsed_s") or 0)
+            left = _secs(stretch.get("free_at_s")) + _secs(stretch["settle_s"]) - _secs(p.get("elapsed_s"))
             return _free_text(self.alias, stretch, left)
         return _progress_text(self.alias, p, self._kill_in(p))
 
