@@ -48,8 +48,8 @@ def _held(scan: contract.ScanResult) -> tuple[set, bool]:
 
 
 def gpus_free(x, max_used_mib: int = contract.MAX_USED_MIB) -> str:
-    """`free/total` GPUs of a scan, verify or teardown result ('?/total' where not every process
-    could be inspected); the GPUs are the source's rows, else the host's `nvidiaN` files."""
+    """`free/total` GPUs of a scan or verify result ('?/total' where not every process could be
+    inspected); the GPUs are the source's rows, else the host's `nvidiaN` files."""
     scan = scan_of(x)
     on, everywhere = _held(scan)
     if scan.gpus:
