@@ -24,7 +24,7 @@ LOCAL_LAYERS = (
               "scripts.views.render", "scripts.pins", "scripts.ops.floor", "scripts.emergency.fuser_parse",
               "scripts.ops.sandbox_roles", CONTRACT)),
     ("input", ("scripts.config.envfile", "scripts.config.sshopts", "scripts.config.patterncheck",
-               "scripts.config.cliargs", "scripts.reach", "scripts.reach.route")),
+               "scripts.config.cliargs", "scripts.reach", "scripts.reach.route", "scripts.emergency.ere")),
     ("config", ("scripts.config.phases", "scripts.config.hostconfig")),
     ("transport", ("scripts.reach.transport", "scripts.reach.runner", "scripts.reach.bundle",
                    "scripts.ops.audit_log", "scripts.ops.sandbox_fs", "scripts.emergency",

@@ -12,9 +12,15 @@ from tests.conftest import invoke
 from tests.procs import alive, children, wait_for
 
 
+def script_argv(glob: str, grace: str = "1", settle: str = "2", scope: str = "", **config) -> list:
+    """`sh -c SCRIPT` with the agent's default targets, the waits as given (text: bad ones too)."""
+    params = shell_teardown.positional(glob, 0, 0, scope=scope, **config)
+    return ["sh", "-c", shell_teardown.script_text(), shell_teardown.NAME, *params[:-2], grace, settle]
+
+
 def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
     roles = scenario.start(ps)
-    hosts_env(sshd.hosts_env("gpu2", ctid="129", extra={"DEVICES": ps.glob, "FAKE_DEVICES": "yes"}))
+    hosts_env(sshd.hosts_env("gpu2", ctid="129", extra=scenario.host_keys(ps)))
     out = invoke("oneliner", "--host", "gpu2", "--action", "teardown", "--grace", "1")
     assert out.returncode == 0, out.stderr
     line = out.stdout.decode().strip()
@@ -32,6 +38,17 @@ def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
     assert report["remaining"] == [] and report["verdict"] == "free"
     assert all(alive(roles[r]) for r in scenario.BYSTANDER_ROLES)
     assert not any(alive(p) for p in gpu_targets)
+    # the server's tokenizer holds no GPU and runs a program TARGETS does not name: left (the agent
+    # stops whole trees; the one-liner stops holders and the programs TARGETS names)
+    assert alive(roles["tokenizer"])
+    # for people: each holder by pid and name, with what is done and why; who the grace waits for
+    assert "@@" not in ran.stdout
+    assert report["names"][roles["persistenced"]] == "nvidia-persiste"
+    assert report["decisions"][roles["monitor"]][0] == "keep" and "protected name nvitop" in \
+        report["decisions"][roles["monitor"]][1]
+    assert all(report["decisions"][p][0] == "TERM" for p in gpu_targets)
+    waited = [line for line in ran.stdout.splitlines() if line.startswith("waiting up to 1 s")]
+    assert waited and f"{roles['stubborn']} (" in waited[0], ran.stdout
 
 
 def test_report_parser_rejects_missing_report():
@@ -48,8 +65,7 @@ def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):
     try:
         os.chmod(base, 0o755)
         open(os.path.join(base, "nvidia0"), "w").close()
-        ran = second_user.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", f"{base}/nvidia*",
-                               "1", "2"], text=True)
+        ran = second_user.run(script_argv(f"{base}/nvidia*", scope=base), text=True)
         report = shell_teardown.parse_report(ran.stdout)
         assert ran.returncode == 1 and report["verdict"] == "not-free"
         assert "run as root" in report["not-root"]
@@ -79,6 +95,7 @@ def test_shell_protect_list_is_the_agents():
 NS_DRIVER = r"""
 import json, os, shutil, subprocess, sys, time
 base, script, uid, gid, python = sys.argv[1:6]
+script = json.loads(script)  # sh -c SCRIPT NAME, and the config before DEVICE_GLOB's place is filled
 dev = base + "/nvidia0"
 hold = base + "/hold.py"
 procs, roles = [], {}
@@ -108,7 +125,7 @@ def start(role, argv, user=False, executable=None, stdin=None, mapped=False):
 
 def teardown():
     # cwd holds a file named Xorg: a comm `*` that the shell expanded would read as Xorg
-    out = subprocess.run(["sh", "-c", script, "gpu-pivot-teardown", base + "/nvidia*", "1", "2"], cwd=base,
+    out = subprocess.run(script["head"] + [base + "/nvidia*"] + script["tail"], cwd=base,
                          capture_output=True, text=True, timeout=60)
     return {"rc": out.returncode, "stdout": out.stdout, "stderr": out.stderr}
 
@@ -190,8 +207,11 @@ def test_protected_names_trusted_only_from_system_uids_and_root_programs(second_
         os.chown(os.path.join(base, "Xorg"), second_user.uid, second_user.gid)
         shutil.copy(sleep, os.path.join(base, "nvtop"))
         os.chmod(os.path.join(base, "nvtop"), 0o775)
+        whole = script_argv("GLOB")
+        at = whole.index("GLOB")
+        script = json.dumps({"head": whole[:at], "tail": whole[at + 1:]})
         ran = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", python, "-c", NS_DRIVER, base,
-                              shell_teardown.script_text(), str(second_user.uid), str(second_user.gid), python],
+                              script, str(second_user.uid), str(second_user.gid), python],
                              capture_output=True, text=True, timeout=120)
         assert ran.returncode == 0, ran.stdout + ran.stderr
         res = json.loads(ran.stdout.strip().splitlines()[-1])
@@ -245,8 +265,8 @@ def _holds(pid, path) -> bool:
 
 
 def _run(dev, grace, settle):
-    return subprocess.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", f"{dev.parent}/nvidia*",
-                           grace, settle], capture_output=True, text=True, timeout=120)
+    return subprocess.run(script_argv(f"{dev.parent}/nvidia*", grace, settle, scope=str(dev.parent)),
+                          capture_output=True, text=True, timeout=120)
 
 
 def test_a_settle_of_0_still_looks_once_after_the_kill(ps):

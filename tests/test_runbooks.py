@@ -112,8 +112,13 @@ def test_emergency_holders_and_teardown_through_ssh_and_pct(sandbox, sshd):
     for role in ("server", "worker0", "worker1", "persistenced", "monitor"):
         assert str(procs[role]) in out.stdout
     before = sshd.pct_log.read_text() if sshd.pct_log.exists() else ""
-    out = subprocess.run(["bash", "-c", to_loopback(proxmox_td, sshd, glob, "root@192.0.2.6")],
-                         capture_output=True, text=True, timeout=120)
+    # SCOPE (the argument after the device glob, empty in the runbook) set to the sandbox's directory:
+    # the line then signals nothing this test did not start
+    q, base = "'\"'\"'", str(Path(glob).parent.parent)
+    line = to_loopback(proxmox_td, sshd, glob, "root@192.0.2.6")
+    line = line.replace(f"{glob}{q} {q}{q}", f"{glob}{q} {q}{base}{q}", 1)
+    assert f"{q}{base}{q}" in line, line
+    out = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=120)
     assert sshd.pct_log.read_text()[len(before):] == "129\n"
     report = shell_teardown.parse_report(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr

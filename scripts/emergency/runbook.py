@@ -46,17 +46,24 @@ def render() -> str:
         "Free = the 4th column (memory.used) is 0 on every line and the holder list above is empty or only "
         "protected daemons.\n",
         block(DIRECT.route.one_liner(MEMORY)),
-        f"## 3. Tear down: TERM every GPU holder at once, KILL after {contract.GRACE_S:g} s, skip the protected\n",
+        f"## 3. Tear down: TERM every GPU holder and every program TARGETS names at once, KILL after "
+        f"{contract.GRACE_S:g} s, skip the protected\n",
+        "Generated for a host by `invoke oneliner --host HOST --action teardown`, which carries that host's "
+        "hosts.env config (the lines below carry the defaults): the device glob; TARGETS (programs stopped even when "
+        "they hold no GPU, by program name: comm, argv[0], the module or script an interpreter runs, `program "
+        "subcommand`; the agent's defaults when the host names none); PROTECT (command lines never signalled); "
+        "SCOPE (text a target's command line must contain; a GPU holder outside it is reported, not signalled). "
         "Skips PID 1, itself and its ancestors, sshd, nvidia-persistenced, nv-hostengine, dcgm-exporter and other "
         "exporters, nvidia-smi/nvitop/gpustat/nvtop - by their process name or argv[0], never an argument, and only "
         "when every uid of the process is a system uid (below login.defs UID_MIN) and it runs a root-owned program "
         "(a user's `exec -a Xorg` or `python3 ~/nvitop` is stopped like any holder); checks each PID's start time "
-        "before every signal; polls every 50 ms instead of sleeping; "
-        f"watches {contract.SETTLE_S:g} s more for a respawn; prints a report (`holders:`, `protected:`, "
-        "`sigTERM:`, `sigKILL:`, `remaining:`, `protected-mapped:`, `verdict:`) and exits 0 only when no unprotected "
-        "holder is left, no protected one maps a GPU device file (a CUDA context) and every GPU reads "
-        "0 MiB used. It stops GPU holders only: a server's non-GPU children (tokenizers) are left; "
-        "`invoke teardown` stops whole trees.\n",
+        "before every signal; polls every 50 ms instead of sleeping and says each second whom it still waits for; "
+        f"watches {contract.SETTLE_S:g} s more for a respawn. It prints each process as `PID (NAME)`, with a line "
+        "saying what it does to it (`TERM`, `keep`, `leave`), why, and its command line, then a report "
+        "(`holders:`, `protected:`, `outside-scope:`, `sigTERM:`, `sigKILL:`, `remaining:`, `protected-mapped:`, "
+        "`verdict:`) and exits 0 only when no unprotected holder is left, no protected one maps a GPU device file "
+        "(a CUDA context) and every GPU reads 0 MiB used. A server's children that hold no GPU and run a program "
+        "TARGETS does not name (tokenizers) are left; `invoke teardown` stops whole trees.\n",
         "Direct to the GPU container:\n",
         block(DIRECT.route.one_liner(shell_teardown.argv(DIRECT))),
         "Through the Proxmox node (`pct exec` passes the command through unchanged):\n",

@@ -4,20 +4,35 @@ Why: when python3 is missing on the host, or this repo is not at hand, an operat
 needs the safe sequence rather than a kill-by-name and kill-by-device one-liner. The
 script (scripts/emergency/teardown.sh) travels as ONE argument of `sh -c`, its inputs as
 positional parameters, so the Route quotes it once per layer like any other argv.
+
+Why the host's config travels with it: a line that ignored the host's PROTECT killed what
+`invoke teardown` keeps. Its TARGETS, PROTECT, DEVICES and scope go in as arguments (the
+regexes as POSIX EREs, ere.py), so the pasted line and the agent pick the same processes.
 """
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 from ..agent import contract
-from . import fuser_parse
+from . import ere
 
 SCRIPT = Path(__file__).resolve().parent / "teardown.sh"
 BEGIN, END = "==gpu-pivot-oneliner begin==", "==gpu-pivot-oneliner end=="
+NAME = "gpu-pivot-teardown"  # the script's $0
 
-
-PROTECTED_MARK = "# protected names:"
+# The agent's target patterns when a host names none (scripts/agent/teardown/rules.py DEFAULT_TARGETS:
+# the local side may import only the contract from the agent, so this is a copy a test keeps equal).
+DEFAULT_TARGETS = (
+    r"sglang\.launch_server",
+    r"sglang serve",
+    r"sglang::.*",
+    r"vllm serve",
+    r"vllm\.entrypoints",
+    r"VLLM::.*",
+    r"torchrun",
+)
 
 
 def protected_case() -> str:
@@ -26,46 +41,100 @@ def protected_case() -> str:
     return "|".join(names + ["*" + s for s in contract.PROTECTED_SUFFIXES] + ["sshd*"])
 
 
+def interpreters_line() -> str:
+    """The script's interpreter regex (an ERE for awk), from the contract's."""
+    return f"interp='{contract.INTERPRETERS.pattern}'"
+
+
+# A marker comment in teardown.sh, and the text generated for the line after it (the file's own
+# copy is checked equal by a test).
+GENERATED = {
+    "# protected names:": lambda: f"{protected_case()}) return 0 ;;",
+    "# interpreters:": interpreters_line,
+}
+
+
 def script_text() -> str:
-    """The script without its comment lines (shorter to paste, same behaviour), its protected
-    names generated from the contract's list (the file's own copy is checked equal by a test)."""
-    lines, replace_next = [], False
+    """The script without its comment lines and indentation (shorter to paste, same behaviour: no
+    string in it spans lines where leading blanks count), its generated lines made from the contract."""
+    lines, replace_next = [], None
     for line in SCRIPT.read_text().splitlines():
-        if line.lstrip().startswith(PROTECTED_MARK):
-            replace_next = True
+        stripped = line.lstrip()
+        marker = next((m for m in GENERATED if stripped.startswith(m)), None)
+        if marker:
+            replace_next = GENERATED[marker]
             continue
-        if line.lstrip().startswith("#"):
+        if stripped.startswith("#"):
             continue
         if replace_next:
-            indent = line[: len(line) - len(line.lstrip())]
-            line = f"{indent}{protected_case()}) return 0 ;;"
-            replace_next = False
-        lines.append(line)
+            stripped = replace_next()
+            replace_next = None
+        lines.append(stripped)
     return "\n".join(lines) + "\n"
 
 
+def target_eres(patterns, key: str = "TARGETS") -> tuple:
+    """(single-name ERE, `program subcommand` ERE) of the target patterns: each top-level
+    alternative with a space names `program subcommand` only, as the agent's program.match."""
+    single: list = []
+    spaced: list = []
+    for pattern in patterns:
+        for python_alt, ere_alt in ere.alternatives(key, pattern):
+            (spaced if " " in python_alt else single).append(ere_alt)
+    return "|".join(single), "|".join(spaced)
+
+
+def positional(devices: str, grace_s: float, settle_s: float, targets=(), protect=(), scope: str | None = None,
+               scope_uid: int | None = None, prefix: str = "") -> list:
+    """The script's positional parameters ($1...): DEVICE_GLOB SCOPE SCOPE_UID TARGETS TARGETS_SPACED
+    PROTECT GRACE SETTLE. `targets` empty: the agent's defaults. `prefix`: the hosts.env key
+    prefix named when a pattern cannot be written as an ERE (ConfigError: one line, exit 2)."""
+    single, spaced = target_eres(targets or DEFAULT_TARGETS, f"{prefix}TARGETS" if targets else "DEFAULT_TARGETS")
+    prot = "|".join(ere.to_ere(f"{prefix}PROTECT", p) for p in protect)
+    return [devices, scope or "", "" if scope_uid is None else str(scope_uid), single, spaced, prot,
+            str(int(math.ceil(grace_s))), str(int(math.ceil(settle_s)))]
+
+
 def argv(host, grace_s: float = contract.GRACE_S, settle_s: float = contract.SETTLE_S) -> list:
-    """The one-liner's argv: the script and its inputs, the waits in whole seconds (rounded up:
-    never shorter than asked)."""
-    return ["sh", "-c", script_text(), "gpu-pivot-teardown", host.devices, str(int(math.ceil(grace_s))),
-            str(int(math.ceil(settle_s)))]
+    """The one-liner's argv: the script and the host's config, the waits in whole seconds (rounded
+    up: never shorter than asked)."""
+    return ["sh", "-c", script_text(), NAME,
+            *positional(host.devices, grace_s, settle_s, host.targets, host.protect, host.scope,
+                        getattr(host, "scope_uid", None), prefix=f"{host.alias.upper()}_")]
+
+
+LISTS = ("holders", "protected", "outside-scope", "sigTERM", "sigKILL", "remaining", "protected-mapped")
+_ITEM = re.compile(r"(\d+) \(([^()\s]*)\)")
+_DECISION = re.compile(r"^(TERM|keep|leave) (\d+) \(([^()\s]*)\): (.*)$")
 
 
 def parse_report(text: str) -> dict:
-    """{'holders': [pids], 'protected': [...], 'sigTERM': [...], 'sigKILL': [...], 'remaining': [...],
-    'verdict': 'free'|'not-free'} from the script's output (noise around it ignored)."""
+    """{'holders': [pids], 'protected': [...], 'outside-scope': [...], 'sigTERM': [...], 'sigKILL': [...],
+    'remaining': [...], 'protected-mapped': [...], 'verdict': 'free'|'not-free', 'names': {pid: name},
+    'decisions': {pid: (verb, why and command line)}, 'waiting': [lines]} from the script's output
+    (noise around it ignored)."""
     if BEGIN not in text or END not in text:
         raise ValueError("no gpu-pivot one-liner report in the output")
     body = text.split(BEGIN, 1)[1].split(END, 1)[0]
-    out: dict = {}
+    out: dict = {"names": {}, "decisions": {}, "waiting": []}
     for line in body.strip().splitlines():
+        decision = _DECISION.match(line)
+        if decision:
+            verb, pid, name, why = decision.groups()
+            out["decisions"][int(pid)] = (verb, why)
+            out["names"][int(pid)] = name
+            continue
         key, _, rest = line.partition(":")
-        if key == "verdict":
-            out[key] = rest.strip().rstrip("@")
-        elif key == "not-root":
-            out[key] = rest.strip().rstrip("@")
+        if key.startswith("waiting"):
+            out["waiting"].append(line)
+        elif key in ("verdict", "not-root"):
+            out[key] = rest.strip()
         elif key == "gpus-with-memory-used":
-            out[key] = int(rest.strip().rstrip("@"))
-        else:
-            out[key] = fuser_parse.pids(rest, end="@@")
+            out[key] = int(rest.strip())
+        elif key in LISTS:
+            items = _ITEM.findall(rest)
+            if rest.strip() != "none" and len(items) != len(rest.split()) // 2:
+                raise ValueError(f"unexpected text in the report's {key} line: {rest.strip()!r}")
+            out[key] = [int(pid) for pid, _ in items]
+            out["names"].update((int(pid), name) for pid, name in items)
     return out

@@ -1,30 +1,64 @@
 # gpu-pivot emergency teardown, POSIX sh, for hosts without python3 or without this repo.
-# Run as: sh -c "$(cat this file)" gpu-pivot-teardown DEVICE_GLOB GRACE_SECONDS SETTLE_SECONDS
-# (whole seconds; scripts/emergency/shell_teardown.py passes the agent's defaults, scripts/agent/waits.py).
-# Same order as the agent: holders of the GPU device files -> skip protected -> TERM all
-# at once -> poll every 50 ms up to GRACE -> KILL what is left -> SETTLE s settle -> report.
+# Run as: sh -c "$(cat this file)" gpu-pivot-teardown DEVICE_GLOB SCOPE SCOPE_UID TARGETS TARGETS_SPACED PROTECT GRACE_SECONDS SETTLE_SECONDS
+# scripts/emergency/shell_teardown.py passes the host's hosts.env values (TARGETS and PROTECT as
+# POSIX EREs, scripts/emergency/ere.py; TARGETS split into single names and `program subcommand`
+# names, as the agent's program.match; an empty SCOPE, SCOPE_UID or PROTECT: none) and the
+# agent's waits in whole seconds (scripts/agent/waits.py).
+# Same selection as the agent (scripts/agent/teardown/plan.py), by device holders and program
+# names, never by a command-line pattern: the holders of the GPU device files and the processes
+# whose PROGRAM a TARGETS pattern names whole (comm, argv[0], the module or script an
+# interpreter runs, `program subcommand`) are targets, unless protected (PID 1, itself and its
+# ancestors, a protected name, a command line PROTECT finds) or outside the scope (SCOPE: text
+# the command line must contain; SCOPE_UID: the owner); a holder outside the scope is reported,
+# never signalled, and keeps the verdict not-free.
+# Same order as the agent: TERM all at once -> poll every 50 ms up to GRACE, saying who it waits
+# for each second -> KILL what is left -> SETTLE s settle -> report.
 # It says "free" only as root (others' fds are unreadable otherwise) and after the settle.
-# It selects by device holders and PIDs only (never a name pattern), skips itself and its
-# ancestors, and checks each PID's start time before every signal (no reused PID is hit).
+# It checks each PID's start time before every signal (no reused PID is hit).
 # A name protects only a process of system uids running a root-owned program (as the agent's
 # rules.trusted_names), and a protected process that maps a device file (a CUDA context) keeps
 # the verdict not-free, as the agent's verify does.
-# Report lines end with @@ so scripts/emergency/fuser_parse.py can read the PID lists.
+# Every process is printed as `PID (NAME)`, NAME its comm with anything but [A-Za-z0-9._:+@=-]
+# shown as `?` (so it is one word and a report line stays one line); each is also printed on a
+# line of its own with why it is signalled or kept and its command line (cut to 100 characters).
 set -u
-# -f: no pathname expansion anywhere (a process's name such as `*` stays text); holders() turns
-# it back on in its own subshell for the device glob only.
+# -f: no pathname expansion anywhere (a process's name such as `*` stays text); holders() and
+# listing() turn it back on in their own subshells for /proc and the device glob only.
 set -f
-if [ $# -ne 3 ]; then
-    echo "usage: sh -c SCRIPT gpu-pivot-teardown DEVICE_GLOB GRACE_SECONDS SETTLE_SECONDS" >&2
+# byte ranges and classes in grep -E, as ere.py writes them
+LC_ALL=C
+export LC_ALL
+if [ $# -ne 8 ]; then
+    echo "usage: sh -c SCRIPT gpu-pivot-teardown DEVICE_GLOB SCOPE SCOPE_UID TARGETS TARGETS_SPACED PROTECT GRACE_SECONDS SETTLE_SECONDS" >&2
     exit 2
 fi
 glob=$1
-grace=$2
-settle=$3
+scope=$2
+scope_uid=$3
+tw=$4
+ts=$5
+protect=$6
+grace=$7
+settle=$8
 case "${grace:-x}${settle:-x}" in *[!0-9]*)
     echo "GRACE_SECONDS and SETTLE_SECONDS: whole seconds (got \"$grace\" \"$settle\"); nothing was signalled" >&2
     exit 2 ;;
 esac
+case "$scope_uid" in *[!0-9]*)
+    echo "SCOPE_UID: a uid (got \"$scope_uid\"); nothing was signalled" >&2
+    exit 2 ;;
+esac
+# A pattern this grep cannot read, or one that matches an empty name (it would name every process).
+for re in "TARGETS=$tw" "TARGETS_SPACED=$ts" "PROTECT=$protect"; do
+    [ -n "${re#*=}" ] || continue
+    printf '\n' | grep -E -e "${re#*=}" >/dev/null 2>&1
+    case $? in
+        0) echo "${re%%=*} \"${re#*=}\": matches the empty string; nothing was signalled" >&2; exit 2 ;;
+        1) ;;
+        *) echo "${re%%=*} \"${re#*=}\": this host's grep -E cannot read it; nothing was signalled" >&2; exit 2 ;;
+    esac
+done
+tab=$(printf '\t')
 st() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
 state() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1; }
 parent() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f2; }
@@ -56,10 +90,20 @@ trusted() {
     esac
     return 1
 }
-# The names a process goes by: its comm and the last part of its argv[0], never its arguments
-# (`python3 ~/nvitop` is python3). Each is matched whole (a comm "x Xorg" is not Xorg).
+# The names a process goes by for the protect list: its comm and the last part of its argv[0],
+# never its arguments (`python3 ~/nvitop` is python3). Each is matched whole (a comm "x Xorg" is not Xorg).
 comm_of() { cat "/proc/$1/comm" 2>/dev/null; }
 arg0_of() { tr '\n\0' '?\n' <"/proc/$1/cmdline" 2>/dev/null | head -n 1 | sed 's#.*/##'; }
+# The command line as the agent matches PROTECT and SCOPE on it: the arguments joined by spaces
+# (a line break in one read as ?), `[comm]` when there are none.
+cmd_of() {
+    c=$(tr '\000\n' ' ?' <"/proc/$1/cmdline" 2>/dev/null)
+    [ -n "$c" ] || c="[$(comm_of "$1")]"
+    printf '%s\n' "${c% }"
+}
+# For people: one word, one line (anything else shown as ?), and the command line cut.
+name_of() { comm_of "$1" | head -n 1 | sed 's/[^A-Za-z0-9._:+@=-]/?/g'; }
+shown() { printf '%s\n' "$1" | sed 's/[^ -~]/?/g' | cut -c1-100; }
 protected_name() {
     case "$1" in
         # protected names: generated from scripts/agent/contract.py PROTECTED_NAMES (a test keeps them equal)
@@ -67,11 +111,31 @@ protected_name() {
     esac
     return 1
 }
+# Why this process is never signalled (in $why), as the agent's rules.protect_reason.
 protected() {
-    [ "$1" = 1 ] && return 0
-    case "$anc" in *" $1 "*) return 0 ;; esac
-    trusted "$1" || return 1
-    protected_name "$(comm_of "$1")" || protected_name "$(arg0_of "$1")"
+    why=""
+    if [ "$1" = 1 ]; then why="PID 1"; return 0; fi
+    case "$anc" in *" $1 "*) why="this shell or its ancestor"; return 0 ;; esac
+    if trusted "$1"; then
+        for nm in "$(comm_of "$1")" "$(arg0_of "$1")"; do
+            protected_name "$nm" && why="protected name $(shown "$nm") (system uids, a root-owned program)" && return 0
+        done
+    fi
+    if [ -n "$protect" ] && cmd_of "$1" | grep -E -e "$protect" >/dev/null 2>&1; then
+        why="its command line matches the host's PROTECT"
+        return 0
+    fi
+    return 1
+}
+# May this process be a target (SCOPE text in its command line, SCOPE_UID its owner)?
+in_scope() {
+    if [ -n "$scope_uid" ]; then
+        # shellcheck disable=SC2012 # ls -n is the POSIX way to read a numeric owner
+        [ "$(ls -dn "/proc/$1" 2>/dev/null | awk '{ print $3 }')" = "$scope_uid" ] || return 1
+    fi
+    [ -z "$scope" ] && return 0
+    case "$(cmd_of "$1")" in *"$scope"*) return 0 ;; esac
+    return 1
 }
 # Does this (protected) process map a device file: a CUDA context, which keeps GPU memory
 # (as scripts/agent/teardown/verify.evaluate; the MPS control daemon maps and holds none).
@@ -94,17 +158,152 @@ holders() {
     fi
     ) | tr ' ' '\n' | grep -E '^[0-9]+$' | sort -un | tr '\n' ' '
 }
-alive() { [ "$(st "${1%%:*}")" = "${1#*:}" ] && [ "$(state "${1%%:*}")" != Z ]; }
-say() { k=$1; shift; printf '%s:' "$k"; for x in "$@"; do printf ' %6s' "${x%%:*}"; done; printf '@@\n'; }
+# Every process's stat, comm and cmdline, each line led by the file it came from (grep -H writes
+# that prefix itself: no process can forge another's), NULs as \001. One grep for the whole host.
+listing() {
+    (
+    set +f
+    a=-a
+    printf 'x\n' | grep -a x >/dev/null 2>&1 || a=""
+    for f in stat comm cmdline; do printf '%s\n' /proc/[0-9]*/"$f"; done | tr '\n' '\000' |
+        xargs -0 grep $a -H '' 2>/dev/null
+    ) | tr '\000' '\001'
+}
+# One line per name a process's program goes by: PID TAB START TAB KIND TAB NAME, KIND s for a
+# name with a space (`program subcommand`), else w. As scripts/agent/procs/program.py names().
+# shellcheck disable=SC2016 # an awk program: its $ are awk's
+names_awk='
+function base(s) { sub(/.*\//, "", s); return s }
+function strip(s) { sub(/^[ \t\r\f\v]+/, "", s); sub(/[ \t\r\f\v]+$/, "", s); return s }
+function plain(s) { return s ~ /^[a-z][a-z0-9_-]*$/ }
+function emit(name,    kind) {
+    if (name == "") return
+    gsub(/\t/, "?", name)
+    kind = index(name, " ") ? "s" : "w"
+    if ((kind SUBSEP name) in seen) return
+    seen[kind SUBSEP name] = 1
+    printf "%s\t%s\t%s\t%s\n", pid, start, kind, name
+}
+function names(args, comm,    a, n, argv0, w, b, py, i, arg, kind, value, rest, sub1, parts, np, k, j, m, sb, stem) {
+    n = split(args, a, "\001")
+    if (n > 0 && a[n] == "") n--
+    if (n == 0) { emit(comm); return }
+    argv0 = strip(a[1])
+    if (argv0 == "") argv0 = strip(comm)
+    if (argv0 == "") return
+    split(argv0, w, /[ \t\r\f\v]+/)
+    b = base(w[1])
+    if (b ~ interp) {
+        py = b ~ /^(python|pypy)/
+        i = 2
+        kind = ""
+        while (i <= n) {
+            arg = a[i]
+            if (py && arg == "-m" && i < n) { kind = "module"; value = a[i + 1]; rest = i + 2; break }
+            if (py && arg ~ /^-m./) { kind = "module"; value = substr(arg, 3); rest = i + 1; break }
+            if (arg ~ /^(-c|-e|-E|--eval|-p|--print)$/ || (py && arg ~ /^-c/)) { kind = "code"; break }
+            if (arg == "--") { i++; break }
+            if (arg ~ /^-/ && arg != "-") {
+                if ((py && arg ~ /^-[XWQ]$/) || (!py && arg ~ /^-[XWQIeEroO]$/)) i += 2; else i++
+                continue
+            }
+            break
+        }
+        if (kind == "" && i <= n && a[i] != "-") { kind = "script"; value = a[i]; rest = i + 1 }
+        sub1 = (kind != "" && kind != "code" && rest <= n && plain(a[rest])) ? a[rest] : ""
+        if (kind == "module") {
+            np = split(value, parts, ".")
+            for (k = np; k >= 1; k--) {
+                m = parts[1]
+                for (j = 2; j <= k; j++) m = m "." parts[j]
+                emit(m)
+            }
+            if (sub1 != "") emit(value " " sub1)
+            return
+        }
+        if (kind == "script") {
+            sb = base(value)
+            emit(sb)
+            emit(value)
+            stem = sb
+            if (match(sb, /[^.]\.[^.]*$/)) stem = substr(sb, 1, RSTART)
+            emit(stem)
+            if (sub1 != "") emit(sb " " sub1)
+            return
+        }
+        emit(b)
+        return
+    }
+    if (argv0 != w[1] || index(argv0, "::")) { emit(argv0); emit(w[1]) }
+    emit(b)
+    emit(argv0)
+    if (comm !~ interp) emit(comm)
+    if (n >= 2 && plain(a[2])) emit(b " " a[2])
+}
+{
+    if (!match($0, /^\/proc\/[0-9]+\/(stat|comm|cmdline):/)) next
+    split(substr($0, 1, RLENGTH - 1), h, "/")
+    key = h[3] SUBSEP h[4]
+    text = substr($0, RLENGTH + 1)
+    if (key == last) { val[key] = val[key] "?" text; next }
+    last = key
+    val[key] = text
+    if (h[4] == "cmdline") order[++count] = h[3]
+}
+END {
+    for (c = 1; c <= count; c++) {
+        pid = order[c]
+        s = val[pid SUBSEP "stat"]
+        sub(/.*\) /, "", s)
+        split(s, f, " ")
+        start = f[20]
+        if (start == "" || f[1] == "Z") continue
+        split("", seen)
+        names(val[pid SUBSEP "cmdline"], val[pid SUBSEP "comm"])
+    }
+}'
+# interpreters: generated from scripts/agent/contract.py INTERPRETERS (a test keeps them equal)
+interp='^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|zsh|ksh)$'
+# PID TAB START TAB NAME of each process whose program a TARGETS alternative names whole (grep -x):
+# single names only by TARGETS, `program subcommand` names only by TARGETS_SPACED.
+named() {
+    [ -n "$tw$ts" ] || return 0
+    all=$(listing | awk -v interp="$interp" "$names_awk")
+    for k in w s; do
+        if [ "$k" = w ]; then re=$tw; else re=$ts; fi
+        [ -n "$re" ] || continue
+        hits=$(printf '%s\n' "$all" | awk -F "$tab" -v k="$k" '{ print ($3 == k) ? $4 : "" }' |
+            grep -n -x -E -e "$re" | cut -d: -f1 | tr '\n' ' ')
+        printf '%s\n' "$all" | awk -F "$tab" -v want="$hits" -v k="$k" '
+            BEGIN { n = split(want, a, " "); for (i = 1; i <= n; i++) hit[a[i]] = 1 }
+            (NR in hit) && $3 == k { print $1 "\t" $2 "\t" $4 }'
+    done | awk -F "$tab" '!($1 in seen) { seen[$1] = 1; print }'
+}
+# A process as the report writes it: pid:start,name (one word); shown as `PID (NAME)`.
+token() { printf '%s:%s,%s' "$1" "$2" "$(name_of "$1")"; }
+alive() { x=${1%%,*}; [ "$(st "${x%%:*}")" = "${x#*:}" ] && [ "$(state "${x%%:*}")" != Z ]; }
+say() {
+    k=$1; shift; printf '%s:' "$k"
+    [ $# -gt 0 ] || printf ' none'
+    for x in "$@"; do printf ' %s (%s)' "${x%%:*}" "${x#*,}"; done
+    printf '\n'
+}
+# One line per process: what is done to it, why, and its command line.
+decide() { printf '%s %s (%s): %s; cmd: %s\n' "$1" "$2" "$(name_of "$2")" "$3" "$(shown "$(cmd_of "$2")")"; }
 send() {
     s=$1; shift; sent=""
     for t in "$@"; do alive "$t" && kill "-$s" "${t%%:*}" 2>/dev/null && sent="$sent $t"; done
     # shellcheck disable=SC2086
     say "sig$s" $sent
 }
+# Wait up to $1 s for the rest to exit, saying each second who it still waits for.
 wait_gone() {
-    n=0; max=$(($1 * 20)); shift; left="$*"
+    n=0; max=$(($1 * 20)); secs=$1; shift; left="$*"
     while [ -n "$left" ] && [ "$n" -lt "$max" ]; do
+        if [ $((n % 20)) = 0 ]; then
+            # shellcheck disable=SC2086
+            say "waiting up to $((secs - n / 20)) s for these to exit" $left
+        fi
         sleep 0.05 2>/dev/null || sleep 1
         n=$((n + 1)); now=""
         for t in $left; do alive "$t" && now="$now $t"; done
@@ -112,27 +311,65 @@ wait_gone() {
     done
 }
 before=$(holders)
-targets=""; prot=""
-for p in $before; do
-    if protected "$p"; then prot="$prot $p"; else targets="$targets $p:$(st "$p")"; fi
-done
 echo "==gpu-pivot-oneliner begin=="
+echo "config: device files $glob; TERM, then KILL after $grace s; then $settle s watching for a holder coming back"
+echo "config: targets: their holders, and programs named by TARGETS ${tw:-(none)} | TARGETS_SPACED ${ts:-(none)}"
+echo "config: never signalled: PID 1, this shell and its ancestors, protected names, PROTECT ${protect:-(none)}"
+if [ -n "$scope$scope_uid" ]; then
+    echo "config: scope: targets only among processes${scope:+ whose command line contains $scope}${scope_uid:+ owned by uid $scope_uid}"
+else
+    echo "config: scope: the whole host"
+fi
+targets=""; prot=""; outside=""; held=""
+for p in $before; do
+    t=$(token "$p" "$(st "$p")")
+    held="$held $t"
+    if protected "$p"; then
+        prot="$prot $t"; decide keep "$p" "$why"
+    elif ! in_scope "$p"; then
+        outside="$outside $t"; decide leave "$p" "holds a GPU device file, outside the scope"
+    else
+        targets="$targets $t"; decide TERM "$p" "holds a GPU device file"
+    fi
+done
+named_list=$(named)
+while IFS="$tab" read -r p s n; do
+    [ -n "$p" ] || continue
+    case " $before " in *" $p "*) continue ;; esac
+    [ "$(st "$p")" = "$s" ] || continue
+    if protected "$p"; then
+        [ "$why" = "this shell or its ancestor" ] && continue
+        prot="$prot $(token "$p" "$s")"; decide keep "$p" "$why; TARGETS names its program $(shown "$n")"
+    elif in_scope "$p"; then
+        targets="$targets $(token "$p" "$s")"; decide TERM "$p" "TARGETS names its program $(shown "$n")"
+    fi
+done <<EOF
+$named_list
+EOF
 # shellcheck disable=SC2086
-say holders $before
+say holders $held
 # shellcheck disable=SC2086
 say protected $prot
 # shellcheck disable=SC2086
+say outside-scope $outside
+# shellcheck disable=SC2086
 send TERM $targets
+left=""
 # shellcheck disable=SC2086
-wait_gone "$grace" $targets
-# shellcheck disable=SC2086
-[ -n "$left" ] && send KILL $left && wait_gone 5 $left
+[ -n "$sent" ] && wait_gone "$grace" $sent
+if [ -n "$left" ]; then
+    # shellcheck disable=SC2086
+    send KILL $left
+    # shellcheck disable=SC2086
+    wait_gone 5 $sent
+fi
 # settle: the GPUs must stay free for SETTLE s (a supervisor's respawn is caught, not blessed)
 # it looks at least once, whatever SETTLE is: a SETTLE of 0 must not skip the look
+echo "watching $settle s for a holder coming back"
 ticks=0; remaining=""; looks=$((settle * 20)); [ "$looks" -gt 0 ] || looks=1
 while [ "$ticks" -lt "$looks" ]; do
     remaining=""
-    for p in $(holders); do protected "$p" || remaining="$remaining $p"; done
+    for p in $(holders); do protected "$p" || remaining="$remaining $(token "$p" "$(st "$p")")"; done
     [ -n "$remaining" ] && break
     sleep 0.05 2>/dev/null || sleep 1
     ticks=$((ticks + 1))
@@ -140,18 +377,18 @@ done
 # shellcheck disable=SC2086
 say remaining $remaining
 mapped=""
-for p in $prot; do alive "$p:$(st "$p")" && maps_device "$p" && mapped="$mapped $p"; done
+for t in $prot; do p=${t%%:*}; alive "$t" && maps_device "$p" && mapped="$mapped $t"; done
 # shellcheck disable=SC2086
 say protected-mapped $mapped
 busy=0
 if command -v nvidia-smi >/dev/null 2>&1; then
     busy=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | grep -cv '^ *0 *$')
-    printf 'gpus-with-memory-used: %s@@\n' "$busy"
+    printf 'gpus-with-memory-used: %s\n' "$busy"
 fi
 # as another user than root, other users' open files cannot be read: never say free
 uninspected=0
-[ "$(id -u)" = 0 ] || { uninspected=1; printf 'not-root: other users%s processes could not be inspected; run as root@@\n' "'"; }
+[ "$(id -u)" = 0 ] || { uninspected=1; printf 'not-root: other users%s processes could not be inspected; run as root\n' "'"; }
 if [ -z "$remaining" ] && [ -z "$mapped" ] && [ "$busy" = 0 ] && [ "$uninspected" = 0 ]; then verdict=free; else verdict=not-free; fi
-printf 'verdict: %s@@\n' "$verdict"
+printf 'verdict: %s\n' "$verdict"
 echo "==gpu-pivot-oneliner end=="
 [ "$verdict" = free ]
