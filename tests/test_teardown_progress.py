@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import os
 import re
+import signal
 import subprocess
 import sys
 import tty
@@ -35,23 +36,34 @@ def _stubborn_server(ps, hosts_env) -> dict:
 TEARDOWN = [sys.executable, "-m", "invoke", "teardown", "--host", "local", "--yes", "--grace", "2", "--settle", "2"]
 
 
-def _on_a_terminal(env: dict) -> tuple:
-    """Run the teardown with stdout and stderr on a pty (raw: no \\n -> \\r\\n); (exit code, text)."""
+def _on_a_terminal(env: dict, argv: list = TEARDOWN, interrupt_at: str | None = None) -> tuple:
+    """Run argv with stdout and stderr on a pty (raw: no \\n -> \\r\\n), in a process group of
+    its own; (exit code, text). `interrupt_at`: once the output holds this text, SIGINT to the
+    group, as a Ctrl-C at the terminal sends."""
     master, slave = os.openpty()
     tty.setraw(slave)
-    proc = subprocess.Popen(TEARDOWN, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave)
+    proc = subprocess.Popen(argv, cwd=REPO, env=env, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            start_new_session=True)
     os.close(slave)
-    chunks = []
-    while True:
-        try:
-            data = os.read(master, 65536)
-        except OSError:  # EIO: every writer of the pty is gone
-            break
-        if not data:
-            break
-        chunks.append(data)
-    os.close(master)
-    return proc.wait(60), b"".join(chunks).decode("utf-8", "replace")
+    chunks: list = []
+    try:
+        while True:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the pty is gone
+                break
+            if not data:
+                break
+            chunks.append(data)
+            if interrupt_at and interrupt_at.encode() in b"".join(chunks):
+                os.killpg(proc.pid, signal.SIGINT)
+                interrupt_at = None
+        return proc.wait(60), b"".join(chunks).decode("utf-8", "replace")
+    finally:
+        os.close(master)
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
 
 
 def test_on_a_terminal_progress_is_one_line_updated_in_place_with_a_countdown(ps, hosts_env):
@@ -121,3 +133,10 @@ def test_a_progress_line_without_numbers_is_shown_not_fatal():
                  dict(FREE, free_at_s="x", settle_s="y"))
     assert lines[0].startswith("local: [  0.00s] sigterm  SIGKILL in 2.0s"), lines
     assert any(line.startswith("local: free at 0.00s") for line in lines), lines
+
+
+def test_a_ctrl_c_on_a_terminal_says_so_on_a_line_of_its_own(ps, hosts_env):
+    """The live line has no newline at its end: the interruption's line must not be glued to it."""
+    code, text = _on_a_terminal(_stubborn_server(ps, hosts_env), interrupt_at="SIGKILL in")
+    assert code == 130, text
+    assert re.search(r"\x1b\[K\ninterrupted: the teardown continues on local; see its result with", text), text

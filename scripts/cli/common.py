@@ -270,7 +270,9 @@ class ctrl_c_continues:
             sys.stdout.flush()
         except Exception:  # reentrant flush, closed pipe: the line below matters more
             pass
-        os.write(2, self.line.encode())
+        # on a terminal the line starts a line of its own: not after the ^C the terminal
+        # echoed, nor at the end of a progress line rewritten in place
+        os.write(2, ("\n" if os.isatty(2) else "").encode() + self.line.encode())
         os._exit(self.code)
 
     def __enter__(self):
