@@ -292,3 +292,29 @@ def podman_usable(base: Path) -> tuple[Podman | None, str]:
         return Podman(base), ""
     except (PodmanError, subprocess.SubprocessError, OSError) as exc:
         return None, str(exc)
+
+
+class CgroupLayout:
+    """A runtime's real cgroup layout made under this test process's own cgroup, in every
+    hierarchy (tests/realhosts/cgroups.py: locked, named for its owner, swept if it crashes),
+    and processes moved into it: what a kubelet with containerd or CRI-O, or a CRI made
+    without Kubernetes, leaves in /proc/PID/cgroup, where none of them runs."""
+
+    def __init__(self):
+        self.roots = cgroups.make("managers")
+
+    def place(self, pid: int, layout: str) -> None:
+        """Move pid into `layout` (`kubepods.slice/.../cri-containerd-ID.scope`) in every hierarchy."""
+        for root in self.roots:
+            d = root / layout
+            d.mkdir(parents=True, exist_ok=True)
+            for part in [*reversed(d.relative_to(root).parents)][1:] + [d.relative_to(root)]:
+                for knob in ("cpuset.cpus", "cpuset.mems"):  # v1 cpuset refuses tasks until these are set
+                    f = root / part / knob
+                    if f.exists() and not f.read_text().strip():
+                        f.write_text((f.parent.parent / knob).read_text())
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def down(self) -> None:
+        problems = cgroups.kill_and_remove(self.roots)
+        assert not problems, problems

@@ -1,0 +1,272 @@
+"""Which manager runs a process (procs/managers.py) and which container its cgroup names
+(procs/cgroup.py): the path parser on the layouts each runtime writes, a holder moved into a
+REAL Kubernetes or CRI cgroup layout (made under this test's own cgroup), the ancestry rules
+on scan-shaped records, and a second user who names their process `supervisord`.
+
+The real supervisord, runit and podman cases are in test_real_managers.py.
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from scripts.agent.procs import cgroup, managers, scan
+from tests.managers_fixtures import CgroupLayout
+from tests.procs import wait_for
+from tests.test_scan import holders_by_pid, scan_args
+
+CID = "3f" * 32
+UID = "1f2e3d4c-5b6a-4798-8a7b-6c5d4e3f2a1b"
+ESCAPED = UID.replace("-", "_")
+STATIC = "6b1a8b6f2c1d4e5fa0b1c2d3e4f5a6b7"  # a static pod's UID: a hash, no dashes
+
+CGROUPS = {
+    "podman, systemd driver": (f"0::/machine.slice/libpod-{CID}.scope\n", ("podman", CID), None),
+    "podman, cgroupfs driver v1": (f"9:name=systemd:/libpod_parent/libpod-{CID}\n8:pids:/libpod_parent/libpod-{CID}\n"
+                                   "0::/\n", ("podman", CID), None),
+    "podman under a quadlet unit": (f"0::/system.slice/vllm.service/libpod-payload-{CID}\n", ("podman", CID), None),
+    "cri-containerd, no pod": (f"0::/system.slice/cri-containerd-{CID}.scope\n", ("cri-containerd", CID), None),
+    "crio, no pod": (f"0::/machine.slice/crio-{CID}.scope\n", ("crio", CID), None),
+    "nerdctl": (f"0::/system.slice/nerdctl-{CID}.scope\n", ("nerdctl", CID), None),
+    "docker is still docker": (f"0::/system.slice/docker-{CID}.scope\n", ("docker", CID), None),
+    "pod, systemd driver, containerd": (
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESCAPED}.slice/"
+        f"cri-containerd-{CID}.scope\n", ("kubernetes", CID), (UID, "cri-containerd")),
+    "pod, guaranteed QoS, CRI-O": (f"0::/kubepods.slice/kubepods-pod{ESCAPED}.slice/crio-{CID}.scope\n",
+                                   ("kubernetes", CID), (UID, "crio")),
+    "pod, docker runtime: kubelet's, not docker's": (
+        f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{ESCAPED}.slice/docker-{CID}.scope\n",
+        ("kubernetes", CID), (UID, "docker")),
+    "pod, cgroupfs driver v1": (f"12:pids:/kubepods/burstable/pod{UID}/{CID}\n1:name=systemd:/kubepods/burstable/"
+                                f"pod{UID}/{CID}\n", ("kubernetes", CID), (UID, None)),
+    "static pod": (f"0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{STATIC}.slice/"
+                   f"cri-containerd-{CID}.scope\n", ("kubernetes", CID), (STATIC, "cri-containerd")),
+    "a pod's own process, no container scope": (
+        f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESCAPED}.slice\n",
+        ("kubernetes", "pod" + UID), (UID, None)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CGROUPS))
+def test_container_kinds_from_each_runtimes_cgroup(name):
+    text, (kind, cid), pod = CGROUPS[name]
+    out = cgroup.parse(text)
+    assert (out["container"]["kind"], out["container"]["id"]) == (kind, cid)
+    assert out["unit"] is None and out["monitor"] is None
+    if pod:
+        assert (out["container"]["pod"], out["container"]["runtime"]) == pod
+
+
+def test_a_quadlet_containers_unit_is_kept():
+    out = cgroup.parse(f"0::/system.slice/vllm.service/libpod-payload-{CID}\n")
+    assert out["container"]["unit"] == "vllm.service"
+
+
+@pytest.mark.parametrize("scope,kind", [(f"libpod-conmon-{CID}.scope", "podman"), (f"crio-conmon-{CID}.scope", "crio")])
+def test_conmon_is_its_containers_monitor_not_a_member(scope, kind):
+    """conmon's scope sits beside its container's: counted in it, conmon would keep the
+    container from ever holding only targets."""
+    out = cgroup.parse(f"0::/machine.slice/{scope}\n")
+    assert out["container"] is None
+    assert out["monitor"] == {"kind": kind, "id": CID}
+
+
+def test_unreadable_cgroup_has_every_key():
+    assert cgroup.read(2 ** 22 + 12345) == {"path": None, "unit": None, "container": None, "monitor": None}
+
+
+# -- real cgroup layouts ---------------------------------------------------------------------------
+
+
+@pytest.fixture
+def layout():
+    made = CgroupLayout()
+    try:
+        yield made
+    finally:
+        made.down()
+
+
+HOLD = "import sys, time; fs = [open(p, 'rb') for p in sys.argv[1:]]; open(fs[0].name + '.ready', 'w'); time.sleep(600)"
+
+
+def _holder(ps, env):
+    proc = subprocess.Popen([sys.executable, "-c", HOLD.replace(".ready", f".ready{len(ps.pids)}"),
+                             str(ps.devdir / "nvidia0")], env=env, start_new_session=True)
+    ps.adopt(proc.pid)
+    wait_for(lambda: (ps.devdir / f"nvidia0.ready{len(ps.pids) - 1}").exists(), "holder ready")
+    return proc.pid
+
+
+def _managed(ps, pid):
+    doc = scan.collect(scan_args(ps))
+    holder = holders_by_pid(doc)[pid]
+    return holder, managers.manager_of(holder, doc["_procs"])
+
+
+def test_pod_holder_named_by_its_environment_never_stopped_by_default(ps, layout):
+    pid = _holder(ps, {"PATH": "/usr/bin:/bin", "POD_NAME": "vllm-0", "POD_NAMESPACE": "inference",
+                       "KUBERNETES_SERVICE_HOST": "10.0.0.1"})
+    layout.place(pid, f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESCAPED}.slice/"
+                      f"cri-containerd-{CID}.scope")
+    holder, m = _managed(ps, pid)
+    assert holder["container"]["kind"] == "kubernetes" and holder["container"]["pod"] == UID
+    assert (m["kind"], m["name"], m["pod_uid"]) == ("kubernetes", "inference/vllm-0", UID)
+    assert m["stop_command"] == "kubectl -n inference delete pod vllm-0"
+    assert m["first"].startswith("kubectl cordon ") and m["first"] in m["note"]
+    assert m["stops_by_default"] is False
+
+
+def test_pod_holder_without_a_name_is_named_by_its_uid(ps, layout):
+    """No POD_* and a HOSTNAME that is no Kubernetes name (it could carry shell text into a
+    command): the printed command finds the pod by its UID."""
+    pid = _holder(ps, {"PATH": "/usr/bin:/bin", "HOSTNAME": "x;reboot"})
+    layout.place(pid, f"kubepods/besteffort/pod{UID}/{CID}")
+    _, m = _managed(ps, pid)
+    assert m["kind"] == "kubernetes" and m["name"] == f"pod {UID}" and m["namespace"] is None
+    assert f'@.metadata.uid=="{UID}"' in m["stop_command"] and "reboot" not in m["stop_command"]
+    assert m["stops_by_default"] is False
+
+
+def test_cri_container_outside_a_pod_is_named_with_crictl(ps, layout):
+    pid = _holder(ps, {"PATH": "/usr/bin:/bin"})
+    layout.place(pid, f"system.slice/cri-containerd-{CID}.scope")
+    holder, m = _managed(ps, pid)
+    assert holder["container"] == {"kind": "cri-containerd", "id": CID}
+    assert (m["kind"], m["stop_command"], m["stops_by_default"]) == ("cri-containerd", f"crictl stop {CID}", False)
+
+
+# -- ancestry on scan-shaped records ------------------------------------------------------------------
+
+GONE = 2 ** 22  # pids past pid_max: no /proc entry, nothing there is trusted
+
+
+def _rec(pid, ppid, argv, sid=None, comm=None, **kw):
+    return {"pid": pid, "ppid": ppid, "sid": sid or pid, "pgid": sid or pid, "argv": argv,
+            "comm": comm or argv[0].rsplit("/", 1)[-1][:15], "state": "S", "threads": 1, "container": None, **kw}
+
+
+def test_a_terminal_under_an_sshd_that_runit_supervises_is_not_runits():
+    """sshd run by runsv: every login's shell descends from runsv, and `sv down` would take
+    sshd down. The walk ends at the terminal's shell (a session leader no wrapper started)."""
+    runsv = _rec(GONE + 1, 1, ["runsv", "ssh"])
+    sshd = _rec(GONE + 2, runsv["pid"], ["/usr/sbin/sshd", "-D"], sid=runsv["pid"])
+    shell = _rec(GONE + 3, sshd["pid"], ["-bash"])
+    server = _rec(GONE + 4, shell["pid"], ["python3", "-m", "vllm.entrypoints.openai.api_server"], sid=shell["pid"])
+    procs = {r["pid"]: r for r in (runsv, sshd, shell, server)}
+    assert managers.managing_daemon(server, procs) == (None, None)
+    assert managers.manager_of(server, procs) is None
+
+
+def test_ray_worker_is_named_with_ray_stop_and_what_else_it_stops():
+    raylet = _rec(GONE + 1, 1, ["/opt/venv/lib/python3.11/site-packages/ray/core/src/ray/raylet/raylet",
+                                "--node_id=abc"], comm="raylet")
+    workers = [_rec(GONE + 2 + i, raylet["pid"], ["ray::RayWorkerWrapper", ""], comm="ray::RayWorkerW",
+                    sid=raylet["pid"]) for i in range(3)]
+    procs = {r["pid"]: r for r in (raylet, *workers)}
+    m = managers.manager_of(workers[0], procs)
+    assert (m["kind"], m["name"], m["stop_command"]) == ("ray", "ray::RayWorkerWrapper", "ray stop")
+    assert m["stops_by_default"] is False and m["workers"] == 3 and "every Ray job" in m["note"]
+
+
+def test_runsv_of_a_scan_directory_names_the_service_by_the_scan_dir():
+    """No /proc for these pids: the service directory cannot be read, and nothing is run."""
+    runsvdir = _rec(GONE + 1, 1, ["runsvdir", "-P", "/etc/service"])
+    runsv = _rec(GONE + 2, runsvdir["pid"], ["runsv", "vllm"])
+    server = _rec(GONE + 3, runsv["pid"], ["vllm", "serve"], sid=runsv["pid"])
+    m = managers.manager_of(server, {r["pid"]: r for r in (runsvdir, runsv, server)})
+    assert (m["kind"], m["stop_command"], m["stops_by_default"]) == ("runit", None, False)
+
+
+def test_podman_globals_keep_only_what_differs_from_the_defaults():
+    argv = ["/usr/bin/conmon", "-c", CID, "-n", "vllm", "--exit-command", "/usr/bin/podman"]
+    for arg in ["--root", "/var/lib/containers/storage", "--runroot", "/srv/run", "--log-level", "warning",
+                "--cgroup-manager", "systemd", "--tmpdir", "/run/libpod", "--network-config-dir", "",
+                "--events-backend", "file", "container", "cleanup", CID]:
+        argv += ["--exit-command-arg", arg]
+    conmon = _rec(GONE + 1, 1, argv, comm="conmon")
+    server = _rec(GONE + 2, conmon["pid"], ["vllm", "serve"])
+    m = managers.manager_of(server, {r["pid"]: r for r in (conmon, server)})
+    assert (m["kind"], m["name"], m["container_id"]) == ("podman", "vllm", CID)
+    assert m["stop_command"] == "podman --runroot /srv/run --events-backend file stop vllm"
+    assert m["stops_by_default"] is False  # a conmon /proc cannot vouch for is nobody's to run commands for
+
+
+def test_a_gpu_holder_is_never_a_manager_daemon():
+    named = _rec(GONE + 1, 1, ["supervisord", "-c", "/etc/supervisord.conf"])
+    assert managers.is_manager_daemon(named)
+    assert not managers.is_manager_daemon(dict(named, devices=["/dev/nvidia0"]))
+    assert managers.is_manager_daemon(_rec(GONE + 2, 1, ["/usr/bin/python3", "/usr/bin/supervisord"],
+                                           comm="supervisord"))
+    assert managers.is_manager_daemon(_rec(GONE + 3, 1, ["/usr/bin/containerd-shim-runc-v2", "-namespace", "k8s.io"]))
+    assert not managers.is_manager_daemon(_rec(GONE + 4, 1, ["python3", "supervise_jobs.py"]))
+
+
+# -- a second user --------------------------------------------------------------------------------
+
+FAKE_SUPERVISORD = """
+import os, subprocess, sys, time
+dev = sys.argv[1]
+mine = open(dev, 'rb')
+env = dict(os.environ, SUPERVISOR_PROCESS_NAME='prod', SUPERVISOR_GROUP_NAME='ops', SUPERVISOR_ENABLED='1')
+child = subprocess.Popen(['/usr/bin/python3', '-c', "import sys, time; f = open(sys.argv[1], 'rb'); time.sleep(600)",
+                         dev], env=env)
+time.sleep(600)
+"""
+
+
+def test_a_users_process_named_supervisord_is_named_never_obeyed(second_user, shared_ps):
+    """A second user names their process `supervisord` and writes supervisord's variables
+    into their job's environment: the job is attributed to it with a command, but that
+    command is never the teardown's to run (untrusted), and their `supervisord`, itself
+    holding a GPU, is no manager daemon: a target like any holder."""
+    dev = shared_ps.devdir / "nvidia0"
+    proc = second_user.popen(["bash", "-c", 'exec -a supervisord /usr/bin/python3 -c "$0" "$1"',
+                              FAKE_SUPERVISORD, str(dev)])
+    shared_ps.adopt(proc.pid)
+    doc = wait_for(lambda: (d := scan.collect(scan_args(shared_ps))) and any(
+        h["ppid"] == proc.pid for h in d["holders"]) and proc.pid in holders_by_pid(d) and d,
+        "the fake supervisord and its child hold", timeout=20)
+    holders = holders_by_pid(doc)
+    fake = holders[proc.pid]
+    child = next(h for h in holders.values() if h["ppid"] == proc.pid)
+    shared_ps.adopt(child["pid"])
+    assert managers.daemon_name(fake) == "supervisord"
+    assert not managers.is_manager_daemon(fake)  # it holds a GPU: a target, whatever its name
+    m = managers.manager_of(child, doc["_procs"])  # named as the user's word has it, and not obeyed
+    assert (m["kind"], m["name"], m["pid"]) == ("supervisord", "ops:prod", proc.pid)
+    assert m["trusted"] is False and m["stops_by_default"] is False
+
+
+def test_a_users_real_supervisord_is_named_but_not_run_by_the_teardown(second_user, shared_ps):
+    """The real /usr/bin/supervisord, run by a second user: the program and the command are
+    named; only that user may say what their supervisord runs, so the teardown does not run it."""
+    import shutil
+
+    if not shutil.which("supervisord"):
+        pytest.skip("needs supervisord (.ci/packages: supervisor)")
+    base = shared_ps.base / "sv"
+    base.mkdir()
+    base.chmod(0o777)
+    conf = base / "supervisord.conf"
+    conf.write_text(f"[unix_http_server]\nfile={base}/s.sock\n[supervisord]\nlogfile={base}/sd.log\n"
+                    f"pidfile={base}/sd.pid\nnodaemon=true\n[rpcinterface:supervisor]\n"
+                    "supervisor.rpcinterface_factory = supervisor.rpcinterface:make_main_rpcinterface\n"
+                    f"[program:vllm]\ncommand=/usr/bin/python3 -c \"import time; f = open('{shared_ps.devdir}/"
+                    "nvidia1', 'rb'); time.sleep(600)\"\nautorestart=true\nstartsecs=0\n")
+    conf.chmod(0o644)
+    sd = second_user.popen(["/usr/bin/supervisord", "-n", "-c", str(conf)], stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL)
+    shared_ps.adopt(sd.pid)
+    doc = wait_for(lambda: (d := scan.collect(scan_args(shared_ps))) and any(
+        h["ppid"] == sd.pid for h in d["holders"]) and d, "the user's program holds", timeout=20)
+    holder = next(h for h in doc["holders"] if h["ppid"] == sd.pid)
+    shared_ps.adopt(holder["pid"])
+    m = managers.manager_of(holder, doc["_procs"])
+    assert (m["kind"], m["name"], m["pid"]) == ("supervisord", "vllm", sd.pid)
+    assert m["stop_command"] == f"supervisorctl -c {conf} stop vllm"
+    assert m["trusted"] is False and m["stops_by_default"] is False
+    assert "not run by the teardown" in m["note"]
+    assert managers.is_manager_daemon(doc["_procs"][sd.pid])
