@@ -260,6 +260,9 @@ def test_run_and_pct_go_through_sudo_as_root(operator, sudoers, hosts_env):
     assert log.read_text()[len(before):] == "129\n"  # gpu2 took the pct hop, after sudo
     missing = invoke("run", "--host", "gpu1", "--", "no-such-command-here")  # the command's own failure, not sudo's
     assert missing.returncode == 127 and b"no-such-command-here: command not found" in missing.stderr
+    # exit 1 after the proof line: the command's own, though it is sudo's code for a refusal
+    failed = invoke("run", "--host", "gpu1", "--", "sh", "-c", "echo own words >&2; exit 1")
+    assert failed.returncode == 1 and failed.stderr == b"own words\n", failed.stderr
 
 
 def test_hostile_argv_byte_exact_through_ssh_sudo_and_pct(operator, sudoers):
@@ -272,3 +275,22 @@ def test_hostile_argv_byte_exact_through_ssh_sudo_and_pct(operator, sudoers):
         line = host.route.one_liner(far_side(HOSTILE))  # what an operator pastes: one more shell layer
         out = subprocess.run(["bash", "-c", line], capture_output=True, timeout=60)
         assert out.stdout == expected(HOSTILE), out.stderr
+
+
+def test_ansible_module_runs_as_root_through_the_inventorys_become(operator, sudoers, ps, hosts_env, tmp_path):
+    """The inventory sets ansible_become for a BECOME host: the module frees a root-owned holder."""
+    from tests.test_ansible import ANSIBLE_PLAYBOOK, play
+
+    if not os.path.exists(ANSIBLE_PLAYBOOK):
+        pytest.skip("ansible-core is not installed (requirements-dev.txt)")
+    server, workers = ps.server(tp=1)
+    env_file = hosts_env(operator.hosts_env("gpa", BECOME="sudo", **dict(scenario.host_keys(ps),
+                                                                         TARGETS=r"sandbox_roles\.py")))
+    sudoers(NOPASSWD)
+    env = dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(env_file), ANSIBLE_HOME=str(tmp_path / "ansible-home"),
+               ANSIBLE_SSH_ARGS="-o ControlMaster=no", ANSIBLE_PIPELINING="true", ANSIBLE_HOST_KEY_CHECKING="true",
+               ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_PYTHON_INTERPRETER="auto_silent")
+    done, facts = play(env, tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert facts["gpa"]["verdict"] == "free" and {t["pid"] for t in facts["gpa"]["targets"]} == {server, *workers}
+    assert not alive(server)
