@@ -54,7 +54,7 @@ def test_container_kinds_from_each_runtimes_cgroup(name):
     text, (kind, cid), pod = CGROUPS[name]
     out = cgroup.parse(text)
     assert (out["container"]["kind"], out["container"]["id"]) == (kind, cid)
-    assert out["unit"] is None and out["monitor"] is None
+    assert out["unit"] is None
     if pod:
         assert (out["container"]["pod"], out["container"]["runtime"]) == pod
 
@@ -69,12 +69,9 @@ def test_conmon_is_its_containers_monitor_not_a_member(scope, kind):
     """conmon's scope sits beside its container's: counted in it, conmon would keep the
     container from ever holding only targets."""
     out = cgroup.parse(f"0::/machine.slice/{scope}\n")
-    assert out["container"] is None
-    assert out["monitor"] == {"kind": kind, "id": CID}
-
-
-def test_unreadable_cgroup_has_every_key():
-    assert cgroup.read(2 ** 22 + 12345) == {"path": None, "unit": None, "container": None, "monitor": None}
+    assert out["container"] is None and out["unit"] == scope
+    assert cgroup.monitor_of(out["path"]) == {"kind": kind, "id": CID}
+    assert cgroup.monitor_of(f"/machine.slice/libpod-{CID}.scope") is None
 
 
 # -- real cgroup layouts ---------------------------------------------------------------------------

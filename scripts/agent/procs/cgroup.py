@@ -66,9 +66,7 @@ def pick_path(text):
 
 
 def parse(text):
-    """{'path', 'unit', 'container', 'monitor'} from the text of /proc/PID/cgroup: `container`
-    {'kind', 'id', ...} or None; `monitor` {'kind', 'id'} for a runtime's conmon (the monitor of
-    that container, in a scope beside it: not one of its processes), else None."""
+    """{'path', 'unit', 'container': {'kind', 'id', ...} or None} from the text of /proc/PID/cgroup."""
     path = pick_path(text)
     container = _kubernetes(path) if "/kubepods" in path else None
     if container is None:
@@ -87,11 +85,6 @@ def parse(text):
                 break
     units = _UNIT.findall(path)
     unit = None
-    if container and container.get("monitor"):
-        del container["monitor"]
-        if container["kind"] != "kubernetes":  # conmon is the container's monitor, not in it
-            return {"path": path, "unit": units[-1] if units else None, "container": None, "monitor": container}
-        container["monitor"] = True
     if container is None or container["kind"] == "lxc":
         unit = units[-1] if units else None
     elif container["kind"] == "podman":
@@ -100,20 +93,28 @@ def parse(text):
         services = [u for u in units if u.endswith(".service")]
         if services:
             container["unit"] = services[-1]
-    return {"path": path, "unit": unit, "container": container, "monitor": None}
+    return {"path": path, "unit": unit, "container": container}
 
 
 def _runtime(path):
-    """{'kind', 'id'} of a podman, CRI or nerdctl container (or {'kind', 'id', 'monitor': True}
-    for its conmon), or None."""
+    """{'kind', 'id'} of a podman, CRI or nerdctl container, or None. A runtime's monitor
+    (conmon) is in none: its scope sits beside its container's (monitor_of)."""
     for kind, pattern in _RUNTIMES:
         m = pattern.search(path)
         if m:
             return {"kind": kind, "id": m.group(1)}
+    return None
+
+
+def monitor_of(path):
+    """{'kind', 'id'} when the cgroup path is a container monitor's (podman's or CRI-O's conmon,
+    `libpod-conmon-ID.scope`, `crio-conmon-ID.scope`): a manager of container ID, not one of its
+    processes (counted in the container, conmon would keep it from ever holding only
+    targets). None otherwise."""
     for kind, pattern in _MONITORS:
-        m = pattern.search(path)
+        m = pattern.search(path or "")
         if m:
-            return {"kind": kind, "id": m.group(1), "monitor": True}
+            return {"kind": kind, "id": m.group(1)}
     return None
 
 
@@ -132,8 +133,6 @@ def _kubernetes(path):
         out["id"] = "pod" + uid
     if inner is not None:
         out.update(id=inner["id"], runtime=inner["kind"])
-        if inner.get("monitor"):
-            out["monitor"] = True
     else:
         bare = _BARE_ID.search(path)
         if bare:
@@ -170,4 +169,4 @@ def read(pid, proc="/proc"):
         with open("%s/%d/cgroup" % (proc, pid), "rb") as f:  # a cgroup's name is any bytes its maker chose
             return parse(textsafe.decode(f.read()))
     except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return {"path": None, "unit": None, "container": None, "monitor": None}
+        return {"path": None, "unit": None, "container": None}
