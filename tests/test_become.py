@@ -287,7 +287,9 @@ def test_ansible_module_runs_as_root_through_the_inventorys_become(operator, sud
     env_file = hosts_env(operator.hosts_env("gpa", BECOME="sudo", **dict(scenario.host_keys(ps),
                                                                          TARGETS=r"sandbox_roles\.py")))
     sudoers(NOPASSWD)
+    # the become user's (root's) remote tmp in the test's dir: nothing is left in root's ~/.ansible
     env = dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(env_file), ANSIBLE_HOME=str(tmp_path / "ansible-home"),
+               ANSIBLE_REMOTE_TMP=str(tmp_path / "remote-tmp"),
                ANSIBLE_SSH_ARGS="-o ControlMaster=no", ANSIBLE_PIPELINING="true", ANSIBLE_HOST_KEY_CHECKING="true",
                ANSIBLE_NOCOLOR="1", ANSIBLE_LOCALHOST_WARNING="false", ANSIBLE_PYTHON_INTERPRETER="auto_silent")
     done, facts = play(env, tmp_path)
