@@ -7,6 +7,7 @@ The real supervisord, runit and podman cases are in test_real_managers.py.
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -114,6 +115,33 @@ def test_pod_holder_named_by_its_environment_never_stopped_by_default(ps, layout
     assert m["stop_command"] == "kubectl -n inference delete pod vllm-0"
     assert m["first"].startswith("kubectl cordon ") and m["first"] in m["note"]
     assert m["stops_by_default"] is False
+
+
+def test_the_kubelets_log_directory_names_the_pod_over_its_environment(ps, layout, tmp_path, monkeypatch):
+    """/var/log/pods/NAMESPACE_NAME_UID is the kubelet's (root's); a container's environment is
+    its own word (a process can rewrite it; HOSTNAME is the pod's name only by default)."""
+    logs = tmp_path / "var-log-pods"  # no kubelet here: its directory, as it makes it, in the test's dir
+    (logs / f"inference_vllm-0_{UID}").mkdir(parents=True)
+    (logs / f"other_decoy_{UID}x").mkdir()
+    monkeypatch.setattr(managers, "KUBELET_LOGS", str(logs))
+    pid = _holder(ps, {"PATH": "/usr/bin:/bin", "POD_NAME": "payments-db-0", "POD_NAMESPACE": "prod"})
+    layout.place(pid, f"kubepods.slice/kubepods-pod{ESCAPED}.slice/crio-{CID}.scope")
+    _, m = _managed(ps, pid)
+    assert m["stop_command"] == "kubectl -n inference delete pod vllm-0"
+    assert "the kubelet's" in m["note"] and m["runtime"] == "crio"
+
+
+def test_a_log_directory_another_user_made_names_no_pod(ps, layout, tmp_path, monkeypatch, second_user):
+    logs = tmp_path / "var-log-pods"
+    planted = logs / f"prod_payments-db-0_{UID}"
+    planted.mkdir(parents=True)
+    os.chown(planted, second_user.uid, second_user.gid)
+    monkeypatch.setattr(managers, "KUBELET_LOGS", str(logs))
+    pid = _holder(ps, {"PATH": "/usr/bin:/bin", "POD_NAME": "vllm-0", "POD_NAMESPACE": "inference"})
+    layout.place(pid, f"kubepods.slice/kubepods-pod{ESCAPED}.slice/crio-{CID}.scope")
+    _, m = _managed(ps, pid)
+    assert m["stop_command"] == "kubectl -n inference delete pod vllm-0"
+    assert "its own word" in m["note"]
 
 
 def test_pod_holder_without_a_name_is_named_by_its_uid(ps, layout):
@@ -267,3 +295,14 @@ def test_a_users_real_supervisord_is_named_but_not_run_by_the_teardown(second_us
     assert m["trusted"] is False and m["stops_by_default"] is False
     assert "not run by the teardown" in m["note"]
     assert managers.is_manager_daemon(doc["_procs"][sd.pid])
+
+
+def test_a_supervisord_inside_a_docker_container_answers_to_the_container():
+    """Its config and socket are in the container's filesystem: a supervisorctl on the host
+    would not find them. `docker stop` (plan.py) stops the container and it."""
+    sd = _rec(GONE + 1, 1, ["/usr/bin/python3", "/usr/bin/supervisord", "-c", "/etc/supervisord.conf"],
+              comm="supervisord", container={"kind": "docker", "id": CID})
+    server = _rec(GONE + 2, sd["pid"], ["vllm", "serve"], container={"kind": "docker", "id": CID})
+    assert managers.manager_of(server, {r["pid"]: r for r in (sd, server)}) is None
+    assert managers.manager_of(dict(server, container=None), {r["pid"]: r for r in (sd, server)})["kind"] == \
+        "supervisord"

@@ -61,6 +61,7 @@ ENVIRON_MAX = 1 << 20
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
 _HEX = re.compile(r"[0-9a-f]{12,64}")
 KUBELET_PODS = "/var/lib/kubelet/pods"
+KUBELET_LOGS = "/var/log/pods"  # NAMESPACE_NAME_UID per pod, made by the kubelet
 SA_NAMESPACE = "kubernetes.io~projected"  # the projected service-account volume holds `namespace`
 # podman's global options that say where a container lives, with root's packaged defaults
 # (left out of the command where the container was made with them)
@@ -107,6 +108,8 @@ def manager_of(record, procs, proc="/proc"):
         container = cgroup.read(record["pid"], proc)["container"]
     if container and container.get("kind") == "kubernetes":
         return _kubernetes(record, container, proc)
+    if container and container.get("kind") in ("docker", "lxc"):
+        return None  # plan.py's: `docker stop`, `pct`; a supervisord inside answers to its container
     daemon, main = managing_daemon(record, procs)
     if container and container.get("kind") in ("podman", "cri-containerd", "crio", "nerdctl"):
         return _container(container, daemon, main)
@@ -357,11 +360,7 @@ def _containerd_shim(daemon, main, procs, proc):
 
 def _kubernetes(record, container, proc):
     uid = container.get("pod")
-    env = environ(record["pid"], proc)
-    name = env.get("POD_NAME") or env.get("HOSTNAME")
-    namespace = env.get("POD_NAMESPACE") or (_kubelet_namespace(uid) if uid else None)
-    name = name if name and _K8S_NAME.fullmatch(name) else None
-    namespace = namespace if namespace and _K8S_NAME.fullmatch(namespace) else None
+    namespace, name, source = _pod_of(uid, environ(record["pid"], proc))
     node = _node_name()
     first = "kubectl cordon %s" % node
     command = None
@@ -374,11 +373,11 @@ def _kubernetes(record, container, proc):
         command = ("kubectl get pods -A -o jsonpath='{range .items[?(@.metadata.uid==\"%s\")]}"
                    "{\"kubectl -n \"}{.metadata.namespace}{\" delete pod \"}{.metadata.name}{\"\\n\"}{end}'"
                    % uid_text) if uid_text else None
-    note = ("Kubernetes pod %s (pod UID %s): never stopped by the teardown, the kubelet restarts what is killed "
+    note = ("Kubernetes pod %s (pod UID %s%s): never stopped by the teardown, the kubelet restarts what is killed "
             "under it. Run `%s` first, so the pod is not scheduled here again, then %s; a DaemonSet's pod comes back "
-            "on a cordoned node too: scale or change the DaemonSet" % (
-                label, uid, first, "`%s`" % command if name and namespace else "the `kubectl -n NS delete pod NAME` "
-                "that command prints"))
+            "on a cordoned node too: change or delete the DaemonSet" % (
+                label, uid, "; its name from %s" % source if source else "", first,
+                "`%s`" % command if name and namespace else "the `kubectl -n NS delete pod NAME` that command prints"))
     out = _result("kubernetes", label, command, note, None, None, default=False)
     out.update(pod_uid=uid, namespace=namespace, pod=name, container_id=container.get("id"),
                runtime=container.get("runtime"), first=first, node=node)
@@ -391,6 +390,43 @@ def _node_name():
 
     name = socket.gethostname().lower()
     return name if _K8S_NAME.fullmatch(name) else "NODE"
+
+
+def _pod_of(uid, env):
+    """(namespace, name, where they were read) of pod `uid`: the kubelet's log directory
+    (/var/log/pods/NAMESPACE_NAME_UID, root's: the kubelet's word), else the container's
+    environment (POD_NAMESPACE / POD_NAME as the downward API sets them, HOSTNAME, which is the
+    pod's name unless the spec sets another; the namespace then from the kubelet's pod
+    directory): the process's own word, which it can rewrite. Only Kubernetes names are kept:
+    nothing else reaches a printed command."""
+    logged = _kubelet_log_dir(uid) if uid else None
+    if logged:
+        return logged[0], logged[1], "the kubelet's %s" % KUBELET_LOGS
+    name = env.get("POD_NAME") or env.get("HOSTNAME")
+    namespace = env.get("POD_NAMESPACE") or (_kubelet_namespace(uid) if uid else None)
+    name = name if name and _K8S_NAME.fullmatch(name) else None
+    namespace = namespace if namespace and _K8S_NAME.fullmatch(namespace) else None
+    return namespace, name, "the container's environment (its own word)" if name else None
+
+
+def _kubelet_log_dir(uid):
+    """(namespace, name) from the kubelet's /var/log/pods/NAMESPACE_NAME_UID, a directory root
+    owns (a namespace and a name cannot hold `_`); None when there is none."""
+    try:
+        entries = os.listdir(KUBELET_LOGS)
+    except OSError:
+        return None
+    for entry in entries:
+        parts = entry.split("_")
+        if len(parts) != 3 or parts[2] != uid or not all(_K8S_NAME.fullmatch(p) for p in parts[:2]):
+            continue
+        try:
+            st = os.lstat(os.path.join(KUBELET_LOGS, entry))
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == 0:
+            return parts[0], parts[1]
+    return None
 
 
 def _kubelet_namespace(uid):
