@@ -121,13 +121,20 @@ class Supervisord:
         end(sorted(self.seen))
 
 
-class Runit:
-    """A real runit: `runsvdir -P SCANDIR` (scan dir under `base`), each service's directory in
-    base/runit/sv/NAME with a `run` script that execs `argv`, linked into the scan dir as
-    runit's /etc/service links /etc/sv. `service_dir(name)` is the path `sv` takes."""
+class ServiceScan:
+    """A real service scanner on a scan directory under `base`, each service's directory
+    base/<kind>/sv/NAME with a `run` script that execs `argv`, linked into the scan dir as
+    /etc/service links /etc/sv: runit (`runsvdir -P` -> `runsv NAME`), s6 (`s6-svscan` ->
+    `s6-supervise NAME`) or daemontools (`svscan` -> `supervise NAME`). `service_dir(name)` is
+    the path `sv`, `s6-svc` and `svc` take."""
 
-    def __init__(self, base: Path, services: dict):
-        self.dir = Path(base) / "runit"
+    SCANNERS = {"runit": (["runsvdir", "-P"], "runsv"), "s6": (["s6-svscan"], "s6-supervise"),
+                "daemontools": (["svscan"], "supervise")}
+
+    def __init__(self, base: Path, services: dict, kind: str = "runit"):
+        self.kind = kind
+        scanner, self.supervisor = self.SCANNERS[kind]
+        self.dir = Path(base) / kind
         self.scan = self.dir / "service"
         self.scan.mkdir(parents=True)
         self.seen: set = set()
@@ -138,7 +145,7 @@ class Runit:
             run.write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
             run.chmod(0o755)
             (self.scan / name).symlink_to(sv)
-        self.proc = subprocess.Popen(["runsvdir", "-P", str(self.scan)], start_new_session=True, cwd=self.scan,
+        self.proc = subprocess.Popen([*scanner, str(self.scan)], start_new_session=True, cwd=self.scan,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.pid = self.proc.pid
         self.names = list(services)
@@ -146,44 +153,57 @@ class Runit:
     def service_dir(self, name: str) -> Path:
         return self.scan / name
 
-    def sv(self, *args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(["sv", *args], capture_output=True, text=True, timeout=30)
+    def _tool(self, *args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(list(args), capture_output=True, text=True, timeout=30)
 
     def status(self, name: str) -> str:
-        """`sv status`'s first word: run, down, finish, fail..."""
-        return self.sv("status", str(self.service_dir(name))).stdout.split(":", 1)[0]
+        """'up' or 'down', as the scanner's own status tool says (sv status, s6-svstat, svstat)."""
+        d = str(self.service_dir(name))
+        if self.kind == "runit":
+            word = self._tool("sv", "status", d).stdout.split(":", 1)[0]
+            return {"run": "up"}.get(word, word)
+        if self.kind == "s6":
+            return self._tool("s6-svstat", d).stdout.split(" ", 1)[0]
+        return self._tool("svstat", d).stdout.split(": ", 1)[-1].split(" ", 1)[0]
 
-    def runsv_pid(self, name: str) -> int:
+    def supervisor_pid(self, name: str) -> int:
+        """The pid of `runsv NAME` / `s6-supervise NAME` / `supervise NAME`."""
         def find():
             for pid in children(self.pid):
                 try:
-                    if procfs.read_bytes(f"/proc/{pid}/cmdline").split(b"\0")[:2] == [b"runsv", name.encode()]:
-                        return pid
+                    argv = procfs.read_bytes(f"/proc/{pid}/cmdline").split(b"\0")[:2]
                 except OSError:
                     continue
+                if argv == [self.supervisor.encode(), name.encode()]:
+                    return pid
             return None
-        pid = wait_for(find, f"runsv {name}")
+        pid = wait_for(find, f"{self.supervisor} {name}")
         self.seen.add(pid)
         return pid
 
+    runsv_pid = supervisor_pid
+
     def service_pid(self, name: str) -> int:
-        """The pid of what the service's run script exec'd, once `sv status` says it runs."""
-        def running():
-            out = self.sv("status", str(self.service_dir(name))).stdout
-            if out.startswith("run:") and "(pid " in out:
-                return int(out.split("(pid ", 1)[1].split(")", 1)[0])
-            return None
-        pid = wait_for(running, f"runit service {name} running")
+        """The pid of what the service's run script exec'd, once it runs (the supervisor's child)."""
+        supervisor = self.supervisor_pid(name)
+        pid = wait_for(lambda: next(iter(children(supervisor)), None), f"{self.kind} service {name} running")
         self.seen.add(pid)
         return pid
 
     def down(self) -> None:
-        """Each runsv told to stop its service and exit (`sv exit`), runsvdir ended by its pid
-        (SIGTERM: it exits at once, leaving its runsv's), then every pid seen."""
+        """Each service taken down and its supervisor told to exit (`sv force-shutdown`,
+        `s6-svc -xd`, `svc -dx`), the scanner ended by its pid, then every pid seen."""
         self.seen.update(descendants(self.pid))
         for name in self.names:
-            if (self.service_dir(name) / "supervise").exists():
-                self.sv("-w", "5", "force-shutdown", str(self.service_dir(name)))
+            d = str(self.service_dir(name))
+            if not (self.service_dir(name) / "supervise").exists():
+                continue
+            if self.kind == "runit":
+                self._tool("sv", "-w", "5", "force-shutdown", d)
+            elif self.kind == "s6":
+                self._tool("s6-svc", "-xd", d)
+            else:
+                self._tool("svc", "-dx", d)
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -192,6 +212,11 @@ class Runit:
                 self.proc.kill()
                 self.proc.wait()
         end(sorted(self.seen))
+
+
+class Runit(ServiceScan):
+    def __init__(self, base: Path, services: dict):
+        super().__init__(base, services, "runit")
 
 
 class PodmanError(Exception):

@@ -18,7 +18,7 @@ import pytest
 
 from scripts.agent.procs import managers, scan
 from tests.conftest import need_tools
-from tests.managers_fixtures import Runit, Supervisord, holder_argv, podman_usable
+from tests.managers_fixtures import ServiceScan, Supervisord, holder_argv, podman_usable
 from tests.procs import alive, wait_for
 from tests.test_scan import holders_by_pid, scan_args
 
@@ -107,39 +107,39 @@ def _holds_now(ps, pid):
     return pid in holders_by_pid(scan.collect(scan_args(ps)))
 
 
-@pytest.fixture
-def runit_holder(ps, tmp_path):
-    need_tools("runsvdir", "runsv", "sv", why="a server under a real runit")
-    rs = Runit(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")})
+SERVICE_TOOLS = {"runit": ("runsvdir", "runsv", "sv"), "s6": ("s6-svscan", "s6-supervise", "s6-svc", "s6-svstat"),
+                 "daemontools": ("svscan", "supervise", "svc", "svstat")}
+STOPS = {"runit": "sv down", "s6": "s6-svc -d", "daemontools": "svc -d"}
+
+
+@pytest.mark.parametrize("kind", sorted(SERVICE_TOOLS))
+def test_supervised_service_is_named_and_its_down_command_stops_it_for_good(ps, tmp_path, kind):
+    need_tools(*SERVICE_TOOLS[kind], why=f"a server under a real {kind} supervisor")
+    scanner = ServiceScan(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, kind)
     try:
-        yield rs
+        first = scanner.service_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        os.kill(first, signal.SIGKILL)  # the supervisor starts it again
+        pid = wait_for(lambda: (p := scanner.service_pid("vllm")) != first and p, f"{kind} restarts the holder")
+        wait_for(lambda: _holds_now(ps, pid), "the restarted holder holds its devices")
+        supervisor = scanner.supervisor_pid("vllm")
+
+        holder, procs = _scan_holder(ps, pid)
+        m = managers.manager_of(holder, procs)
+        assert m is not None
+        assert (m["kind"], m["pid"], m["main_pid"]) == (kind, supervisor, pid)
+        assert m["name"] == str(scanner.service_dir("vllm"))  # the scan dir's name for it, as the operator knows it
+        assert m["stop_command"] == f"{STOPS[kind]} {scanner.service_dir('vllm')}"
+        assert m["stops_by_default"]
+        assert managers.is_manager_daemon(procs[supervisor]) and managers.is_manager_daemon(procs[scanner.pid])
+
+        out = _run(m["stop_command"])
+        assert out.returncode == 0, out.stdout + out.stderr
+        time.sleep(AFTER_STOP_S)
+        assert scanner.status("vllm") == "down"
+        assert not alive(pid) and alive(supervisor) and alive(scanner.pid)
     finally:
-        rs.down()
-
-
-def test_runit_service_is_named_and_sv_down_stops_it_for_good(ps, tmp_path, runit_holder):
-    rs = runit_holder
-    first = rs.service_pid("vllm")
-    wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
-    os.kill(first, signal.SIGKILL)  # runsv starts it again
-    pid = wait_for(lambda: (p := rs.service_pid("vllm")) != first and p, "runsv restarts the holder")
-    wait_for(lambda: _holds_now(ps, pid), "the restarted holder holds its devices")
-    runsv = rs.runsv_pid("vllm")
-
-    holder, procs = _scan_holder(ps, pid)
-    m = managers.manager_of(holder, procs)
-    assert m is not None
-    assert (m["kind"], m["pid"], m["main_pid"]) == ("runit", runsv, pid)
-    assert m["name"] == str(rs.service_dir("vllm"))
-    assert m["stop_command"] == f"sv down {rs.service_dir('vllm')}"
-    assert m["stops_by_default"]
-    assert managers.is_manager_daemon(procs[runsv]) and managers.is_manager_daemon(procs[rs.pid])
-
-    out = _run(m["stop_command"])
-    assert out.returncode == 0, out.stdout + out.stderr
-    time.sleep(AFTER_STOP_S)
-    assert rs.status("vllm") == "down"
-    assert not alive(pid) and alive(runsv) and alive(rs.pid)
+        scanner.down()
 
 
 @pytest.fixture
