@@ -343,3 +343,43 @@ class CgroupLayout:
     def down(self) -> None:
         problems = cgroups.kill_and_remove(self.roots)
         assert not problems, problems
+
+
+RAYLET = """
+import subprocess, sys, time
+devdir, n, python = sys.argv[1], int(sys.argv[2]), sys.argv[3]  # argv[0] `raylet`: sys.executable is unknown
+worker = ("import sys, time; fs = [open(sys.argv[1] + '/nvidia%s' % sys.argv[2], 'rb')]; "
+          "open(sys.argv[3], 'w'); time.sleep(3600)")
+procs = {}
+while True:  # a raylet starts a worker again when one dies
+    for i in range(n):
+        if i not in procs or procs[i].poll() is not None:
+            procs[i] = subprocess.Popen(['ray::RayWorkerWrapper', '-c', worker, devdir, str(i),
+                                         '%s/ray-worker%d.ready' % (devdir, i)], executable=python)
+    time.sleep(0.2)
+"""
+
+
+class RayShaped:
+    """A Ray-shaped manager: a process whose program is `raylet` (as Ray's own binary is named)
+    starting `ray::RayWorkerWrapper` workers, one per GPU, and starting a worker again when it
+    dies. Ray itself (a 60 MB wheel with its GCS and dashboard) is not installed for this: what
+    the teardown reads is the tree and the names, and what it must do is name `ray stop`
+    and signal nothing of Ray's."""
+
+    def __init__(self, ps, workers: int = 2):
+        self.devdir = ps.devdir
+        self.proc = subprocess.Popen(["bash", "-c", f'exec -a raylet {sys.executable} -c "$0" "$@"', RAYLET,
+                                      str(ps.devdir), str(workers), sys.executable], start_new_session=True)
+        ps.adopt(self.proc.pid)
+        self.pid = self.proc.pid
+        self.ps = ps
+        self.n = workers
+
+    def worker_pids(self) -> list[int]:
+        """The live workers, once each holds its GPU."""
+        wait_for(lambda: all((self.devdir / f"ray-worker{i}.ready").exists() for i in range(self.n)), "ray workers")
+        pids = children(self.pid)
+        for pid in pids:
+            self.ps.adopt(pid)
+        return pids

@@ -18,7 +18,7 @@ import pytest
 
 from scripts.agent.procs import managers, scan
 from tests.conftest import need_tools
-from tests.managers_fixtures import ServiceScan, Supervisord, holder_argv, podman_usable
+from tests.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv, podman_usable
 from tests.procs import alive, wait_for
 from tests.test_scan import holders_by_pid, scan_args
 
@@ -180,3 +180,17 @@ def test_podman_container_is_named_and_podman_stop_stops_it_for_good(ps, tmp_pat
     time.sleep(AFTER_STOP_S)
     assert podman.state("gpu-pivot-vllm") in ("exited", "stopped")
     assert not alive(pid)
+
+
+def test_ray_workers_are_named_with_ray_stop_and_nothing_of_rays_is_run(ps):
+    ray = RayShaped(ps, workers=2)
+    workers = ray.worker_pids()
+    doc = scan.collect(scan_args(ps))
+    holders = holders_by_pid(doc)
+    assert set(workers) <= set(holders)
+    for pid in workers:
+        m = managers.manager_of(holders[pid], doc["_procs"])
+        assert (m["kind"], m["name"], m["pid"], m["main_pid"]) == ("ray", "ray::RayWorkerWrapper", ray.pid, pid)
+        assert m["stop_command"] == "ray stop" and m["stops_by_default"] is False
+        assert m["workers"] == 2 and "every Ray job" in m["note"]
+    assert managers.is_manager_daemon(doc["_procs"][ray.pid])
