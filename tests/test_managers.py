@@ -306,3 +306,14 @@ def test_a_supervisord_inside_a_docker_container_answers_to_the_container():
     assert managers.manager_of(server, {r["pid"]: r for r in (sd, server)}) is None
     assert managers.manager_of(dict(server, container=None), {r["pid"]: r for r in (sd, server)})["kind"] == \
         "supervisord"
+
+
+def test_run_stop_runs_only_a_stop_the_teardown_may_run():
+    ray = {"kind": "ray", "stop_command": "ray stop", "stop_argv": ["ray", "stop"], "stops_by_default": False}
+    with pytest.raises(ValueError, match="ray stop"):
+        managers.run_stop(ray)
+    with pytest.raises(ValueError):
+        managers.run_stop({"stop_command": "kubectl get pods ...", "stop_argv": None, "stops_by_default": True})
+    ok, said = managers.run_stop({"stop_argv": ["sh", "-c", "echo one; echo 'no such program' >&2; exit 3"],
+                                  "stops_by_default": True})
+    assert (ok, said) == (False, "no such program")

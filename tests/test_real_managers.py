@@ -99,6 +99,7 @@ def test_supervisord_program_behind_a_shell_wrapper_is_the_programs(ps, tmp_path
         holder = next(h for h in doc["holders"] if h["ppid"] == shell)
         m = managers.manager_of(holder, doc["_procs"])
         assert (m["kind"], m["name"], m["main_pid"], m["pid"]) == ("supervisord", "vllm", shell, sd.pid)
+        assert managers.managed_pids(m, doc["_procs"]) == {shell, holder["pid"]}
     finally:
         sd.down()
 
@@ -132,9 +133,10 @@ def test_supervised_service_is_named_and_its_down_command_stops_it_for_good(ps, 
         assert m["stop_command"] == f"{STOPS[kind]} {scanner.service_dir('vllm')}"
         assert m["stops_by_default"]
         assert managers.is_manager_daemon(procs[supervisor]) and managers.is_manager_daemon(procs[scanner.pid])
+        assert managers.managed_pids(m, procs) == {pid}
 
-        out = _run(m["stop_command"])
-        assert out.returncode == 0, out.stdout + out.stderr
+        ok, said = managers.run_stop(m)  # its argv, as the teardown runs it
+        assert ok, said
         time.sleep(AFTER_STOP_S)
         assert scanner.status("vllm") == "down"
         assert not alive(pid) and alive(supervisor) and alive(scanner.pid)

@@ -52,9 +52,9 @@ DAEMONS = {
 }
 SHIM_PREFIX = "containerd-shim"  # containerd-shim, containerd-shim-runc-v2, ...: a container's monitor
 # The daemon that runs a service's process directly, and the scanner that runs that daemon
-SERVICE_SUPERVISORS = {"runsv": ("runit", "runsvdir", "sv down %s"),
-                       "s6-supervise": ("s6", "s6-svscan", "s6-svc -d %s"),
-                       "supervise": ("daemontools", "svscan", "svc -d %s")}
+SERVICE_SUPERVISORS = {"runsv": ("runit", "runsvdir", ["sv", "down"]),
+                       "s6-supervise": ("s6", "s6-svscan", ["s6-svc", "-d"]),
+                       "supervise": ("daemontools", "svscan", ["svc", "-d"])}
 NOT_BY_DEFAULT = ("kubernetes", "cri-containerd", "crio", "nerdctl", "containerd", "ray")
 ENVIRON_MAX = 1 << 20
 # A Kubernetes object's name (RFC 1123 subdomain) and a container's id: nothing else reaches a command
@@ -118,6 +118,48 @@ def manager_of(record, procs, proc="/proc"):
     return handler(daemon, main, procs, proc) if handler else None
 
 
+def managed_pids(manager, procs):
+    """The pids the manager runs for this program: its main_pid and every process below it (a
+    "child" that started before its parent is none: its pid was reused). The teardown may stop
+    the program through its manager only when each of these is a target, a target's wrapper or
+    a helper of theirs (a log filter): anything else would go down with it unlisted."""
+    main = manager.get("main_pid")
+    if main not in procs:
+        return set()
+    kids: dict = {}
+    for pid, info in procs.items():
+        kids.setdefault(info.get("ppid"), []).append(pid)
+    out, todo = {main}, [main]
+    while todo:
+        parent = todo.pop()
+        for child in kids.get(parent, ()):
+            if child not in out and procs[child]["start_time"] >= procs[parent]["start_time"]:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+STOP_TIMEOUT_S = 60  # supervisorctl and podman stop wait out the program's own stop timeout (10 s by default)
+
+
+def run_stop(manager, timeout=STOP_TIMEOUT_S, force=False):
+    """Run the manager's stop command (its argv, no shell). Returns (ok, what it said: its last
+    line). Only a `stops_by_default` manager unless `force` (the operator's explicit word): a
+    Kubernetes pod, a CRI container, Ray or an untrusted daemon is named, never stopped."""
+    import subprocess
+
+    argv = manager.get("stop_argv")
+    if not argv or not (force or manager.get("stops_by_default")):
+        raise ValueError("not a stop the teardown runs: %s" % manager.get("stop_command"))
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout)
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, "%s: %s" % (argv[0], exc)
+    lines = textsafe.decode(done.stdout).strip().splitlines()
+    return done.returncode == 0, textsafe.printable(lines[-1] if lines else "exit %d" % done.returncode)
+
+
 def managing_daemon(record, procs):
     """(the manager daemon that runs this process, the process it runs on the way here) or
     (None, None). Walked up through parents: past wrappers and launchers, and past a process
@@ -149,20 +191,26 @@ def _launcher(info):
 
 
 def _result(kind, name, command, note, daemon, main, default=None, **extra):
+    """The answer. `command`: the stop command as argv (a list: run without a shell, shown
+    quoted) or as a shell line for people only (a str: the teardown never runs it), or None."""
     trusted = bool(daemon is not None and rules.trusted_names(daemon))
+    argv = list(command) if isinstance(command, list) else None
+    if argv is not None:
+        command = " ".join(_q(word) for word in argv)
     if default is None:
         default = kind not in NOT_BY_DEFAULT
     out = {
         "kind": kind,
         "name": textsafe.printable(name) if name is not None else None,
         "stop_command": command,
-        "stops_by_default": bool(default and trusted and command),
+        "stop_argv": argv,
+        "stops_by_default": bool(default and trusted and argv),
         "note": note,
         "pid": daemon["pid"] if daemon is not None else None,
         "main_pid": main["pid"] if main is not None else None,
         "trusted": trusted,
     }
-    if default and command and not trusted and daemon is not None:
+    if default and argv and not trusted and daemon is not None:
         out["note"] = ("%s; not run by the teardown: its daemon (PID %d) is not root's or a system account's "
                        "running a root-owned program, so only its own user may say what it runs"
                        % (note, daemon["pid"]))
@@ -233,12 +281,11 @@ def _supervisord(daemon, main, procs, proc):
                        daemon, main, default=False)
     spec = program_name if not group or group == program_name else "%s:%s" % (group, program_name)
     if conf:
-        where = "-c %s" % _q(conf)
+        where = ["-c", conf]
     else:
         url = env.get("SUPERVISOR_SERVER_URL", "")
-        where = "-s %s" % _q(url) if re.fullmatch(r"(unix|http)://[\w./:@-]+", url) else ""
-    command = " ".join(w for w in ("supervisorctl", where, "stop", _q(spec)) if w)
-    return _result("supervisord", spec, command,
+        where = ["-s", url] if re.fullmatch(r"(unix|http)://[\w./:@-]+", url) else []
+    return _result("supervisord", spec, ["supervisorctl", *where, "stop", spec],
                    "supervisord program %s (supervisord PID %d keeps running; `supervisorctl start %s` brings it "
                    "back)" % (spec, daemon["pid"], spec), daemon, main, config=conf)
 
@@ -260,7 +307,7 @@ def _service(daemon, main, procs, proc):
     if directory is None:
         return _result(kind, service, None, "%s (PID %d) runs it; its service directory is not readable"
                        % (name, daemon["pid"]), daemon, main)
-    command = template % _q(directory)
+    command = template + [directory]
     note = "%s service %s (%s PID %d keeps running, the service stays down until brought up)" % (
         kind, directory, name, daemon["pid"])
     return _result(kind, directory, command, note, daemon, main, directory=directory)
@@ -310,11 +357,11 @@ def _container(container, daemon, main):
         return _podman(container or {}, cid, conmon, main)
     if kind == "nerdctl":
         short = cid[:12] if cid else None
-        return _result("nerdctl", short, "nerdctl stop %s" % short if short else None,
+        return _result("nerdctl", short, ["nerdctl", "stop", short] if short else None,
                        "nerdctl container %s: not stopped by default (its owner decides)" % short, daemon, main,
                        container_id=cid)
     runtime = "containerd (CRI)" if kind == "cri-containerd" else "CRI-O"
-    return _result(kind, cid[:13] if cid else None, "crictl stop %s" % cid if cid else None,
+    return _result(kind, cid[:13] if cid else None, ["crictl", "stop", cid] if cid else None,
                    "%s container outside any Kubernetes pod's cgroup: not stopped by default (whatever made it "
                    "through the CRI may start it again)" % runtime, daemon, main, container_id=cid)
 
@@ -325,13 +372,12 @@ def _podman(container, cid, conmon, main):
     label = name if name and re.fullmatch(r"[a-zA-Z0-9][a-zA-Z0-9_.-]*", name) else (cid[:12] if cid else None)
     unit = container.get("unit")
     if unit:
-        return _result("podman", label, "systemctl stop %s" % _q(unit),
+        return _result("podman", label, ["systemctl", "stop", unit],
                        "podman container %s run by the systemd unit %s (the unit restarts it: stopped through it)"
                        % (label, unit), conmon, main, container_id=cid, unit=unit)
     if label is None:
         return _result("podman", None, None, "a podman container whose id is not readable", conmon, main)
-    command = " ".join(["podman"] + [_q(a) for a in _podman_globals(argv or [])] + ["stop", _q(label)])
-    return _result("podman", label, command,
+    return _result("podman", label, ["podman", *_podman_globals(argv or []), "stop", label],
                    "podman container %s (its restart policy, `podman inspect --format "
                    "'{{.HostConfig.RestartPolicy.Name}}' %s`, does not restart a container `podman stop` stopped)"
                    % (label, label), conmon, main, container_id=cid)
@@ -346,11 +392,11 @@ def _containerd_shim(daemon, main, procs, proc):
     if namespace == "moby":
         return None
     if namespace == "k8s.io":
-        return _result("cri-containerd", cid, "crictl stop %s" % _q(cid) if cid else None,
+        return _result("cri-containerd", cid, ["crictl", "stop", cid] if cid else None,
                        "a Kubernetes container (containerd namespace k8s.io): stop its pod with kubectl",
                        daemon, main, default=False)
-    ns = "-n %s " % _q(namespace) if namespace and namespace != "default" else ""
-    return _result("nerdctl", cid, "nerdctl %sstop %s" % (ns, _q(cid)) if cid else None,
+    ns = ["-n", namespace] if namespace and namespace != "default" else []
+    return _result("nerdctl", cid, ["nerdctl", *ns, "stop", cid] if cid else None,
                    "a containerd container (namespace %s): not stopped by default" % (namespace or "default"),
                    daemon, main, container_id=cid, namespace=namespace)
 
@@ -363,21 +409,21 @@ def _kubernetes(record, container, proc):
     namespace, name, source = _pod_of(uid, environ(record["pid"], proc))
     node = _node_name()
     first = "kubectl cordon %s" % node
-    command = None
     if name and namespace:
-        command = "kubectl -n %s delete pod %s" % (namespace, name)
+        command = ["kubectl", "-n", namespace, "delete", "pod", name]  # type: list | str | None
         label = "%s/%s" % (namespace, name)
+        then = "`kubectl -n %s delete pod %s`" % (namespace, name)
     else:
         uid_text = uid if uid and re.fullmatch(r"[0-9a-f-]{32,36}", uid) else None
         label = "pod %s" % (uid_text or container.get("id"))
         command = ("kubectl get pods -A -o jsonpath='{range .items[?(@.metadata.uid==\"%s\")]}"
                    "{\"kubectl -n \"}{.metadata.namespace}{\" delete pod \"}{.metadata.name}{\"\\n\"}{end}'"
                    % uid_text) if uid_text else None
+        then = "the `kubectl -n NS delete pod NAME` that command prints"
     note = ("Kubernetes pod %s (pod UID %s%s): never stopped by the teardown, the kubelet restarts what is killed "
             "under it. Run `%s` first, so the pod is not scheduled here again, then %s; a DaemonSet's pod comes back "
             "on a cordoned node too: change or delete the DaemonSet" % (
-                label, uid, "; its name from %s" % source if source else "", first,
-                "`%s`" % command if name and namespace else "the `kubectl -n NS delete pod NAME` that command prints"))
+                label, uid, "; its name from %s" % source if source else "", first, then))
     out = _result("kubernetes", label, command, note, None, None, default=False)
     out.update(pod_uid=uid, namespace=namespace, pod=name, container_id=container.get("id"),
                runtime=container.get("runtime"), first=first, node=node)
@@ -472,7 +518,7 @@ def _ray(daemon, main, procs, proc):
     note = ("a Ray worker (%s) of the raylet PID %d: not stopped by default. `ray stop` ends every Ray process on "
             "this node (the raylet, its %d workers, and gcs_server and the dashboard on a head node): every Ray job "
             "here, not only this one; run it as the user the raylet runs as" % (name, daemon["pid"], len(kids)))
-    return _result("ray", name, "ray stop", note, daemon, main, default=False, workers=len(kids))
+    return _result("ray", name, ["ray", "stop"], note, daemon, main, default=False, workers=len(kids))
 
 
 _BY_DAEMON = {"supervisord": _supervisord, "conmon": _conmon, SHIM_PREFIX: _containerd_shim, "raylet": _ray,
