@@ -147,15 +147,31 @@ maps_device() {
     done <"/proc/$1/maps" 2>/dev/null
     return 1
 }
+# Who holds the device files: fuser (psmisc), else find -lname (GNU), else every fd's link as ls -l
+# shows it (busybox has neither fuser nor -lname on some builds: a lister that cannot run must never
+# read as "no holder").
+if command -v fuser >/dev/null 2>&1; then
+    lister="fuser"
+elif find /proc/self/fd -lname x >/dev/null 2>&1; then
+    lister="find"
+else
+    lister="ls"
+fi
 holders() {
     (
     set +f
-    if command -v fuser >/dev/null 2>&1; then
-        # shellcheck disable=SC2086 # the glob must expand to the device files
-        fuser $glob 2>/dev/null
-    else
-        find /proc/[0-9]*/fd -lname "$glob" 2>/dev/null | cut -d/ -f3
-    fi
+    # shellcheck disable=SC2086,SC2254,SC2012 # the glob expands to the device files (fuser), is a pattern (case)
+    case $lister in
+        fuser) fuser $glob 2>/dev/null ;;
+        find) find /proc/[0-9]*/fd -lname "$glob" 2>/dev/null | cut -d/ -f3 ;;
+        # the text before the glob's first pattern character, to keep only links that may match
+        ls) ls -l /proc/[0-9]*/fd 2>/dev/null | awk -v pre="${glob%%[*?[]*}" '
+            /^\/proc\/[0-9]+\/fd\/?:$/ { split($0, h, "/"); pid = h[3]; next }
+            / -> / { t = $0; sub(/.* -> /, "", t); if (index(t, pre) == 1) print pid "\t" t }' |
+            while IFS="$tab" read -r pid target; do
+                case "$target" in $glob) echo "$pid" ;; esac
+            done ;;
+    esac
     ) | tr ' ' '\n' | grep -E '^[0-9]+$' | sort -un | tr '\n' ' '
 }
 # Every process's stat, comm and cmdline, each line led by the file it came from (grep -H writes

@@ -1,0 +1,151 @@
+"""The pasted emergency line keeps and stops what `invoke teardown` keeps and stops.
+
+Each world is built twice from real processes, once for `invoke teardown` and once for the
+line `invoke oneliner --action teardown` prints for the same hosts.env (run with bash -c, as
+pasted), and the two sets of survivors are compared with each other and with what the host's
+config says. Every hosts.env here carries a SCOPE that only this test's processes have (its
+temp dir) and DEVICES of its own fake device files, so neither teardown can reach anything else.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from scripts.emergency import shell_teardown
+from tests.conftest import invoke
+from tests.procs import ProcessSet, alive
+
+
+def _tagged(ps: ProcessSet, role: str, *extra: str, title: str | None = None) -> int:
+    """A sandbox role; `extra` words end up in its command line (the role ignores them)."""
+    return ps.role(role, *extra, title=title)
+
+
+def _script(ps: ProcessSet, name: str, *args: str) -> int:
+    """`python3 DIR/NAME.py ARGS`: a program the agent names `NAME.py ARGS[0]` (holds no GPU)."""
+    path = ps.base / f"{name}.py"
+    path.write_text("import sys, time\nopen(sys.argv[sys.argv.index('--ready') + 1], 'w').close()\n"
+                    "time.sleep(600)\n")
+    return ps.start(["python3", str(path), *args], executable=sys.executable)
+
+
+def protect_world(ps: ProcessSet):
+    """A holder and a program TARGETS names, both with `keep-me` in their command line: PROTECT keeps them."""
+    roles = {
+        "protected_holder": _tagged(ps, "worker", "--gpu", "0", "--tag=keep-me"),
+        "holder": _tagged(ps, "worker", "--gpu", "1"),
+        "protected_named": _tagged(ps, "idle", "--tag=keep-me", title="myserve"),
+        "named": _tagged(ps, "idle", title="myserve"),
+    }
+    keys = {"TARGETS": "myserve", "PROTECT": "keep-me", "SCOPE": str(ps.base)}
+    return roles, keys, {"protected_holder", "protected_named"}
+
+
+def targets_world(ps: ProcessSet):
+    """TARGETS names programs, never text: `myserve` and `mytool.py run` are stopped though they
+    hold no GPU; `myserve-helper`, `mytool.py stop` and a job with `myserve` as an argument stay."""
+    roles = {
+        "holder": _tagged(ps, "worker", "--gpu", "0"),
+        "named": _tagged(ps, "idle", title="myserve"),
+        "named_longer": _tagged(ps, "idle", title="myserve-helper"),
+        "named_as_argument": _tagged(ps, "idle", "--job", "myserve"),
+        "subcommand": _script(ps, "mytool", "run"),
+        "other_subcommand": _script(ps, "mytool", "stop"),
+    }
+    keys = {"TARGETS": r"myserve|mytool\.py run", "SCOPE": str(ps.base)}
+    return roles, keys, {"named_longer", "named_as_argument", "other_subcommand"}
+
+
+def scoped_world(ps: ProcessSet):
+    """SCOPE narrows the targets to command lines holding its text: a holder outside it is left (and
+    reported), a program TARGETS names outside it is not touched."""
+    scope = f"--tag={ps.base}/scope-in"
+    roles = {
+        "holder_in": _tagged(ps, "worker", "--gpu", "0", scope),
+        "holder_out": _tagged(ps, "worker", "--gpu", "1"),
+        "named_in": _tagged(ps, "idle", scope, title="myserve"),
+        "named_out": _tagged(ps, "idle", title="myserve"),
+    }
+    keys = {"TARGETS": "myserve", "SCOPE": scope}
+    return roles, keys, {"holder_out", "named_out"}
+
+
+def _hosts_env(ps: ProcessSet, keys: dict) -> str:
+    keys = {"DEVICES": ps.glob, "FAKE_DEVICES": "yes", **keys}
+    return "".join(f"LOCAL_{k}='{v}'\n" for k, v in keys.items())
+
+
+def _by_invoke(tools: Path | None) -> subprocess.CompletedProcess:
+    return invoke("teardown", "--host", "local", "--yes", "--grace", "1", "--settle", "1", timeout=120)
+
+
+def _by_line(tools: Path | None) -> subprocess.CompletedProcess:
+    """The printed line run as pasted; `tools`: the only directory on its PATH (its sh, grep, awk...)."""
+    out = invoke("oneliner", "--host", "local", "--action", "teardown", "--grace", "1")
+    assert out.returncode == 0, out.stderr
+    env = dict(os.environ, PATH=str(tools)) if tools else None
+    return subprocess.run(["/bin/bash", "-c", out.stdout.decode().strip()], capture_output=True, timeout=120, env=env)
+
+
+# What the script runs besides sh's builtins (nvidia-smi is optional: no GPU here).
+TOOLS = ("sh", "sed", "cut", "awk", "tr", "head", "grep", "sort", "find", "ls", "xargs", "cat", "id", "stat", "sleep")
+
+
+def _toolsets(tmp_path: Path) -> dict:
+    """How holders are found: fuser (psmisc, on this PATH), GNU find -lname (no fuser), busybox
+    alone (ls -l of each fd directory: Debian's busybox has neither fuser nor -lname)."""
+    sets: dict = {"fuser": None}
+    gnu = tmp_path / "gnu-no-fuser"
+    gnu.mkdir()
+    for tool in TOOLS:
+        found = shutil.which(tool)
+        assert found, tool
+        (gnu / tool).symlink_to(found)
+    sets["find"] = gnu
+    if shutil.which("busybox"):
+        box = tmp_path / "busybox"
+        box.mkdir()
+        applets = subprocess.run(["busybox", "--list"], capture_output=True, text=True, check=True).stdout.split()
+        for applet in applets:
+            (box / applet).symlink_to(shutil.which("busybox"))
+        sets["busybox"] = box
+    return sets
+
+
+@pytest.mark.parametrize("world", [protect_world, targets_world, scoped_world], ids=lambda w: w.__name__)
+def test_the_line_and_invoke_teardown_leave_the_same_survivors(tmp_path, hosts_env, world):
+    runs = [("invoke teardown", _by_invoke, None)]
+    runs += [(f"pasted line ({name})", _by_line, tools) for name, tools in _toolsets(tmp_path).items()]
+    survivors, outputs = {}, {}
+    for how, run, tools in runs:
+        ps = ProcessSet(tmp_path / how.replace(" ", "-").replace("(", "").replace(")", ""))
+        try:
+            roles, keys, expected = world(ps)
+            hosts_env(_hosts_env(ps, keys))
+            ran = run(tools)
+            outputs[how] = ran
+            survivors[how] = {role for role, pid in roles.items() if alive(pid)}
+            assert survivors[how] == expected, (how, ran.stdout.decode()[-3000:], ran.stderr.decode()[-2000:])
+        finally:
+            ps.kill_all()
+    # who is left holding a GPU decides the exit code alike: 1 (not free) only in the scoped world
+    codes = {how: out.returncode for how, out in outputs.items()}
+    assert set(codes.values()) == {1 if world is scoped_world else 0}, codes
+    for how, out in outputs.items():
+        if how == "invoke teardown":
+            continue
+        text = out.stdout.decode()
+        report = shell_teardown.parse_report(text)
+        assert "@@" not in text and report["sigTERM"], (how, text)
+        if world is protect_world:
+            kept = [why for verb, why in report["decisions"].values() if verb == "keep"]
+            assert len(kept) == 2 and all(why.startswith("its command line matches the host's PROTECT")
+                                          for why in kept), (how, text)
+        if world is scoped_world:
+            assert len(report["outside-scope"]) == 1 and report["remaining"] == report["outside-scope"], (how, text)
+            assert report["verdict"] == "not-free"
