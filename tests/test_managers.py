@@ -317,3 +317,45 @@ def test_run_stop_runs_only_a_stop_the_teardown_may_run():
     ok, said = managers.run_stop({"stop_argv": ["sh", "-c", "echo one; echo 'no such program' >&2; exit 3"],
                                   "stops_by_default": True})
     assert (ok, said) == (False, "no such program")
+
+
+def _kubelet(ps, path, run=subprocess.Popen):
+    """A process whose program is a file named `kubelet` (a copy of /bin/sh, waiting), run with
+    --hostname-override: its comm is `kubelet`, as a kubelet's is."""
+    import shutil
+
+    shutil.copy("/bin/sh", path)
+    os.chmod(path, 0o755)
+    proc = run([str(path), "-c", "read x", "kubelet", "--hostname-override=GPU-Node-7"],
+               start_new_session=True, stdin=subprocess.PIPE)  # waits on its stdin: no child to outlive it
+    ps.adopt(proc.pid)
+    wait_for(lambda: open(f"/proc/{proc.pid}/comm").read().strip() == "kubelet", "the kubelet runs")
+    return proc.pid
+
+
+def _first(ps, pid):
+    doc = scan.collect(scan_args(ps))
+    return managers.manager_of(holders_by_pid(doc)[pid], doc["_procs"])["first"]
+
+
+def test_the_node_to_cordon_is_the_kubelets_hostname_override(ps, layout, tmp_path):
+    pid = _holder(ps, {"PATH": "/usr/bin:/bin", "POD_NAME": "vllm-0", "POD_NAMESPACE": "inference"})
+    layout.place(pid, f"kubepods.slice/kubepods-pod{ESCAPED}.slice/cri-containerd-{CID}.scope")
+    assert "gpu-node-7" not in _first(ps, pid)
+    _kubelet(ps, tmp_path / "kubelet")  # root's, running a root-owned program
+    assert _first(ps, pid) == "kubectl cordon gpu-node-7"
+
+
+def test_a_users_kubelet_names_no_node(shared_ps, layout, second_user):
+    """Anyone can start a program named `kubelet --hostname-override=OTHER`: the printed
+    `kubectl cordon` must not name the node they chose."""
+    ps = shared_ps
+    pid = _holder(ps, {"PATH": "/usr/bin:/bin", "POD_NAME": "vllm-0", "POD_NAMESPACE": "inference"})
+    layout.place(pid, f"kubepods.slice/kubepods-pod{ESCAPED}.slice/cri-containerd-{CID}.scope")
+    mine = ps.base / "userbin"
+    mine.mkdir()
+    os.chown(mine, second_user.uid, second_user.gid)
+    path = mine / "kubelet"
+    _kubelet(ps, path, run=lambda argv, **kw: (os.chown(path, second_user.uid, second_user.gid),
+                                                second_user.popen(argv, **kw))[1])
+    assert "gpu-node-7" not in _first(ps, pid)

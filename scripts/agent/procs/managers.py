@@ -107,7 +107,7 @@ def manager_of(record, procs, proc="/proc"):
     else:
         container = cgroup.read(record["pid"], proc)["container"]
     if container and container.get("kind") == "kubernetes":
-        return _kubernetes(record, container, proc)
+        return _kubernetes(record, container, procs, proc)
     if container and container.get("kind") in ("docker", "lxc"):
         return None  # plan.py's: `docker stop`, `pct`; a supervisord inside answers to its container
     daemon, main = managing_daemon(record, procs)
@@ -404,10 +404,10 @@ def _containerd_shim(daemon, main, procs, proc):
 # -- Kubernetes ----------------------------------------------------------------------------------
 
 
-def _kubernetes(record, container, proc):
+def _kubernetes(record, container, procs, proc):
     uid = container.get("pod")
     namespace, name, source = _pod_of(uid, environ(record["pid"], proc))
-    node = _node_name()
+    node = _node_name(procs)
     first = "kubectl cordon %s" % node
     if name and namespace:
         command = ["kubectl", "-n", namespace, "delete", "pod", name]  # type: list | str | None
@@ -430,11 +430,16 @@ def _kubernetes(record, container, proc):
     return out
 
 
-def _node_name():
-    """This node's name as the kubelet registers it by default: the host name, lowercased."""
+def _node_name(procs):
+    """This node's name as its kubelet registers it: the kubelet's `--hostname-override`, else
+    the host name, lowercased (the kubelet's default); `NODE` where neither is a Kubernetes name."""
     import socket
 
     name = socket.gethostname().lower()
+    for info in procs.values():  # the comm alone first: one compare a process on a busy host
+        if info.get("comm") == "kubelet" and rules.trusted_names(info):  # a user's `kubelet` names no node
+            name = (_option(info.get("argv") or [], None, "--hostname-override") or name).lower()
+            break
     return name if _K8S_NAME.fullmatch(name) else "NODE"
 
 
