@@ -18,7 +18,7 @@ import pytest
 
 from scripts.emergency import shell_teardown
 from tests.conftest import invoke
-from tests.procs import ProcessSet, alive
+from tests.procs import ProcessSet, alive, wait_for
 
 
 def _tagged(ps: ProcessSet, role: str, *extra: str, title: str | None = None) -> int:
@@ -149,3 +149,61 @@ def test_the_line_and_invoke_teardown_leave_the_same_survivors(tmp_path, hosts_e
         if world is scoped_world:
             assert len(report["outside-scope"]) == 1 and report["remaining"] == report["outside-scope"], (how, text)
             assert report["verdict"] == "not-free"
+
+
+# -- a scope uid: targets only among one user's processes ------------------------------------------
+HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); time.sleep(600)"
+
+
+def _uid_world(user, shared) -> dict:
+    """A real second user's holder and named program, and root's: only the user's are in the scope."""
+    base, dev, python = shared.base, shared.devdir, "/usr/bin/python3"  # one that execs under any name
+    roles = {
+        "user_holder": user.popen([python, "-c", HOLD, str(dev / "nvidia0"), str(base)]).pid,
+        "user_named": user.popen([python, "-c", "import os, sys; os.execv(sys.argv[1], sys.argv[2:])",
+                                  python, "myserve", "-c", HOLD, str(dev / "nvidiactl"), str(base)]).pid,
+        "root_holder": shared.role("worker", "--gpu", "1"),
+        "root_named": shared.role("idle", title="myserve"),
+    }
+    for role in ("user_holder", "user_named"):
+        shared.adopt(roles[role])
+    wait_for(lambda: all(_holds(roles[r]) for r in ("user_holder", "user_named")), "the user's holders")
+    return roles
+
+
+def _holds(pid: int) -> bool:
+    try:
+        return any("nvidia" in os.readlink(f"/proc/{pid}/fd/{fd}") for fd in os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return False
+
+
+def test_a_scope_uid_keeps_both_to_that_users_processes(second_user, shared_ps):
+    """SCOPE_UID (the sandbox's, or a host's): root's holder and root's program TARGETS names are left
+    by the agent and by the line alike; the user's are stopped by both."""
+    import dataclasses
+
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no /usr/bin/python3 for the second user")
+    from scripts.config.hostconfig import build_host
+    from scripts.reach.transport import call_agent
+
+    keys = {"DEVICES": shared_ps.glob, "FAKE_DEVICES": "yes", "TARGETS": "myserve", "SCOPE": str(shared_ps.base)}
+    host = dataclasses.replace(build_host("local", keys, "test"), scope_uid=second_user.uid)
+    survivors, codes = {}, {}
+    for how in ("agent", "line"):
+        roles = _uid_world(second_user, shared_ps)
+        if how == "agent":
+            codes[how] = call_agent(host, "teardown", ["--grace", "1", "--settle", "1", "--timeout", "20"]).code
+        else:
+            argv = shell_teardown.argv(host, grace_s=1, settle_s=1)
+            assert argv[-6] == str(second_user.uid)  # the SCOPE_UID parameter
+            ran = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+            codes[how] = ran.returncode
+            report = shell_teardown.parse_report(ran.stdout)
+            assert report["outside-scope"] == [roles["root_holder"]], ran.stdout
+            assert "owned by uid %d" % second_user.uid in ran.stdout
+        survivors[how] = {role for role, pid in roles.items() if alive(pid)}
+        ProcessSet._kill(roles.values())
+    assert survivors["agent"] == survivors["line"] == {"root_holder", "root_named"}, survivors
+    assert codes["agent"] == codes["line"] == 1, codes  # root's holder still holds a GPU
