@@ -359,3 +359,26 @@ def test_a_users_kubelet_names_no_node(shared_ps, layout, second_user):
     _kubelet(ps, path, run=lambda argv, **kw: (os.chown(path, second_user.uid, second_user.gid),
                                                 second_user.popen(argv, **kw))[1])
     assert "gpu-node-7" not in _first(ps, pid)
+
+
+def test_root_only_paths(tmp_path, second_user):
+    """A root tool reading a file (supervisorctl reads its -c config, and imports what a
+    [ctlplugin:x] section names) must read one only root can change."""
+    conf = tmp_path / "etc" / "supervisord.conf"
+    conf.parent.mkdir()
+    conf.write_text("[supervisorctl]\n")
+    assert managers.root_only(str(conf))
+    (tmp_path / "link.conf").symlink_to(conf)
+    assert managers.root_only(str(tmp_path / "link.conf"))
+    conf.chmod(0o664)
+    assert not managers.root_only(str(conf))  # group-writable
+    conf.chmod(0o644)
+    os.chown(conf.parent, second_user.uid, second_user.gid)
+    assert not managers.root_only(str(conf))  # in a directory another user can re-point
+    os.chown(conf.parent, 0, 0)
+    theirs = tmp_path / "theirs.conf"
+    theirs.symlink_to(conf)
+    os.lchown(theirs, second_user.uid, second_user.gid)
+    assert not managers.root_only(str(theirs))  # a link of theirs
+    assert not managers.root_only(str(tmp_path / "missing.conf"))
+    assert not managers.root_only(str(conf.parent))  # a directory is no config file

@@ -86,6 +86,26 @@ def test_supervisord_program_outside_a_group_is_named_alone(ps, tmp_path):
         sd.down()
 
 
+def test_root_supervisord_with_a_config_another_user_can_change_is_named_not_run(ps, tmp_path, second_user):
+    """supervisorctl -c CONF reads CONF as root: one in another user's directory is theirs."""
+    need_tools("supervisord", "supervisorctl", why="a server under a real supervisord")
+    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")})
+    try:
+        pid = sd.program_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        os.chown(sd.dir, second_user.uid, second_user.gid)
+        holder, procs = _scan_holder(ps, pid)
+        m = managers.manager_of(holder, procs)
+        assert (m["kind"], m["stop_command"], m["trusted"]) == ("supervisord", f"supervisorctl -c {sd.conf} stop vllm",
+                                                                True)
+        assert m["stops_by_default"] is False and "not a file only root can change" in m["note"]
+        with pytest.raises(ValueError):
+            managers.run_stop(m)
+    finally:
+        os.chown(sd.dir, 0, 0)
+        sd.down()
+
+
 def test_supervisord_program_behind_a_shell_wrapper_is_the_programs(ps, tmp_path):
     """`command=bash -c "cd DIR && exec-less SERVER"`: the holder is the shell's child; the
     manager is still supervisord's, and main_pid is the shell (what supervisord runs)."""

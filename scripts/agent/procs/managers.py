@@ -153,7 +153,7 @@ def run_stop(manager, timeout=STOP_TIMEOUT_S, force=False):
         raise ValueError("not a stop the teardown runs: %s" % manager.get("stop_command"))
     try:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout)
+                              timeout=timeout, cwd="/")  # supervisorctl looks for a config in its directory
     except (OSError, subprocess.SubprocessError) as exc:
         return False, "%s: %s" % (argv[0], exc)
     lines = textsafe.decode(done.stdout).strip().splitlines()
@@ -185,7 +185,8 @@ def managing_daemon(record, procs):
 
 
 def _launcher(info):
-    """Does this process only launch one command (sudo, setsid, chpst, ...)?"""
+    """Does this process only launch one command (sudo, setsid, chpst, ...)? wrappers.py's rule,
+    where it has one (a launcher walked through on the way up, as wrappers.ancestry does)."""
     launcher = getattr(wrappers, "launcher", None)
     return bool(launcher(info)) if launcher is not None else False
 
@@ -280,14 +281,52 @@ def _supervisord(daemon, main, procs, proc):
                        "not in PID %d's environment): `supervisorctl status` names it" % (daemon["pid"], main["pid"]),
                        daemon, main, default=False)
     spec = program_name if not group or group == program_name else "%s:%s" % (group, program_name)
+    note = "supervisord program %s (supervisord PID %d keeps running; `supervisorctl start %s` brings it back)" % (
+        spec, daemon["pid"], spec)
     if conf:
         where = ["-c", conf]
+        if not root_only(conf):  # supervisorctl reads it, and imports the modules its [ctlplugin:x] name
+            note += ("; not run by the teardown: %s is not a file only root can change, and supervisorctl would "
+                     "read it" % conf)
     else:
         url = env.get("SUPERVISOR_SERVER_URL", "")
         where = ["-s", url] if re.fullmatch(r"(unix|http)://[\w./:@-]+", url) else []
-    return _result("supervisord", spec, ["supervisorctl", *where, "stop", spec],
-                   "supervisord program %s (supervisord PID %d keeps running; `supervisorctl start %s` brings it "
-                   "back)" % (spec, daemon["pid"], spec), daemon, main, config=conf)
+    return _result("supervisord", spec, ["supervisorctl", *where, "stop", spec], note, daemon, main,
+                   default=not conf or root_only(conf), config=conf)
+
+
+MAX_LINKS = 40
+
+
+def root_only(path):
+    """Can only root change what `path` names? Walked a component at a time: every directory on
+    the way root's and writable by no one else (unless sticky, as /tmp: others cannot replace
+    what is root's there), every symbolic link root's, and the file a regular one, root's, not
+    writable by group or others. Why each: another user's directory or link above it lets them
+    re-point which file a root tool reads."""
+    pending = [c for c in os.path.abspath(path).split("/") if c]
+    cur, links = "/", 0
+    while True:
+        try:
+            st = os.lstat(cur)
+        except OSError:
+            return False
+        if st.st_uid != 0:
+            return False
+        if stat.S_ISLNK(st.st_mode):
+            links += 1
+            if links > MAX_LINKS:
+                return False
+            target = os.readlink(cur)
+            pending = [c for c in target.split("/") if c] + pending
+            cur = "/" if target.startswith("/") else os.path.dirname(cur)
+            continue
+        if not pending:
+            return stat.S_ISREG(st.st_mode) and not st.st_mode & 0o022
+        if not stat.S_ISDIR(st.st_mode) or (st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX):
+            return False
+        name = pending.pop(0)
+        cur = os.path.normpath(os.path.join(cur, name)) if name != ".." else os.path.dirname(cur)
 
 
 # -- runit, s6, daemontools ----------------------------------------------------------------------
