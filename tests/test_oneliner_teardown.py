@@ -47,8 +47,11 @@ def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
     assert report["decisions"][roles["monitor"]][0] == "keep" and "protected name nvitop" in \
         report["decisions"][roles["monitor"]][1]
     assert all(report["decisions"][p][0] == "TERM" for p in gpu_targets)
-    waited = [line for line in ran.stdout.splitlines() if line.startswith("waiting up to 1 s")]
-    assert waited and f"{roles['stubborn']} (" in waited[0], ran.stdout
+    lines = ran.stdout.splitlines()
+    waited = [i for i, line in enumerate(lines) if line.startswith("waiting up to 1 s")]
+    assert waited and f"{roles['stubborn']} (" in lines[waited[0]], ran.stdout
+    keys = [line.split(":", 1)[0] for line in lines]
+    assert keys.index("sigTERM") < waited[0] < keys.index("sigKILL"), ran.stdout  # said during the grace
 
 
 def test_report_parser_rejects_missing_report():
