@@ -281,8 +281,9 @@ def _supervisord(daemon, main, procs, proc):
                        "not in PID %d's environment): `supervisorctl status` names it" % (daemon["pid"], main["pid"]),
                        daemon, main, default=False)
     spec = program_name if not group or group == program_name else "%s:%s" % (group, program_name)
-    note = "supervisord program %s (supervisord PID %d keeps running; `supervisorctl start %s` brings it back)" % (
-        spec, daemon["pid"], spec)
+    note = ("supervisord program %s (supervisord PID %d keeps running; `supervisorctl start %s` brings it back; "
+            "it signals the program's own process only, unless stopasgroup=true: a server under a `bash -c` is left "
+            "running, to be signalled as a target)" % (spec, daemon["pid"], spec))
     if conf:
         where = ["-c", conf]
         if not root_only(conf):  # supervisorctl reads it, and imports the modules its [ctlplugin:x] name
