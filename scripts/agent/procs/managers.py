@@ -348,8 +348,9 @@ def _service(daemon, main, procs, proc):
         return _result(kind, service, None, "%s (PID %d) runs it; its service directory is not readable"
                        % (name, daemon["pid"]), daemon, main)
     command = template + [directory]
-    note = "%s service %s (%s PID %d keeps running, the service stays down until brought up)" % (
-        kind, directory, name, daemon["pid"])
+    note = ("%s service %s (%s PID %d keeps running, the service stays down until brought up; it signals the "
+            "service's own process only: what a `run` script left under it is signalled as a target)"
+            % (kind, directory, name, daemon["pid"]))
     return _result(kind, directory, command, note, daemon, main, directory=directory)
 
 
