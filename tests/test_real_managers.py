@@ -61,6 +61,7 @@ def test_supervisord_program_is_named_and_supervisorctl_stops_it_for_good(ps, tm
     assert (m["kind"], m["name"], m["pid"], m["main_pid"]) == ("supervisord", "infer:vllm", sd.pid, pid)
     assert m["stop_command"] == f"supervisorctl -c {sd.conf} stop infer:vllm"
     assert m["stops_by_default"] and m["trusted"]
+    assert "autostart=false" in m["comes_back"]
     assert managers.is_manager_daemon(procs[sd.pid]) and not managers.is_manager_daemon(holder)
 
     out = _run(m["stop_command"])
@@ -160,6 +161,15 @@ def test_supervised_service_is_named_and_its_down_command_stops_it_for_good(ps, 
         time.sleep(AFTER_STOP_S)
         assert scanner.status("vllm") == "down"
         assert not alive(pid) and alive(supervisor) and alive(scanner.pid)
+
+        # what comes_back says keeps it down when the supervisor starts again (as at boot)
+        assert m["comes_back"].endswith(f"`touch {scanner.service_dir('vllm')}/down` keeps it down")
+        (scanner.service_dir("vllm") / "down").touch()
+        os.kill(supervisor, signal.SIGKILL)
+        wait_for(lambda: scanner.supervisor_pid("vllm") != supervisor, f"the scanner starts a new {kind} supervisor",
+                 timeout=30)
+        time.sleep(AFTER_STOP_S)
+        assert scanner.status("vllm") == "down" and not holders_by_pid(scan.collect(scan_args(ps)))
     finally:
         scanner.down()
 

@@ -293,7 +293,9 @@ def _supervisord(daemon, main, procs, proc):
         url = env.get("SUPERVISOR_SERVER_URL", "")
         where = ["-s", url] if re.fullmatch(r"(unix|http)://[\w./:@-]+", url) else []
     return _result("supervisord", spec, ["supervisorctl", *where, "stop", spec], note, daemon, main,
-                   default=not conf or root_only(conf), config=conf)
+                   default=not conf or root_only(conf), config=conf,
+                   comes_back="when supervisord starts again (a reboot, `supervisorctl reload`), if the program has "
+                              "autostart=true: set autostart=false in its section to keep it down")
 
 
 MAX_LINKS = 40
@@ -351,7 +353,9 @@ def _service(daemon, main, procs, proc):
     note = ("%s service %s (%s PID %d keeps running, the service stays down until brought up; it signals the "
             "service's own process only: what a `run` script left under it is signalled as a target)"
             % (kind, directory, name, daemon["pid"]))
-    return _result(kind, directory, command, note, daemon, main, directory=directory)
+    return _result(kind, directory, command, note, daemon, main, directory=directory,
+                   comes_back="when its supervisor is started again (a reboot): `touch %s` keeps it down"
+                              % _q(os.path.join(directory, "down")))
 
 
 # -- containers ----------------------------------------------------------------------------------
@@ -421,7 +425,9 @@ def _podman(container, cid, conmon, main):
     return _result("podman", label, ["podman", *_podman_globals(argv or []), "stop", label],
                    "podman container %s (its restart policy, `podman inspect --format "
                    "'{{.HostConfig.RestartPolicy.Name}}' %s`, does not restart a container `podman stop` stopped)"
-                   % (label, label), conmon, main, container_id=cid)
+                   % (label, label), conmon, main, container_id=cid,
+                   comes_back="at boot where podman-restart.service starts --restart=always containers: remove the "
+                              "container (`podman rm`) or run it again without --restart to keep it down")
 
 
 def _containerd_shim(daemon, main, procs, proc):
