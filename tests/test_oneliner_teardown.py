@@ -287,3 +287,19 @@ def test_waits_that_are_not_whole_seconds_are_refused_before_any_signal(ps, grac
     ran = _run(dev, grace, settle)
     assert ran.returncode == 2 and "whole seconds" in ran.stderr and "nothing was signalled" in ran.stderr
     assert "sigTERM" not in ran.stdout and children(loop.pid) == holder
+
+
+def test_a_program_targets_names_is_never_the_lines_own_ancestor(ps):
+    """The line runs under a program TARGETS names (`myserve` runs it): that ancestor is neither
+    signalled nor listed; another `myserve` is stopped."""
+    other = ps.role("idle", title="myserve")
+    params = shell_teardown.positional(ps.glob, 1, 0, targets=["myserve"], scope=str(ps.base))
+    runner = subprocess.run(["myserve", "-c", "import os, subprocess, sys; print('runner', os.getpid()); "
+                             "sys.stdout.flush(); sys.exit(subprocess.call(sys.argv[1:]))",
+                             "sh", "-c", shell_teardown.script_text(), shell_teardown.NAME, *params],
+                            executable=sys.executable, capture_output=True, text=True, timeout=60)
+    runner_pid = int(runner.stdout.split()[1])
+    report = shell_teardown.parse_report(runner.stdout)
+    assert runner.returncode == 0 and report["sigTERM"] == [other], runner.stdout
+    assert runner_pid not in report["decisions"] and runner_pid not in report["names"]
+    assert not alive(other)
