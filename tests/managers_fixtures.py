@@ -47,6 +47,17 @@ def end(pids) -> None:
             procfs.signal_if_same(pid, start, signal.SIGKILL)
 
 
+def terminate(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """A manager daemon the fixture started, ended: SIGTERM (it stops what it runs), SIGKILL after `timeout`."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def descendants(pid: int) -> list[int]:
     out, todo = [], [pid]
     while todo:
@@ -111,13 +122,7 @@ class Supervisord:
     def down(self) -> None:
         """supervisord ended by its pid (SIGTERM: it stops its programs), then what it ran."""
         self.seen.update(descendants(self.pid))
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         end(sorted(self.seen))
 
 
@@ -204,13 +209,7 @@ class ServiceScan:
                 self._tool("s6-svc", "-xd", d)
             else:
                 self._tool("svc", "-dx", d)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+        terminate(self.proc)
         end(sorted(self.seen))
 
 

@@ -32,6 +32,8 @@ CGROUPS = {
     "crio, no pod": (f"0::/machine.slice/crio-{CID}.scope\n", ("crio", CID), None),
     "nerdctl": (f"0::/system.slice/nerdctl-{CID}.scope\n", ("nerdctl", CID), None),
     "docker is still docker": (f"0::/system.slice/docker-{CID}.scope\n", ("docker", CID), None),
+    "podman inside an LXC container, seen from the node": (f"0::/lxc/129/ns/machine.slice/libpod-{CID}.scope\n",
+                                                          ("lxc", "129"), None),
     "pod, systemd driver, containerd": (
         f"0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESCAPED}.slice/"
         f"cri-containerd-{CID}.scope\n", ("kubernetes", CID), (UID, "cri-containerd")),
@@ -55,7 +57,7 @@ def test_container_kinds_from_each_runtimes_cgroup(name):
     text, (kind, cid), pod = CGROUPS[name]
     out = cgroup.parse(text)
     assert (out["container"]["kind"], out["container"]["id"]) == (kind, cid)
-    assert out["unit"] is None
+    assert out["unit"] == ("libpod-%s.scope" % CID if kind == "lxc" else None)
     if pod:
         assert (out["container"]["pod"], out["container"]["runtime"]) == pod
 

@@ -28,15 +28,18 @@ _LXC = [
     re.compile(r"/lxc\.payload\.([^/]+)"),             # LXC 4+/Proxmox, seen from the node
     re.compile(r"/lxc/([^/]+)"),                       # older LXC layout
 ]
-# (kind, pattern): the first that matches names the container's runtime. The container's own
-# scope only: a runtime's monitor (conmon) lives beside it, in a scope of its own.
-_RUNTIMES = (
+# (kind, pattern) of the runtimes besides docker. The container's own scope only: a runtime's
+# monitor (conmon) lives beside it, in a scope of its own.
+_OTHER_RUNTIMES = (
     ("podman", re.compile(r"/libpod-(?:payload-)?(%s)(?:\.scope)?(?:/|$)" % _HEX64)),
     ("cri-containerd", re.compile(r"/cri-containerd-(%s)\.scope(?:/|$)" % _HEX64)),
     ("crio", re.compile(r"/crio-(%s)\.scope(?:/|$)" % _HEX64)),
     ("nerdctl", re.compile(r"/nerdctl-(%s)\.scope(?:/|$)" % _HEX64)),
-    ("docker", _DOCKER[0]),
 )
+_RUNTIMES = _OTHER_RUNTIMES + (("docker", _DOCKER[0]),)  # which runtime made a pod's container
+# Outside a pod, the first that matches: docker (as it always was), then LXC, whose node sees
+# what runs inside a CT below its cgroup (podman in a CT is the CT's: `pct` reaches it), then the others
+_CONTAINERS = tuple(("docker", p) for p in _DOCKER) + tuple(("lxc", p) for p in _LXC) + _OTHER_RUNTIMES
 # A runtime's monitor process (conmon): a manager daemon of the container, not in it
 _MONITORS = (
     ("podman", re.compile(r"/libpod-conmon-(%s)\.scope(?:/|$)" % _HEX64)),
@@ -68,21 +71,7 @@ def pick_path(text):
 def parse(text):
     """{'path', 'unit', 'container': {'kind', 'id', ...} or None} from the text of /proc/PID/cgroup."""
     path = pick_path(text)
-    container = _kubernetes(path) if "/kubepods" in path else None
-    if container is None:
-        container = _runtime(path)
-    if container is None:
-        for pattern in _DOCKER:
-            m = pattern.search(path)
-            if m:
-                container = {"kind": "docker", "id": m.group(1)}
-                break
-    if container is None:
-        for pattern in _LXC:
-            m = pattern.search(path)
-            if m:
-                container = {"kind": "lxc", "id": m.group(1)}
-                break
+    container = _kubernetes(path) if "/kubepods" in path else _match(path, _CONTAINERS)
     units = _UNIT.findall(path)
     unit = None
     if container is None or container["kind"] == "lxc":
@@ -96,10 +85,9 @@ def parse(text):
     return {"path": path, "unit": unit, "container": container}
 
 
-def _runtime(path):
-    """{'kind', 'id'} of a podman, CRI or nerdctl container, or None. A runtime's monitor
-    (conmon) is in none: its scope sits beside its container's (monitor_of)."""
-    for kind, pattern in _RUNTIMES:
+def _match(path, table):
+    """{'kind', 'id'} of the first (kind, pattern) of `table` that the path matches, or None."""
+    for kind, pattern in table:
         m = pattern.search(path)
         if m:
             return {"kind": kind, "id": m.group(1)}
@@ -111,11 +99,7 @@ def monitor_of(path):
     `libpod-conmon-ID.scope`, `crio-conmon-ID.scope`): a manager of container ID, not one of its
     processes (counted in the container, conmon would keep it from ever holding only
     targets). None otherwise."""
-    for kind, pattern in _MONITORS:
-        m = pattern.search(path or "")
-        if m:
-            return {"kind": kind, "id": m.group(1)}
-    return None
+    return _match(path or "", _MONITORS)
 
 
 def _kubernetes(path):
@@ -125,7 +109,7 @@ def _kubernetes(path):
     maker (cri-containerd, crio, docker) or None. A process in `kubepods` with no pod UID (the
     QoS slices themselves) is still the kubelet's: its id is the path's last element."""
     pod = _POD.search(path)
-    inner = _runtime(path)
+    inner = _match(path, _RUNTIMES)
     out = {"kind": "kubernetes", "id": path.rstrip("/").rsplit("/", 1)[-1], "pod": None, "runtime": None}
     if pod:
         uid = pod.group(1).replace("_", "-")
