@@ -75,6 +75,38 @@ def scoped_world(ps: ProcessSet):
     return roles, keys, {"holder_out", "named_out"}
 
 
+class RandomWorld:
+    """A flat world drawn from a seed: holders and idle processes, each maybe named by TARGETS, maybe
+    under a protected name, maybe tagged for PROTECT, maybe inside a narrower SCOPE. No trees: the line
+    stops holders and named programs, the agent whole trees (README)."""
+
+    def __init__(self, seed: int):
+        self.seed = seed
+        self.__name__ = f"random_world_{seed}"
+
+    def __call__(self, ps: ProcessSet):
+        import random
+
+        rnd = random.Random(self.seed)
+        narrow = rnd.random() < 0.5
+        scope = f"--tag={ps.base}/scope-in"
+        roles = {}
+        for i in range(8):
+            holder = rnd.random() < 0.5
+            title = rnd.choice([None, None, "myserve", "myserve-x", "nvitop"])
+            tags = {word: tag for word, tag, p in (("_protected", "--tag=keep-me", 0.3),
+                                                   ("_in_scope", scope, 0.6 if narrow else 0)) if rnd.random() < p}
+            role = f"p{i}_{'holder' if holder else 'idle'}_{title or 'plain'}{''.join(tags)}"
+            if not holder and title is None and rnd.random() < 0.5:
+                sub = rnd.choice(["run", "stop"])
+                roles[f"{role}_mytool_{sub}"] = _script(ps, "mytool", sub, *tags.values())
+                continue
+            roles[role] = _tagged(ps, "worker" if holder else "idle", *(["--gpu", str(i % 2)] if holder else []),
+                                  *tags.values(), title=title)
+        keys = {"TARGETS": r"myserve|mytool\.py run", "PROTECT": "keep-me", "SCOPE": scope if narrow else str(ps.base)}
+        return roles, keys, None
+
+
 def _hosts_env(ps: ProcessSet, keys: dict) -> str:
     keys = {"DEVICES": ps.glob, "FAKE_DEVICES": "yes", **keys}
     return "".join(f"LOCAL_{k}='{v}'\n" for k, v in keys.items())
@@ -117,7 +149,8 @@ def _toolsets(tmp_path: Path) -> dict:
     return sets
 
 
-@pytest.mark.parametrize("world", [protect_world, targets_world, scoped_world], ids=lambda w: w.__name__)
+@pytest.mark.parametrize("world", [protect_world, targets_world, scoped_world, *map(RandomWorld, (1, 2, 3))],
+                         ids=lambda w: w.__name__)
 def test_the_line_and_invoke_teardown_leave_the_same_survivors(tmp_path, hosts_env, world):
     runs = [("invoke teardown", _by_invoke, None)]
     runs += [(f"pasted line ({name})", _by_line, tools) for name, tools in _toolsets(tmp_path).items()]
@@ -130,11 +163,16 @@ def test_the_line_and_invoke_teardown_leave_the_same_survivors(tmp_path, hosts_e
             ran = run(tools)
             outputs[how] = ran
             survivors[how] = {role for role, pid in roles.items() if alive(pid)}
-            assert survivors[how] == expected, (how, ran.stdout.decode()[-3000:], ran.stderr.decode()[-2000:])
+            assert expected is None or survivors[how] == expected, (how, ran.stdout.decode()[-3000:],
+                                                                    ran.stderr.decode()[-2000:])
         finally:
             ps.kill_all()
+    assert len(set(map(frozenset, survivors.values()))) == 1, survivors
     # who is left holding a GPU decides the exit code alike: 1 (not free) only in the scoped world
     codes = {how: out.returncode for how, out in outputs.items()}
+    assert len(set(codes.values())) == 1, codes
+    if isinstance(world, RandomWorld):
+        return
     assert set(codes.values()) == {1 if world is scoped_world else 0}, codes
     for how, out in outputs.items():
         if how == "invoke teardown":
