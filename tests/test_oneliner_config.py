@@ -113,7 +113,7 @@ def _cases(n: int = 400) -> list:
 def _listing(cases: list) -> str:
     lines = []
     for pid, (argv, comm) in enumerate(cases, start=100):
-        lines.append(f"/proc/{pid}/stat:{pid} ({comm}) S " + "0 " * 18 + f"{1000 + pid} 0 0")
+        lines.append(f"/proc/{pid}/stat:{pid} ({comm}) S {pid - 1} " + "0 " * 17 + f"{1000 + pid} 0 0")
         lines.append(f"/proc/{pid}/comm:{comm}")
         lines.append(f"/proc/{pid}/cmdline:" + "".join(a + "\x01" for a in argv))
     return "\n".join(lines) + "\n"
@@ -127,10 +127,16 @@ def test_the_scripts_awk_names_programs_as_the_agent_does(awk):
                          text=True, env={"LC_ALL": "C", "PATH": "/usr/bin:/bin"}, timeout=60)
     assert out.returncode == 0, out.stderr
     got: dict = {}
+    parents = {}
     for line in out.stdout.splitlines():
         pid, start, kind, name = line.split("\t")
-        assert int(start) == 1000 + int(pid) and kind == ("s" if " " in name else "w")
+        assert int(start) == 1000 + int(pid)
+        if kind == "P":  # the parent, for the tree walk
+            parents[int(pid)] = int(name)
+            continue
+        assert kind == ("s" if " " in name else "w")
         got.setdefault(int(pid), set()).add(name)
+    assert parents == {pid: pid - 1 for pid in range(100, 100 + len(cases))}
     for pid, (argv, comm) in enumerate(cases, start=100):
         want = {name.replace("\t", "?") for name, _ in program.names({"argv": argv, "comm": comm})}
         assert got.get(pid, set()) == want, (argv, comm)

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from scripts.emergency import shell_teardown
+from scripts.ops.sandbox import ROLES
 from tests.conftest import invoke
 from tests.procs import ProcessSet, alive, wait_for
 
@@ -75,10 +76,47 @@ def scoped_world(ps: ProcessSet):
     return roles, keys, {"holder_out", "named_out"}
 
 
+SERVER = r"""
+import os, subprocess, sys, time
+ready = sys.argv[sys.argv.index("--ready") + 1]
+devdir, roles, py = sys.argv[1], sys.argv[2], sys.executable
+spawn = "import subprocess, sys, time; p = subprocess.Popen(['sleep', sys.argv[2]]); " \
+        "open(sys.argv[1] + '.tmp', 'w').write(str(p.pid)); os = __import__('os'); " \
+        "os.rename(sys.argv[1] + '.tmp', sys.argv[1]); time.sleep(600)"
+plain = subprocess.Popen(["sleep", "600"])
+holder = subprocess.Popen([py, roles, "worker", "--devdir", devdir, "--gpu", "0"])
+protected = subprocess.Popen(["nvitop", "-c", spawn, ready + ".p", "601"], executable=py, start_new_session=True)
+mid = subprocess.Popen([py, "-c", spawn, ready + ".m", "602"])
+while not (os.path.exists(ready + ".p") and os.path.exists(ready + ".m")):
+    time.sleep(0.02)
+pids = [plain.pid, holder.pid, protected.pid, int(open(ready + ".p").read()), mid.pid, int(open(ready + ".m").read())]
+open(ready + ".tmp", "w").write(" ".join(map(str, pids)))
+os.rename(ready + ".tmp", ready)
+time.sleep(600)
+"""
+
+
+def tree_world(ps: ProcessSet):
+    """A program TARGETS names and what it started: a plain child, a GPU holder outside the SCOPE text
+    (a tree is asked for the scope at its root only), a grandchild, and a child under a protected name
+    in a session of its own, with its own child: that branch is kept by both, the rest stopped."""
+    scope = f"--tag={ps.base}/scope-in"
+    path = ps.base / "mysrv.py"
+    path.write_text(SERVER)
+    ready = ps.base / f"ready{ps.n + 1}"
+    root = ps.start(["python3", str(path), str(ps.devdir), str(ROLES), scope], executable=sys.executable)
+    kids = [int(p) for p in ready.read_text().split()]
+    ps.pids.extend(kids)
+    names = ("plain", "holder", "protected", "under_protected", "mid", "under_mid")
+    roles = dict(zip(names, kids, strict=True), root=root)
+    wait_for(lambda: _holds(roles["holder"]), "the tree's holder")
+    return roles, {"TARGETS": r"mysrv\.py", "SCOPE": scope}, {"protected", "under_protected"}
+
+
 class RandomWorld:
     """A flat world drawn from a seed: holders and idle processes, each maybe named by TARGETS, maybe
-    under a protected name, maybe tagged for PROTECT, maybe inside a narrower SCOPE. No trees: the line
-    stops holders and named programs, the agent whole trees (README)."""
+    under a protected name, maybe tagged for PROTECT, maybe inside a narrower SCOPE. Flat: trees are
+    tree_world's."""
 
     def __init__(self, seed: int):
         self.seed = seed
@@ -149,7 +187,8 @@ def _toolsets(tmp_path: Path) -> dict:
     return sets
 
 
-@pytest.mark.parametrize("world", [protect_world, targets_world, scoped_world, *map(RandomWorld, (1, 2, 3))],
+@pytest.mark.parametrize("world", [protect_world, targets_world, scoped_world, tree_world,
+                                   *map(RandomWorld, (1, 2, 3))],
                          ids=lambda w: w.__name__)
 def test_the_line_and_invoke_teardown_leave_the_same_survivors(tmp_path, hosts_env, world):
     runs = [("invoke teardown", _by_invoke, None)]

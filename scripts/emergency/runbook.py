@@ -62,8 +62,9 @@ def render() -> str:
         "saying what it does to it (`TERM`, `keep`, `leave`), why, and its command line, then a report "
         "(`holders:`, `protected:`, `outside-scope:`, `sigTERM:`, `sigKILL:`, `remaining:`, `protected-mapped:`, "
         "`verdict:`) and exits 0 only when no unprotected holder is left, no protected one maps a GPU device file "
-        "(a CUDA context) and every GPU reads 0 MiB used. A server's children that hold no GPU and run a program "
-        "TARGETS does not name (tokenizers) are left; `invoke teardown` stops whole trees.\n",
+        "(a CUDA context) and every GPU reads 0 MiB used. What a program TARGETS names started is stopped with it "
+        "(its tree, as `invoke teardown` does); what it left in its session after a double fork, and the shell "
+        "that wraps it, are left (`invoke teardown` stops them too).\n",
         "Direct to the GPU container:\n",
         block(DIRECT.route.one_liner(shell_teardown.argv(DIRECT))),
         "Through the Proxmox node (`pct exec` passes the command through unchanged):\n",

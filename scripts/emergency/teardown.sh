@@ -7,7 +7,8 @@
 # Same selection as the agent (scripts/agent/teardown/plan.py), by device holders and program
 # names, never by a command-line pattern: the holders of the GPU device files and the processes
 # whose PROGRAM a TARGETS pattern names whole (comm, argv[0], the module or script an
-# interpreter runs, `program subcommand`) are targets, unless protected (PID 1, itself and its
+# interpreter runs, `program subcommand`) are targets, and what those programs started (their
+# trees; not what they left in their session, not their wrappers), unless protected (PID 1, itself and its
 # ancestors, a protected name, a command line PROTECT finds) or outside the scope (SCOPE: text
 # the command line must contain; SCOPE_UID: the owner); a holder outside the scope is reported,
 # never signalled, and keeps the verdict not-free.
@@ -129,10 +130,7 @@ protected() {
 }
 # May this process be a target (SCOPE text in its command line, SCOPE_UID its owner)?
 in_scope() {
-    if [ -n "$scope_uid" ]; then
-        # shellcheck disable=SC2012 # ls -n is the POSIX way to read a numeric owner
-        [ "$(ls -dn "/proc/$1" 2>/dev/null | awk '{ print $3 }')" = "$scope_uid" ] || return 1
-    fi
+    uid_ok "$1" || return 1
     [ -z "$scope" ] && return 0
     case "$(cmd_of "$1")" in *"$scope"*) return 0 ;; esac
     return 1
@@ -187,6 +185,7 @@ listing() {
 }
 # One line per name a process's program goes by: PID TAB START TAB KIND TAB NAME, KIND s for a
 # name with a space (`program subcommand`), else w. As scripts/agent/procs/program.py names().
+# And one line per process with its parent: PID TAB START TAB P TAB PPID.
 # shellcheck disable=SC2016 # an awk program: its $ are awk's
 names_awk='
 function base(s) { sub(/.*\//, "", s); return s }
@@ -274,6 +273,7 @@ END {
         split(s, f, " ")
         start = f[20]
         if (start == "" || f[1] == "Z") continue
+        printf "%s\t%s\tP\t%s\n", pid, start, f[2]
         split("", seen)
         names(val[pid SUBSEP "cmdline"], val[pid SUBSEP "comm"])
     }
@@ -283,8 +283,6 @@ interp='^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|s
 # PID TAB START TAB NAME of each process whose program a TARGETS alternative names whole (grep -x):
 # single names only by TARGETS, `program subcommand` names only by TARGETS_SPACED.
 named() {
-    [ -n "$tw$ts" ] || return 0
-    all=$(listing | awk -v interp="$interp" "$names_awk")
     for k in w s; do
         if [ "$k" = w ]; then re=$tw; else re=$ts; fi
         [ -n "$re" ] || continue
@@ -294,6 +292,34 @@ named() {
             BEGIN { n = split(want, a, " "); for (i = 1; i <= n; i++) hit[a[i]] = 1 }
             (NR in hit) && $3 == k { print $1 "\t" $2 "\t" $4 }'
     done | awk -F "$tab" '!($1 in seen) { seen[$1] = 1; print }'
+}
+# PID TAB PPID TAB START TAB ROOT of each process the roots ($1) started, breadth first (a parent
+# before its children), as the agent's plan.trees: a "child" that started before its parent is
+# not its child (its parent died and the pid went to another) and is not walked.
+tree_of() {
+    printf '%s\n' "$all" | awk -F "$tab" -v roots="$1" '
+        $3 == "P" { start[$1] = $2; n = ++nkids[$4]; kid[$4, n] = $1 }
+        END {
+            nq = split(roots, queue, " ")
+            for (i = 1; i <= nq; i++) { root[queue[i]] = queue[i]; seen[queue[i]] = 1 }
+            for (i = 1; i <= nq; i++) {
+                parent = queue[i]
+                for (j = 1; j <= nkids[parent]; j++) {
+                    child = kid[parent, j]
+                    if (child in seen || start[child] + 0 < start[parent] + 0) continue
+                    seen[child] = 1
+                    root[child] = root[parent]
+                    queue[++nq] = child
+                    print child "\t" parent "\t" start[child] "\t" root[child]
+                }
+            }
+        }'
+}
+# Owned by the scope uid, when there is one (the agent stops a target's tree within that uid only).
+uid_ok() {
+    [ -z "$scope_uid" ] && return 0
+    # shellcheck disable=SC2012 # ls -n is the POSIX way to read a numeric owner
+    [ "$(ls -dn "/proc/$1" 2>/dev/null | awk '{ print $3 }')" = "$scope_uid" ]
 }
 # A process as the report writes it: pid:start,name (one word); shown as `PID (NAME)`.
 token() { printf '%s:%s,%s' "$1" "$2" "$(name_of "$1")"; }
@@ -329,26 +355,31 @@ wait_gone() {
 before=$(holders)
 echo "==gpu-pivot-oneliner begin=="
 echo "config: device files $glob; TERM, then KILL after $grace s; then $settle s watching for a holder coming back"
-echo "config: targets: their holders, and programs named by TARGETS ${tw:-(none)} | TARGETS_SPACED ${ts:-(none)}"
+echo "config: targets: their holders, the programs named by TARGETS ${tw:-(none)} | TARGETS_SPACED ${ts:-(none)}, and what those started"
 echo "config: never signalled: PID 1, this shell and its ancestors, protected names, PROTECT ${protect:-(none)}"
 if [ -n "$scope$scope_uid" ]; then
     echo "config: scope: targets only among processes${scope:+ whose command line contains $scope}${scope_uid:+ owned by uid $scope_uid}"
 else
     echo "config: scope: the whole host"
 fi
-targets=""; prot=""; outside=""; held=""
+# every process's names and parent, read once (TARGETS always has the agent's defaults at least)
+all=""
+[ -z "$tw$ts" ] || all=$(listing | awk -v interp="$interp" "$names_awk")
+named_list=$(named)
+named_pids=" $(printf '%s\n' "$named_list" | cut -f1 | tr '\n' ' ')"
+targets=""; prot=""; outside=""; held=""; roots=""
 for p in $before; do
     t=$(token "$p" "$(st "$p")")
     held="$held $t"
     if protected "$p"; then
         prot="$prot $t"; decide keep "$p" "$why"
     elif ! in_scope "$p"; then
-        outside="$outside $t"; decide leave "$p" "holds a GPU device file, outside the scope"
+        outside="$outside $t"
     else
         targets="$targets $t"; decide TERM "$p" "holds a GPU device file"
+        case "$named_pids" in *" $p "*) roots="$roots $p" ;; esac
     fi
 done
-named_list=$(named)
 while IFS="$tab" read -r p s n; do
     [ -n "$p" ] || continue
     case " $before " in *" $p "*) continue ;; esac
@@ -358,10 +389,39 @@ while IFS="$tab" read -r p s n; do
         prot="$prot $(token "$p" "$s")"; decide keep "$p" "$why; TARGETS names its program $(shown "$n")"
     elif in_scope "$p"; then
         targets="$targets $(token "$p" "$s")"; decide TERM "$p" "TARGETS names its program $(shown "$n")"
+        roots="$roots $p"
     fi
 done <<EOF
 $named_list
 EOF
+# What the programs TARGETS names started (their trees), as the agent: a protected process, or one
+# of another uid than the scope's, is not signalled and neither is what it started; the scope's
+# text is asked of the named program only, so a holder outside it that such a program started is
+# stopped with it.
+blocked=" "
+tree_list=""
+[ -z "$roots" ] || tree_list=$(tree_of "$roots")
+while IFS="$tab" read -r p pp s r; do
+    [ -n "$p" ] || continue
+    case "$blocked" in *" $pp "*) blocked="$blocked$p "; continue ;; esac
+    case " $targets " in *" $p:"*) continue ;; esac
+    case " $prot " in *" $p:"*) blocked="$blocked$p "; continue ;; esac
+    [ "$(st "$p")" = "$s" ] || { blocked="$blocked$p "; continue; }
+    if protected "$p"; then
+        blocked="$blocked$p "
+        [ "$why" = "this shell or its ancestor" ] && continue
+        prot="$prot $(token "$p" "$s")"; decide keep "$p" "$why; started by target $r"
+        continue
+    fi
+    uid_ok "$p" || { blocked="$blocked$p "; continue; }
+    kept=""
+    for t in $outside; do [ "${t%%:*}" = "$p" ] || kept="$kept $t"; done
+    outside=$kept
+    targets="$targets $(token "$p" "$s")"; decide TERM "$p" "started by target $r"
+done <<EOF
+$tree_list
+EOF
+for t in $outside; do decide leave "${t%%:*}" "holds a GPU device file, outside the scope"; done
 # shellcheck disable=SC2086
 say holders $held
 # shellcheck disable=SC2086
