@@ -57,9 +57,8 @@ SERVICE_SUPERVISORS = {"runsv": ("runit", "runsvdir", ["sv", "down"]),
                        "supervise": ("daemontools", "svscan", ["svc", "-d"])}
 NOT_BY_DEFAULT = ("kubernetes", "cri-containerd", "crio", "nerdctl", "containerd", "ray")
 ENVIRON_MAX = 1 << 20
-# A Kubernetes object's name (RFC 1123 subdomain) and a container's id: nothing else reaches a command
+# A Kubernetes object's name (RFC 1123 subdomain): nothing else reaches a printed kubectl command
 _K8S_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
-_HEX = re.compile(r"[0-9a-f]{12,64}")
 KUBELET_PODS = "/var/lib/kubelet/pods"
 KUBELET_LOGS = "/var/log/pods"  # NAMESPACE_NAME_UID per pod, made by the kubelet
 SA_NAMESPACE = "kubernetes.io~projected"  # the projected service-account volume holds `namespace`
