@@ -196,9 +196,11 @@ class ServiceScan:
         return pid
 
     def down(self) -> None:
-        """Each service taken down and its supervisor told to exit (`sv force-shutdown`,
-        `s6-svc -xd`, `svc -dx`), the scanner ended by its pid, then every pid seen."""
+        """The scanner ended by its pid first (it would start a supervisor again that exits
+        before it), then each service taken down and its supervisor told to exit (`sv
+        force-shutdown`, `s6-svc -xd`, `svc -dx`), then every pid seen."""
         self.seen.update(descendants(self.pid))
+        terminate(self.proc)
         for name in self.names:
             d = str(self.service_dir(name))
             if not (self.service_dir(name) / "supervise").exists():
@@ -209,7 +211,6 @@ class ServiceScan:
                 self._tool("s6-svc", "-xd", d)
             else:
                 self._tool("svc", "-dx", d)
-        terminate(self.proc)
         end(sorted(self.seen))
 
 
