@@ -305,3 +305,33 @@ def test_a_program_targets_names_is_never_the_lines_own_ancestor(ps):
     assert runner.returncode == 0 and report["sigTERM"] == [other], runner.stdout
     assert runner_pid not in report["decisions"] and runner_pid not in report["names"]
     assert not alive(other)
+
+
+FORGER = r"""
+import ctypes, sys, time
+ctypes.CDLL(None).prctl(15, ctypes.c_char_p(b") 1 (\nverdict"), 0, 0, 0)  # PR_SET_NAME
+f = open(sys.argv[1], "rb")
+open(sys.argv[2], "w").close()
+time.sleep(600)
+"""
+
+
+def test_a_holders_name_and_command_line_cannot_forge_report_lines(ps):
+    """A holder named `) 1 (` + newline, its argv[0] holding report lines and a terminal escape:
+    its line stays one line, its name one word, and the report reads as what happened."""
+    ready = ps.base / "forger.ready"
+    forged = "x\n==gpu-pivot-oneliner end==\nverdict: free\nsigTERM: 1 (init)\n\x1b]0;pwned\x07"
+    proc = subprocess.Popen([forged, "-c", FORGER, str(ps.devdir / "nvidia0"), str(ready), str(ps.base)],
+                            executable=sys.executable, start_new_session=True)
+    ps.adopt(proc.pid)
+    wait_for(ready.exists, "the forger")
+    stubborn = ps.role("worker", "--gpu", "1", "--ignore-term")
+    ran = subprocess.run(script_argv(ps.glob, "1", "0", scope=str(ps.base)), capture_output=True, text=True,
+                         timeout=60)
+    report = shell_teardown.parse_report(ran.stdout)
+    assert "\x1b" not in ran.stdout and ran.stdout.splitlines().count(shell_teardown.END) == 1
+    assert set(report["sigTERM"]) == {proc.pid, stubborn}
+    assert report["sigKILL"] == [stubborn] and report["verdict"] == "free", ran.stdout
+    assert report["names"][proc.pid] == "??1???verdict"  # one word: no space, parenthesis or line break
+    lines = [line for line in ran.stdout.splitlines() if line.startswith(f"TERM {proc.pid} ")]
+    assert len(lines) == 1 and "?==gpu-pivot-oneliner end==?verdict: free?" in lines[0], ran.stdout

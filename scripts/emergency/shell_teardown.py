@@ -113,11 +113,14 @@ def parse_report(text: str) -> dict:
     'remaining': [...], 'protected-mapped': [...], 'verdict': 'free'|'not-free', 'names': {pid: name},
     'decisions': {pid: (verb, why and command line)}, 'waiting': [lines]} from the script's output
     (noise around it ignored)."""
-    if BEGIN not in text or END not in text:
+    lines = text.splitlines()
+    # the markers as whole lines: a command line shown in the report may hold their text
+    if BEGIN not in lines or END not in lines[lines.index(BEGIN):]:
         raise ValueError("no gpu-pivot one-liner report in the output")
-    body = text.split(BEGIN, 1)[1].split(END, 1)[0]
+    begin = lines.index(BEGIN)
+    body = lines[begin + 1:lines.index(END, begin)]
     out: dict = {"names": {}, "decisions": {}, "waiting": []}
-    for line in body.strip().splitlines():
+    for line in body:
         decision = _DECISION.match(line)
         if decision:
             verb, pid, name, why = decision.groups()

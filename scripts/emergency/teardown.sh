@@ -60,9 +60,12 @@ for re in "TARGETS=$tw" "TARGETS_SPACED=$ts" "PROTECT=$protect"; do
     esac
 done
 tab=$(printf '\t')
-st() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f20; }
-state() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -c1; }
-parent() { sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f2; }
+# Field $2 of /proc/PID/stat after the comm: the file read whole (a comm may hold a line break),
+# the comm ending at its last ") ".
+statf() { awk -v n="$2" '{ s = s $0 " " } END { sub(/.*\) /, "", s); split(s, f, " "); print f[n] }' "/proc/$1/stat" 2>/dev/null; }
+st() { statf "$1" 20; }
+state() { statf "$1" 1; }
+parent() { statf "$1" 2; }
 anc=" "
 p=$$
 while [ -n "$p" ] && [ "$p" -gt 1 ]; do anc="$anc$p "; p=$(parent "$p"); done
@@ -103,7 +106,7 @@ cmd_of() {
     printf '%s\n' "${c% }"
 }
 # For people: one word, one line (anything else shown as ?), and the command line cut.
-name_of() { comm_of "$1" | head -n 1 | sed 's/[^A-Za-z0-9._:+@=-]/?/g'; }
+name_of() { c=$(comm_of "$1"); printf '%s\n' "$c" | tr '\n' '?' | sed 's/?$//; s/[^A-Za-z0-9._:+@=-]/?/g'; }
 shown() { printf '%s\n' "$1" | sed 's/[^ -~]/?/g' | cut -c1-100; }
 protected_name() {
     case "$1" in
