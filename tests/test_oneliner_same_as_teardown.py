@@ -22,11 +22,6 @@ from tests.conftest import invoke
 from tests.procs import ProcessSet, alive, wait_for
 
 
-def _tagged(ps: ProcessSet, role: str, *extra: str, title: str | None = None) -> int:
-    """A sandbox role; `extra` words end up in its command line (the role ignores them)."""
-    return ps.role(role, *extra, title=title)
-
-
 def _script(ps: ProcessSet, name: str, *args: str) -> int:
     """`python3 DIR/NAME.py ARGS`: a program the agent names `NAME.py ARGS[0]` (holds no GPU)."""
     path = ps.base / f"{name}.py"
@@ -35,13 +30,14 @@ def _script(ps: ProcessSet, name: str, *args: str) -> int:
     return ps.start(["python3", str(path), *args], executable=sys.executable)
 
 
+# Sandbox roles take words they do not know (`--tag=...`): they only put them in the command line.
 def protect_world(ps: ProcessSet):
     """A holder and a program TARGETS names, both with `keep-me` in their command line: PROTECT keeps them."""
     roles = {
-        "protected_holder": _tagged(ps, "worker", "--gpu", "0", "--tag=keep-me"),
-        "holder": _tagged(ps, "worker", "--gpu", "1"),
-        "protected_named": _tagged(ps, "idle", "--tag=keep-me", title="myserve"),
-        "named": _tagged(ps, "idle", title="myserve"),
+        "protected_holder": ps.role("worker", "--gpu", "0", "--tag=keep-me"),
+        "holder": ps.role("worker", "--gpu", "1"),
+        "protected_named": ps.role("idle", "--tag=keep-me", title="myserve"),
+        "named": ps.role("idle", title="myserve"),
     }
     keys = {"TARGETS": "myserve", "PROTECT": "keep-me", "SCOPE": str(ps.base)}
     return roles, keys, {"protected_holder", "protected_named"}
@@ -51,10 +47,10 @@ def targets_world(ps: ProcessSet):
     """TARGETS names programs, never text: `myserve` and `mytool.py run` are stopped though they
     hold no GPU; `myserve-helper`, `mytool.py stop` and a job with `myserve` as an argument stay."""
     roles = {
-        "holder": _tagged(ps, "worker", "--gpu", "0"),
-        "named": _tagged(ps, "idle", title="myserve"),
-        "named_longer": _tagged(ps, "idle", title="myserve-helper"),
-        "named_as_argument": _tagged(ps, "idle", "--job", "myserve"),
+        "holder": ps.role("worker", "--gpu", "0"),
+        "named": ps.role("idle", title="myserve"),
+        "named_longer": ps.role("idle", title="myserve-helper"),
+        "named_as_argument": ps.role("idle", "--job", "myserve"),
         "subcommand": _script(ps, "mytool", "run"),
         "other_subcommand": _script(ps, "mytool", "stop"),
     }
@@ -67,10 +63,10 @@ def scoped_world(ps: ProcessSet):
     reported), a program TARGETS names outside it is not touched."""
     scope = f"--tag={ps.base}/scope-in"
     roles = {
-        "holder_in": _tagged(ps, "worker", "--gpu", "0", scope),
-        "holder_out": _tagged(ps, "worker", "--gpu", "1"),
-        "named_in": _tagged(ps, "idle", scope, title="myserve"),
-        "named_out": _tagged(ps, "idle", title="myserve"),
+        "holder_in": ps.role("worker", "--gpu", "0", scope),
+        "holder_out": ps.role("worker", "--gpu", "1"),
+        "named_in": ps.role("idle", scope, title="myserve"),
+        "named_out": ps.role("idle", title="myserve"),
     }
     keys = {"TARGETS": "myserve", "SCOPE": scope}
     return roles, keys, {"holder_out", "named_out"}
@@ -139,7 +135,7 @@ class RandomWorld:
                 sub = rnd.choice(["run", "stop"])
                 roles[f"{role}_mytool_{sub}"] = _script(ps, "mytool", sub, *tags.values())
                 continue
-            roles[role] = _tagged(ps, "worker" if holder else "idle", *(["--gpu", str(i % 2)] if holder else []),
+            roles[role] = ps.role("worker" if holder else "idle", *(["--gpu", str(i % 2)] if holder else []),
                                   *tags.values(), title=title)
         keys = {"TARGETS": r"myserve|mytool\.py run", "PROTECT": "keep-me", "SCOPE": scope if narrow else str(ps.base)}
         return roles, keys, None
