@@ -33,7 +33,7 @@ TEXTS = ["sglang.launch_server", "sglangXlaunch_server", "vllm serve", "vllm  se
          "aa{2", "aa", "aaa", "one two", "\\", "keep-me", "$HOME", "[", ":", "x}", "a}", "xx", "!!", "7", " 3",
          "", "yz", "zzz", "-/:", "python3 -m sglang.launch_server --port 1", "/usr/bin/foo bar"]
 REFUSED = [r"\bvllm", r"(?i)vllm", r"(?=x)y", r"(?P<n>x)", r"(a)\1", r"x*+", r"\Avllm", r"vllm\Z", "vllmé",
-           r"a{256}", r"[\D]", r"\x41", r"(|a)b"]
+           r"a{256}", r"[\D]", r"\x41", r"(|a)b", r"a$b", r"a^b", r"(^)$\.", r"x|a$*"]
 
 
 def _grep(ere_text: str, texts: list, whole: bool) -> set:
@@ -175,3 +175,56 @@ def test_the_script_refuses_what_its_grep_cannot_use_before_any_signal(ps, posit
     from tests.procs import alive
 
     assert alive(holder)
+
+
+def _random_pattern(rnd: random.Random, depth: int = 0) -> str:
+    """A Python regex over a small alphabet that holds the characters ERE reads otherwise."""
+    def atom() -> str:
+        kind = rnd.randrange(7 if depth < 2 else 5)
+        if kind == 0:
+            return rnd.choice(["a", "b", "-", " ", "]", "}", "1", "_", ":"])
+        if kind == 1:
+            return rnd.choice([r"\.", r"\-", r"\\", r"\{", r"\^", r"\$", r"\d", r"\D", r"\s", r"\S", r"\w", r"\W", "."])
+        if kind in (2, 3):
+            items = [rnd.choice(["a", "b", "-", "]", "^", ".", "\\\\", "\\]", "\\-", "\\^", "[", ":", "\\d", "\\s",
+                                 "\\w", "a-b", "0-9", "!-/", " "]) for _ in range(rnd.randint(1, 3))]
+            return "[" + rnd.choice(["", "^"]) + "".join(items) + "]"
+        if kind == 4:
+            return rnd.choice(["^", "$"])
+        inner = "|".join(_random_pattern(rnd, depth + 1) for _ in range(rnd.randint(1, 2)))
+        return rnd.choice(["(", "(?:"]) + inner + ")"
+
+    out = ""
+    for _ in range(rnd.randint(1, 3)):
+        piece = atom()
+        if piece not in ("^", "$") and rnd.random() < 0.4:
+            piece += rnd.choice(["*", "+", "?", "{2}", "{1,2}", "{,2}", "{2,}", "*?", "+?"])
+        out += piece
+    return out
+
+
+def test_random_patterns_match_under_grep_as_under_python():
+    """Fuzz the translation with patterns made of what reads differently in the two dialects."""
+    rnd = random.Random(3410)
+    alphabet = "ab-. ]^$\\{}1_:x[!/"
+    texts = sorted({"".join(rnd.choice(alphabet) for _ in range(rnd.randint(0, 5))) for _ in range(300)})
+    tried = 0
+    while tried < 150:
+        pattern = "|".join(_random_pattern(rnd) for _ in range(rnd.randint(1, 2)))
+        try:
+            import warnings
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # `[[` and friends: Python's FutureWarning, still a literal
+                rx = re.compile(pattern)
+            pairs = ere.alternatives("K", pattern)
+        except (re.error, ere.ConfigError):
+            continue
+        tried += 1
+        for python_alt, ere_alt in pairs:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                want = {i for i, t in enumerate(texts) if re.fullmatch(python_alt, t)}
+            assert _grep(ere_alt, texts, whole=True) == want, (pattern, python_alt, ere_alt)
+        whole = "|".join(e for _, e in pairs)
+        assert _grep(whole, texts, whole=False) == {i for i, t in enumerate(texts) if rx.search(t)}, (pattern, whole)

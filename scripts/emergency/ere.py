@@ -105,9 +105,25 @@ class _Translator:
             self.lazy_or_possessive()
         elif ch == "{":
             self.count()
-        else:  # `.`, `^`, `$` read the same; `]` and `}` outside a class are plain text in both
+        elif ch in "^$":
+            self.anchor(ch)
+        else:  # `.` reads the same; `]` and `}` outside a class are plain text in both
             self.out.append(ch)
             self.i += 1
+
+    def anchor(self, ch: str) -> None:
+        """`^` first and `$` last in their alternative (or group), as a pattern means them: one with
+        pattern text before `^` or after `$` can never match one line, and GNU grep 3.8 matches
+        `^$` followed by an escaped dot against a lone dot, so it is refused rather than passed on."""
+        after = self.p[self.i + 1:self.i + 2]
+        if after and after in "*+?{":
+            raise NotERE(f"a quantifier after the anchor {ch!r}")
+        if ch == "^" and self.out and self.out[-1] not in ("(", "|", "^"):
+            raise NotERE("'^' after other pattern text (it can never match)")
+        if ch == "$" and after not in ("", ")", "|", "$"):
+            raise NotERE("'$' before other pattern text (it can never match)")
+        self.out.append(ch)
+        self.i += 1
 
     def lazy_or_possessive(self) -> None:
         nxt = self.p[self.i:self.i + 1]
