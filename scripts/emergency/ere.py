@@ -52,6 +52,7 @@ class _Translator:
         self.alts: list = []
         self.start = 0  # where the current top-level alternative began in the pattern
         self.depth = 0
+        self.anchored: list = []  # for each open group: does it hold an anchor
 
     def run(self) -> list:
         p = self.p
@@ -87,10 +88,13 @@ class _Translator:
                 raise NotERE("an empty group or alternative")
             self.out.append("(")
             self.depth += 1
+            self.anchored.append(False)
         elif ch == ")":
             self.out.append(")")
             self.depth -= 1
             self.i += 1
+            if self.anchored.pop() and self.p[self.i:self.i + 1] in ("*", "+", "?", "{"):
+                raise NotERE("a quantifier on a group that holds an anchor")
         elif ch == "|":
             if self.depth == 0:
                 self.end_alternative(self.i)
@@ -112,16 +116,24 @@ class _Translator:
             self.i += 1
 
     def anchor(self, ch: str) -> None:
-        """`^` first and `$` last in their alternative (or group), as a pattern means them: one with
-        pattern text before `^` or after `$` can never match one line, and GNU grep 3.8 matches
-        `^$` followed by an escaped dot against a lone dot, so it is refused rather than passed on."""
-        after = self.p[self.i + 1:self.i + 2]
-        if after and after in "*+?{":
+        """`^` only where nothing can come before it in a top-level alternative (after its opening
+        groups), `$` only where nothing can come after it (before the groups it closes), and no
+        quantifier on either or on a group holding one: elsewhere an anchor can never match a line,
+        or the regex libraries disagree (GNU grep 3.8 matches `^$` then an escaped dot against a
+        lone dot; glibc's regexec and Python differ on anchors inside repeated alternations)."""
+        p, i = self.p, self.i
+        if p[i + 1:i + 2] in ("*", "+", "?", "{"):
             raise NotERE(f"a quantifier after the anchor {ch!r}")
-        if ch == "^" and self.out and self.out[-1] not in ("(", "|", "^"):
-            raise NotERE("'^' after other pattern text (it can never match)")
-        if ch == "$" and after not in ("", ")", "|", "$"):
-            raise NotERE("'$' before other pattern text (it can never match)")
+        if ch == "^" and any(t not in ("(", "^") for t in self.out):
+            raise NotERE("'^' with pattern text before it in its alternative")
+        if ch == "$":
+            j, depth = i + 1, self.depth
+            while j < len(p) and p[j] in ")$":
+                depth -= p[j] == ")"
+                j += 1
+            if j < len(p) and not (p[j] == "|" and depth == 0):
+                raise NotERE("'$' with pattern text after it in its alternative")
+        self.anchored = [True] * len(self.anchored)
         self.out.append(ch)
         self.i += 1
 
