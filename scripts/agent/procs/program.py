@@ -175,11 +175,17 @@ def _compiled(pattern):
 
 
 def identity(proc):
-    """The names that say WHICH program a process runs: its module, script, executable or
-    title, never a bare interpreter's name (`python3 -c ...` shares `python3` with every
-    Python on the host). What "runs the same program as a target" compares."""
+    """The names that say WHICH program a process runs: its module (whole, not its package),
+    script, executable or title, never a bare interpreter's name (`python3 -c ...` shares
+    `python3` with every Python on the host). What "runs the same program as a target" compares."""
     return {n for n, why in names(proc) if " " not in n and not why.startswith("is the interpreter")
-            and not INTERPRETERS.match(n)}
+            and not INTERPRETERS.match(n) and not _package_of(n, why)}
+
+
+def _package_of(name, why):
+    """Is this name only the package of the module a process runs (`sglang` for `-m
+    sglang.launch_server`)? A package is not a program: `-m sglang.bench_serving` is a client."""
+    return why.startswith("runs module ") and name != why[len("runs module "):].split(" ")[0]
 
 
 def matches_empty(pattern):

@@ -179,6 +179,8 @@ def build(doc, args):
         picked.add(pid, why)
     left_alone = _other_holders(holders, picked, args)
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
+    for pid, pids in wrappers.looping_ancestors(picked.reasons, procs, never=chain).items():
+        wrapped.setdefault(pid, pids)  # a loop above the server, beside other children of its own
     wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)}
     return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters)
 

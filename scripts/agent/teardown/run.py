@@ -162,7 +162,9 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
     process in its exit is left to finish: it needs no SIGKILL. Adopts and
     signals what targets fork meanwhile (without the connector: a /proc walk every
     PROC_WALK_EVERY_S, and always before saying none is left); progress lines every half
-    second; `on_wake()` each time it wakes (manager stops that ended). Returns those still running."""
+    second; `on_wake(alive)` each time it wakes (manager stops that ended); with `until_gone` it
+    is also asked every 2 ms, backing off to 50 ms, and a true answer ends the wait (exits that
+    no longer matter: _released). Returns those still running."""
     t0 = last = time.monotonic()
     watch_fd = targets.watch.fileno() if targets.watch is not None else None
     next_walk = t0 + PROC_WALK_EVERY_S
@@ -181,12 +183,13 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
             last = now
             args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
                                mib_left=_mib_left(source))
-        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S, t0 + limit_s if until_gone else now + look_again,
+        wake = min(t0 + limit_s, last + PROGRESS_EVERY_S,
+                   t0 + limit_s if until_gone and on_wake is None else now + look_again,
                    next_walk if watch_fd is None else t0 + limit_s)  # an exit itself wakes the pidfds
         targets.wait(alive, wake - now, [watch_fd])
         look_again = min(look_again * 2, EXIT_LOOK_S[1])
-        if on_wake is not None:
-            on_wake()
+        if on_wake is not None and on_wake(alive) and until_gone:
+            break
         alive = current()
         now = time.monotonic()
         if watch_fd is not None or not alive or now >= next_walk:
@@ -393,7 +396,7 @@ def execute(args, operator, started, source):
         args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
                            alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
         exit_wait = _until_exited(args, targets, source, started, timings,
-                                  on_wake=lambda: _finish_units(stops, audit, by_pid, targets=targets),
+                                  on_wake=lambda _alive: _finish_units(stops, audit, by_pid, targets=targets),
                                   units_done=lambda alive: _finish_units(stops, audit, by_pid,
                                                                          wait_s=1.0 if not alive else 0.0))
         # clients gone: the MPS daemon next
@@ -417,6 +420,8 @@ def execute(args, operator, started, source):
                                     if a["result"] == "sent" and a["signal"].startswith("SIG")),
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
                       ignored=result["ignored"], settle_ended=result["settle_ended"],
+                      restarters=result["restarters"], exiting_without_gpu=result["exiting_without_gpu"],
+                      left_alone_only=result["left_alone_only"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
                       uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
                       fork_watch_note=getattr(watch, "note", "no watch"),
@@ -450,10 +455,25 @@ def _until_exited(args, targets, source, started, timings, on_wake, units_done):
     timings["targets_exiting_s"] = None if alive else _since(started)
     exit_wait = time.monotonic()
     if not alive:
-        wait_gone(args, targets, args.timeout, source, started, "exit", until_gone=True,
-                  on_wake=lambda: targets.escalate(args.grace, among=targets.items))
+        def exit_wake(left):
+            targets.escalate(args.grace, among=targets.items)
+            return _released(source, left, args.max_used_mib)
+
+        wait_gone(args, targets, args.timeout, source, started, "exit", until_gone=True, on_wake=exit_wake)
     timings["targets_gone_s"] = None if targets.alive(targets.items + targets.added) else _since(started)
     return exit_wait
+
+
+def _released(source, left, max_used_mib):
+    """May the wait for these targets' exit end before it has? Yes when each is in its exit
+    (it runs no code: it cannot take a GPU again) and the GPU source, one that lists the GPUs'
+    processes (NVML), reads every GPU free with no process on it: a server unpinning a large
+    host-memory pool spends seconds in its exit after that (settle._pending sets it aside and
+    names it). Never with a source that lists no processes (nvidia-smi's costs a process per
+    read, the sandbox's none)."""
+    if getattr(source, "name", None) != "nvml" or gpuinfo.reads_free(source, max_used_mib) is not True:
+        return False
+    return all(procfs.exiting(t["pid"], t["start_time"]) for t in left)
 
 
 def _watch_window(args, source, targets, started, doc, the_plan, planned, settle, timeout_s):
@@ -471,7 +491,7 @@ def _watch_window(args, source, targets, started, doc, the_plan, planned, settle
     # what started them may start them again: their ancestry is watched as the others'
     lineage = settle.Lineage(doc, planned + the_plan.get("gone", []),
                              stopped={settle.manager_key(t) for t in planned if t.get("via", "signal") != "signal"},
-                             supervisors=the_plan["supervisors"])
+                             supervisors=the_plan["supervisors"], patterns=the_plan["patterns"])
     before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
     return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,
                         timeout_s=timeout_s, lineage=lineage)

@@ -6,17 +6,23 @@ Restart=always unit we could not stop through systemd) restarts the server 0.1 s
 last target exits, and a check made at that instant says "FREED" while the GPU is being
 taken again. So the GPUs are watched for a window (default 2 s) after they first read free.
 
-What counts as a respawn (the only thing that makes a free host NOT FREE): a process started
-during the teardown that
-  (a) is a target by program identity (a target pattern, or the same module, script,
-      executable or title as a signalled target: program.identity, never a shared
-      interpreter name such as `python3`), or has a CUDA context (scan.context_source), and
+What counts as a respawn: a process started during the teardown that
+  (a) is a target by a target pattern, has a CUDA context (scan.context_source), or runs the
+      same program as a target that a pattern named or that held a GPU (program.identity: the
+      module, script, executable or title; never a shared interpreter name such as `python3`,
+      a package, or a helper of a target's tree such as `sleep`), and
   (b) was started by something that survives from the original targets' ancestry (their
-      parents up to the session leader: a shell loop, a wrapper, a terminal's shell; never PID
-      1 or this agent's own chain), or by the manager of a target's unit or container (a
-      process that turns up in that unit or container).
+      parents up to the session leader, through launchers such as sudo and its monitor: a
+      shell loop, a wrapper, a terminal's shell; never PID 1 or this agent's own chain), or by
+      the manager of a target's unit or container (a process that turns up in that unit or
+      container).
 It is reported with what started it and what would stop it (`systemctl stop UNIT`,
-`docker stop NAME`, --stop-supervisors), never signalled (it was not in the plan). Nothing
+`docker stop NAME`, --stop-supervisors), never signalled (it was not in the plan).
+
+A restarter that has not restarted yet: a shell wrapper of the targets whose code loops
+(wrappers.loops: `while true; do python3 server.py; sleep 3; done`) and is alive when the
+verdict is due makes it NOT FREE however long the window was, named with the command that
+stops it: its next turn may come after any window. Nothing
 else restarts the window or makes the verdict NOT FREE: a monitor's poll (nvidia-smi holds
 device files and no context), a passing NVML query, an unrelated new job that is gone by the
 verdict. Those are listed in `ignored`, with why. A process that still holds a GPU with a
@@ -79,16 +85,21 @@ class Lineage:
     `near`: the starters' other descendants, not targets (a watcher subshell beside the server
     that starts it again): what they start counts as the starter's."""
 
-    def __init__(self, doc, planned, stopped=(), supervisors=()):
+    def __init__(self, doc, planned, stopped=(), supervisors=(), patterns=()):
         procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
         self.procs = procs
         mine = {t["pid"] for t in planned}
         self.starters: dict = {(s["pid"], s["start_time"]): s["cmdline"] for s in supervisors}
+        self.listed = set(self.starters)  # the plan's supervisors: what --stop-supervisors would stop
         self.managers: dict = {}
         self.identities = set()
+        self.pid1_loops = False
         for t in planned:
-            self.identities |= program.identity(t)
+            if rules.target_reason(t, patterns) or t.get("devices") or any((t.get("gpu_mib") or {}).values()):
+                self.identities |= program.identity(t)  # never a helper's (`sleep`): see the module
             self.starters.update(_ancestry(t["ppid"], procs, chain, mine))
+            if t["ppid"] == 1 and 1 in procs and 1 not in chain:
+                self.pid1_loops = self.pid1_loops or wrappers.loops(procs[1])
             key = manager_key(t)
             if key is not None:
                 managed = t.get("via", "signal") != "signal"
@@ -102,6 +113,94 @@ class Lineage:
         """The starters still alive, and the managers not stopped: what could restart a target."""
         alive = [(k, cmd) for k, cmd in self.starters.items() if procfs.same_process(*k)]
         return alive, {k: v for k, v in self.managers.items() if k not in self.stopped}
+
+    def restarters(self):
+        """[{pid, start_time, cmdline, why, include}] of the shell wrappers among the surviving
+        starters whose code loops (wrappers.loops), and PID 1 when it is such a loop and a
+        target's parent (a container whose main process restarts the server): each will start
+        a target again, whenever its loop comes round."""
+        out = []
+        for k in self.starters:
+            info = self.procs.get(k[0])
+            if info is None or info["start_time"] != k[1] or not procfs.same_process(*k) or not wrappers.loops(info):
+                continue
+            out.append({"pid": k[0], "start_time": k[1], "cmdline": info["cmdline"], "include": self.hint(info),
+                        "why": "is alive and runs a loop that starts the server again (its next turn may come "
+                               "after any settle window)"})
+        if self.pid1_loops:
+            info = self.procs[1]
+            out.append({"pid": 1, "start_time": info["start_time"], "cmdline": info["cmdline"],
+                        "include": _pid1_hint(), "why": "PID 1 runs a loop that starts the server again"})
+        return out
+
+    def hint(self, starter):
+        """What stops a starter, true to the letter: --stop-supervisors only for a process the
+        plan listed as a supervisor (that flag stops exactly those), its unit's or container's
+        stop for one a manager runs, else its own pid to end by hand."""
+        k = (starter["pid"], starter["start_time"])
+        owned = _owned(starter)
+        if k in self.listed:
+            return plan.supervisor_hint(owned, managed=False)
+        if starter["pid"] == 1:
+            return _pid1_hint()
+        if manager_key(owned) is not None:
+            return plan.supervisor_hint(owned)
+        if wrappers.kind(starter) is not None or wrappers.launcher(starter):
+            return ("end PID %d yourself (`kill %d`: %s): the plan did not list it as a supervisor, so "
+                    "--stop-supervisors would not stop it" % (starter["pid"], starter["pid"], starter["cmdline"][:60]))
+        return ("stop what PID %d runs (%s): it is no wrapper gpu-pivot stops (a terminal's shell, a multiplexer, "
+                "a daemon)" % (starter["pid"], starter["cmdline"][:60]))
+
+
+def _pid1_hint():
+    """PID 1 is never signalled: where it is a shell loop this is a container (or a PID
+    namespace) whose main process restarts the server; stopping the container does."""
+    where = _container_runtime()
+    host = _hostname()
+    if where == "docker":
+        return "stop the container from its host: `docker stop %s` (its hostname; or its name)" % host
+    if where == "podman":
+        return "stop the container from its host: `podman stop %s`" % (_containerenv("name") or host)
+    if where == "lxc":
+        return "stop the container from its node: `pct stop CTID` / `lxc-stop -n NAME` (hostname %s)" % host
+    return ("stop the container or PID namespace whose PID 1 this loop is, from outside it (hostname %s): "
+            "PID 1 is never signalled" % host)
+
+
+def _hostname():
+    import socket
+    return socket.gethostname()
+
+
+def _containerenv(key):
+    """A field of podman's /run/.containerenv (name=..., id=...), or None."""
+    try:
+        with open("/run/.containerenv") as f:
+            for line in f:
+                k, _, v = line.strip().partition("=")
+                if k == key:
+                    return v.strip('"') or None
+    except OSError:
+        pass
+    return None
+
+
+def _container_runtime():
+    """docker, podman, lxc or None: which runtime this agent runs inside, from the files and the
+    `container=` variable the runtimes leave in PID 1's environment."""
+    if os.path.exists("/.dockerenv"):
+        return "docker"
+    if os.path.exists("/run/.containerenv"):
+        return "podman"
+    try:
+        with open("/proc/1/environ", "rb") as f:
+            env = f.read(1 << 16).split(b"\0")
+    except OSError:
+        env = []
+    for item in env:
+        if item.startswith(b"container="):
+            return item[len(b"container="):].decode("ascii", "replace") or None
+    return None
 
 
 def _descendants(roots, procs, chain, mine):
@@ -123,32 +222,10 @@ def _descendants(roots, procs, chain, mine):
 
 
 def _ancestry(pid, procs, chain, mine):
-    """{(pid, start): cmdline} from `pid` up: stops after a session leader that is no wrapper
-    (a terminal's shell, a unit's main process) unless a wrapper started it (`while :; do
-    setsid python3 launch.py; done`: the loop restarts it, the launcher goes with its server),
-    at PID 1, at the agent's chain, and at a cycle (a pid reused between two reads)."""
-    out: dict = {}
-    seen = set()
-    while pid not in (0, 1) and pid in procs and pid not in chain and pid not in seen:
-        seen.add(pid)
-        info = procs[pid]
-        if pid not in mine:
-            out[(pid, info["start_time"])] = info["cmdline"]
-        if info["sid"] == pid and wrappers.kind(info) is None and not _started_by_wrapper(info, procs):
-            break
-        pid = info["ppid"]
-    return out
-
-
-def _started_by_wrapper(info, procs):
-    """Was this session leader started by a wrapper, or by a helper in a wrapper's session
-    (`while :; do flock LOCK setsid python3 launch.py; done`)? A terminal's shell is not:
-    its parent is sshd, a multiplexer or a terminal, each leading a session of its own."""
-    parent = procs.get(info["ppid"])
-    if parent is None or parent["pid"] in (0, 1):
-        return False
-    leader = procs.get(parent["sid"])
-    return wrappers.kind(parent) is not None or (leader is not None and wrappers.kind(leader) is not None)
+    """{(pid, start): cmdline} from `pid` up (wrappers.ancestry: through launchers, to the
+    session leader a wrapper did not start), but targets."""
+    return {(p, procs[p]["start_time"]): procs[p]["cmdline"] for p in wrappers.ancestry(pid, procs, chain)
+            if p not in mine}
 
 
 def manager_key(info):
@@ -182,9 +259,7 @@ def _classify(doc, targets, args, patterns, lineage, known):
             continue
         if not plan.in_scope(info, args) or rules.protect_reason(info, doc["_chain"], args.protect):
             continue
-        what = rules.target_reason(info, patterns) or (
-            program.identity(info) & lineage.identities and "runs the same program as a target") or (
-            pid in context and "has a CUDA context")
+        what = _what(info, patterns, lineage, pid in context)
         if not what:
             if any(h["pid"] == pid for h in doc["holders"]):
                 ignored[k] = _ignored(info, "holds GPU device files, no CUDA context and no target program "
@@ -197,12 +272,21 @@ def _classify(doc, targets, args, patterns, lineage, known):
             continue
         started_by, hint = by
         respawns[k] = _respawn(info, what, doc["holders"], pid in context, started_by, hint)
-    for k, what, before in _exec_in_place(procs, args, patterns, lineage, known, doc["_chain"]):
+    for k, what, before in _exec_in_place(procs, args, patterns, lineage, known, doc["_chain"], context):
         info = procs[k[0]]
         respawns[k] = _respawn(info, what, doc["holders"], k[0] in context,
                                "itself: it ran `%s` and exec'd a target program in place (bash runs a -c "
-                               "string's last command that way)" % before[:80], _stop_hint(_owned(info)))
+                               "string's last command that way)" % before[:80],
+                               "it is the server now (PID %d): run the teardown again, which stops it" % k[0])
     return respawns, ignored
+
+
+def _what(info, patterns, lineage, context):
+    """Why a process started during the teardown may be a target started again, or None: a
+    target pattern names it, it has a CUDA context, or it runs a program that a target a
+    pattern named or that held a GPU ran (not a helper of a target's tree, not a package)."""
+    return rules.target_reason(info, patterns) or (context and "has a CUDA context") or (
+        program.identity(info) & lineage.identities and "runs the same program as a target")
 
 
 def _respawn(info, what, holders, context, started_by, hint):
@@ -215,7 +299,7 @@ def _respawn(info, what, holders, context, started_by, hint):
                    % (what, "holding a GPU" if held or context else "not holding a GPU yet", started_by)}
 
 
-def _exec_in_place(procs, args, patterns, lineage, known, chain):
+def _exec_in_place(procs, args, patterns, lineage, known, chain, context):
     """[((pid, start), why, the command line it ran)] of the surviving starters (and their
     other descendants) that exec'd a target program: a process keeps its pid and start time
     across exec, so `bash -c "SERVER; SERVER"` becomes the second server in place, and a
@@ -229,8 +313,7 @@ def _exec_in_place(procs, args, patterns, lineage, known, chain):
                 or info.get("arg_start") == then.get("arg_start") or procfs.finished(info)
                 or not plan.in_scope(info, args) or rules.protect_reason(info, chain, args.protect)):
             continue
-        what = rules.target_reason(info, patterns) or (
-            program.identity(info) & lineage.identities and "runs the same program as a target")
+        what = _what(info, patterns, lineage, k[0] in context)
         if what:
             out.append((k, what, cmdline))
     return out
@@ -245,23 +328,16 @@ def _respawned_by(info, procs, since_ticks, lineage, what):
     if starter is not None:
         k = (starter["pid"], starter["start_time"])
         if k in lineage.starters or k in lineage.near:
-            return _parent_text(procs, k[0]), _stop_hint(_owned(starter))
+            return _parent_text(procs, k[0]), lineage.hint(starter)
     key = manager_key(_owned(info))
     if key is not None and key in lineage.managers and key not in lineage.stopped:  # a stop job's own ExecStop
         return "its %s" % _manager_words(key), lineage.managers[key]
     if (starter is None or starter["pid"] == 1) and what != "has a CUDA context":
+        if lineage.pid1_loops and (starter is None or info["ppid"] == 1):
+            return "PID 1: %s" % procs[1]["cmdline"][:100], _pid1_hint()
         return ("a process that left at once (it was reparented to PID 1: a double fork, as a watchdog does)",
                 "find what starts it: nothing the teardown saw does")
     return None
-
-
-def _stop_hint(starter):
-    """The hint for a starter: --stop-supervisors for a wrapper (plan.supervisor_hint), else (a
-    terminal's shell, a multiplexer, a daemon such as cron) words that say it is not ours to stop."""
-    if wrappers.kind(starter) is not None:
-        return plan.supervisor_hint(starter, managed=False)
-    return ("stop what PID %d runs (%s): it is no wrapper gpu-pivot stops (a terminal's shell, a multiplexer, "
-            "a daemon)" % (starter["pid"], starter["cmdline"][:60]))
 
 
 def _owned(info):
@@ -286,6 +362,7 @@ class _Seen:
 
     def __init__(self, args, targets, lineage, before):
         self.args, self.targets, self.lineage, self.before = args, targets, lineage, set(before)
+        self.restarters: list = []
         self.patterns = plan.patterns_of(args)
         self.known = reusable_records(lineage, targets.since_ticks)
         self.respawned: dict = {}
@@ -343,6 +420,20 @@ class _Seen:
                 and (info["pid"], info["start_time"]) not in targets.keys and not procfs.finished(info)
                 and plan.in_scope(info, self.args)]
 
+    def only_left(self, doc):
+        """Is all that keeps the GPUs from free what the plan left alone (--only-matching, out of
+        the scope, protected with a context): holders the plan saw, none new, and no GPU process
+        but theirs? Then the verdict, NOT FREE, needs no waiting for --timeout: nothing this
+        teardown does will move them."""
+        if doc.get("denied") or doc.get("proc_hidden"):
+            return False
+        lists = doc.get("context_source")
+        obstacles = [h for h in doc["holders"] if not h["protected"] or verify.has_context(h, lists)]
+        if not obstacles or any((h["pid"], h["start_time"]) not in self.before for h in obstacles):
+            return False
+        listed = {p["pid"] for g in doc["gpus"] for p in g["processes"]}
+        return listed <= {h["pid"] for h in obstacles}
+
     def problems(self, problems, pending):
         """The verdict's problem lines: every respawn, and targets that have not exited."""
         out = problems + ["pid %d (%s): %s%s" % (a["pid"], verify.who(a), a["why"], "" if procfs.same_process(
@@ -350,6 +441,25 @@ class _Seen:
         return out + ["pid %d (%s) has not exited (%s)" % (
             t["pid"], verify.who(t),
             "in its exit" if procfs.exiting(t["pid"], t["start_time"]) else "still running") for t in pending]
+
+
+def _pending(targets, doc):
+    """(targets not exited, [those of them set aside]): a target in its exit (procfs.exiting:
+    it runs no code, it cannot take a GPU again) that the GPU source lists on no GPU and that
+    holds no GPU memory is set aside, where the source lists the GPUs' processes
+    (context_source): a server unpinning a large host-memory pool takes seconds in its exit
+    after the GPU reads free. Named in the result as "exiting, holds no GPU memory"."""
+    alive = targets.alive(targets.items + targets.added)
+    if not alive or not doc.get("context_source"):
+        return alive, []
+    listed = {p["pid"] for g in doc["gpus"] for p in g["processes"]}
+    held = {h["pid"] for h in doc["holders"] if h["gpu_mib"]}
+    aside = [t for t in alive if t["pid"] not in listed and t["pid"] not in held
+             and procfs.exiting(t["pid"], t["start_time"])]
+    keys = {(t["pid"], t["start_time"]) for t in aside}
+    return ([t for t in alive if (t["pid"], t["start_time"]) not in keys],
+            [{"pid": t["pid"], "start_time": t["start_time"], "cmdline": t.get("cmdline", ""),
+              "why": "exiting, holds no GPU memory"} for t in aside])
 
 
 def watch(args, source, targets, started, before=(), on_poll=None, on_free=None, timeout_s=None, lineage=None):
@@ -364,7 +474,9 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
     timeout = args.timeout if timeout_s is None else timeout_s
     seen = _Seen(args, targets, lineage or Lineage({"_procs": {}, "_chain": set()}, []), before)
     free_at, announced, last_progress = None, False, 0.0
+    stable = None  # ("free" or "left", since when): the state whose window is being watched
     window, ended_early = args.settle, None
+    exiting: list = []
     while True:
         if free_at is None and not targets.alive(targets.items + targets.added):
             gpuinfo.until_reads_free(source, args.max_used_mib,
@@ -372,25 +484,28 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
         scanned_at = time.monotonic()
         doc, free, problems, new = seen.look(source)
         now = time.monotonic()
-        pending = targets.alive(targets.items + targets.added)
-        if free and not pending and not new:
-            if free_at is None:
-                free_at = scanned_at
-                seen.first_free = seen.first_free or {
-                    "confirm_proc_ms": doc.get("proc_scan_ms"), "confirm_gpu_ms": doc.get("gpu_read_ms"),
-                    "confirmed_s": round(time.monotonic() - started, 3)}
+        pending, exiting = _pending(targets, doc)
+        state = "free" if free else ("left" if not pending and not new and seen.only_left(doc) else None)
+        if state and not pending and not new:
+            if stable is None or stable[0] != state:
+                stable = (state, scanned_at)
                 window, ended_early = seen.window(doc)
-                if on_free and not announced:
-                    announced = True
-                    on_free(round(free_at - started, 3), window)
-            if now - free_at >= window:
+                if state == "free":
+                    free_at = scanned_at
+                    seen.first_free = seen.first_free or {
+                        "confirm_proc_ms": doc.get("proc_scan_ms"), "confirm_gpu_ms": doc.get("gpu_read_ms"),
+                        "confirmed_s": round(time.monotonic() - started, 3)}
+                    if on_free and not announced:
+                        announced = True
+                        on_free(round(free_at - started, 3), window)
+            if now - stable[1] >= window:
                 break
-        elif new or pending or free_at is None:
-            free_at = None  # a respawn (or a target not yet gone) starts the window again
+        elif new or pending or stable is None:
+            free_at = stable = None  # a respawn (or a target not yet gone) starts the window again
             announced = announced and not new  # the verdict changed: the next free is news again
         # a free stretch already begun is watched to its whole window even past --timeout (cut
         # short, a respawn at 1 s of a 5 s window would go unseen)
-        if now - t0 >= timeout and (free_at is None or not free):
+        if now - t0 >= timeout and (stable is None or not state):
             break
         if seen.first_respawn and not pending and now - seen.first_respawn >= args.settle:
             free = False
@@ -401,7 +516,17 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
         time.sleep(verify.POLL_S)
     problems = seen.problems(problems, pending if free else [])  # free, but a target not exited: not enough
     free = free and not pending and not seen.respawned
-    return {"free": free, "doc": doc, "problems": problems,
+    if stable is not None and stable[0] == "left" and not free:
+        problems = problems + ["only what the plan left alone still holds a GPU: nothing this teardown does "
+                               "moves it, so the verdict did not wait for --timeout"]
+    restarters = seen.lineage.restarters()  # alive now: whatever the window saw, the next turn may come
+    if restarters:
+        free = False
+        problems = problems + ["pid %d (%s) %s; stop it: %s" % (r["pid"], r["cmdline"][:80], r["why"], r["include"])
+                               for r in restarters]
+    return {"free": free, "doc": doc, "problems": problems, "restarters": restarters,
+            "left_alone_only": stable is not None and stable[0] == "left",
+            "exiting_without_gpu": exiting if free else [],
             "appeared": list(seen.respawned.values()), "ignored": list(seen.ignored.values()), "scans": seen.scans,
             "first_free": seen.first_free, "settle_ended": ended_early if free else None, "window_s": window,
             "free_at_s": None if free_at is None else round(free_at - started, 3),
