@@ -440,15 +440,20 @@ def test_a_gate_that_is_a_shell_group_runs_as_a_command(tmp_path):
 
 def test_hosts_file_lookup_order(tmp_path, monkeypatch):
     from scripts.config import hostconfig
+    from tests.conftest import checkout_copy
 
-    beside = tmp_path / "repo" / "hosts.env"
-    beside.parent.mkdir()
+    assert hostconfig.REPO_HOSTS_FILE == REPO / "hosts.env"  # the real path, beside tasks.py
+    clone = checkout_copy(tmp_path / "repo")
+    beside = clone / "hosts.env"
     beside.write_text("GPU1_SSH=root@192.0.2.10\n")
-    sub = REPO / "runbooks"
-    monkeypatch.chdir(sub)  # an operator in runbooks/, where Invoke still finds tasks.py
+    beside.chmod(0o600)
+    (clone / "runbooks").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "GPU_PIVOT_HOSTS_FILE"}
+    # an operator in runbooks/, where Invoke still finds tasks.py: the clone's own code resolves it
+    out = subprocess.run([sys.executable, "-m", "invoke", "hosts", "--names"], cwd=clone / "runbooks", env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "gpu1" in out.stdout.split(), out
     monkeypatch.delenv("GPU_PIVOT_HOSTS_FILE", raising=False)
-    monkeypatch.setattr(hostconfig, "REPO_HOSTS_FILE", beside)
-    assert "gpu1" in hostconfig.load_hosts()
     other = tmp_path / "other.env"
     other.write_text("GPU2_SSH=root@192.0.2.11\n")
     monkeypatch.setenv("GPU_PIVOT_HOSTS_FILE", str(other))

@@ -65,7 +65,8 @@ class Host:
         return f"{self.route.describe()}{label}"
 
 
-REPO_HOSTS_FILE = Path(__file__).resolve().parent.parent / "hosts.env"  # beside tasks.py
+# beside tasks.py: this file is scripts/config/hostconfig.py, two folders below it
+REPO_HOSTS_FILE = Path(__file__).resolve().parents[2] / "hosts.env"
 
 
 def hosts_file() -> Path:
