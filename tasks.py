@@ -16,9 +16,10 @@ disk, an I/O error: the task ran to its end, its own code named on stderr); 126/
 a command not executable / not found, 128+N `run` of a command killed by signal N; 130
 interrupted by Ctrl-C (the host side continues); 141 the reader closed the pipe of Invoke's
 own --list, --help or --version (a task's reader closing it changes nothing: the task runs to
-its end and exits with its own code). Invoke's own parser is the exception: a command line it
-cannot read (unknown task or flag, a flag missing its value) exits 1 with "No idea what
-..." on stderr before any task runs, so nothing reached a host. One task per command line:
+its end and exits with its own code). A command line Invoke's parser cannot read (unknown task
+or flag, a flag missing its value) exits 2 with one line on stderr, a typo's nearest task or
+flag included ("did you mean teardown?"), before any task runs (scripts/cli/parse_errors.py;
+the core flags' own by output_guard). One task per command line:
 a second one is refused (exit 2) before the first runs (scripts/cli/executor.py, named by
 invoke.json beside this file).
 Hosts come from $GPU_PIVOT_HOSTS_FILE, else hosts.env beside this file, else ./hosts.env
@@ -28,9 +29,10 @@ import os
 
 from invoke import Collection
 
-from scripts.cli import about, audit, executor, gpu, hosts, output_guard, phases, reset, sandbox, slurm
+from scripts.cli import about, audit, executor, gpu, hosts, output_guard, parse_errors, phases, reset, sandbox, slurm
 
 output_guard.install()  # Invoke's own --list and --help: a closed pipe exits 141, a full disk 10 (also by .pth)
+parse_errors.install()  # a command line Invoke cannot read exits 2 (usage), naming the nearest task or flag
 executor.check_project_config(os.path.dirname(os.path.abspath(__file__)))
 
 ns = Collection(

@@ -200,12 +200,12 @@ def test_without_json_errors_stay_off_stdout():
 
 
 def test_invokes_own_parser_errors_are_the_documented_exception():
-    """Invoke reads the command line before any task runs; its errors are not ours to shape.
-    README says so; this pins what it does, so the README stays true."""
+    """Invoke reads the command line before any task runs: its errors are bad input (exit 2)
+    but no task's, so stdout stays empty even with --json. README says so; this pins it."""
     res = invoke("status", "--json", "--hots", "x")
-    assert res.returncode == 1 and res.stdout == b"" and b"No idea what '--hots' is!" in res.stderr
+    assert res.returncode == 2 and res.stdout == b"" and b"has no flag '--hots'" in res.stderr
     readme = (REPO / "README.md").read_text()
-    assert "The one exception is Invoke's own" in readme and "No idea what" in readme
+    assert "The one exception is Invoke's own" in readme and "did you mean" in readme
 
 
 # -- 5 and 7. screens: a PPID column, audit hosts whole, tables that fit 60 columns ---------------------

@@ -21,6 +21,7 @@ import sys
 
 CLOSED_PIPE = 141  # contract.EXIT_CLOSED_PIPE (tests/test_hostile_output.py checks they agree)
 OUTPUT_FAILED = 10  # contract.EXIT_OUTPUT
+USAGE = 2  # contract.EXIT_USAGE
 FAILED_WRITE = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
 
 
@@ -133,8 +134,19 @@ _EXIT: list = []
 _UNSURE = object()
 
 
+def _parse_error_reported():
+    """Is Invoke ending on its parser's error (sys.exit called while it handles a ParseError)?"""
+    handled = sys.exc_info()[1]
+    return type(handled).__name__ == "ParseError" and type(handled).__module__.startswith("invoke")
+
+
 def _noting_exit(real_exit):
     def exit(code=None):  # noqa: A001 - sys.exit's own name and signature
+        if code == 1 and _parse_error_reported():
+            # Invoke gives its parser's errors 1, "done but not free": a command line it could not
+            # read is bad input, and nothing ran (scripts/cli/parse_errors.py words most of them;
+            # this is for the core flags, read before tasks.py loads: `invoke -c` without a value)
+            code = USAGE
         _EXIT[:] = [code or 0] if code is None or (isinstance(code, int) and not isinstance(code, bool)) \
             else [_UNSURE]
         return real_exit(code)
