@@ -90,7 +90,7 @@ def test_before_its_first_signal_the_agent_has_loaded_only_what_signalling_needs
 def test_a_bundle_that_cannot_be_built_stops_the_call_and_nothing_runs(ps, monkeypatch):
     parent, workers = ps.server(tp=1)
 
-    def broken(compiled=False):
+    def broken(compiled=False, subcommand=None):
         raise FileNotFoundError("scripts/agent/teardown/run.py is imported by the agent but does not exist")
 
     monkeypatch.setattr(transport, "agent_stream", broken)
@@ -265,7 +265,7 @@ def test_the_operator_reads_what_happened_when_the_post_signal_steps_could_not_l
     parent, workers = ps.server(tp=1)
     sources = bundle.agent_sources()
     sources["agent.teardown.settle"] = "def watch(:\n"
-    monkeypatch.setattr(transport, "agent_stream", lambda compiled=False: _stream_of(sources))
+    monkeypatch.setattr(transport, "agent_stream", lambda compiled=False, subcommand=None: _stream_of(sources))
     result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
     assert result.code == contract.EXIT_UNREACHABLE
     text = teardown_view.report("local", result)
@@ -279,7 +279,7 @@ def test_the_operator_reads_not_started_when_the_agent_is_incomplete(ps, monkeyp
     parent, workers = ps.server(tp=1)
     sources = bundle.agent_sources()
     del sources["agent.teardown.verify"]
-    monkeypatch.setattr(transport, "agent_stream", lambda compiled=False: _stream_of(sources))
+    monkeypatch.setattr(transport, "agent_stream", lambda compiled=False, subcommand=None: _stream_of(sources))
     result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
     assert result.code == contract.EXIT_UNREACHABLE
     assert teardown_view.report("local", result) == (

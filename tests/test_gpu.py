@@ -120,3 +120,37 @@ def test_devices_glob_of_other_files_is_refused_on_a_real_host(hosts_env):
     out = invoke("status", "--host", "local")
     assert out.returncode == 2
     assert b"is not an NVIDIA character device" in out.stderr
+
+
+def test_a_server_unpinning_a_large_host_pool_is_freed_when_the_gpu_reads_free(tmp_path):
+    """A torch server with GPU memory and a 32 GiB pinned host pool: its exit unpins for seconds
+    after NVML reads 0 MiB and lists no process for it. The verdict is FREED then, naming it
+    "exiting, holds no GPU memory", not after the exit (bench/exiting_pinned.py measures it)."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    from scripts.agent.procs import procfs
+
+    token = f"gpupivot-test-{os.getpid()}-pinned"
+    ready = tmp_path / "pinned.ready"
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "gpu_pinned_server.py"), "--token", token,
+                             "--gpu-gib", "8", "--pinned-gib", "32", "--ready", str(ready)], start_new_session=True)
+    try:
+        deadline = time.monotonic() + 300
+        while not ready.exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "the pinned server did not start"
+            time.sleep(0.1)
+        start = procfs.start_time(proc.pid)
+        host = build_host("local", {"PYTHON": sys.executable, "TARGETS": r"gpu_pinned_server\.py", "SCOPE": token},
+                          "test")
+        result = call_agent(host, "teardown", ["--grace", "10", "--timeout", "60"], deadline_s=180)
+        still_exiting = procfs.same_process(proc.pid, start)
+        assert result.code == 0, result.doc["problems"]
+        named = [e["pid"] for e in result.doc["exiting_without_gpu"]]
+        assert named == [proc.pid], (named, still_exiting)
+        assert [g["used_mib"] for g in result.doc["after"]] == [0] * gpu_count()
+    finally:
+        proc.kill()
+        proc.wait(120)

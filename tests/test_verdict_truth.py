@@ -31,7 +31,7 @@ import pytest
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
 from tests.procs import alive, children, tmux_pane, wait_for
-from tests.test_respawn_rules import ready_pid, server_cmd, shell
+from tests.test_respawn_rules import ready_pid, server_cmd, server_pkg, shell
 from tests.test_teardown_honesty import host
 
 TARGETS = r"xsrv\.launch_server"
@@ -266,3 +266,31 @@ def test_only_matching_gives_its_verdict_once_only_the_holders_it_left_remain(ps
     assert not alive(server) and alive(other)
     assert any(f"pid {other}" in p for p in result.doc["problems"]), result.doc["problems"]
     assert result.doc["left_alone_only"] is True  # the verdict came from that, not from --timeout
+
+
+# -- another person's work ---------------------------------------------------------------------
+
+def test_another_persons_idle_copy_of_a_target_is_left_and_named_unless_all_users(shared_ps, second_user):
+    """Root's default teardown: a second user's `-m xsrv.launch_server` that holds no GPU is left
+    and named in the plan with its owner; that user's copy holding a GPU is stopped (the GPUs
+    must be freed); --all-users stops the idle one too."""
+    ps = shared_ps
+    pkg = server_pkg(ps)
+    rw = ps.base / "rw"
+    rw.mkdir()
+    os.chmod(rw, 0o777)
+    env = second_user.env(PYTHONPATH=str(pkg))
+    run = [second_user.python, "-m", "xsrv.launch_server", "--ready"]
+    idle = second_user.popen([*run, str(rw / "idle.ready")], env=env).pid
+    busy = second_user.popen([*run, str(rw / "busy.ready"), "--hold", str(ps.devdir / "nvidia0")], env=env).pid
+    for name in ("idle", "busy"):
+        ready_pid(rw / f"{name}.ready")
+    result = teardown(ps)
+    assert result.code == 0, result.doc["problems"]
+    assert alive(idle) and not alive(busy)
+    left = {r["pid"]: r["reason"] for r in result.doc["plan"]["left_alone"]}
+    assert idle in left and f"another person ({second_user.name}, uid {second_user.uid})" in left[idle], left
+    assert idle not in [a["pid"] for a in result.doc["actions"]]  # not even the early batch's SIGTERM
+    result = teardown(ps, "--all-users")
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(idle)

@@ -8,99 +8,30 @@ it is printed bare; otherwise a short human summary is printed. Progress lines
 (`--progress`, contract.progress_line) go to stdout before the result.
 """
 import argparse
+import importlib
 import json
 import os
 import sys
 
-from . import contract, options
+from . import contract, options, subcommands
 from .procs import devices
 from .state import lastrun
 from .teardown import rules
 
-
-# Each subcommand's module is imported only when it is the one asked for: a teardown, whose
-# time to FREED is measured, must not pay for ping's platform/shutil/socket or the phase
-# modules' urllib, http and email (~70 ms). One function per module, with a plain
-# `from . import` in it: that is how bundle.py finds what to ship.
-def _ping():
-    from . import ping
-    return ping
-
-
-def _scan():
-    from .procs import scan
-    return scan
-
-
-def _verify():
-    from .teardown import verify
-    return verify
-
-
-def _plan():
-    from .teardown import plan
-    return plan
-
-
-def _teardown():
-    from .teardown import run as teardown
-    return teardown
-
-
-def _phase():
-    from .phases import run as phase
-    return phase
-
-
-def _drain():
-    from .phases import drain  # urllib: ~30 ms of imports a teardown does not need
-    return drain
-
-
-def _gates():
-    from .phases import gates
-    return gates
-
-
-def _lint():
-    from .phases import lint
-    return lint
-
-
-def _deploy():
-    from .phases import deploy
-    return deploy
-
-
-def _reset():
-    from .gpu import reset
-    return reset
-
-
-# name -> a module or class with add_arguments(parser) and run(args), or a function that
-# imports it (above).
-MODULES: dict = {
-    "ping": _ping,
-    "scan": _scan,
-    "verify": _verify,
-    "plan": _plan,
-    "teardown": _teardown,
-    "phase-start": lambda: _phase().Start,
-    "phase-ready": lambda: _phase().Ready,
-    "phase-stop": lambda: _phase().Stop,
-    "phase-logs": lambda: _phase().Logs,
-    "smoke": lambda: _phase().Smoke,
-    "drain": _drain,
-    "gates": _gates,
-    "lint": _lint,
-    "deploy": _deploy,
-    "reset": _reset,
-}
+# name -> (module, class) from subcommands.MODULES, or a module or class with
+# add_arguments(parser) and run(args) put here directly. A subcommand's module is imported
+# only when it is the one asked for, by name (subcommands.py says why), so what a call
+# imports is this module's own imports and that one module's: the bundle ships exactly that.
+MODULES: dict = dict(subcommands.MODULES)
 
 
 def module_for(name):
     entry = MODULES[name]
-    return entry if hasattr(entry, "run") else entry()
+    if hasattr(entry, "run"):
+        return entry
+    module, attr = entry
+    loaded = importlib.import_module("." + module, __package__)
+    return getattr(loaded, attr) if attr else loaded
 
 
 def progress(args, **fields):

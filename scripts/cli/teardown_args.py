@@ -23,6 +23,8 @@ SELECTION_HELP = {
     "stop_supervisors": "also stop a free-standing supervisor of the targets: a `bash -c` or script outside any"
                         " unit or container that waits for them or restarts them in a loop (the plan names it;"
                         " without this flag it is never signalled, and a restart it makes is NOT FREE)",
+    "all_users": "also stop another person's copy of a target program that holds no GPU here (by default a"
+                 " target of a uid >= UID_MIN other than yours that holds no GPU is left and named)",
 }
 
 TEARDOWN_HELP = dict(
@@ -43,7 +45,7 @@ WAIT_LOCK, MAX_USED_MIB = num(defaults.WAIT_LOCK_S), str(defaults.MAX_USED_MIB)
 
 
 def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout=TIMEOUT, wait_lock=WAIT_LOCK,
-            max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_supervisors=False, mps="protect"):
+            max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_supervisors=False, mps="protect", all_users=False):
     """The teardown the task flags ask for (transport.TeardownRequest), each flag checked
     (ConfigError names it). Used by `invoke teardown`, `invoke plan` (its selection) and the
     teardown step of `invoke pivot`."""
@@ -53,7 +55,7 @@ def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout
 
     req = TeardownRequest(
         match=tuple(cliargs.pattern("match", p) for p in match or []), only_matching=bool(only_matching),
-        disable=bool(disable), stop_supervisors=bool(stop_supervisors),
+        disable=bool(disable), stop_supervisors=bool(stop_supervisors), all_users=bool(all_users),
         grace=cliargs.seconds("grace", grace), timeout=cliargs.seconds("timeout", timeout),
         wait_lock=cliargs.seconds("wait-lock", wait_lock), max_used_mib=cliargs.whole("max-used-mib", max_used_mib),
         operator=operator(), settle=cliargs.seconds("settle", settle) if settle != SETTLE else None,
@@ -63,9 +65,10 @@ def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout
     return req
 
 
-def selection(match, only_matching: bool, disable: bool, stop_supervisors: bool = False) -> list:
+def selection(match, only_matching: bool, disable: bool, stop_supervisors: bool = False,
+              all_users: bool = False) -> list:
     """The agent flags that choose targets (plan and teardown take the same), checked."""
-    return request(match, only_matching, disable, stop_supervisors=stop_supervisors).selection()
+    return request(match, only_matching, disable, stop_supervisors=stop_supervisors, all_users=all_users).selection()
 
 
 def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | None = None) -> dict:

@@ -32,7 +32,7 @@ HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
 # Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
 # alias "gpu1_ssh" + "OPTS".
 KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "BECOME", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT",
-                  "SCOPE")
+                  "SCOPE_UID", "SCOPE")
 _BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 _SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
@@ -165,8 +165,16 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
     fake = _yes_no(key("FAKE_DEVICES"), keys["FAKE_DEVICES"]) if "FAKE_DEVICES" in keys else False
     phases = {k[1]: build_phase(alias, k[1], v) for k, v in keys.items() if isinstance(k, tuple)}
     scope = keys.get("SCOPE") or None  # narrows targets to command lines containing it (see hosts.env.example)
+    scope_uid = _uid(key("SCOPE_UID"), keys["SCOPE_UID"]) if "SCOPE_UID" in keys else None
     return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
-                source=source, phases=phases)
+                scope_uid=scope_uid, source=source, phases=phases)
+
+
+def _uid(key: str, value: str) -> int:
+    """A uid: digits only (a user name would be looked up on this machine, not the host)."""
+    if not (value.isascii() and value.isdigit()) or int(value) > 2**32 - 2:
+        raise ConfigError(f"{key}={show(value)}: not a uid (a number; `id -u NAME` on the host gives it)")
+    return int(value)
 
 
 def _group(values: dict, source: str, lines: dict | None = None) -> dict:

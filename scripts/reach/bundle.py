@@ -9,10 +9,13 @@ sends it, and the sources themselves are unchanged, so a traceback on the host s
 names the right file and line. A module is compiled on the host when it is first
 imported, so a subcommand pays only for the modules it uses (cli.py imports them late).
 
-Only what the agent imports ships: the modules reachable from agent/cli.py by relative
-import (function-level imports included; `from ..procs import procfs` ships the package
-`procs` too), not every file in scripts/agent, so a module the agent no longer uses stops
-costing bytes on every call.
+Only what the call imports ships: the modules reachable by relative import (function-level
+imports included; `from ..procs import procfs` ships the package `procs` too) from
+agent/cli.py and from the one module that runs the call's subcommand (agent/subcommands.py
+names it; cli.py imports it by that name), not every file in scripts/agent: a status or a
+verify carries no teardown or phase code, and a module the agent no longer uses stops
+costing bytes on every call. Without a subcommand (the Ansible payload, which runs any) the
+bundle carries every subcommand's modules.
 
 Why it is cheap to build: it is built on every `invoke` call before the agent can start,
 so it is on the path from Enter to FREED. Imports are found with one regular expression
@@ -32,6 +35,8 @@ import re
 import zlib
 from functools import lru_cache
 from pathlib import Path
+
+from ..agent.subcommands import MODULES as SUBCOMMAND_MODULES
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 ENTRY = "cli"
@@ -130,10 +135,15 @@ def module_path(name: str) -> Path:
     return path / "__init__.py" if name in _index()[1] else path.with_suffix(".py")
 
 
-def agent_modules() -> list:
-    """The agent modules and packages reachable from cli.py by import, sorted (names dotted
-    within the agent, without `agent.`)."""
-    seen, todo = set(), [ENTRY]
+def agent_modules(subcommand: str | None = None) -> list:
+    """The agent modules and packages a call of `subcommand` can import (every subcommand's
+    with None): those reachable by import from cli.py and from the subcommand's own module,
+    sorted (names dotted within the agent, without `agent.`)."""
+    if subcommand is not None and subcommand not in SUBCOMMAND_MODULES:
+        raise ValueError(f"unknown agent subcommand {subcommand!r}")
+    runs = [SUBCOMMAND_MODULES[subcommand]] if subcommand is not None else SUBCOMMAND_MODULES.values()
+    seen: set = set()
+    todo = [ENTRY] + [module for module, _ in runs]
     while todo:
         name = todo.pop()
         if name in seen:
@@ -143,17 +153,17 @@ def agent_modules() -> list:
             raise FileNotFoundError(f"scripts/agent/{name.replace('.', '/')}.py is imported by the agent "
                                     "but does not exist")
         seen.add(name)
-        todo.extend(imported_modules(name, path.read_text()) - seen)
+        todo.extend((imported_modules(name, path.read_text()) | _with_packages(name.split(".")[:-1])) - seen)
     return sorted(seen)
 
 
-def agent_sources(stripped: bool = True) -> dict:
-    """{module: source} of what ships (dotted names: "agent", "agent.procs", "agent.procs.procfs");
-    `stripped`: docstrings and comment lines out (strip_source, kept beside Python's own cache:
-    shipped_source), as every call sends them."""
+def agent_sources(stripped: bool = True, subcommand: str | None = None) -> dict:
+    """{module: source} of what ships for `subcommand` (agent_modules; dotted names: "agent",
+    "agent.procs", "agent.procs.procfs"); `stripped`: docstrings and comment lines out
+    (strip_source, kept beside Python's own cache: shipped_source), as every call sends them."""
     read = shipped_source if stripped else (lambda path: path.read_text())
     sources = {"agent": read(module_path(""))}
-    for name in agent_modules():
+    for name in agent_modules(subcommand):
         sources[f"agent.{name}"] = read(module_path(name))
     return sources
 
@@ -286,11 +296,12 @@ def compiled_code(names) -> bytes:
     return marshal.dumps(code) if code else b""
 
 
-@lru_cache(maxsize=2)
-def agent_payload(compiled: bool = False) -> bytes:
+@lru_cache(maxsize=64)
+def agent_payload(compiled: bool = False, subcommand: str | None = None) -> bytes:
     """The script for `python3 -` (stdin is the script): Ansible's task and direct runs.
-    Cached: it is the same for every host of a run. `compiled`: see agent_stream()."""
-    sources = agent_sources()
+    Cached: it is the same for every host of a run. `compiled`: see agent_stream();
+    `subcommand`: only what that subcommand imports (agent_modules), else every one's."""
+    sources = agent_sources(subcommand=subcommand)
     blob = base64.b64encode(zlib.compress(json.dumps(sources, sort_keys=True).encode(), 6)).decode()
     code = compiled_code(sources) if compiled else b""
     code_blob = base64.b64encode(zlib.compress(code, 6)).decode() if code else ""
@@ -312,8 +323,8 @@ _CODE = _D[_J + 1:]
 """
 
 
-@lru_cache(maxsize=2)
-def agent_stream(compiled: bool = False) -> bytes:
+@lru_cache(maxsize=64)
+def agent_stream(compiled: bool = False, subcommand: str | None = None) -> bytes:
     """What the transport writes to the agent's stdin, for `python3 -S -c contract.BOOT - ...`
     (contract.agent_argv(stream=True)): one zlib stream of the loader script, NUL, the
     sources as JSON, NUL, and with `compiled` the marshalled bytecode of this interpreter.
@@ -324,9 +335,10 @@ def agent_stream(compiled: bool = False) -> bytes:
     one): compiling the ~30 modules of a teardown costs ~50 ms on every call, before the
     first signal; the host uses it only when its Python has the same magic number, else it
     compiles the sources as usual. Not for ssh hosts: their Python is often another, and the
-    bytes would travel for nothing.
+    bytes would travel for nothing. `subcommand`: only what that subcommand imports
+    (agent_modules), else every subcommand's.
     """
-    sources = agent_sources()
+    sources = agent_sources(subcommand=subcommand)
     script = _STREAM_HEAD + f"_CODE_MAGIC = {importlib.util.MAGIC_NUMBER!r}\n" + _LOADER
     body = b"\0".join([script.encode(), json.dumps(sources, sort_keys=True).encode(),
                        compiled_code(sources) if compiled else b""])

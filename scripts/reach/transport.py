@@ -107,6 +107,7 @@ class TeardownRequest:
     only_matching: bool = False
     disable: bool = False
     stop_supervisors: bool = False
+    all_users: bool = False
     mps_quit: bool = False
     approved: str | None = None  # "pid:start,...": only these are signalled
 
@@ -115,6 +116,7 @@ class TeardownRequest:
         args = ["--match=" + m for m in self.match]  # =: a pattern may start with "-"
         args += ["--only-matching"] if self.only_matching else []
         args += ["--disable"] if self.disable else []
+        args += ["--all-users"] if self.all_users else []
         return args + (["--stop-supervisors"] if self.stop_supervisors else [])
 
     def argv(self) -> list:
@@ -292,12 +294,14 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
 
 def send_agent(host, argv: list, nonce: str, how: runner.How) -> runner.Finished:
     """Run the agent's `argv` on host through the runner, the agent bundle on its stdin
-    (bundle.agent_stream, built on the feeding thread after the spawn: its ~10 ms run while
-    the agent's interpreter starts or ssh connects). AgentError when it could not start or
+    (bundle.agent_stream of argv's subcommand, built on the feeding thread after the spawn:
+    its ~10 ms run while the agent's interpreter starts or ssh connects). AgentError when it could not start or
     its bundle could not be built (then it got an empty stdin and stopped before doing
     anything), or when the local ssh ControlPath directory was refused."""
     local = not host.route.hops
-    how = dataclasses.replace(how, feed=lambda: agent_stream(compiled=local))  # compiled: this machine's bytecode
+    subcommand = argv[argv.index(contract.STDIN) + 1]  # the bundle carries what this subcommand imports
+    how = dataclasses.replace(how, feed=lambda: agent_stream(compiled=local,  # compiled: this machine's bytecode
+                                                             subcommand=subcommand))
     try:
         done = runner.run(host.route, host.route.marked(argv, nonce), nonce, how)
     except runner.NotStarted as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)

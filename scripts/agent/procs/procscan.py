@@ -651,6 +651,18 @@ def children_map(procs):
     return kids
 
 
+def descendants(pid, kids):
+    """Every pid below `pid` in a children_map, each once."""
+    out: set = set()
+    stack = [pid]
+    while stack:
+        for child in kids.get(stack.pop(), ()):
+            if child not in out and child != pid:
+                out.add(child)
+                stack.append(child)
+    return out
+
+
 def ancestors(pid, procs):
     """pid, its parent, ... up to PID 1 (inclusive), as far as /proc shows them."""
     chain, seen = [], set()

@@ -7,7 +7,8 @@ worker, a renamed one). The server and its workers are named by the patterns; ma
 wait for the rest of the scan put the first signal at 0.2 s and "free at" at 1.6x the floor.
 
 Which processes: exactly those plan.build makes targets because a pattern names them or a
-process it names started them (its tree: a server's spawned workers, which carry no name of
+process it names started them, but another person's (plan.another_persons: the plan keeps
+those that hold no GPU) (its tree: a server's spawned workers, which carry no name of
 their own; in the scope, not protected, not this agent's chain, running, the scope's uid,
 approved when a plan was shown), through plan's own _Picked, and only where the plan can do
 nothing but signal them: a process in a service unit or a container is left to the full
@@ -89,17 +90,20 @@ def pick(records, args, approved, table=()):
     kin = table if isinstance(table, procscan.Kin) else procscan.Kin.of_rows(table)
     procs = _OnDemand(records)
     picked = plan._Picked(procs, own_chain() | {os.getpid()}, args)
+    # another person's copy is the full plan's to judge: only it knows whether its tree holds a GPU
     matched = [r["pid"] for r in sorted(records, key=lambda r: r["pid"])
-               if r.get("mark") and plan.in_scope(r, args) and picked.add(r["pid"], r["mark"])]
+               if r.get("mark") and plan.in_scope(r, args) and not plan.another_persons(r, args)
+               and picked.add(r["pid"], r["mark"])]
     picked.trees(matched, _Kids(kin, procs))
     now = scan.procfs_now_ticks()
     rows = []
+    seen: dict = {}
     for pid in sorted(picked.reasons):
         info = procs[pid]
         if approved is not None and (pid, info["start_time"]) not in approved:
             continue
         full = procscan.detail(info, [], now_ticks=now)
-        if plan.stoppable_unit(full["unit"]) or full["container"] or full.get("gone"):
+        if plan.stoppable_unit(full["unit"]) or full["container"] or full.get("gone") or _under_manager(pid, seen):
             continue  # its manager may be the one to stop it (or it has exited): the full plan decides
         full["gpu_mib"] = {}
         row = plan._row(full, picked.reasons[pid])

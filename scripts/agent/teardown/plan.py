@@ -32,6 +32,9 @@ def add_arguments(parser):
     parser.add_argument("--stop-supervisors", action="store_true",
                         help="also stop a free-standing supervisor of the targets (a `bash -c` or script that "
                              "waits for them or restarts them in a loop, outside any unit or container)")
+    parser.add_argument("--all-users", action="store_true",
+                        help="also stop another person's copy of a target program that holds no GPU of this host "
+                             "(by default it is left and named)")
     parser.add_argument("--disable", action="store_true",
                         help="also disable what is stopped: `systemctl disable` a unit, "
                              "`docker update --restart=no` a container")
@@ -170,19 +173,58 @@ def build(doc, args):
     kids = procscan.children_map(procs)
     picked = _Picked(procs, chain, args)
     matched = []
+    others = []
     for pid, info in procs.items():
         why = info["mark"] if "mark" in info else rules.target_reason(info, patterns)  # scan.collect tried them
-        if why and in_scope(info, args) and picked.add(pid, why):
+        if not why or not in_scope(info, args):
+            continue
+        whose = _someone_elses_idle(info, procs, kids, holders, args)
+        if whose:
+            others.append(pid)
+            picked.protected[pid] = None
+            continue
+        if picked.add(pid, why):
             matched.append(pid)
     picked.trees(matched, kids)
     for pid, why in _left_in_group(picked.reasons, procs):
         picked.add(pid, why)
-    left_alone = _other_holders(holders, picked, args)
+    left_alone = _other_holders(holders, picked, args) + [
+        _row(procscan.detail(procs[pid], [], now_ticks=scan.procfs_now_ticks()), _someone_elses_idle(
+            procs[pid], procs, kids, holders, args)) for pid in others if pid not in picked.reasons]
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
     for pid, pids in wrappers.looping_ancestors(picked.reasons, procs, never=chain).items():
         wrapped.setdefault(pid, pids)  # a loop above the server, beside other children of its own
     wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)}
     return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters)
+
+
+def operator_uid():
+    """Who runs this teardown: the uid sudo was called by (SUDO_UID, GPU1_BECOME=sudo), else
+    this agent's own."""
+    uid = os.environ.get("SUDO_UID", "") if os.getuid() == 0 else ""
+    return int(uid) if uid.isdigit() else os.getuid()
+
+
+def another_persons(info, args):
+    """Is this process another person's: a uid of UID_MIN or more that is not the operator's,
+    where neither --all-users nor --scope-uid (which names whose processes are meant) is given?"""
+    uid = info.get("uid")
+    return not (getattr(args, "all_users", False) or args.scope_uid is not None or uid is None
+                or uid < rules.uid_min() or uid == operator_uid())
+
+
+def _someone_elses_idle(info, procs, kids, holders, args):
+    """Why a target program is left, or None: it is another person's (another_persons) and
+    neither it nor anything it started holds a GPU of this host (a client, a copy waiting for
+    its turn). Freeing the GPUs needs none of that; --all-users takes it."""
+    if not another_persons(info, args):
+        return None
+    tree = procscan.descendants(info["pid"], kids) | {info["pid"]}
+    if tree & set(holders):
+        return None
+    uid = info["uid"]
+    return ("a target program of another person (%s, uid %d) that holds no GPU of this host: left (--all-users "
+            "stops it)" % (procscan.user_name(uid), uid))
 
 
 def _other_holders(holders, picked, args):

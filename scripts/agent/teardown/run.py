@@ -405,7 +405,8 @@ def execute(args, operator, started, source):
         result = _watch_window(args, source, targets, started, doc, the_plan, planned, settle,
                                timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
         after, free, problems = result["doc"], result["free"], result["problems"]
-        alive = targets.alive()
+        aside = {(e["pid"], e["start_time"]) for e in result["exiting_without_gpu"]}  # exiting, no GPU: not stuck
+        alive = [t for t in targets.alive() if (t["pid"], t["start_time"]) not in aside]
         code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
         if targets.failed:
             code = contract.EXIT_NOT_FREE
