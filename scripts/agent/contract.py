@@ -94,6 +94,7 @@ if TYPE_CHECKING:
         reason: str
         via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
         hint: str  # supervisors: how to stop it too
+        manager: PlanManagerRef  # the manager that runs and restarts it (supervisord, runit, podman, a pod...)
         wraps: list[int]  # supervisors, and wrappers stopped as targets: the pids of the targets it runs
 
     class GpuProcess(TypedDict):
@@ -233,6 +234,26 @@ if TYPE_CHECKING:
         name: str | None
         pids: list[int]
         disable: bool
+
+    class PlanManagerRef(TypedDict):
+        """PlanRow.manager: which manager runs the process, and the command that stops it."""
+        kind: str  # supervisord, runit, s6, daemontools, podman, nerdctl, cri-containerd, crio, kubernetes, ray
+        name: str | None
+        stop_command: str | None
+
+    class PlanManager(TypedDict, total=False):
+        """Plan.managers: a manager's stop (agent/teardown/plan.py _stop_item): run by the
+        teardown (`run`) or named only, with why."""
+        kind: str
+        name: str | None
+        command: str | None
+        argv: list[str] | None
+        pids: list[int]
+        run: bool
+        why: str
+        first: str | None  # to run before `command` (kubectl cordon NODE)
+        comes_back: str | None
+        daemon_pid: int | None
 
     class Writing(TypedDict):
         """Plan.writing: a target that writes files in place."""
@@ -744,6 +765,7 @@ class Plan(Record):
     will_free_mib: int = 0
     units: list[Unit] = []
     containers: list[PlanContainer] = []
+    managers: list[PlanManager] = []  # other managers' stops: supervisorctl, sv down, podman stop; or named only
     supervisors: list[PlanRow] = []
     gone: list[PlanRow] = []  # targets (and wrappers) that exited before the plan was made: not signalled
     writing: list[Writing] = []

@@ -55,6 +55,7 @@ def plan_tables(x) -> str:
         name = f"{c['name']} ({c['id'][:12]})" if c.get("name") else c["id"][:12]
         out.append(f"  container {name} will be stopped with docker stop"
                    + (" (its restart policy set to no first)" if c.get("disable") else ""))
+    out.extend(manager_lines(plan.managers))
     for s in plan.supervisors:
         out.append(note(f"SUPERVISOR pid {s['pid']} ({command(s, 60)}) {s['reason']}; not signalled: it can start "
                         f"them again (to stop it too: {s.get('hint')})"))
@@ -64,6 +65,23 @@ def plan_tables(x) -> str:
                          + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else "")))
     out.extend(note(f"rule: {r}") for r in plan.rules)
     return paint("\n".join(out))
+
+
+def manager_lines(stops: list) -> list[str]:
+    """Each manager of a target (plan.managers), its program's name and what the teardown does
+    with it: runs its stop, or names it (not signalled) with the exact command to run by hand."""
+    out = []
+    for m in stops:
+        what = f"{m['kind']} {m.get('name') or '(name unreadable)'}"
+        pids = ", ".join(map(str, m.get("pids") or []))
+        if m.get("run"):
+            out.append(f"  {what} (pid {pids}) will be stopped with {m.get('command')}")
+        else:
+            run = (f"`{m['first']}` first, then `{m['command']}`" if m.get("first") else f"`{m['command']}`") \
+                if m.get("command") else "its manager's own stop"
+            out.append(note(f"MANAGED pid {pids}: {what} runs it and would start it again: NOT signalled; "
+                            f"to stop it run {run} ({m.get('why')})"))
+    return out
 
 
 def progress_line(alias: str, p: dict, kill_in: float | None = None) -> str:

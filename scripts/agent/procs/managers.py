@@ -177,17 +177,10 @@ def managing_daemon(record, procs):
         if parent["pid"] == 1:
             return None, None
         leader = info.get("sid") == info["pid"]
-        if leader and wrappers.kind(parent) is None and _launcher(parent) is False:
+        if leader and wrappers.kind(parent) is None and not wrappers.launcher(parent):
             return None, None
         info = parent
     return None, None
-
-
-def _launcher(info):
-    """Does this process only launch one command (sudo, setsid, chpst, ...)? wrappers.py's rule,
-    where it has one (a launcher walked through on the way up, as wrappers.ancestry does)."""
-    launcher = getattr(wrappers, "launcher", None)
-    return bool(launcher(info)) if launcher is not None else False
 
 
 def _result(kind, name, command, note, daemon, main, default=None, **extra):

@@ -19,7 +19,7 @@ SIGTERM when the scan is complete (teardown.execute), and the plan records both 
 """
 import os
 
-from ..procs import procfs, procscan, scan
+from ..procs import managers, procfs, procscan, scan
 from . import plan
 
 
@@ -110,6 +110,28 @@ def pick(records, args, approved, table=()):
         row["via"] = "signal"
         rows.append(row)
     return rows
+
+
+def _under_manager(pid, seen):
+    """Is a manager's daemon (supervisord, runsv, a raylet: managers.is_manager_daemon) among
+    pid's ancestors, read from /proc now? Then the full plan decides: it stops the program
+    through that manager, or names it and signals nothing (the manager would start it again).
+    `seen` {pid: answer} is shared by the batch: a server's workers share its ancestry."""
+    chain: list = []
+    answer = False
+    while pid > 1 and pid not in seen and len(chain) < 64:
+        chain.append(pid)
+        info = procscan.basic(pid)
+        if info is None:
+            break
+        if chain[1:] and managers.is_manager_daemon(info):
+            answer = True
+            break
+        pid = info["ppid"]
+    answer = answer or seen.get(pid, False)
+    for p in chain:
+        seen[p] = answer
+    return answer
 
 
 class Batch:

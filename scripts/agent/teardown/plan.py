@@ -14,12 +14,16 @@ by UID (the sandbox and the tests use them to touch only what they started). Nev
 target: the shell, multiplexer or terminal that contains a server is not signalled.
 Protected processes are never signalled, even inside a target's tree. A process that
 matches no pattern and holds no GPU is never touched. Units and containers are stopped
-through their manager.
+through their manager; so is a program of another manager that restarts it (supervisord,
+runit, s6, daemontools, podman: procs/managers.py) when that manager runs targets and their
+wrappers only. Where it runs anything else, or must not be run by the teardown (a Kubernetes
+pod, a CRI container, Ray, a manager a user runs), the target is named with the command that
+stops it and is NOT signalled: the manager would only start it again.
 """
 import os
 
 from .. import contract
-from ..procs import cgroup, procfs, procscan, scan, wrappers
+from ..procs import cgroup, managers, procfs, procscan, scan, wrappers
 from . import rules, units
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
@@ -116,6 +120,8 @@ RULES = (
     "processes a target forks during the teardown (its new descendants) are signalled too",
     "what a target left in the process group or session it leads is stopped with it",
     "a unit or container holding only targets and their wrappers is stopped through its manager",
+    "a program another manager restarts (supervisord, runit, podman...) is stopped through it when it runs only "
+    "targets and their wrappers; else it is named with the command that stops it and not signalled",
     "anything else that holds a GPU after the targets are gone is reported, never signalled",
 )
 
@@ -194,7 +200,8 @@ def build(doc, args):
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
     for pid, pids in wrappers.looping_ancestors(picked.reasons, procs, never=chain).items():
         wrapped.setdefault(pid, pids)  # a loop above the server, beside other children of its own
-    wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)}
+    wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)
+               and not managers.is_manager_daemon(procs[pid])}  # a manager's daemon is asked or named, never signalled
     return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters)
 
 
@@ -329,23 +336,14 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
         return found[manager]
 
     whole = _wholly_targeted(targets + wrapper_rows, procs, set(filters))
+    for t in targets + wrapper_rows:
+        _via_unit_or_container(t, whole, units, containers, have)
+    stops, named = _via_managers(targets + wrapper_rows, procs, whole, set(filters))
+    if named:  # not signalled: its manager would start it again (named, with its stop, in `managers`)
+        targets = [t for t in targets if t["via"] != "named"]
+        wrapper_rows = [t for t in wrapper_rows if t["via"] != "named"]
     supervisors = []
     for t in targets + wrapper_rows:
-        # a unit or container that runs other processes too (cron, a notebook server): signal ours only
-        key = owner_key(t) if owner_key(t) in whole else None
-        container = t["container"]
-        unit = stoppable_unit(t["unit"]) if key else None
-        if unit and container is None and have("systemd"):
-            units.setdefault((unit, None), []).append(t["pid"])
-            t["via"] = "systemctl stop %s" % unit
-        elif unit and container and container["kind"] == "lxc" and have("pct"):
-            units.setdefault((unit, container["id"]), []).append(t["pid"])
-            t["via"] = "pct exec %s -- systemctl stop %s" % (container["id"], unit)
-        elif key and container and container["kind"] == "docker" and have("docker"):
-            containers.setdefault(container["id"], []).append(t["pid"])
-            t["via"] = "docker stop %s" % container["id"][:12]
-        else:
-            t["via"] = "signal"
         if t["pid"] in wrapped:
             t["wraps"] = list(wrapped[t["pid"]])  # the targets it runs (an --approved teardown keeps its own)
             if t["via"] != "signal" or args.stop_supervisors:
@@ -358,17 +356,18 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
         if t["pid"] in wrapped and t["via"] == "signal":
             t["reason"] = "supervisor of target(s) %s, stopped too (--stop-supervisors)" % _pids(wrapped[t["pid"]])
     for t in supervisors:  # not stopped through a manager: its unit or container (if any) runs other processes
-        t["hint"] = supervisor_hint(t, managed=False)
+        t["hint"] = supervisor_hint(t, managed=False, procs=procs)
     protected = [_row(h, h["protected"]) for h in doc["holders"] if h["protected"]]
     return {
         "targets": sorted(targets, key=lambda t: t["pid"]),
         "protected": protected,
-        "left_alone": left_alone,
+        "left_alone": left_alone + named,
         "supervisors": supervisors,
         "units": [{"unit": u, "ctid": ct, "pids": p, "disable": bool(args.disable)}
                   for (u, ct), p in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))],
         "containers": [{"id": c, "name": names.get(c), "pids": p, "disable": bool(args.disable)}
                        for c, p in sorted(containers.items())],
+        "managers": stops,
         "patterns": patterns_of(args),
         "scope": {"text": args.scope, "uid": args.scope_uid},
         "rules": list(RULES),
@@ -376,6 +375,95 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
         "writing": [{"pid": t["pid"], "files": t["write_files"]} for t in targets if t["write_files"]],
         "gone": gone,
     }
+
+
+def _via_unit_or_container(t, whole, units, containers, have):
+    """t["via"]: its unit's or docker container's stop when that runs ours only (`whole`), else
+    "signal"; the unit or container noted in `units` / `containers`."""
+    # a unit or container that runs other processes too (cron, a notebook server): signal ours only
+    key = owner_key(t) if owner_key(t) in whole else None
+    container = t["container"]
+    unit = stoppable_unit(t["unit"]) if key else None
+    if unit and container is None and have("systemd"):
+        units.setdefault((unit, None), []).append(t["pid"])
+        t["via"] = "systemctl stop %s" % unit
+    elif unit and container and container["kind"] == "lxc" and have("pct"):
+        units.setdefault((unit, container["id"]), []).append(t["pid"])
+        t["via"] = "pct exec %s -- systemctl stop %s" % (container["id"], unit)
+    elif key and container and container["kind"] == "docker" and have("docker"):
+        containers.setdefault(container["id"], []).append(t["pid"])
+        t["via"] = "docker stop %s" % container["id"][:12]
+    else:
+        t["via"] = "signal"
+
+
+# containers a manager (procs/managers.py) stops: only one that holds targets and their wrappers alone
+MANAGED_CONTAINERS = ("podman", "cri-containerd", "crio", "nerdctl", "kubernetes")
+
+
+def _via_managers(rows, procs, whole, filters):
+    """([stop], [named row]) for the rows still to be signalled that a manager restarts
+    (managers.manager_of). Each such row gets `manager` {kind, name, stop_command}. Its stop
+    {kind, name, command, argv, pids, comes_back, first, run, why, daemon_pid} is run (`run`;
+    the row's via: the command) when the manager may run it by default and everything it runs
+    for that program is a target, a wrapper or a filter of theirs; else (`run` False) the row
+    is taken out of the signalled ones (via "named"), with what is below it: signalling what a
+    manager restarts only starts it again, and a Kubernetes pod, a CRI container or Ray is
+    their owner's to stop."""
+    mine = {t["pid"] for t in rows} | set(filters)
+    stops: dict = {}
+    named: dict = {}
+    by_pid = {}
+    for t in rows:
+        if t["via"] != "signal":
+            continue
+        m = managers.manager_of(t, procs)
+        if m is None:
+            continue
+        container = t.get("container") or {}
+        runs_ours = ((container.get("kind") not in MANAGED_CONTAINERS or owner_key(t) in whole)
+                     and managers.managed_pids(m, procs) <= mine)
+        key = _key(m)
+        run = bool(m["stops_by_default"] and runs_ours)
+        item = (stops if run else named).setdefault(key, _stop_item(m, run, runs_ours, procs, mine))
+        _managed_row(t, item)
+        by_pid[t["pid"]] = item
+    for t in rows:  # what a named target started goes with it (its manager restarts the tree)
+        if t["via"] == "signal":
+            above = next((by_pid[a] for a in procscan.ancestors(t["ppid"], procs) if a in by_pid), None)
+            if above is not None and not above["run"]:
+                _managed_row(t, above)
+    out = [t for t in rows if t["via"] == "named"]
+    for t in out:
+        item = by_pid.get(t["pid"]) or named[_key(t["manager"])]
+        t["reason"] = "%s; not signalled: %s %s runs it and would start it again (its stop: %s)" % (
+            t["reason"], item["kind"], item["name"], item["command"] or "none could be read")
+    return list(stops.values()) + list(named.values()), out
+
+
+def _key(manager):
+    return manager["kind"], manager["name"], manager["stop_command"]
+
+
+def _managed_row(row, item):
+    row["manager"] = {"kind": item["kind"], "name": item["name"], "stop_command": item["command"]}
+    row["via"] = item["command"] if item["run"] else "named"
+    item["pids"].append(row["pid"])
+
+
+def _stop_item(m, run, runs_ours, procs, mine):
+    """A manager's stop as the plan lists it (`run`: the teardown runs it), with why not."""
+    if run:
+        why = "stopped through it"
+    elif not runs_ours:
+        others = sorted(managers.managed_pids(m, procs) - mine)
+        why = ("it runs other processes too (PID %s), so stopping it is not the teardown's: %s"
+               % (_pids(others) or "s of its container", m["note"]))
+    else:
+        why = m["note"]
+    return {"kind": m["kind"], "name": m["name"], "command": m["stop_command"], "argv": m["stop_argv"],
+            "pids": [], "comes_back": m.get("comes_back"), "first": m.get("first"), "run": run, "why": why,
+            "daemon_pid": m.get("pid")}
 
 
 def _pids(pids):
@@ -387,11 +475,16 @@ def _wrapper_why(pid, wrapped_pids, procs):
     return "wraps target(s) %s (%s that waits for them, or starts them again)" % (_pids(wrapped_pids), what)
 
 
-def supervisor_hint(info, managed=True):
+def supervisor_hint(info, managed=True, procs=None):
     """What stops a process that restarts targets, in words an operator can run: its unit's
-    or container's stop, never its PID (a unit's main process is restarted by systemd), else
-    the teardown flag that includes it. `managed` False: its unit or container runs other
-    processes too (cron.service and its other jobs), and stopping it is not ours to suggest."""
+    or container's stop, never its PID (a unit's main process is restarted by systemd), the
+    stop of the manager that runs it (`procs`: the scan's table, to find it: supervisorctl,
+    sv down, podman stop...), else the teardown flag that includes it. `managed` False: its
+    unit or container runs other processes too (cron.service and its other jobs), and stopping
+    it is not ours to suggest."""
+    m = managers.manager_of(info, procs) if procs is not None and info.get("pid") in procs else None
+    if m is not None and m["stop_command"]:  # signalled, its manager would start it again
+        return "%s (%s %s runs it and would start it again)" % (m["stop_command"], m["kind"], m["name"])
     if not managed:
         return "--stop-supervisors (also stops PID %d: %s)" % (info["pid"], (info.get("cmdline") or "")[:60])
     container, unit = info.get("container"), info.get("unit")

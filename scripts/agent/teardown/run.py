@@ -103,10 +103,11 @@ def _mib_left(source):
 
 
 def _stop_units(the_plan, audit, targets_by_pid):
-    """Start the manager's stop for each unit or container (units.stop_argv); returns the
+    """Start the manager's stop for each unit, container or other manager's program
+    (units.stop_argv; plan["managers"]: supervisorctl, sv down, podman stop...); returns the
     Popens. With --disable a container's restart policy is set to `no` first, so nothing
     brings it back between the stop and the update."""
-    items = the_plan["units"] + the_plan["containers"]
+    items = the_plan["units"] + the_plan["containers"] + [m for m in the_plan.get("managers", []) if m["run"]]
     if not items:
         return []
     import subprocess  # here: a teardown without units or containers starts no process
@@ -118,8 +119,9 @@ def _stop_units(the_plan, audit, targets_by_pid):
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
             audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr))
         argv = units.stop_argv(item)
+        # cwd /: supervisorctl reads a supervisord.conf in its working directory
         running.append((argv, item, subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                                     stderr=subprocess.PIPE)))
+                                                     stderr=subprocess.PIPE, cwd="/")))
         audit.log(first, units.stop_text(item, argv), "started")
     return running
 
@@ -277,9 +279,8 @@ def _send_plan(targets, the_plan, planned, audit, timings, started):
     planned target the early batch did not signal. Returns ({pid: target}, the stops)."""
     rest = targets.extend(planned)
     by_pid = {t["pid"]: t for t in planned}
-    stops = _stop_units(dict(the_plan, units=[u for u in the_plan["units"] if set(u["pids"]) & set(by_pid)],
-                             containers=[c for c in the_plan["containers"] if set(c["pids"]) & set(by_pid)]),
-                        audit, by_pid)
+    stops = _stop_units({key: [u for u in the_plan.get(key, []) if set(u["pids"]) & set(by_pid)]
+                         for key in ("units", "containers", "managers")}, audit, by_pid)
     timings.setdefault("sigterm_s", _since(started))
     timings["plan_sigterm_s"] = _since(started)
     # a unit's or container's processes are its manager's to stop: a direct SIGTERM racing the
@@ -492,7 +493,8 @@ def _watch_window(args, source, targets, started, doc, the_plan, planned, settle
     # what started them may start them again: their ancestry is watched as the others'
     lineage = settle.Lineage(doc, planned + the_plan.get("gone", []),
                              stopped={settle.manager_key(t) for t in planned if t.get("via", "signal") != "signal"},
-                             supervisors=the_plan["supervisors"], patterns=the_plan["patterns"])
+                             supervisors=the_plan["supervisors"], patterns=the_plan["patterns"],
+                             stops=the_plan.get("managers", []))
     before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
     return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,
                         timeout_s=timeout_s, lineage=lineage)

@@ -47,7 +47,7 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import cgroup, procfs, procscan, program, scan, wrappers
+from ..procs import cgroup, managers, procfs, procscan, program, scan, wrappers
 from . import plan, rules, verify
 
 PROGRESS_EVERY_S = 0.5
@@ -85,9 +85,13 @@ class Lineage:
     `near`: the starters' other descendants, not targets (a watcher subshell beside the server
     that starts it again): what they start counts as the starter's."""
 
-    def __init__(self, doc, planned, stopped=(), supervisors=(), patterns=()):
+    def __init__(self, doc, planned, stopped=(), supervisors=(), patterns=(), stops=()):
         procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
         self.procs = procs
+        # plan["managers"]: the other managers' stops, run or named only (`run` False: the
+        # targets they run were not signalled, and while they live the GPUs are not freed)
+        self.named = [m for m in stops if not m.get("run")]
+        self.by_daemon = {m["daemon_pid"]: m for m in stops if m.get("daemon_pid")}
         mine = {t["pid"] for t in planned}
         self.starters: dict = {(s["pid"], s["start_time"]): s["cmdline"] for s in supervisors}
         self.listed = set(self.starters)  # the plan's supervisors: what --stop-supervisors would stop
@@ -101,7 +105,9 @@ class Lineage:
             if t["ppid"] == 1 and 1 in procs and 1 not in chain:
                 self.pid1_loops = self.pid1_loops or wrappers.loops(procs[1])
             key = manager_key(t)
-            if key is not None:
+            if key is not None and t.get("manager"):
+                self.managers[key] = t["manager"]["stop_command"] or _manager_words(key)
+            elif key is not None:
                 managed = t.get("via", "signal") != "signal"
                 self.managers[key] = plan.supervisor_hint(t) if managed else (
                     "%s runs other processes too, so it is not stopped: stop what starts the server there"
@@ -133,6 +139,18 @@ class Lineage:
                         "include": _pid1_hint(), "why": "PID 1 runs a loop that starts the server again"})
         return out
 
+    def named_left(self):
+        """[(pid, the stop's problem line)] of the named-only managers' programs still alive: not
+        signalled (their manager would start them again, or is their owner's to stop), so the
+        GPUs are not freed while they run, whatever the GPUs read."""
+        out = []
+        for m in self.named:
+            alive = [p for p in m["pids"] if p in self.procs and procfs.same_process(p, self.procs[p]["start_time"])]
+            if alive:
+                out.append((alive[0], "pid %s (%s %s) was not signalled: %s; stop it: %s" % (
+                    _joined(alive), m["kind"], m["name"], m["why"], stop_words(m))))
+        return out
+
     def hint(self, starter):
         """What stops a starter, true to the letter: --stop-supervisors only for a process the
         plan listed as a supervisor (that flag stops exactly those), its unit's or container's
@@ -145,11 +163,33 @@ class Lineage:
             return _pid1_hint()
         if manager_key(owned) is not None:
             return plan.supervisor_hint(owned)
+        if managers.is_manager_daemon(starter):  # a manager's daemon: its program is stopped through it
+            stop = self.by_daemon.get(starter["pid"])
+            if stop is not None and stop["command"]:
+                return "%s (%s %s; PID %d is its daemon, never signalled)" % (
+                    stop["command"], stop["kind"], stop["name"], starter["pid"])
+            return ("stop the program through its manager, %s (PID %d: %s), with that manager's own stop command; "
+                    "its daemon is never signalled" % (managers.daemon_name(starter), starter["pid"],
+                                                       starter["cmdline"][:60]))
         if wrappers.kind(starter) is not None or wrappers.launcher(starter):
             return ("end PID %d yourself (`kill %d`: %s): the plan did not list it as a supervisor, so "
                     "--stop-supervisors would not stop it" % (starter["pid"], starter["pid"], starter["cmdline"][:60]))
         return ("stop what PID %d runs (%s): it is no wrapper gpu-pivot stops (a terminal's shell, a multiplexer, "
                 "a daemon)" % (starter["pid"], starter["cmdline"][:60]))
+
+
+def stop_words(stop):
+    """The exact command that stops a named-only manager's program, with what comes first
+    (`kubectl cordon NODE` for a pod), or what to ask when none can be printed."""
+    if not stop.get("command"):
+        return "ask %s which program it is (no command could be read: see why)" % stop["kind"]
+    if stop.get("first"):
+        return "`%s` first, then `%s`" % (stop["first"], stop["command"])
+    return "`%s`" % stop["command"]
+
+
+def _joined(pids):
+    return ", ".join(map(str, pids[:8])) + (", ..." if len(pids) > 8 else "")
 
 
 def _pid1_hint():
@@ -228,11 +268,17 @@ def _ancestry(pid, procs, chain, mine):
             if p not in mine}
 
 
+MANAGED_CONTAINERS = ("docker", "lxc", "kubernetes", "podman", "cri-containerd", "crio", "nerdctl")
+
+
 def manager_key(info):
-    """plan.owner_key, for the owners that start processes by themselves: a service unit
-    (not a login session's scope or a user's manager) or a container."""
+    """plan.owner_key, for the owners that start processes by themselves: another manager the
+    plan found running it (supervisord, runit, podman...: ("manager", kind, name)), a service
+    unit (not a login session's scope or a user's manager) or a container."""
+    if info.get("manager"):
+        return "manager", info["manager"]["kind"], info["manager"]["name"]
     container = info.get("container")
-    if container and container.get("kind") in ("docker", "lxc", "kubernetes"):
+    if container and container.get("kind") in MANAGED_CONTAINERS:
         return plan.owner_key(info)
     return info.get("unit") if plan.stoppable_unit(info.get("unit")) else None
 
@@ -324,6 +370,10 @@ def _respawned_by(info, procs, since_ticks, lineage, what):
     targets' ancestry or by a target's unit or container manager, or - a target by program
     identity - by something that left at once (a watchdog's double fork: `( server & )`
     reparents it to PID 1); else None."""
+    m = managers.manager_of(info, procs)
+    key = ("manager", m["kind"], m["name"]) if m else None
+    if key in lineage.managers:  # one of the targets' managers started it again, stopped or not
+        return "its %s" % _manager_words(key), lineage.managers[key]
     starter = _starter(info, procs, since_ticks)
     if starter is not None:
         k = (starter["pid"], starter["start_time"])
@@ -347,6 +397,8 @@ def _owned(info):
 
 
 def _manager_words(key):
+    if isinstance(key, tuple) and key[0] == "manager":
+        return "%s %s" % (key[1], key[2])
     if isinstance(key, tuple):
         return "unit %s in container %s" % (key[2], key[1])
     return ("container %s" % key[:12]) if len(key) == 64 and "." not in key else "unit %s" % key
@@ -524,6 +576,10 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
         free = False
         problems = problems + ["pid %d (%s) %s; stop it: %s" % (r["pid"], r["cmdline"][:80], r["why"], r["include"])
                                for r in restarters]
+    named = seen.lineage.named_left()  # a target its manager would restart was named, not signalled
+    if named:
+        free = False
+        problems = problems + [line for _, line in named]
     return {"free": free, "doc": doc, "problems": problems, "restarters": restarters,
             "left_alone_only": stable is not None and stable[0] == "left",
             "exiting_without_gpu": exiting if free else [],

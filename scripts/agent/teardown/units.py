@@ -10,7 +10,9 @@ next boot, and a stopped `--restart=always` container when the docker daemon res
 `--disable` makes the stop last.
 
 Items are the plan's rows: units {unit, pids, disable, ctid (a unit inside an LXC
-container) or None}, containers {id, pids, disable}.
+container) or None}, containers {id, pids, disable}, and the stops of other managers
+(procs/managers.py: supervisorctl, sv down, podman stop...) {kind, name, command, argv, pids,
+comes_back, run}, which say themselves how they are run and whether the program comes back.
 """
 
 COMES_BACK_POLICIES = ("always",)  # `unless-stopped` stays stopped after `docker stop`, even over a restart
@@ -21,7 +23,10 @@ def _in_ct(item, argv):
 
 
 def stop_argv(item):
-    """The one command that stops this unit (and disables it with --disable) or container."""
+    """The one command that stops this unit (and disables it with --disable), container or
+    manager's program."""
+    if "argv" in item:
+        return list(item["argv"])
     if "unit" in item:
         verb = ["disable", "--now"] if item.get("disable") else ["stop"]
         return _in_ct(item, ["systemctl"] + verb + [item["unit"]])
@@ -31,6 +36,8 @@ def stop_argv(item):
 def stop_text(item, argv):
     """The stop as the audit log and the report show it: a container by name and short id
     (`docker stop vllm (3f2a1b4c5d6e)`), the id alone being 64 characters no one reads."""
+    if "argv" in item:
+        return item["command"]
     if "unit" in item or not item.get("name"):
         return " ".join(argv)
     return " ".join(argv[:-1] + ["%s (%s)" % (item["name"], item["id"][:12])])
@@ -38,7 +45,7 @@ def stop_text(item, argv):
 
 def before_stop(item):
     """Commands to run before the stop: with --disable, a container's restart policy off."""
-    if "unit" not in item and item.get("disable"):
+    if "unit" not in item and "argv" not in item and item.get("disable"):
         return [["docker", "update", "--restart=no", item["id"]]]
     return []
 
@@ -54,7 +61,9 @@ def _out(argv):
 
 
 def comes_back(item):
-    """A sentence saying whether the stopped unit or container starts again by itself, or None."""
+    """A sentence saying whether the stopped unit, container or program starts again by itself, or None."""
+    if "argv" in item:
+        return item.get("comes_back")
     if "unit" in item:
         if item.get("disable"):
             return "disabled: it does not start at boot"

@@ -1,0 +1,218 @@
+"""A teardown of a GPU server that a REAL manager runs: stopped through the manager when the
+teardown may run its stop, else named with the exact command and not signalled at all.
+
+Why: signalling a program that supervisord (autorestart), runit's runsv or podman's
+--restart=always runs only has it started again; a Kubernetes pod's kubelet, a CRI
+container's owner and a raylet restart what is killed under them too, and they are not the
+teardown's to stop. So:
+- supervisord and podman (and a supervisord program behind a `bash -c`): FREED, exit 0, the
+  manager's own status says the program is stopped 5 s later, no holder, the manager alive;
+- a Kubernetes pod (its real cgroup layout, made under this test's cgroup), a CRI container
+  outside any pod, Ray workers: NOT FREE, exit 1, the exact command in the problems, and the
+  audit shows not one signal to them or their managers;
+- no hint says "a terminal's shell, a multiplexer, a daemon" for a known manager.
+Every teardown is scoped to the test's temp dir (tests/test_teardown_honesty.host).
+"""
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import pytest
+
+from scripts.reach.transport import call_agent
+from tests.conftest import need_tools
+from tests.managers_fixtures import CgroupLayout, RayShaped, Supervisord, holder_argv, podman_usable
+from tests.procs import alive, children, wait_for
+from tests.test_managers import CID, ESCAPED, UID
+from tests.test_teardown_honesty import host
+
+AFTER_STOP_S = 5  # long past any restart: autorestart and --restart=always bring a program back in well under 1 s
+GENERIC = "a terminal's shell, a multiplexer, a daemon"
+TARGETS = r"sandbox_roles\.py"
+
+
+def teardown(ps, *extra):
+    return call_agent(host(ps, TARGETS=TARGETS), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+
+
+def plan(ps):
+    return call_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
+
+
+def signalled(doc) -> set:
+    """The pids the teardown sent a signal to (audit records of SIG*)."""
+    return {a["pid"] for a in doc["actions"] if str(a.get("signal", "")).startswith("SIG")}
+
+
+def no_generic_hint(doc) -> None:
+    text = repr(doc)
+    assert GENERIC not in text, text
+
+
+def holders_now(ps) -> list:
+    doc = call_agent(host(ps, TARGETS=TARGETS), "scan").doc
+    return [h["pid"] for h in doc["holders"] if not h["protected"]]
+
+
+# -- stopped through the manager -------------------------------------------------------------------
+
+
+@pytest.fixture
+def supervisord_tool():
+    need_tools("supervisord", "supervisorctl", why="a server under a real supervisord")
+
+
+def test_supervisord_program_is_stopped_with_supervisorctl_for_good(ps, tmp_path, supervisord_tool):
+    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, group="infer")
+    try:
+        pid = sd.program_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        command = f"supervisorctl -c {sd.conf} stop infer:vllm"
+
+        the_plan = plan(ps)
+        row = next(t for t in the_plan["targets"] if t["pid"] == pid)
+        assert row["manager"] == {"kind": "supervisord", "name": "infer:vllm", "stop_command": command}
+        assert row["via"] == command
+        assert [(m["kind"], m["name"], m["run"], m["pids"]) for m in the_plan["managers"]] == [
+            ("supervisord", "infer:vllm", True, [pid])]
+        assert sd.pid not in {t["pid"] for t in the_plan["targets"] + the_plan["supervisors"]}
+
+        result = teardown(ps)
+        doc = result.doc
+        assert result.code == 0 and doc["verdict"] == "free", doc["problems"]
+        assert any(a.get("signal") == command for a in doc["actions"]), doc["actions"]
+        assert sd.pid not in signalled(doc)
+        no_generic_hint(doc)
+        time.sleep(AFTER_STOP_S)
+        assert sd.state("vllm") == "STOPPED"
+        assert not alive(pid) and alive(sd.pid) and holders_now(ps) == []
+    finally:
+        sd.down()
+
+
+def test_supervisord_program_behind_bash_c_is_stopped_and_the_server_left_under_it_signalled(ps, tmp_path,
+                                                                                             supervisord_tool):
+    """`command=bash -c "SERVER; echo exited"`: supervisorctl stop signals bash only (no
+    stopasgroup), and the server, reparented, lives on: the teardown signals it after the stop."""
+    inner = " ".join(holder_argv(ps.devdir, tmp_path / "ready"))
+    sd = Supervisord(tmp_path, {"vllm": ["bash", "-c", f"{inner}; echo exited"]})
+    try:
+        shell = sd.program_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        server = wait_for(lambda: next(iter(children(shell)), None), "the server under bash")
+        ps.adopt(server)
+
+        result = teardown(ps)
+        doc = result.doc
+        assert result.code == 0 and doc["verdict"] == "free", doc["problems"]
+        stops = [m for m in doc["plan"]["managers"] if m["run"]]
+        assert [(m["name"], sorted(m["pids"])) for m in stops] == [("vllm", sorted([shell, server]))]
+        assert sd.pid not in signalled(doc)
+        time.sleep(AFTER_STOP_S)
+        assert sd.state("vllm") == "STOPPED"
+        assert not alive(server) and not alive(shell) and alive(sd.pid) and holders_now(ps) == []
+    finally:
+        sd.down()
+
+
+@pytest.fixture
+def podman(tmp_path):
+    need_tools("podman", "conmon", why="a server in a real podman container")
+    pm, why = podman_usable(tmp_path)
+    if pm is None:
+        pytest.fail(f"podman cannot import a local image here: {why}")
+    try:
+        yield pm
+    finally:
+        pm.down()
+
+
+def test_podman_container_is_stopped_with_podman_stop_for_good(ps, tmp_path, podman):
+    podman.run("gpu-pivot-vllm", holder_argv(ps.devdir, tmp_path / "ready", python="/usr/bin/python3"),
+               shared=tmp_path)
+    pid = podman.main_pid("gpu-pivot-vllm")
+    wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices", timeout=30)
+    conmon = int(open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1])
+
+    result = teardown(ps)
+    doc = result.doc
+    assert result.code == 0 and doc["verdict"] == "free", doc["problems"]
+    row = next(t for t in doc["plan"]["targets"] if t["pid"] == pid)
+    assert (row["manager"]["kind"], row["manager"]["name"]) == ("podman", "gpu-pivot-vllm")
+    assert row["via"].startswith("podman --root ") and row["via"].endswith(" stop gpu-pivot-vllm")
+    assert conmon not in signalled(doc)
+    no_generic_hint(doc)
+    time.sleep(AFTER_STOP_S)
+    assert podman.state("gpu-pivot-vllm") in ("exited", "stopped")
+    assert not alive(pid) and holders_now(ps) == []
+
+
+# -- named, never signalled ---------------------------------------------------------------------------
+
+
+HOLD = "import sys, time; fs = [open(sys.argv[1], 'rb')]; open(sys.argv[2], 'w'); time.sleep(600)"
+
+
+@pytest.fixture
+def layout():
+    made = CgroupLayout()
+    try:
+        yield made
+    finally:
+        made.down()
+
+
+def _holder_in(ps, layout, cgroup_path, env):
+    """A holder of the test's fake GPU, started as `sandbox_roles.py`-free Python (a holder, not
+    a pattern match), then moved into a runtime's cgroup layout."""
+    ready = ps.base / f"held{len(ps.pids)}"
+    proc = subprocess.Popen([sys.executable, "-c", HOLD, str(ps.devdir / "nvidia0"), str(ready)], env=env,
+                            start_new_session=True)
+    ps.adopt(proc.pid)
+    wait_for(ready.exists, "the holder holds its device")
+    layout.place(proc.pid, cgroup_path)
+    return proc.pid
+
+
+def _not_free_naming(ps, command, untouched):
+    result = teardown(ps)
+    doc = result.doc
+    assert result.code == 1 and doc["verdict"] == "not free", doc["problems"]
+    assert any(command in p for p in doc["problems"]), doc["problems"]
+    assert not signalled(doc) & set(untouched), doc["actions"]
+    assert all(alive(p) for p in untouched)
+    no_generic_hint(doc)
+    return doc
+
+
+def test_kubernetes_pod_is_named_with_cordon_and_delete_and_never_signalled(ps, layout):
+    env = {"PATH": "/usr/bin:/bin", "POD_NAME": "vllm-0", "POD_NAMESPACE": "inference", "HOME": str(ps.base)}
+    pid = _holder_in(ps, layout, f"kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{ESCAPED}.slice/"
+                                 f"cri-containerd-{CID}.scope", env)
+    the_plan = plan(ps)
+    assert pid not in {t["pid"] for t in the_plan["targets"]}
+    row = next(r for r in the_plan["left_alone"] if r["pid"] == pid)
+    assert row["manager"] == {"kind": "kubernetes", "name": "inference/vllm-0",
+                              "stop_command": "kubectl -n inference delete pod vllm-0"}
+    doc = _not_free_naming(ps, "kubectl -n inference delete pod vllm-0", [pid])
+    line = next(p for p in doc["problems"] if "kubectl -n inference delete pod vllm-0" in p)
+    assert "`kubectl cordon " in line and line.index("kubectl cordon") < line.index("delete pod"), line
+    assert UID in repr(doc["plan"]["managers"])
+
+
+def test_cri_container_outside_a_pod_is_named_with_crictl_stop_and_never_signalled(ps, layout):
+    pid = _holder_in(ps, layout, f"system.slice/cri-containerd-{CID}.scope", {"PATH": "/usr/bin:/bin"})
+    _not_free_naming(ps, f"crictl stop {CID}", [pid])
+
+
+def test_ray_workers_are_named_with_ray_stop_and_nothing_of_rays_is_signalled(ps):
+    ray = RayShaped(ps, workers=2)
+    workers = ray.worker_pids()
+    the_plan = plan(ps)
+    assert not {t["pid"] for t in the_plan["targets"]} & {ray.pid, *workers}
+    assert [(m["kind"], m["command"], m["run"], sorted(m["pids"])) for m in the_plan["managers"]] == [
+        ("ray", "ray stop", False, sorted(workers))]
+    _not_free_naming(ps, "`ray stop`", [ray.pid, *workers])
+    assert children(ray.pid) == workers  # none restarted: none was signalled
