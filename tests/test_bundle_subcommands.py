@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zlib
@@ -137,3 +138,39 @@ def test_a_subcommand_put_in_the_table_directly_still_runs():
     are imported by name, relative to the agent package wherever it is loaded from."""
     assert cli.module_for("smoke").__name__ == "Smoke"
     assert cli.module_for("scan").__name__.endswith("agent.procs.scan")
+
+
+@pytest.fixture
+def agent_copy(tmp_path, monkeypatch):
+    """A copy of the agent the bundle reads instead of scripts/agent (its caches cleared on
+    both sides: they hold what they read from the folder)."""
+    agent = tmp_path / "agent"
+    shutil.copytree(bundle.AGENT_DIR, agent, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.setattr(bundle, "AGENT_DIR", agent)
+    bundle._index.cache_clear()
+    bundle.agent_stream.cache_clear()
+    yield agent
+    bundle._index.cache_clear()
+    bundle.agent_stream.cache_clear()
+
+
+def test_a_kept_stream_is_used_only_for_the_very_tree_it_was_made_from(agent_copy, monkeypatch):
+    first = bundle.agent_stream(subcommand="ping")
+    assert (agent_copy / "__pycache__" / "stream-ping.z").exists()
+    real = bundle._build_stream
+
+    def not_again(compiled, subcommand):
+        raise AssertionError("built again for the same tree")
+
+    monkeypatch.setattr(bundle, "_build_stream", not_again)
+    bundle.agent_stream.cache_clear()
+    assert bundle.agent_stream(subcommand="ping") == first  # read back, not built
+    ping = agent_copy / "ping.py"
+    ping.write_text(ping.read_text() + "MARK_OF_THIS_TEST = 1\n")  # another size, another mtime
+    monkeypatch.setattr(bundle, "_build_stream", real)
+    bundle.agent_stream.cache_clear()
+    again = bundle.agent_stream(subcommand="ping")
+    assert b"MARK_OF_THIS_TEST" in zlib.decompress(again) and b"MARK_OF_THIS_TEST" not in zlib.decompress(first)
+    before = bundle.tree_stamp()
+    (agent_copy / "procs" / "scan.py").write_text("")  # any agent file: it may change what ping reaches
+    assert bundle.tree_stamp() != before

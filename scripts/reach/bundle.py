@@ -26,6 +26,7 @@ both sides.
 from __future__ import annotations
 
 import base64
+import hashlib
 import importlib.util
 import json
 import marshal
@@ -338,8 +339,53 @@ def agent_stream(compiled: bool = False, subcommand: str | None = None) -> bytes
     bytes would travel for nothing. `subcommand`: only what that subcommand imports
     (agent_modules), else every subcommand's.
     """
+    name = f"{subcommand or 'all'}{'-compiled' if compiled else ''}"
+    return kept_stream(name, lambda: _build_stream(compiled, subcommand))
+
+
+def _build_stream(compiled: bool, subcommand: str | None) -> bytes:
     sources = agent_sources(subcommand=subcommand)
     script = _STREAM_HEAD + f"_CODE_MAGIC = {importlib.util.MAGIC_NUMBER!r}\n" + _LOADER
     body = b"\0".join([script.encode(), json.dumps(sources, sort_keys=True).encode(),
                        compiled_code(sources) if compiled else b""])
     return zlib.compress(body, 0 if compiled else 6)  # compiled: this machine's pipe, where size costs nothing
+
+
+def kept_stream(name: str, build) -> bytes:
+    """A stream as build() makes it, kept in the agent's __pycache__ as `stream-NAME.z` under
+    tree_stamp(): used only while every agent file, this file and the interpreter are the
+    very ones it was made from, else made again and kept. Why: building it (finding the
+    modules, reading the kept sources and bytecode, JSON, zlib) costs ~20 ms of CPU on every
+    call, on a feeding thread that shares the CPUs with the agent's start; reading it back
+    costs ~1 ms. Kept as Python keeps its .pyc (the same directory, the same trust); a copy
+    that cannot be written is only made again next time."""
+    stamp = tree_stamp()
+    kept = AGENT_DIR / "__pycache__" / f"stream-{name}.z"
+    try:
+        data = kept.read_bytes()
+        if data.startswith(stamp):
+            return data[len(stamp):]
+    except OSError:
+        pass
+    data = build()
+    try:
+        kept.parent.mkdir(exist_ok=True)
+        part = kept.with_name(f"{kept.name}.{os.getpid()}")
+        part.write_bytes(stamp + data)
+        os.replace(part, kept)
+    except OSError:
+        pass
+    return data
+
+
+def tree_stamp() -> bytes:
+    """One line naming what a built stream depends on: the interpreter's magic number (the
+    bytecode), and the path, mtime and size of this file and of every agent module (what
+    ships, what strip_source keeps, which modules a subcommand reaches)."""
+    parts = [importlib.util.MAGIC_NUMBER.hex()]
+    for folder, dirs, files in os.walk(AGENT_DIR):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        parts += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
+    stats = [(path, os.stat(path)) for path in [__file__] + parts[1:]]
+    parts += [f"{path} {st.st_mtime_ns} {st.st_size}" for path, st in stats]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest().encode() + b"\n"

@@ -56,11 +56,13 @@ def last_teardown_since_us():
         record = lastrun.load_summary() or {}
     except Exception:
         return None
+    if not record.get("started"):  # no teardown yet: strptime would import _strptime, calendar, datetime (~5 ms)
+        return None
     import calendar
     import time
 
     try:
-        started = time.strptime(record.get("started") or "", contract.TIME_FORMAT)
+        started = time.strptime(record["started"], contract.TIME_FORMAT)
     except ValueError:
         return None
     epoch = calendar.timegm(started) - (started.tm_gmtoff or 0)
