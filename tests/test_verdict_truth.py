@@ -294,3 +294,15 @@ def test_another_persons_idle_copy_of_a_target_is_left_and_named_unless_all_user
     result = teardown(ps, "--all-users")
     assert result.code == 0, result.doc["problems"]
     assert not alive(idle)
+
+
+def test_scope_uid_is_a_hosts_env_key_for_real_hosts_and_a_bad_one_is_refused():
+    from scripts.config.errors import ConfigError
+    from scripts.config.hostconfig import build_host
+
+    host = build_host("gpu1", {"SSH": "ops@192.0.2.7", "SCOPE_UID": "1001"}, "hosts.env")
+    assert host.scope_uid == 1001
+    for bad in ("alice", "-1", "1e3", "4294967295"):
+        with pytest.raises(ConfigError) as err:
+            build_host("gpu1", {"SSH": "ops@192.0.2.7", "SCOPE_UID": bad}, "hosts.env")
+        assert str(err.value).startswith("GPU1_SCOPE_UID=") and "not a uid" in str(err.value)
