@@ -229,6 +229,9 @@ def test_a_gpu_holder_is_never_a_manager_daemon():
                                            comm="supervisord"))
     assert managers.is_manager_daemon(_rec(GONE + 3, 1, ["/usr/bin/containerd-shim-runc-v2", "-namespace", "k8s.io"]))
     assert not managers.is_manager_daemon(_rec(GONE + 4, 1, ["python3", "supervise_jobs.py"]))
+    # a user's loop script named for a daemon is no daemon: `bash supervise.sh` restarts a server by its own loop
+    assert not managers.is_manager_daemon(_rec(GONE + 5, 1, ["bash", "/srv/supervise.sh"]))
+    assert not managers.is_manager_daemon(_rec(GONE + 6, 1, ["python3", "/srv/raylet.py"]))
 
 
 # -- a second user --------------------------------------------------------------------------------

@@ -73,8 +73,11 @@ PODMAN_GLOBALS = {"--root": "/var/lib/containers/storage", "--runroot": "/run/co
 def daemon_name(record):
     """The manager daemon this process's program is ('supervisord', 'runsv', ...), or None. By
     every name the program goes by (program.names: `python3 /usr/bin/supervisord` is
-    supervisord) and its comm (a `#!` script's comm is its file name)."""
-    names = {name for name, _ in program.names(record)} | {record.get("comm") or ""}
+    supervisord) and its comm (a `#!` script's comm is its file name); never a script's name
+    without its extension (a user's `bash supervise.sh` loop is no daemontools `supervise`)."""
+    names = {name for name, why in program.names(record)
+             if not why.startswith("runs script ") or os.path.basename(why[12:]) == os.path.basename(name)}
+    names.add(record.get("comm") or "")
     for name in sorted(names):
         base = os.path.basename(name)
         if base in DAEMONS:
