@@ -29,10 +29,10 @@ import os
 
 from invoke import Collection
 
-from scripts.cli import about, audit, executor, gpu, hosts, output_guard, parse_errors, phases, reset, sandbox, slurm
+from scripts.cli import about, audit, executor, gpu, hosts, output_guard, phases, program, reset, sandbox, slurm
 
 output_guard.install()  # Invoke's own --list and --help: a closed pipe exits 141, a full disk 10 (also by .pth)
-parse_errors.install()  # a command line Invoke cannot read exits 2 (usage), naming the nearest task or flag
+program.install()  # a command line Invoke cannot read exits 2 (usage); TASK --help lists its exit codes
 executor.check_project_config(os.path.dirname(os.path.abspath(__file__)))
 
 ns = Collection(

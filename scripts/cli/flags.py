@@ -40,9 +40,12 @@ class Task(invoke.Task):
     oneliner, lint-launch). Why: Invoke hands those words to every task, and `invoke status
     -- foo` silently ignored foo; a word the user typed is either used or refused (exit 2)."""
 
-    def __init__(self, *args, remainder: bool = False, **kwargs):
+    def __init__(self, *args, remainder: bool = False, exit_codes: tuple = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.remainder = remainder
+        # the names (contract.EXIT_CODES) of every code this task can give: its --help lists them
+        # with their meanings from that table (scripts/cli/program.py)
+        self.exit_codes = exit_codes
 
     def __call__(self, *args, **kwargs):
         if not self.remainder:

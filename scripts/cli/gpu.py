@@ -151,7 +151,7 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
     exit_worst(codes(outcomes))
 
 
-@task(iterable=["match"], help=dict(
+@task(iterable=["match"], exit_codes=td.TEARDOWN_EXITS, help=dict(
     td.TEARDOWN_HELP, host=HOST_HELP, json="print the result as JSON",
     dry_run="show the plan and signal nothing",
     yes="do not ask before signalling (required when not on a terminal)",
@@ -166,18 +166,15 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
              all_users=False):
     """Free every GPU of the host(s) and prove it, harming nothing else.
 
-    Order: lock the host; plan (targets + their trees and process groups, orphans holding a
-    GPU; protected: PID 1, sshd, nvidia-persistenced, DCGM, exporters, monitors, this
-    session); SIGTERM all targets at once; wake on each exit; SIGKILL what outlives --grace;
-    verify the GPUs free (NVML v2, 0 MiB used; `free at` is printed then) and keep watching
-    --settle seconds for a respawn (the exit code and the word FREED are that window's verdict). Targets are
-    PROGRAMS named by a pattern (module, script, executable or process title), never a mere
-    argument of another program. Exit 0 freed and verified, 1 done but
-    not free, 2 bad input, 3 host unreachable or its state dir unusable (nothing signalled),
-    4 locked by another teardown, 6 not every process could be inspected (run as root),
-    9 freed but a GPU's health verdict is drain / reset needed / reboot needed (each GPU's
-    verdict and its reasons are printed; `invoke reset` when it says reset), 130 Ctrl-C
-    (the host side goes on).
+    Order: lock the host; plan (targets + their trees and process groups, orphans
+    holding a GPU; protected: PID 1, sshd, nvidia-persistenced, DCGM, exporters,
+    monitors, this session); SIGTERM all targets at once; wake on each exit;
+    SIGKILL what outlives --grace; verify the GPUs free (NVML v2, 0 MiB used;
+    `free at` is printed then) and keep watching --settle seconds for a respawn
+    (the exit code and the word FREED are that window's verdict). Targets are
+    PROGRAMS named by a pattern (module, script, executable or process title),
+    never a mere argument of another program. A GPU's health verdict of reset
+    needed: `invoke reset`. Several hosts exit with the highest of their codes.
     """
     from scripts.config import cliargs
     from scripts.ops import audit_log, fleet

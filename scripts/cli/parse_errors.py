@@ -6,17 +6,15 @@ without its value) with exit 1, the code that means "done but not free", and a l
 held. Here the parser's error becomes contract.EXIT_USAGE with one line that names the bad
 word and, for a typo, the nearest task or flag ("did you mean teardown?"); nothing has run.
 
-How: tasks.py is loaded by Invoke's Program while it runs (after the core flags, before the
-tasks' own are parsed), so the Program running now is given this subclass (UsageErrors), whose
-two parsing steps after that point turn a ParseError into Exit(code=2). A ParseError of the
-core flags, read before tasks.py loads (`invoke -c` without its value), gets exit 2 from
-output_guard, which is installed at interpreter start.
+How: scripts/cli/program.py's Program turns a ParseError into Exit(code=2) with this line. A
+ParseError of the core flags, read before tasks.py loads (`invoke -c` without its value),
+gets exit 2 from output_guard, which is installed at interpreter start.
 """
 from __future__ import annotations
 
 import re
 
-from invoke import Exit, ParseError, Program
+from invoke import ParseError
 
 _UNKNOWN = re.compile(r"^No idea what '(.*)' is!$", re.S)
 _NO_VALUE = re.compile(r"^Flag <Argument: ([^ >]+)")
@@ -58,34 +56,3 @@ def usage_line(error: ParseError, task_names, program_name: str = "invoke") -> s
     if no_value:
         return f"gpu-pivot: {_flag(no_value.group(1))} needs a value; nothing ran"
     return f"gpu-pivot: {message.rstrip('!')}; nothing ran"
-
-
-class UsageErrors(Program):
-    """Invoke's Program, its parse errors after tasks.py loaded turned into exit 2 (usage_line)."""
-
-    def _usage(self, error: ParseError) -> Exit:
-        from ..agent.contract import EXIT_USAGE
-
-        names = list(getattr(getattr(self, "parser", None), "contexts", {}) or {})
-        return Exit(usage_line(error, names), code=EXIT_USAGE)
-
-    def parse_tasks(self) -> None:
-        try:
-            super().parse_tasks()
-        except ParseError as error:
-            raise self._usage(error) from None
-
-    def parse_cleanup(self) -> None:
-        try:
-            super().parse_cleanup()
-        except ParseError as error:
-            raise self._usage(error) from None
-
-
-def install() -> None:
-    """Give the Program that is running (Invoke's `invoke` and `python -m invoke`) this
-    subclass, for the parse steps still ahead of it; a Program of another class is left."""
-    from invoke import main
-
-    if type(main.program) is Program:
-        main.program.__class__ = UsageErrors

@@ -38,6 +38,11 @@ TEARDOWN_HELP = dict(
            " whole window is always watched)",
 )
 
+# Every exit code a teardown can give, by its name in contract.EXIT_CODES (`teardown --help` lists
+# them with the table's meanings): not 5, a pivot's gate, and not 141, Invoke's own output's.
+TEARDOWN_EXITS = ("ok", "not-free", "usage", "unreachable", "locked", "uninspected", "timed-out", "declined",
+                  "unhealthy", "output-failed", "interrupted")
+
 # The flag defaults, as strings: cliargs checks them (a typo is one line and exit 2, not a traceback).
 GRACE, TIMEOUT = num(defaults.GRACE_S), num(defaults.TIMEOUT_S)
 SETTLE = ""  # not given: the agent's own rule (defaults.SETTLE_S, or none when nothing can respawn)

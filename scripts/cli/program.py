@@ -1,0 +1,86 @@
+"""Invoke's Program, made to keep two promises of ours before any task runs.
+
+1. A command line its parser cannot read is bad input: exit 2 with one line naming the word
+   and the nearest task or flag (parse_errors.usage_line), not Invoke's exit 1, which is
+   "done but not free".
+2. `invoke TASK --help` ends with the exit codes that task can give, written from the one
+   table of them (contract.EXIT_CODES) when the help is printed: a task names its codes
+   (`@task(exit_codes=...)`, scripts/cli/flags.py) and never writes their meanings again.
+   Why at print time: loading the tasks (`invoke --list`) imports nothing of the agent.
+
+How: tasks.py is loaded by Invoke's Program while it runs (after the core flags, before the
+tasks' own are parsed and any help is printed), so install() gives the Program running now
+this subclass, for the steps still ahead of it.
+"""
+from __future__ import annotations
+
+import inspect
+import textwrap
+
+import invoke
+
+HELP_WIDTH = 80  # what Invoke prints of a docstring is indented by its leading_indent
+
+
+def exit_codes_help(names, width: int = HELP_WIDTH) -> str:
+    """The lines `Exit codes:`, then one entry per code named (contract.EXIT_CODES' names, in the
+    table's order), each wrapped to `width` without cutting a word."""
+    from ..agent.contract import EXIT_CODES
+
+    known = {name for _, name, _ in EXIT_CODES}
+    unknown = sorted(set(names) - known)
+    if unknown:
+        raise ValueError(f"no exit code named {', '.join(unknown)} in contract.EXIT_CODES")
+    lines = ["Exit codes:"]
+    for code, name, meaning in EXIT_CODES:
+        if name in names:
+            head = f"  {code:<4} "
+            lines += textwrap.wrap(meaning, width, initial_indent=head, subsequent_indent=" " * len(head),
+                                   break_long_words=False, break_on_hyphens=False)
+    return "\n".join(lines)
+
+
+class Program(invoke.Program):
+    """Invoke's Program: parse errors exit 2 (usage), a task's help lists its exit codes."""
+
+    def _usage(self, error: invoke.ParseError) -> invoke.Exit:
+        from ..agent.contract import EXIT_USAGE
+        from .parse_errors import usage_line
+
+        names = list(getattr(getattr(self, "parser", None), "contexts", {}) or {})
+        return invoke.Exit(usage_line(error, names), code=EXIT_USAGE)
+
+    def parse_tasks(self) -> None:
+        try:
+            super().parse_tasks()
+        except invoke.ParseError as error:
+            raise self._usage(error) from None
+
+    def parse_cleanup(self) -> None:
+        try:
+            super().parse_cleanup()
+        except invoke.ParseError as error:
+            raise self._usage(error) from None
+
+    def print_task_help(self, name: str) -> None:
+        task = self.collection[name]
+        names = getattr(task, "exit_codes", ())
+        if not names:
+            super().print_task_help(name)
+            return
+        doc = task.__doc__
+        codes = exit_codes_help(names, HELP_WIDTH - len(self.leading_indent))
+        task.__doc__ = f"{inspect.getdoc(task) or ''}\n\n{codes}"
+        try:
+            super().print_task_help(name)
+        finally:
+            task.__doc__ = doc
+
+
+def install() -> None:
+    """Give the Program that is running (Invoke's `invoke` and `python -m invoke`) this
+    subclass; a Program of another class (someone else's) is left as it is."""
+    from invoke import main
+
+    if type(main.program) is invoke.Program:
+        main.program.__class__ = Program
