@@ -1,6 +1,7 @@
 """Tasks that reach hosts without touching their GPUs: hosts, ping, run, oneliner."""
 from __future__ import annotations
 
+import re
 import sys
 
 from invoke import Exit
@@ -20,7 +21,7 @@ ONELINER_GRACE = num(defaults.ONELINER_GRACE_S)
 def hosts(c, json=False, names=False):
     """List host aliases, the route each one takes and its phases (validates hosts.env)."""
     from scripts.config import hosts as all_hosts
-    from scripts.views.render import Col, table
+    from scripts.views.render import Col, note, table
 
     known = all_hosts.load().values()
     if names:
@@ -31,10 +32,21 @@ def hosts(c, json=False, names=False):
     if json:
         print(dumps(docs))
         return
-    rows = [[d["alias"], d["route"], d["python"], d["devices"], ", ".join(d["phases"]) or "-", d["source"]]
-            for d in docs]
-    print(table(["alias", Col("route", "wrap", 24), "python", Col("devices", "wrap"), Col("phases", "wrap"), "from"],
-                rows))
+    # the hosts file (one: hostconfig.hosts_file) is named once under the table, not in every row
+    files = sorted({d["source"] for d in docs} - {"built-in"})
+    rows = [[d["alias"], d["route"], d["python"], d["devices"], ", ".join(d["phases"]) or "-",
+             "built-in" if d["source"] == "built-in" else "file"] for d in docs]
+    # a column wraps at spaces and after a `/`, never inside a word (`nvidia[0-3]`, an address)
+    print(table(["alias", *(Col(h, "wrap", _longest_word(r[i] for r in rows)) if h != "python" else h
+                            for i, h in enumerate(("route", "python", "devices", "phases", "from"), 1))], rows))
+    for path in files:
+        print(note(f"file: {path}", indent="", hang="  "))
+
+
+def _longest_word(texts) -> int:
+    """The widest a column of these texts can get without a word cut: its longest word, a
+    path's parts between slashes each a word (table wraps there)."""
+    return max((len(part) for t in texts for part in re.findall(r"[^\s/]*/?", t)), default=0)
 
 
 @task(help={"host": HOST_HELP, "json": "print the agent's JSON answer",

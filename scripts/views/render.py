@@ -327,7 +327,9 @@ class _Wrapper(textwrap.TextWrapper):
         if not self.break_long_words or len(chunk) <= room:
             super()._handle_long_word(reversed_chunks, cur_line, cur_len, width)
             return
-        cut = room
+        # a path is cut after a / when one fits (`/dev/` over `nvidia*`), not inside a name of it
+        slash = chunk.rfind("/", 1, room)
+        cut = slash + 1 if slash > 0 else room
         while cut > 0:
             tail = _ESCAPE_END.search(chunk[:cut])
             if tail is None:
