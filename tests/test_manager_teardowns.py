@@ -15,17 +15,21 @@ Every teardown is scoped to the test's temp dir (tests/test_teardown_honesty.hos
 """
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
 
 import pytest
 
+from scripts.agent.procs import scan
+from scripts.agent.teardown import settle
 from scripts.reach.transport import call_agent
 from tests.conftest import need_tools
 from tests.managers_fixtures import CgroupLayout, RayShaped, Supervisord, holder_argv, podman_usable
 from tests.procs import alive, children, wait_for
 from tests.test_managers import CID, ESCAPED, UID
+from tests.test_scan import scan_args
 from tests.test_teardown_honesty import host
 
 AFTER_STOP_S = 5  # long past any restart: autorestart and --restart=always bring a program back in well under 1 s
@@ -216,3 +220,41 @@ def test_ray_workers_are_named_with_ray_stop_and_nothing_of_rays_is_signalled(ps
         ("ray", "ray stop", False, sorted(workers))]
     _not_free_naming(ps, "`ray stop`", [ray.pid, *workers])
     assert children(ray.pid) == workers  # none restarted: none was signalled
+
+
+def test_supervisord_whose_config_another_user_can_change_is_named_and_nothing_signalled(ps, tmp_path,
+                                                                                       supervisord_tool, second_user):
+    """supervisorctl -c CONF reads CONF as root, so the teardown does not run it where another
+    user can change CONF; signalling the program would only have supervisord start it again:
+    NOT FREE, with the exact supervisorctl command, and neither supervisord nor the program signalled."""
+    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")})
+    try:
+        pid = sd.program_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        os.chown(sd.dir, second_user.uid, second_user.gid)
+        doc = _not_free_naming(ps, f"`supervisorctl -c {sd.conf} stop vllm`", [pid, sd.pid])
+        assert [(m["kind"], m["run"]) for m in doc["plan"]["managers"]] == [("supervisord", False)]
+        assert sd.state("vllm") == "RUNNING" and sd.program_pid("vllm") == pid  # never restarted: never signalled
+    finally:
+        os.chown(sd.dir, 0, 0)
+        sd.down()
+
+
+def test_a_starter_that_is_a_managers_daemon_is_named_with_its_stop_never_as_a_daemon(ps, tmp_path,
+                                                                                     supervisord_tool):
+    """settle's hint for what started a target: supervisord is asked (its supervisorctl stop),
+    never described as "a daemon" to stop by hand."""
+    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")})
+    try:
+        sd.program_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        stops = plan(ps)["managers"]
+        doc = scan.collect(scan_args(ps))
+        daemon = doc["_procs"][sd.pid]
+        with_stop = settle.Lineage(doc, [], stops=stops).hint(daemon)
+        assert with_stop.startswith(f"supervisorctl -c {sd.conf} stop vllm (supervisord vllm; PID {sd.pid} is its "
+                                    "daemon, never signalled)"), with_stop
+        alone = settle.Lineage(doc, []).hint(daemon)
+        assert "through its manager, supervisord" in alone and GENERIC not in alone, alone
+    finally:
+        sd.down()
