@@ -17,8 +17,14 @@ help: ## list the targets
 
 .PHONY: setup
 setup: $(VENV)/.installed $(VENV)/.output-guard ## create .venv with the pinned runtime + development requirements
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+.PHONY: runtime
+runtime: $(VENV)/.runtime $(VENV)/.output-guard ## create .venv with the pinned runtime requirements only (what the tasks run on)
+$(VENV)/.runtime: requirements.txt
 	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements.txt
+	touch $@
+# the tests, linter and type checker on top (requirements-dev.txt includes requirements.txt)
+$(VENV)/.installed: $(VENV)/.runtime requirements-dev.txt
 	$(VENV)/bin/pip install -q --disable-pip-version-check -r requirements-dev.txt
 	touch $@
 .PHONY: requirements
@@ -27,7 +33,7 @@ requirements: ## remake requirements.txt and requirements-dev.txt from pyproject
 	python3 -m scripts.pins dev > requirements-dev.txt
 
 # Invoke's own --version (read before tasks.py) gets the closed-pipe / full-disk guard from a .pth
-$(VENV)/.output-guard: $(VENV)/.installed scripts/cli/output_guard.py
+$(VENV)/.output-guard: $(VENV)/.runtime scripts/cli/output_guard.py
 	$(PY) -m scripts.cli.output_guard >/dev/null
 	touch $@
 
@@ -63,7 +69,7 @@ typecheck: setup ## mypy on tasks.py and scripts/, the agent included (settings:
 	$(VENV)/bin/mypy
 
 .PHONY: demo
-demo: setup ## the main job on the SANDBOX host (only its own private dir): see holders, tear down, verify, bystanders alive; leaves the sandbox up and says how to stop it
+demo: runtime ## the main job on the SANDBOX host (only its own private dir): see holders, tear down, verify, bystanders alive; leaves the sandbox up and says how to stop it
 	$(INVOKE) sandbox up
 	$(INVOKE) ping --host sandbox
 	$(INVOKE) status --host sandbox
