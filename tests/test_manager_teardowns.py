@@ -25,6 +25,7 @@ import pytest
 from scripts.agent.procs import scan
 from scripts.agent.teardown import settle
 from scripts.reach.transport import call_agent
+from scripts.views.teardown import plan_tables
 from tests.conftest import need_tools
 from tests.managers_fixtures import CgroupLayout, RayShaped, Supervisord, holder_argv, podman_usable
 from tests.procs import alive, children, wait_for
@@ -43,6 +44,11 @@ def teardown(ps, *extra):
 
 def plan(ps):
     return call_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
+
+
+def plan_view(ps) -> str:
+    """`invoke plan`'s tables of this test's plan, as one line of words."""
+    return " ".join(plan_tables(call_agent(host(ps, TARGETS=TARGETS), "plan").doc).split())
 
 
 def signalled(doc) -> set:
@@ -82,6 +88,7 @@ def test_supervisord_program_is_stopped_with_supervisorctl_for_good(ps, tmp_path
         assert [(m["kind"], m["name"], m["run"], m["pids"]) for m in the_plan["managers"]] == [
             ("supervisord", "infer:vllm", True, [pid])]
         assert sd.pid not in {t["pid"] for t in the_plan["targets"] + the_plan["supervisors"]}
+        assert f"supervisord infer:vllm (pid {pid}) will be stopped with {command}" in plan_view(ps)
 
         result = teardown(ps)
         doc = result.doc
@@ -200,6 +207,9 @@ def test_kubernetes_pod_is_named_with_cordon_and_delete_and_never_signalled(ps, 
     row = next(r for r in the_plan["left_alone"] if r["pid"] == pid)
     assert row["manager"] == {"kind": "kubernetes", "name": "inference/vllm-0",
                               "stop_command": "kubectl -n inference delete pod vllm-0"}
+    view = plan_view(ps)
+    assert (f"MANAGED pid {pid}: kubernetes inference/vllm-0 runs it and would start it again: NOT signalled; to "
+            "stop it run `kubectl cordon ") in view and "first, then `kubectl -n inference delete pod vllm-0`" in view
     doc = _not_free_naming(ps, "kubectl -n inference delete pod vllm-0", [pid])
     line = next(p for p in doc["problems"] if "kubectl -n inference delete pod vllm-0" in p)
     assert "`kubectl cordon " in line and line.index("kubectl cordon") < line.index("delete pod"), line
