@@ -39,11 +39,31 @@ def test_teardown_help_lists_every_exit_code_it_can_give_in_80_columns():
     assert contract.EXIT_GATE not in listed  # a pivot's, never a teardown's
 
 
+def test_every_tasks_help_fits_80_columns_without_cutting_a_word():
+    listed = invoke("--list").stdout.decode().splitlines()[2:]
+    names = [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("    ")]
+    assert "status" in names and "sandbox" in names
+    for name in names:
+        out = invoke(name, "-h", env=columns(80))
+        assert out.returncode == 0 and not too_wide(out.stdout.decode()), (name, too_wide(out.stdout.decode()))
+    wide = invoke("status", "-h", env=columns(200)).stdout.decode()
+    assert "(`HOST  GPUs free/total  holders  verdict`" in " ".join(wide.split("\n"))  # spacing kept
+
+
+def test_a_paragraph_that_fits_keeps_its_lines():
+    from scripts.cli.program import fit_paragraphs
+
+    text = "Title line.\n\nshort\nlines kept\n\n" + "word " * 30
+    fitted = fit_paragraphs(text, 40)
+    assert fitted.startswith("Title line.\n\nshort\nlines kept\n\nword word")
+    assert all(len(line) <= 40 for line in fitted.splitlines())
+
+
 def test_an_exit_code_name_not_in_the_table_is_refused():
     from scripts.cli.program import exit_codes_help
 
     with pytest.raises(ValueError, match="no exit code named freed"):
-        exit_codes_help(("ok", "freed"))
+        exit_codes_help(("ok", "freed"), 78)
 
 
 # -- hosts and plan at 80 columns: nothing cut inside a word -----------------------------------------

@@ -7,6 +7,7 @@
    table of them (contract.EXIT_CODES) when the help is printed: a task names its codes
    (`@task(exit_codes=...)`, scripts/cli/flags.py) and never writes their meanings again.
    Why at print time: loading the tasks (`invoke --list`) imports nothing of the agent.
+   The docstring is fitted to the screen too (80 columns: Invoke prints it as written).
 
 How: tasks.py is loaded by Invoke's Program while it runs (after the core flags, before the
 tasks' own are parsed and any help is printed), so install() gives the Program running now
@@ -19,10 +20,8 @@ import textwrap
 
 import invoke
 
-HELP_WIDTH = 80  # what Invoke prints of a docstring is indented by its leading_indent
 
-
-def exit_codes_help(names, width: int = HELP_WIDTH) -> str:
+def exit_codes_help(names, width: int) -> str:
     """The lines `Exit codes:`, then one entry per code named (contract.EXIT_CODES' names, in the
     table's order), each wrapped to `width` without cutting a word."""
     from ..agent.contract import EXIT_CODES
@@ -63,18 +62,35 @@ class Program(invoke.Program):
             raise self._usage(error) from None
 
     def print_task_help(self, name: str) -> None:
+        """Invoke's task help, its docstring fitted to the screen (fit_paragraphs) and, for a
+        task that names its exit codes, ending with them."""
+        from ..views.render import width
+
         task = self.collection[name]
+        room = width() - len(self.leading_indent)
+        text = fit_paragraphs(inspect.getdoc(task) or "", room)
         names = getattr(task, "exit_codes", ())
-        if not names:
-            super().print_task_help(name)
-            return
+        if names:
+            text += "\n\n" + exit_codes_help(names, room)
         doc = task.__doc__
-        codes = exit_codes_help(names, HELP_WIDTH - len(self.leading_indent))
-        task.__doc__ = f"{inspect.getdoc(task) or ''}\n\n{codes}"
+        task.__doc__ = text
         try:
             super().print_task_help(name)
         finally:
             task.__doc__ = doc
+
+
+def fit_paragraphs(text: str, room: int) -> str:
+    """`text` with each paragraph that has a line wider than `room` re-wrapped to it, never
+    cutting a word; a paragraph that fits keeps its own line breaks."""
+    out = []
+    for paragraph in text.split("\n\n"):
+        if any(len(line) > room for line in paragraph.splitlines()):
+            paragraph = textwrap.fill(" ".join(line.strip() for line in paragraph.splitlines()), room,
+                                      break_long_words=False,
+                                      break_on_hyphens=False)
+        out.append(paragraph)
+    return "\n\n".join(out)
 
 
 def install() -> None:

@@ -18,7 +18,15 @@ def sandbox(c, action, json=False):
     one that is a link, not ours or writable by others is refused, exit 3, nothing run.
     """
     if action in ("--help", "-h"):  # Invoke hands --help to a positional argument as its value
-        print("Usage: invoke sandbox up|down|status [--json]\n\nDocstring:\n  " + (sandbox.__doc__ or "").strip())
+        import inspect
+
+        from scripts.views.render import width
+
+        from .program import fit_paragraphs
+
+        doc = fit_paragraphs(inspect.getdoc(sandbox) or "", width() - 2)
+        print("Usage: invoke sandbox up|down|status [--json]\n\nDocstring:\n" +
+              "\n".join("  " + line if line else "" for line in doc.splitlines()))
         return
     from scripts.config.errors import ConfigError
     from scripts.ops import sandbox as sandbox_host
