@@ -27,7 +27,7 @@ from scripts.agent.teardown import settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
 from tests.conftest import need_tools
-from tests.managers_fixtures import CgroupLayout, RayShaped, Supervisord, holder_argv, podman_usable
+from tests.managers_fixtures import CgroupLayout, RayShaped, ServiceScan, Supervisord, holder_argv, podman_usable
 from tests.procs import alive, children, wait_for
 from tests.test_managers import CID, ESCAPED, UID
 from tests.test_scan import scan_args
@@ -268,3 +268,31 @@ def test_a_starter_that_is_a_managers_daemon_is_named_with_its_stop_never_as_a_d
         assert "through its manager, supervisord" in alone and GENERIC not in alone, alone
     finally:
         sd.down()
+
+
+SERVICE_TOOLS = {"runit": ("runsvdir", "runsv", "sv"), "s6": ("s6-svscan", "s6-supervise", "s6-svc", "s6-svstat"),
+                 "daemontools": ("svscan", "supervise", "svc", "svstat")}
+
+
+@pytest.mark.parametrize("kind", sorted(SERVICE_TOOLS))
+def test_supervised_service_is_stopped_with_its_down_command_for_good(ps, tmp_path, kind):
+    """runsv / s6-supervise / supervise start a service's process again the moment it exits:
+    the teardown takes the service down through its supervisor, which lives on."""
+    need_tools(*SERVICE_TOOLS[kind], why=f"a server under a real {kind} supervisor")
+    scanner = ServiceScan(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, kind)
+    try:
+        pid = scanner.service_pid("vllm")
+        supervisor = scanner.supervisor_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        result = teardown(ps)
+        doc = result.doc
+        assert result.code == 0 and doc["verdict"] == "free", doc["problems"]
+        [stop] = doc["plan"]["managers"]
+        assert (stop["kind"], stop["run"], stop["pids"]) == (kind, True, [pid])
+        assert {supervisor, scanner.pid}.isdisjoint(signalled(doc))
+        no_generic_hint(doc)
+        time.sleep(AFTER_STOP_S)
+        assert scanner.status("vllm") == "down"
+        assert not alive(pid) and alive(supervisor) and alive(scanner.pid) and holders_now(ps) == []
+    finally:
+        scanner.down()

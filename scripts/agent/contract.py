@@ -254,6 +254,7 @@ if TYPE_CHECKING:
         first: str | None  # to run before `command` (kubectl cordon NODE)
         comes_back: str | None
         daemon_pid: int | None
+        main_pid: int | None  # what the manager runs itself: its stop signals it
 
     class Writing(TypedDict):
         """Plan.writing: a target that writes files in place."""

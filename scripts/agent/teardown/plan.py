@@ -463,7 +463,7 @@ def _stop_item(m, run, runs_ours, procs, mine):
         why = m["note"]
     return {"kind": m["kind"], "name": m["name"], "command": m["stop_command"], "argv": m["stop_argv"],
             "pids": [], "comes_back": m.get("comes_back"), "first": m.get("first"), "run": run, "why": why,
-            "daemon_pid": m.get("pid")}
+            "daemon_pid": m.get("pid"), "main_pid": m.get("main_pid")}
 
 
 def _pids(pids):

@@ -135,7 +135,10 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
     """Log each finished stop with whether the unit or container comes back by itself
     (enabled at boot, a docker restart policy); `wait_s`: how long to wait for one still running.
     Its processes still alive once the stop has ended (KillMode=process, a stop that failed)
-    get SIGTERM then, audited, instead of waiting out the grace period unsignalled."""
+    get SIGTERM then, audited, instead of waiting out the grace period unsignalled; but never
+    the process another manager runs itself (`main_pid`): `sv down` and `svc -d` return before
+    the supervisor has read them, and a signal that ends the process first has it started again
+    (what is below it, a server under supervisord's `bash -c`, is signalled)."""
     if not running:
         return
     import subprocess  # loaded by _stop_units already: it started these
@@ -150,7 +153,8 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
         first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
         rec = audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr.read()))
         rec["comes_back"] = units.comes_back(item)  # the report says it (teardown_view.verdict_lines)
-        left = targets.running([targets_by_pid[p] for p in item["pids"] if p in targets_by_pid]) if targets else []
+        ours = [targets_by_pid[p] for p in item["pids"] if p in targets_by_pid and p != item.get("main_pid")]
+        left = targets.running(ours) if targets else []
         if left:
             targets.signal(left, signal.SIGTERM, "SIGTERM")
 
