@@ -48,8 +48,15 @@ def kind(info):
 
 def _runs_code_or_script(args):
     """Does a shell with these arguments run `-c` code or a script (not someone's terminal)?
-    Interactive (`-i`, in any cluster of short options) never; `--rcfile FILE` and the other
-    options that take a value are skipped with it (`bash --rcfile venv.rc -i` is a terminal)."""
+    Interactive (`-i`, in any cluster of short options) never (_shell_args)."""
+    interactive, code, operand = _shell_args(args)
+    return not interactive and (code or operand is not None)
+
+
+def _shell_args(args):
+    """(interactive, -c given, index of the first operand or None) of a shell's arguments: the
+    operand is `-c`'s code or a script's path. `--rcfile FILE` and the other options that take a
+    value are skipped with it (`bash --rcfile venv.rc -i` is a terminal)."""
     code = False
     i = 0
     while i < len(args):
@@ -58,18 +65,18 @@ def _runs_code_or_script(args):
             i += 2
             continue
         if arg == "--":
-            return code or i + 1 < len(args)
+            return False, code, i + 1 if i + 1 < len(args) else None
         if arg.startswith("--"):
             if arg == "--interactive":
-                return False
+                return True, code, None
         elif arg[:1] in "-+" and len(arg) > 1:
             if "i" in arg[1:]:
-                return False
+                return True, code, None
             code = code or "c" in arg[1:]
         else:
-            return True  # code's text, or a script's path
+            return False, code, i
         i += 1
-    return False
+    return False, code, None
 
 
 def launcher(info):
@@ -130,23 +137,9 @@ def shell_code(info):
     """The text a shell wrapper runs: its `-c` string, or its script's first 64 KiB (through
     /proc/PID/cwd for a relative path, a regular file only, read on a thread given 0.2 s: a
     script on a dead mount must not hang the teardown); None when it cannot be read."""
-    argv = [a for a in (info.get("argv") or []) if a is not None]
-    args = argv[1:]
-    i, code = 0, False
-    while i < len(args):
-        arg = args[i]
-        if arg in _SHELL_OPT_WITH_VALUE:
-            i += 2
-            continue
-        if arg == "--":
-            i += 1
-            break
-        if arg[:1] in "-+" and len(arg) > 1:
-            code = code or (not arg.startswith("--") and "c" in arg[1:])
-            i += 1
-            continue
-        break
-    if i >= len(args):
+    args = [a for a in (info.get("argv") or []) if a is not None][1:]
+    interactive, code, i = _shell_args(args)
+    if interactive or i is None:
         return None
     if code:
         return args[i]
