@@ -106,6 +106,10 @@ bench: setup system-deps ## run every benchmark side by side; results to bench/r
 bench-publish: setup system-deps ## make bench, then also write the tracked bench/RESULTS.md (not when a section failed; GPU rows: bench/gpu_session.sh)
 	$(PY) bench/run.py --publish
 
+.PHONY: bench-everyday
+bench-everyday: setup ## status, verify --wait and what each call ships: bytes per subcommand, status's round trip over `invoke --list` beside the commit before, step by step, verify's reaction to a holder's exit
+	$(PY) bench/everyday.py
+
 .PHONY: bench-startup
 bench-startup: setup ## start-up only: `import tasks`, `invoke --list`, a local `invoke status`, beside the numbers from before
 	$(PY) bench/startup.py

@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from bench.run import fleet, med, span  # noqa: E402
+from bench.run import FLEET_MODES, fleet, med, span  # noqa: E402
 from scripts.views.render import table  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -106,6 +106,29 @@ def counted_run(argv: list, env: dict) -> tuple:
     return res, wall, cpu_seconds() - c0
 
 
+def status_report(rows: list, reps: int, fanout: str) -> str:
+    """`invoke status` and `invoke teardown` of the same hosts (--status): wall, vs 1 host, and
+    the local side's CPU per host, side by side."""
+    def ratio(r, key):
+        base = med(rows[0][key])
+        return f"{med(r[key]) / base:.2f}x" if r[key] and base else "-"
+
+    body = table(["hosts", "status wall s", "vs 1 host", "local CPU s/host", "teardown wall s (--fanout "
+                  f"{fanout})", "vs 1 host", "local CPU s/host", "failed"],
+                 [[r["hosts"],
+                   f"{med(r['status_walls']):.2f} ({span(r['status_walls'])})" if r["status_walls"] else "-",
+                   ratio(r, "status_walls"),
+                   f"{med(r['status_cpu_s']) / r['hosts']:.3f}" if r["status_cpu_s"] else "-",
+                   f"{med(r['walls']):.2f} ({span(r['walls'])})" if r["walls"] else "-", ratio(r, "walls"),
+                   f"{med(r['cpu_s']) / r['hosts']:.3f}" if r["cpu_s"] else "-", len(r["failed"])] for r in rows])
+    return (f"`python3 bench/fleet_manycore.py --status --fanout {fanout} --sizes "
+            f"{' '.join(str(r['hosts']) for r in rows)} --reps {reps}` on {platform.node()} ({os.cpu_count()} CPUs): "
+            "one loopback sshd and its own process set (a server + 2 workers, an `nvidia-persistenced`) per "
+            "host; each run opens its ssh connections cold; `status` uses the default fanout (16), the "
+            "teardown the one given. Local CPU: `invoke`, its ssh clients and the ControlMasters they leave.\n\n"
+            + body + "\n")
+
+
 def report(rows: list, reps: int) -> str:
     base = med(next(r["walls"] for r in rows if r["hosts"] == 1))
     big = max(r["hosts"] for r in rows)
@@ -133,6 +156,9 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[1, 8, 32])
     p.add_argument("--reps", type=int, default=3)
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/fleet-out"))
+    p.add_argument("--status", action="store_true",
+                   help="also time `invoke status` of the same hosts; parallel only (no --fanout 1 rows)")
+    p.add_argument("--fanout", default="16", help="the teardown's --fanout in the parallel rows")
     args = p.parse_args()
     if 1 not in args.sizes:
         p.error("--sizes must include 1 (the baseline of the ratios)")
@@ -141,12 +167,13 @@ def main() -> None:
     become_subreaper()
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-fleet-"))
     try:
-        rows = fleet(work, sorted(args.sizes), args.reps, runner=counted_run)
+        modes = (("parallel", args.fanout),) if args.status else (("parallel", args.fanout),) + FLEET_MODES[1:]
+        rows = fleet(work, sorted(args.sizes), args.reps, runner=counted_run, modes=modes, status=args.status)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     (out / "fleet-manycore.json").write_text(json.dumps({"cpus": os.cpu_count(), "reps": args.reps, "rows": rows},
                                                         indent=1))
-    text = report(rows, args.reps)
+    text = status_report(rows, args.reps, args.fanout) if args.status else report(rows, args.reps)
     (out / "fleet-manycore.md").write_text(text)
     print(text)
 

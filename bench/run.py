@@ -301,7 +301,12 @@ def _run_once(argv: list, env: dict) -> tuple:
     return res, time.monotonic() - t0, None
 
 
-def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
+FLEET_MODES = (("parallel", "16"), ("one after another", "1"))
+
+
+def fleet(work: Path, sizes: list, reps: int, runner=_run_once, modes=FLEET_MODES, status: bool = False) -> list:
+    """Each row: a teardown of `size` hosts per mode (its --fanout); with `status`, an `invoke
+    status` of the same hosts first, in the same run (its own walls and CPU in the row)."""
     n = max(sizes)
     # each loopback "host" keeps its own state dir (and so its own teardown lock), as real hosts do
     first = LoopbackSshd(work / "fleet" / "h01", env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / "run01")}).start()
@@ -314,8 +319,9 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
     rows = []
     try:
         for size in sizes:
-            for mode, fanout in (("parallel", "16"), ("one after another", "1")):
+            for mode, fanout in modes:
                 walls, cpus, failed = [], [], []
+                status_walls, status_cpus = [], []
                 for r in range(reps):
                     progress(f"{size} host(s), {mode}, run {r + 1}/{reps}")
                     sets = []
@@ -330,6 +336,13 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
                             "TARGETS": r"sandbox_roles\.py"})
                     hosts_file.write_text(text)
                     spec = f"node[01-{size:02d}]" if size > 1 else "node01"
+                    if status:  # status takes no --fanout: the default's (defaults.FANOUT)
+                        res, wall, cpu = runner(invoke_argv("status", "--host", spec), env)
+                        if res.returncode == 0:
+                            status_walls.append(wall)
+                            status_cpus.append(cpu)
+                        else:
+                            failed.append(f"status exit {res.returncode}")
                     res, wall, cpu = runner(invoke_argv("teardown", "--host", spec, "--yes", "--fanout", fanout,
                                                         "--grace", "5"), env)
                     for ps in sets:
@@ -341,7 +354,8 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once) -> list:
                         continue
                     walls.append(wall)
                     cpus.append(cpu)
-                rows.append({"hosts": size, "mode": mode, "walls": walls, "cpu_s": cpus, "failed": failed})
+                rows.append({"hosts": size, "mode": mode, "walls": walls, "cpu_s": cpus, "failed": failed,
+                             "fanout": fanout, "status_walls": status_walls, "status_cpu_s": status_cpus})
                 if size == 1:
                     break  # one host: parallel and sequential are the same run
     finally:
