@@ -15,6 +15,7 @@ Every teardown is scoped to the test's temp dir (tests/test_teardown_honesty.hos
 """
 from __future__ import annotations
 
+import argparse
 import os
 import subprocess
 import sys
@@ -23,7 +24,7 @@ import time
 import pytest
 
 from scripts.agent.procs import scan
-from scripts.agent.teardown import settle
+from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
 from tests.conftest import need_tools
@@ -296,3 +297,25 @@ def test_supervised_service_is_stopped_with_its_down_command_for_good(ps, tmp_pa
         assert not alive(pid) and alive(supervisor) and alive(scanner.pid) and holders_now(ps) == []
     finally:
         scanner.down()
+
+
+def test_a_stop_whose_tool_is_not_on_path_is_named_not_run(ps, tmp_path, supervisord_tool, monkeypatch):
+    """supervisorctl missing where the agent runs: the program is named with the command, and
+    neither signalled (supervisord would start it again) nor left to a stop that cannot start."""
+    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")})
+    try:
+        pid = sd.program_pid("vllm")
+        wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
+        doc = scan.collect(scan_args(ps))
+        args = argparse.Namespace(target=None, match=[], protect=[], scope=str(ps.base), scope_uid=None,
+                                  only_matching=False, stop_supervisors=False, disable=False, all_users=False)
+        monkeypatch.setattr(plan_module, "on_path", lambda tool: tool != "supervisorctl")
+        built = plan_module.build(doc, args)
+        assert pid not in {t["pid"] for t in built["targets"]}
+        [stop] = built["managers"]
+        assert (stop["kind"], stop["run"], stop["pids"]) == ("supervisord", False, [pid])
+        assert stop["why"] == "`supervisorctl` is not on this agent's PATH, so the teardown cannot run the stop"
+        row = next(r for r in built["left_alone"] if r["pid"] == pid)
+        assert row["manager"]["stop_command"] == f"supervisorctl -c {sd.conf} stop vllm"
+    finally:
+        sd.down()

@@ -338,7 +338,7 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
     whole = _wholly_targeted(targets + wrapper_rows, procs, set(filters))
     for t in targets + wrapper_rows:
         _via_unit_or_container(t, whole, units, containers, have)
-    stops, named = _via_managers(targets + wrapper_rows, procs, whole, set(filters))
+    stops, named = _via_managers(targets + wrapper_rows, procs, whole, set(filters), have)
     if named:  # not signalled: its manager would start it again (named, with its stop, in `managers`)
         targets = [t for t in targets if t["via"] != "named"]
         wrapper_rows = [t for t in wrapper_rows if t["via"] != "named"]
@@ -401,7 +401,7 @@ def _via_unit_or_container(t, whole, units, containers, have):
 MANAGED_CONTAINERS = ("podman", "cri-containerd", "crio", "nerdctl", "kubernetes")
 
 
-def _via_managers(rows, procs, whole, filters):
+def _via_managers(rows, procs, whole, filters, have=on_path):
     """([stop], [named row]) for the rows still to be signalled that a manager restarts
     (managers.manager_of). Each such row gets `manager` {kind, name, stop_command}. Its stop
     {kind, name, command, argv, pids, comes_back, first, run, why, daemon_pid} is run (`run`;
@@ -409,7 +409,7 @@ def _via_managers(rows, procs, whole, filters):
     for that program is a target, a wrapper or a filter of theirs; else (`run` False) the row
     is taken out of the signalled ones (via "named"), with what is below it: signalling what a
     manager restarts only starts it again, and a Kubernetes pod, a CRI container or Ray is
-    their owner's to stop."""
+    their owner's to stop. A stop whose tool is not on PATH (`have`) is named too."""
     mine = {t["pid"] for t in rows} | set(filters)
     stops: dict = {}
     named: dict = {}
@@ -424,8 +424,9 @@ def _via_managers(rows, procs, whole, filters):
         runs_ours = ((container.get("kind") not in MANAGED_CONTAINERS or owner_key(t) in whole)
                      and managers.managed_pids(m, procs) <= mine)
         key = _key(m)
-        run = bool(m["stops_by_default"] and runs_ours)
-        item = (stops if run else named).setdefault(key, _stop_item(m, run, runs_ours, procs, mine))
+        tool = bool(m["stop_argv"]) and have(m["stop_argv"][0])
+        run = bool(m["stops_by_default"] and runs_ours and tool)
+        item = (stops if run else named).setdefault(key, _stop_item(m, run, runs_ours, procs, mine, tool))
         _managed_row(t, item)
         by_pid[t["pid"]] = item
     for t in rows:  # what a named target started goes with it (its manager restarts the tree)
@@ -451,10 +452,12 @@ def _managed_row(row, item):
     item["pids"].append(row["pid"])
 
 
-def _stop_item(m, run, runs_ours, procs, mine):
+def _stop_item(m, run, runs_ours, procs, mine, tool=True):
     """A manager's stop as the plan lists it (`run`: the teardown runs it), with why not."""
     if run:
         why = "stopped through it"
+    elif m["stops_by_default"] and runs_ours and not tool:
+        why = "`%s` is not on this agent's PATH, so the teardown cannot run the stop" % m["stop_argv"][0]
     elif not runs_ours:
         others = sorted(managers.managed_pids(m, procs) - mine)
         why = ("it runs other processes too (PID %s), so stopping it is not the teardown's: %s"
