@@ -197,8 +197,11 @@ def roundtrip_section(r: dict, command: str) -> str:
     def trip(tree, path):
         return statistics.median(w[f"{tree} | {path} | status"]) - statistics.median(w[f"{tree} | {path} | list"])
 
+    def paired(tree, path):  # each rep's status minus the list run just before it: a busy moment hits both
+        return [b - a for a, b in zip(w[f"{tree} | {path} | list"], w[f"{tree} | {path} | status"], strict=True)]
+
     rows = [[tree, path, med(w[f"{tree} | {path} | list"]), med(w[f"{tree} | {path} | status"]),
-             f"**{trip(tree, path):.3f}**"] for tree in r["trees"] for path in r["paths"]]
+             f"**{trip(tree, path):.3f}**", med(paired(tree, path))] for tree in r["trees"] for path in r["paths"]]
     now, before = r["trees"][0], r["trees"][-1]
     now_before = [f"- {path}: round trip now / before = **{trip(now, path) / trip(before, path):.2f}x**"
                   for path in r["paths"]] if len(r["trees"]) > 1 else []
@@ -212,9 +215,9 @@ def roundtrip_section(r: dict, command: str) -> str:
             "agent runs on `python3` as PATH finds it (a pyenv shim is a bash script that starts pyenv: "
             "tens of ms before Python) and with /usr/bin first, as on a Debian host.\n\n"
             + md_table(["tree", "agent interpreter", "`invoke --list` s", "`invoke status --host sandbox` s",
-                        "round trip s"], rows) + "\n\n" + "\n".join(now_before)
+                        "round trip s", "paired: status - list, per rep"], rows) + "\n\n" + "\n".join(now_before)
             + "\n\nWhere it goes (each step timed in a fresh interpreter in the tree, same run; seconds):\n\n"
-            + md_table(["step"] + keys, steps_rows))
+            + md_table(["step"] + [k.replace(" | ", ", ") for k in keys], steps_rows))
 
 
 # -- wait -------------------------------------------------------------------------------------------

@@ -653,6 +653,9 @@ def report(args, results: dict, failed: dict | None = None) -> str:
                   "bench/results/startup-before.json (tasks.py as one 576-line module importing everything). "
                   "`invoke status --host local` includes the local agent's own start and scan.", "",
                   startup_table]
+    everyday = GPU_RESULTS / "everyday.md"  # section 7, from bench/everyday.py and its GPU and fleet runs
+    if everyday.exists():
+        lines += ["", everyday.read_text().rstrip()]
     return "\n".join(lines) + "\n"
 
 
