@@ -280,3 +280,36 @@ def test_a_scope_uid_keeps_both_to_that_users_processes(second_user, shared_ps):
         ProcessSet._kill(roles.values())
     assert survivors["agent"] == survivors["line"] == {"root_holder", "root_named"}, survivors
     assert codes["agent"] == codes["line"] == 1, codes  # root's holder still holds a GPU
+
+
+def test_another_persons_idle_target_program_is_left_by_both(second_user, shared_ps, hosts_env):
+    """Another person's copy of a program TARGETS names that holds no GPU here is left by both (a
+    client, a copy waiting for its turn); their copy that holds a GPU, and root's idle one, are stopped."""
+    if not os.access("/usr/bin/python3", os.X_OK):
+        pytest.skip("no /usr/bin/python3 for the second user")
+    python, base, dev = "/usr/bin/python3", shared_ps.base, shared_ps.devdir
+    execv = "import os, sys; os.execv(sys.argv[1], sys.argv[2:])"
+    hosts_env(_hosts_env(shared_ps, {"TARGETS": "myserve", "SCOPE": str(base)}))
+    survivors, codes = {}, {}
+    for how, run in (("invoke teardown", _by_invoke), ("pasted line", _by_line)):
+        roles = {
+            "user_idle": second_user.popen([python, "-c", execv, python, "myserve", "-c", HOLD, "/dev/null",
+                                            str(base)]).pid,
+            "user_holder": second_user.popen([python, "-c", execv, python, "myserve", "-c", HOLD,
+                                              str(dev / "nvidia0"), str(base)]).pid,
+            "root_idle": shared_ps.role("idle", title="myserve"),
+        }
+        for role in ("user_idle", "user_holder"):
+            shared_ps.adopt(roles[role])
+        holder = roles["user_holder"]
+        wait_for(lambda: _holds(holder), "the user's holder")  # noqa: B023 - called here, in this turn
+        ran = run(None)
+        codes[how] = ran.returncode
+        survivors[how] = {role for role, pid in roles.items() if alive(pid)}
+        if how == "pasted line":
+            report = shell_teardown.parse_report(ran.stdout.decode())
+            verb, why = report["decisions"][roles["user_idle"]]
+            assert verb == "leave" and f"another person's (uid {second_user.uid})" in why, why
+        ProcessSet._kill(roles.values())
+    assert survivors["invoke teardown"] == survivors["pasted line"] == {"user_idle"}, survivors
+    assert codes["invoke teardown"] == codes["pasted line"] == 0, codes

@@ -318,11 +318,25 @@ tree_of() {
             }
         }'
 }
+# shellcheck disable=SC2012 # ls -n is the POSIX way to read a numeric owner
+owner_of() { ls -dn "/proc/$1" 2>/dev/null | awk '{ print $3 }'; }
 # Owned by the scope uid, when there is one (the agent stops a target's tree within that uid only).
-uid_ok() {
-    [ -z "$scope_uid" ] && return 0
-    # shellcheck disable=SC2012 # ls -n is the POSIX way to read a numeric owner
-    [ "$(ls -dn "/proc/$1" 2>/dev/null | awk '{ print $3 }')" = "$scope_uid" ]
+uid_ok() { [ -z "$scope_uid" ] || [ "$(owner_of "$1")" = "$scope_uid" ]; }
+# Who runs this: the uid sudo was called by (a host whose hosts.env says BECOME=sudo), else ours.
+operator=$(id -u)
+if [ "$operator" = 0 ]; then case "${SUDO_UID:-}" in '' | *[!0-9]*) ;; *) operator=$SUDO_UID ;; esac; fi
+# Is this another person's process (a uid of UID_MIN or more, not the operator's), with no scope
+# uid naming whose processes are meant? As the agent's plan.another_persons (without --all-users).
+another_persons() {
+    [ -z "$scope_uid" ] || return 1
+    owner=$(owner_of "$1")
+    case "$owner" in '' | *[!0-9]*) return 1 ;; esac
+    [ "$owner" -ge "$uid_min" ] && [ "$owner" != "$operator" ]
+}
+# Does this process, or anything it started, hold a device file?
+tree_holds() {
+    for q in $1 $(tree_of "$1" | cut -f1); do case " $before " in *" $q "*) return 0 ;; esac; done
+    return 1
 }
 # A process as the report writes it: pid:start,name (one word); shown as `PID (NAME)`.
 token() { printf '%s:%s,%s' "$1" "$2" "$(name_of "$1")"; }
@@ -391,6 +405,12 @@ while IFS="$tab" read -r p s n; do
         [ "$why" = "this shell or its ancestor" ] && continue
         prot="$prot $(token "$p" "$s")"; decide keep "$p" "$why; TARGETS names its program $(shown "$n")"
     elif in_scope "$p"; then
+        # another person's copy of a target program that holds no GPU here (a client, one waiting for
+        # its turn): freeing the GPUs needs none of that, as invoke teardown leaves it
+        if another_persons "$p" && ! tree_holds "$p"; then
+            decide leave "$p" "TARGETS names its program $(shown "$n"), but it is another person's (uid $owner) and neither it nor what it started holds a GPU here"
+            continue
+        fi
         targets="$targets $(token "$p" "$s")"; decide TERM "$p" "TARGETS names its program $(shown "$n")"
         roots="$roots $p"
     fi
