@@ -26,12 +26,10 @@ both sides.
 from __future__ import annotations
 
 import base64
-import hashlib
 import importlib.util
 import json
 import marshal
 import os
-import py_compile
 import re
 import zlib
 from functools import lru_cache
@@ -77,8 +75,10 @@ os._exit(_code)
 # anywhere in a line (after `;` or `:` too: `if x: from . import y`). It starts with the literal
 # `from` (no `^` or `\b` before it) so re finds candidates by a fast search: ~1 ms for the agent,
 # where an anchored pattern cost ~10-25 ms of every call.
-_RELATIVE_IMPORT = re.compile(r"from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n;]*)")
-_COMMENT = re.compile(r"#[^\n]*")
+# Patterns as text, compiled by re (and cached there) when a stream is built: a call that reads
+# the kept stream back (kept_stream) never compiles them.
+_RELATIVE_IMPORT = r"from[ \t]+(\.+)([\w.]*)[ \t]+import[ \t]+(\([^)]*\)|[^\n;]*)"
+_COMMENT = r"#[^\n]*"
 
 
 def imported_modules(name: str, source: str) -> set:
@@ -92,11 +92,11 @@ def imported_modules(name: str, source: str) -> set:
     here = name.split(".") if name else []
     package = here if is_package else here[:-1]
     found = set()
-    for dots, module, names in _RELATIVE_IMPORT.findall(source):
+    for dots, module, names in re.findall(_RELATIVE_IMPORT, source):
         base = package[: len(package) - (len(dots) - 1)]
         target = base + (module.split(".") if module else [])
         found.update(_with_packages(target))
-        for item in _COMMENT.sub("", names).strip("()").replace("\n", ",").split(","):
+        for item in re.sub(_COMMENT, "", names).strip("()").replace("\n", ",").split(","):
             leaf = item.split(" as ")[0].strip()
             if leaf and ".".join(target + [leaf]) in modules:
                 found.update(_with_packages(target + [leaf]))
@@ -199,7 +199,7 @@ def shipped_source(path: Path) -> str:
 _QUOTES = ('"""', "'''")
 
 
-_HEADER = re.compile(r"^(?:async[ \t]+def|def|class)[ \t]")
+_HEADER = r"^(?:async[ \t]+def|def|class)[ \t]"
 
 
 def strip_source(text: str) -> str:
@@ -247,7 +247,7 @@ def strip_source(text: str) -> str:
             body = line.lstrip()
         out.append(line)
         if body:
-            in_header = in_header or bool(_HEADER.match(body))
+            in_header = in_header or bool(re.match(_HEADER, body))
             doc_may_follow = in_header and body.endswith(":")
             in_header = in_header and not doc_may_follow
         i += 1
@@ -279,6 +279,8 @@ def cached_code(path: Path) -> bytes | None:
         except OSError:
             pass
         if attempt == 0:
+            import py_compile  # only when Python's own cache lacks it: not on a call that reads the kept stream
+
             try:
                 py_compile.compile(str(path), cfile=str(pyc), doraise=True,
                                    invalidation_mode=py_compile.PycInvalidationMode.TIMESTAMP)
@@ -379,7 +381,7 @@ def kept_stream(name: str, build) -> bytes:
 
 
 def tree_stamp() -> bytes:
-    """One line naming what a built stream depends on: the interpreter's magic number (the
+    """The text naming what a built stream depends on: the interpreter's magic number (the
     bytecode), and the path, mtime and size of this file and of every agent module (what
     ships, what strip_source keeps, which modules a subcommand reaches)."""
     parts = [importlib.util.MAGIC_NUMBER.hex()]
@@ -388,4 +390,4 @@ def tree_stamp() -> bytes:
         parts += [os.path.join(folder, f) for f in sorted(files) if f.endswith(".py")]
     stats = [(path, os.stat(path)) for path in [__file__] + parts[1:]]
     parts += [f"{path} {st.st_mtime_ns} {st.st_size}" for path, st in stats]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest().encode() + b"\n"
+    return ("\n".join(parts) + "\n\0").encode()  # compared whole (no hash to import): a NUL ends it, no path has one
