@@ -145,6 +145,7 @@ def roundtrip(work: Path, reps: int, against: str, cli_python: str) -> dict:
                      ("GPU_PIVOT_CONTROL_DIR", "cm")):
         env[key] = str(work / sub)
     env.pop("GPU_PIVOT_HOSTS_FILE", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # as on an operator's machine: each tree's .pyc written once, then read
     invoke = [cli_python, "-m", "invoke"]
     up = subprocess.run(invoke + ["sandbox", "up"], cwd=REPO, env=env, capture_output=True, text=True)
     if up.returncode:
@@ -156,6 +157,9 @@ def roundtrip(work: Path, reps: int, against: str, cli_python: str) -> dict:
     walls: dict = {}
     codes: dict = {}
     try:
+        for tree in trees.values():  # warm: Python's caches and the kept agent stream, written once per tree
+            for args in (["--list"], ["status", "--host", "sandbox"]):
+                timed(invoke + args, tree, env)
         for _ in range(reps):
             for tree_name, tree in trees.items():
                 for path_name, path in paths.items():
@@ -164,21 +168,27 @@ def roundtrip(work: Path, reps: int, against: str, cli_python: str) -> dict:
                         wall, code = timed(invoke + args, tree, run_env)
                         walls.setdefault((tree_name, path_name, what), []).append(wall)
                         codes.setdefault((tree_name, path_name, what), set()).add(code)
-        steps: dict = {}
-        for path_name, path in paths.items():
-            for tree_name, tree in trees.items():
-                for _ in range(reps):
-                    out = subprocess.run([cli_python, "-c", PROBE], cwd=tree, env=dict(env, PATH=path),
-                                         capture_output=True, text=True)
-                    if out.returncode == 0:
-                        for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items():
-                            steps.setdefault((tree_name, path_name), {}).setdefault(k, []).append(v)
+        steps = probe_steps(trees, paths, env, reps, cli_python)
     finally:
         subprocess.run(invoke + ["sandbox", "down"], cwd=REPO, env=env, capture_output=True)
     return {"walls": {" | ".join(k): v for k, v in walls.items()}, "codes": {" | ".join(k): sorted(v) for k, v in
                                                                            codes.items()},
             "steps": {" | ".join(k): v for k, v in steps.items()}, "trees": list(trees), "paths": list(paths),
             "reps": reps}
+
+
+def probe_steps(trees: dict, paths: dict, env: dict, reps: int, cli_python: str) -> dict:
+    """{(tree, agent interpreter): {step: [seconds per rep]}} from PROBE in fresh interpreters."""
+    steps: dict = {}
+    for path_name, path in paths.items():
+        for tree_name, tree in trees.items():
+            for _ in range(reps):
+                out = subprocess.run([cli_python, "-c", PROBE], cwd=tree, env=dict(env, PATH=path),
+                                     capture_output=True, text=True)
+                if out.returncode == 0:
+                    for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                        steps.setdefault((tree_name, path_name), {}).setdefault(k, []).append(v)
+    return steps
 
 
 STEP_NAMES = [("import_invoke", "CLI: `import invoke`"), ("import_tasks", "CLI: `import tasks`"),
@@ -298,7 +308,7 @@ def gpu(reps: int, cli_python: str) -> dict:
     codes: dict = {}
     for _ in range(reps):
         for name, argv in argvs.items():
-            wall, code = timed(argv, REPO, dict(os.environ))
+            wall, code = timed(argv, REPO, {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
             walls.setdefault(name, []).append(wall)
             codes.setdefault(name, set()).add(code)
     return {"walls": walls, "codes": {k: sorted(v) for k, v in codes.items()}}
