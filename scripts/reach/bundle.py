@@ -354,7 +354,7 @@ def _build_stream(compiled: bool, subcommand: str | None) -> bytes:
 
 
 def kept_stream(name: str, build) -> bytes:
-    """A stream as build() makes it, kept in the agent's __pycache__ as `stream-NAME.z` under
+    """A stream as build() makes it, kept in the agent's __pycache__ as `stream-NAME.MAGIC.z` under
     tree_stamp(): used only while every agent file, this file and the interpreter are the
     very ones it was made from, else made again and kept. Why: building it (finding the
     modules, reading the kept sources and bytecode, JSON, zlib) costs ~20 ms of CPU on every
@@ -362,7 +362,7 @@ def kept_stream(name: str, build) -> bytes:
     costs ~1 ms. Kept as Python keeps its .pyc (the same directory, the same trust); a copy
     that cannot be written is only made again next time."""
     stamp = tree_stamp()
-    kept = AGENT_DIR / "__pycache__" / f"stream-{name}.z"
+    kept = AGENT_DIR / "__pycache__" / f"stream-{name}.{importlib.util.MAGIC_NUMBER.hex()}.z"  # one per Python
     try:
         data = kept.read_bytes()
         if data.startswith(stamp):
