@@ -306,3 +306,90 @@ def test_scope_uid_is_a_hosts_env_key_for_real_hosts_and_a_bad_one_is_refused():
         with pytest.raises(ConfigError) as err:
             build_host("gpu1", {"SSH": "ops@192.0.2.7", "SCOPE_UID": bad}, "hosts.env")
         assert str(err.value).startswith("GPU1_SCOPE_UID=") and "not a uid" in str(err.value)
+
+
+# -- loops however they are written, and one-shots however they read ------------------------------
+
+def _loop_cases(ps, ready):
+    """{name: (argv, stdin file or None)}: loops that restart the server 3 s after it ends, longer
+    than the window, written as people write them."""
+    srv = f"rm -f {ready}; {server_cmd(ps, ready)}"
+    script = ps.base / "loop.sh"
+    script.write_text(f"while true; do {srv}; sleep 3; done\n")
+    pyloop = (f"import subprocess, time\nwhile True:\n    subprocess.call({srv!r}, shell=True)\n    time.sleep(3)\n")
+    return {
+        "arithmetic for": (["bash", "-c", f"for ((;;)); do {srv}; sleep 3; done"], None),
+        "eval": (["bash", "-c", f'eval "while true; do {srv}; sleep 3; done"'], None),
+        "a function calling itself": (["bash", "-c", f"f() {{ {srv}; sleep 3; f; }}; f"], None),
+        "a script on stdin": (["bash"], script),
+        "a python loop": ([sys.executable, "-c", pyloop], None),
+        "a double fork in a watchdog": (["bash", "-c", f"( {srv} & ); while sleep 3; do kill -0 $(cat {ready}) "
+                                                       f"2>/dev/null || ( {srv} & ); done"], None),
+    }
+
+
+@pytest.mark.parametrize("case", ["arithmetic for", "eval", "a function calling itself", "a script on stdin",
+                                  "a python loop", "a double fork in a watchdog"])
+def test_a_loop_however_written_is_never_freed_while_it_lives(ps, case):
+    ready = ps.base / "srv.ready"
+    argv, stdin = _loop_cases(ps, ready)[case]
+    with open(stdin or os.devnull) as feed:
+        loop = subprocess.Popen(argv, start_new_session=True, stdin=feed)
+    ps.adopt(loop.pid)
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
+    assert result.code == 1, (case, result.doc["problems"])
+    assert loop.pid in [r["pid"] for r in result.doc["restarters"]] + [
+        int(a["started_by"].split(":")[0][4:]) for a in result.doc["appeared"] if a["started_by"].startswith("PID ")
+    ], (case, result.doc["restarters"], result.doc["appeared"])
+    assert alive(loop.pid)
+
+
+@pytest.mark.parametrize("code", [
+    "for f in a b; do echo $f; done; SERVER; sleep 6",
+    "SERVER; echo 'server exited, waiting for logs'; sleep 6",
+    "SERVER; while true; do sleep 1000; done",
+    "# start the server for the demo\nSERVER\nsleep 6",
+])
+def test_a_one_shot_wrapper_is_no_restarter_whatever_its_words(ps, code):
+    """A loop that runs no target, a loop keyword in a string or a comment: nothing restarts the
+    server, so FREED, exit 0, with the wrapper alive running what follows."""
+    ready = ps.base / "srv.ready"
+    script = ps.base / "run.sh"
+    script.write_text(code.replace("SERVER", server_cmd(ps, ready)) + "\n")
+    wrapper = shell(ps, f"exec bash {script}")
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
+    assert result.code == 0, (code, result.doc["problems"])
+    assert result.doc["restarters"] == [] and alive(wrapper)
+
+
+def test_the_hint_run_while_the_loop_sleeps_between_turns_still_stops_it(ps):
+    """NOT FREE names --stop-supervisors; run at once, while the loop sleeps and no server runs,
+    the plan still lists the loop by its code, and the flag stops it: FREED, the loop gone."""
+    ready = ps.base / "srv.ready"
+    loop = shell(ps, f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep 5; done")
+    first = ready_pid(ready)
+    ps.adopt(first)
+    result = teardown(ps)
+    assert result.code == 1 and result.doc["restarters"][0]["include"].startswith("--stop-supervisors")
+    plan = call_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
+    assert [s["pid"] for s in plan["supervisors"]] == [loop], plan  # no server runs now: listed by its code
+    result = teardown(ps, "--stop-supervisors")
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(loop)
+
+
+def test_another_persons_copy_holding_only_nvidiactl_is_left(shared_ps, second_user):
+    """nvidiactl (or nvidia-uvm) alone is no GPU: every NVML or CUDA client opens it."""
+    ps = shared_ps
+    pkg = server_pkg(ps)
+    rw = ps.base / "rw"
+    rw.mkdir()
+    os.chmod(rw, 0o777)
+    proc = second_user.popen([second_user.python, "-m", "xsrv.launch_server", "--ready", str(rw / "ctl.ready"),
+                              "--hold", str(ps.devdir / "nvidiactl")], env=second_user.env(PYTHONPATH=str(pkg)))
+    ready_pid(rw / "ctl.ready")
+    result = teardown(ps)
+    assert alive(proc.pid), result.doc["actions"]
+    assert proc.pid in {r["pid"] for r in result.doc["plan"]["left_alone"]}

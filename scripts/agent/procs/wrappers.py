@@ -16,9 +16,8 @@ wrapper outside any unit or container is a free-standing supervisor: the plan na
 someone's process, and the flag is how the operator says it may go).
 """
 import os
-import re
 
-from . import procfs
+from . import procfs, shellcode
 
 INITS = ("docker-init", "tini", "tini-static", "dumb-init", "catatonit")
 LOG_FILTERS = ("tee", "logger", "cat", "ts", "rotatelogs", "multilog", "svlogd", "cronolog")
@@ -26,12 +25,7 @@ LOG_FILTERS = ("tee", "logger", "cat", "ts", "rotatelogs", "multilog", "svlogd",
 TIMERS = ("sleep",)
 # Programs that run one command and end with it, changing who or how it runs (sudo with
 # use_pty forks a monitor in a session of its own): what starts them is what starts the server
-LAUNCHERS = ("sudo", "su", "setpriv", "runuser", "doas", "setsid", "flock", "nohup", "env", "nice", "ionice",
-             "taskset", "numactl", "chrt", "stdbuf", "timeout", "chpst", "setuidgid", "s6-setuidgid")
-_SHELL = re.compile(r"^(bash|sh|dash|zsh|ksh|ash|busybox)$")
-
-
-_SHELL_OPT_WITH_VALUE = ("--rcfile", "--init-file", "-O", "+O", "-o", "+o")
+LAUNCHERS = shellcode.LAUNCHERS
 
 
 def kind(info):
@@ -41,42 +35,11 @@ def kind(info):
     base = os.path.basename(argv[0]) if argv else ""
     if base in INITS or comm in INITS:
         return "init"
-    if argv and _SHELL.match(base) and _runs_code_or_script(argv[1:]):
-        return "shell"
+    if argv and shellcode.is_shell(info):
+        interactive, code, operand = shellcode.shell_args([a for a in argv[1:] if a is not None])
+        if not interactive and (code or operand is not None or shellcode.reads_a_script_from_stdin(info)):
+            return "shell"
     return None
-
-
-def _runs_code_or_script(args):
-    """Does a shell with these arguments run `-c` code or a script (not someone's terminal)?
-    Interactive (`-i`, in any cluster of short options) never (_shell_args)."""
-    interactive, code, operand = _shell_args(args)
-    return not interactive and (code or operand is not None)
-
-
-def _shell_args(args):
-    """(interactive, -c given, index of the first operand or None) of a shell's arguments: the
-    operand is `-c`'s code or a script's path. `--rcfile FILE` and the other options that take a
-    value are skipped with it (`bash --rcfile venv.rc -i` is a terminal)."""
-    code = False
-    i = 0
-    while i < len(args):
-        arg = args[i]
-        if arg in _SHELL_OPT_WITH_VALUE:
-            i += 2
-            continue
-        if arg == "--":
-            return False, code, i + 1 if i + 1 < len(args) else None
-        if arg.startswith("--"):
-            if arg == "--interactive":
-                return True, code, None
-        elif arg[:1] in "-+" and len(arg) > 1:
-            if "i" in arg[1:]:
-                return True, code, None
-            code = code or "c" in arg[1:]
-        else:
-            return False, code, i
-        i += 1
-    return False, code, None
 
 
 def launcher(info):
@@ -128,62 +91,6 @@ def _helper(info):
     return bool(argv) and os.path.basename(argv[0]) in LOG_FILTERS + TIMERS
 
 
-_LOOP = re.compile(r"(?:^|[\s;&|(){}!`])(?:while|until|for|select)\s")
-SCRIPT_READ_MAX = 1 << 16
-SCRIPT_READ_S = 0.2
-
-
-def shell_code(info):
-    """The text a shell wrapper runs: its `-c` string, or its script's first 64 KiB (through
-    /proc/PID/cwd for a relative path, a regular file only, read on a thread given 0.2 s: a
-    script on a dead mount must not hang the teardown); None when it cannot be read."""
-    args = [a for a in (info.get("argv") or []) if a is not None][1:]
-    interactive, code, i = _shell_args(args)
-    if interactive or i is None:
-        return None
-    if code:
-        return args[i]
-    path = args[i]
-    if not path.startswith("/"):
-        path = "/proc/%d/cwd/%s" % (info["pid"], path)
-    return _read_script(path)
-
-
-def _read_script(path):
-    import threading  # here: only a surviving shell wrapper's script is ever read
-
-    got: list = []
-
-    def read():
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        except OSError:
-            return
-        try:
-            import stat as stat_mod
-            if stat_mod.S_ISREG(os.fstat(fd).st_mode):
-                got.append(os.read(fd, SCRIPT_READ_MAX).decode("utf-8", "replace"))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    worker = threading.Thread(target=read, daemon=True)
-    worker.start()
-    worker.join(SCRIPT_READ_S)
-    return got[0] if got else None
-
-
-def loops(info):
-    """May this wrapper start its targets again by itself? True when its code has a loop
-    (while, until, for, select) or cannot be read (assumed to); False for an init and for
-    code without a loop (`bash -c "SERVER; sleep 20"`: it ends once its commands have run)."""
-    if kind(info) != "shell":
-        return False
-    code = shell_code(info)
-    return code is None or bool(_LOOP.search(code))
-
-
 def started_by_wrapper(info, procs):
     """Was this session leader started by a wrapper or a launcher, or by a helper in a
     wrapper's session (`while :; do flock LOCK setsid python3 launch.py; done`)? A terminal's
@@ -212,21 +119,33 @@ def ancestry(pid, procs, stop=frozenset()):
     return out
 
 
-def looping_ancestors(target_pids, procs, never=frozenset()):
-    """{pid: [target pids]} for the shell wrappers in the targets' ancestry whose code loops
-    (loops()): what restarts a server even when it runs other children beside it."""
+def looping_ancestors(target_pids, procs, names, never=frozenset()):
+    """{pid: [target pids]} for the processes in the targets' ancestry whose code starts a
+    target again (shellcode.restarts: a shell loop, a python or perl loop, watch, xargs): what
+    restarts a server even when it runs other children beside it."""
     targets = set(target_pids)
     decided: dict = {}
     out: dict = {}
     for pid in sorted(targets):
         for up in ancestry(procs[pid]["ppid"], procs, never) if pid in procs else []:
-            if up in targets or procfs.finished(procs[up]) or kind(procs[up]) != "shell":
+            if up in targets or procfs.finished(procs[up]) or launcher(procs[up]):
                 continue
             if up not in decided:
-                decided[up] = loops(procs[up])
+                decided[up] = shellcode.restarts(procs[up], names)
             if decided[up]:
                 out.setdefault(up, []).append(pid)
     return out
+
+
+def code_supervisors(procs, names, skip=frozenset()):
+    """Shell loops (not terminals) whose code starts a target though none runs now: found by
+    their code alone (shellcode.read_scripts, one deadline for all), so a teardown made while
+    such a loop sleeps between turns still lists it, and --stop-supervisors stops it. Code
+    that cannot be read ties nothing to the targets here: only code that names one counts."""
+    shells = [info for pid, info in procs.items() if pid not in skip and pid not in (0, 1)
+              and not procfs.finished(info) and kind(info) == "shell"]
+    codes = shellcode.read_scripts(shells)
+    return sorted(pid for pid, (text, _) in codes.items() if text and shellcode.shell_restarts(text, names))
 
 
 def _wrapped(pid, targets, found, kids):

@@ -23,7 +23,7 @@ stops it and is NOT signalled: the manager would only start it again.
 import os
 
 from .. import contract
-from ..procs import cgroup, managers, procfs, procscan, scan, wrappers
+from ..procs import cgroup, managers, procfs, procscan, program, scan, shellcode, wrappers
 from . import rules, units
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
@@ -133,6 +133,7 @@ class _Picked:
         self.procs, self.chain, self.args = procs, chain, args
         self.reasons: dict = {}
         self.protected: dict = {}
+        self.left: set = set()  # another person's idle copies: never made targets
 
     def protect(self, pid):
         if pid not in self.protected:
@@ -142,7 +143,8 @@ class _Picked:
     def add(self, pid, why):
         """Make pid a target, unless it is one already, gone, protected or not the scope's uid."""
         procs = self.procs
-        if pid in self.reasons or pid not in procs or self.protect(pid) or procfs.finished(procs[pid]):
+        if pid in self.reasons or pid in self.left or pid not in procs or self.protect(pid) \
+                or procfs.finished(procs[pid]):
             return False
         if self.args.scope_uid is not None and procs[pid]["uid"] != self.args.scope_uid:
             return False
@@ -187,7 +189,7 @@ def build(doc, args):
         whose = _someone_elses_idle(info, procs, kids, holders, args)
         if whose:
             others.append(pid)
-            picked.protected[pid] = None
+            picked.left.add(pid)  # nor taken into a target's tree, group or session
             continue
         if picked.add(pid, why):
             matched.append(pid)
@@ -198,8 +200,12 @@ def build(doc, args):
         _row(procscan.detail(procs[pid], [], now_ticks=scan.procfs_now_ticks()), _someone_elses_idle(
             procs[pid], procs, kids, holders, args)) for pid in others if pid not in picked.reasons]
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
-    for pid, pids in wrappers.looping_ancestors(picked.reasons, procs, never=chain).items():
+    names = shellcode.Names(patterns, _identities(picked.reasons, procs, holders, patterns))
+    for pid, pids in wrappers.looping_ancestors(picked.reasons, procs, names, never=chain).items():
         wrapped.setdefault(pid, pids)  # a loop above the server, beside other children of its own
+    for pid in wrappers.code_supervisors(procs, names, skip=set(wrapped) | set(picked.reasons) | chain):
+        if not picked.protect(pid) and in_scope(procs[pid], args) and not another_persons(procs[pid], args):
+            wrapped.setdefault(pid, [])  # a loop between its turns: no server runs, its code starts one
     wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)
                and not managers.is_manager_daemon(procs[pid])}  # a manager's daemon is asked or named, never signalled
     return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters)
@@ -227,11 +233,28 @@ def _someone_elses_idle(info, procs, kids, holders, args):
     if not another_persons(info, args):
         return None
     tree = procscan.descendants(info["pid"], kids) | {info["pid"]}
-    if tree & set(holders):
+    if any(_holds_a_gpu(holders[pid]) for pid in tree & set(holders)):
         return None
     uid = info["uid"]
     return ("a target program of another person (%s, uid %d) that holds no GPU of this host: left (--all-users "
             "stops it)" % (procscan.user_name(uid), uid))
+
+
+def _identities(reasons, procs, holders, patterns):
+    """The programs of the targets a pattern names or that hold a GPU (program.identity): what
+    a loop's code may start under another name than a pattern's."""
+    out: set = set()
+    for pid in reasons:
+        if pid in holders or rules.target_reason(procs[pid], patterns):
+            out |= program.identity(procs[pid])
+    return out
+
+
+def _holds_a_gpu(holder):
+    """GPU memory, or a GPU's own device file (nvidiaN): not nvidiactl or nvidia-uvm alone,
+    which every NVML or CUDA client opens (`nvidia-smi` run by a client, a library's probe)."""
+    return bool(holder.get("gpu_mib")) or any(os.path.basename(d)[len("nvidia"):].isdigit()
+                                               for d in holder.get("devices") or [])
 
 
 def _other_holders(holders, picked, args):
@@ -474,6 +497,8 @@ def _pids(pids):
 
 
 def _wrapper_why(pid, wrapped_pids, procs):
+    if not wrapped_pids:
+        return "a loop whose code starts a target program again (none runs now: it is between its turns)"
     what = "an init" if wrappers.kind(procs[pid]) == "init" else "a shell"
     return "wraps target(s) %s (%s that waits for them, or starts them again)" % (_pids(wrapped_pids), what)
 

@@ -19,10 +19,10 @@ What counts as a respawn: a process started during the teardown that
 It is reported with what started it and what would stop it (`systemctl stop UNIT`,
 `docker stop NAME`, --stop-supervisors), never signalled (it was not in the plan).
 
-A restarter that has not restarted yet: a shell wrapper of the targets whose code loops
-(wrappers.loops: `while true; do python3 server.py; sleep 3; done`) and is alive when the
-verdict is due makes it NOT FREE however long the window was, named with the command that
-stops it: its next turn may come after any window. Nothing
+A restarter that has not restarted yet: a starter of the targets whose code starts one again
+(shellcode.restarts: `while true; do python3 server.py; sleep 3; done`, a python loop, watch)
+and is alive when the verdict is due makes it NOT FREE however long the window was, named with
+the command that stops it: its next turn may come after any window. Nothing
 else restarts the window or makes the verdict NOT FREE: a monitor's poll (nvidia-smi holds
 device files and no context), a passing NVML query, an unrelated new job that is gone by the
 verdict. Those are listed in `ignored`, with why. A process that still holds a GPU with a
@@ -47,7 +47,7 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import cgroup, managers, procfs, procscan, program, scan, wrappers
+from ..procs import cgroup, managers, procfs, procscan, program, scan, shellcode, wrappers
 from . import plan, rules, verify
 
 PROGRESS_EVERY_S = 0.5
@@ -97,13 +97,11 @@ class Lineage:
         self.listed = set(self.starters)  # the plan's supervisors: what --stop-supervisors would stop
         self.managers: dict = {}
         self.identities = set()
-        self.pid1_loops = False
         for t in planned:
             if rules.target_reason(t, patterns) or t.get("devices") or any((t.get("gpu_mib") or {}).values()):
                 self.identities |= program.identity(t)  # never a helper's (`sleep`): see the module
             self.starters.update(_ancestry(t["ppid"], procs, chain, mine))
-            if t["ppid"] == 1 and 1 in procs and 1 not in chain:
-                self.pid1_loops = self.pid1_loops or wrappers.loops(procs[1])
+            self.starters.update(_session_of_orphan(t, procs, chain, mine))
             key = manager_key(t)
             if key is not None and t.get("manager"):
                 self.managers[key] = t["manager"]["stop_command"] or _manager_words(key)
@@ -112,6 +110,9 @@ class Lineage:
                 self.managers[key] = plan.supervisor_hint(t) if managed else (
                     "%s runs other processes too, so it is not stopped: stop what starts the server there"
                     % _manager_words(key))
+        self.names = shellcode.Names(patterns, self.identities)
+        self.pid1_loops = any(t["ppid"] == 1 for t in planned) and 1 in procs and 1 not in chain \
+            and shellcode.restarts(procs[1], self.names)
         self.stopped = set(stopped)
         self.near = _descendants(self.starters, procs, chain, mine)
 
@@ -121,14 +122,17 @@ class Lineage:
         return alive, {k: v for k, v in self.managers.items() if k not in self.stopped}
 
     def restarters(self):
-        """[{pid, start_time, cmdline, why, include}] of the shell wrappers among the surviving
-        starters whose code loops (wrappers.loops), and PID 1 when it is such a loop and a
-        target's parent (a container whose main process restarts the server): each will start
-        a target again, whenever its loop comes round."""
+        """[{pid, start_time, cmdline, why, include}] of the surviving starters whose code starts
+        a target again (shellcode.restarts: a shell or python loop, watch, xargs, or code that
+        cannot be read), and PID 1 when it is such a loop and a target's parent (a container
+        whose main process restarts the server): each will start a target again, whenever its
+        loop comes round."""
         out = []
         for k in self.starters:
             info = self.procs.get(k[0])
-            if info is None or info["start_time"] != k[1] or not procfs.same_process(*k) or not wrappers.loops(info):
+            if info is None or info["start_time"] != k[1] or not procfs.same_process(*k) \
+                    or wrappers.launcher(info) or managers.is_manager_daemon(info) \
+                    or not shellcode.restarts(info, self.names):  # a manager's program: its stop is named apart
                 continue
             out.append({"pid": k[0], "start_time": k[1], "cmdline": info["cmdline"], "include": self.hint(info),
                         "why": "is alive and runs a loop that starts the server again (its next turn may come "
@@ -259,6 +263,18 @@ def _descendants(roots, procs, chain, mine):
             out[k] = child["cmdline"]
             todo.append(k)
     return out
+
+
+def _session_of_orphan(t, procs, chain, mine):
+    """{(pid, start): cmdline} of the session leader of a target left to PID 1 (`( server & )`
+    in a watchdog's loop keeps the watchdog's session): what started the session started it."""
+    if t["ppid"] not in (0, 1):
+        return {}
+    leader = procs.get(t.get("sid") or procs.get(t["pid"], {}).get("sid"))
+    if leader is None or leader["pid"] in (0, 1) or leader["pid"] in chain or leader["pid"] in mine \
+            or leader["start_time"] > t["start_time"]:
+        return {}
+    return {(leader["pid"], leader["start_time"]): leader["cmdline"]}
 
 
 def _ancestry(pid, procs, chain, mine):
