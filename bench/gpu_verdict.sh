@@ -12,7 +12,8 @@ fi
 export PYTHONUNBUFFERED=1 XDG_STATE_HOME=/tmp/gp-state
 {
   nvidia-smi -L; free -g | head -2
-  python3 -m pytest -m gpu -rs -q -p no:cacheprovider tests/test_gpu.py tests/test_gpu_monitors.py tests/test_gpu_health.py
+  read -r -a tests <<< "${GPU_TESTS:-tests/test_gpu.py tests/test_gpu_monitors.py tests/test_gpu_health.py}"
+  python3 -m pytest -m gpu -rs -q -p no:cacheprovider "${tests[@]}"
 } 2>&1 | tee "$OUT/gpu-tests.txt" | tail -25
 python3 bench/exiting_pinned.py --gpu-gib "${GPU_GIB:-120}" --pinned-gib "${PINNED_GIB:-48}" \
     --out "$OUT/exiting-pinned.json" 2>&1 | tail -60

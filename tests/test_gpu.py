@@ -136,7 +136,7 @@ def test_a_server_unpinning_a_large_host_pool_is_freed_when_the_gpu_reads_free(t
     token = f"gpupivot-test-{os.getpid()}-pinned"
     ready = tmp_path / "pinned.ready"
     proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "gpu_pinned_server.py"), "--token", token,
-                             "--gpu-gib", "8", "--pinned-gib", "32", "--ready", str(ready)], start_new_session=True)
+                             "--gpu-gib", "8", "--pinned-gib", "48", "--ready", str(ready)], start_new_session=True)
     try:
         deadline = time.monotonic() + 300
         while not ready.exists():
@@ -149,7 +149,9 @@ def test_a_server_unpinning_a_large_host_pool_is_freed_when_the_gpu_reads_free(t
         still_exiting = procfs.same_process(proc.pid, start)
         assert result.code == 0, result.doc["problems"]
         named = [e["pid"] for e in result.doc["exiting_without_gpu"]]
-        assert named == [proc.pid], (named, still_exiting)
+        # FREED with the server still in its exit only when it is named so; when its exit ended
+        # first (the driver unpinned faster than the GPU read free), there is nothing to name
+        assert named == ([proc.pid] if still_exiting else []) or named == [proc.pid], (named, still_exiting)
         assert [g["used_mib"] for g in result.doc["after"]] == [0] * gpu_count()
     finally:
         proc.kill()
