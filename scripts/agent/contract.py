@@ -29,6 +29,7 @@ from . import textsafe  # noqa: F401  (re-exported)
 # textsafe is the one escaping rule for host text (terminals) and JSON (valid Unicode).
 from .procs import procfs  # noqa: F401  (re-exported)
 from .state import statedir  # noqa: F401  (re-exported)
+from .subcommands import MODULES as SUBCOMMAND_MODULES  # noqa: F401  (re-exported: the bundle ships by it)
 
 # a teardown's and a verify's defaults, re-exported
 from .waits import GRACE_S, MAX_USED_MIB, SETTLE_S, TIMEOUT_S, VERIFY_WAIT_S, WAIT_LOCK_S  # noqa: F401

@@ -35,7 +35,7 @@ import zlib
 from functools import lru_cache
 from pathlib import Path
 
-from ..agent.subcommands import MODULES as SUBCOMMAND_MODULES
+from ..agent.contract import SUBCOMMAND_MODULES
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 ENTRY = "cli"
