@@ -256,3 +256,32 @@ def shared_ps():
     yield procs
     procs.kill_all()
     subprocess.run(["rm", "-rf", str(base)])
+
+
+# -- fixtures the manager tests share (tests/managers_fixtures.py has the managers themselves) -----
+
+@pytest.fixture
+def podman(tmp_path):
+    """A real podman of the test's own (its storage and run roots in tmp_path), ended after."""
+    from tests.managers_fixtures import podman_usable
+
+    need_tools("podman", "conmon", why="a server in a real podman container")
+    pm, why = podman_usable(tmp_path)
+    if pm is None:
+        pytest.fail(f"podman cannot import a local image here: {why}")
+    try:
+        yield pm
+    finally:
+        pm.down()
+
+
+@pytest.fixture
+def layout():
+    """Real cgroup directories under the test's own cgroup (managers_fixtures.CgroupLayout), removed after."""
+    from tests.managers_fixtures import CgroupLayout
+
+    made = CgroupLayout()
+    try:
+        yield made
+    finally:
+        made.down()

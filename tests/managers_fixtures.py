@@ -383,3 +383,4 @@ class RayShaped:
         for pid in pids:
             self.ps.adopt(pid)
         return pids
+

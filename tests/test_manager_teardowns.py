@@ -28,7 +28,7 @@ from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
 from tests.conftest import need_tools
-from tests.managers_fixtures import CgroupLayout, RayShaped, ServiceScan, Supervisord, holder_argv, podman_usable
+from tests.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.procs import alive, children, wait_for
 from tests.test_managers import CID, ESCAPED, UID
 from tests.test_scan import scan_args
@@ -129,18 +129,6 @@ def test_supervisord_program_behind_bash_c_is_stopped_and_the_server_left_under_
         sd.down()
 
 
-@pytest.fixture
-def podman(tmp_path):
-    need_tools("podman", "conmon", why="a server in a real podman container")
-    pm, why = podman_usable(tmp_path)
-    if pm is None:
-        pytest.fail(f"podman cannot import a local image here: {why}")
-    try:
-        yield pm
-    finally:
-        pm.down()
-
-
 def test_podman_container_is_stopped_with_podman_stop_for_good(ps, tmp_path, podman):
     podman.run("gpu-pivot-vllm", holder_argv(ps.devdir, tmp_path / "ready", python="/usr/bin/python3"),
                shared=tmp_path)
@@ -165,15 +153,6 @@ def test_podman_container_is_stopped_with_podman_stop_for_good(ps, tmp_path, pod
 
 
 HOLD = "import sys, time; fs = [open(sys.argv[1], 'rb')]; open(sys.argv[2], 'w'); time.sleep(600)"
-
-
-@pytest.fixture
-def layout():
-    made = CgroupLayout()
-    try:
-        yield made
-    finally:
-        made.down()
 
 
 def _holder_in(ps, layout, cgroup_path, env):

@@ -14,7 +14,6 @@ import sys
 import pytest
 
 from scripts.agent.procs import cgroup, managers, scan
-from tests.managers_fixtures import CgroupLayout
 from tests.procs import wait_for
 from tests.test_scan import holders_by_pid, scan_args
 
@@ -78,15 +77,6 @@ def test_conmon_is_its_containers_monitor_not_a_member(scope, kind):
 
 
 # -- real cgroup layouts ---------------------------------------------------------------------------
-
-
-@pytest.fixture
-def layout():
-    made = CgroupLayout()
-    try:
-        yield made
-    finally:
-        made.down()
 
 
 HOLD = "import sys, time; fs = [open(p, 'rb') for p in sys.argv[1:]]; open(fs[0].name + '.ready', 'w'); time.sleep(600)"

@@ -18,7 +18,7 @@ import pytest
 
 from scripts.agent.procs import managers, scan
 from tests.conftest import need_tools
-from tests.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv, podman_usable
+from tests.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.procs import alive, wait_for
 from tests.test_scan import holders_by_pid, scan_args
 
@@ -172,18 +172,6 @@ def test_supervised_service_is_named_and_its_down_command_stops_it_for_good(ps, 
         assert scanner.status("vllm") == "down" and not holders_by_pid(scan.collect(scan_args(ps)))
     finally:
         scanner.down()
-
-
-@pytest.fixture
-def podman(tmp_path):
-    need_tools("podman", "conmon", why="a server in a real podman container")
-    pm, why = podman_usable(tmp_path)
-    if pm is None:
-        pytest.fail(f"podman cannot import a local image here: {why}")
-    try:
-        yield pm
-    finally:
-        pm.down()
 
 
 def test_podman_container_is_named_and_podman_stop_stops_it_for_good(ps, tmp_path, podman):

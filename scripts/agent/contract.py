@@ -412,6 +412,20 @@ def new_nonce():
 # Never signalled, by any of the names a process goes by (rules.names_of). One list for the
 # agent and the shell one-liner (shell_teardown generates its `case` from it; a test keeps
 # scripts/emergency/teardown.sh equal). Names ending in a suffix below are exporters.
+
+# The target patterns when a host names none: programs (see agent/procs/program.py), matched
+# whole against a process's module, script, executable or title. Here, in the wire, because the
+# shell one-liner (scripts/emergency) is generated from the same list as the agent's rules.
+DEFAULT_TARGETS = (
+    r"sglang\.launch_server",
+    r"sglang serve",
+    r"sglang::.*",
+    r"vllm serve",
+    r"vllm\.entrypoints",
+    r"VLLM::.*",
+    r"torchrun",
+)
+
 PROTECTED_NAMES = {
     "sshd": "ssh server",
     "nvidia-persistenced": "NVIDIA persistence daemon",

@@ -22,17 +22,7 @@ SCRIPT = Path(__file__).resolve().parent / "teardown.sh"
 BEGIN, END = "==gpu-pivot-oneliner begin==", "==gpu-pivot-oneliner end=="
 NAME = "gpu-pivot-teardown"  # the script's $0
 
-# The agent's target patterns when a host names none (scripts/agent/teardown/rules.py DEFAULT_TARGETS:
-# the local side may import only the contract from the agent, so this is a copy a test keeps equal).
-DEFAULT_TARGETS = (
-    r"sglang\.launch_server",
-    r"sglang serve",
-    r"sglang::.*",
-    r"vllm serve",
-    r"vllm\.entrypoints",
-    r"VLLM::.*",
-    r"torchrun",
-)
+DEFAULT_TARGETS = contract.DEFAULT_TARGETS  # the agent's, when a host names none
 
 
 def protected_case() -> str:

@@ -177,23 +177,30 @@ def shipped_source(path: Path) -> str:
     directory, the same trust; stamped with the source's and this file's mtime and size); a
     copy that cannot be written is only made again next time."""
     st, me = path.stat(), Path(__file__).stat()  # this file's too: a new strip_source makes new copies
-    stamp = f"# {st.st_mtime_ns} {st.st_size} {me.st_mtime_ns}\n"
+    stamp = f"# {st.st_mtime_ns} {st.st_size} {me.st_mtime_ns}\n".encode()
     kept = path.parent / "__pycache__" / f"{path.stem}.shipped.py"
+    return _kept(kept, stamp, lambda: strip_source(path.read_text()).encode()).decode()
+
+
+def _kept(kept: Path, stamp: bytes, build) -> bytes:
+    """build()'s bytes, read from `kept` when it starts with `stamp` (made from the very files
+    the stamp names), else made now and kept there under the stamp (written aside, then renamed
+    in place: a reader never sees half a copy; one that cannot be written is made again next time)."""
     try:
-        text = kept.read_text()
-        if text.startswith(stamp):
-            return text[len(stamp):]
+        data = kept.read_bytes()
+        if data.startswith(stamp):
+            return data[len(stamp):]
     except OSError:
         pass
-    text = strip_source(path.read_text())
+    data = build()
     try:
         kept.parent.mkdir(exist_ok=True)
         part = kept.with_name(f"{kept.name}.{os.getpid()}")
-        part.write_text(stamp + text)
+        part.write_bytes(stamp + data)
         os.replace(part, kept)
     except OSError:
         pass
-    return text
+    return data
 
 
 _QUOTES = ('"""', "'''")
@@ -361,23 +368,8 @@ def kept_stream(name: str, build) -> bytes:
     call, on a feeding thread that shares the CPUs with the agent's start; reading it back
     costs ~1 ms. Kept as Python keeps its .pyc (the same directory, the same trust); a copy
     that cannot be written is only made again next time."""
-    stamp = tree_stamp()
     kept = AGENT_DIR / "__pycache__" / f"stream-{name}.{importlib.util.MAGIC_NUMBER.hex()}.z"  # one per Python
-    try:
-        data = kept.read_bytes()
-        if data.startswith(stamp):
-            return data[len(stamp):]
-    except OSError:
-        pass
-    data = build()
-    try:
-        kept.parent.mkdir(exist_ok=True)
-        part = kept.with_name(f"{kept.name}.{os.getpid()}")
-        part.write_bytes(stamp + data)
-        os.replace(part, kept)
-    except OSError:
-        pass
-    return data
+    return _kept(kept, tree_stamp(), build)
 
 
 def tree_stamp() -> bytes:

@@ -24,15 +24,7 @@ from ..procs import fdstat, procfs, program
 
 # Each names a PROGRAM (see program.py): matched whole against its module, script,
 # executable or process title - never against the arguments of another program.
-DEFAULT_TARGETS = (
-    r"sglang\.launch_server",
-    r"sglang serve",
-    r"sglang::.*",
-    r"vllm serve",
-    r"vllm\.entrypoints",
-    r"VLLM::.*",
-    r"torchrun",
-)
+DEFAULT_TARGETS = contract.DEFAULT_TARGETS
 
 # The protect list lives in the contract: the shell one-liner is generated from the same list.
 PROTECTED_NAMES = contract.PROTECTED_NAMES
