@@ -43,12 +43,26 @@ def own_paths() -> dict[str, str]:
         for line in f:
             _, ctrl, path = line.rstrip("\n").split(":", 2)
             by_key[ctrl] = path
+    controllers = _controllers()
     out = {}
     for mnt, fstype, opts in hierarchies():
-        key = "" if fstype == "cgroup2" else ",".join(o for o in opts.split(",") if o != "none")
+        # the hierarchy's controllers and name= as /proc/self/cgroup names it: not the mount's
+        # flags (the machine's cpuset is mounted `cpuset,clone_children`; missed, its cgroups
+        # went to the hierarchy's root, where LXC's lxc/CTID outlived the test and broke the next)
+        key = "" if fstype == "cgroup2" else ",".join(o for o in opts.split(",")
+                                                       if o in controllers or o.startswith("name="))
         if key in by_key:
             out[mnt] = by_key[key]
     return out
+
+
+def _controllers() -> set[str]:
+    """The v1 controllers this kernel has (/proc/cgroups)."""
+    try:
+        with open("/proc/cgroups") as f:
+            return {line.split()[0] for line in f if line.strip() and not line.startswith("#")}
+    except OSError:
+        return set()
 
 
 def _pid_ns() -> str:
