@@ -103,11 +103,14 @@ def code_of(info):
 
 def read_scripts(infos):
     """{pid: (text, complete)} of the shells among `infos` (non-interactive, with an operand):
-    inline code at once, scripts read on threads side by side, all given one SCRIPT_READ_S."""
-    import threading  # here: only when a plan looks for loops whose servers are not running
+    inline code at once, scripts read one after another on one thread, all of them given one
+    SCRIPT_READ_S (a script on a dead mount stops that thread, never the teardown: what it had
+    not read by then is left out)."""
+    import threading  # here: only when the plan looks for shell loops by their code
+    import time
 
     out: dict = {}
-    workers = []
+    scripts = []
     for info in infos:
         argv = [a for a in (info.get("argv") or []) if a is not None]
         interactive, inline, i = shell_args(argv[1:])
@@ -115,19 +118,21 @@ def read_scripts(infos):
             continue
         if inline:
             out[info["pid"]] = (argv[1 + i], True)
-            continue
+        else:
+            scripts.append((info["pid"], argv[1 + i]))
+    read: dict = {}
 
-        def one(pid=info["pid"], path=argv[1 + i]):
-            out[pid] = _read_script(path, pid, wait=False)
+    def read_all():
+        for pid, path in scripts:
+            read[pid] = _read_script(path, pid, wait=False)
 
-        worker = threading.Thread(target=one, daemon=True)
+    if scripts:
+        worker = threading.Thread(target=read_all, daemon=True)
+        deadline = time.monotonic() + SCRIPT_READ_S
         worker.start()
-        workers.append(worker)
-    import time
-    deadline = time.monotonic() + SCRIPT_READ_S
-    for worker in workers:
         worker.join(max(0.0, deadline - time.monotonic()))
-    return dict(out)
+        out.update(dict(read))
+    return out
 
 
 def _read_script(path, pid, wait=True):
