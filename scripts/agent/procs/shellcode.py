@@ -81,91 +81,97 @@ def is_shell(info):
     return bool(SHELLS.match(base) or SHELLS.match(info.get("comm") or ""))
 
 
+def shell_form(info):
+    """(how, operand) of a shell: "terminal" (interactive, or commands typed on a terminal),
+    "inline" (-c and its code), "script" (and its path) or "stdin" (a script read from a file
+    or a pipe: `bash < loop.sh`, `curl ... | bash`); (None, None) for a process that is no shell."""
+    if not is_shell(info):
+        return None, None
+    argv = [a for a in (info.get("argv") or []) if a is not None]
+    interactive, inline, i = shell_args(argv[1:])
+    if interactive:
+        return "terminal", None
+    if inline or i is not None:
+        return ("inline" if inline else "script"), (argv[1 + i] if i is not None else "")
+    return ("stdin" if _stdin_unknown(info) else "terminal"), None
+
+
 def code_of(info):
     """(text, complete) of what a shell or interpreter runs: its inline code (-c / -e), or its
     script (through /proc/PID/cwd for a relative path); (None, False) when it cannot be read."""
+    how, operand = shell_form(info)
+    if how == "inline":
+        return operand, True
+    if how == "script":
+        return _read_within([(info["pid"], operand)]).get(info["pid"], (None, False))
+    if how is not None:
+        return None, False
     argv = [a for a in (info.get("argv") or []) if a is not None]
-    if is_shell(info):
-        interactive, inline, i = shell_args(argv[1:])
-        if interactive or i is None:
-            return None, False
-        operand = argv[1 + i]
-        if inline:
-            return operand, True
-        return _read_script(operand, info["pid"])
     for i, arg in enumerate(argv[1:], 1):
         if arg in ("-c", "-e", "-E") and i + 1 < len(argv):
             return argv[i + 1], True
         if not arg.startswith("-"):
-            return _read_script(arg, info["pid"])
+            return _read_within([(info["pid"], arg)]).get(info["pid"], (None, False))
     return None, False
 
 
 def read_scripts(infos):
-    """{pid: (text, complete)} of the shells among `infos` (non-interactive, with an operand):
-    inline code at once, scripts read one after another on one thread, all of them given one
-    SCRIPT_READ_S (a script on a dead mount stops that thread, never the teardown: what it had
-    not read by then is left out)."""
-    import threading  # here: only when the plan looks for shell loops by their code
-    import time
-
+    """{pid: (text, complete)} of the shells among `infos` that run inline code or a script:
+    inline code at once, scripts read within one SCRIPT_READ_S for all (_read_within)."""
     out: dict = {}
     scripts = []
     for info in infos:
-        argv = [a for a in (info.get("argv") or []) if a is not None]
-        interactive, inline, i = shell_args(argv[1:])
-        if interactive or i is None:
-            continue
-        if inline:
-            out[info["pid"]] = (argv[1 + i], True)
-        else:
-            scripts.append((info["pid"], argv[1 + i]))
-    read: dict = {}
-
-    def read_all():
-        for pid, path in scripts:
-            read[pid] = _read_script(path, pid, wait=False)
-
-    if scripts:
-        worker = threading.Thread(target=read_all, daemon=True)
-        deadline = time.monotonic() + SCRIPT_READ_S
-        worker.start()
-        worker.join(max(0.0, deadline - time.monotonic()))
-        out.update(dict(read))
+        how, operand = shell_form(info)
+        if how == "inline":
+            out[info["pid"]] = (operand, True)
+        elif how == "script":
+            scripts.append((info["pid"], operand))
+    out.update(_read_within(scripts))
     return out
 
 
-def _read_script(path, pid, wait=True):
-    """(text, complete): a regular file's first SCRIPT_READ_MAX bytes, read on a thread given
-    SCRIPT_READ_S; complete False when cut there; (None, False) when it cannot be read."""
+def _read_within(scripts):
+    """{pid: (text, complete)} of [(pid, path)]: read one after another on one thread, all of
+    them given one SCRIPT_READ_S (a script on a dead mount stops that thread, never the
+    teardown: what it had not read by then is left out)."""
+    import threading  # here: only when a script's code is asked for
+    import time
+
+    read: dict = {}
+    if not scripts:
+        return read
+
+    def read_all():
+        for pid, path in scripts:
+            read[pid] = _read_script(path, pid)
+
+    worker = threading.Thread(target=read_all, daemon=True)
+    deadline = time.monotonic() + SCRIPT_READ_S
+    worker.start()
+    worker.join(max(0.0, deadline - time.monotonic()))
+    return dict(read)
+
+
+def _read_script(path, pid):
+    """(text, complete): a regular file's first SCRIPT_READ_MAX bytes (opened without blocking:
+    a FIFO is never read), complete False when cut there; (None, False) when it cannot be read."""
     import stat
-    import threading  # here: only a surviving wrapper's script is ever read
 
     if not path.startswith("/"):
         path = "/proc/%d/cwd/%s" % (pid, path)
-    got: list = []
-
-    def read():
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
-        except OSError:
-            return
-        try:
-            if stat.S_ISREG(os.fstat(fd).st_mode):
-                data = os.read(fd, SCRIPT_READ_MAX + 1)
-                got.append((data[:SCRIPT_READ_MAX].decode("utf-8", "replace"), len(data) <= SCRIPT_READ_MAX))
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-
-    if not wait:  # the caller's thread, given its deadline by the caller
-        read()
-        return got[0] if got else (None, False)
-    worker = threading.Thread(target=read, daemon=True)
-    worker.start()
-    worker.join(SCRIPT_READ_S)
-    return got[0] if got else (None, False)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None, False
+    try:
+        if stat.S_ISREG(os.fstat(fd).st_mode):
+            data = os.read(fd, SCRIPT_READ_MAX + 1)
+            return data[:SCRIPT_READ_MAX].decode("utf-8", "replace"), len(data) <= SCRIPT_READ_MAX
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+    return None, False
 
 
 def restarts(info, names):
@@ -175,12 +181,12 @@ def restarts(info, names):
     base = os.path.basename(argv[0]) if argv and argv[0] else ""
     if base in REPEATERS:
         return names.mentions(" ".join(argv[1:]))
-    if is_shell(info):
-        interactive, _, operand = shell_args([a for a in argv[1:] if a is not None])
-        if interactive:
-            return False  # a terminal: what is typed there leaves no text to read (the window sees it)
-        if operand is None:
-            return _stdin_unknown(info)
+    how, _ = shell_form(info)
+    if how == "terminal":
+        return False  # what is typed there leaves no text to read (the window sees it)
+    if how == "stdin":
+        return True  # a script nobody can read here without taking it: unknown, so it may restart
+    if how is not None:
         text, complete = code_of(info)
         return text is None or not complete or shell_restarts(text, names)
     if INTERPRETERS.match(base):
@@ -191,19 +197,9 @@ def restarts(info, names):
     return False
 
 
-def reads_a_script_from_stdin(info):
-    """A shell with no operand whose stdin is no terminal reads a script from it (`bash < loop.sh`,
-    `curl ... | bash`); from a terminal it is someone's shell."""
-    if not is_shell(info):
-        return False
-    interactive, inline, operand = shell_args([a for a in (info.get("argv") or [])[1:] if a is not None])
-    return not interactive and not inline and operand is None and _stdin_unknown(info)
-
-
 def _stdin_unknown(info):
-    """A shell with no operand reads its commands from stdin: from a terminal it is someone's
-    (no restarter), from a file or a pipe it runs a script nobody can read here without taking
-    it (`bash < loop.sh`, `curl ... | bash`): unknown, so it may restart."""
+    """Is a shell with no operand reading a script from its stdin: a file or a pipe, not a
+    terminal (nor /dev/null)?"""
     try:
         link = os.readlink("/proc/%d/fd/0" % info["pid"])
     except OSError:
@@ -282,7 +278,7 @@ def _commands(body):
             current = []
             continue
         current.append(word)
-    return [_strip_launchers(c) for c in out if _strip_launchers(c)]
+    return [argv for argv in map(_strip_launchers, out) if argv]
 
 
 def _strip_launchers(argv):

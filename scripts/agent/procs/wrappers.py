@@ -35,10 +35,8 @@ def kind(info):
     base = os.path.basename(argv[0]) if argv else ""
     if base in INITS or comm in INITS:
         return "init"
-    if argv and shellcode.is_shell(info):
-        interactive, code, operand = shellcode.shell_args([a for a in argv[1:] if a is not None])
-        if not interactive and (code or operand is not None or shellcode.reads_a_script_from_stdin(info)):
-            return "shell"
+    if argv and shellcode.shell_form(info)[0] in ("inline", "script", "stdin"):
+        return "shell"
     return None
 
 

@@ -181,14 +181,14 @@ def build(doc, args):
     kids = procscan.children_map(procs)
     picked = _Picked(procs, chain, args)
     matched = []
-    others = []
+    others: dict = {}  # pid -> why it is left (another person's idle copy)
     for pid, info in procs.items():
         why = info["mark"] if "mark" in info else rules.target_reason(info, patterns)  # scan.collect tried them
         if not why or not in_scope(info, args):
             continue
         whose = _someone_elses_idle(info, procs, kids, holders, args)
         if whose:
-            others.append(pid)
+            others[pid] = whose
             picked.left.add(pid)  # nor taken into a target's tree, group or session
             continue
         if picked.add(pid, why):
@@ -196,11 +196,12 @@ def build(doc, args):
     picked.trees(matched, kids)
     for pid, why in _left_in_group(picked.reasons, procs):
         picked.add(pid, why)
+    now = scan.procfs_now_ticks()
     left_alone = _other_holders(holders, picked, args) + [
-        _row(procscan.detail(procs[pid], [], now_ticks=scan.procfs_now_ticks()), _someone_elses_idle(
-            procs[pid], procs, kids, holders, args)) for pid in others if pid not in picked.reasons]
+        _row(procscan.detail(procs[pid], [], now_ticks=now), why) for pid, why in others.items()]
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
-    names = shellcode.Names(patterns, _identities(picked.reasons, procs, holders, patterns))
+    names = shellcode.Names(patterns, target_identities((procs[pid] for pid in picked.reasons), patterns,
+                                                        lambda info: info["pid"] in holders))
     for pid, pids in wrappers.looping_ancestors(picked.reasons, procs, names, never=chain).items():
         wrapped.setdefault(pid, pids)  # a loop above the server, beside other children of its own
     for pid in wrappers.code_supervisors(procs, names, skip=set(wrapped) | set(picked.reasons) | chain):
@@ -240,13 +241,14 @@ def _someone_elses_idle(info, procs, kids, holders, args):
             "stops it)" % (procscan.user_name(uid), uid))
 
 
-def _identities(reasons, procs, holders, patterns):
-    """The programs of the targets a pattern names or that hold a GPU (program.identity): what
-    a loop's code may start under another name than a pattern's."""
+def target_identities(targets, patterns, holds):
+    """The programs (program.identity) of the targets a pattern names or that hold a GPU
+    (`holds(target)`): what "the same program as a target" compares, and what a loop's code may
+    start under another name than a pattern's. Never a helper of a target's tree (`sleep`)."""
     out: set = set()
-    for pid in reasons:
-        if pid in holders or rules.target_reason(procs[pid], patterns):
-            out |= program.identity(procs[pid])
+    for t in targets:
+        if holds(t) or rules.target_reason(t, patterns):
+            out |= program.identity(t)
     return out
 
 

@@ -96,10 +96,9 @@ class Lineage:
         self.starters: dict = {(s["pid"], s["start_time"]): s["cmdline"] for s in supervisors}
         self.listed = set(self.starters)  # the plan's supervisors: what --stop-supervisors would stop
         self.managers: dict = {}
-        self.identities = set()
+        self.identities = plan.target_identities(
+            planned, patterns, lambda t: t.get("devices") or any((t.get("gpu_mib") or {}).values()))
         for t in planned:
-            if rules.target_reason(t, patterns) or t.get("devices") or any((t.get("gpu_mib") or {}).values()):
-                self.identities |= program.identity(t)  # never a helper's (`sleep`): see the module
             self.starters.update(_ancestry(t["ppid"], procs, chain, mine))
             self.starters.update(_session_of_orphan(t, procs, chain, mine))
             key = manager_key(t)
