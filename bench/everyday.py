@@ -103,7 +103,7 @@ from scripts.ops import fleet
 from scripts.reach import transport, bundle
 from scripts.views import fleet as fleet_view, health as health_view, status as status_view
 from scripts.cli.common import hosts_of; mark()
-host = hosts_of("sandbox")[0]; mark()
+host = hosts_of(os.environ.get("PROBE_HOST", "sandbox"))[0]; mark()
 per = "subcommand" in bundle.agent_stream.__wrapped__.__code__.co_varnames
 stream = lambda: bundle.agent_stream(compiled=True, **({"subcommand": "scan"} if per else {}))
 stream(); mark()
@@ -306,12 +306,21 @@ def gpu(reps: int, cli_python: str) -> dict:
     argvs = {name: argv for name, argv in argvs.items() if shutil.which(argv[0])}  # a host without nvidia-smi
     walls: dict = {}
     codes: dict = {}
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     for _ in range(reps):
         for name, argv in argvs.items():
-            wall, code = timed(argv, REPO, {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"})
+            wall, code = timed(argv, REPO, env)
             walls.setdefault(name, []).append(wall)
             codes.setdefault(name, set()).add(code)
-    return {"walls": walls, "codes": {k: sorted(v) for k, v in codes.items()}}
+    # where status's own part goes there: the same steps as the round trip's, on host local
+    steps: dict = {}
+    for _ in range(reps):
+        out = subprocess.run([cli_python, "-c", PROBE], cwd=REPO, env=dict(env, PROBE_HOST="local"),
+                             capture_output=True, text=True)
+        if out.returncode == 0:
+            for k, v in json.loads(out.stdout.strip().splitlines()[-1]).items():
+                steps.setdefault(k, []).append(v)
+    return {"walls": walls, "codes": {k: sorted(v) for k, v in codes.items()}, "steps": steps}
 
 
 def gpu_section(r: dict, command: str) -> str:
@@ -319,7 +328,10 @@ def gpu_section(r: dict, command: str) -> str:
     rows = [[name, med(v), f"{statistics.median(v) / status:.2f}x", r["codes"][name]] for name, v in r["walls"].items()]
     return ("## GPU host: `invoke status --host local` beside nvidia-smi and fuser\n\n"
             f"`{command}`: wall seconds, median (min-max), the commands alternating.\n\n"
-            + md_table(["command", "wall s", "vs status", "exit codes"], rows))
+            + md_table(["command", "wall s", "vs status", "exit codes"], rows)
+            + "\n\nWhere `status --host local` goes (each step in a fresh interpreter, seconds):\n\n"
+            + md_table(["step", "median (min-max)"],
+                       [[label, med(r.get("steps", {}).get(name, []))] for name, label in STEP_NAMES]))
 
 
 SECTIONS = ("bytes", "roundtrip", "wait", "gpu")

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.run import FLEET_MODES, fleet, med, span  # noqa: E402
+from scripts.config.defaults import READ_FANOUT  # noqa: E402
 from scripts.views.render import table  # noqa: E402
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -86,14 +87,28 @@ def cpu_seconds() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def busy_seconds() -> float:
+    """CPU seconds the whole machine has been busy (every core: /proc/stat less idle and iowait)."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
+
+
+# The machine's busy CPU seconds of each run, by (task, --host): the loopback hosts' sshd and
+# agents run here too, so this is all the run's work, theirs and the operator's side's.
+BOX: dict = {}
+
+
 def counted_run(argv: list, env: dict) -> tuple:
     """bench.run.fleet's runner: (completed process, wall s, local CPU s of the whole run)."""
     reap_zombies()
     since = _ticks_now()
     c0 = cpu_seconds()
+    b0 = busy_seconds()
     t0 = time.monotonic()
     res = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
     wall = time.monotonic() - t0
+    task = "status" if "status" in argv else "teardown"
+    BOX.setdefault((task, argv[argv.index("--host") + 1]), []).append(busy_seconds() - b0)
     # what invoke left running and we inherited: its ssh ControlMaster processes
     left = [p for p in _children() if (_stat(p)[1] or 0) >= since]
     for pid in left:
@@ -106,26 +121,49 @@ def counted_run(argv: list, env: dict) -> tuple:
     return res, wall, cpu_seconds() - c0
 
 
-def status_report(rows: list, reps: int, fanout: str) -> str:
-    """`invoke status` and `invoke teardown` of the same hosts (--status): wall, vs 1 host, and
-    the local side's CPU per host, side by side."""
+def with_box(rows: list) -> list:
+    """Each row with the machine's busy CPU of its runs (status_box_s, box_s), from BOX."""
+    for r in rows:
+        spec = f"node[01-{r['hosts']:02d}]" if r["hosts"] > 1 else "node01"
+        r["status_box_s"], r["box_s"] = BOX.pop(("status", spec), []), BOX.pop(("teardown", spec), [])
+    return rows
+
+
+def status_report(rows: list, reps: int, fanout: str, ssh_opts: str = "") -> str:
+    """`invoke status` and `invoke teardown` of the same hosts (--status): wall, vs 1 host, the
+    local side's CPU per host, and the box's floor, side by side. The floor: one host's wall
+    plus the rest of the run's work (the machine's busy CPU over one host's) spread over every
+    core; no scheduling of this machine's work does better, so wall / floor is gpu-pivot's."""
+    cpus = os.cpu_count() or 1
+
     def ratio(r, key):
         base = med(rows[0][key])
         return f"{med(r[key]) / base:.2f}x" if r[key] and base else "-"
 
-    body = table(["hosts", "status wall s", "vs 1 host", "local CPU s/host", "teardown wall s (--fanout "
-                  f"{fanout})", "vs 1 host", "local CPU s/host", "failed"],
+    def floor(r, walls, box):
+        if not (r[walls] and r[box] and rows[0][walls] and rows[0][box]):
+            return "-"
+        least = med(rows[0][walls]) + max(0.0, med(r[box]) - med(rows[0][box])) / cpus
+        return f"{med(r[box]):.1f} / {least / med(rows[0][walls]):.2f}x / {med(r[walls]) / least:.2f}x"
+
+    body = table(["hosts", "status wall s", "vs 1 host", "local CPU s/host", "box CPU s / floor / wall vs floor",
+                  f"teardown wall s (--fanout {fanout})", "vs 1 host", "local CPU s/host",
+                  "box CPU s / floor / wall vs floor", "failed"],
                  [[r["hosts"],
                    f"{med(r['status_walls']):.2f} ({span(r['status_walls'])})" if r["status_walls"] else "-",
                    ratio(r, "status_walls"),
                    f"{med(r['status_cpu_s']) / r['hosts']:.3f}" if r["status_cpu_s"] else "-",
+                   floor(r, "status_walls", "status_box_s"),
                    f"{med(r['walls']):.2f} ({span(r['walls'])})" if r["walls"] else "-", ratio(r, "walls"),
-                   f"{med(r['cpu_s']) / r['hosts']:.3f}" if r["cpu_s"] else "-", len(r["failed"])] for r in rows])
-    return (f"`python3 bench/fleet_manycore.py --status --fanout {fanout} --sizes "
+                   f"{med(r['cpu_s']) / r['hosts']:.3f}" if r["cpu_s"] else "-", floor(r, "walls", "box_s"),
+                   len(r["failed"])] for r in rows])
+    opts = f" --ssh-opts '{ssh_opts}'" if ssh_opts else ""
+    return (f"`python3 bench/fleet_manycore.py --status --fanout {fanout}{opts} --sizes "
             f"{' '.join(str(r['hosts']) for r in rows)} --reps {reps}` on {platform.node()} ({os.cpu_count()} CPUs): "
             "one loopback sshd and its own process set (a server + 2 workers, an `nvidia-persistenced`) per "
-            "host; each run opens its ssh connections cold; `status` uses the default fanout (16), the "
-            "teardown the one given. Local CPU: `invoke`, its ssh clients and the ControlMasters they leave.\n\n"
+            "host; each run opens its ssh connections cold; `status` reads every host at once (its default "
+            f"--fanout, config/defaults.py READ_FANOUT = {READ_FANOUT}), the teardown at the --fanout given. "
+            "Local CPU: `invoke`, its ssh clients and the ControlMasters they leave.\n\n"
             + body + "\n")
 
 
@@ -159,6 +197,9 @@ def main() -> None:
     p.add_argument("--status", action="store_true",
                    help="also time `invoke status` of the same hosts; parallel only (no --fanout 1 rows)")
     p.add_argument("--fanout", default="16", help="the teardown's --fanout in the parallel rows")
+    p.add_argument("--ssh-opts", nargs="*", default=[""],
+                   help="each a variant run in turn, added to every host's ssh options (e.g. '' "
+                        "'-o KexAlgorithms=curve25519-sha256': the key exchange's cost side by side)")
     args = p.parse_args()
     if 1 not in args.sizes:
         p.error("--sizes must include 1 (the baseline of the ratios)")
@@ -166,14 +207,21 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     become_subreaper()
     work = Path(tempfile.mkdtemp(prefix="gpu-pivot-fleet-"))
+    variants = {}
     try:
         modes = (("parallel", args.fanout),) if args.status else (("parallel", args.fanout),) + FLEET_MODES[1:]
-        rows = fleet(work, sorted(args.sizes), args.reps, runner=counted_run, modes=modes, status=args.status)
+        for i, opts in enumerate(args.ssh_opts):
+            (work / f"v{i}").mkdir()
+            rows = fleet(work / f"v{i}", sorted(args.sizes), args.reps, runner=counted_run, modes=modes,
+                         status=args.status, ssh_opts=opts)
+            variants[opts] = with_box(rows)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    (out / "fleet-manycore.json").write_text(json.dumps({"cpus": os.cpu_count(), "reps": args.reps, "rows": rows},
-                                                        indent=1))
-    text = status_report(rows, args.reps, args.fanout) if args.status else report(rows, args.reps)
+    (out / "fleet-manycore.json").write_text(json.dumps({"cpus": os.cpu_count(), "reps": args.reps,
+                                                         "rows": variants.get("", next(iter(variants.values()))),
+                                                         "variants": variants}, indent=1))
+    text = "\n".join(status_report(rows, args.reps, args.fanout, opts) if args.status else report(rows, args.reps)
+                     for opts, rows in variants.items())
     (out / "fleet-manycore.md").write_text(text)
     print(text)
 

@@ -6,6 +6,7 @@
 # one after another, and the local side's CPU per host. Results in $OUT: fleet-manycore.md (the
 # block for bench/RESULTS.md) and fleet-manycore.json.
 # Usage there: bash bench/fleet_manycore.sh      (SIZES="1 8 32" REPS=3; .debs/ and .whl/ carried)
+#   FLEET_ARGS="--status --fanout 32": `invoke status` and `invoke teardown --fanout 32` side by side
 # Make .debs/ here first: see the comment at the end of this file.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,7 +73,7 @@ fi
 export PYTHONUNBUFFERED=1
 echo "CPUs: $(nproc); $(uname -sr); $(python3 --version)" | tee "$OUT/fleet-manycore-machine.txt"
 # shellcheck disable=SC2086  # SIZES is a list of numbers
-python3 bench/fleet_manycore.py --sizes $SIZES --reps "$REPS" --out "$OUT" 2>&1 | tee "$OUT/fleet-manycore.txt"
+python3 bench/fleet_manycore.py --sizes $SIZES --reps "$REPS" --out "$OUT" ${FLEET_ARGS:-} 2>&1 | tee "$OUT/fleet-manycore.txt"
 
 # Making .debs/ (on a Debian 12 machine with apt; the libraries are what `ldd` lists for
 # sshd, ssh and ssh-keygen, libc6 included):

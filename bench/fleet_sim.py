@@ -6,7 +6,7 @@ alias with no ssh whose interpreter (`ALIAS_PYTHON`) is a stand-in: it reads the
 to its end, waits --host-s (the host's own work: its agent's start and scan), and prints a real
 scan result (taken once from the sandbox) framed with the call's nonce. What is measured is
 gpu-pivot's own fan-out: the threads, the runner, reading and rendering each result, and the
-waves the fanout makes (`status` takes the default, config/defaults.py FANOUT); the local CPU
+waves the fanout makes (`status` at its default, config/defaults.py READ_FANOUT); the local CPU
 is the whole command's (RUSAGE_CHILDREN: invoke and the stand-ins, whose own start is a
 Python interpreter each, counted apart as `stand-in CPU`). No ssh: a real host adds its ssh
 client's CPU (section 7e measures that).

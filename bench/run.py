@@ -304,9 +304,11 @@ def _run_once(argv: list, env: dict) -> tuple:
 FLEET_MODES = (("parallel", "16"), ("one after another", "1"))
 
 
-def fleet(work: Path, sizes: list, reps: int, runner=_run_once, modes=FLEET_MODES, status: bool = False) -> list:
+def fleet(work: Path, sizes: list, reps: int, runner=_run_once, modes=FLEET_MODES, status: bool = False,
+          ssh_opts: str = "") -> list:
     """Each row: a teardown of `size` hosts per mode (its --fanout); with `status`, an `invoke
-    status` of the same hosts first, in the same run (its own walls and CPU in the row)."""
+    status` of the same hosts first, in the same run (its own walls and CPU in the row).
+    ssh_opts: added to every host's ALIAS_SSH_OPTS (the key exchange a bench compares)."""
     n = max(sizes)
     # each loopback "host" keeps its own state dir (and so its own teardown lock), as real hosts do
     first = LoopbackSshd(work / "fleet" / "h01", env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / "run01")}).start()
@@ -333,10 +335,10 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once, modes=FLEET_MODE
                         sets.append(ps)
                         text += sshd.hosts_env(f"node{i:02d}", extra={
                             "DEVICES": ps.glob, "FAKE_DEVICES": "yes", "SCOPE": str(ps.base),
-                            "TARGETS": r"sandbox_roles\.py"})
+                            "TARGETS": r"sandbox_roles\.py"}, more_opts=ssh_opts)
                     hosts_file.write_text(text)
                     spec = f"node[01-{size:02d}]" if size > 1 else "node01"
-                    if status:  # status takes no --fanout: the default's (defaults.FANOUT)
+                    if status:  # status at its default --fanout (defaults.READ_FANOUT: every host at once)
                         res, wall, cpu = runner(invoke_argv("status", "--host", spec), env)
                         if res.returncode == 0:
                             status_walls.append(wall)

@@ -153,9 +153,12 @@ class LoopbackSshd:
             return 0
         return self.log.read_text().count("Accepted publickey")
 
-    def hosts_env(self, alias: str, ctid: str | None = None, extra: dict | None = None, user: str | None = None) -> str:
+    def hosts_env(self, alias: str, ctid: str | None = None, extra: dict | None = None, user: str | None = None,
+                  more_opts: str = "") -> str:
+        """hosts.env lines for this sshd as `alias`; more_opts: ssh options after ours (a bench's
+        KexAlgorithms, say)."""
         up = alias.upper()
-        lines = [f"{up}_SSH={self.dest(user)}", f"{up}_SSH_OPTS='{self.ssh_opts}'"]
+        lines = [f"{up}_SSH={self.dest(user)}", f"{up}_SSH_OPTS='{' '.join(filter(None, [self.ssh_opts, more_opts]))}'"]
         if ctid:
             lines.append(f"{up}_CTID={ctid}")
         for k, v in (extra or {}).items():

@@ -18,6 +18,14 @@ from invoke import Exit
 from scripts.config import defaults
 
 HOST_HELP = f"host alias(es): 'gpu1', 'gpu1,gpu2', 'gpu[1-8]' (default: ${defaults.HOST_ENV} or 'sandbox')"
+READ_FANOUT_HELP = f"hosts read at once (default {defaults.READ_FANOUT}; this command signals nothing)"
+
+
+def read_width(fanout) -> int:
+    """--fanout of a command that only reads: a whole number of hosts, at least 1."""
+    from scripts.config import cliargs
+
+    return cliargs.whole("fanout", fanout, minimum=1)
 
 
 def code_for(exc: BaseException) -> int | None:

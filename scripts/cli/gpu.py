@@ -5,7 +5,18 @@ from scripts.config import defaults
 from scripts.config.defaults import num
 
 from . import teardown_args as td
-from .common import HOST_HELP, codes, ctrl_c_continues, dumps, exit_worst, guarded, hosts_of, print_views
+from .common import (
+    HOST_HELP,
+    READ_FANOUT_HELP,
+    codes,
+    ctrl_c_continues,
+    dumps,
+    exit_worst,
+    guarded,
+    hosts_of,
+    print_views,
+    read_width,
+)
 from .flags import task
 
 VERIFY_WAIT = num(defaults.VERIFY_WAIT_S)
@@ -63,10 +74,10 @@ def _no_gpu_is_not_free(r):
     return dataclasses.replace(r, code=contract.EXIT_NOT_FREE, doc=dict(r.doc, exit_code=contract.EXIT_NOT_FREE))
 
 
-@task(help={"host": HOST_HELP, "json": "print the scan as JSON", "brief": BRIEF_HELP})
+@task(help={"host": HOST_HELP, "json": "print the scan as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
 @guarded
 @_fleet_doc
-def status(c, host=defaults.HOST, json=False, brief=False):
+def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.READ_FANOUT)):
     """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked).
 
     Also each GPU's health verdict (ok / reset needed / reboot needed / drain / unknown, with
@@ -83,7 +94,8 @@ def status(c, host=defaults.HOST, json=False, brief=False):
     from scripts.views import fleet as fleet_view, health as health_view, status as status_view
 
     _brief_or_json(brief, json)
-    outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, "scan")))
+    width = read_width(fanout)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, "scan")), width)
     summary = "" if json else fleet_view.summary(outcomes, fleet_view.status_verdict)
     _show(outcomes, json, brief, summary, status_view.visible, status_view.gpu_table, health_view.health,
           health_view.mig, status_view.holder_table, health_view.mps, status_view.last_teardown)
@@ -91,10 +103,11 @@ def status(c, host=defaults.HOST, json=False, brief=False):
 
 @task(help={"host": HOST_HELP, "wait": "wait up to this many seconds until free",
             "max_used_mib": td.TEARDOWN_HELP["max_used_mib"],
-            "json": "print the result as JSON", "brief": BRIEF_HELP})
+            "json": "print the result as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
 @guarded
 @_fleet_doc
-def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB, json=False, brief=False):
+def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB, json=False, brief=False,
+           fanout=str(defaults.READ_FANOUT)):
     """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1.
 
     Exit 1 too when no GPU is visible at all. Exit 6 when the only obstacle is processes
@@ -114,6 +127,7 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     wait_s = cliargs.seconds("wait", wait)
     req = VerifyRequest(wait=wait_s, max_used_mib=cliargs.whole("max-used-mib", max_used_mib))
     _brief_or_json(brief, json)
+    width = read_width(fanout)
     targets = hosts_of(host)
     shown = Progress(live=len(targets) == 1)
 
@@ -122,24 +136,26 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
         on_progress = None if quiet else lambda p: shown.update(status_view.verify_progress(h.alias, p))
         return call_agent(h, "verify", req.argv(), on_progress=on_progress, deadline_s=req.deadline_s())
 
-    outcomes = fleet.each_host(targets, one)
+    outcomes = fleet.each_host(targets, one, width)
     shown.done()
     summary = "" if json else fleet_view.summary(outcomes, fleet_view.verify_verdict, req.max_used_mib)
     _show(outcomes, json, brief, summary, status_view.gpu_table, status_view.verdict, health_view.health,
           health_view.mps, status_view.still_holding)
 
 
-@task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON"))
+@task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON",
+                                    fanout=READ_FANOUT_HELP))
 @guarded
 def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_supervisors=False,
-         all_users=False):
+         all_users=False, fanout=str(defaults.READ_FANOUT)):
     """Dry run: what a teardown would stop (targets, with why) and keep (protected), and the MiB it frees."""
     from scripts.ops import fleet
     from scripts.reach.transport import call_agent
     from scripts.views import status as status_view, teardown as teardown_view
 
     args = td.selection(match, only_matching, disable, stop_supervisors, all_users)
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args))
+    width = read_width(fanout)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args), width)
     if json:
         from .jsonout import docs
 

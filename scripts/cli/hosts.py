@@ -9,7 +9,7 @@ from invoke import Exit
 from scripts.config import defaults
 from scripts.config.defaults import num
 
-from .common import HOST_HELP, codes, dumps, exit_worst, guarded, hosts_of
+from .common import HOST_HELP, READ_FANOUT_HELP, codes, dumps, exit_worst, guarded, hosts_of, read_width
 from .flags import task
 
 ONELINER_GRACE = num(defaults.ONELINER_GRACE_S)
@@ -51,9 +51,9 @@ def _longest_word(texts) -> int:
 
 @task(help={"host": HOST_HELP, "json": "print the agent's JSON answer",
             "timeout": "seconds before a host counts as timed out (exit 7; default 60;"
-                       " 0: no limit of its own, the longest wait: 3600)"})
+                       " 0: no limit of its own, the longest wait: 3600)", "fanout": READ_FANOUT_HELP})
 @guarded
-def ping(c, host=defaults.HOST, json=False, timeout=""):
+def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ_FANOUT)):
     """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there, and
     whether the agent runs as root (`as root via sudo` with ALIAS_BECOME=sudo)."""
     from scripts.config import cliargs
@@ -64,7 +64,8 @@ def ping(c, host=defaults.HOST, json=False, timeout=""):
     deadline = cliargs.seconds("timeout", timeout) if timeout else None
     if deadline == 0:  # 0 is no limit, as `run -T 0` (the agent's longest wait bounds it)
         deadline = cliargs.MAX_SECONDS
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "ping", deadline_s=deadline))
+    width = read_width(fanout)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "ping", deadline_s=deadline), width)
     from .jsonout import failed
 
     docs = []

@@ -22,7 +22,11 @@ HOST = os.environ.get(HOST_ENV, "sandbox")  # read once, when the tasks load: it
 GRACE_S, TIMEOUT_S, SETTLE_S = waits.GRACE_S, waits.TIMEOUT_S, waits.SETTLE_S  # both sides': one place
 WAIT_LOCK_S = waits.WAIT_LOCK_S  # 0: another teardown holding the host's lock fails at once (exit 4)
 MAX_USED_MIB = waits.MAX_USED_MIB  # a GPU is free at or under this many MiB used
-FANOUT = 16            # hosts worked on at once
+FANOUT = 16            # hosts torn down at once: a teardown signals, so a fleet's is bounded
+# status, verify, plan and ping only read: their bound is the local side's ssh clients (one
+# client and its ControlMaster a host, ~0.01 s of local CPU each), not the hosts' safety. Two
+# waves of a bound double a fleet's wall time (bench/RESULTS.md 7f), so one wave covers 64 hosts.
+READ_FANOUT = 64
 
 # -- other tasks --------------------------------------------------------------------------------
 VERIFY_WAIT_S = waits.VERIFY_WAIT_S  # verify: poll this long for free GPUs (0: look once)
