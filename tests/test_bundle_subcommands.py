@@ -137,7 +137,7 @@ def test_a_subcommand_put_in_the_table_directly_still_runs():
     """Tests replace a subcommand by a class with run(); the table's (module, class) names
     are imported by name, relative to the agent package wherever it is loaded from."""
     assert cli.module_for("smoke").__name__ == "Smoke"
-    assert cli.module_for("scan").__name__.endswith("agent.procs.scan")
+    assert cli.module_for("scan").__name__.endswith("agent.status.scan")
 
 
 @pytest.fixture
@@ -165,7 +165,7 @@ def test_a_kept_stream_is_used_only_for_the_very_tree_it_was_made_from(agent_cop
     monkeypatch.setattr(bundle, "_build_stream", not_again)
     bundle.agent_stream.cache_clear()
     assert bundle.agent_stream(subcommand="ping") == first  # read back, not built
-    ping = agent_copy / "ping.py"
+    ping = agent_copy / "status" / "ping.py"
     ping.write_text(ping.read_text() + "MARK_OF_THIS_TEST = 1\n")  # another size, another mtime
     monkeypatch.setattr(bundle, "_build_stream", real)
     bundle.agent_stream.cache_clear()

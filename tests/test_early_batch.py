@@ -16,8 +16,9 @@ import pytest
 
 from scripts.agent import cli
 from scripts.agent.gpu import gpuinfo
-from scripts.agent.procs import cgroup, procscan, scan
-from scripts.agent.teardown import early, plan, rules, run as teardown
+from scripts.agent.procs import cgroup, procscan, rules
+from scripts.agent.status import scan
+from scripts.agent.teardown import early, plan, run as teardown
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests import scenario

@@ -61,7 +61,7 @@ sys.exit(main(json.loads(sys.argv[1])))
 # shutil (with bz2 and lzma) too: plan and gpuinfo import it only to look a program up, and the
 # agent's argparse formatter finds the terminal width without it
 AFTER_THE_SIGNALS = ("agent.gpu.checkup", "agent.teardown.settle", "agent.teardown.verify", "agent.gpu.health",
-                     "agent.gpu.xid", "agent.gpu.mps", "agent.gpu.mig", "agent.ping", "subprocess", "typing",
+                     "agent.gpu.xid", "agent.gpu.mps", "agent.gpu.mig", "agent.status.ping", "subprocess", "typing",
                      "platform", "getpass", "base64", "shutil", "bz2", "lzma")
 
 

@@ -29,8 +29,7 @@ import pytest
 
 from scripts.agent import contract
 from scripts.agent.gpu import checkup, health, mig, mps, xid
-from scripts.agent.procs import procscan
-from scripts.agent.teardown import rules
+from scripts.agent.procs import procscan, rules
 from scripts.views import health as health_view, reset as reset_view, teardown as teardown_view
 from tests.conftest import REPO
 from tests.procs import alive, wait_for

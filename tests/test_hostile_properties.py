@@ -20,9 +20,9 @@ import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
 from scripts.agent import contract, textsafe
-from scripts.agent.procs import procfs, procscan, program
+from scripts.agent.procs import procfs, procscan, program, rules
 from scripts.agent.state import lastrun, statedir
-from scripts.agent.teardown import hostlock, rules
+from scripts.agent.teardown import hostlock
 from scripts.config.envfile import parse_text
 from scripts.config.errors import ConfigError
 from scripts.ops import audit_log

@@ -23,7 +23,7 @@ import time
 
 import pytest
 
-from scripts.agent.procs import scan
+from scripts.agent.status import scan
 from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables

@@ -13,7 +13,8 @@ import sys
 
 import pytest
 
-from scripts.agent.procs import cgroup, managers, scan
+from scripts.agent.procs import cgroup, managers
+from scripts.agent.status import scan
 from tests.procs import wait_for
 from tests.test_scan import holders_by_pid, scan_args
 

@@ -18,8 +18,7 @@ import subprocess
 import pytest
 
 from scripts.agent import contract
-from scripts.agent.procs import program
-from scripts.agent.teardown import rules
+from scripts.agent.procs import program, rules
 from scripts.emergency import ere, shell_teardown
 from tests.conftest import invoke
 

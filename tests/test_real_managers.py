@@ -16,7 +16,8 @@ import time
 
 import pytest
 
-from scripts.agent.procs import managers, scan
+from scripts.agent.procs import managers
+from scripts.agent.status import scan
 from tests.conftest import need_tools
 from tests.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.procs import alive, wait_for

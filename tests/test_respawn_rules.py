@@ -180,7 +180,7 @@ def test_a_surviving_supervisor_keeps_the_whole_window(ps):
 def test_a_device_handle_without_a_context_is_not_a_holder_where_a_process_list_says_so(lists, tmp_path):
     """nvidia-smi, DCGM and exporters open and map the device files and have no context: where
     NVML or nvidia-smi lists the GPU's processes, one not listed is not in the way."""
-    from scripts.agent.procs import scan
+    from scripts.agent.status import scan
     from scripts.agent.teardown import verify
 
     os.mknod(tmp_path / "n0", 0o600 | 0o020000, os.makedev(1, 3))  # a character device, as a real node is
@@ -232,7 +232,7 @@ def test_the_confirming_scan_reads_fd_tables_only_where_a_context_could_be(ps):
     fd table and mapping again. Where a process is listed, or memory is used, it reads them."""
     import argparse
 
-    from scripts.agent.procs import scan
+    from scripts.agent.status import scan
 
     holder = ps.role("worker", "--gpu", "0")  # holds a device file (a monitor-like handle, here)
     args = argparse.Namespace(devices=ps.glob, fake_devices=True, protect=[], fake_gpus=None, max_used_mib=0)

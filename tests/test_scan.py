@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from scripts.agent.procs import cgroup, scan
+from scripts.agent.procs import cgroup
+from scripts.agent.status import scan
 from scripts.agent.teardown import verify
 from tests.parsers import fuser as fuser_parse
 from tests.procs import alive, state, wait_for

@@ -142,7 +142,7 @@ def test_exit_wait_wakes_on_the_pidfd_and_a_zombie_counts_as_gone(monkeypatch):
 
 def test_verify_wait_scans_once_while_the_holder_lives(ps, monkeypatch):
     from scripts.agent import cli
-    from scripts.agent.procs import scan
+    from scripts.agent.status import scan
     from scripts.agent.teardown import verify
 
     holder = ps.role("worker", "--gpu", "0")
@@ -190,7 +190,7 @@ def test_bytecode_is_used_only_with_the_same_magic():
     assert magic in script  # the loader carries the magic number the bytecode was made for
     # a source that would fail shows which one runs: the shipped bytecode, or the source compiled there
     broken = json.loads(sources)
-    broken["agent.ping"] = "raise SystemExit(42)\n"
+    broken["agent.status.ping"] = "raise SystemExit(42)\n"
     broken_json = json.dumps(broken).encode()
 
     def ping(loader):

@@ -14,9 +14,8 @@ import os
 import sys
 
 from . import contract, options, subcommands
-from .procs import devices
+from .procs import devices, rules
 from .state import lastrun
-from .teardown import rules
 
 # name -> (module, class) from subcommands.MODULES, or a module or class with
 # add_arguments(parser) and run(args) put here directly. A subcommand's module is imported

@@ -10,8 +10,8 @@ or None for the module itself). Every module has add_arguments(parser) and run(a
 """
 
 MODULES = {
-    "ping": ("ping", None),
-    "scan": ("procs.scan", None),
+    "ping": ("status.ping", None),
+    "scan": ("status.scan", None),
     "verify": ("teardown.verify", None),
     "plan": ("teardown.plan", None),
     "teardown": ("teardown.run", None),
@@ -24,5 +24,5 @@ MODULES = {
     "gates": ("phases.gates", None),
     "lint": ("phases.lint", None),
     "deploy": ("phases.deploy", None),
-    "reset": ("gpu.reset", None),
+    "reset": ("teardown.reset", None),
 }

@@ -31,7 +31,7 @@ import subprocess
 import time
 
 from .. import contract
-from ..teardown import rules
+from ..procs import rules
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"

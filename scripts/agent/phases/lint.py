@@ -12,7 +12,7 @@ import os
 import socket
 
 from .. import contract, options
-from ..procs import scan
+from ..status import scan
 from ..teardown import verify
 
 TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")

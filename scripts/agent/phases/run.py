@@ -17,9 +17,10 @@ import time
 import urllib.request
 
 from .. import contract, options
-from ..procs import cgroup, procfs, procscan, scan
+from ..procs import cgroup, procfs, procscan
 from ..state import lastrun, statedir
 from ..state.auditlog import Audit
+from ..status import scan
 from ..teardown import plan, run as teardown
 from ..teardown.targets import Targets
 

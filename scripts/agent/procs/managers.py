@@ -30,8 +30,7 @@ import shlex
 import stat
 
 from .. import textsafe
-from ..teardown import rules
-from . import cgroup, procfs, program, wrappers
+from . import cgroup, procfs, program, rules, wrappers
 
 # The daemons of the managers: never a target's wrapper or supervisor to signal. By name only
 # (see is_manager_daemon): a GPU holder is a target whatever it is called.

@@ -19,7 +19,8 @@ SIGTERM when the scan is complete (teardown.execute), and the plan records both 
 """
 import os
 
-from ..procs import managers, procfs, procscan, scan
+from ..procs import managers, procfs, procscan
+from ..status import scan
 from . import plan
 
 

@@ -23,8 +23,9 @@ stops it and is NOT signalled: the manager would only start it again.
 import os
 
 from .. import contract
-from ..procs import cgroup, managers, procfs, procscan, program, scan, shellcode, wrappers
-from . import rules, units
+from ..procs import cgroup, managers, procfs, procscan, program, rules, shellcode, wrappers
+from ..status import scan
+from . import units
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
 

@@ -33,9 +33,10 @@ import time
 
 from .. import contract, options
 from ..gpu import gpuinfo
-from ..procs import procfs, procscan, scan
+from ..procs import procfs, procscan
 from ..state import lastrun
 from ..state.auditlog import Audit
+from ..status import scan
 from . import early, forkwatch, hostlock, plan, units
 from .targets import Targets
 

@@ -47,8 +47,9 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import cgroup, managers, procfs, procscan, program, scan, shellcode, wrappers
-from . import plan, rules, verify
+from ..procs import cgroup, managers, procfs, procscan, program, rules, shellcode, wrappers
+from ..status import scan
+from . import plan, verify
 
 PROGRESS_EVERY_S = 0.5
 FAST_WAIT_MAX_S = 0.2

@@ -25,8 +25,7 @@ import select
 import signal
 import time
 
-from ..procs import procfs, procscan
-from . import rules
+from ..procs import procfs, procscan, rules
 
 STOPPED = ("T", "t")
 FALLBACK_POLL_S = 0.005  # without pidfds: a few /proc/PID/stat reads per tick

@@ -13,7 +13,8 @@ import time
 
 from .. import contract, options
 from ..gpu import checkup, gpuinfo, mps
-from ..procs import procfs, scan
+from ..procs import procfs
+from ..status import scan
 from . import targets
 
 POLL_S = 0.05

@@ -6,7 +6,7 @@ import shutil
 import socket
 import sys
 
-from . import contract
+from .. import contract
 
 
 def add_arguments(parser):
@@ -15,7 +15,7 @@ def add_arguments(parser):
 
 def nvml_available():
     """(importable, why-not). Import only: initialising NVML is scan's job, not ping's."""
-    from .gpu.gpuinfo import import_pynvml
+    from ..gpu.gpuinfo import import_pynvml
 
     try:
         import_pynvml()

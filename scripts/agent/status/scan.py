@@ -8,8 +8,7 @@ import time
 
 from .. import contract
 from ..gpu import gpuinfo
-from ..teardown import rules
-from . import devices, procscan
+from ..procs import devices, procscan, rules
 
 
 def add_arguments(parser):

@@ -20,7 +20,7 @@ import re
 import stat
 
 from .. import contract
-from ..procs import fdstat, procfs, program
+from . import fdstat, procfs, program
 
 # Each names a PROGRAM (see program.py): matched whole against its module, script,
 # executable or process title - never against the arguments of another program.

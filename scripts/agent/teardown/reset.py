@@ -23,9 +23,9 @@ import shutil
 import subprocess
 
 from .. import contract, options
-from ..procs import scan
-from ..teardown import rules
-from . import gpuinfo, health, mig, xid
+from ..gpu import gpuinfo, health, mig, xid
+from ..procs import rules
+from ..status import scan
 
 RESET_TIMEOUT_S = contract.RESET_TIMEOUT_S
 NVLINK_MAX_LINKS = 18
