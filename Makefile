@@ -42,7 +42,7 @@ system-deps: ## apt-get the system packages the tests use when missing: .ci/pack
 	@bash .ci/install-packages
 
 # pytest-xdist workers: most tests wait on processes, not the CPU, so more workers than cores.
-# Each worker but one runs in namespaces of its own (tests/workers.py, tests/pidns.py).
+# Each worker but one runs in namespaces of its own (tests/support/workers.py, tests/support/pidns.py).
 TEST_WORKERS ?= 6
 PYTEST_ARGS  ?=
 .PHONY: test
@@ -62,7 +62,7 @@ lint: setup ## ruff on the Python, shellcheck on the shell scripts (installed fr
 	@command -v shellcheck >/dev/null 2>&1 || bash .ci/install-packages --only shellcheck
 	$(VENV)/bin/ruff check .
 	shellcheck -s sh scripts/emergency/*.sh
-	shellcheck bench/*.sh .ci/run .ci/install-packages tests/standin/pct tests/standin/bad-json-agent scripts/slurm/epilog scripts/slurm/prolog scripts/slurm/job.sh scripts/completion.bash
+	shellcheck bench/*.sh .ci/run .ci/install-packages tests/support/standin/pct tests/support/standin/bad-json-agent scripts/slurm/epilog scripts/slurm/prolog scripts/slurm/job.sh scripts/completion.bash
 
 .PHONY: typecheck
 typecheck: setup ## mypy on tasks.py and scripts/, the agent included (settings: pyproject.toml)

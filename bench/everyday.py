@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.agent import contract, subcommands  # noqa: E402
+from scripts.agent.wire import call, frame  # noqa: E402
 from scripts.reach import bundle  # noqa: E402
 
 AGAINST = "3417671"  # the last commit before issue 37: every call shipped every module
@@ -57,7 +57,7 @@ def payload_bytes() -> dict:
                   "teardown_or_phase": sorted(m for m in bundle.agent_modules(name)
                                               if m.startswith(("phases", "teardown.run", "teardown.plan",
                                                                "teardown.early", "teardown.settle")))}
-           for name in subcommands.MODULES}
+           for name in call.SUBCOMMAND_MODULES}
     return {"every": every, "per": per}
 
 
@@ -240,8 +240,8 @@ def verify_wait(work: Path, reps: int) -> dict:
 
     from scripts.config.hostconfig import build_host
     from scripts.reach import transport
-    from tests import scenario
-    from tests.procs import ProcessSet
+    from tests.support import scenario
+    from tests.support.procs import ProcessSet
 
     reactions, results = [], []
     for rep in range(reps):
@@ -250,7 +250,7 @@ def verify_wait(work: Path, reps: int) -> dict:
             parent, workers = ps.server(tp=1)
             keys = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
             host = dataclasses.replace(build_host("local", keys, "bench"), fake_gpus=str(ps.memdir))
-            nonce = contract.new_nonce()
+            nonce = frame.new_nonce()
             argv = transport.agent_argv(host, "verify", ["--wait", "30"], nonce, True)
             argv[0] = sys.executable
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
@@ -274,7 +274,7 @@ def verify_wait(work: Path, reps: int) -> dict:
             rest = proc.stdout.read().decode()
             proc.wait()
             done = time.perf_counter()
-            doc = json.loads(contract.extract("".join(lines) + rest, nonce))
+            doc = json.loads(frame.extract("".join(lines) + rest, nonce))
             results.append({"free": doc.get("free"), "code": proc.returncode, "waited_s": doc.get("waited_s")})
             reactions.append(done - exited)
         finally:

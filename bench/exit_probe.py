@@ -35,7 +35,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.gpu_support import GpuTree, add_tree_arguments  # noqa: E402
+from tests.support.gpu_support import GpuTree, add_tree_arguments  # noqa: E402
 
 INIT_CHILD = r"""
 import sys, time

@@ -51,7 +51,7 @@ class Poller(threading.Thread):
 def start_server(token, gpu_gib, pinned_gib):
     ready = Path("/tmp/%s.ready" % token)
     ready.unlink(missing_ok=True)
-    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "gpu_pinned_server.py"), "--token", token,
+    proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "support" / "gpu_pinned_server.py"), "--token", token,
                              "--gpu-gib", str(gpu_gib), "--pinned-gib", str(pinned_gib), "--ready", str(ready)],
                             start_new_session=True)
     while not ready.exists():

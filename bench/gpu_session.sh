@@ -19,9 +19,9 @@ N=$(nvidia-smi -L | wc -l)  # results are named by GPU count: *-1gpu.*, *-2gpu.*
 } 2>&1 | tee "$OUT/gpu-tests-${N}gpu.txt"
 {
   echo "## status/verify before a load"; inv status --host local; inv verify --host local; echo "verify exit $?"
-  python3 tests/gpu_tree.py --token demo-load-server --children 3 --gib 20 --ready /tmp/demo.ready >/tmp/demo.log 2>&1 &
+  python3 tests/support/gpu_tree.py --token demo-load-server --children 3 --gib 20 --ready /tmp/demo.ready >/tmp/demo.log 2>&1 &
   while [ ! -f /tmp/demo.ready ]; do sleep 0.2; done
-  python3 tests/gpu_monitor.py /tmp/mon.ready >/tmp/mon.log 2>&1 & MON=$!
+  python3 tests/support/gpu_monitor.py /tmp/mon.ready >/tmp/mon.log 2>&1 & MON=$!
   sleep 1
   echo "## fuser -v /dev/nvidia* under load"; fuser -v /dev/nvidia* 2>&1 | head -30
   echo "## status under load"; inv status --host local
@@ -40,13 +40,13 @@ N=$(nvidia-smi -L | wc -l)  # results are named by GPU count: *-1gpu.*, *-2gpu.*
 LOCAL_PYTHON=python3
 LOCAL_TARGETS='gpu_tree\.py'
 LOCAL_SCOPE=--token
-LOCAL_PHASE_TRAIN_ARGV='["python3", "$PWD/tests/gpu_tree.py", "--token", "train-job", "--children", "1", "--gib", "10", "--ready", "/tmp/train.ready"]'
+LOCAL_PHASE_TRAIN_ARGV='["python3", "$PWD/tests/support/gpu_tree.py", "--token", "train-job", "--children", "1", "--gib", "10", "--ready", "/tmp/train.ready"]'
 LOCAL_PHASE_TRAIN_DIR=$PWD
 LOCAL_PHASE_TRAIN_READY=holding
 LOCAL_PHASE_TRAIN_READY_TIMEOUT=300
 LOCAL_PHASE_TRAIN_GATES='[{"glob": "/tmp/extracted/*.pt", "min": 4}, "test -d /tmp/extracted"]'
 ENV
-  python3 tests/gpu_tree.py --token torch-server --children 3 --gib 20 --ready /tmp/srv.ready >/tmp/srv.log 2>&1 & SRV=$!
+  python3 tests/support/gpu_tree.py --token torch-server --children 3 --gib 20 --ready /tmp/srv.ready >/tmp/srv.log 2>&1 & SRV=$!
   while [ ! -f /tmp/srv.ready ]; do sleep 0.2; done
   export GPU_PIVOT_HOSTS_FILE=/tmp/gp-pivot.env
   inv status --host local

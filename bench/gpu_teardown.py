@@ -35,8 +35,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.gpu_support import POLLERS, GpuTree, Poller, add_tree_arguments, gpu_count, nvml_used_mib  # noqa: E402
-from tests.procs import Bystanders  # noqa: E402
+from tests.support.gpu_support import POLLERS, GpuTree, Poller, add_tree_arguments, gpu_count, nvml_used_mib  # noqa: E402
+from tests.support.procs import Bystanders  # noqa: E402
 
 FREED_LINE = "local: free at "  # the moment every GPU reads free (FREED is the verdict's word)
 AGENT_LIMIT = 1.15   # agent "free at" <= 1.15 x the floor (median of the reps)
@@ -84,7 +84,7 @@ def timed_lines(argv, env):
 
 
 def pivot_once(workdir, args, n, env, poller="none"):
-    """One gpu-pivot teardown of a fresh tree; with `poller` (tests/gpu_support.POLLERS)
+    """One gpu-pivot teardown of a fresh tree; with `poller` (tests/support/gpu_support.POLLERS)
     someone watches the GPUs meanwhile (nvidia-smi in a loop, a pynvml exporter)."""
     token = f"bench-pivot-{n}-{poller}-{os.getpid()}"
     tree = GpuTree(workdir, token, args.children, args.gib_per_proc, wrapped=args.wrapped)

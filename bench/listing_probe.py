@@ -26,7 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.procs import Bystanders  # noqa: E402
+from tests.support.procs import Bystanders  # noqa: E402
 
 TGID_OFFSET = 258  # fs/proc/base.c: FIRST_PROCESS_ENTRY (256) + "self" + "thread-self"
 GETDENTS64 = {"x86_64": 217, "aarch64": 61}

@@ -8,7 +8,7 @@ per core on a big host), the rest of scan.collect (the holders' records, the GPU
 plan (plan.build), the fork watch's subscription and first walk, and the targets' records; and
 when the early SIGTERM batch (agent/teardown/early.py) would go, counted from the same start. The target is a small tree
 holding a fake device file (a parent and two children, scripts named with a token of their own), so the
-run needs no GPU; the bystanders are idle `sleep`s (tests/procs.Bystanders). Nothing is
+run needs no GPU; the bystanders are idle `sleep`s (tests/support/procs.Bystanders). Nothing is
 signalled: the probe stops where the teardown would send the SIGTERM.
 """
 from __future__ import annotations
@@ -31,7 +31,7 @@ from scripts.agent.procs import fanout, procfs, procscan  # noqa: E402
 from scripts.agent.status import scan  # noqa: E402
 from scripts.agent.teardown import early, plan, run as teardown  # noqa: E402
 from scripts.agent.teardown.targets import Targets  # noqa: E402
-from tests.procs import Bystanders  # noqa: E402
+from tests.support.procs import Bystanders  # noqa: E402
 
 TREE = """import os, subprocess, sys, time
 fd = open(sys.argv[1], "rb")

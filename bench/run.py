@@ -34,12 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts.ops.floor import release_floor  # noqa: E402
-from scripts.reach import route  # noqa: E402
+from scripts.reach import ssh  # noqa: E402
 from scripts.views.render import table  # noqa: E402
-from tests import scenario  # noqa: E402
-from tests.incident_replay import DATAGEN_SCRIPT, NAMES, namespace_command, sequences  # noqa: E402
-from tests.loopback_sshd import LoopbackSshd  # noqa: E402
-from tests.procs import ProcessSet  # noqa: E402
+from tests.support import scenario  # noqa: E402
+from tests.support.incident_replay import DATAGEN_SCRIPT, NAMES, namespace_command, sequences  # noqa: E402
+from tests.support.loopback_sshd import LoopbackSshd  # noqa: E402
+from tests.support.procs import ProcessSet  # noqa: E402
 
 FIXTURE_FLOOR = REPO / "tests" / "fixtures" / "h200-driver580" / "release-floor.json"
 GPU_RESULTS = REPO / "bench" / "results"  # gpu-teardown-<N>gpu.json from bench/gpu_session.sh
@@ -166,7 +166,7 @@ def ssh_costs(work: Path, reps: int) -> dict:
                        capture_output=True, check=True)
         per_teardown = sshd.connections() - before
         cold, warm = [], []
-        socket = route.control_path(sshd.dest(), sshd.ssh_opts.split(), env["GPU_PIVOT_CONTROL_DIR"])
+        socket = ssh.control_path(sshd.dest(), sshd.ssh_opts.split(), env["GPU_PIVOT_CONTROL_DIR"])
         ctl = ["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={socket}", "-O", "exit", sshd.dest()]
         for i in range(reps):
             progress(f"ping cold and warm, {i + 1}/{reps}")
@@ -585,7 +585,7 @@ def report(args, results: dict, failed: dict | None = None) -> str:
               "The one-liners typed in two real incidents: the EAGLE3 data-generation pivot "
               "(`pkill -f`, `pkill -9 -f python3`, `fuser -k`, run over ssh as `bash -c` or from a script file) "
               "and the patched-server deploy (`ps aux | grep python3 | ... | xargs kill -9`, `fuser -k`).", "",
-              "Scenario (tests/scenario.py): targets = a server tree (parent, 2 spawned workers, a non-GPU "
+              "Scenario (tests/support/scenario.py): targets = a server tree (parent, 2 spawned workers, a non-GPU "
               "tokenizer child, a double-forked helper left in its session), a server + worker ignoring SIGTERM, "
               "an orphan worker, a renamed worker `VLLM::EngineCore` (9 processes); bystanders = "
               "`nvidia-persistenced`, an `nvitop` monitor, an unrelated `python3` job (3). Each row runs inside "

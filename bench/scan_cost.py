@@ -28,7 +28,7 @@ sys.path.insert(0, str(REPO))
 
 from scripts.agent.procs import fanout, procscan  # noqa: E402
 from scripts.agent.status import scan  # noqa: E402
-from tests.procs import Bystanders  # noqa: E402
+from tests.support.procs import Bystanders  # noqa: E402
 
 
 def _median(values):

@@ -9,12 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.loopback_sshd import LoopbackSshd
-from tests.procs import ProcessSet
-from tests.second_user import second_user  # noqa: F401  (fixture: a real second user, for every test module)
+from tests.support.loopback_sshd import LoopbackSshd
+from tests.support.paths import FIXTURES, REPO  # noqa: F401  (FIXTURES: imported from here by test modules)
+from tests.support.procs import ProcessSet
+from tests.support.second_user import second_user  # noqa: F401  (fixture: a real second user, for every test module)
 
-REPO = Path(__file__).resolve().parent.parent
-FIXTURES = REPO / "tests" / "fixtures" / "h200-driver580"  # real H200 captures; see tests/fixtures/README.md
 VENV_BIN = Path(sys.executable).parent
 MOTD = "echo 'Welcome to gpu-node (MOTD noise)'; echo '=====gpu-pivot-result fake begin====='\n"
 
@@ -43,10 +42,10 @@ def _children_start_with_default_signals():
 def pytest_configure(config):
     _children_start_with_default_signals()
     config.addinivalue_line("markers", "host_pid_ns: needs the machine's own PID and network namespace (the "
-                            "kernel's fork events); runs on the one xdist worker left there (tests/workers.py)")
+                            "kernel's fork events); runs on the one xdist worker left there (tests/support/workers.py)")
     if not config.pluginmanager.hasplugin("xdist"):  # not installed, or -p no:xdist
         return
-    from tests import workers
+    from tests.support import workers
 
     if not config.pluginmanager.has_plugin("gpu-pivot-workers"):
         config.pluginmanager.register(workers, "gpu-pivot-workers")
@@ -139,11 +138,11 @@ def _snapshot(path: str):
 
 @pytest.fixture(autouse=True)
 def _machine_state_untouched():
-    """In a sandboxed worker (tests/pidns.py) the machine's gpu-pivot state is hidden: /run is
+    """In a sandboxed worker (tests/support/pidns.py) the machine's gpu-pivot state is hidden: /run is
     the worker's own tmpfs, /var/lib/gpu-pivot and ~/.local/state/gpu-pivot are empty tmpfs (or
     absent). A test that writes there wrote where only a real operator may: it fails, naming
     the path, and what it wrote in the worker's own mounts is removed."""
-    from tests import pidns
+    from tests.support import pidns
 
     paths = [p for p in os.environ.get(pidns.STATE_ENV, "").split(":") if p] if os.environ.get(pidns.ENV) else []
     for path in paths:
@@ -258,12 +257,12 @@ def shared_ps():
     subprocess.run(["rm", "-rf", str(base)])
 
 
-# -- fixtures the manager tests share (tests/managers_fixtures.py has the managers themselves) -----
+# -- fixtures the manager tests share (tests/support/managers_fixtures.py has the managers themselves) -----
 
 @pytest.fixture
 def podman(tmp_path):
     """A real podman of the test's own (its storage and run roots in tmp_path), ended after."""
-    from tests.managers_fixtures import podman_usable
+    from tests.support.managers_fixtures import podman_usable
 
     need_tools("podman", "conmon", why="a server in a real podman container")
     pm, why = podman_usable(tmp_path)
@@ -278,7 +277,7 @@ def podman(tmp_path):
 @pytest.fixture
 def layout():
     """Real cgroup directories under the test's own cgroup (managers_fixtures.CgroupLayout), removed after."""
-    from tests.managers_fixtures import CgroupLayout
+    from tests.support.managers_fixtures import CgroupLayout
 
     made = CgroupLayout()
     try:

@@ -22,8 +22,8 @@ import sys
 import pytest
 
 from tests.conftest import REPO
-from tests.loopback_sshd import LoopbackSshd
-from tests.procs import ProcessSet, alive
+from tests.support.loopback_sshd import LoopbackSshd
+from tests.support.procs import ProcessSet, alive
 
 HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); open(sys.argv[-1], 'w').close(); time.sleep(600)"
 

@@ -18,16 +18,18 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import contract
+from scripts.agent.wire import records
 from scripts.config.errors import ConfigError
 from scripts.config.hostconfig import build_host, load_hosts
-from scripts.reach.route import CONNECT_TIMEOUT_S, PctHop, Route, SshHop, SudoHop, SudoRefused
+from scripts.config.route import PctHop, Route, SshHop, SudoHop
+from scripts.reach.route import SudoRefused, one_liner, wrap
+from scripts.reach.ssh import CONNECT_TIMEOUT_S
 from scripts.views.ping import ping_suffix, runs_as
-from tests import scenario
 from tests.conftest import invoke, need_tools
-from tests.loopback_sshd import STANDIN_DIR, LoopbackSshd
-from tests.procs import alive, wait_for
-from tests.second_user import SBIN_PATH, SecondUser, make_user, remove_user
+from tests.support import scenario
+from tests.support.loopback_sshd import STANDIN_DIR, LoopbackSshd
+from tests.support.procs import alive, wait_for
+from tests.support.second_user import SBIN_PATH, SecondUser, make_user, remove_user
 from tests.test_route import HOSTILE, expected, far_side
 
 SUDOERS_D = Path("/etc/sudoers.d")
@@ -38,9 +40,10 @@ NOPASSWD = "{u} ALL=(root) NOPASSWD: ALL"
 
 def test_sudo_sits_between_ssh_and_pct_and_quotes_nothing_itself():
     route = Route((SshHop("ana@10.1.2.6"), SudoHop(), PctHop("129")))
-    assert route.one_liner(["bash", "-c", 'nvidia-smi | grep "0MiB"']) == (
+    assert one_liner(route, ["bash", "-c", 'nvidia-smi | grep "0MiB"']) == (
         """ssh ana@10.1.2.6 'sudo -n -- pct exec 129 -- bash -c '"'"'nvidia-smi | grep "0MiB"'"'"''""")
-    assert Route((SshHop("ana@h"), SudoHop())).one_liner(["-x", "a b"]) == "ssh ana@h 'sudo -n -- -x '\"'\"'a b'\"'\"''"
+    assert one_liner(Route((SshHop("ana@h"), SudoHop())), ["-x", "a b"]) == \
+        "ssh ana@h 'sudo -n -- -x '\"'\"'a b'\"'\"''"
     assert route.describe() == "ssh ana@10.1.2.6 -> sudo -n -> pct exec 129"
 
 
@@ -83,8 +86,8 @@ def test_local_become_is_refused(tmp_path):
         load_hosts(env)
 
 
-def _ping(uid: int, sudo_user: str | None = None) -> contract.PingResult:
-    return contract.PingResult(hostname="h", pid=1, uid=uid, python="3.11", nvml=False, nvidia_smi=None, fuser=None,
+def _ping(uid: int, sudo_user: str | None = None) -> records.PingResult:
+    return records.PingResult(hostname="h", pid=1, uid=uid, python="3.11", nvml=False, nvidia_smi=None, fuser=None,
                                devices=[], sudo_user=sudo_user)
 
 
@@ -151,7 +154,7 @@ def operator(tmp_path_factory):
 def _close_master(server: LoopbackSshd, user: SecondUser) -> None:
     """End the ssh master (ControlPersist) the tests' calls shared, then wait until the user's
     sshd session is gone: userdel refuses a user who still has a process."""
-    from scripts.reach.route import control_path
+    from scripts.reach.ssh import control_path
 
     dest, opts = server.dest(user.name), server.ssh_opts.split()
     subprocess.run(["ssh", *opts, "-S", control_path(dest, opts), "-O", "exit", dest], capture_output=True, timeout=30)
@@ -269,10 +272,10 @@ def test_hostile_argv_byte_exact_through_ssh_sudo_and_pct(operator, sudoers):
     sudoers(NOPASSWD)
     keys = {"SSH": operator.server.dest(operator.user.name), "SSH_OPTS": operator.server.ssh_opts, "BECOME": "sudo"}
     for host in (build_host("gpu1", keys, "test"), build_host("gpu2", dict(keys, CTID="129"), "test")):
-        out = subprocess.run(host.route.wrap(far_side(HOSTILE)), capture_output=True, timeout=60)
+        out = subprocess.run(wrap(host.route, far_side(HOSTILE)), capture_output=True, timeout=60)
         assert out.returncode == 0, out.stderr
         assert out.stdout == expected(HOSTILE)
-        line = host.route.one_liner(far_side(HOSTILE))  # what an operator pastes: one more shell layer
+        line = one_liner(host.route, far_side(HOSTILE))  # what an operator pastes: one more shell layer
         out = subprocess.run(["bash", "-c", line], capture_output=True, timeout=60)
         assert out.stdout == expected(HOSTILE), out.stderr
 

@@ -1,6 +1,6 @@
 """Each call ships what its subcommand imports, nothing more and nothing missing: the bundle
 is built per subcommand from the agent's import graph (cli.py's imports and the one module
-subcommands.MODULES names for it), so a status or a verify carries no teardown or phase
+call.SUBCOMMAND_MODULES names for it), so a status or a verify carries no teardown or phase
 code. A module the graph misses would fail on the host only, so every subcommand is run
 here from its own bundle in a fresh interpreter, as the transport starts the agent (`-S -c
 BOOT`, a working directory holding nothing of ours): each of its modules imports, its
@@ -18,11 +18,12 @@ import zlib
 
 import pytest
 
-from scripts.agent import cli, contract, subcommands
+from scripts.agent import cli
+from scripts.agent.wire import call, codes, frame
 from scripts.config.hostconfig import build_host
 from scripts.reach import bundle, transport
-from tests import scenario
-from tests.procs import alive
+from tests.support import scenario
+from tests.support.procs import alive
 
 # The modules only a teardown or a phase runs: signalling, the plan, the settle window, the
 # host lock, the audit log, the phases' HTTP. None of them may ride along with a status or a verify.
@@ -31,7 +32,7 @@ TEARDOWN_AND_PHASES = re.compile(r"agent\.(teardown\.(run|plan|early|settle|host
 
 
 def _run(argv_words: list, stream: bytes, cwd, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *contract.STREAM_FLAGS, contract.STDIN, *argv_words], input=stream,
+    return subprocess.run([sys.executable, *call.STREAM_FLAGS, call.STDIN, *argv_words], input=stream,
                           cwd=cwd, capture_output=True, timeout=timeout)
 
 
@@ -41,8 +42,8 @@ def _host(ps):
 
 
 def test_every_subcommand_has_one_module_to_run_it():
-    assert list(subcommands.MODULES) == list(contract.SUBCOMMANDS)
-    for name, (module, _) in subcommands.MODULES.items():
+    assert list(call.SUBCOMMAND_MODULES) == list(call.SUBCOMMANDS)
+    for name, (module, _) in call.SUBCOMMAND_MODULES.items():
         assert bundle.module_path(module).exists(), name
 
 
@@ -51,11 +52,11 @@ def test_a_subcommands_bundle_is_cli_and_its_own_modules_import_closure():
     that is every file in scripts/agent), each subcommand's is a part of it holding cli.py's
     imports and its own module, and the Ansible payload (any subcommand) carries them all."""
     whole = set(bundle.agent_modules())
-    per = {name: set(bundle.agent_modules(name)) for name in subcommands.MODULES}
+    per = {name: set(bundle.agent_modules(name)) for name in call.SUBCOMMAND_MODULES}
     assert set().union(*per.values()) == whole
     common = set.intersection(*per.values())
-    assert {"cli", "contract", "subcommands"} <= common
-    for name, (module, _) in subcommands.MODULES.items():
+    assert {"cli", "wire.call", "wire.codes", "wire.frame"} <= common
+    for name, (module, _) in call.SUBCOMMAND_MODULES.items():
         assert module in per[name]
         assert per[name] < whole, f"{name} ships every module"
     assert set(json.loads(zlib.decompress(bundle.agent_stream(subcommand="scan")).split(bytes(1))[1])) == \
@@ -74,14 +75,14 @@ def test_status_and_verify_ship_no_teardown_or_phase_code(name):
 
 def test_only_cli_imports_an_agent_module_by_name():
     """The graph is read from `from . import` statements; a module imported by name would be
-    missed. cli.py is the one place that does, and only from subcommands.MODULES."""
+    missed. cli.py is the one place that does, and only from call.SUBCOMMAND_MODULES."""
     by_name = re.compile(r"import_module\(|__import__\(|\bimport agent\b|\bfrom agent\b")
     users = sorted(n for n, src in bundle.agent_sources(stripped=False).items() if by_name.search(src))
     assert users == ["agent.cli"]
     assert "importlib.import_module(\".\" + module, __package__)" in bundle.agent_sources(stripped=False)["agent.cli"]
 
 
-@pytest.mark.parametrize("name", list(subcommands.MODULES))
+@pytest.mark.parametrize("name", list(call.SUBCOMMAND_MODULES))
 def test_every_module_of_a_subcommands_bundle_imports_from_that_bundle_alone(name, tmp_path):
     """In a fresh interpreter with only this subcommand's bundle: every module it ships
     imports (a top-level import the graph missed fails here), and the subcommand's parser
@@ -104,18 +105,18 @@ def test_each_subcommand_runs_from_its_own_bundle(name, ps):
     parent, workers = ps.server(tp=1)
     own = {"teardown": ["--grace", "2", "--timeout", "5", "--settle", "0", "--operator", "test@bundle"],
            "verify": ["--wait", "0"]}.get(name, [])
-    nonce = contract.new_nonce()
+    nonce = frame.new_nonce()
     argv = transport.agent_argv(_host(ps), name, own, nonce, False)
-    out = _run(argv[argv.index(contract.STDIN) + 1:], bundle.agent_stream(compiled=True, subcommand=name), ps.base)
-    doc = json.loads(contract.extract(out.stdout.decode(), nonce))
-    assert contract.AGENT_ERROR not in doc, doc[contract.AGENT_ERROR]
+    out = _run(argv[argv.index(call.STDIN) + 1:], bundle.agent_stream(compiled=True, subcommand=name), ps.base)
+    doc = json.loads(frame.extract(out.stdout.decode(), nonce))
+    assert codes.AGENT_ERROR not in doc, doc[codes.AGENT_ERROR]
     assert "No module named" not in out.stderr.decode(), out.stderr.decode()[-800:]
     assert doc["command"] == name
     if name in ("scan", "verify", "plan"):  # the test's server holds a fake GPU: seen, and left running
         assert parent in [h["pid"] for h in doc["holders"]] or parent in [t["pid"] for t in doc.get("targets", [])]
         assert alive(parent)
     if name == "teardown":
-        assert out.returncode == contract.EXIT_OK, doc
+        assert out.returncode == codes.EXIT_OK, doc
         assert not [p for p in [parent, *workers] if alive(p)]
 
 
@@ -129,7 +130,7 @@ def test_the_transport_sends_the_bundle_of_the_subcommand_it_runs(ps, monkeypatc
 
     monkeypatch.setattr(transport, "agent_stream", spy)
     result = transport.call_agent(_host(ps), "scan")
-    assert result.code in (contract.EXIT_OK, contract.EXIT_NOT_FREE)
+    assert result.code in (codes.EXIT_OK, codes.EXIT_NOT_FREE)
     assert asked == ["scan"]
 
 

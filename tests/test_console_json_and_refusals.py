@@ -17,10 +17,10 @@ import time
 
 import pytest
 
-from scripts.agent import contract
-from tests import fleet_faults
+from scripts.agent.wire import codes
 from tests.conftest import REPO, invoke
-from tests.procs import alive, wait_for
+from tests.support import fleet_faults
+from tests.support.procs import alive, wait_for
 
 DEAD = "GPU9_SSH=nobody@127.0.0.1\nGPU9_SSH_OPTS='-p 1 -o ConnectTimeout=3 -o ControlPath=none'\n"
 
@@ -82,9 +82,9 @@ def test_json_teardown_declined_prints_its_record(ps, hosts_env):
     holder = ps.role("hold")
     hosts_env(local_env(ps))
     code, out, shown = on_terminal(["teardown", "-H", "local", "-j"], b"n\n")
-    assert code == contract.EXIT_DECLINED, shown
+    assert code == codes.EXIT_DECLINED, shown
     assert json.loads(out) == {"local": {"error": "declined: nothing was signalled",
-                                         "exit_code": contract.EXIT_DECLINED}}
+                                         "exit_code": codes.EXIT_DECLINED}}
     assert alive(holder)
 
 
@@ -92,9 +92,9 @@ def test_json_pivot_declined_prints_its_record(ps, hosts_env):
     holder = ps.role("hold")
     hosts_env(local_env(ps))
     code, out, shown = on_terminal(["pivot", "-H", "local", "--to", "serve", "--no-drain", "-j"], b"n\n")
-    assert code == contract.EXIT_DECLINED, shown
+    assert code == codes.EXIT_DECLINED, shown
     doc = json.loads(out)
-    assert doc["exit_code"] == contract.EXIT_DECLINED and doc["verdict"].startswith("declined")
+    assert doc["exit_code"] == codes.EXIT_DECLINED and doc["verdict"].startswith("declined")
     assert doc["to"] == "serve" and doc["steps"] == []
     assert alive(holder)
 
@@ -106,7 +106,7 @@ def test_follow_a_phase_never_started_is_one_line_not_a_raw_frame(ps, hosts_env)
     # its own run dir: the session's is shared, and another test's phase "serve" may be recorded there
     env = dict(os.environ, GPU_PIVOT_RUN_DIR=str(ps.base / "run"))
     out = invoke("logs", "-H", "local", "-p", "serve", "-f", env=env, timeout=60)
-    assert out.returncode == contract.EXIT_NOT_FREE, out
+    assert out.returncode == codes.EXIT_NOT_FREE, out
     assert b"gpu-pivot-result" not in out.stdout + out.stderr
     lines = out.stderr.decode().strip().splitlines()
     assert len(lines) == 1 and "local:" in lines[0] and "never started" in lines[0], lines
@@ -122,7 +122,7 @@ def test_follow_against_a_tarpit_times_out_with_one_line(sshd, hosts_env):
     finally:
         pit.close()
     err = out.stderr.decode()
-    assert out.returncode == contract.EXIT_TIMED_OUT, err
+    assert out.returncode == codes.EXIT_TIMED_OUT, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1 and "gpu1: host timed out" in err, err
 
 
@@ -201,18 +201,18 @@ def test_json_for_an_unreachable_host_is_its_error_and_code(hosts_env, args):
     hosts_env(DEAD + "GPU9_PHASE_SERVE_ARGV='[\"sleep\", \"60\"]'\n")
     argv = [args[0], "-H", "gpu9"] + ([] if "-j" in args else ["-j"]) + args[1:]
     out = invoke(*argv, timeout=60)
-    assert out.returncode == contract.EXIT_UNREACHABLE, out
+    assert out.returncode == codes.EXIT_UNREACHABLE, out
     doc = json.loads(out.stdout)
-    assert set(doc) == {"gpu9"} and doc["gpu9"]["exit_code"] == contract.EXIT_UNREACHABLE
+    assert set(doc) == {"gpu9"} and doc["gpu9"]["exit_code"] == codes.EXIT_UNREACHABLE
     assert "gpu9: host unreachable" in doc["gpu9"]["error"]
 
 
 def test_json_ping_lists_a_failed_host_too(hosts_env):
     hosts_env(DEAD)
     out = invoke("ping", "-H", "local,gpu9", "-j", timeout=60)
-    assert out.returncode == contract.EXIT_UNREACHABLE, out
+    assert out.returncode == codes.EXIT_UNREACHABLE, out
     docs = {d["host"]: d for d in json.loads(out.stdout)}
-    assert set(docs) == {"local", "gpu9"} and docs["gpu9"]["exit_code"] == contract.EXIT_UNREACHABLE
+    assert set(docs) == {"local", "gpu9"} and docs["gpu9"]["exit_code"] == codes.EXIT_UNREACHABLE
     assert "error" not in docs["local"]
 
 
@@ -264,12 +264,12 @@ def test_invokes_own_parse_errors_are_documented():
 
 
 def test_readme_says_when_a_frozen_host_is_noticed():
-    from scripts.reach import route
+    from scripts.reach import ssh
 
     readme = " ".join((REPO / "README.md").read_text().split())
-    total = route.ALIVE_INTERVAL_S * (route.ALIVE_COUNT + 1)
+    total = ssh.ALIVE_INTERVAL_S * (ssh.ALIVE_COUNT + 1)
     assert f"within about {total} s" in readme
-    assert f"{route.ALIVE_INTERVAL_S} × ({route.ALIVE_COUNT} + 1)" in readme
+    assert f"{ssh.ALIVE_INTERVAL_S} × ({ssh.ALIVE_COUNT} + 1)" in readme
     assert "within 15 s" not in readme
 
 
@@ -278,7 +278,7 @@ def test_readme_says_when_a_frozen_host_is_noticed():
 def test_undrain_failure_is_one_line(hosts_env):
     hosts_env("")
     out = invoke("undrain", "-H", "local", timeout=60)
-    if out.returncode == contract.EXIT_UNREACHABLE:  # sinfo failed (no slurmctld here) or is missing
+    if out.returncode == codes.EXIT_UNREACHABLE:  # sinfo failed (no slurmctld here) or is missing
         assert len(out.stderr.decode().strip().splitlines()) == 1, out.stderr
 
 

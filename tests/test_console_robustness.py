@@ -23,14 +23,16 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import contract
+from scripts.agent.wire import codes
 from scripts.config.hostconfig import build_host
-from scripts.reach.route import HostTimedOut, HostUnreachable, SshHop
+from scripts.config.route import SshHop
+from scripts.reach.route import HostTimedOut, HostUnreachable
+from scripts.reach.ssh import machine_opts
 from scripts.reach.transport import AgentError, call_agent, deadline_for
-from tests import fleet_faults
 from tests.conftest import REPO, invoke
-from tests.loopback_sshd import LoopbackSshd
-from tests.procs import alive, wait_for
+from tests.support import fleet_faults
+from tests.support.loopback_sshd import LoopbackSshd
+from tests.support.procs import alive, wait_for
 
 
 def text_of(res) -> str:
@@ -47,13 +49,13 @@ def gpu_host(server, alias="gpu1", opts="", **extra):
 
 def test_ssh_gets_connect_and_keepalive_defaults_a_host_may_override():
     hop = SshHop("u@192.0.2.1", ("-o", "ConnectTimeout=30"))
-    argv = ["ssh", *hop.machine_opts(), "-G", hop.dest]
+    argv = ["ssh", *machine_opts(hop), "-G", hop.dest]
     seen = dict(line.split(" ", 1) for line in subprocess.run(argv, capture_output=True, text=True,
                                                                check=True).stdout.splitlines() if " " in line)
     assert seen["connecttimeout"] == "30"  # the host's own value wins (ssh keeps the first)
     assert seen["serveraliveinterval"] == "5" and seen["serveralivecountmax"] == "3"
     plain = SshHop("u@192.0.2.1")
-    out = subprocess.run(["ssh", *plain.machine_opts(), "-G", plain.dest], capture_output=True, text=True).stdout
+    out = subprocess.run(["ssh", *machine_opts(plain), "-G", plain.dest], capture_output=True, text=True).stdout
     assert "connecttimeout 10" in out
 
 
@@ -75,7 +77,7 @@ def test_tarpit_host_times_out_with_its_own_exit_code(sshd, hosts_env):
     finally:
         pit.close()
     lines = res.stderr.decode().strip().splitlines()
-    assert res.returncode == contract.EXIT_TIMED_OUT == 7, text_of(res)
+    assert res.returncode == codes.EXIT_TIMED_OUT == 7, text_of(res)
     assert len(lines) == 1 and "gpu1: host timed out: no answer within 2s" in lines[0], lines
     assert "Traceback" not in text_of(res)
     assert wall < 15
@@ -136,7 +138,7 @@ def test_fleet_of_8_with_a_tarpit_and_a_stopped_sshd(sshd, tmp_path):
     # of bench/RESULTS.md, is make bench's), and it ends before ssh's own ConnectTimeout (10 s)
     # would answer for the tarpit
     r = fleet_faults.fleet_run(sshd, tmp_path, timeout_s=9.0)
-    assert r["rc"] == contract.EXIT_TIMED_OUT, r["text"]
+    assert r["rc"] == codes.EXIT_TIMED_OUT, r["text"]
     assert r["finished"] == [f"gpu{i}" for i in range(1, 7)], r["text"]
     assert "gpu-pivot: gpu7: host timed out" in r["text"] and "gpu-pivot: gpu8: host timed out" in r["text"]
     assert "gpu8: host timed out: no answer within 9s; it had started on the host" in r["text"]  # mid-call
@@ -159,11 +161,11 @@ def test_remote_exit_255_is_not_unreachable_without_a_control_socket(sshd, hosts
 
 
 def test_unreachable_is_still_unreachable_without_a_control_socket(sshd, hosts_env):
-    from tests.loopback_sshd import free_port
+    from tests.support.loopback_sshd import free_port
 
     hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='-p {free_port()} -o ControlPath=none'\n")
     res = invoke("run", "--host", "gpu1", "--", "true")
-    assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+    assert res.returncode == codes.EXIT_UNREACHABLE, text_of(res)
     assert "gpu1: host unreachable" in res.stderr.decode()
     with pytest.raises(HostUnreachable, match="host unreachable"):
         call_agent(build_host("gpu1", {"SSH": sshd.dest(), "SSH_OPTS": f"-p {free_port()} -o ControlPath=none"},
@@ -231,7 +233,7 @@ def _local_phase(ps, hosts_env, **phase):
 @pytest.mark.parametrize("mode", ["500", "hang", "refused"])
 def test_drain_error_stops_the_pivot_before_its_teardown(ps, hosts_env, metrics, mode):
     if mode == "refused":
-        from tests.loopback_sshd import free_port
+        from tests.support.loopback_sshd import free_port
         url = f"http://127.0.0.1:{free_port()}/metrics"
     else:
         url = metrics(mode)
@@ -239,10 +241,10 @@ def test_drain_error_stops_the_pivot_before_its_teardown(ps, hosts_env, metrics,
     _local_phase(ps, hosts_env, DRAIN_METRICS=url)
     res = invoke("pivot", "--host", "local", "--to", "serve", "--yes", "--settle", "0", "--json")
     doc = json.loads(res.stdout)
-    assert res.returncode == contract.EXIT_GATE, text_of(res)
-    assert [s["step"] for s in doc["steps"]] == ["drain"] and doc["steps"][0]["exit"] == contract.EXIT_FAILED
+    assert res.returncode == codes.EXIT_GATE, text_of(res)
+    assert [s["step"] for s in doc["steps"]] == ["drain"] and doc["steps"][0]["exit"] == codes.EXIT_FAILED
     assert "not drained" in doc["steps"][0]["result"] and doc["verdict"].startswith("not drained")
-    assert doc["exit_code"] == contract.EXIT_GATE
+    assert doc["exit_code"] == codes.EXIT_GATE
     assert alive(server)  # nothing was torn down
 
 
@@ -270,7 +272,7 @@ def test_no_drain_goes_ahead_and_a_zero_reading_drains(ps, hosts_env, metrics):
 
 def test_a_failed_rollback_is_never_called_rolled_back(ps, hosts_env, tmp_path):
     from scripts.ops.sandbox import ROLES
-    from tests.loopback_sshd import free_port
+    from tests.support.loopback_sshd import free_port
     from tests.test_pivot import broken_deploy
 
     code, patch = broken_deploy(tmp_path)
@@ -281,7 +283,7 @@ def test_a_failed_rollback_is_never_called_rolled_back(ps, hosts_env, tmp_path):
     res = invoke("pivot", "--host", "local", "--to", "serve", "--yes", "--settle", "0", "--json")
     try:
         doc = json.loads(res.stdout)
-        assert res.returncode == contract.EXIT_FAILED, text_of(res)
+        assert res.returncode == codes.EXIT_FAILED, text_of(res)
         steps = {s["step"]: s for s in doc["steps"]}
         assert steps["rollback stop"]["exit"] == 0 and steps["rollback restore"]["exit"] == 0
         assert steps["rollback ready"]["exit"] != 0
@@ -320,7 +322,7 @@ def test_declining_the_confirmation_is_its_own_exit_code(ps, hosts_env):
     _, status = os.waitpid(pid, 0)
     os.close(fd)
     assert answered, out.decode(errors="replace")
-    assert os.waitstatus_to_exitcode(status) == contract.EXIT_DECLINED == 8, out.decode(errors="replace")
+    assert os.waitstatus_to_exitcode(status) == codes.EXIT_DECLINED == 8, out.decode(errors="replace")
     assert b"declined: nothing was signalled" in out
     assert alive(server)
 
@@ -377,7 +379,7 @@ def test_failed_sandbox_up_is_one_line_with_stderr_and_leaves_nothing(own_sandbo
     assert "\n" not in line and "did not start" in line and "Address already in use" in line
     assert members(own_sandbox) == []  # the server's workers went with it (its whole process group)
     from scripts.cli.common import code_for
-    assert code_for(info.value) == contract.EXIT_FAILED
+    assert code_for(info.value) == codes.EXIT_FAILED
 
 
 def test_sandbox_down_finds_its_processes_after_the_directory_is_removed(tmp_path):
@@ -433,7 +435,7 @@ def test_a_gate_that_is_a_shell_group_runs_as_a_command(tmp_path):
     got = [(g["gate"], g["ok"]) for g in r.result.gates]
     assert got == [("{ test -d /; }", True), (f"at least 0 files match {tmp_path / '*.pt'}", True),
                    ("{ false; }", False)]
-    assert r.code == contract.EXIT_GATE
+    assert r.code == codes.EXIT_GATE
 
 
 # -- 6. config lookup ----------------------------------------------------------------------------
@@ -467,7 +469,7 @@ def test_hosts_file_lookup_order(tmp_path, monkeypatch):
 def test_new_exit_codes_are_documented():
     import tasks
     doc, readme = (" ".join(text.split()) for text in (tasks.__doc__ or "", (REPO / "README.md").read_text()))
-    for code, name in ((contract.EXIT_TIMED_OUT, "timed out"), (contract.EXIT_DECLINED, "answered no")):
+    for code, name in ((codes.EXIT_TIMED_OUT, "timed out"), (codes.EXIT_DECLINED, "answered no")):
         assert f"{code} the" in doc and name in doc
         assert f"{code} the" in readme and name in readme
     assert "--no-drain" in readme and "GPU_PIVOT_HOSTS_FILE`, else `hosts.env`" in readme

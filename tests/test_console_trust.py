@@ -10,7 +10,7 @@
   "agent failed", and status/audit print tracebacks;
 - the sandbox directory removed by hand: `sandbox status` showed nothing while 6 ran;
 - a sandbox directory another user owns was refused only by `sandbox up`.
-Other users are real (tests/second_user.py); every process is the test's own, ended by PID.
+Other users are real (tests/support/second_user.py); every process is the test's own, ended by PID.
 """
 from __future__ import annotations
 
@@ -22,12 +22,12 @@ import sys
 
 import pytest
 
-from scripts.agent import contract
+from scripts.agent.wire import codes
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests import scenario
 from tests.conftest import REPO, checkout_copy, invoke
-from tests.procs import alive, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, wait_for
 from tests.test_console_robustness import own_sshd  # noqa: F401  (fixture)
 
 
@@ -64,7 +64,7 @@ def test_hosts_env_of_another_user_is_refused_before_anything_runs(tmp_path, sec
                              capture_output=True, env=env, timeout=60)
     by_env = invoke("ping", "--host", "local", env=dict(env, GPU_PIVOT_HOSTS_FILE=str(env_file)))
     for res in (cwd_run, by_env):
-        assert res.returncode == contract.EXIT_USAGE, text_of(res)
+        assert res.returncode == codes.EXIT_USAGE, text_of(res)
         assert f"owned by uid {second_user.uid}" in res.stderr.decode()
         assert len(res.stderr.decode().strip().splitlines()) == 1
     assert not mark.exists()
@@ -74,7 +74,7 @@ def test_hosts_env_of_another_user_is_refused_before_anything_runs(tmp_path, sec
 def test_hosts_env_others_can_write_is_refused(tmp_path, mode):
     _d, env_file, mark = _planted(tmp_path, os.geteuid(), mode)
     res = invoke("ping", "--host", "local", env=dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(env_file)))
-    assert res.returncode == contract.EXIT_USAGE and "writable by group or others" in res.stderr.decode()
+    assert res.returncode == codes.EXIT_USAGE and "writable by group or others" in res.stderr.decode()
     assert not mark.exists()
 
 
@@ -172,7 +172,7 @@ def test_another_users_sandbox_dir_is_refused_by_every_task(tmp_path, second_use
     env = dict(os.environ, GPU_PIVOT_SANDBOX_DIR=str(theirs), XDG_STATE_HOME=str(tmp_path / "state"))
     for args in (["status", "-H", "sandbox"], ["verify", "-H", "sandbox"], ["plan", "-H", "sandbox"]):
         res = invoke(*args, env=env)
-        assert res.returncode == contract.EXIT_UNREACHABLE, (args, text_of(res))
+        assert res.returncode == codes.EXIT_UNREACHABLE, (args, text_of(res))
         assert str(theirs) in res.stderr.decode()
     assert os.listdir(theirs) == []  # nothing written into it
 
@@ -185,13 +185,13 @@ def test_keepalive_loss_through_the_control_master_is_a_time_out(own_sshd, ps, m
     lost the line and the time-out read as "agent failed" (red team, round 2)."""
     import threading
 
-    from scripts.reach import route
+    from scripts.reach import ssh
     from scripts.reach.route import HostTimedOut
-    from tests import fleet_faults
+    from tests.support import fleet_faults
     from tests.test_console_robustness import _held_devices, gpu_host
 
     cdir = tmp_path / "cm"
-    monkeypatch.setenv(route.CONTROL_DIR_ENV, str(cdir))
+    monkeypatch.setenv(ssh.CONTROL_DIR_ENV, str(cdir))
     host = gpu_host(own_sshd, opts="-o ServerAliveInterval=1 -o ServerAliveCountMax=2", **_held_devices(ps))
     call_agent(host, "ping")  # starts the master
     caught: dict = {}
@@ -222,7 +222,7 @@ def test_keepalive_loss_through_the_control_master_is_a_time_out(own_sshd, ps, m
 def test_options_that_silence_ssh_are_refused(hosts_env, opts):
     hosts_env(f"GPU1_SSH=root@127.0.0.1\nGPU1_SSH_OPTS='{opts}'\n")
     res = invoke("ping", "--host", "gpu1")
-    assert res.returncode == contract.EXIT_USAGE, text_of(res)
+    assert res.returncode == codes.EXIT_USAGE, text_of(res)
     assert "GPU1_SSH_OPTS" in res.stderr.decode()
 
 
@@ -250,7 +250,7 @@ def test_hosts_env_through_a_link_another_user_owns_is_refused(tmp_path, second_
     mine = tmp_path / "hosts.env"
     mine.symlink_to(theirs / "link")
     res = invoke("hosts", env=dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(mine)))
-    assert res.returncode == contract.EXIT_USAGE and f"directory {theirs}" in res.stderr.decode(), text_of(res)
+    assert res.returncode == codes.EXIT_USAGE and f"directory {theirs}" in res.stderr.decode(), text_of(res)
     ok = tmp_path / "ok.env"
     ok.symlink_to(real)
     res = invoke("hosts", env=dict(os.environ, GPU_PIVOT_HOSTS_FILE=str(ok)))

@@ -8,18 +8,19 @@ import argparse
 import ast
 import inspect
 import subprocess
-from pathlib import Path
 
 import yaml  # ansible-core's own dependency (requirements-dev.txt)
 
-from scripts.agent import contract, options
+from scripts.agent import options
 from scripts.agent.teardown import run as teardown, verify
+from scripts.agent.wire import call, defaults as shared, frame
 from scripts.config import defaults
 from scripts.config.phases import Phase
 from scripts.emergency import runbook, shell_teardown
 from scripts.engines import ansible_task, slurm_job
 from scripts.reach import transport
 from scripts.reach.transport import TeardownRequest, VerifyRequest
+from tests.support.paths import REPO
 
 
 def _agent_defaults() -> dict:
@@ -30,28 +31,28 @@ def _agent_defaults() -> dict:
 
 def test_the_agent_and_the_local_side_read_the_contracts_numbers():
     agent = _agent_defaults()
-    assert (agent["grace"], agent["timeout"]) == (contract.GRACE_S, contract.TIMEOUT_S)
-    assert agent["settle"] is None and teardown.SETTLE_S == contract.SETTLE_S  # not given: the agent's rule
-    assert (defaults.GRACE_S, defaults.TIMEOUT_S, defaults.SETTLE_S) == (contract.GRACE_S, contract.TIMEOUT_S,
-                                                                        contract.SETTLE_S)
-    assert defaults.ONELINER_GRACE_S == contract.GRACE_S
+    assert (agent["grace"], agent["timeout"]) == (shared.GRACE_S, shared.TIMEOUT_S)
+    assert agent["settle"] is None and teardown.SETTLE_S == shared.SETTLE_S  # not given: the agent's rule
+    assert (defaults.GRACE_S, defaults.TIMEOUT_S, defaults.SETTLE_S) == (shared.GRACE_S, shared.TIMEOUT_S,
+                                                                        shared.SETTLE_S)
+    assert defaults.ONELINER_GRACE_S == shared.GRACE_S
     params = inspect.signature(shell_teardown.argv).parameters
-    assert (params["grace_s"].default, params["settle_s"].default) == (contract.GRACE_S, contract.SETTLE_S)
+    assert (params["grace_s"].default, params["settle_s"].default) == (shared.GRACE_S, shared.SETTLE_S)
 
 
 def test_the_ansible_task_and_the_module_document_the_same_defaults():
-    assert (ansible_task.DEFAULTS["grace"], ansible_task.DEFAULTS["timeout"]) == (contract.GRACE_S,
-                                                                                   contract.TIMEOUT_S)
+    assert (ansible_task.DEFAULTS["grace"], ansible_task.DEFAULTS["timeout"]) == (shared.GRACE_S,
+                                                                                   shared.TIMEOUT_S)
     assert ansible_task.DEFAULTS["settle"] is None
     documented = _module_options()
-    assert (documented["grace"]["default"], documented["timeout"]["default"]) == (contract.GRACE_S, contract.TIMEOUT_S)
+    assert (documented["grace"]["default"], documented["timeout"]["default"]) == (shared.GRACE_S, shared.TIMEOUT_S)
     assert "default" not in documented["settle"]
-    assert f"default {contract.SETTLE_S:g}" in documented["settle"]["description"]
+    assert f"default {shared.SETTLE_S:g}" in documented["settle"]["description"]
 
 
 def _module_options() -> dict:
     """The Ansible module's documented options (its DOCUMENTATION, read without Ansible)."""
-    module = Path(__file__).resolve().parent.parent / "ansible" / "library" / "gpu_pivot.py"
+    module = REPO / "ansible" / "library" / "gpu_pivot.py"
     doc = next(n.value.value for n in ast.parse(module.read_text()).body
                if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "DOCUMENTATION")
     return yaml.safe_load(doc)["options"]
@@ -63,17 +64,17 @@ def test_the_free_threshold_has_one_definition():
     module_doc = _module_options()
     assert {agent.get_default("max_used_mib"), defaults.MAX_USED_MIB, ansible_task.DEFAULTS["max_used_mib"],
             slurm_job.Settings(host=None).max_used_mib, TeardownRequest().max_used_mib,
-            module_doc["max_used_mib"]["default"]} == {contract.MAX_USED_MIB}
+            module_doc["max_used_mib"]["default"]} == {shared.MAX_USED_MIB}
 
 
 def test_the_shell_one_liner_takes_both_waits_from_the_contract(tmp_path):
     """The script has no default of its own: the one-liner passes GRACE and SETTLE, and the
     generated runbook carries the contract's numbers."""
     argv = shell_teardown.argv(runbook.DIRECT)
-    assert argv[-2:] == [f"{contract.GRACE_S:g}", f"{contract.SETTLE_S:g}"]
+    assert argv[-2:] == [f"{shared.GRACE_S:g}", f"{shared.SETTLE_S:g}"]
     assert ":-" not in shell_teardown.SCRIPT.read_text().split("grace=", 1)[1].split("\n", 1)[0]
     calls = [line for line in runbook.render().splitlines() if "gpu-pivot-teardown" in line and "/dev/nvidia*" in line]
-    assert len(calls) == 2 and all(c.endswith(f" {contract.GRACE_S:g} {contract.SETTLE_S:g}'") for c in calls), calls
+    assert len(calls) == 2 and all(c.endswith(f" {shared.GRACE_S:g} {shared.SETTLE_S:g}'") for c in calls), calls
     missing = subprocess.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", str(tmp_path / "x*"),
                               "1"], capture_output=True, text=True, timeout=30)
     assert missing.returncode == 2 and "SETTLE_SECONDS" in missing.stderr
@@ -81,17 +82,17 @@ def test_the_shell_one_liner_takes_both_waits_from_the_contract(tmp_path):
 
 def test_a_phases_limits_are_the_contracts():
     phase = Phase(name="p", argv=("true",))
-    assert phase.stop_timeout == contract.STOP_TIMEOUT_S
+    assert phase.stop_timeout == shared.STOP_TIMEOUT_S
     spec = {"gates": ["true", "true"], "stop_timeout": 7}
-    args = [contract.SPEC_FLAG, contract.encode_spec(spec)]
+    args = [call.SPEC_FLAG, frame.encode_spec(spec)]
     base = transport.BASE_DEADLINE_S
-    assert transport.deadline_for("gates", args) == base + 2 * contract.GATE_TIMEOUT_S
+    assert transport.deadline_for("gates", args) == base + 2 * shared.GATE_TIMEOUT_S
     assert transport.deadline_for("phase-stop", args) == base + 2 * 7
-    assert transport.deadline_for("smoke", args) == base + contract.SMOKE_TIMEOUT_S
+    assert transport.deadline_for("smoke", args) == base + shared.SMOKE_TIMEOUT_S
 
 
 def test_a_verify_and_a_lock_wait_have_one_definition():
     verify_flags = argparse.ArgumentParser()
     verify.add_arguments(verify_flags)
-    assert verify_flags.get_default("wait") == defaults.VERIFY_WAIT_S == VerifyRequest().wait == contract.VERIFY_WAIT_S
-    assert _agent_defaults()["wait_lock"] == defaults.WAIT_LOCK_S == contract.WAIT_LOCK_S
+    assert verify_flags.get_default("wait") == defaults.VERIFY_WAIT_S == VerifyRequest().wait == shared.VERIFY_WAIT_S
+    assert _agent_defaults()["wait_lock"] == defaults.WAIT_LOCK_S == shared.WAIT_LOCK_S

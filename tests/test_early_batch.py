@@ -21,9 +21,9 @@ from scripts.agent.status import scan
 from scripts.agent.teardown import early, plan, run as teardown
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests import scenario
 from tests.conftest import REPO
-from tests.procs import alive, children, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, children, wait_for
 
 TARGETS = r"sandbox_roles\.py|sglang\.launch_server"
 
@@ -65,8 +65,8 @@ def test_the_early_batch_signals_only_what_the_operator_approved(ps):
 
 
 def _args(ps, *extra):
-    return cli.build_parser().parse_args(["teardown", "--devices", ps.glob, "--fake-devices", "--target", TARGETS,
-                                          "--scope", str(ps.base), *extra])
+    return cli.parse(["teardown", "--devices", ps.glob, "--fake-devices", "--target", TARGETS,
+                      "--scope", str(ps.base), *extra])
 
 
 def _marked(args, pids):
@@ -123,7 +123,7 @@ def test_the_plan_states_every_early_target_even_one_gone_before_the_full_scan(p
     assert early.as_plan(rows, args)["rules"] == list(plan.RULES)
 
 
-STANDIN = REPO / "tests" / "standin" / "nvml"  # NVML stand-in replaying a recording (no GPU here)
+STANDIN = REPO / "tests" / "support" / "standin" / "nvml"  # NVML stand-in replaying a recording (no GPU here)
 H200 = {"uuid": "GPU-0", "name": "NVIDIA H200", "bus": "00000000:19:00.0", "used": 0, "reserved": 645922816,
         "total": 150754820096, "processes": []}
 
@@ -167,7 +167,6 @@ def test_a_failure_after_the_early_batch_is_seen_through_and_recorded(ps, tmp_pa
     monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
     saved = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE)}
     args = _args(ps, "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "3", "--settle", "0")
-    args.emit_progress = lambda **_f: None
     rules.trust_own_names(True)
     try:
         code, doc = teardown.run(args)
@@ -302,7 +301,6 @@ def _in_process_teardown(args, monkeypatch):
 
     monkeypatch.setattr(teardown, "Targets", StartedNow)
     saved = {s: signal.getsignal(s) for s in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE)}
-    args.emit_progress = lambda **_f: None
     rules.trust_own_names(True)
     try:
         return teardown.run(args)
@@ -435,7 +433,7 @@ def test_a_jobs_watchdog_restarting_its_server_by_double_fork_is_counted_against
     wait_for(lambda: str(dev) in [os.path.realpath(f"/proc/{first}/fd/{f}") for f in os.listdir(f"/proc/{first}/fd")],
              "the server holds nvidia0")
     monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(tmp_path / "run"))
-    args = cli.build_parser().parse_args([
+    args = cli.parse([
         "teardown", "--devices", ps.glob, "--fake-devices", "--target", "\x00", "--scope", str(ps.base),
         "--scope-uid", str(os.getuid()), "--fake-gpus", str(ps.memdir), "--grace", "1", "--timeout", "3",
         "--settle", "3", "--approved", f"{first}:{procscan.basic(first)['start_time']}"])

@@ -10,7 +10,7 @@ the verdict still waits for its exit (tests/test_hung_mounts.py).
 Here the long exit is made on the CPU: the target holds a file on a FUSE mount whose server
 stops answering, so its exit waits in that file's close (state D, every thread exiting,
 its fd table detached) until the test ends the FUSE server. The GPU source is the stand-in
-NVML (tests/standin/nvml) replaying an H200 that reads 0 MiB and lists no process: what the
+NVML (tests/support/standin/nvml) replaying an H200 that reads 0 MiB and lists no process: what the
 real NVML says at that moment (the GPU test and bench/exiting_pinned.py measure it on an H200).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ import sys
 from scripts.agent.procs import procfs
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests import scenario
+from tests.support import scenario
 from tests.test_hostile_host import H200, STANDIN
 from tests.test_hung_mounts import STUCK_IN_EXIT, hung_fuse  # noqa: F401 (a fixture)
 

@@ -7,9 +7,8 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
 
 TASKS = """
 import atexit, logging, logging.handlers, sys, weakref

@@ -15,10 +15,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from scripts.agent import contract
-from tests import scenario
+from scripts.agent.wire import codes
 from tests.conftest import REPO, invoke, sandbox_session
-from tests.procs import wait_for
+from tests.support import scenario
+from tests.support.procs import wait_for
 
 
 def text_of(res) -> str:
@@ -33,7 +33,7 @@ def test_relative_sandbox_dir_is_refused_with_one_line(tmp_path):
     for args in (["sandbox", "up"], ["status", "--host", "sandbox"], ["hosts"]):
         res = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args], cwd=tmp_path,
                              env=env, capture_output=True, timeout=60)
-        assert res.returncode == contract.EXIT_USAGE, (args, text_of(res))
+        assert res.returncode == codes.EXIT_USAGE, (args, text_of(res))
         lines = res.stderr.decode().splitlines()
         assert len(lines) == 1 and "GPU_PIVOT_SANDBOX_DIR='sb-relative': must be an absolute path" in lines[0], lines
         assert res.stdout == b""
@@ -81,7 +81,7 @@ def test_status_during_a_running_teardown_says_running(ps, hosts_env):
 
 def _wrong_known_hosts(sshd, path):
     """A known_hosts that holds a key for the sshd's [host]:port, but not the sshd's key."""
-    from tests.loopback_sshd import _keygen
+    from tests.support.loopback_sshd import _keygen
 
     key = path.parent / "not-the-host-key"
     _keygen(key)
@@ -91,7 +91,7 @@ def _wrong_known_hosts(sshd, path):
 
 
 def _exit_master(sshd, opts: str) -> None:
-    from scripts.reach.route import control_path
+    from scripts.reach.ssh import control_path
 
     subprocess.run(["ssh", *opts.split(), "-o", f"ControlPath={control_path(sshd.dest(), opts.split())}", "-O", "exit",
                     sshd.dest()], capture_output=True, timeout=30)
@@ -103,7 +103,7 @@ def test_host_key_mismatch_gets_its_own_line_naming_file_and_host(sshd, hosts_en
     bad = _wrong_known_hosts(sshd, tmp_path / "known_hosts_old")
     hosts_env(f"GPU7_SSH={sshd.dest()}\nGPU7_SSH_OPTS='{sshd.ssh_opts.replace(str(sshd.known_hosts), str(bad))}'\n")
     res = invoke("ping", "--host", "gpu7")
-    assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+    assert res.returncode == codes.EXIT_UNREACHABLE, text_of(res)
     lines = res.stderr.decode().splitlines()
     assert len(lines) == 1, lines
     line = lines[0]
@@ -111,14 +111,14 @@ def test_host_key_mismatch_gets_its_own_line_naming_file_and_host(sshd, hosts_en
     assert f"{bad} (line 1)" in line and "unreachable" not in line and "@@@" not in line
     assert f"ssh-keygen -f {bad} -R '[127.0.0.1]:{sshd.port}'" in line
     doc = json.loads(invoke("status", "--host", "gpu7", "--json").stdout)
-    assert doc["gpu7"]["exit_code"] == contract.EXIT_UNREACHABLE
+    assert doc["gpu7"]["exit_code"] == codes.EXIT_UNREACHABLE
     assert doc["gpu7"]["error"].startswith("gpu7: host key verification failed")
     # a host no key is known for: the known_hosts file named is the one its options give
     empty = tmp_path / "known_hosts_empty"
     empty.write_text("")
     hosts_env(f"GPU7_SSH={sshd.dest()}\nGPU7_SSH_OPTS='{sshd.ssh_opts.replace(str(sshd.known_hosts), str(empty))}'\n")
     res = invoke("ping", "--host", "gpu7")
-    assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+    assert res.returncode == codes.EXIT_UNREACHABLE, text_of(res)
     assert f"host key verification failed for [127.0.0.1]:{sshd.port}: no key" in res.stderr.decode()
     assert f"is known in {empty};" in res.stderr.decode()
 
@@ -136,11 +136,11 @@ def test_aliases_with_different_options_never_share_a_master(sshd, hosts_env, tm
         assert invoke("ping", "--host", "gpu1").returncode == 0  # gpu1's master now runs (ControlPersist)
         assert sshd.connections() - before == 1
         res = invoke("ping", "--host", "gpu2")
-        assert res.returncode == contract.EXIT_UNREACHABLE, text_of(res)
+        assert res.returncode == codes.EXIT_UNREACHABLE, text_of(res)
         assert "gpu2: host key verification failed" in res.stderr.decode()
         assert invoke("ping", "--host", "gpu1").returncode == 0
         assert sshd.connections() - before == 1  # gpu1 still rides on its own master
-        from scripts.reach.route import control_dir
+        from scripts.reach.ssh import control_dir
 
         sockets = sorted(p.name for p in control_dir().iterdir() if p.is_socket())
         assert len(sockets) == 1, sockets  # gpu1's: gpu2 never got one
@@ -176,9 +176,9 @@ JSON_ERRORS = [
 @pytest.mark.parametrize("args", JSON_ERRORS, ids=lambda a: " ".join(a) or "''")
 def test_json_errors_are_one_document_on_stdout(args):
     res = invoke(*args)
-    assert res.returncode == contract.EXIT_USAGE, text_of(res)
+    assert res.returncode == codes.EXIT_USAGE, text_of(res)
     doc = json.loads(res.stdout)  # the whole of stdout is one document
-    assert set(doc) == {"error", "exit_code"} and doc["exit_code"] == contract.EXIT_USAGE, doc
+    assert set(doc) == {"error", "exit_code"} and doc["exit_code"] == codes.EXIT_USAGE, doc
     line = res.stderr.decode().strip()
     assert line == f"gpu-pivot: {doc['error']}"  # the same words as the one line on stderr
 
@@ -186,17 +186,17 @@ def test_json_errors_are_one_document_on_stdout(args):
 def test_json_error_for_a_bad_hosts_env_and_the_environment_host(hosts_env):
     hosts_env("GPU1_SSH=root@127.0.0.1\nGPU1_CTID=abc\n")
     res = invoke("status", "--host", "gpu1", "--json")
-    assert res.returncode == contract.EXIT_USAGE
+    assert res.returncode == codes.EXIT_USAGE
     assert "GPU1_CTID" in json.loads(res.stdout)["error"]
     env = {k: v for k, v in os.environ.items() if k != "GPU_PIVOT_HOSTS_FILE"}
     res = invoke("status", "--json", env=dict(env, GPU_PIVOT_HOST="nosuch"))
-    assert res.returncode == contract.EXIT_USAGE
+    assert res.returncode == codes.EXIT_USAGE
     assert json.loads(res.stdout)["error"].startswith("GPU_PIVOT_HOST='nosuch': unknown host alias")
 
 
 def test_without_json_errors_stay_off_stdout():
     res = invoke("status", "--host", "nosuch")
-    assert res.returncode == contract.EXIT_USAGE and res.stdout == b""
+    assert res.returncode == codes.EXIT_USAGE and res.stdout == b""
 
 
 def test_invokes_own_parser_errors_are_the_documented_exception():
@@ -269,11 +269,11 @@ def test_table_gives_way_in_order_and_never_cuts_identifying_columns():
 
 def test_audit_table_shows_host_names_whole(tmp_path):
     """Item 5: the audit table cut host names to `san...`."""
-    from scripts.agent import contract as c
+    from scripts.agent.wire import defaults
 
     state = tmp_path / "xdg"
     (state / "gpu-pivot").mkdir(parents=True, mode=0o700)
-    rec = {"time": time.strftime(c.TIME_FORMAT), "alias": "gpu-node-17-sandbox", "operator": "ana@laptop",
+    rec = {"time": time.strftime(defaults.TIME_FORMAT), "alias": "gpu-node-17-sandbox", "operator": "ana@laptop",
            "signal": "SIGTERM", "pid": 4194301, "result": "sent", "cmdline": "python3 -m sglang.launch_server --tp 8"}
     (state / "gpu-pivot" / "audit.jsonl").write_text(json.dumps(rec) + "\n")
     (state / "gpu-pivot" / "audit.jsonl").chmod(0o600)

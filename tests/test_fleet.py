@@ -2,10 +2,10 @@
 worst exit code, and an unreachable host that does not stop the others."""
 import pytest
 
-from tests import scenario
 from tests.conftest import invoke
-from tests.fleet_faults import python_with_run_dir
-from tests.procs import ProcessSet, alive
+from tests.support import scenario
+from tests.support.fleet_faults import python_with_run_dir
+from tests.support.procs import ProcessSet, alive
 
 
 @pytest.fixture

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests import scenario
 from tests.conftest import invoke
-from tests.fleet_faults import Tarpit
-from tests.procs import ProcessSet
+from tests.support import scenario
+from tests.support.fleet_faults import Tarpit
+from tests.support.procs import ProcessSet
 
 UNREACHABLE = "N3_SSH=nobody@127.0.0.1\nN3_SSH_OPTS='-p 1 -o ConnectTimeout=3 -o ControlPath=none'\n"
 HEADER = ["host", "GPUs free/total", "holders", "verdict"]
@@ -160,14 +160,14 @@ def test_status_fits_80_columns(fleet):
 
 
 def _scan(gpus=2, holders=(), **fields):
-    from scripts.agent import contract
+    from scripts.agent.wire import records
 
     rows = [{"index": i, "name": "H200", "used_mib": 0, "reserved_mib": 0, "total_mib": 143771, "processes": []}
             for i in range(gpus)]
     base = {"hostname": "h", "gpus": rows, "holders": list(holders), "gpu_source": "nvml",
             "devices": [f"/dev/nvidia{i}" for i in range(gpus)] + ["/dev/nvidiactl"]}
     base.update(fields)
-    return contract.ScanResult(**base)
+    return records.ScanResult(**base)
 
 
 def _holder(pid, devices, gpu_mib=None, protected=None):

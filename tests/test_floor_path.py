@@ -30,15 +30,15 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import contract
 from scripts.agent.procs import devices, procscan
+from scripts.agent.wire import call, codes, frame
 from scripts.config.errors import ConfigError
 from scripts.config.hostconfig import build_host
 from scripts.config.nodeset import expand
 from scripts.reach import bundle, transport
-from tests import scenario
 from tests.conftest import REPO
-from tests.procs import alive
+from tests.support import scenario
+from tests.support.procs import alive
 
 # Runs the agent as the transport does (package `agent`, -S) and prints, at its first signal,
 # every module loaded by then; then lets the teardown go on.
@@ -74,8 +74,8 @@ def host(ps, **keys):
 def test_before_its_first_signal_the_agent_has_loaded_only_what_signalling_needs(ps):
     parent, workers = ps.server(tp=2)
     argv = transport.agent_argv(host(ps), "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0",
-                                                       "--operator", "test@floor"], contract.new_nonce(), False)
-    words = argv[argv.index(contract.STDIN) + 1:]
+                                                       "--operator", "test@floor"], frame.new_nonce(), False)
+    words = argv[argv.index(call.STDIN) + 1:]
     out = subprocess.run([sys.executable, "-S", "-c", SPY, json.dumps(words)], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
     loaded_lines = [line for line in out.stdout.splitlines() if line.startswith("LOADED ")]
@@ -200,7 +200,7 @@ def _stream_of(sources):
 def _stream_without(ps, sources):
     """The agent's argv for a teardown of ps's server, and a stream carrying `sources`."""
     argv = transport.agent_argv(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0",
-                                                       "--operator", "test@floor"], contract.new_nonce(), False)
+                                                       "--operator", "test@floor"], frame.new_nonce(), False)
     return argv, _stream_of(sources)
 
 
@@ -210,7 +210,7 @@ def test_an_agent_missing_a_module_it_needs_after_the_signals_sends_none(ps):
     del sources["agent.teardown.settle"]  # a bundle that lost a module only the post-signal steps import
     argv, stream = _stream_without(ps, sources)
     out = subprocess.run(argv, input=stream, capture_output=True, timeout=60)
-    assert out.returncode == contract.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
+    assert out.returncode == codes.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
     assert "the agent lacks module(s) settle (a broken bundle)" in out.stdout.decode()
     assert all(alive(p) for p in [parent, *workers])
 
@@ -221,7 +221,7 @@ def test_a_post_signal_module_that_cannot_load_still_sees_the_targets_through(ps
     sources["agent.teardown.settle"] = "def watch(:\n"  # present, but not Python this host can compile
     argv, stream = _stream_without(ps, sources)
     out = subprocess.run(argv, input=stream, capture_output=True, timeout=60)
-    assert out.returncode == contract.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
+    assert out.returncode == codes.EXIT_UNREACHABLE, out.stderr.decode()[-500:]
     text = out.stdout.decode()
     assert "not verified" in text and "SyntaxError" in text
     assert not [p for p in [parent, *workers] if alive(p)]  # signalled, and seen through to the end
@@ -267,7 +267,7 @@ def test_the_operator_reads_what_happened_when_the_post_signal_steps_could_not_l
     sources["agent.teardown.settle"] = "def watch(:\n"
     monkeypatch.setattr(transport, "agent_stream", lambda compiled=False, subcommand=None: _stream_of(sources))
     result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
-    assert result.code == contract.EXIT_UNREACHABLE
+    assert result.code == codes.EXIT_UNREACHABLE
     text = teardown_view.report("local", result)
     assert "NOT FREE" in text and "SyntaxError" in text and "SIGTERM" in text, text
     assert not [p for p in [parent, *workers] if alive(p)]
@@ -281,7 +281,7 @@ def test_the_operator_reads_not_started_when_the_agent_is_incomplete(ps, monkeyp
     del sources["agent.teardown.verify"]
     monkeypatch.setattr(transport, "agent_stream", lambda compiled=False, subcommand=None: _stream_of(sources))
     result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
-    assert result.code == contract.EXIT_UNREACHABLE
+    assert result.code == codes.EXIT_UNREACHABLE
     assert teardown_view.report("local", result) == (
         "== local: NOT STARTED: the agent lacks module(s) verify (a broken bundle) (nothing was signalled)")
     assert all(alive(p) for p in [parent, *workers])

@@ -18,13 +18,13 @@ import pytest
 
 from scripts.agent.procs import procfs
 from scripts.agent.teardown.forkwatch import ForkWatch
-from tests.procs import wait_for
+from tests.support.paths import REPO
+from tests.support.procs import wait_for
 
 # The kernel sends fork events only to listeners in the machine's own PID and network namespace:
-# these run on the xdist worker left there (tests/workers.py), and watch only what they start.
+# these run on the xdist worker left there (tests/support/workers.py), and watch only what they start.
 pytestmark = pytest.mark.host_pid_ns
 
-REPO = Path(__file__).resolve().parent.parent
 
 # A root that forks on SIGUSR1. kind "double": a child forks N grandchildren and exits at
 # once (each grandchild writes its pid); "plain": a child that stays. The root reaps the

@@ -25,11 +25,11 @@ from scripts.agent.procs import procfs
 from scripts.agent.teardown import forkwatch
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests import scenario
-from tests.procs import alive, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, wait_for
 
 # The kernel sends fork events only to listeners in the machine's own PID and network namespace:
-# these run on the xdist worker left there (tests/workers.py), and watch only what they start.
+# these run on the xdist worker left there (tests/support/workers.py), and watch only what they start.
 pytestmark = pytest.mark.host_pid_ns
 
 # On SIGUSR1: fork a child that writes its pid, waits for `go`, calls setsid, forks a

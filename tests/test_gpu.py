@@ -8,7 +8,8 @@ import pytest
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.conftest import invoke
-from tests.gpu_support import GpuTree, Monitor, gpu_count, nvml_used_mib
+from tests.support.gpu_support import GpuTree, Monitor, gpu_count, nvml_used_mib
+from tests.support.paths import SUPPORT
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
 
@@ -129,13 +130,12 @@ def test_a_server_unpinning_a_large_host_pool_is_freed_when_the_gpu_reads_free(t
     import subprocess
     import sys
     import time
-    from pathlib import Path
 
     from scripts.agent.procs import procfs
 
     token = f"gpupivot-test-{os.getpid()}-pinned"
     ready = tmp_path / "pinned.ready"
-    proc = subprocess.Popen([sys.executable, str(Path(__file__).parent / "gpu_pinned_server.py"), "--token", token,
+    proc = subprocess.Popen([sys.executable, str(SUPPORT / "gpu_pinned_server.py"), "--token", token,
                              "--gpu-gib", "8", "--pinned-gib", "48", "--ready", str(ready)], start_new_session=True)
     try:
         deadline = time.monotonic() + 300

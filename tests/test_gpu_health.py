@@ -20,8 +20,8 @@ from scripts.agent.gpu import mps
 from scripts.agent.procs import procfs, procscan
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests.gpu_support import GpuTree, gpu_count
-from tests.procs import wait_for
+from tests.support.gpu_support import GpuTree, gpu_count
+from tests.support.procs import wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
 

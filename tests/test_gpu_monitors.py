@@ -13,7 +13,7 @@ import sys
 import pytest
 
 from tests.conftest import invoke
-from tests.gpu_support import POLLERS, GpuTree, Poller, gpu_count, nvml_used_mib
+from tests.support.gpu_support import POLLERS, GpuTree, Poller, gpu_count, nvml_used_mib
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
 

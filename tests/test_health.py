@@ -1,7 +1,7 @@
 """GPU health verdicts, MIG, MPS and reset preconditions, on this machine (no GPU).
 
 What cannot exist here (a GPU, NVML, MIG, a GPU asking for a reset) comes from the STAND-IN
-NVML in tests/standin/nvml (recorded answers: the healthy H200 values are the ones measured on
+NVML in tests/support/standin/nvml (recorded answers: the healthy H200 values are the ones measured on
 the GPU machine, the fault, MIG and NVLink values are set by each test and say so). Everything
 else is real: a process really stuck in state D (frozen by the cgroup v1 freezer, so SIGKILL
 cannot end it until it is thawed), real device-file holders, a real MPS-like control pipe
@@ -27,14 +27,14 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import contract
 from scripts.agent.gpu import checkup, health, mig, mps, xid
 from scripts.agent.procs import procscan, rules
+from scripts.agent.wire import codes, records
 from scripts.views import health as health_view, reset as reset_view, teardown as teardown_view
 from tests.conftest import REPO
-from tests.procs import alive, wait_for
+from tests.support.procs import alive, wait_for
 
-STANDIN = REPO / "tests" / "standin" / "nvml"
+STANDIN = REPO / "tests" / "support" / "standin" / "nvml"
 AGENT = REPO / "scripts" / "gpuagent.py"
 HOLD = ("import sys, time\nf = [open(p, 'rb') for p in sys.argv[1:sys.argv.index('--ready')] if p[:1] == '/']\n"
         "open(sys.argv[-1], 'w').close()\ntime.sleep(3600)\n")
@@ -80,7 +80,7 @@ def test_verdict_table():
     assert health.verdict([("reboot needed", "x"), ("reset needed", "y")], True)["verdict"] == "reboot needed"
     assert health.verdict([("unknown", "xid 9999")], True)["verdict"] == "unknown"
     assert health.verdict([("ok", "xid 13: restart the app")], True)["verdict"] == "ok"
-    assert list(contract.HEALTH_VERDICTS) == list(health.ORDER)
+    assert list(records.HEALTH_VERDICTS) == list(health.ORDER)
 
 
 @pytest.mark.parametrize("code,verdicts,want", [
@@ -90,7 +90,7 @@ def test_verdict_table():
 def test_the_verdict_changes_only_a_free_exit_code(code, verdicts, want):
     gpus = [{"index": i, "health": {"verdict": v, "reasons": []}} for i, v in enumerate(verdicts)]
     assert health.exit_code(code, gpus) == want
-    assert contract.exit_name(9) == "unhealthy"
+    assert codes.exit_name(9) == "unhealthy"
 
 
 # -- NVML health queries (stand-in) --------------------------------------------------------------
@@ -220,14 +220,14 @@ def test_status_and_verify_carry_health_mig_and_the_exit_code(tmp_path, ps):
     rec = {"gpus": [gpu(), gpu(bus="00000000:3b:00.0", recovery_action=1), MIG_ON]}
     code, doc = agent("scan", *fake_glob(ps), recording=rec, tmp=tmp_path)
     assert doc["gpu_source"] == "nvml" and code == 0
-    verdicts = [contract.gpu_health(g)["verdict"] for g in doc["gpus"]]
+    verdicts = [records.gpu_health(g)["verdict"] for g in doc["gpus"]]
     assert verdicts == ["ok", "reset needed", "ok"]
     assert doc["gpus"][2]["mig"]["current"] == "enabled" and len(doc["gpus"][2]["mig"]["instances"]) == 2
     code, doc = agent("verify", *fake_glob(ps), recording=rec, tmp=tmp_path)
-    assert doc["free"] is True and code == contract.EXIT_UNHEALTHY == 9
+    assert doc["free"] is True and code == codes.EXIT_UNHEALTHY == 9
     assert any(p.startswith("GPU 1: RESET NEEDED") for p in doc["problems"])
-    record = contract.read_document(doc)
-    assert contract.gpu_health(record.scan.gpus[1])["verdict"] == "reset needed"
+    record = records.read_document(doc)
+    assert records.gpu_health(record.scan.gpus[1])["verdict"] == "reset needed"
     shown = health_view.health(record, "gpu1")
     assert "RESET NEEDED" in shown and "invoke reset --host gpu1 --gpu 1" in shown
     assert "GPU 2: MIG enabled" in health_view.mig(record) and "GI 2/CI 0 4096/35840 MiB" in health_view.mig(record)
@@ -245,7 +245,7 @@ def test_reset_checks_every_precondition_and_is_a_dry_run_by_default(tmp_path, p
         "every process inspected", "no process holds the GPU", "no compute process on the GPU",
         "persistence daemon handled",
         "not a display GPU", "no MIG instances", "nothing on NVLink peers"}
-    record = contract.read("reset", code, doc)
+    record = records.read("reset", code, doc)
     assert record.ready and "would run: nvidia-smi --gpu-reset -i 1" in reset_view.report("gpu1", record)
 
 
@@ -267,7 +267,7 @@ def test_reset_refuses_a_held_gpu_a_display_gpu_and_a_busy_nvlink_peer(tmp_path,
     assert "display is active" in failed["not a display GPU"]
     assert "peer GPU(s) 1" in failed["nothing on NVLink peers"]
     code, doc = agent("reset", "--gpu", "7", *fake_glob(ps), recording=rec, tmp=tmp_path)
-    assert code == 2 and "--gpu 7" in doc[contract.USAGE_ERROR]
+    assert code == 2 and "--gpu 7" in doc[codes.USAGE_ERROR]
 
 
 # -- holders of /dev/nvidia-caps/* and the new protected names ----------------------------------
@@ -342,8 +342,8 @@ def test_a_holder_stuck_in_state_d_makes_the_verdict_reboot_needed(tmp_path, ps,
     assert verdicts[1]["verdict"] == "reboot needed"
     assert "state D, wchan %s" % stuck[pid]["wchan"] in verdicts[1]["reasons"][0]
     assert verdicts[0]["verdict"] == "unknown"  # fake GPUs: nothing read, nothing stuck on GPU 0
-    t = contract.read_document(doc)
-    assert contract.gpu_health(t.after[1])["verdict"] == "reboot needed"
+    t = records.read_document(doc)
+    assert records.gpu_health(t.after[1])["verdict"] == "reboot needed"
     shown = teardown_view.report("local", t)
     assert "REBOOT NEEDED" in shown and "state D" in shown and "GPU 1: reboot the node" in shown
 
@@ -460,5 +460,5 @@ def test_teardown_protects_mps_by_default_and_quits_it_with_mps_quit(tmp_path, p
     assert q[0]["pipe_dir"] == str(pipe)
     assert not alive(server)
     assert any(a["signal"] == "mps quit" and a["pid"] == control for a in doc["actions"])
-    assert "--mps quit: control pid %d" % control in health_view.mps(contract.read_document(doc))
+    assert "--mps quit: control pid %d" % control in health_view.mps(records.read_document(doc))
     assert code == 0, doc["problems"]

@@ -24,7 +24,7 @@ from scripts.agent.procs.devices import DeviceError, DeviceSet
 from scripts.agent.status import scan
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests.procs import alive, state, wait_for
+from tests.support.procs import alive, state, wait_for
 
 HOLD = r"""
 import ctypes, os, sys, threading, time
@@ -162,6 +162,6 @@ def test_reader_of_an_unrelated_device_is_not_a_holder(ps):
 
 
 def scan_args(ps):
-    import argparse
-    return argparse.Namespace(devices=ps.glob, fake_devices=True, scope=None, scope_uid=None, protect=[], target=[],
+    from scripts.agent.options import Options
+    return Options(devices=ps.glob, fake_devices=True, scope=None, scope_uid=None, protect=[], target=[],
                               match=[], fake_gpus=str(ps.memdir), max_used_mib=0)

@@ -20,17 +20,18 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import cli, contract
+from scripts.agent import cli
 from scripts.agent.gpu import gpuinfo
 from scripts.agent.procs import procscan, program
 from scripts.agent.teardown import verify
+from scripts.agent.wire import codes, frame
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import AgentError, call_agent, read_document
-from tests import scenario
 from tests.conftest import REPO
-from tests.procs import alive, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, wait_for
 
-STANDIN = REPO / "tests" / "standin" / "nvml"
+STANDIN = REPO / "tests" / "support" / "standin" / "nvml"
 AGENT = REPO / "scripts" / "gpuagent.py"
 
 
@@ -74,7 +75,7 @@ def test_a_nameless_process_anywhere_does_not_stop_plan_or_teardown(ps, argv0):
 
 
 def standin_source(recording: dict):
-    """gpuinfo.NvmlSource over the stand-in NVML (tests/standin/nvml), loaded in-process."""
+    """gpuinfo.NvmlSource over the stand-in NVML (tests/support/standin/nvml), loaded in-process."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("standin_pynvml_%d" % id(recording), STANDIN / "pynvml.py")
@@ -119,7 +120,7 @@ def test_the_agent_with_one_bad_nvml_field_answers_not_free(tmp_path):
     done = subprocess.run([sys.executable, str(AGENT), "verify", "--json", "--devices", str(tmp_path / "none*")],
                           capture_output=True, text=True, env=env, timeout=60, cwd=REPO)
     doc = json.loads(done.stdout)
-    assert done.returncode == contract.EXIT_NOT_FREE, doc
+    assert done.returncode == codes.EXIT_NOT_FREE, doc
     assert doc["gpu_source"] == "nvml" and "Traceback" not in done.stderr
     assert any(p.startswith("GPU 1: memory: NVMLError") for p in doc["problems"]), doc["problems"]
 
@@ -143,17 +144,17 @@ def test_an_exception_in_the_agent_is_a_result_naming_it(monkeypatch, capsys):
     code = cli.main(["scan", "--json"])
     out = capsys.readouterr()
     doc = json.loads(out.out)
-    assert code == contract.EXIT_UNREACHABLE == doc["exit_code"]
-    assert doc[contract.AGENT_ERROR].startswith("IndexError: list index out of range (test_hostile_host.py:")
-    assert "in run)" in doc[contract.AGENT_ERROR] and "Traceback" in out.err
+    assert code == codes.EXIT_UNREACHABLE == doc["exit_code"]
+    assert doc[codes.AGENT_ERROR].startswith("IndexError: list index out of range (test_hostile_host.py:")
+    assert "in run)" in doc[codes.AGENT_ERROR] and "Traceback" in out.err
 
 
 def test_the_cli_reports_the_agents_own_failure_as_one_line():
-    nonce = contract.new_nonce()
-    body = json.dumps({contract.AGENT_ERROR: "IndexError: boom (program.py:72 in names)", "command": "scan",
+    nonce = frame.new_nonce()
+    body = json.dumps({codes.AGENT_ERROR: "IndexError: boom (program.py:72 in names)", "command": "scan",
                        "exit_code": 3})
     with pytest.raises(AgentError, match=r"local: the agent failed: IndexError: boom \(program\.py:72 in names\)"):
-        read_document("local", contract.frame(nonce, body), nonce, 3, "")
+        read_document("local", frame.frame(nonce, body), nonce, 3, "")
 
 
 def test_a_process_no_parser_understands_is_not_inspected(monkeypatch, ps):
@@ -251,7 +252,7 @@ def test_whatever_a_held_lock_file_says_the_teardown_is_locked(ps, content):
         td = call_agent(h, "teardown", ["--grace", "1", "--timeout", "1"])
     finally:
         os.close(fd)
-    assert td.code == contract.EXIT_LOCKED and td.result.locked, td.doc
+    assert td.code == codes.EXIT_LOCKED and td.result.locked, td.doc
     line = teardown_view.report("local", td)
     assert line.startswith("== local: LOCKED: host is locked by another teardown: ") and "\n" not in line
     assert not any(c in line for c in "\x1b\x07\u202e")
@@ -310,7 +311,7 @@ def test_a_newline_in_a_holders_argv_forges_no_line(ps, hosts_env, args):
 
 
 def test_json_keeps_non_utf8_bytes_losslessly_in_valid_unicode(ps, hosts_env):
-    from scripts.agent import textsafe
+    from scripts.agent.wire import textsafe
     from tests.conftest import invoke
 
     pid, title, name = forger(ps)
@@ -336,6 +337,6 @@ def test_an_agent_that_dies_with_escape_sequences_on_stderr_is_one_clean_line(tm
     hosts_env(f"LOCAL_PYTHON={fake}\n")
     out = invoke("status", "--host", "local")
     err = out.stderr.decode()
-    assert out.returncode == contract.EXIT_UNREACHABLE, err
+    assert out.returncode == codes.EXIT_UNREACHABLE, err
     assert len(err.splitlines()) == 1 and not any(c in err for c in "\x1b\x07\u202e"), err
     assert "\\x1b]0;pwned\\x07boom" in err and "FORGED local: FREED and verified" in err

@@ -2,7 +2,7 @@
 
 A dead NFS server or a FUSE daemon that stopped answering makes every stat() of its files
 wait, for ever on a hard mount. The scan stat()s what processes hold open to tell a GPU
-device by identity; before this was found (by a red team with tests/hung_fuse.py), one
+device by identity; before this was found (by a red team with tests/support/hung_fuse.py), one
 process with such a file open made `invoke teardown` hang before its first signal until the
 CLI's deadline (exit 7, nothing freed). Now a file on a mount whose stat() waits on a server
 is stat()-ed from the kernel's cached attributes (statx AT_STATX_DONT_SYNC, agent/procs/fdstat.py),
@@ -34,10 +34,10 @@ from scripts.config.hostconfig import build_host
 from scripts.reach import runner
 from scripts.reach.route import HostTimedOut
 from scripts.reach.transport import call_agent
-from tests import scenario
-from tests.procs import alive, wait_for
+from tests.support import scenario
+from tests.support.paths import REPO, SUPPORT
+from tests.support.procs import alive, wait_for
 
-HERE = Path(__file__).resolve().parent
 # os.open, not open(): Python's open() stat()s the file right after opening it, which this mount no longer answers
 HOLD = "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); print('open', flush=True); time.sleep(300)"
 # A program that blocks in the kernel on the hung mount (state D: SIGKILL cannot end it until
@@ -74,7 +74,7 @@ def hung_fuse(tmp_path):
         pytest.skip("needs root and /dev/fuse to mount a FUSE filesystem")
     mnt, ready = tmp_path / "mnt", tmp_path / "ready"
     mnt.mkdir()
-    server = subprocess.Popen([sys.executable, str(HERE / "hung_fuse.py"), str(mnt), str(ready)],
+    server = subprocess.Popen([sys.executable, str(SUPPORT / "hung_fuse.py"), str(mnt), str(ready)],
                               stderr=subprocess.PIPE, text=True)
     started: list = [server]
     try:
@@ -99,7 +99,7 @@ def users_fuse_holder(second_user):
     base.chmod(0o755)
     mnt, ready = base / "mnt", base / "ready"
     mnt.mkdir()
-    server = subprocess.Popen([sys.executable, str(HERE / "hung_fuse.py"), str(mnt), str(ready), "--answer",
+    server = subprocess.Popen([sys.executable, str(SUPPORT / "hung_fuse.py"), str(mnt), str(ready), "--answer",
                                "--owner", str(second_user.uid)], stderr=subprocess.PIPE, text=True)
     try:
         _mounted(server, ready)
@@ -140,7 +140,7 @@ def test_the_fd_scan_does_not_stat_a_file_on_a_hung_mount(hung_holder, tmp_path)
     dev.write_bytes(b"")
     probe = ("import sys; sys.path.insert(0, %r); from scripts.agent.procs import devices, procscan; "
              "print(procscan.held_devices(%d, devices.DeviceSet(%r, fake=True)))"
-             % (str(HERE.parent), pid, str(tmp_path / "nvidia*")))
+             % (str(REPO), pid, str(tmp_path / "nvidia*")))
     scan = subprocess.Popen([sys.executable, "-c", probe], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     started.append(scan)  # if it hangs, the fixture frees it by killing the FUSE server
     try:

@@ -4,8 +4,8 @@ import subprocess
 
 import pytest
 
-from tests import scenario
-from tests.incident_replay import namespace_command, sequences
+from tests.support import scenario
+from tests.support.incident_replay import namespace_command, sequences
 
 
 def _unshare_works():

@@ -15,7 +15,6 @@ Every teardown is scoped to the test's temp dir (tests/test_teardown_honesty.hos
 """
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
 import sys
@@ -23,13 +22,14 @@ import time
 
 import pytest
 
+from scripts.agent.options import Options
 from scripts.agent.status import scan
 from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
 from tests.conftest import need_tools
-from tests.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
-from tests.procs import alive, children, wait_for
+from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
+from tests.support.procs import alive, children, wait_for
 from tests.test_managers import CID, ESCAPED, UID
 from tests.test_scan import scan_args
 from tests.test_teardown_honesty import host
@@ -240,7 +240,7 @@ def test_a_starter_that_is_a_managers_daemon_is_named_with_its_stop_never_as_a_d
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
         stops = plan(ps)["managers"]
         doc = scan.collect(scan_args(ps))
-        daemon = doc["_procs"][sd.pid]
+        daemon = doc.procs[sd.pid]
         with_stop = settle.Lineage(doc, [], stops=stops).hint(daemon)
         assert with_stop.startswith(f"supervisorctl -c {sd.conf} stop vllm (supervisord vllm; PID {sd.pid} is its "
                                     "daemon, never signalled)"), with_stop
@@ -286,8 +286,8 @@ def test_a_stop_whose_tool_is_not_on_path_is_named_not_run(ps, tmp_path, supervi
         pid = sd.program_pid("vllm")
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
         doc = scan.collect(scan_args(ps))
-        args = argparse.Namespace(target=None, match=[], protect=[], scope=str(ps.base), scope_uid=None,
-                                  only_matching=False, stop_supervisors=False, disable=False, all_users=False)
+        args = Options(target=None, match=[], protect=[], scope=str(ps.base), scope_uid=None,
+                       only_matching=False, stop_supervisors=False, disable=False, all_users=False)
         monkeypatch.setattr(plan_module, "on_path", lambda tool: tool != "supervisorctl")
         built = plan_module.build(doc, args)
         assert pid not in {t["pid"] for t in built["targets"]}

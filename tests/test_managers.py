@@ -15,7 +15,7 @@ import pytest
 
 from scripts.agent.procs import cgroup, managers
 from scripts.agent.status import scan
-from tests.procs import wait_for
+from tests.support.procs import wait_for
 from tests.test_scan import holders_by_pid, scan_args
 
 CID = "3f" * 32
@@ -94,7 +94,7 @@ def _holder(ps, env):
 def _managed(ps, pid):
     doc = scan.collect(scan_args(ps))
     holder = holders_by_pid(doc)[pid]
-    return holder, managers.manager_of(holder, doc["_procs"])
+    return holder, managers.manager_of(holder, doc.procs)
 
 
 def test_pod_holder_named_by_its_environment_never_stopped_by_default(ps, layout):
@@ -256,7 +256,7 @@ def test_a_users_process_named_supervisord_is_named_never_obeyed(second_user, sh
     shared_ps.adopt(child["pid"])
     assert managers.daemon_name(fake) == "supervisord"
     assert not managers.is_manager_daemon(fake)  # it holds a GPU: a target, whatever its name
-    m = managers.manager_of(child, doc["_procs"])  # named as the user's word has it, and not obeyed
+    m = managers.manager_of(child, doc.procs)  # named as the user's word has it, and not obeyed
     assert (m["kind"], m["name"], m["pid"]) == ("supervisord", "ops:prod", proc.pid)
     assert m["trusted"] is False and m["stops_by_default"] is False
 
@@ -285,12 +285,12 @@ def test_a_users_real_supervisord_is_named_but_not_run_by_the_teardown(second_us
         h["ppid"] == sd.pid for h in d["holders"]) and d, "the user's program holds", timeout=20)
     holder = next(h for h in doc["holders"] if h["ppid"] == sd.pid)
     shared_ps.adopt(holder["pid"])
-    m = managers.manager_of(holder, doc["_procs"])
+    m = managers.manager_of(holder, doc.procs)
     assert (m["kind"], m["name"], m["pid"]) == ("supervisord", "vllm", sd.pid)
     assert m["stop_command"] == f"supervisorctl -c {conf} stop vllm"
     assert m["trusted"] is False and m["stops_by_default"] is False
     assert "not run by the teardown" in m["note"]
-    assert managers.is_manager_daemon(doc["_procs"][sd.pid])
+    assert managers.is_manager_daemon(doc.procs[sd.pid])
 
 
 def test_a_supervisord_inside_a_docker_container_answers_to_the_container():
@@ -331,7 +331,7 @@ def _kubelet(ps, path, run=subprocess.Popen):
 
 def _first(ps, pid):
     doc = scan.collect(scan_args(ps))
-    return managers.manager_of(holders_by_pid(doc)[pid], doc["_procs"])["first"]
+    return managers.manager_of(holders_by_pid(doc)[pid], doc.procs)["first"]
 
 
 def test_the_node_to_cordon_is_the_kubelets_hostname_override(ps, layout, tmp_path):

@@ -17,8 +17,8 @@ import subprocess
 
 import pytest
 
-from scripts.agent import contract
 from scripts.agent.procs import program, rules
+from scripts.agent.wire import defaults
 from scripts.emergency import ere, shell_teardown
 from tests.conftest import invoke
 
@@ -75,8 +75,8 @@ def test_the_defaults_and_generated_lines_are_the_agents():
     """The copies the local side keeps (it may import only the contract from the agent) are equal."""
     assert shell_teardown.DEFAULT_TARGETS == rules.DEFAULT_TARGETS
     assert shell_teardown.interpreters_line() in shell_teardown.SCRIPT.read_text().splitlines()
-    assert shell_teardown.interpreters_line() == f"interp='{contract.INTERPRETERS.pattern}'"
-    assert "'" not in contract.INTERPRETERS.pattern and "\\" not in contract.INTERPRETERS.pattern  # awk -v as is
+    assert shell_teardown.interpreters_line() == f"interp='{program.INTERPRETERS.pattern}'"
+    assert "'" not in program.INTERPRETERS.pattern and "\\" not in program.INTERPRETERS.pattern  # awk -v as is
 
 
 # -- the names a process goes by ------------------------------------------------------------------
@@ -162,7 +162,7 @@ def test_a_hosts_patterns_are_in_the_line_it_prints(hosts_env):
     assert out.returncode == 0, out.stderr
     remote = shlex.split(shlex.split(out.stdout.decode())[-1])  # the command ssh runs there, as its shell reads it
     assert remote[-8:] == ["/dev/nvidia[0-3]", "/srv/jobs", "", "myserve", "mytool run", "keep[0-9]+", "3",
-                           str(int(contract.SETTLE_S))]
+                           str(int(defaults.SETTLE_S))]
 
 
 @pytest.mark.parametrize("position, value, why", [(5, "(", "cannot read it"), (5, "x*", "matches the empty string"),
@@ -175,7 +175,7 @@ def test_the_script_refuses_what_its_grep_cannot_use_before_any_signal(ps, posit
                          capture_output=True, text=True, timeout=60)
     assert ran.returncode == 2 and why in ran.stderr and "nothing was signalled" in ran.stderr, ran
     assert ran.stdout == "" and len(ran.stderr.strip().splitlines()) == 1
-    from tests.procs import alive
+    from tests.support.procs import alive
 
     assert alive(holder)
 

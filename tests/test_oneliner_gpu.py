@@ -16,8 +16,8 @@ import pytest
 
 from scripts.emergency import shell_teardown
 from tests.conftest import invoke
-from tests.gpu_support import gpu_count
-from tests.procs import alive, wait_for
+from tests.support.gpu_support import gpu_count
+from tests.support.procs import alive, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
 

@@ -19,7 +19,7 @@ import pytest
 from scripts.emergency import shell_teardown
 from scripts.ops.sandbox import ROLES
 from tests.conftest import invoke
-from tests.procs import ProcessSet, alive, wait_for
+from tests.support.procs import ProcessSet, alive, wait_for
 
 
 def _script(ps: ProcessSet, name: str, *args: str) -> int:

@@ -7,9 +7,9 @@ import sys
 import pytest
 
 from scripts.emergency import shell_teardown
-from tests import scenario
 from tests.conftest import invoke
-from tests.procs import alive, children, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, children, wait_for
 
 
 def script_argv(glob: str, grace: str = "1", settle: str = "2", scope: str = "", **config) -> list:
@@ -81,13 +81,13 @@ def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):
 def test_shell_protect_list_is_the_agents():
     """One protect list: the script's own copy equals what is generated from the contract,
     and the generated one-liner protects every name the agent protects (run in sh)."""
-    from scripts.agent import contract
+    from scripts.agent.procs import rules
 
     text = shell_teardown.SCRIPT.read_text()
     assert f"        {shell_teardown.protected_case()}) return 0 ;;" in text.splitlines()
     script = shell_teardown.script_text()
     assert f"{shell_teardown.protected_case()}) return 0 ;;" in script
-    for name in [*contract.PROTECTED_NAMES, "node-exporter", "gpu_exporter", "sshd:"]:
+    for name in [*rules.PROTECTED_NAMES, "node-exporter", "gpu_exporter", "sshd:"]:
         probe = f'case "$0" in {shell_teardown.protected_case()}) exit 0 ;; esac; exit 1'
         assert subprocess.run(["sh", "-c", probe, name]).returncode == 0, name
     assert subprocess.run(["sh", "-c", f'case python3 in {shell_teardown.protected_case()}) exit 0;; esac; exit 1']

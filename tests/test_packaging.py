@@ -6,13 +6,13 @@ import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
+
 # pip reaches the package index: on the xdist worker left in the machine's network namespace
-# (the others have only a loopback of their own, tests/pidns.py)
+# (the others have only a loopback of their own, tests/support/pidns.py)
 pytestmark = pytest.mark.host_pid_ns
 
 

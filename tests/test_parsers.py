@@ -4,7 +4,7 @@ import pytest
 
 from scripts.agent.gpu import smi_parse
 from tests.conftest import FIXTURES
-from tests.parsers import fuser as fuser_parse, ps_parse, smi_table
+from tests.support.parsers import fuser as fuser_parse, ps_parse, smi_table
 
 
 def fx(name):

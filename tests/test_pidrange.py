@@ -10,7 +10,7 @@ import signal
 import pytest
 
 from scripts.agent.procs import devices, fanout, pidrange, procfs, procscan
-from tests.procs import Bystanders, children, wait_for
+from tests.support.procs import Bystanders, children, wait_for
 
 
 def _listed():

@@ -12,8 +12,8 @@ import pytest
 from scripts.agent.phases import run as agent_phase
 from scripts.ops.sandbox import ROLES
 from tests.conftest import invoke
-from tests.loopback_sshd import free_port
-from tests.procs import alive
+from tests.support.loopback_sshd import free_port
+from tests.support.procs import alive
 
 
 def out_text(res):

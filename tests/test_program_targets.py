@@ -20,8 +20,8 @@ from hypothesis import given, settings, strategies as st
 from scripts.agent.procs import program
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests import scenario
-from tests.procs import ProcessSet, alive, wait_for
+from tests.support import scenario
+from tests.support.procs import ProcessSet, alive, wait_for
 
 TARGETS = ("sglang\\.launch_server", "sglang serve", "sglang::.*", "vllm serve", "vllm\\.entrypoints", "VLLM::.*",
            "torchrun")

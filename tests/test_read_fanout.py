@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from scripts.config import defaults
-from tests import scenario
 from tests.conftest import invoke
-from tests.procs import ProcessSet
+from tests.support import scenario
+from tests.support.procs import ProcessSet
 
 HOSTS = defaults.FANOUT + 4  # more than the teardown's bound, fewer than the read bound
 

@@ -2,15 +2,15 @@
 
 Why real: `docker stop` versus a kill the restart policy undoes, and whether a stopped
 container comes back when the daemon restarts, are docker's behaviour, not ours to assume
-(tests/realhosts/docker_host.py)."""
+(tests/support/realhosts/docker_host.py)."""
 from __future__ import annotations
 
 import shlex
 
 import pytest
 
-from tests.realhosts.docker_host import IMAGE, docker_host, import_image
-from tests.realhosts.session import hosted
+from tests.support.realhosts.docker_host import IMAGE, docker_host, import_image
+from tests.support.realhosts.session import hosted
 from tests.test_real_systemd import holders, invoke, text, wait_for
 
 # busybox sh as the container's PID 1: it acts on SIGTERM only through a trap

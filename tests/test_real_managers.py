@@ -19,8 +19,8 @@ import pytest
 from scripts.agent.procs import managers
 from scripts.agent.status import scan
 from tests.conftest import need_tools
-from tests.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
-from tests.procs import alive, wait_for
+from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
+from tests.support.procs import alive, wait_for
 from tests.test_scan import holders_by_pid, scan_args
 
 AFTER_STOP_S = 5  # how long after the stop the manager is asked again: long past any restart
@@ -31,7 +31,7 @@ def _scan_holder(ps, pid):
     doc = scan.collect(scan_args(ps))
     holders = holders_by_pid(doc)
     assert pid in holders, f"PID {pid} is not seen holding {ps.glob}"
-    return holders[pid], doc["_procs"]
+    return holders[pid], doc.procs
 
 
 def _run(command: str) -> subprocess.CompletedProcess:
@@ -119,9 +119,9 @@ def test_supervisord_program_behind_a_shell_wrapper_is_the_programs(ps, tmp_path
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
         doc = scan.collect(scan_args(ps))
         holder = next(h for h in doc["holders"] if h["ppid"] == shell)
-        m = managers.manager_of(holder, doc["_procs"])
+        m = managers.manager_of(holder, doc.procs)
         assert (m["kind"], m["name"], m["main_pid"], m["pid"]) == ("supervisord", "vllm", shell, sd.pid)
-        assert managers.managed_pids(m, doc["_procs"]) == {shell, holder["pid"]}
+        assert managers.managed_pids(m, doc.procs) == {shell, holder["pid"]}
     finally:
         sd.down()
 
@@ -210,8 +210,8 @@ def test_ray_workers_are_named_with_ray_stop_and_nothing_of_rays_is_run(ps):
     holders = holders_by_pid(doc)
     assert set(workers) <= set(holders)
     for pid in workers:
-        m = managers.manager_of(holders[pid], doc["_procs"])
+        m = managers.manager_of(holders[pid], doc.procs)
         assert (m["kind"], m["name"], m["pid"], m["main_pid"]) == ("ray", "ray::RayWorkerWrapper", ray.pid, pid)
         assert m["stop_command"] == "ray stop" and m["stops_by_default"] is False
         assert m["workers"] == 2 and "every Ray job" in m["note"]
-    assert managers.is_manager_daemon(doc["_procs"][ray.pid])
+    assert managers.is_manager_daemon(doc.procs[ray.pid])

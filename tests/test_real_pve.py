@@ -3,7 +3,7 @@ the node that finds the container's processes and stops its unit through `pct ex
 
 Why real: `pct exec` is `lxc-attach`, which passes argv with no shell; from the node a
 container's process has two pids and a cgroup under /lxc/CTID/, and the unit that owns it
-belongs to the container's systemd (tests/realhosts/pve_node.py)."""
+belongs to the container's systemd (tests/support/realhosts/pve_node.py)."""
 from __future__ import annotations
 
 import subprocess
@@ -11,8 +11,9 @@ import subprocess
 import pytest
 
 from scripts.config.hostconfig import build_host
-from tests.realhosts.pve_node import CTID, PveNode
-from tests.realhosts.session import hosted
+from scripts.reach.route import one_liner, wrap
+from tests.support.realhosts.pve_node import CTID, PveNode
+from tests.support.realhosts.session import hosted
 from tests.test_real_systemd import invoke, text, wait_for
 from tests.test_route import HOSTILE, expected, far_side
 
@@ -42,13 +43,13 @@ def routes(node):
 
 def test_both_routes_pass_hostile_argv_byte_exact(node):
     for name, host in routes(node).items():
-        out = subprocess.run(host.route.wrap(["sh", "-c", 'hostname; printf "%s\\0" "$@"', "sh", *HOSTILE]),
+        out = subprocess.run(wrap(host.route, ["sh", "-c", 'hostname; printf "%s\\0" "$@"', "sh", *HOSTILE]),
                              capture_output=True, timeout=30)
         assert out.returncode == 0, (name, out.stderr)
         first, _, rest = out.stdout.partition(b"\n")
         assert first == f"ct{CTID}".encode(), (name, out.stdout)  # it ran inside the container
         assert rest == expected(HOSTILE), name
-        line = host.route.one_liner(far_side(HOSTILE))  # and the line a person pastes
+        line = one_liner(host.route, far_side(HOSTILE))  # and the line a person pastes
         pasted = subprocess.run(["bash", "-c", line], capture_output=True, timeout=30)
         assert pasted.stdout == expected(HOSTILE), (name, pasted.stderr)
 

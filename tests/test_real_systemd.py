@@ -2,7 +2,7 @@
 
 Why real: `systemctl stop` versus a kill that `Restart=always` undoes, `is-enabled`,
 `systemd-run` properties, `journalctl -u` and `reset-failed` behave as systemd makes them
-behave; argv checks agreed with whatever the code assumed (tests/realhosts/)."""
+behave; argv checks agreed with whatever the code assumed (tests/support/realhosts/)."""
 from __future__ import annotations
 
 import json
@@ -15,9 +15,9 @@ import time
 import pytest
 
 from tests.conftest import REPO, invoke as invoke_cli
-from tests.realhosts import cgroups
-from tests.realhosts.session import hosted, require
-from tests.realhosts.systemd_host import INNER, SystemdHost, sweep
+from tests.support.realhosts import cgroups
+from tests.support.realhosts.session import hosted, require
+from tests.support.realhosts.systemd_host import INNER, SystemdHost, sweep
 
 VLLM_UNIT = f"""[Unit]
 Description=vLLM server (auto-started at boot)
@@ -199,7 +199,8 @@ def test_a_crashed_runs_leftovers_are_swept_and_a_live_runs_are_not():
             (d / "cgroup.procs").write_text(str(proc.pid))
         # another test process booting a host meanwhile sweeps too: it must leave this test's
         # made-up crashed run to this test (CI: a parallel worker's sweep removed it mid-test)
-        other = subprocess.run([sys.executable, "-c", "from tests.realhosts.systemd_host import sweep; print(sweep())"],
+        other = subprocess.run([sys.executable, "-c",
+                                "from tests.support.realhosts.systemd_host import sweep; print(sweep())"],
                                cwd=REPO, capture_output=True, text=True, timeout=60)
         assert other.returncode == 0 and all(d.exists() for d in crashed), other.stdout + other.stderr
         swept = sweep()

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from tests.realhosts.docker_host import IMAGE, docker_host, import_image
-from tests.realhosts.session import hosted
-from tests.realhosts.systemd_host import INNER, SystemdHost
+from tests.support.realhosts.docker_host import IMAGE, docker_host, import_image
+from tests.support.realhosts.session import hosted
+from tests.support.realhosts.systemd_host import INNER, SystemdHost
 from tests.test_real_systemd import holders, invoke, text, wait_for
 
 SGLANG_WRAPPED = f"""[Service]
@@ -34,7 +34,7 @@ Restart=always
 RestartSec=1
 """
 LOOP_SH = f"while true; do {INNER}/bin/vllm serve /models/looped; sleep 1; done\n"
-# the stand-in server (tests/realhosts/gpu_holder.py) run as a module, as SGLang is
+# the stand-in server (tests/support/realhosts/gpu_holder.py) run as a module, as SGLang is
 LAUNCH_SERVER = f"import runpy\nrunpy.run_path('{INNER}/bin/gpu-holder', run_name='__main__')\n"
 AFTER_S = 5.0
 

@@ -9,12 +9,12 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
 from scripts.reach.transport import call_agent
-from tests.procs import alive, children, tmux_pane, wait_for
+from tests.support.paths import REPO
+from tests.support.procs import alive, children, tmux_pane, wait_for
 from tests.test_respawn_rules import ready_pid, server_cmd, shell, teardown
 from tests.test_teardown_honesty import host
 
@@ -147,7 +147,7 @@ def procs_ppid(pid):
 def shared_unit(ps):
     """A cgroup of our own named like a system service (`...-cron.service`), holding what
     cron.service holds: the daemon (a stand-in) and, later, a job's `bash -c` wrapper."""
-    from tests.realhosts import cgroups
+    from tests.support.realhosts import cgroups
     dirs = cgroups.make("cron.service")
     unit = dirs[0].name
     yield unit, dirs
@@ -227,7 +227,9 @@ def test_a_respawn_through_a_double_fork_is_a_respawn(ps):
 
 
 CYCLE = """
-import argparse, os
+import os
+from scripts.agent.options import Options
+from scripts.agent.status.scan import Scan
 from scripts.agent.procs import procscan
 from scripts.agent.teardown import plan, settle
 me = procscan.basic(os.getpid())
@@ -237,12 +239,12 @@ a = dict(me, pid=900001, ppid=900002, pgid=900001, sid=900003, argv=["torchrun"]
          cmdline="torchrun", state="S")
 b = dict(me, pid=900002, ppid=900001, pgid=900001, sid=900003, argv=["sleep", "1"], comm="sleep",
          cmdline="sleep 1", state="S")
-doc = {"_procs": {a["pid"]: a, b["pid"]: b}, "_chain": set(), "holders": []}
+doc = Scan({"holders": []}, {a["pid"]: a, b["pid"]: b}, set())
 if "lineage" in os.environ.get("WHAT", ""):
     settle.Lineage(doc, [a])
 else:
-    args = argparse.Namespace(target=None, match=[], protect=[], scope=None, scope_uid=None,
-                              only_matching=False, stop_supervisors=False, disable=False)
+    args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
+                   only_matching=False, stop_supervisors=False, disable=False)
     plan.build(doc, args)
 print("done")
 """
@@ -253,7 +255,7 @@ def test_a_parent_cycle_in_a_torn_snapshot_does_not_hang_the_agent(what):
     """A snapshot is not atomic: a pid reused between two stat reads can show parents in a
     cycle. Neither the plan's tree walk nor the targets' ancestry may loop on it (the host's
     lock is held meanwhile)."""
-    repo = Path(__file__).resolve().parent.parent
+    repo = REPO
     try:
         out = subprocess.run([sys.executable, "-c", CYCLE], cwd=repo, capture_output=True, text=True, timeout=10,
                              env=dict(os.environ, WHAT=what))

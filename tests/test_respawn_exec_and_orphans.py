@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts.agent.status.scan import Scan
 from scripts.reach.transport import call_agent
-from tests.procs import alive, wait_for
+from tests.support.procs import alive, wait_for
 from tests.test_teardown_honesty import host
 
 SERVER = """\
@@ -291,6 +292,6 @@ def test_the_confirming_scans_never_keep_the_record_of_a_starter_or_of_a_process
     launcher = dict(me, pid=900004, ppid=900001, pgid=900001, sid=900001, start_time=200,
                     argv=["python3", "launcher.py"], comm="python3", cmdline="python3 launcher.py")
     procs = {p["pid"]: p for p in (loop, server, bystander, launcher)}
-    lineage = settle.Lineage({"_procs": procs, "_chain": set()}, [server])
+    lineage = settle.Lineage(Scan({}, procs, set()), [server])
     assert (900001, 100) in lineage.starters
     assert set(settle.reusable_records(lineage, since_ticks=150)) == {900002, 900003}

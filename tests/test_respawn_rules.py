@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from scripts.reach.transport import call_agent
-from tests.procs import alive, children, tmux_pane, wait_for
+from tests.support.procs import alive, children, tmux_pane, wait_for
 from tests.test_teardown_honesty import host
 
 SERVER = """\
@@ -230,15 +230,14 @@ def test_the_confirming_scan_reads_fd_tables_only_where_a_context_could_be(ps):
     """Once NVML lists no process and no memory is used, no process has a CUDA context: the
     scan that confirms FREED reads the process records (what a respawn is told by), not every
     fd table and mapping again. Where a process is listed, or memory is used, it reads them."""
-    import argparse
-
+    from scripts.agent.options import Options
     from scripts.agent.status import scan
 
     holder = ps.role("worker", "--gpu", "0")  # holds a device file (a monitor-like handle, here)
-    args = argparse.Namespace(devices=ps.glob, fake_devices=True, protect=[], fake_gpus=None, max_used_mib=0)
+    args = Options(devices=ps.glob, fake_devices=True, protect=[], fake_gpus=None, max_used_mib=0)
     idle = [{"index": 0, "used_mib": 0, "processes": []}]
     doc = scan.collect(args, _ListingSource(idle), confirm=True)
-    assert doc["holders_read"] is False and holder in doc["_procs"] and doc["holders"] == []
+    assert doc["holders_read"] is False and holder in doc.procs and doc["holders"] == []
     busy = [{"index": 0, "used_mib": 300, "processes": [{"pid": holder, "used_mib": 300}]}]
     doc = scan.collect(args, _ListingSource(busy), confirm=True)
     assert doc["holders_read"] is True and [h["pid"] for h in doc["holders"]] == [holder]

@@ -125,7 +125,7 @@ def test_emergency_holders_and_teardown_through_ssh_and_pct(sandbox, sshd):
     assert report["verdict"] == "free" and report["remaining"] == []
     assert set(report["sigTERM"]) == {procs["server"], procs["worker0"], procs["worker1"]}
     assert set(report["protected"]) == {procs["persistenced"], procs["monitor"]}
-    from tests.procs import alive
+    from tests.support.procs import alive
     assert alive(procs["persistenced"]) and alive(procs["monitor"]) and alive(procs["bystander"])
     assert not alive(procs["server"]) and not alive(procs["worker0"])
 

@@ -26,9 +26,9 @@ import pytest
 from scripts.agent.procs import procfs
 from scripts.ops import sandbox
 from tests.conftest import checkout_copy, invoke
-from tests.procs import alive, wait_for
-from tests.sandbox_scene import namespace_command
-from tests.second_user import make_user, remove_user
+from tests.support.procs import alive, wait_for
+from tests.support.sandbox_scene import namespace_command
+from tests.support.second_user import make_user, remove_user
 
 ROOT = os.geteuid() == 0
 
@@ -92,7 +92,7 @@ def test_make_demo_steps_end_to_end(scene):
 
 @pytest.fixture
 def other():
-    """A throwaway real second user (tests/second_user.py; skips when not root)."""
+    """A throwaway real second user (tests/support/second_user.py; skips when not root)."""
     user = make_user()
     try:
         yield user

@@ -1,5 +1,4 @@
 """Agent scan/verify against real processes holding fake device files (no GPU needed)."""
-import argparse
 import os
 import signal
 import subprocess
@@ -8,10 +7,11 @@ import sys
 import pytest
 
 from scripts.agent.procs import cgroup
+from scripts.agent.options import Options
 from scripts.agent.status import scan
 from scripts.agent.teardown import verify
-from tests.parsers import fuser as fuser_parse
-from tests.procs import alive, state, wait_for
+from tests.support.parsers import fuser as fuser_parse
+from tests.support.procs import alive, state, wait_for
 
 HOLDER = """
 import os, sys, time, subprocess
@@ -24,12 +24,9 @@ time.sleep(3600)
 
 
 def scan_args(ps, **kw):
-    ns = argparse.Namespace(devices=ps.glob, fake_devices=True, scope=None, scope_uid=None, protect=[], target=[],
-                            match=[], fake_gpus=str(ps.memdir),
-                            max_used_mib=0, wait=0.0)
-    for k, v in kw.items():
-        setattr(ns, k, v)
-    return ns
+    fields = dict(devices=ps.glob, fake_devices=True, scope=None, scope_uid=None, protect=[], target=[],
+                  match=[], fake_gpus=str(ps.memdir), max_used_mib=0, wait=0.0)
+    return Options(**dict(fields, **kw))
 
 
 def holders_by_pid(doc):

@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 from scripts.agent.procs import devices, fanout, procfs, procscan
-from tests.procs import wait_for
+from tests.support.procs import wait_for
 
 HOLD = """
 import mmap, os, sys, time
@@ -221,8 +221,8 @@ def test_a_holder_gone_before_the_plan_is_not_a_target_signalled_outside_its_con
     cgroup is. With no cgroup it passed for a bare process and the plan listed it to be
     signalled beside `docker stop` (CI). A process that exited before its details were read is
     marked gone and left out of the plan; a live one is kept."""
-    import argparse
-
+    from scripts.agent.options import Options
+    from scripts.agent.status.scan import Scan
     from scripts.agent.teardown import plan
 
     live = subprocess.Popen(["sleep", "60"])
@@ -237,9 +237,9 @@ def test_a_holder_gone_before_the_plan_is_not_a_target_signalled_outside_its_con
         assert [h.get("gone", False) for h in holders] == [False, True]
         for h in holders:
             h["protected"] = None
-        doc = {"_procs": records, "_chain": set(), "holders": holders}
-        args = argparse.Namespace(target=None, match=[], protect=[], scope=None, scope_uid=None,
-                                  only_matching=False, stop_supervisors=False, disable=False)
+        doc = Scan({"holders": holders}, records, set())
+        args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
+                       only_matching=False, stop_supervisors=False, disable=False)
         built = plan.build(doc, args)
         assert [(t["pid"], t["via"]) for t in built["targets"]] == [(live.pid, "signal")], built["targets"]
     finally:
@@ -338,8 +338,8 @@ def test_a_target_gone_before_the_plan_still_leaves_what_started_it_watched(tmp_
     the lineage from it too: its parent, which may start it again, is watched (red team:
     without it nothing 'could restart a target', the window was 0 and the restart came after
     FREED)."""
-    import argparse
-
+    from scripts.agent.options import Options
+    from scripts.agent.status.scan import Scan
     from scripts.agent.teardown import plan, settle
 
     starter = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
@@ -353,9 +353,9 @@ def test_a_target_gone_before_the_plan_still_leaves_what_started_it_watched(tmp_
         wait_for(lambda: not procfs.same_process(child, records[child]["start_time"]), "the crash")
         held = procscan.detail(records[child], ["/dev/nvidia0"])
         held["protected"] = None
-        doc = {"_procs": records, "_chain": set(), "holders": [held]}
-        args = argparse.Namespace(target=None, match=[], protect=[], scope=None, scope_uid=None,
-                                  only_matching=False, stop_supervisors=False, disable=False)
+        doc = Scan({"holders": [held]}, records, set())
+        args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
+                       only_matching=False, stop_supervisors=False, disable=False)
         built = plan.build(doc, args)
         assert built["targets"] == [] and [g["pid"] for g in built["gone"]] == [child]
         lineage = settle.Lineage(doc, built["targets"] + built["gone"], supervisors=built["supervisors"])

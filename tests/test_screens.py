@@ -14,8 +14,8 @@ import sys
 import pytest
 
 from scripts.views.render import Col, Command, table
-from tests import scenario
 from tests.conftest import REPO, invoke, sandbox_session
+from tests.support import scenario
 
 
 @pytest.fixture(scope="module")

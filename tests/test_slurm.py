@@ -1,4 +1,4 @@
-"""The Slurm epilog, prolog and `invoke undrain` on a real one-node Slurm (tests/slurm_cluster.py).
+"""The Slurm epilog, prolog and `invoke undrain` on a real one-node Slurm (tests/support/slurm_cluster.py).
 
 Real jobs run as a throwaway user made for this module (useradd, removed at the end), so the
 epilog, which only touches processes of the job's uid holding the job's GPUs, can match
@@ -27,9 +27,9 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, invoke
-from tests.procs import alive, state, wait_for
-from tests.second_user import make_user, remove_user
-from tests.slurm_cluster import NODE, SlurmCluster, available
+from tests.support.procs import alive, state, wait_for
+from tests.support.second_user import make_user, remove_user
+from tests.support.slurm_cluster import NODE, SlurmCluster, available
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 
@@ -302,7 +302,7 @@ def test_a_neighbouring_jobs_busy_gpu_is_not_this_jobs_problem():
     """NVML cannot exist here: the agent's document is written out as NVML's rows would read,
     and read through the contract's record (a verify's scan; a teardown's final scan reads
     the same)."""
-    from scripts.agent import contract
+    from scripts.agent.wire import records
     from scripts.engines.slurm_job import _last_scan, job_problems
 
     def doc(**kw):
@@ -310,8 +310,8 @@ def test_a_neighbouring_jobs_busy_gpu_is_not_this_jobs_problem():
                  "processes": procs} for i, used, procs in kw.get("gpus", [])]
         scan = {"hostname": "n1", "gpu_source": "nvml", "gpus": gpus, "holders": kw.get("holders", []),
                 "denied": kw.get("denied", [])}
-        verify = contract.read_document(dict(scan, command="verify", exit_code=1, free=False, problems=[]))
-        teardown = contract.read_document(dict(scan, command="teardown", exit_code=1, before=gpus, after=gpus,
+        verify = records.read_document(dict(scan, command="verify", exit_code=1, free=False, problems=[]))
+        teardown = records.read_document(dict(scan, command="teardown", exit_code=1, before=gpus, after=gpus,
                                                wall_s=1.0, plan={"targets": [], "protected": []}))
         assert _last_scan(verify) == _last_scan(teardown)
         return _last_scan(verify)

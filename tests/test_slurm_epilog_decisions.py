@@ -23,7 +23,7 @@ import pytest
 
 from scripts.engines import slurm_cgroup
 from tests.conftest import REPO
-from tests.procs import alive, wait_for
+from tests.support.procs import alive, wait_for
 
 FREEZER = Path("/sys/fs/cgroup/freezer")
 EPILOG = REPO / "scripts" / "slurm" / "epilog"

@@ -2,7 +2,7 @@
 
 State, lock, audit log and last.json live in a directory gpu-pivot creates 0700 or checks
 (ours, not a link, not group/other writable); files are opened O_NOFOLLOW, created 0600.
-The cases about other users run as a real second user (tests/second_user.py). Cases that
+The cases about other users run as a real second user (tests/support/second_user.py). Cases that
 need a read-only or full filesystem mount a tmpfs in a private mount namespace
 (`unshare --mount`), so nothing outside the test sees it.
 Every teardown here is scoped like test_teardown's: fake device files in the test's temp
@@ -20,16 +20,16 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import contract
 from scripts.agent.procs import procfs
 from scripts.agent.state import auditlog, lastrun, statedir
 from scripts.agent.state.statedir import StateDirError
 from scripts.agent.teardown import hostlock
+from scripts.agent.wire import frame
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
-from tests import scenario
 from tests.conftest import REPO, invoke
-from tests.procs import alive, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, wait_for
 from tests.test_teardown import assert_outcome, env_file, host as scoped_host
 
 VICTIM_TEXT = "precious: must never be truncated or appended to\n"
@@ -211,17 +211,17 @@ def test_run_dir_squatted_by_second_user_refused_by_root(second_user, ps, monkey
 
 def test_control_dir_squatted_by_second_user_refused(second_user, hosts_env, monkeypatch):
     """ssh's ControlPath dir: a squatter's socket there would be taken for our master connection."""
-    from scripts.reach import route
+    from scripts.reach import ssh
 
     squat = f"/tmp/gpvt-cm-{secrets.token_hex(3)}"  # short: used as it is, not hashed
     made = second_user.run(["mkdir", "-m", "700", squat])
     assert made.returncode == 0, made.stderr
     try:
         with pytest.raises(StateDirError) as err:
-            route.control_dir(squat)
+            ssh.control_dir(squat)
         assert squat in one_line(err.value) and f"uid {second_user.uid}" in str(err.value)
         hosts_env("GPU2_SSH=nobody@127.0.0.1\n")
-        monkeypatch.setenv(route.CONTROL_DIR_ENV, squat)
+        monkeypatch.setenv(ssh.CONTROL_DIR_ENV, squat)
         out = invoke("ping", "--host", "gpu2")
         assert out.returncode == 3, out.stderr
         assert squat in one_line(out.stderr.decode())
@@ -230,14 +230,14 @@ def test_control_dir_squatted_by_second_user_refused(second_user, hosts_env, mon
 
 
 def test_loose_control_dir_refused():
-    from scripts.reach import route
+    from scripts.reach import ssh
 
     loose = Path(f"/tmp/gpvt-cm-{secrets.token_hex(3)}")  # short: used as it is, not hashed
     loose.mkdir()
     try:
         loose.chmod(0o777)
         with pytest.raises(StateDirError) as err:
-            route.control_dir(str(loose))
+            ssh.control_dir(str(loose))
         assert str(loose) in one_line(err.value)
         assert stat.S_IMODE(loose.stat().st_mode) == 0o777
     finally:
@@ -446,7 +446,7 @@ def test_second_user_teardown_refused_while_roots_runs(second_user):
                 "--scope-uid", str(second_user.uid), "--grace", "1", "--timeout", "1"]
         out = second_user.run(argv, input=agent_payload())
         assert out.returncode == 4, out.stdout.decode() + out.stderr.decode()
-        doc = json.loads(contract.extract(out.stdout.decode(), nonce))
+        doc = json.loads(frame.extract(out.stdout.decode(), nonce))
         assert doc["locked"] is True
         assert doc["holder"]["operator"] == "root's teardown"
         assert "root's teardown" in doc["error"]

@@ -24,8 +24,8 @@ import sys
 from scripts.agent.procs import devices, procfs, procscan
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests import scenario
-from tests.procs import state, wait_for
+from tests.support import scenario
+from tests.support.procs import state, wait_for
 
 # argv: DEVICE READY open|mapped. Holds DEVICE (mapped: only mapped, fd closed), ignores SIGTERM,
 # runs on in a relay of threads, and its leader calls pthread_exit (a zombie leader).

@@ -14,9 +14,9 @@ import pytest
 
 from scripts.agent.state import lastrun
 from scripts.agent.teardown import hostlock
-from tests import scenario
 from tests.conftest import REPO, invoke
-from tests.procs import ProcessSet, wait_for
+from tests.support import scenario
+from tests.support.procs import ProcessSet, wait_for
 
 TASKS = ["hosts", "ping", "run", "oneliner", "sandbox"]
 

@@ -18,10 +18,11 @@ from scripts.agent.state import lastrun
 from scripts.agent.teardown import hostlock
 from scripts.config.hostconfig import build_host
 from scripts.reach.bundle import agent_stream
+from scripts.reach.route import wrap
 from scripts.reach.transport import agent_argv, call_agent
-from tests import scenario
 from tests.conftest import invoke
-from tests.procs import alive, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, wait_for
 
 
 def pattern(ps):
@@ -181,7 +182,7 @@ def test_dropped_connection_teardown_finishes_on_host(ps, sshd, tmp_path):
     last = os.path.join(remote_run, "last.json")
     if os.path.exists(last):
         os.unlink(last)
-    argv = h.route.wrap(agent_argv(h, "teardown", ["--grace", "3", "--timeout", "10"], "n0nce", progress=True))
+    argv = wrap(h.route, agent_argv(h, "teardown", ["--grace", "3", "--timeout", "10"], "n0nce", progress=True))
     client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     client.stdin.write(agent_stream())  # the transport's argv form (contract.BOOT)
     client.stdin.close()

@@ -25,8 +25,8 @@ import pytest
 from scripts.config.hostconfig import build_host
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
-from tests import scenario
-from tests.procs import alive, children, state, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, children, state, wait_for
 
 
 def host(ps, **keys):
@@ -117,7 +117,7 @@ time.sleep(600)
 """
 
 
-@pytest.mark.host_pid_ns  # the kernel's fork events, as on a host (tests/workers.py)
+@pytest.mark.host_pid_ns  # the kernel's fork events, as on a host (tests/support/workers.py)
 @pytest.mark.parametrize("kind", ["child", "double"])
 def test_processes_forked_during_sigterm_are_signalled(ps, tmp_path, kind):
     out = tmp_path / "forker"

@@ -19,8 +19,8 @@ import sys
 import tty
 
 from scripts.views.teardown import TeardownProgress
-from tests import scenario
 from tests.conftest import REPO
+from tests.support import scenario
 
 KILL_IN = re.compile(r"SIGKILL in (\d+\.\d)s")
 

@@ -28,15 +28,15 @@ import zlib
 
 import pytest
 
-from scripts.agent import contract
 from scripts.agent.procs import procfs
 from scripts.agent.teardown import targets
+from scripts.agent.wire import call
 from scripts.config.hostconfig import build_host
 from scripts.reach import bundle
 from scripts.reach.transport import call_agent
-from tests import scenario
 from tests.conftest import REPO
-from tests.procs import alive, children, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, children, wait_for
 
 HAS_PIDFD = hasattr(os, "pidfd_open")
 
@@ -146,8 +146,7 @@ def test_verify_wait_scans_once_while_the_holder_lives(ps, monkeypatch):
     from scripts.agent.teardown import verify
 
     holder = ps.role("worker", "--gpu", "0")
-    args = cli.build_parser("verify").parse_args(["verify", "--fake-devices", "--devices", ps.glob, "--wait", "3"])
-    args.emit_progress = lambda **f: None
+    args = cli.parse(["verify", "--fake-devices", "--devices", ps.glob, "--wait", "3"])
     scans = []
     real = scan.collect
     def counted(*a, **k):
@@ -169,7 +168,7 @@ def test_verify_wait_scans_once_while_the_holder_lives(ps, monkeypatch):
 
 
 def _stream_argv(*args):
-    return [sys.executable, *contract.STREAM_FLAGS, contract.STDIN, *args]
+    return [sys.executable, *call.STREAM_FLAGS, call.STDIN, *args]
 
 
 def test_agent_runs_without_site_from_the_stream_and_still_finds_pynvml():
@@ -180,8 +179,8 @@ def test_agent_runs_without_site_from_the_stream_and_still_finds_pynvml():
     assert script.returncode == 0 and stream.returncode == 0, stream.stderr.decode()[-500:]
     a, b = json.loads(script.stdout), json.loads(stream.stdout)
     assert a["nvml"] == b["nvml"], (a.get("nvml_why"), b.get("nvml_why"))  # -S: site added when pynvml is wanted
-    assert contract.agent_call(_stream_argv("teardown", "--devices=x", "--marker", "0a1b")) == "teardown"
-    assert contract.agent_call([sys.executable, "-", "teardown", "--devices=x", "--marker", "0a1b"]) == "teardown"
+    assert call.agent_call(_stream_argv("teardown", "--devices=x", "--marker", "0a1b")) == "teardown"
+    assert call.agent_call([sys.executable, "-", "teardown", "--devices=x", "--marker", "0a1b"]) == "teardown"
 
 
 def test_bytecode_is_used_only_with_the_same_magic():

@@ -5,15 +5,15 @@ import subprocess
 
 import pytest
 
-from scripts.agent import contract
+from scripts.agent.wire import defaults, frame
 from scripts.config.hostconfig import build_host
 from scripts.reach import bundle
-from scripts.reach.route import HostUnreachable
+from scripts.reach.route import HostUnreachable, wrap
 from scripts.reach.transport import AgentError, call_agent
 from tests.conftest import REPO, invoke
-from tests.loopback_sshd import free_port
+from tests.support.loopback_sshd import free_port
 
-STANDIN = REPO / "tests" / "standin"
+STANDIN = REPO / "tests" / "support" / "standin"
 
 
 def host_for(server, alias="gpu1", **extra):
@@ -43,7 +43,7 @@ def test_ping_through_ssh_and_pct(sshd):
 
 
 def test_motd_noise_and_fake_marker_ignored(noisy_sshd):
-    probe = subprocess.run(host_for(noisy_sshd).route.wrap(["true"]), capture_output=True)
+    probe = subprocess.run(wrap(host_for(noisy_sshd).route, ["true"]), capture_output=True)
     assert b"MOTD noise" in probe.stdout  # the noise is really there
     result = call_agent(host_for(noisy_sshd), "ping")
     assert result.doc["command"] == "ping"
@@ -72,10 +72,10 @@ def test_ssh_255_is_host_unreachable(sshd):
 
 
 def test_cut_off_result_is_reported():
-    text = "noise\n" + contract.begin("n1") + "\n{}\n"
-    with pytest.raises(contract.MarkerError, match="cut off"):
-        contract.extract(text, "n1")
-    assert contract.extract("x\n" + contract.begin("n1") + "\n{}\n" + contract.end("n1") + "\n", "n1") == "{}"
+    text = "noise\n" + frame.begin("n1") + "\n{}\n"
+    with pytest.raises(frame.MarkerError, match="cut off"):
+        frame.extract(text, "n1")
+    assert frame.extract("x\n" + frame.begin("n1") + "\n{}\n" + frame.end("n1") + "\n", "n1") == "{}"
 
 
 def test_one_connection_per_ping(sshd, hosts_env):
@@ -97,7 +97,7 @@ def test_control_master_reuses_one_connection(sshd, hosts_env, tmp_path, monkeyp
         assert invoke("ping", "--host", "gpu1").returncode == 0
     assert invoke("run", "--host", "gpu1", "--", "true").returncode == 0
     assert sshd.connections() - before == 1
-    from scripts.reach.route import control_path
+    from scripts.reach.ssh import control_path
     socket = control_path(sshd.dest(), sshd.ssh_opts.split())
     subprocess.run(["ssh", *sshd.ssh_opts.split(), "-o", f"ControlPath={socket}", "-O", "exit", sshd.dest()],
                    capture_output=True)
@@ -118,7 +118,7 @@ def test_a_teardown_request_builds_one_argv_and_reads_its_deadline_from_its_fiel
     assert argv[:5] == ["--match=-x", "--match=vllm", "--only-matching", "--disable", "--stop-supervisors"]
     assert full.selection() == argv[:5]
     assert argv[argv.index("--approved") + 1] == "12:34" and argv[argv.index("--mps") + 1] == "quit"
-    assert full.deadline_s() == 60 + 30 + 2 * 60 + 5 + 2 + contract.MPS_QUIT_TIMEOUT_S
+    assert full.deadline_s() == 60 + 30 + 2 * 60 + 5 + 2 + defaults.MPS_QUIT_TIMEOUT_S
     for req in (plain, full, TeardownRequest(settle=0.5, wait_lock=1.5)):
         assert req.deadline_s() == deadline_for("teardown", [str(a) for a in req.argv()])
 
@@ -156,8 +156,8 @@ def test_the_wait_for_a_command_works_with_fds_numbered_past_fd_setsize(tmp_path
     import os
     import time
 
+    from scripts.config.route import Route
     from scripts.reach import runner
-    from scripts.reach.route import Route
 
     held = []
     try:

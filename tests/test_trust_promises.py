@@ -20,9 +20,9 @@ import pytest
 from scripts.config.hostconfig import build_host
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
-from tests import scenario
 from tests.conftest import invoke
-from tests.procs import alive, children, wait_for
+from tests.support import scenario
+from tests.support.procs import alive, children, wait_for
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces, capabilities, users)")
 
@@ -241,18 +241,18 @@ def test_squatted_default_ssh_dir_costs_sharing_not_the_teardown(second_user, mo
     socket the /tmp fallback is used, and a squatter there costs connection sharing only."""
     import hashlib
 
-    from scripts.reach import route
+    from scripts.reach import ssh
 
     if os.geteuid() != 0:
         pytest.skip("the case is root's default")
-    monkeypatch.delenv(route.CONTROL_DIR_ENV, raising=False)
+    monkeypatch.delenv(ssh.CONTROL_DIR_ENV, raising=False)
     run_dir = tmp_path / ("r" * 40)
     monkeypatch.setenv("GPU_PIVOT_RUN_DIR", str(run_dir))
     fallback = f"/tmp/gpu-pivot-ssh-0-{hashlib.sha1(str(run_dir / 'ssh').encode()).hexdigest()[:10]}"
     made = second_user.run(["mkdir", "-m", "700", fallback])
     assert made.returncode == 0, made.stderr
     try:
-        assert route.control_opts() == ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
+        assert ssh.control_opts() == ["-o", "ControlMaster=no", "-o", "ControlPath=none"]
     finally:
         second_user.run(["rm", "-rf", "--", fallback])
 
@@ -348,13 +348,13 @@ def test_a_huge_node_set_is_refused_at_once(hosts_env):
 
 
 def test_ssh_dir_never_inside_a_runtime_dir_another_user_owns(second_user, monkeypatch):  # noqa: F811
-    from scripts.reach import route
+    from scripts.reach import ssh
 
     shared = f"/tmp/gprt-{os.getpid()}"
     assert second_user.run(["mkdir", "-m", "1777", shared]).returncode == 0
     try:
         monkeypatch.setenv("XDG_RUNTIME_DIR", shared)
-        monkeypatch.setattr(route.os, "geteuid", lambda: 1000)  # the non-root branch, as such a user
-        assert not route._default_base().startswith(shared)
+        monkeypatch.setattr(ssh.os, "geteuid", lambda: 1000)  # the non-root branch, as such a user
+        assert not ssh._default_base().startswith(shared)
     finally:
         second_user.run(["rm", "-rf", shared])

@@ -29,12 +29,13 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent import contract
 from scripts.agent.gpu import checkup, health, mps, xid
 from scripts.agent.procs import procscan, rules
+from scripts.agent.status.scan import Scan
 from scripts.agent.teardown import reset
+from scripts.agent.wire import call as wire_call, codes, defaults
 from scripts.reach import transport
-from tests.procs import alive, wait_for
+from tests.support.procs import alive, wait_for
 from tests.test_health import CLIENT, HOLD, agent, mps_program
 
 FORGED = "NVRM: Xid (PCI:0000:ff:00): 79, pid=1, GPU has fallen off the bus."
@@ -91,7 +92,7 @@ def test_a_forged_xid_on_an_unknown_bus_does_not_make_the_gpus_need_a_reboot(tmp
         assert h["verdict"] == "unknown", h
         assert not any("Xid 79" in r for r in h["reasons"]), h
         assert any("Xid 63 pid 1896 on PCI 0000:3b:00, not among the GPUs listed here" in r for r in h["reasons"])
-    assert health.exit_code(contract.EXIT_OK, gpus) == contract.EXIT_OK
+    assert health.exit_code(codes.EXIT_OK, gpus) == codes.EXIT_OK
 
 
 def test_the_sandbox_reads_no_kernel_log(tmp_path, monkeypatch):
@@ -150,7 +151,7 @@ def test_an_argv_shaped_like_an_agent_call_does_not_protect_a_users_job(second_u
         proc = second_user.popen(["bash", "-c", 'exec "$@"', "x", PY3, "-", "plan", "--marker", "0",
                                   str(open_dir / "nvidia0")], stdin=stdin)
     info = holding(proc.pid, open_dir / "nvidia0")
-    assert contract.agent_call(info["argv"]), "the argv reads like an agent call"
+    assert wire_call.agent_call(info["argv"]), "the argv reads like an agent call"
     assert rules.protect_reason(info, set()) is None
 
 
@@ -238,7 +239,7 @@ def test_all_quits_share_one_bounded_wait(tmp_path, ps):
 def test_the_callers_deadline_counts_the_mps_quit():
     base = transport.deadline_for("teardown", ["--timeout", "5"])
     for words in (["--timeout", "5", "--mps", "quit"], ["--timeout", "5", "--mps=quit"]):
-        assert transport.deadline_for("teardown", words) == base + contract.MPS_QUIT_TIMEOUT_S
+        assert transport.deadline_for("teardown", words) == base + defaults.MPS_QUIT_TIMEOUT_S
     assert transport.deadline_for("teardown", ["--timeout", "5", "--mps", "protect"]) == base
 
 
@@ -320,7 +321,7 @@ def test_a_hung_health_call_is_the_verdict_and_mig_and_mps_are_not_asked(monkeyp
     monkeypatch.setattr(health, "CALL_TIMEOUT_S", 0.3)
     nv = StuckNvml()
     src = types.SimpleNamespace(name="nvml", nvml=nv, handles=["h0"])
-    doc = {"gpus": [{"index": 0, "processes": []}], "_procs": {}}
+    doc = Scan({"gpus": [{"index": 0, "processes": []}]}, {}, set())
     try:
         done, _took = annotate_within(doc, src, 60)  # the stuck call never returns: done is the proof
         assert done, "annotate waited on the stuck driver after its verdict"
@@ -334,7 +335,7 @@ def test_a_mig_call_that_hangs_is_bounded_too(monkeypatch):
     monkeypatch.setattr(health, "CALL_TIMEOUT_S", 0.3)
     nv = StuckNvml(hang=lambda name: "Mig" in name)
     src = types.SimpleNamespace(name="nvml", nvml=nv, handles=["h0"])
-    doc = {"gpus": [{"index": 0, "processes": []}], "_procs": {}}
+    doc = Scan({"gpus": [{"index": 0, "processes": []}]}, {}, set())
     try:
         done, _took = annotate_within(doc, src, 60)
         assert done and src.hung, "a stuck MIG query held the agent"
@@ -347,12 +348,13 @@ def test_a_mig_call_that_hangs_is_bounded_too(monkeypatch):
 def test_reset_refuses_when_a_process_could_not_be_inspected(second_user, open_dir):
     """A real scan, with what an unprivileged agent reports about a process whose fds it cannot
     read (the second user's job): the reset's checks fail on it, and on a hidden /proc."""
+    from scripts.agent.options import Options
     from scripts.agent.status import scan
 
     pid = user_holder(second_user, "python3", open_dir / "nvidia0")
     holding(pid, open_dir / "nvidia0")
-    args = types.SimpleNamespace(devices="%s/nvidia*" % open_dir, fake_devices=True, fake_gpus=None, protect=[],
-                                 scope=None, scope_uid=None, gpu_source=None)
+    args = Options(devices="%s/nvidia*" % open_dir, fake_devices=True, fake_gpus=None, protect=[],
+                   scope=None, scope_uid=None)
     src = types.SimpleNamespace(name="sandbox (fake GPUs)", read=lambda: [{"index": 0, "processes": []}],
                                 close=lambda: None)
     doc = scan.collect(args, src)

@@ -2,7 +2,7 @@
 
 Why real: the ssh path is where quoting breaks, where ControlMaster sockets live, and
 where exit 255 means "not reached". A fake would agree with whatever we assume.
-The server's PATH (sshd `SetEnv`) starts with tests/standin so `pct` is the stand-in.
+The server's PATH (sshd `SetEnv`) starts with tests/support/standin so `pct` is the stand-in.
 """
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ import subprocess
 import time
 from pathlib import Path
 
-STANDIN_DIR = Path(__file__).resolve().parent / "standin"
+from tests.support.paths import STANDIN as STANDIN_DIR
+
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
 
@@ -21,7 +22,7 @@ def free_port() -> int:
     """A port nothing listens on now. sshd cannot be told to pick its own (`Port 0` is refused),
     so a server started on it confirms it got it (LoopbackSshd.start reads sshd's own "Server
     listening" line, and picks another port when the bind failed). In `make test` each worker
-    has a network namespace of its own (tests/pidns.py): only its own tests take ports there."""
+    has a network namespace of its own (tests/support/pidns.py): only its own tests take ports there."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.loopback_sshd import free_port
+from tests.support.loopback_sshd import free_port
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 NODE = "gpnode1"  # a gpu-pivot host alias too (letters and digits): `invoke undrain --host gpnode1`

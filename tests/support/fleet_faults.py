@@ -2,7 +2,7 @@
 
 Used by tests/test_console_robustness.py and runnable on its own for the closing note:
 
-    .venv/bin/python -m tests.fleet_faults      # prints the 8-host run: wall time, each host's line
+    .venv/bin/python -m tests.support.fleet_faults      # prints the 8-host run: wall time, each host's line
 
 What it builds: 6 healthy hosts (aliases of one loopback sshd, each with its own agent state
 directory), gpu7 = a tarpit (a socket on 127.0.0.1 that accepts and never speaks) and gpu8 =
@@ -19,8 +19,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.loopback_sshd import LoopbackSshd
-from tests.procs import wait_for
+from tests.support.loopback_sshd import LoopbackSshd
+from tests.support.paths import REPO
+from tests.support.procs import wait_for
 
 
 class Tarpit:
@@ -156,7 +157,7 @@ def fleet_run(good: LoopbackSshd, base: Path, timeout_s: float = 6.0) -> dict:
         started = time.monotonic()
         proc = subprocess.Popen([sys.executable, "-m", "invoke", "run", "--host", "gpu[1-8]", "--timeout",
                                  str(timeout_s), "--", "sh", "-c", "sleep 1; echo done"],
-                                cwd=Path(__file__).resolve().parent.parent, env=env,
+                                cwd=REPO, env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         wait_session(frozen, before)
         wait_for(lambda: proof_arrived(proc.pid, frozen.port), "gpu8's command to start", timeout=20)

@@ -1,6 +1,6 @@
 """`make demo` next to real-looking servers that are not the sandbox's, in a PID namespace.
 
-Run ONLY as `unshare --pid --fork --mount-proc sh -c '... python3 -m tests.sandbox_scene DIR'`
+Run ONLY as `unshare --pid --fork --mount-proc sh -c '... python3 -m tests.support.sandbox_scene DIR'`
 (see `namespace_command`): if the sandbox's scoping were broken, the demo's teardown (it
 runs with --yes) could only reach this scene's processes, never the machine's.
 
@@ -24,12 +24,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
 
 
 def namespace_command(workdir: Path) -> list:
     py = shlex.quote(sys.executable)
-    inner = f"cd {shlex.quote(str(REPO))} && {py} -m tests.sandbox_scene {shlex.quote(str(workdir))}; true"
+    inner = f"cd {shlex.quote(str(REPO))} && {py} -m tests.support.sandbox_scene {shlex.quote(str(workdir))}; true"
     return ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inner]
 
 
@@ -75,7 +75,7 @@ def start_bystanders(ps) -> dict:
 
 
 def main(workdir: Path) -> None:
-    from tests.procs import ProcessSet, alive
+    from tests.support.procs import ProcessSet, alive
 
     os.environ["GPU_PIVOT_SANDBOX_DIR"] = str(workdir / "sandbox")
     ps = ProcessSet(workdir / "elsewhere")

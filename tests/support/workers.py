@@ -1,7 +1,7 @@
 """How `make test` spreads the suite over pytest-xdist workers (a pytest plugin; conftest.py
 registers it when pytest-xdist is installed).
 
-- Every worker but gw0 runs in namespaces of its own (tests/pidns.py: its own /proc, ports,
+- Every worker but gw0 runs in namespaces of its own (tests/support/pidns.py: its own /proc, ports,
   /run), where no process of the machine can change a test's result. That needs root; without
   it every worker runs as a plain process (the tests that need root skip anyway).
 - gw0 stays in the machine's namespaces and runs only the tests marked `host_pid_ns`: the
@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from xdist.scheduler import LoadGroupScheduling
 
-from tests import pidns
+from tests.support import pidns
 
 HOST_GROUP = "host-pid-ns"
 HOST_WORKER = "gw0"

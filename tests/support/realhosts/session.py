@@ -14,7 +14,7 @@ import shutil
 
 import pytest
 
-from tests.realhosts.systemd_host import sweep
+from tests.support.realhosts.systemd_host import sweep
 
 
 def require(tools=()) -> None:

@@ -23,8 +23,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.loopback_sshd import _keygen, free_port
-from tests.realhosts import cgroups
+from tests.support.loopback_sshd import _keygen, free_port
+from tests.support.realhosts import cgroups
 
 # Units that write the machine's kernel or shared files, or are not wanted in a test host.
 MASKED = (

@@ -6,10 +6,10 @@ The one-liners are the ones typed in two real incidents: the EAGLE3 data-generat
 
 Run ONLY as `unshare --pid --fork --mount-proc sh -c '...'` (see `namespace_command`): the
 one-liners' `pkill -f` / `fuser -k` then see nothing but this scenario's processes. Steps:
-  python3 -m tests.incident_replay start DIR    start the scenario, write DIR/roles.json
+  python3 -m tests.support.incident_replay start DIR    start the scenario, write DIR/roles.json
   <the sequence under test>                     an incident's one-liner, or gpu-pivot's agent (output
                                                 and exit code kept in DIR/seq.out and DIR/seq.rc)
-  python3 -m tests.incident_replay check DIR    print which roles survived, as JSON
+  python3 -m tests.support.incident_replay check DIR    print which roles survived, as JSON
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
+from tests.support.paths import REPO
 
 # The EAGLE3 data-generation pivot: free the GPUs for the baseline server and the dataset preps.
 DATAGEN_ONELINER = ('pkill -f "sglang.launch_server" 2>/dev/null; sleep 2; pkill -9 -f python3 2>/dev/null; '
@@ -35,7 +35,7 @@ def sequences(workdir: Path) -> dict:
     datagen = DATAGEN_ONELINER.format(devices=devices)
     script = workdir / "datagen-oneliner.sh"
     script.write_text(datagen + "\n")
-    from tests.procs import ProcessSet  # noqa: F401  (import check: the driver needs the repo)
+    from tests.support.procs import ProcessSet  # noqa: F401  (import check: the driver needs the repo)
     agent = [sys.executable, str(REPO / "scripts" / "gpuagent.py"), "teardown", "--json", "--devices", devices,
              "--fake-devices", "--target", r"sglang\.launch_server", "--scope", str(workdir), "--grace", "1",
              "--timeout", "10", "--fake-gpus", str(workdir / "gpumem")]
@@ -55,16 +55,17 @@ DATAGEN_SCRIPT = NAMES[1]
 
 def namespace_command(workdir: Path, sequence: str) -> list:
     py = shlex.quote(sys.executable)
-    inner = (f"cd {shlex.quote(str(REPO))} && {py} -m tests.incident_replay start {shlex.quote(str(workdir))} && "
+    inner = (f"cd {shlex.quote(str(REPO))} && "
+             f"{py} -m tests.support.incident_replay start {shlex.quote(str(workdir))} && "
              f"t0=$(date +%s.%N); {sequence} >{shlex.quote(str(workdir / 'seq.out'))} 2>&1; "
              f"echo $? >{shlex.quote(str(workdir / 'seq.rc'))}; t1=$(date +%s.%N); "
-             f"{py} -m tests.incident_replay check {shlex.quote(str(workdir))} \"$t0\" \"$t1\"")
+             f"{py} -m tests.support.incident_replay check {shlex.quote(str(workdir))} \"$t0\" \"$t1\"")
     return ["unshare", "--pid", "--fork", "--mount-proc", "sh", "-c", inner]
 
 
 def start(workdir: Path) -> None:
-    from tests import scenario
-    from tests.procs import ProcessSet
+    from tests.support import scenario
+    from tests.support.procs import ProcessSet
 
     ps = ProcessSet(workdir)
     roles = scenario.start(ps)
@@ -74,7 +75,7 @@ def start(workdir: Path) -> None:
 def check(workdir: Path, t0: str, t1: str) -> None:
     from scripts.agent.procs import procscan
     from scripts.agent.procs.devices import DeviceSet
-    from tests.procs import alive
+    from tests.support.procs import alive
 
     roles = json.loads((workdir / "roles.json").read_text())
     holders = procscan.snapshot(DeviceSet(f"{workdir}/dev/nvidia*", fake=True))["holders"]

@@ -9,7 +9,7 @@ config), nothing is started machine-wide, and each is ended by PID at the end (t
 first, then what it ran, by the pids seen).
 
 A holder is `sandbox_roles.py worker` (a Python process holding fake GPU device files, as
-tests/procs.py starts): `holder_argv(ps, ready)` is its command line.
+tests/support/procs.py starts): `holder_argv(ps, ready)` is its command line.
 """
 from __future__ import annotations
 
@@ -26,11 +26,10 @@ from pathlib import Path
 
 from scripts.agent.procs import procfs
 from scripts.ops.sandbox import ROLES
-from tests.procs import alive, children, wait_for
-from tests.realhosts import cgroups
-from tests.realhosts.docker_host import busybox_tarball
-
-REPO = Path(__file__).resolve().parents[1]
+from tests.support.paths import REPO
+from tests.support.procs import alive, children, wait_for
+from tests.support.realhosts import cgroups
+from tests.support.realhosts.docker_host import busybox_tarball
 
 
 def holder_argv(devdir: Path, ready: Path, gpu: int = 0, python: str = sys.executable) -> list[str]:
@@ -321,7 +320,7 @@ def podman_usable(base: Path) -> tuple[Podman | None, str]:
 
 class CgroupLayout:
     """A runtime's real cgroup layout made under this test process's own cgroup, in every
-    hierarchy (tests/realhosts/cgroups.py: locked, named for its owner, swept if it crashes),
+    hierarchy (tests/support/realhosts/cgroups.py: locked, named for its owner, swept if it crashes),
     and processes moved into it: what a kubelet with containerd or CRI-O, or a CRI made
     without Kubernetes, leaves in /proc/PID/cgroup, where none of them runs."""
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from scripts.ops.sandbox import ROLES, _server_shim
-from tests.procs import ProcessSet, wait_for
+from tests.support.procs import ProcessSet, wait_for
 
 TARGET_ROLES = ("server", "worker0", "worker1", "tokenizer", "group_helper", "stubborn", "stubborn_worker", "orphan",
                 "renamed")

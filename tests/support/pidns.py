@@ -5,7 +5,7 @@ Why: the agent's tests scan the whole /proc and signal what they find. On a busy
 teardown, someone's process mapping /dev/zero (the numbers of the fake character-device GPUs),
 a server on the port a test just picked. `make test` runs each pytest-xdist worker as
 
-    python tests/pidns.py -- PYTHON -u -c BOOTSTRAP      (conftest.pytest_xdist_setupnodes)
+    python tests/support/pidns.py -- PYTHON -u -c BOOTSTRAP      (conftest.pytest_xdist_setupnodes)
 
 and inside it:
 - a PID namespace: /proc (mounted fresh) lists only the worker and what its tests start, a
@@ -124,7 +124,7 @@ def run(cmd: list[str]) -> int:
             _inside()
             _init(cmd)
         except BaseException as exc:
-            print(f"tests/pidns.py: {exc}", file=sys.stderr, flush=True)
+            print(f"tests/support/pidns.py: {exc}", file=sys.stderr, flush=True)
         os._exit(70)
     for sig in SIGNALS:
         signal.signal(sig, lambda s, _f: os.kill(child, s))
@@ -149,7 +149,7 @@ def usable() -> str | None:
 
 def main(argv: list[str]) -> int:
     if not argv or argv[0] != "--" or len(argv) < 2:
-        print("usage: python tests/pidns.py -- COMMAND [ARG...]", file=sys.stderr)
+        print("usage: python tests/support/pidns.py -- COMMAND [ARG...]", file=sys.stderr)
         return 2
     return run(argv[1:])
 

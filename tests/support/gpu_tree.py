@@ -1,7 +1,7 @@
 """A real torch "server" tree for the GPU tests and benchmark: a parent and spawned
 children, each holding memory on every GPU, like SGLang's scheduler workers.
 
-  python3 tests/gpu_tree.py --token TOKEN --children 3 --gib 20 --ready FILE
+  python3 tests/support/gpu_tree.py --token TOKEN --children 3 --gib 20 --ready FILE
 The parent writes "PARENT CHILD..." to FILE once every process holds its memory.
 """
 import argparse

@@ -49,7 +49,7 @@ def nvml_used_mib() -> list:
 
 
 class GpuTree:
-    """Start tests/gpu_tree.py; .pids = [parent, children...] once all hold their memory."""
+    """Start tests/support/gpu_tree.py; .pids = [parent, children...] once all hold their memory."""
 
     def __init__(self, workdir: Path, token: str, children: int = 3, gib: float = 2.0, wrapped: bool = False):
         """`wrapped`: started by a shell that outlives it (`bash -c 'python3 gpu_tree.py ...; sleep'`),

@@ -15,7 +15,7 @@ import subprocess
 import tarfile
 from pathlib import Path
 
-from tests.realhosts.systemd_host import INNER, SystemdHost
+from tests.support.realhosts.systemd_host import INNER, SystemdHost
 
 IMAGE = "gpu-pivot-test/busybox"
 DOCKERD = ("/usr/sbin/dockerd -H fd:// --containerd=/run/containerd/containerd.sock --iptables=false "

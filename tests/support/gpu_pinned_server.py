@@ -1,7 +1,7 @@
 """A torch "server" holding GPU memory and a pinned host-memory pool, as SGLang's hierarchical
 cache pins hundreds of GB: its exit spends seconds unpinning after the GPU reads free.
 
-  python3 tests/gpu_pinned_server.py --token TOKEN --gpu-gib 120 --pinned-gib 48 --ready FILE
+  python3 tests/support/gpu_pinned_server.py --token TOKEN --gpu-gib 120 --pinned-gib 48 --ready FILE
 Writes its pid to FILE once both are held.
 """
 import argparse

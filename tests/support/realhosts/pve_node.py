@@ -19,8 +19,8 @@ import os
 import shutil
 from pathlib import Path
 
-from tests.loopback_sshd import _keygen, free_port
-from tests.realhosts.systemd_host import GPUS, HOLDER, INNER, MASKED, SSHD_CONFIG, SystemdHost
+from tests.support.loopback_sshd import _keygen, free_port
+from tests.support.realhosts.systemd_host import GPUS, HOLDER, INNER, MASKED, SSHD_CONFIG, SystemdHost
 
 CTID = "129"
 PCT = r"""#!/bin/sh

@@ -3,7 +3,7 @@ like to a process scan. Speaks the raw /dev/fuse protocol (no libfuse needed): i
 file, `f`, until that file is opened, and from then on answers nothing, so any stat() of it
 waits until this process exits (which aborts the connection and frees every waiter).
 
-  python3 tests/hung_fuse.py MOUNTPOINT READYFILE [--answer] [--owner UID]   (root, /dev/fuse)
+  python3 tests/support/hung_fuse.py MOUNTPOINT READYFILE [--answer] [--owner UID]   (root, /dev/fuse)
 READYFILE gets "mounted", then "opened" once `f` is opened (written before the open is
 answered, so whoever sees the open return sees "opened"). --answer: keep answering (a live
 server). --owner UID: mounted for that user without allow_other, as sshfs or gcsfuse mount
