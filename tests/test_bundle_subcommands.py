@@ -48,7 +48,7 @@ def test_every_subcommand_has_one_module_to_run_it():
 
 
 def test_a_subcommands_bundle_is_cli_and_its_own_modules_import_closure():
-    """Exactly: the union over subcommands is the whole agent (tests/test_contract.py checks
+    """Exactly: the union over subcommands is the whole agent (tests/agent/wire/test_wire.py checks
     that is every file in scripts/agent), each subcommand's is a part of it holding cli.py's
     imports and its own module, and the Ansible payload (any subcommand) carries them all."""
     whole = set(bundle.agent_modules())

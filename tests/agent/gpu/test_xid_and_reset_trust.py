@@ -35,8 +35,8 @@ from scripts.agent.status.scan import Scan
 from scripts.agent.teardown import reset
 from scripts.agent.wire import call as wire_call, codes, defaults
 from scripts.reach import transport
+from tests.agent.gpu.test_health import CLIENT, HOLD, agent, mps_program
 from tests.support.procs import alive, wait_for
-from tests.test_health import CLIENT, HOLD, agent, mps_program
 
 FORGED = "NVRM: Xid (PCI:0000:ff:00): 79, pid=1, GPU has fallen off the bus."
 GENUINE = "NVRM: Xid (PCI:0000:3b:00): 63, pid=1896, Row Remapper: New row marked for remapping"

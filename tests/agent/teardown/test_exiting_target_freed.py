@@ -5,7 +5,7 @@ GB) spends seconds in its exit after the GPU reads free: NVML reads 0 MiB and li
 process for it while it unpins. It runs no code of its own any more, so it cannot take the
 GPU again: the verdict is FREED then, naming it "exiting, holds no GPU memory". Where the
 GPU source lists no processes (the sandbox's fake GPUs, no NVML), nothing vouches for it and
-the verdict still waits for its exit (tests/test_hung_mounts.py).
+the verdict still waits for its exit (tests/agent/procs/test_hung_mounts.py).
 
 Here the long exit is made on the CPU: the target holds a file on a FUSE mount whose server
 stops answering, so its exit waits in that file's close (state D, every thread exiting,
@@ -23,9 +23,9 @@ import sys
 from scripts.agent.procs import procfs
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
+from tests.agent.procs.test_hung_mounts import STUCK_IN_EXIT, hung_fuse  # noqa: F401 (a fixture)
+from tests.agent.test_hostile_host import H200, STANDIN
 from tests.support import scenario
-from tests.test_hostile_host import H200, STANDIN
-from tests.test_hung_mounts import STUCK_IN_EXIT, hung_fuse  # noqa: F401 (a fixture)
 
 
 def test_a_target_in_its_exit_that_nvml_lists_nowhere_is_freed_and_named(hung_fuse, ps, tmp_path,  # noqa: F811

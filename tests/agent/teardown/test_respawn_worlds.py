@@ -16,14 +16,14 @@ Checked for every world, through settle's own Lineage and _classify (the rules, 
 - a loop alive at the verdict is a restarter whatever its restart delay; a one-shot wrapper
   never is;
 - the tmux server and the other panes are never starters.
-The real-process cases of the same rules are tests/test_verdict_truth.py.
+The real-process cases of the same rules are tests/agent/teardown/test_verdict_truth.py.
 """
 from __future__ import annotations
 
-import argparse
-
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from scripts.agent.options import Options
+from scripts.agent.status.scan import Scan
 from scripts.agent.teardown import settle
 
 SINCE = 10_000  # clock ticks: what starts from here on started during the teardown
@@ -122,7 +122,7 @@ class _Targets:
         self.since_ticks, self.keys = SINCE, keys
 
 
-ARGS = argparse.Namespace(scope=None, scope_uid=None, protect=[], match=[], target=TARGETS)
+ARGS = Options(scope=None, scope_uid=None, protect=[], match=[], target=TARGETS)
 
 
 @settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -133,7 +133,7 @@ def test_the_respawn_rule_over_random_worlds(monkeypatch, world):
     monkeypatch.setattr(settle, "_owned", lambda info: dict(info, unit=None, container=None))
     monkeypatch.setattr(settle.managers, "manager_of", lambda info, procs: None)
     server = dict(w.procs[roles["server"]], gpu_mib={"0": 80000}, devices=["/dev/nvidia0"])
-    doc = {"_procs": dict(w.procs), "_chain": set(), "holders": []}
+    doc = Scan({"holders": []}, dict(w.procs), set())
     helper = dict(w.procs[roles["helper"]], gpu_mib={}, devices=[])  # a target too: the server started it
     lineage = settle.Lineage(doc, [server, helper], patterns=TARGETS)
     starters = {k[0] for k in lineage.starters}
@@ -143,7 +143,7 @@ def test_the_respawn_rule_over_random_worlds(monkeypatch, world):
         assert roles["top"] in starters, (roles, starters)  # through every launcher, to the wrapper
 
     new = _after(w, roles)
-    doc = {"_procs": dict(w.procs), "_chain": set(), "holders": [], "context_source": "nvml"}
+    doc = Scan({"holders": [], "context_source": "nvml"}, dict(w.procs), set())
     respawns, _ = settle._classify(doc, _Targets({(roles["server"], 1000)}), ARGS, TARGETS, lineage, set())
     flagged = {k[0] for k in respawns}
     restart_chain = {pid for pid, info in w.procs.items() if info["start_time"] == SINCE + 10

@@ -16,9 +16,10 @@ import sys
 
 import pytest
 
-from scripts.agent import cli, contract
+from scripts.agent import cli
 from scripts.agent.procs import rules
 from scripts.agent.teardown import hostlock
+from scripts.agent.wire import call, codes as wire_codes, frame, records
 from scripts.config.hostconfig import build_host
 from scripts.ops.fleet import Outcome
 from scripts.reach import bundle
@@ -33,13 +34,13 @@ from scripts.views import (
 
 # What each subcommand needs besides the argv the local side builds.
 REQUIRED = {
-    "phase-start": ["--spec", contract.encode_spec({"name": "x"})],
-    "phase-ready": ["--spec", contract.encode_spec({"name": "x"})],
-    "phase-stop": ["--spec", contract.encode_spec({"name": "x"})],
-    "phase-logs": ["--spec", contract.encode_spec({"name": "x"})],
-    "smoke": ["--spec", contract.encode_spec({"name": "x"})],
-    "gates": ["--spec", contract.encode_spec({"name": "x"})],
-    "deploy": ["--spec", contract.encode_spec({"name": "x"}), "--action", "apply"],
+    "phase-start": ["--spec", frame.encode_spec({"name": "x"})],
+    "phase-ready": ["--spec", frame.encode_spec({"name": "x"})],
+    "phase-stop": ["--spec", frame.encode_spec({"name": "x"})],
+    "phase-logs": ["--spec", frame.encode_spec({"name": "x"})],
+    "smoke": ["--spec", frame.encode_spec({"name": "x"})],
+    "gates": ["--spec", frame.encode_spec({"name": "x"})],
+    "deploy": ["--spec", frame.encode_spec({"name": "x"}), "--action", "apply"],
     "drain": ["--url", "http://127.0.0.1:9/metrics"],
     "lint": ["--argv", "[]"],
 }
@@ -52,21 +53,21 @@ def subparsers() -> dict:
 
 
 def test_exit_code_table():
-    codes = [c for c, _, _ in contract.EXIT_CODES]
-    names = [n for _, n, _ in contract.EXIT_CODES]
+    codes = [c for c, _, _ in wire_codes.EXIT_CODES]
+    names = [n for _, n, _ in wire_codes.EXIT_CODES]
     assert len(set(codes)) == len(codes) and len(set(names)) == len(names)
-    constants = {v for k, v in vars(contract).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    constants = {v for k, v in vars(wire_codes).items() if k.startswith("EXIT_") and isinstance(v, int)}
     assert constants == set(codes)  # every EXIT_ constant has its row, every row its constant
-    assert (contract.EXIT_LOCKED, contract.EXIT_UNINSPECTED, contract.EXIT_INTERRUPTED) == (4, 6, 130)
-    assert contract.exit_name(4) == "locked" and contract.exit_name(255) == "exit 255"
+    assert (wire_codes.EXIT_LOCKED, wire_codes.EXIT_UNINSPECTED, wire_codes.EXIT_INTERRUPTED) == (4, 6, 130)
+    assert wire_codes.exit_name(4) == "locked" and wire_codes.exit_name(255) == "exit 255"
 
 
 def test_the_agent_parser_has_exactly_the_contracts_subcommands_and_flags():
     parsers = subparsers()
-    assert list(parsers) == list(contract.SUBCOMMANDS)
-    for name, own in contract.SUBCOMMANDS.items():
+    assert list(parsers) == list(call.SUBCOMMANDS)
+    for name, own in call.SUBCOMMANDS.items():
         flags = {s for a in parsers[name]._actions for s in a.option_strings if s.startswith("--")} - {"--help"}
-        want = set(contract.COMMON_FLAGS) | set(own) | (set(contract.SELECTION_FLAGS) if name in contract.SELECTING
+        want = set(call.COMMON_FLAGS) | set(own) | (set(call.SELECTION_FLAGS) if name in call.SELECTING
                                                            else set())
         assert flags == want, f"{name}: the agent has {sorted(flags - want)} beyond the contract, " \
                               f"lacks {sorted(want - flags)}"
@@ -80,19 +81,19 @@ def test_removed_flags_are_gone():
         parsers["phase-start"].parse_args([*REQUIRED["phase-start"], "--no-systemd"])
 
 
-@pytest.mark.parametrize("subcommand", list(contract.SUBCOMMANDS))
+@pytest.mark.parametrize("subcommand", list(call.SUBCOMMANDS))
 def test_argv_built_by_the_local_side_is_parsed_and_recognised_by_the_agent(subcommand):
-    nonce = contract.new_nonce()
-    argv = contract.agent_argv("python3", subcommand, nonce, "/tmp/x/nvidia*", progress=True, run_dir="/tmp/r",
+    nonce = frame.new_nonce()
+    argv = call.agent_argv("python3", subcommand, nonce, "/tmp/x/nvidia*", progress=True, run_dir="/tmp/r",
                                fake_devices=True, targets=("a",), protect=("b",), fake_gpus="/tmp/g", scope="/tmp/x/",
                                scope_uid=1000, args=REQUIRED.get(subcommand, []))
-    args = cli.build_parser().parse_args(argv[2:])
+    args = cli.parse(argv[2:])  # every flag a field of the one Options record
     assert args.command == subcommand and args.marker == nonce and args.progress and args.fake_devices
-    if subcommand in contract.SELECTING:
+    if subcommand in call.SELECTING:
         assert (args.target, args.protect, args.scope, args.scope_uid) == (["a"], ["b"], "/tmp/x/", 1000)
     else:
         assert "--target" not in argv
-    assert contract.agent_call(argv) == subcommand
+    assert call.agent_call(argv) == subcommand
     assert hostlock.is_teardown_agent(argv) == (subcommand == "teardown")
     # the argv as this test's own process would carry it: an agent call protects only a process no user
     # could have started so (rules.trusted_names: root or a system uid, a root-owned program)
@@ -110,33 +111,33 @@ def test_argv_built_by_the_local_side_is_parsed_and_recognised_by_the_agent(subc
     ["python3", "tool.py", "-", "teardown", "--marker", "0a1b"],
 ])
 def test_lookalikes_are_not_agents(argv):
-    assert contract.agent_call(argv) is None
+    assert call.agent_call(argv) is None
     proc = {"pid": 4242, "argv": argv, "cmdline": " ".join(argv), "comm": os.path.basename(argv[0])}
     assert rules.protect_reason(proc, set()) is None
 
 
 def test_markers_progress_and_spec_round_trip():
-    text = "motd\n" + contract.frame("ab12", '{"a": 1}') + "noise\n"
-    assert contract.extract(text, "ab12") == '{"a": 1}'
-    with pytest.raises(contract.MarkerError, match="no result marker"):
-        contract.extract(text, "cd34")
-    line = contract.progress_line({"phase": "grace", "alive": [1, 2]})
-    assert line.endswith("\n") and contract.parse_progress(line) == {"phase": "grace", "alive": [1, 2]}
-    assert contract.parse_progress("plain output\n") is None
-    assert contract.parse_progress(contract.PROGRESS_PREFIX + "{not json\n") is None
-    assert contract.parse_progress(contract.PROGRESS_PREFIX + "[1, 2]\n") is None
+    text = "motd\n" + frame.frame("ab12", '{"a": 1}') + "noise\n"
+    assert frame.extract(text, "ab12") == '{"a": 1}'
+    with pytest.raises(frame.MarkerError, match="no result marker"):
+        frame.extract(text, "cd34")
+    line = frame.progress_line({"phase": "grace", "alive": [1, 2]})
+    assert line.endswith("\n") and frame.parse_progress(line) == {"phase": "grace", "alive": [1, 2]}
+    assert frame.parse_progress("plain output\n") is None
+    assert frame.parse_progress(frame.PROGRESS_PREFIX + "{not json\n") is None
+    assert frame.parse_progress(frame.PROGRESS_PREFIX + "[1, 2]\n") is None
     spec = {"name": "train", "argv": ["sh", "-c", "echo 'a b' $HOME; `x`"], "env": {"K": "v=1"}}
-    assert contract.decode_spec(contract.encode_spec(spec)) == spec
-    assert contract.spec_args(spec) == ["--spec", contract.encode_spec(spec)]
-    assert " " not in contract.encode_spec(spec)
+    assert frame.decode_spec(frame.encode_spec(spec)) == spec
+    assert call.spec_args(spec) == ["--spec", frame.encode_spec(spec)]
+    assert " " not in frame.encode_spec(spec)
 
 
 def test_a_result_missing_a_required_key_is_named():
-    with pytest.raises(contract.ContractError, match="teardown result has no 'plan'"):
-        contract.read("teardown", 0, {"hostname": "h", "before": [], "after": [], "wall_s": 1.0})
-    with pytest.raises(contract.ContractError, match="verify result has no 'free'"):
-        contract.read("verify", 0, {"hostname": "h", "gpus": [], "holders": [], "gpu_source": "none", "problems": []})
-    locked = contract.read("teardown", 4, {"locked": True, "error": "held by alice", "hostname": "h"})
+    with pytest.raises(records.ContractError, match="teardown result has no 'plan'"):
+        records.read("teardown", 0, {"hostname": "h", "before": [], "after": [], "wall_s": 1.0})
+    with pytest.raises(records.ContractError, match="verify result has no 'free'"):
+        records.read("verify", 0, {"hostname": "h", "gpus": [], "holders": [], "gpu_source": "none", "problems": []})
+    locked = records.read("teardown", 4, {"locked": True, "error": "held by alice", "hostname": "h"})
     assert locked.locked and not locked.ran and locked.plan is None
 
 
@@ -149,21 +150,21 @@ def test_every_view_reads_a_record_what_carries_it_or_a_document_alike():
            "health": {"verdict": "reset needed", "reasons": ["xid 79"]}}
     scan = {"command": "scan", "exit_code": 0, "hostname": "gpu\x1b[31m1", "gpus": [gpu], "holders": [],
             "gpu_source": "nvml"}
-    rec = contract.read_document(scan)
+    rec = records.read_document(scan)
     inputs = [rec, AgentResult("h", 0, scan, 0.1, rec), scan]
     seen = [render.record(x) for x in inputs]
-    assert seen[0] == seen[1] == seen[2] == render.shown(rec) and isinstance(seen[0], contract.ScanResult)
+    assert seen[0] == seen[1] == seen[2] == render.shown(rec) and isinstance(seen[0], records.ScanResult)
     assert "\x1b" not in seen[0].hostname and rec.hostname == "gpu\x1b[31m1"
     for view in (lambda x: status_view.header("a", x, False), status_view.gpu_table, health_view.health):
         assert view(inputs[0]) == view(inputs[1]) == view(inputs[2]), view
     assert "RESET NEEDED" in health_view.health(scan)
     locked = {"command": "teardown", "exit_code": 4, "locked": True, "error": "held by alice", "hostname": "h"}
-    t = contract.read_document(locked)
+    t = records.read_document(locked)
     assert (teardown_view.report("a", locked) == teardown_view.report("a", AgentResult("h", 4, locked, 0.1, t))
             == teardown_view.report("a", t) == "== a: LOCKED: held by alice")
     start = {"command": "phase-start", "exit_code": 0, "started": True,
              "state": {"how": "setsid", "pid": 8, "start_time": 1, "log": "/run/x.log"}}
-    r = contract.read_document(start)
+    r = records.read_document(start)
     assert (phase_view.start_line(start) == phase_view.start_line(r)
             == phase_view.start_line(AgentResult("h", 0, start, 0.1, r))
             == "started via setsid (pid 8, log /run/x.log)")
@@ -186,26 +187,26 @@ def host(tmp_path):
 
 def test_real_results_read_through_the_contract_and_rendered(host):
     ping = call_agent(host, "ping")
-    assert isinstance(ping.result, contract.PingResult) and ping.result.pid > 0
+    assert isinstance(ping.result, records.PingResult) and ping.result.pid > 0
     assert "python 3." in status_view.ping_line("local", ping.result, ping.wall_s)
     scan = call_agent(host, "scan")
-    assert isinstance(scan.result, contract.ScanResult) and scan.result.holders == []
+    assert isinstance(scan.result, records.ScanResult) and scan.result.holders == []
     assert "no process" in status_view.holder_table(scan.result)
     assert status_view.holder_table(scan.doc) == status_view.holder_table(scan.result)  # a document reads the same
     verify = call_agent(host, "verify")
-    assert isinstance(verify.result, contract.VerifyResult)
+    assert isinstance(verify.result, records.VerifyResult)
     assert status_view.verdict(verify.result).startswith("FREE" if verify.result.free else "NOT FREE")
     plan = call_agent(host, "plan")
-    assert isinstance(plan.result, contract.PlanResult) and plan.result.plan.targets == []
+    assert isinstance(plan.result, records.PlanResult) and plan.result.plan.targets == []
     assert "problems" not in plan.doc  # a plan names none: the Slurm epilog reads none from it
     assert teardown_view.plan_tables(plan.result.plan).startswith("Targets: none")
     assert teardown_view.plan_tables(plan.doc["plan"]) == teardown_view.plan_tables(plan.result)
     seen = []
     td = call_agent(host, "teardown", ["--grace", "1", "--timeout", "2", "--settle", "0.2"], on_progress=seen.append)
     t = td.result
-    assert isinstance(t, contract.TeardownResult) and t.ran and t.plan.targets == [] and t.actions == []
+    assert isinstance(t, records.TeardownResult) and t.ran and t.plan.targets == [] and t.actions == []
     text = teardown_view.report("local", td)
-    verdict = "FREED and verified" if td.code == contract.EXIT_OK else "NOT FREE"
+    verdict = "FREED and verified" if td.code == wire_codes.EXIT_OK else "NOT FREE"
     assert f"local: {verdict}" in text
     assert teardown_view.host_line(Outcome(host, value=td)).startswith("local: freed 0 MiB, 0 target(s) stopped"
                                                                        if td.code == 0 else "local: NOT FREE")
@@ -218,7 +219,7 @@ def test_locked_teardown_and_unreachable_host_rendered(host):
         td = call_agent(host, "teardown", ["--grace", "1", "--timeout", "1"])
     finally:
         hostlock.release(fd)
-    assert td.code == contract.EXIT_LOCKED and td.result.locked and "alice@ops" in td.result.error
+    assert td.code == wire_codes.EXIT_LOCKED and td.result.locked and "alice@ops" in td.result.error
     assert teardown_view.report("local", td).startswith("== local: LOCKED: ")
     outcomes = [Outcome(host, value=td), Outcome(dataclasses.replace(host, alias="gpu9"), error=AgentError("gone"))]
     assert teardown_view.host_line(outcomes[0]).startswith("local: LOCKED: ")
@@ -247,7 +248,12 @@ def test_the_bundle_carries_exactly_what_the_agent_imports():
     shipped = set(bundle.agent_modules())
     package = {".".join(p.relative_to(bundle.AGENT_DIR).with_suffix("").parts).removesuffix(".__init__")
                for p in bundle.AGENT_DIR.rglob("*.py") if "__pycache__" not in p.parts} - {"__init__"}
-    assert shipped == package, f"modules in scripts/agent the agent never imports: {sorted(package - shipped)}"
+    # The rows' TypedDicts are for mypy only (records.py imports them under TYPE_CHECKING, by an
+    # absolute import the bundle does not follow): they never ship. The records ship with the
+    # subcommands that build their results through them.
+    never = package - shipped
+    assert never <= {"wire.records", "wire.rows"}, f"modules in scripts/agent the agent never imports: {sorted(never)}"
+    assert "wire.rows" in never
     sources = bundle.agent_sources()
     assert not any(name in sources for name in ("agent.fuser_parse", "agent.ps_parse", "agent.markers"))
     assert "def table(" not in sources["agent.gpu.smi_parse"]  # the human table's parser is test-only

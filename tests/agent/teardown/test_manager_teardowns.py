@@ -27,12 +27,12 @@ from scripts.agent.status import scan
 from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
+from tests.agent.procs.test_managers import CID, ESCAPED, UID
+from tests.agent.scan.test_scan import scan_args
+from tests.agent.teardown.test_teardown_honesty import host
 from tests.conftest import need_tools
 from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.support.procs import alive, children, wait_for
-from tests.test_managers import CID, ESCAPED, UID
-from tests.test_scan import scan_args
-from tests.test_teardown_honesty import host
 
 AFTER_STOP_S = 5  # long past any restart: autorestart and --restart=always bring a program back in well under 1 s
 GENERIC = "a terminal's shell, a multiplexer, a daemon"

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from scripts.agent.procs import cgroup
 from scripts.agent.options import Options
+from scripts.agent.procs import cgroup
 from scripts.agent.status import scan
 from scripts.agent.teardown import verify
 from tests.support.parsers import fuser as fuser_parse
@@ -76,7 +76,7 @@ def _holds(pid, name):
 
 def _orphan(ps, tmp_path):
     """A holder whose parent exited: reparented to init or a subreaper."""
-    from scripts.ops.sandbox import ROLES
+    from scripts.config.sandbox import ROLES
     pidfile = tmp_path / "orphan.pid"
     ready = tmp_path / "orphan.ready"
     code = ("import subprocess, sys; p = subprocess.Popen(sys.argv[1:], stdin=subprocess.DEVNULL, "

@@ -23,8 +23,8 @@ from pathlib import Path
 import pytest
 
 from scripts.reach.transport import call_agent
+from tests.agent.teardown.test_teardown_honesty import host
 from tests.support.procs import alive, children, tmux_pane, wait_for
-from tests.test_teardown_honesty import host
 
 SERVER = """\
 import os, sys, time
