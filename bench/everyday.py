@@ -14,7 +14,7 @@ Sections (`--sections`, default all but gpu):
              and `fuser -v /dev/nvidia*`, alternately (--cli-python: the CLI's venv).
 Prints markdown; `--json FILE` keeps the numbers. Medians (min-max) of --reps.
 Why here and not in tests: wall-clock numbers depend on the machine; the tests assert what
-the numbers rest on (tests/test_bundle_subcommands.py).
+the numbers rest on (tests/reach/test_bundle_subcommands.py).
 """
 from __future__ import annotations
 

@@ -24,8 +24,8 @@ print("field 230 (recovery action): return", fv.nvmlReturn, "value", fv.value.ui
 print("remapped rows", n.nvmlDeviceGetRemappedRows(h), "mig mode", n.nvmlDeviceGetMigMode(h))
 print("display mode", n.nvmlDeviceGetDisplayMode(h), "display active", n.nvmlDeviceGetDisplayActive(h),
       "persistence mode", n.nvmlDeviceGetPersistenceMode(h))'
-  echo "## pytest -m gpu tests/test_gpu_health.py"
-  timeout 900 python3 -m pytest -m gpu -rs -q -s tests/test_gpu_health.py; echo "pytest exit $?"
+  echo "## pytest -m gpu tests/system/test_gpu_health.py"
+  timeout 900 python3 -m pytest -m gpu -rs -q -s tests/system/test_gpu_health.py; echo "pytest exit $?"
   echo "## verify --json (health per GPU)"
   inv verify --host local --json | python3 -c 'import json, sys
 d = json.load(sys.stdin)["local"]

@@ -15,7 +15,7 @@ N=$(nvidia-smi -L | wc -l)  # results are named by GPU count: *-1gpu.*, *-2gpu.*
 {
   echo "## machine"; nvidia-smi -L; python3 -c 'import torch; print("torch", torch.__version__, torch.cuda.device_count())'
   echo "## ping"; inv ping --host local
-  echo "## pytest -m gpu"; python3 -m pytest -m gpu -rs -q -s tests/test_gpu.py
+  echo "## pytest -m gpu"; python3 -m pytest -m gpu -rs -q -s tests/system/test_gpu.py
 } 2>&1 | tee "$OUT/gpu-tests-${N}gpu.txt"
 {
   echo "## status/verify before a load"; inv status --host local; inv verify --host local; echo "verify exit $?"

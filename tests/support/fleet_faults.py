@@ -1,6 +1,6 @@
 """Faults a fleet meets, made real on loopback: a TCP tarpit and an sshd stopped mid-call.
 
-Used by tests/test_console_robustness.py and runnable on its own for the closing note:
+Used by tests/cli/test_console_robustness.py and runnable on its own for the closing note:
 
     .venv/bin/python -m tests.support.fleet_faults      # prints the 8-host run: wall time, each host's line
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from scripts.agent import contract
+from scripts.agent.wire import codes
 from tests.conftest import invoke
 
 
@@ -20,7 +20,7 @@ from tests.conftest import invoke
 def test_a_command_line_invoke_cannot_read_exits_2_with_one_line(words, said):
     out = invoke(*words)
     err = out.stderr.decode()
-    assert out.returncode == contract.EXIT_USAGE, (words, out)
+    assert out.returncode == codes.EXIT_USAGE, (words, out)
     assert out.stdout == b"" and err.count("\n") == 1, err
     assert err.startswith("gpu-pivot: ") and said in err and "nothing ran" in err, err
 
@@ -33,7 +33,7 @@ def test_a_word_near_no_task_gets_no_guess():
 def test_a_core_flag_without_its_value_exits_2():
     """Read before tasks.py loads: the exit code comes from the output guard (.pth and tasks.py)."""
     out = invoke("--list-depth")
-    assert out.returncode == contract.EXIT_USAGE and b"list-depth" in out.stderr, out
+    assert out.returncode == codes.EXIT_USAGE and b"list-depth" in out.stderr, out
 
 
 @pytest.mark.parametrize("words,shown", [

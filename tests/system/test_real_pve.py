@@ -12,10 +12,10 @@ import pytest
 
 from scripts.config.hostconfig import build_host
 from scripts.reach.route import one_liner, wrap
+from tests.reach.test_route import HOSTILE, expected, far_side
 from tests.support.realhosts.pve_node import CTID, PveNode
 from tests.support.realhosts.session import hosted
-from tests.test_real_systemd import invoke, text, wait_for
-from tests.test_route import HOSTILE, expected, far_side
+from tests.system.test_real_systemd import invoke, text, wait_for
 
 VLLM_UNIT = """[Unit]
 Description=vLLM server inside the container

@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from scripts.agent import contract, textsafe
 from scripts.agent.procs import procfs, procscan, program, rules
 from scripts.agent.state import lastrun, statedir
 from scripts.agent.teardown import hostlock
+from scripts.agent.wire import records, textsafe
 from scripts.config.envfile import parse_text
 from scripts.config.errors import ConfigError
 from scripts.ops import audit_log
@@ -101,7 +101,7 @@ def test_any_argv_and_comm_are_named_matched_and_shown(argv_bytes, comm_bytes):
     rules.target_reason(proc, rules.DEFAULT_TARGETS + (r"sglang::.*", r"vllm serve"))
     rules.protect_reason(proc, set(), [r"keep\.me"])
     if argv:
-        contract.program_of(argv)
+        program.program_of(argv)
     cmd = render.Command(argv, proc["cmdline"])
     for n in (8, 30, 200):
         assert clean_lines(cmd.fit(n))
@@ -213,7 +213,7 @@ def test_a_last_json_of_any_content_loads_and_renders_in_clean_lines(tmp_path, m
     path.write_bytes(raw)
     path.chmod(0o600)
     summary = lastrun.load_summary()
-    scan = contract.ScanResult(hostname="h", gpus=[], holders=[], gpu_source="none", last_teardown=summary)
+    scan = records.ScanResult(hostname="h", gpus=[], holders=[], gpu_source="none", last_teardown=summary)
     assert clean_lines(status_view.last_teardown(scan))
 
 
@@ -268,15 +268,15 @@ def test_status_and_plan_views_show_every_host_field_in_clean_lines(holders, hos
     gpus = [{"index": 0, "name": hostname, "used_mib": 10, "reserved_mib": 0, "total_mib": 100,
              "processes": [{"pid": holders[0]["pid"], "used_mib": 10}],
              "health": {"verdict": "ok", "reasons": [source]}}]
-    scan = contract.ScanResult(hostname=hostname, gpus=gpus, holders=holders, gpu_source=source,
+    scan = records.ScanResult(hostname=hostname, gpus=gpus, holders=holders, gpu_source=source,
                                gpu_source_tried=[source], devices_glob=source, proc_hidden=source or None)
     for text in (status_view.header("local", scan, False), status_view.gpu_table(scan),
                  status_view.holder_table(scan), status_view.still_holding(
-                     contract.VerifyResult(scan=scan, free=False, problems=[source],
+                     records.VerifyResult(scan=scan, free=False, problems=[source],
                                            still_holding=[dict(h, gpu=0, used_mib=1) for h in holders])),
-                 status_view.verdict(contract.VerifyResult(scan=scan, free=False, problems=[source, hostname]))):
+                 status_view.verdict(records.VerifyResult(scan=scan, free=False, problems=[source, hostname]))):
         assert clean_lines(text), text
-    plan = contract.Plan(targets=holders, protected=holders[:1], left_alone=holders[1:],
+    plan = records.Plan(targets=holders, protected=holders[:1], left_alone=holders[1:],
                          units=[{"unit": h["user"], "pids": [h["pid"]], "disable": False} for h in holders],
                          writing=[{"pid": h["pid"], "files": h["write_files"]} for h in holders if h["write_files"]],
                          rules=[source])
@@ -298,7 +298,7 @@ def test_a_wrapped_host_string_never_starts_a_line_with_what_followed_a_newline(
 @FAST
 @example("0000\x1f\x1f\x1f" + FORGED, "", [holder(2, "", None, [FORGED, "0000" + FORGED], [], None, None)])
 def test_teardown_views_show_every_host_field_in_clean_lines(error, operator, holders):
-    locked = contract.TeardownResult(code=4, hostname=operator, locked=True, error=error)
+    locked = records.TeardownResult(code=4, hostname=operator, locked=True, error=error)
     assert clean_lines(teardown_view.report("local", locked))
     actions = [{"signal": "SIGTERM", "pid": h["pid"], "result": error, "cmdline": h["cmdline"], "argv": h["argv"],
                 "comes_back": operator} for h in holders]
@@ -313,8 +313,8 @@ def test_teardown_views_show_every_host_field_in_clean_lines(error, operator, ho
            "record_errors": [error], "signal_failures": [{"pid": 1, "signal": "SIGKILL", "result": error}],
            "freed_mib": 0, "signalled": 1, "wall_s": 1.0}
     try:
-        record = contract.read_document(doc)
-    except contract.ContractError as exc:  # the test's document and the contract drifted apart
+        record = records.read_document(doc)
+    except records.ContractError as exc:  # the test's document and the contract drifted apart
         pytest.fail(str(exc))
     assert clean_lines(teardown_view.report("local", record))
     assert clean_lines(teardown_view.progress_line("local", {"phase": "verify", "elapsed_s": 1.0,

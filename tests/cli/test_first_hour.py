@@ -1,7 +1,7 @@
 """Issue 27: the first hour and the 3 a.m. hour, README to runbook without a snag.
 
 Each test names the numbered item of the issue's "What was seen" it covers. The runbooks
-that run as printed are in tests/test_runbooks.py; `make bench`'s mechanics in
+that run as printed are in tests/emergency/test_runbooks.py; `make bench`'s mechanics in
 tests/test_bench_mechanics.py.
 """
 from __future__ import annotations

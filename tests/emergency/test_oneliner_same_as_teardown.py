@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from scripts.config.sandbox import ROLES
 from scripts.emergency import shell_teardown
-from scripts.ops.sandbox import ROLES
 from tests.conftest import invoke
 from tests.support.procs import ProcessSet, alive, wait_for
 

@@ -26,11 +26,11 @@ from scripts.reach.route import SudoRefused, one_liner, wrap
 from scripts.reach.ssh import CONNECT_TIMEOUT_S
 from scripts.views.ping import ping_suffix, runs_as
 from tests.conftest import invoke, need_tools
+from tests.reach.test_route import HOSTILE, expected, far_side
 from tests.support import scenario
 from tests.support.loopback_sshd import STANDIN_DIR, LoopbackSshd
 from tests.support.procs import alive, wait_for
 from tests.support.second_user import SBIN_PATH, SecondUser, make_user, remove_user
-from tests.test_route import HOSTILE, expected, far_side
 
 SUDOERS_D = Path("/etc/sudoers.d")
 NOPASSWD = "{u} ALL=(root) NOPASSWD: ALL"
@@ -282,7 +282,7 @@ def test_hostile_argv_byte_exact_through_ssh_sudo_and_pct(operator, sudoers):
 
 def test_ansible_module_runs_as_root_through_the_inventorys_become(operator, sudoers, ps, hosts_env, tmp_path):
     """The inventory sets ansible_become for a BECOME host: the module frees a root-owned holder."""
-    from tests.test_ansible import ANSIBLE_PLAYBOOK, play
+    from tests.engines.test_ansible import ANSIBLE_PLAYBOOK, play
 
     if not os.path.exists(ANSIBLE_PLAYBOOK):
         pytest.skip("ansible-core is not installed (requirements-dev.txt)")

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from scripts.agent import contract
+from scripts.agent.wire import codes
 from tests.conftest import REPO, invoke, sandbox_session
 
 
@@ -22,7 +22,7 @@ def too_wide(text: str, n: int = 80) -> list:
     return [line for line in text.splitlines() if len(line) > n and " " in line.strip()]
 
 
-# -- teardown --help: every exit code, from contract.EXIT_CODES, within 80 columns -----------------
+# -- teardown --help: every exit code, from codes.EXIT_CODES, within 80 columns -----------------
 
 def test_teardown_help_lists_every_exit_code_it_can_give_in_80_columns():
     from scripts.cli.teardown_args import TEARDOWN_EXITS
@@ -33,10 +33,10 @@ def test_teardown_help_lists_every_exit_code_it_can_give_in_80_columns():
     block = text.split("Exit codes:", 1)[1].split("Options:", 1)[0]
     entries = dict(re.findall(r"^    (\d+) +(.*(?:\n {9}.*)*)", block, re.M))
     listed = {int(code): " ".join(words.split()) for code, words in entries.items()}
-    meanings = {code: meaning for code, name, meaning in contract.EXIT_CODES if name in TEARDOWN_EXITS}
+    meanings = {code: meaning for code, name, meaning in codes.EXIT_CODES if name in TEARDOWN_EXITS}
     assert listed == meanings  # the table's words, not a second copy of them
-    assert {contract.EXIT_TIMED_OUT, contract.EXIT_DECLINED, contract.EXIT_OUTPUT} <= set(listed)
-    assert contract.EXIT_GATE not in listed  # a pivot's, never a teardown's
+    assert {codes.EXIT_TIMED_OUT, codes.EXIT_DECLINED, codes.EXIT_OUTPUT} <= set(listed)
+    assert codes.EXIT_GATE not in listed  # a pivot's, never a teardown's
 
 
 def test_every_tasks_help_fits_80_columns_without_cutting_a_word():
@@ -76,7 +76,7 @@ def test_hosts_at_80_columns_wraps_device_globs_and_addresses_between_words(host
     assert out.returncode == 0 and not too_wide(text), too_wide(text)
     lines = text.splitlines()
     words = ["nvidia[0-3]", "root@192.0.2.10", "ana@gpu2.example", "/dev/nvidia*"]
-    from scripts.ops.sandbox import sandbox_host  # its glob is a long path: each part of it stays whole
+    from scripts.config.sandbox import sandbox_host  # its glob is a long path: each part of it stays whole
 
     words += [part for part in re.findall(r"[^/]+/?", sandbox_host().devices)]
     cut = [w for w in words if not any(w in line for line in lines)]

@@ -271,9 +271,9 @@ def test_no_drain_goes_ahead_and_a_zero_reading_drains(ps, hosts_env, metrics):
 
 
 def test_a_failed_rollback_is_never_called_rolled_back(ps, hosts_env, tmp_path):
-    from scripts.ops.sandbox import ROLES
+    from scripts.config.sandbox import ROLES
+    from tests.ops.test_pivot import broken_deploy
     from tests.support.loopback_sshd import free_port
-    from tests.test_pivot import broken_deploy
 
     code, patch = broken_deploy(tmp_path)
     silent = free_port()  # READY points where nothing ever answers: neither new nor old server is ready

@@ -1,6 +1,6 @@
 """The Slurm epilog run by hand as slurmd would run it: what it decides about a job's leftovers.
 
-No Slurm daemons here (tests/test_slurm.py has the real cluster): these are about what the
+No Slurm daemons here (tests/engines/test_slurm.py has the real cluster): these are about what the
 epilog itself decides. The job's user is a real second user (useradd, removed at the end);
 its processes are real, hold a real character device (mknod on /dev/zero's numbers, 0666,
 mapped as a CUDA context maps /dev/nvidiaN) in the test's temp dir, and "another running

@@ -228,10 +228,10 @@ SANDBOX_EXITS = {
     ("host-crash-recovery.md", "invoke run --host gpu1 -- systemctl is-enabled vllm.service"):
         ({1, 4, 127}, "the sandbox has no vllm.service (systemctl: no such unit, or no systemd)"),
     ("slurm-node-drained.md", "invoke undrain --host node[1-8]"):
-        (None, "Slurm only: sinfo here would look for a slurmctld over DNS; tests/test_slurm.py runs undrain "
+        (None, "Slurm only: sinfo here would look for a slurmctld over DNS; tests/engines/test_slurm.py runs undrain "
                "against a real one"),
-    ("slurm-node-drained.md", "sinfo -R"): (None, "Slurm's own command (tests/test_slurm.py)"),
-    ("slurm-node-drained.md", "scontrol release JOBID"): (None, "Slurm's own command (tests/test_slurm.py)"),
+    ("slurm-node-drained.md", "sinfo -R"): (None, "Slurm's own command (tests/engines/test_slurm.py)"),
+    ("slurm-node-drained.md", "scontrol release JOBID"): (None, "Slurm's own command (tests/engines/test_slurm.py)"),
 }
 
 

@@ -5,7 +5,7 @@
 - `> /dev/full` (ENOSPC): a traceback and exit 1 ("not free") after a teardown that freed the
   GPUs. Now: one line on stderr naming the task's own code, exit 10; the host's record intact.
 - A task's reader closing the pipe still changes nothing: it runs to its end with its own code
-  (tests/test_console_trust.py).
+  (tests/cli/test_console_trust.py).
 The SANDBOX host used here lives in the test's temp dir; its processes are ended by `sandbox down`.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from scripts.agent import contract
+from scripts.agent.wire import codes
 from scripts.cli import output_guard
 from tests.conftest import REPO, invoke
 
@@ -25,8 +25,8 @@ OWN = [["--list"], ["--help"], ["--version"], ["teardown", "--help"]]
 
 
 def test_the_guard_and_the_contract_agree():
-    assert output_guard.CLOSED_PIPE == contract.EXIT_CLOSED_PIPE == 141
-    assert output_guard.OUTPUT_FAILED == contract.EXIT_OUTPUT == 10
+    assert output_guard.CLOSED_PIPE == codes.EXIT_CLOSED_PIPE == 141
+    assert output_guard.OUTPUT_FAILED == codes.EXIT_OUTPUT == 10
 
 
 def closed_pipe_run(args, env=None):
@@ -61,7 +61,7 @@ def test_invokes_own_output_to_a_full_disk_is_one_line_and_10(args, unbuffered):
     with open("/dev/full", "w") as full:
         res = subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, stdout=full, stderr=subprocess.PIPE,
                              env=dict(os.environ, PYTHONUNBUFFERED=unbuffered), timeout=60)
-    assert res.returncode == contract.EXIT_OUTPUT, res.stderr
+    assert res.returncode == codes.EXIT_OUTPUT, res.stderr
     assert res.stderr.decode().splitlines() == [
         "gpu-pivot: the output could not be written (No space left on device); nothing else was done"]
 
@@ -116,7 +116,7 @@ def test_a_teardown_whose_stdout_is_full_ends_10_and_its_record_stands(tmp_path,
     try:
         server = json.loads(invoke("sandbox", "status", "--json", env=env).stdout)["processes"]["server"]["pid"]
         res = to_full_disk(["teardown", "-H", "sandbox", "--yes", *json_flag], env)
-        assert res.returncode == contract.EXIT_OUTPUT, res.stderr
+        assert res.returncode == codes.EXIT_OUTPUT, res.stderr
         assert b"Traceback" not in res.stderr
         lines = res.stderr.decode().splitlines()
         assert lines[-1].startswith("gpu-pivot: the output could not be written (No space left on device); "
@@ -134,7 +134,7 @@ def test_a_teardown_whose_stdout_is_full_ends_10_and_its_record_stands(tmp_path,
 @pytest.mark.parametrize("args", [["status", "-H", "sandbox"], ["hosts"], ["audit"], ["version", "--json"]])
 def test_any_task_whose_stdout_is_full_ends_10_with_one_line(tmp_path, args):
     res = to_full_disk(args, _sandbox_env(tmp_path))
-    assert res.returncode == contract.EXIT_OUTPUT and b"Traceback" not in res.stderr, res.stderr
+    assert res.returncode == codes.EXIT_OUTPUT and b"Traceback" not in res.stderr, res.stderr
     assert len(res.stderr.decode().splitlines()) == 1
 
 

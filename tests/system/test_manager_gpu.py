@@ -4,7 +4,7 @@ good by `invoke teardown`, through `supervisorctl stop`, while supervisord lives
 Why on a GPU: the verdict reads NVML there (the driver's own list of compute processes), and
 a program supervisord restarts takes its CUDA context again within a second: only the driver
 says whether the GPU stayed free. `pytest -m gpu` on the GPU machine; skipped wherever NVML
-sees no GPU. The holder opens a CUDA context through libcuda itself (tests/test_oneliner_gpu.py's
+sees no GPU. The holder opens a CUDA context through libcuda itself (tests/system/test_oneliner_gpu.py's
 holder) and carries a token only this test uses, which is the hosts.env SCOPE. The GPU machine
 has no Debian supervisor: `pip download supervisor==4.2.5 --no-deps -d .whl` here, and there
 `pip install --no-index --no-deps --target /tmp/site .whl/*.whl` with /tmp/site/bin on PATH
@@ -22,7 +22,7 @@ from tests.conftest import invoke, need_tools
 from tests.support.gpu_support import gpu_count
 from tests.support.managers_fixtures import Supervisord
 from tests.support.procs import alive, wait_for
-from tests.test_oneliner_gpu import CUDA_HOLD
+from tests.system.test_oneliner_gpu import CUDA_HOLD
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
 

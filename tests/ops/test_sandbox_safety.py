@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.procs import procfs
-from scripts.ops import sandbox
+from scripts.config import sandbox
 from tests.conftest import checkout_copy, invoke
 from tests.support.procs import alive, wait_for
 from tests.support.sandbox_scene import namespace_command
@@ -205,7 +205,7 @@ def test_default_dir_of_a_user_is_made_private(other):
     home = Path(other.home)
     repo = checkout_copy(home / "clone")
     as_user(other, f"mkdir -m 0700 -p {home}/runtime")
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); from scripts.ops.sandbox_fs import checked_dir; "
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from scripts.config.sandbox import checked_dir; "
             "print(checked_dir())")
     for extra, want in ((dict(XDG_RUNTIME_DIR=f"{home}/runtime"), home / "runtime" / "gpu-pivot" / "sandbox"),
                         (dict(XDG_STATE_HOME=f"{home}/state"), home / "state" / "gpu-pivot" / "sandbox")):

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.phases import run as agent_phase
-from scripts.ops.sandbox import ROLES
+from scripts.config.sandbox import ROLES
 from tests.conftest import invoke
 from tests.support.loopback_sshd import free_port
 from tests.support.procs import alive
@@ -146,7 +146,8 @@ def test_setsid_start_logs_stop(ps, hosts_env):
 
 
 def test_launch_lint_eagle_vs_eagle3(tmp_path):
-    from scripts.ops.sandbox import make_devices, sandbox_dir
+    from scripts.config.sandbox import sandbox_dir
+    from scripts.ops.sandbox import make_devices
 
     invoke("sandbox", "down")
     make_devices(sandbox_dir() / "dev")  # the sandbox's 2 fake GPUs, whatever ran before in this worker
@@ -167,7 +168,8 @@ def test_launch_lint_eagle_vs_eagle3(tmp_path):
 
 
 def test_launch_lint_tp_port_paths():
-    from scripts.ops.sandbox import make_devices, sandbox_dir
+    from scripts.config.sandbox import sandbox_dir
+    from scripts.ops.sandbox import make_devices
     make_devices(sandbox_dir() / "dev")  # the sandbox's 2 fake GPUs, whatever ran before
     port = free_port()
     import socket

@@ -25,10 +25,10 @@ import pytest
 from scripts.agent.wire import codes
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
+from tests.cli.test_console_robustness import own_sshd  # noqa: F401  (fixture)
 from tests.conftest import REPO, checkout_copy, invoke
 from tests.support import scenario
 from tests.support.procs import alive, wait_for
-from tests.test_console_robustness import own_sshd  # noqa: F401  (fixture)
 
 
 def text_of(res) -> str:
@@ -187,8 +187,8 @@ def test_keepalive_loss_through_the_control_master_is_a_time_out(own_sshd, ps, m
 
     from scripts.reach import ssh
     from scripts.reach.route import HostTimedOut
+    from tests.cli.test_console_robustness import _held_devices, gpu_host
     from tests.support import fleet_faults
-    from tests.test_console_robustness import _held_devices, gpu_host
 
     cdir = tmp_path / "cm"
     monkeypatch.setenv(ssh.CONTROL_DIR_ENV, str(cdir))

@@ -147,9 +147,9 @@ def test_loading_the_tasks_imports_no_transport_config_or_sandbox():
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
     loaded = set(out.stdout.split())
     others = {m for m in loaded if not m.startswith("scripts.cli.")}
-    # the task modules and their defaults (a teardown's waits are the agent's own: scripts/agent/waits.py)
+    # the task modules and their defaults (a teardown's waits are the wire's: scripts/agent/wire/defaults.py)
     assert others == {"scripts", "scripts.cli", "scripts.config", "scripts.config.defaults", "scripts.agent",
-                      "scripts.agent.waits"}, loaded
+                      "scripts.agent.wire", "scripts.agent.wire.defaults"}, loaded
     assert {"scripts.cli.flags", "scripts.cli.common", "scripts.cli.gpu"} <= loaded
 
 

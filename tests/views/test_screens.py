@@ -259,7 +259,7 @@ def test_reset_preconditions_fit_and_keep_every_detail(sandbox):
 
 
 def test_pivot_step_table_fits_80_columns(monkeypatch):
-    from scripts.ops.pivot import step_table
+    from scripts.views.pivot import step_table
 
     monkeypatch.setenv("COLUMNS", "80")
     long = ("NOT READY after 600.0s: http://127.0.0.1:30000/health answered 503 Service Unavailable; "
