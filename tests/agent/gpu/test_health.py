@@ -15,6 +15,7 @@ the case the verdict is about.
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -118,9 +119,8 @@ def test_nvml_health_queries(change, verdict, words):
 def test_a_call_that_does_not_return_is_itself_the_verdict():
     mod, source = nvml({"gpus": [gpu()], "hang": "nvmlDeviceGetRemappedRows"})
     try:
-        t0 = time.monotonic()
         h = health.assess(rows(1), source, timeout_s=0.3)[0]["health"]
-        assert time.monotonic() - t0 < 2.0
+        assert not mod.RELEASE.is_set()  # the call still hangs: a verdict at all is one not waited for
         assert h["verdict"] == "reboot needed" and "did not return within 0.3 s" in h["reasons"][0]
         assert source.hung  # gpuinfo.NvmlSource.close() skips nvmlShutdown then
     finally:
@@ -152,10 +152,15 @@ def test_nvidia_smi_answers_and_its_hang_where_nvml_is_missing(tmp_path, monkeyp
                                                    "echo '1, 00000000:3B:00.0, Yes, No'\n")
     gpus = health.assess(rows(2), source)
     assert [g["health"]["verdict"] for g in gpus] == ["ok", "reset needed"]
-    fake_tool(tmp_path, monkeypatch, "nvidia-smi", "exec sleep 30\n")
-    t0 = time.monotonic()
-    gpus = health.assess(rows(2), source, timeout_s=0.3)
-    assert time.monotonic() - t0 < 5
+    finished, sleeper = tmp_path / "finished", tmp_path / "sleeper"
+    fake_tool(tmp_path, monkeypatch, "nvidia-smi", f"sleep 30 & echo $! >>{sleeper}; wait; touch {finished}\n")
+    try:
+        gpus = health.assess(rows(2), source, timeout_s=0.3)
+    finally:
+        for pid in sleeper.read_text().split() if sleeper.exists() else ():  # the sleeps each call left
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+    assert not finished.exists()  # the verdict came while nvidia-smi still hung, not after it
     assert all(g["health"]["verdict"] == "reboot needed" and "did not return within 0.3 s" in g["health"]["reasons"][0]
                for g in gpus)
 

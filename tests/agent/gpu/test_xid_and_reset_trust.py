@@ -227,13 +227,12 @@ def test_all_quits_share_one_bounded_wait(tmp_path, ps):
         start = procscan.basic(server)["start_time"]
         controls.append({"pid": control, "uid": 0, "start_time": 0, "pipe_dir": str(pipe), "cmdline": ""})
         servers.append({"pid": server, "start_time": start, "control": control})
-    t0 = time.monotonic()
     recs = mps.quit_all({"controls": controls, "servers": servers}, None, timeout_s=5)
-    took = time.monotonic() - t0
-    # one 5 s budget for all: had each daemon got the whole wait it would be 15 s
-    assert took < 10, "each daemon got the whole wait: %.2f s" % took
+    # one 5 s budget for all: the first daemon's server never exits, so its wait takes all of it
+    # and the others are not even sent `quit` (had each got a whole wait, each would say so)
     assert not any(r["servers_gone"] for r in recs)
-    assert any("was spent" in (r["error"] or "") for r in recs), recs
+    assert "did not exit within" in recs[0]["error"], recs
+    assert all("was spent" in (r["error"] or "") and not r["sent"] for r in recs[1:]), recs
 
 
 def test_the_callers_deadline_counts_the_mps_quit():

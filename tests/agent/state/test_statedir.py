@@ -15,7 +15,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -538,10 +537,9 @@ def test_statedir_refuses_non_regular_and_foreign_files(run_dir, second_user):
     statedir.private_dir(str(run_dir))
     fifo = run_dir / "audit.jsonl"
     os.mkfifo(fifo, 0o600)
-    started = time.monotonic()
-    with pytest.raises(StateDirError) as err:
-        statedir.append_line(str(fifo), "x")  # must not hang on a FIFO with no reader
-    assert time.monotonic() - started < 2 and "not a regular file" in str(err.value)
+    with pytest.raises(StateDirError) as err:  # a FIFO with no reader: an open that waited would never return
+        statedir.append_line(str(fifo), "x")
+    assert "not a regular file" in str(err.value)
     foreign = run_dir / "last.json"
     foreign.write_text("{}")
     os.chown(foreign, second_user.uid, second_user.gid)

@@ -10,7 +10,7 @@ bench`), not by timed tests; these tests check what makes it fast and what keeps
 - waits for exits wake on pidfds (no sleep-polling), and a zombie (exited, not reaped yet)
   counts as gone;
 - `verify --wait` scans once while a holder lives, not once per 50 ms poll;
-- the agent runs with -S from a zlib stream (contract.BOOT), still finds pynvml, and uses
+- the agent runs with -S from a zlib stream (call.BOOT), still finds pynvml, and uses
   shipped bytecode only when its Python's magic number matches.
 Every process is the test's own (fake device files in its temp dir, its dir as the scope).
 """
@@ -51,16 +51,16 @@ def test_free_at_is_streamed_at_free_at_and_reported_apart_from_settled(ps):
     ps.server(tp=2)
     seen = []
     result = call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1"],
-                        on_progress=lambda p: seen.append((time.monotonic(), p)))
-    ended = time.monotonic()
+                        on_progress=seen.append)
     doc = result.doc
     assert result.code == 0, doc["problems"]
     assert doc["free_at_s"] is not None and doc["settled_at_s"] is not None
     assert doc["free_at_s"] <= doc["settled_at_s"]
     assert doc["settled_at_s"] - doc["free_at_s"] >= 1.0  # the whole window was watched
-    freed = [(t, p) for t, p in seen if p.get("phase") == "free"]
-    assert len(freed) == 1 and freed[0][1]["free_at_s"] == doc["free_at_s"]
-    assert ended - freed[0][0] >= 0.8  # it came at free-at, while the window was still running
+    # streamed once, with the verdict's own free-at (that the CLI shows it while the window still
+    # runs: test_cli_prints_freed_at_free_at_and_the_verdict_after_the_window)
+    freed = [p for p in seen if p.get("phase") == "free"]
+    assert len(freed) == 1 and freed[0]["free_at_s"] == doc["free_at_s"]
     t = doc["timings"]
     assert t["sigterm_s"] <= t["targets_exiting_s"] <= t["targets_gone_s"] <= t["free_at_s"] <= t["settled_at_s"]
 
