@@ -1,4 +1,4 @@
-"""Nothing on the host can crash a teardown or forge its output (issue 23), each case on the
+"""Nothing on the host can crash a teardown or forge its output, each case on the
 input that broke it.
 
 - a process of any user with an empty or blank argv[0] (`exec -a '' sleep 100`) crashed the

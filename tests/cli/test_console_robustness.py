@@ -1,4 +1,4 @@
-"""The operator's console in an incident (issue 11): it never hangs, never claims what did
+"""The operator's console in an incident: it never hangs, never claims what did
 not happen, and gives one line and a documented exit code instead of a traceback.
 
 Real faults on loopback: a TCP tarpit (accepts, never speaks), a loopback sshd stopped with

@@ -182,7 +182,7 @@ def test_another_users_sandbox_dir_is_refused_by_every_task(tmp_path, second_use
 def test_keepalive_loss_through_the_control_master_is_a_time_out(own_sshd, ps, monkeypatch, tmp_path):  # noqa: F811
     """The master (ControlPersist) was started by an earlier call and writes its "Timeout,
     server ... not responding" to that call's -E file: a file per call, deleted after it,
-    lost the line and the time-out read as "agent failed" (red team, round 2)."""
+    lost the line and the time-out read as "agent failed"."""
     import threading
 
     from scripts.reach import ssh

@@ -1,4 +1,4 @@
-"""Output errors have their own answers (issue 23), each on the input that broke it.
+"""Output errors have their own answers, each on the input that broke it.
 
 - Invoke's own `--list`, `--help`, `--version`, `teardown --help` into `head -c 10`: a
   BrokenPipeError traceback and exit 1. Now: quiet, 141 (128 + SIGPIPE, a shell's closed pipe).

@@ -115,7 +115,7 @@ def test_a_second_task_is_refused_before_the_first_runs(tmp_path, argv):
 @pytest.mark.parametrize("name", ["invoke.yaml", "invoke.yml"])
 def test_a_project_config_read_before_ours_is_refused(tmp_path, name):
     """Invoke reads one project file beside tasks.py, invoke.yaml and invoke.yml before
-    invoke.json: one of them would silently turn the one-task refusal off (a red team's find),
+    invoke.json: one of them would silently turn the one-task refusal off,
     so the tasks refuse to load instead. A copy of the project, with the file beside it."""
     project = tmp_path / "checkout"
     project.mkdir()

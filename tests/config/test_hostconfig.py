@@ -101,7 +101,7 @@ def test_cli_unknown_alias_exit2_no_ssh(hosts_env, ssh_spy):
     assert not marker.exists()
 
 
-# --- issue 9 item 7: hosts.env parsed strictly ------------------------------------------------
+# --- hosts.env parsed strictly -------------------------------------------------------------
 
 from dotenv import dotenv_values  # noqa: E402
 

@@ -94,7 +94,7 @@ def test_shell_protect_list_is_the_agents():
                           ).returncode == 1
 
 
-# -- who a protected name may protect (red team C2) ------------------------------------------------
+# -- who a protected name may protect ------------------------------------------------------------
 # Runs as PID 1 of its own PID namespace (unshare --pid --fork --mount-proc): the teardown there
 # sees only the processes started here, and every one of them ends when this driver exits.
 NS_DRIVER = r"""
@@ -184,7 +184,7 @@ time.sleep(600)
 
 
 def test_protected_names_trusted_only_from_system_uids_and_root_programs(second_user):
-    """C2: a name protects only a process whose uids are all system uids and whose program is a
+    """A name protects only a process whose uids are all system uids and whose program is a
     root-owned file only root can change; names come from comm and argv[0] only, matched whole
     (no word splitting, no globbing); a trusted protected holder that maps the device (a CUDA
     context) keeps the verdict not-free. Real processes of a real second user, fake device files,

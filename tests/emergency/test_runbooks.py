@@ -202,7 +202,7 @@ def test_runbook_patch_paths_are_the_examples():
             assert patch in example, f"{path.name}: {patch} is not the patch of hosts.env.example"
 
 
-# -- every command block of every runbook runs as printed against the SANDBOX (issue 27) -----------
+# -- every command block of every runbook runs as printed against the SANDBOX -----------
 # Runbooks are for people under pressure: a command that fails as printed, once the host name is
 # changed, costs minutes at 3 a.m. Each runbook's blocks run in order, from runbooks/ (make from
 # the checkout), against a fresh sandbox; each command must exit as the runbook says: a `# exit N`

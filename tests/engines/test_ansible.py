@@ -144,7 +144,7 @@ def test_inventory_mirrors_hosts_env(lab):
 
 
 def test_a_verify_that_exits_9_fails_the_task_though_no_process_holds_a_gpu(tmp_path):
-    """Red team A, finding 5: `verify` reads free with exit 9 (a GPU needs a reset or the node
+    """`verify` reads free with exit 9 (a GPU needs a reset or the node
     a reboot: NVML's health verdict, which cannot exist without a GPU). The agent really runs
     here on free fake devices; only its exit code is NVML's."""
     from scripts.engines import ansible_task

@@ -331,7 +331,7 @@ def test_a_neighbouring_jobs_busy_gpu_is_not_this_jobs_problem():
 
 
 def test_the_epilog_ends_within_its_budget_when_the_controller_does_not_answer(idle):
-    """Red team A, finding 10: sinfo and scontrol (3 s each) ran after the agent's budget,
+    """sinfo and scontrol (3 s each) ran after the agent's budget,
     so a leftover SIGKILL cannot end, another teardown's lock held for most of the lock wait,
     and a controller that does not answer (slurmctld stopped with SIGSTOP: its socket
     accepts, nothing replies) made the epilog run over 10 s."""
@@ -392,7 +392,7 @@ def _undrain(lab: Lab, verify) -> list:
 
 
 def test_undrain_resumes_only_on_exit_0_and_only_a_node_still_drained_as_it_read(idle, monkeypatch):
-    """Red team A, finding 5 (exit 9: free, but the GPU needs a reset or a reboot) and the
+    """Exit 9 (free, but the GPU needs a reset or a reboot) and the
     race seen in code: a person drains the node for another reason during the verify."""
     lab = idle
     monkeypatch.setenv("SLURM_CONF", str(lab.c.conf))

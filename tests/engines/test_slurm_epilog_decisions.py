@@ -167,7 +167,7 @@ def _end(user, *pids: int) -> None:
 
 
 def test_the_epilog_leaves_the_same_users_running_job_on_a_shared_gpu_alone(second_user, node_dir, job_cgroups):
-    """Finding 2: job 12 ended; job 13 of the same user runs on the same GPU (gres/shard)."""
+    """Job 12 ended; job 13 of the same user runs on the same GPU (gres/shard)."""
     node = Node(node_dir, second_user)
     pids: list = []
     try:
@@ -194,7 +194,7 @@ def test_the_epilog_leaves_the_same_users_running_job_on_a_shared_gpu_alone(seco
 
 @pytest.mark.parametrize("dodge", sorted(DODGES))
 def test_no_name_spares_a_leftover_of_the_jobs_user(second_user, node_dir, dodge):
-    """Finding 7 (epilog part): no name, pattern or argv shape spares a process of the job's
+    """No name, pattern or argv shape spares a process of the job's
     user holding the job's GPU (the last two need the agent's own check: rules.trusted_names)."""
     node = Node(node_dir, second_user, protect="gp-dcgm-monitor")
     dodger = node.hold(0, DODGES[dodge])
@@ -207,7 +207,7 @@ def test_no_name_spares_a_leftover_of_the_jobs_user(second_user, node_dir, dodge
 
 
 def test_root_jobs_and_non_ascii_digits_are_refused_with_one_line(tmp_path):
-    """Finding 12 and 2: '²'.isdigit() is True and int('²') raises; uid 0 is the node's, not a job's."""
+    """'²'.isdigit() is True and int('²') raises; uid 0 is the node's, not a job's."""
     conf = tmp_path / "conf.env"
     conf.write_text(f"DEVICES={tmp_path}/nvidia*\nFAKE_DEVICES=yes\nRUN_DIR={tmp_path / 'run'}\n")
     base = {"GPU_PIVOT_SLURM_CONF": str(conf), "SLURM_JOB_ID": "7", "SLURM_JOB_UID": "4000000", "SLURM_JOB_GPUS": "0"}
@@ -249,7 +249,7 @@ def test_the_wrapper_refuses_a_checkout_another_user_owns(second_user, tmp_path)
 
 
 def test_a_job_folder_the_user_made_excuses_no_leftover(second_user, node_dir, cgroups, job_cgroups):
-    """Red team C, C1: systemd delegates user@UID.service to its user (name=systemd on v1,
+    """systemd delegates user@UID.service to its user (name=systemd on v1,
     the cgroup2 tree), so the user can mkdir `job_99` there and move a leftover into it. One
     leftover stays in job 12's own freezer cgroup too (v1: name=systemd then names job 99
     beside it); the other is only in the user's job_99. Before the fix both read as job 99's:
@@ -282,7 +282,7 @@ def test_a_job_folder_the_user_made_excuses_no_leftover(second_user, node_dir, c
 
 def test_only_a_root_owned_slurm_cgroup_of_the_same_uid_and_one_job_excuses(second_user, node_dir, cgroups,
                                                                             job_cgroups):
-    """Red team C, C1 (the rest of the fix): a holder is another job's only when its cgroup is
+    """A holder is another job's only when its cgroup is
     in Slurm's layout, root's all the way down to job_<N>, names the holder's own uid (v1),
     and no hierarchy names a different job. Each leftover below breaks one of these and is
     killed by job 12's epilog; the genuine job 13 processes (v1 and cgroup2) are left alone."""

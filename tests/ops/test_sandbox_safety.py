@@ -1,4 +1,4 @@
-"""Issue 9, item 2: the sandbox only touches the sandbox.
+"""The sandbox only touches the sandbox.
 
 - `make demo` beside real-looking servers outside the sandbox (in a PID namespace, so a
   broken scope could only ever reach this test's own processes): they are not planned and

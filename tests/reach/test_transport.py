@@ -151,7 +151,7 @@ def test_the_wait_for_a_command_gives_its_code_and_stops_at_the_deadline(monkeyp
 
 def test_the_wait_for_a_command_works_with_fds_numbered_past_fd_setsize(tmp_path):
     """A fleet's CLI may hold over 1024 fds (each host's pipes, files and ssh log): the wait
-    still ends with the exit code, and at the deadline with the command killed (red team:
+    still ends with the exit code, and at the deadline with the command killed (seen:
     select() refused the pidfd, raised, and left the command running with no deadline)."""
     import os
 

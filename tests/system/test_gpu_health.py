@@ -1,8 +1,8 @@
 """GPU health and CUDA MPS on real NVIDIA GPUs. `pytest -m gpu` on the GPU machine; skipped
 cleanly (with the reason) wherever NVML sees no GPU, as in CI.
 
-Prints the NVML answers behind each verdict and the MPS states (run with -s: the closing
-note of issue 14 pastes them). Every teardown is scoped to a token only the test's own
+Prints the NVML answers behind each verdict and the MPS states (run with -s: a GPU session's
+notes paste them). Every teardown is scoped to a token only the test's own
 processes carry (its torch tree's command line, its MPS daemon's pipe directory).
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Property-based tests (hypothesis): whatever bytes a host holds, nothing raises and nothing
-reaches a terminal raw (issue 23).
+reaches a terminal raw.
 
 Random bytes are fed as argv, comm, /proc maps lines, fd link text and state-file contents
 (the lock, last.json, the audit log, hosts.env) to the parsers, and random text into every
@@ -332,7 +332,7 @@ def test_the_fake_proc_tree_is_read_through_its_own_path(fake_proc):
 @FAST
 def test_a_cgroup_file_of_any_bytes_names_a_unit_or_none(fake_proc, raw):
     """A user with a delegated cgroup subtree may name a cgroup with any bytes: reading it made
-    the scan of that user's GPU holder raise UnicodeDecodeError (issue 23)."""
+    the scan of that user's GPU holder raise UnicodeDecodeError."""
     from scripts.agent.procs import cgroup
 
     (fake_proc / str(PID) / "cgroup").write_bytes(raw)

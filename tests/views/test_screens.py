@@ -214,7 +214,7 @@ def test_shortened_command_keeps_its_words_in_order_and_quotes_scripts():
     assert "'trap '\"'\"'exit 0'\"'\"' TERM; sleep 9'" in str(c)
 
 
-# -- tables that did not fit COLUMNS (second red-team pass) ---------------------------------------
+# -- tables that fit COLUMNS ---------------------------------------------------------------------
 
 def section(text: str, title: str) -> list:
     """The lines of one titled block of a screen (up to the next unindented line)."""

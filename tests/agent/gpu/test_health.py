@@ -41,7 +41,7 @@ HOLD = ("import sys, time\nf = [open(p, 'rb') for p in sys.argv[1:sys.argv.index
         "open(sys.argv[-1], 'w').close()\ntime.sleep(3600)\n")
 
 # NVML's answers on a healthy H200 (driver 580.159.04, nvidia-ml-py 13.615.71), as measured
-# on the GPU machine (issue 14).
+# on the GPU machine.
 H200 = {"uuid": "GPU-0f3c0000-0000-0000-0000-000000000000", "name": "NVIDIA H200", "bus": "00000000:19:00.0",
         "used": 0, "reserved": 645922816, "total": 150754820096, "processes": [], "recovery_action": 0,
         "remapped_rows": [0, 0, 0, 0], "retired_pending": "not supported", "mig_mode": [0, 0]}

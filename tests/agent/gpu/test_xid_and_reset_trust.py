@@ -97,7 +97,7 @@ def test_a_forged_xid_on_an_unknown_bus_does_not_make_the_gpus_need_a_reboot(tmp
 
 def test_the_sandbox_reads_no_kernel_log(tmp_path, monkeypatch):
     """Fake GPUs are not the machine's: its kernel log (other users' lines, real Xids of real
-    GPUs) says nothing about them (red team: the sandbox showed a forged REBOOT NEEDED)."""
+    GPUs) says nothing about them (seen: the sandbox showed a forged REBOOT NEEDED)."""
     fake_dmesg(tmp_path, monkeypatch)
     gpus = health.assess(rows(2), types.SimpleNamespace(name="sandbox (fake GPUs)"), since_us=100 * 10 ** 6,
                          kmsg=str(tmp_path / "no-kmsg"))

@@ -2,7 +2,7 @@
 
 A dead NFS server or a FUSE daemon that stopped answering makes every stat() of its files
 wait, for ever on a hard mount. The scan stat()s what processes hold open to tell a GPU
-device by identity; before this was found (by a red team with tests/support/hung_fuse.py), one
+device by identity; without that rule (tests/support/hung_fuse.py makes such a mount), one
 process with such a file open made `invoke teardown` hang before its first signal until the
 CLI's deadline (exit 7, nothing freed). Now a file on a mount whose stat() waits on a server
 is stat()-ed from the kernel's cached attributes (statx AT_STATX_DONT_SYNC, agent/procs/fdstat.py),
@@ -203,7 +203,7 @@ time.sleep(300)
 @pytest.mark.parametrize("memory_counted", [True, False], ids=["memory-counted", "memory-not-counted"])
 def test_a_target_stuck_in_its_exit_is_not_sigkilled_nor_waited_for_nor_called_free(hung_fuse, ps, memory_counted):
     """Not counted: what a host without NVML sees (its fds are no longer visible, the device is
-    still open): free still waits for the exit itself (a red team's find)."""
+    still open): free still waits for the exit itself."""
     server, mnt, ready, started = hung_fuse
     script = ps.base / "stuck_exit_server.py"
     script.write_text(STUCK_IN_EXIT)

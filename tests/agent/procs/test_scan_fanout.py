@@ -311,7 +311,7 @@ def test_a_confirming_scan_reads_again_only_what_changed_since_the_plans(tmp_pat
 def test_a_process_whose_stat_cannot_be_read_again_is_not_taken_for_gone(monkeypatch):
     """detail() asks whether the process is still there. Where /proc is mounted hidepid=noaccess
     and the agent is not root, another user's stat is refused (PermissionError); a record no
-    parser understood has no start time. Neither can tell, so neither is "gone" (red team: the
+    parser understood has no start time. Neither can tell, so neither is "gone" (seen: the
     refusal crashed the scan of a GPU process NVML listed; before, it was not inspected: exit 6)."""
     from scripts.agent.procs import procfs
 
@@ -335,7 +335,7 @@ def test_a_process_whose_stat_cannot_be_read_again_is_not_taken_for_gone(monkeyp
 def test_a_target_gone_before_the_plan_still_leaves_what_started_it_watched(tmp_path):
     """A holder that exited between the scan and its details (a crash-looping server caught
     mid-crash) is not signalled, but it is kept in the plan's `gone`, and the teardown builds
-    the lineage from it too: its parent, which may start it again, is watched (red team:
+    the lineage from it too: its parent, which may start it again, is watched (seen:
     without it nothing 'could restart a target', the window was 0 and the restart came after
     FREED)."""
     from scripts.agent.options import Options

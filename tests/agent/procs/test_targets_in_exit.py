@@ -1,5 +1,5 @@
 """A target "in its exit" (procfs.exiting: every thread of it in the kernel's exit path) is
-left to finish, without SIGKILL; these are the cases a red team built to make that wrong.
+left to finish, without SIGKILL; these are the cases built to make that wrong.
 
 - A process that runs on as a relay of short-lived threads (each starts the next, then
   returns) behind a leader that called pthread_exit, ignoring SIGTERM: listing its threads
@@ -10,7 +10,7 @@ left to finish, without SIGKILL; these are the cases a red team built to make th
   that exited first: the leader's own /proc maps read empty, so the scan reads a live
   thread's (they share the mappings) and `verify` does not call the GPU free.
 - The same relay hides its command line and its open fds from one listing of its threads
-  (each listed thread is gone when read, its successor was not listed: a second red team):
+  (each listed thread is gone when read, its successor was not listed):
   the scan lists them again, and after THREAD_LISTINGS tries calls the process not
   inspected, never one outside the scope nor one holding nothing.
 Every process is the test's own (its temp dir's fake devices, its dir as the scope).

@@ -130,7 +130,7 @@ H200 = {"uuid": "GPU-0", "name": "NVIDIA H200", "bus": "00000000:19:00.0", "used
 
 def test_before_is_read_from_the_gpu_source_after_the_signals(ps, tmp_path):
     """With a driver to read (not the sandbox's fake source), "before" is NVML's read right
-    after the signals, and freed_mib comes from it (a red team found [] and -8192)."""
+    after the signals, and freed_mib comes from it (it once said [] and -8192)."""
     rec = tmp_path / "rec.json"
     rec.write_text(json.dumps({"gpus": [dict(H200, used=8 << 30)]}))
     worker = ps.role("worker", "--gpu", "0")
@@ -316,7 +316,7 @@ def test_what_starts_a_target_the_operator_did_not_approve_is_not_watched(ps, tm
     launcher runs a target program (2 s a run): a Python loop whose run the plan caught gone
     (made certain here: the plan keeps such targets in `gone` and watches what started them),
     or a shell loop (a supervisor of it, by the plan). Neither is this teardown's to watch: the
-    launcher's next run, in the settle window, is not our respawn (red team: NOT FREE and the
+    launcher's next run, in the settle window, is not our respawn (seen: NOT FREE and the
     node drained, 10 in 11, for the gone one; the shell loop's, older, the same way)."""
     crash = _xcrash(ps)
     argv = ([sys.executable, "-c", LAUNCHER, str(crash)] if how.startswith("caught")
@@ -375,7 +375,7 @@ def test_a_supervisor_above_an_approved_target_is_watched_past_a_session_leader(
     """A shell loop runs `setsid python launcher.py` (a target, not approved: a session leader,
     no wrapper), which runs the approved worker. The loop wraps only the launcher, and the
     ancestry walk ends at a session leader; still the loop is above the approved target and
-    starts it again: a respawn, NOT FREE (red team: the --approved supervisor filter dropped
+    starts it again: a respawn, NOT FREE (seen: the --approved supervisor filter dropped
     the loop, and the restarted worker was 'an unrelated job': FREED)."""
     (ps.base / "lnchrt.py").write_text(SESSION_LAUNCHER)
     (ps.base / "wrkrt.py").write_text("import time\ntime.sleep(1000)\n")

@@ -1,4 +1,4 @@
-"""The fork watch on a busy machine (issue 23): a target whose SIGTERM handler double-forks a
+"""The fork watch on a busy machine: a target whose SIGTERM handler double-forks a
 holder (the middle link calls setsid, forks and exits) was left alive, never planned, NOT
 FREE, in 3 of 3 runs on a busy 2-CPU machine and in none on an idle one.
 

@@ -1,4 +1,4 @@
-"""Issue 15, teardown at the floor: what keeps the path from Enter to the first signal short.
+"""Teardown at the floor: what keeps the path from Enter to the first signal short.
 
 The time itself is measured on the GPU machine (bench/gpu_teardown.py, its step breakdown in
 bench/RESULTS.md section 5); these tests pin the structure the time rests on, so a later
@@ -12,7 +12,7 @@ change cannot quietly put work back in front of the signals:
   still one line);
 - the /proc holder scan stat()s each fd once (no readlink first) and still tells a device
   from a socket, a pipe and a plain file; an O_PATH handle is no holder, nor is a mapped
-  file whose name spells a device's identity (both found by red teams);
+  file whose name spells a device's identity;
 - what moved after the signals cannot make them unsafe: an agent missing one of those
   modules sends nothing (NOT STARTED); one that cannot load it after the signals still sees
   the targets through and says NOT FREE with the reason (exit 3).
@@ -174,7 +174,7 @@ def test_an_o_path_handle_on_the_device_is_not_holding_it(tmp_path):
     """An O_PATH fd names a file without opening it (no driver open, no context, no memory),
     and anyone who can see the path can make one: a process keeping one is not a holder (it
     would be planned for a signal). Its fdinfo flags tell it apart from a real open, which
-    still counts (found by a red team: stat() through /proc/PID/fd looks the same for both)."""
+    still counts (stat() through /proc/PID/fd looks the same for both)."""
     dev = tmp_path / "nvidia0"
     dev.write_bytes(b"")
     devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)
@@ -237,7 +237,7 @@ MAPPER = ("import mmap, sys, time; f = open(sys.argv[1], 'rb'); m = mmap.mmap(f.
 def test_a_mapped_file_whose_name_spells_a_devices_identity_is_not_a_holder(tmp_path):
     """/proc/PID/maps is read for the device's MAJ:MIN and inode in their own columns only:
     any user can name a file '... 00:05 412 ...', and whoever mapped it was called a GPU
-    holder (a default target; found by a red team). A real mapping of the device counts."""
+    holder (a default target). A real mapping of the device counts."""
     dev = tmp_path / "nvidia0"
     dev.write_bytes(b"x" * 4096)
     devset = devices.DeviceSet(str(tmp_path / "nvidia*"), fake=True)

@@ -309,7 +309,7 @@ def test_what_takes_a_gpu_after_the_plan_is_seen_by_the_confirming_scans(ps, wha
     """The confirming scans keep the plan's record of a process still the same (one stat read):
     a process there before the teardown that then takes the device is still read as it is now.
     A protected monitor by name that exec'd another program under the same name is not protected
-    any more (red team: FREED, exit 0, with the exec'd program holding GPU 0); a bystander that
+    any more (seen: FREED, exit 0, with the exec'd program holding GPU 0); a bystander that
     opens the device after the plan holds it. Either way: NOT FREE."""
     ready = _slow_server(ps)
     dev = ps.devdir / "nvidia0"

@@ -1,4 +1,4 @@
-"""Issue 15, teardown at the physical floor: the behaviour the speed rests on.
+"""Teardown at the physical floor: the behaviour the speed rests on.
 
 The speed itself is measured by benchmarks (bench/gpu_teardown.py on the GPU machine, `make
 bench`), not by timed tests; these tests check what makes it fast and what keeps it honest:

@@ -4,7 +4,7 @@ Why: MIG cannot be switched on on the GPU machine, and a GPU asking for a reset,
 pending remapping or an Xid cannot be produced on demand; this machine has no GPU at all.
 The agent's health, MIG and reset code is exercised against answers in the shape NVML
 (nvidia-ml-py 13.615.71, driver 580.159.04, H200) gives them: the recording's healthy H200
-values are the ones measured on the GPU machine (issue 14: recovery action 0, remapped rows
+values are the ones measured on the GPU machine (recovery action 0, remapped rows
 (0, 0, 0, 0), retired pages Not Supported, MIG mode (0, 0)); the MIG, fault and NVLink
 values are chosen by each test and say so. Put this directory first on PYTHONPATH and name
 the recording (JSON) in GPU_PIVOT_NVML_RECORDING; or call load(dict) in-process.
@@ -15,7 +15,7 @@ Recording: {"gpus": [{"uuid", "name", "bus", "used", "reserved", "total", "proce
 [{"gi", "ci", "uuid", "used", "total"}], "display_active": 0, "display_mode": 0, "nvlink": [peer bus, ...],
 "xid_events": [xid, ...], "fail": ["nvmlDeviceGetMemoryInfo", ...]}], "hang": "nvmlDeviceGetRemappedRows"
 (that call never returns)}. A GPU's "fail" names calls that raise NVMLError (999, Unknown Error)
-for that GPU only: one bad field of one GPU (issue 23).
+for that GPU only: one bad field of one GPU.
 """
 import json
 import os

@@ -1,6 +1,7 @@
-"""Issue 27: the first hour and the 3 a.m. hour, README to runbook without a snag.
-
-Each test names the numbered item of the issue's "What was seen" it covers. The runbooks
+"""What a new operator meets in the first hour, and an operator at 3 a.m.: README to runbook
+without a snag. The commands the README prints run as printed, errors are one line (one JSON
+document with --json), host-key and connection failures say which, tables fit the terminal
+without cutting what identifies a process, and a wait shows what it waits for. The runbooks
 that run as printed are in tests/emergency/test_runbooks.py; `make bench`'s mechanics in
 tests/test_bench_mechanics.py.
 """
@@ -26,10 +27,10 @@ def text_of(res) -> str:
     return (res.stdout + res.stderr).decode(errors="replace")
 
 
-# -- 11. GPU_PIVOT_SANDBOX_DIR must be absolute ------------------------------------------------------
+# -- GPU_PIVOT_SANDBOX_DIR must be absolute ------------------------------------------------------
 
 def test_relative_sandbox_dir_is_refused_with_one_line(tmp_path):
-    """Item 11: a relative GPU_PIVOT_SANDBOX_DIR made the sandbox inside the checkout."""
+    """A relative GPU_PIVOT_SANDBOX_DIR is refused: it would make the sandbox inside the checkout."""
     env = dict(os.environ, GPU_PIVOT_SANDBOX_DIR="sb-relative")
     for args in (["sandbox", "up"], ["status", "--host", "sandbox"], ["hosts"]):
         res = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *args], cwd=tmp_path,
@@ -42,7 +43,7 @@ def test_relative_sandbox_dir_is_refused_with_one_line(tmp_path):
     assert not (REPO / "sb-relative").exists()
 
 
-# -- 6. status during a running teardown: "running", never "exit None" --------------------------------
+# -- status during a running teardown: "running", never "exit None" --------------------------------
 
 def test_last_teardown_line_running_has_no_exit_code():
     from scripts.views import status as status_view
@@ -59,7 +60,7 @@ def test_last_teardown_line_running_has_no_exit_code():
 
 
 def test_status_during_a_running_teardown_says_running(ps, hosts_env):
-    """Item 6, end to end: a teardown waiting out the grace of a server that ignores SIGTERM."""
+    """End to end: a teardown waiting out the grace of a server that ignores SIGTERM."""
     server, workers = ps.server("--ignore-term")
     hosts_env(scenario.env_lines(ps, "local").replace(scenario.target_pattern(ps), r"sandbox_roles\.py"))
     teardown = subprocess.Popen([sys.executable, "-m", "invoke", "teardown", "--host", "local", "--yes", "--grace",
@@ -78,7 +79,7 @@ def test_status_during_a_running_teardown_says_running(ps, hosts_env):
         teardown.communicate(timeout=120)
 
 
-# -- 9 and 10. host keys: their own line; a master per connection, options included -------------------
+# -- host keys: their own line; a master per connection, options included -------------------
 
 def _wrong_known_hosts(sshd, path):
     """A known_hosts that holds a key for the sshd's [host]:port, but not the sshd's key."""
@@ -99,7 +100,7 @@ def _exit_master(sshd, opts: str) -> None:
 
 
 def test_host_key_mismatch_gets_its_own_line_naming_file_and_host(sshd, hosts_env, tmp_path, monkeypatch):
-    """Item 9: a changed host key read "host unreachable"."""
+    """A changed host key is its own error, never "host unreachable"."""
     monkeypatch.setenv("GPU_PIVOT_CONTROL_DIR", str(tmp_path / "cm"))
     bad = _wrong_known_hosts(sshd, tmp_path / "known_hosts_old")
     hosts_env(f"GPU7_SSH={sshd.dest()}\nGPU7_SSH_OPTS='{sshd.ssh_opts.replace(str(sshd.known_hosts), str(bad))}'\n")
@@ -125,7 +126,7 @@ def test_host_key_mismatch_gets_its_own_line_naming_file_and_host(sshd, hosts_en
 
 
 def test_aliases_with_different_options_never_share_a_master(sshd, hosts_env, tmp_path, monkeypatch):
-    """Item 10: gpu2 reaches the same user@host:port as gpu1 with its own UserKnownHostsFile,
+    """gpu2 reaches the same user@host:port as gpu1 with its own UserKnownHostsFile,
     which does not hold the host's key; it rode on gpu1's master and was never checked."""
     monkeypatch.setenv("GPU_PIVOT_CONTROL_DIR", str(tmp_path / "cm"))
     bad = _wrong_known_hosts(sshd, tmp_path / "known_hosts_gpu2")
@@ -149,7 +150,7 @@ def test_aliases_with_different_options_never_share_a_master(sshd, hosts_env, tm
         _exit_master(sshd, sshd.ssh_opts)
 
 
-# -- 4. --json keeps its promise: every error is one JSON document on stdout ---------------------------
+# -- --json keeps its promise: every error is one JSON document on stdout ---------------------------
 
 JSON_ERRORS = [
     ["status", "--host", "nosuch", "--json"],
@@ -209,7 +210,7 @@ def test_invokes_own_parser_errors_are_the_documented_exception():
     assert "The one exception is Invoke's own" in readme and "did you mean" in readme
 
 
-# -- 5 and 7. screens: a PPID column, audit hosts whole, tables that fit 60 columns ---------------------
+# -- screens: a PPID column, audit hosts whole, tables that fit 60 columns ---------------------
 
 @pytest.fixture(scope="module")
 def sandbox():
@@ -221,7 +222,7 @@ def _columns(n: int) -> dict:
 
 
 def test_holder_table_has_a_ppid_column(sandbox):
-    """Item 5: the runbook sends people looking for orphans by PPID; only --json had it."""
+    """The runbook sends people looking for orphans by PPID: the table shows it, not only --json."""
     text = invoke("status", "--host", "sandbox", env=_columns(100)).stdout.decode()
     header = next(line for line in text.splitlines() if line.split()[:2] == ["pid", "ppid"])
     assert header.split()[:3] == ["pid", "ppid", "user"], header
@@ -234,7 +235,7 @@ def test_holder_table_has_a_ppid_column(sandbox):
 @pytest.mark.parametrize("args", [["status"], ["plan"], ["verify", "--wait", "0"], ["hosts"], ["audit"],
                                   ["sandbox", "status"], ["teardown", "--dry-run"]], ids=" ".join)
 def test_tables_fit_60_columns_and_keep_pids_whole(sandbox, args):
-    """Item 7: at COLUMNS=60 the holder table was 77 wide. Command lines give way (cut, or on a
+    """At COLUMNS=60 the holder table fits (it was 77 wide). Command lines give way (cut, or on a
     line of their own under the row); pids never do."""
     res = invoke(*args, env=_columns(60))
     text = res.stdout.decode()
@@ -269,7 +270,7 @@ def test_table_gives_way_in_order_and_never_cuts_identifying_columns():
 
 
 def test_audit_table_shows_host_names_whole(tmp_path):
-    """Item 5: the audit table cut host names to `san...`."""
+    """The audit table shows host names whole, never `san...`."""
     from scripts.agent.wire import defaults
 
     state = tmp_path / "xdg"
@@ -286,7 +287,7 @@ def test_audit_table_shows_host_names_whole(tmp_path):
         assert any("gpu-node-17-sandbox" in line and "4194301" in line for line in lines), lines
 
 
-# -- 8. verify --wait in a pipe: progress lines while it waits, then the verdict -------------------
+# -- verify --wait in a pipe: progress lines while it waits, then the verdict -------------------
 
 def test_verify_wait_progress_in_a_pipe_counts_down_then_gives_the_verdict(sandbox):
     """In a pipe, `verify --wait` shows what it waits for as it waits: each line names the host,
@@ -311,7 +312,7 @@ def test_verify_wait_progress_in_a_pipe_counts_down_then_gives_the_verdict(sandb
     assert left[0] <= 3.0 and all(b <= a - 0.3 for a, b in zip(left, left[1:], strict=False)), left
 
 
-# -- 1, 2, 3. the first commands: how the tool is run, what make demo leaves, the --host default ------
+# -- the first commands: how the tool is run, what make demo leaves, the --host default ------
 
 def _first_block() -> list:
     text = (REPO / "README.md").read_text()
@@ -321,10 +322,10 @@ def _first_block() -> list:
 
 
 def test_readme_first_screen_says_how_the_tool_is_run():
-    """Item 1: after `make demo`, `invoke status` answered `bash: invoke: command not found`."""
+    """After `make demo` the README says how `invoke` is run (it answered `bash: invoke: command not found`)."""
     first_screen = "\n".join((REPO / "README.md").read_text().splitlines()[:45])
     assert ". .venv/bin/activate" in first_screen and "invoke: command" in first_screen
-    assert "Without `--host`" in first_screen and "`sandbox`" in first_screen  # item 3: the default
+    assert "Without `--host`" in first_screen and "`sandbox`" in first_screen  # the default host
     assert _first_block()[:4] == ["make demo", ". .venv/bin/activate", "invoke status", "invoke sandbox down"]
     # one way everywhere: bare `invoke` in an activated venv, never the path
     for path in [REPO / "README.md", *sorted((REPO / "runbooks").glob("*.md"))]:
