@@ -8,7 +8,7 @@ text that is not a PID is an error that names it.
 
 Local side only: the agent finds holders in /proc (agent/procs/procscan.py), never through fuser.
 The parsers of fuser's file/access columns, used by tests to cross-check that scan, are in
-tests/parsers/fuser.py.
+tests/support/parsers/fuser.py.
 """
 from __future__ import annotations
 

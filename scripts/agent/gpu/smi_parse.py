@@ -3,7 +3,7 @@
 Why not grep: `nvidia-smi | grep "0MiB" | wc -l` counts every line containing "0MiB",
 and on a loaded H200 the per-process rows read "21090MiB": 4 "free" GPUs on one full GPU.
 Here a GPU's memory comes from its own CSV row, and each process from its own. (The human
-table's parser, for pasted output and the captures, is test-only: tests/parsers/smi_table.py.)
+table's parser, for pasted output and the captures, is test-only: tests/support/parsers/smi_table.py.)
 """
 import re
 

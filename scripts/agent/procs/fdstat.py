@@ -5,9 +5,9 @@ the protection rules stat() /proc/PID/exe to see who owns a program), and a plai
 a file on a dead NFS server or a FUSE daemon that stopped answering waits
 for ever (on a hard mount, in state D: not even SIGKILL ends it). One process with such a
 file open would hang `invoke teardown` before its first signal, with the host lock held
-(tests/hung_fuse.py makes one; psmisc's fuser 23.6 does not hang there). statx() with
+(tests/support/hung_fuse.py makes one; psmisc's fuser 23.6 does not hang there). statx() with
 AT_STATX_DONT_SYNC answers from the kernel's cached attributes instead of asking the server
-(FUSE does, as tests/test_hung_mounts.py shows; so do NFS, 9p and Ceph), and asking for the
+(FUSE does, as tests/agent/procs/test_hung_mounts.py shows; so do NFS, 9p and Ceph), and asking for the
 type, mode, owner and inode only (not size or times) keeps NFS from first writing back
 dirty pages. The device number and the
 file system's own device come with every statx() answer. Python 3.8 to 3.13 have no
