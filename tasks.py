@@ -5,7 +5,7 @@ root of the namespace (`invoke teardown`, `invoke lint-launch`). Each task check
 calls scripts/ and prints through the views; it imports what it uses when it runs, so
 `invoke --list` and `invoke --help TASK` stay fast.
 
-Exit codes (scripts/agent/contract.py, EXIT_CODES): 0 ok / GPUs free; 1 done but not free; 2 bad input
+Exit codes (scripts/agent/wire/codes.py, EXIT_CODES): 0 ok / GPUs free; 1 done but not free; 2 bad input
 (nothing ran); 3 host unreachable, agent failed, or its state dir unusable; 4 host locked
 by another teardown; 5 a pivot's drain, gate or launch lint blocked it (nothing started);
 6 not every process could be inspected (run as root); 7 the host timed out (ssh connect or

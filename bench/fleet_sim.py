@@ -56,9 +56,9 @@ def sandbox_scan(work: Path, env: dict, cli_python: str) -> str:
         subprocess.run(invoke + ["sandbox", "down"], cwd=REPO, env=env, capture_output=True)
     doc = json.loads(out.stdout)
     sys.path.insert(0, str(REPO))
-    from scripts.agent import contract
+    from scripts.agent.wire import frame
 
-    return contract.frame(PLACEHOLDER, json.dumps(doc, sort_keys=True))
+    return frame.frame(PLACEHOLDER, json.dumps(doc, sort_keys=True))
 
 
 def run(sizes: list, reps: int, host_s: float, cli_python: str) -> dict:

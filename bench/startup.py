@@ -52,10 +52,13 @@ MEASURES = [("import_tasks_s", "`import tasks` (-X importtime, sum of self)"),
 AGENT_PROBE = """
 import subprocess, sys, time
 from scripts.reach import bundle
-from scripts.agent import contract
+try:
+    from scripts.agent.wire.call import STREAM_FLAGS
+except ImportError:  # a tree from before the wire package
+    from scripts.agent.contract import STREAM_FLAGS
 t0 = time.perf_counter()
 if hasattr(bundle, "agent_stream"):
-    data, flags = bundle.agent_stream(compiled=True), list(contract.STREAM_FLAGS)
+    data, flags = bundle.agent_stream(compiled=True), list(STREAM_FLAGS)
 else:
     data, flags = bundle.agent_payload(), []
 built = time.perf_counter() - t0

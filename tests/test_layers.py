@@ -1,5 +1,5 @@
-"""The import structure: no circle, nothing imported from a higher layer, and the two sides of
-the wire meet only in scripts/agent/contract.py.
+"""The import structure: no circle, nothing imported from a higher layer, and the two sides
+meet only in scripts/agent/wire/ (and the shared primitives the local side reads).
 
 Read from the source with ast (function-level imports count: a late import is still an
 import, it only hides a circle from Python). The layers, lowest first, are below; a module
@@ -13,7 +13,11 @@ from pathlib import Path
 
 from tests.conftest import REPO
 
-CONTRACT = "scripts.agent.contract"
+WIRE = "scripts.agent.wire"
+# What the local side may import of the agent: the wire, and the primitives both sides must
+# apply alike (one copy: a second would drift).
+SHARED = ("scripts.agent.procs.procfs", "scripts.agent.procs.rules", "scripts.agent.procs.program",
+          "scripts.agent.state.statedir")
 AGENT = "scripts.agent"
 # scripts/gpuagent.py runs the agent from a checkout on the host (`python3 scripts/gpuagent.py
 # ping`): it is the agent's launcher, not the local side, and imports agent.cli by design.
@@ -22,7 +26,7 @@ AGENT_LAUNCHER = "scripts.gpuagent"
 LOCAL_LAYERS = (
     ("base", ("scripts", "scripts.config", "scripts.config.errors", "scripts.config.nodeset", "scripts.config.defaults",
               "scripts.views.render", "scripts.pins", "scripts.ops.floor", "scripts.emergency.fuser_parse",
-              "scripts.ops.sandbox_roles", CONTRACT)),
+              "scripts.ops.sandbox_roles")),
     ("input", ("scripts.config.envfile", "scripts.config.sshopts", "scripts.config.patterncheck",
                "scripts.config.cliargs", "scripts.reach", "scripts.reach.route", "scripts.emergency.ere")),
     ("config", ("scripts.config.phases", "scripts.config.hostconfig")),
@@ -34,12 +38,12 @@ LOCAL_LAYERS = (
                               "scripts.engines", "scripts.engines.*")),
     ("tasks", ("tasks", "scripts.cli", "scripts.cli.*")),
 )
-# The agent is its own stack: the two primitives the contract re-exports, the contract, the
-# subcommands and what they share, and the command line on top.
+# The agent is its own stack: the wire, the primitives the local side shares, the subcommands
+# and what they share, and the command line on top.
 AGENT_LAYERS = (
-    ("primitives", ("scripts.agent.procs", "scripts.agent.procs.procfs", "scripts.agent.state",
-                    "scripts.agent.state.statedir", "scripts.agent.textsafe", "scripts.agent.waits")),
-    ("contract", (CONTRACT,)),
+    ("wire", (WIRE, WIRE + ".*")),
+    ("primitives", ("scripts.agent.procs", "scripts.agent.procs.*", "scripts.agent.state",
+                    "scripts.agent.state.statedir")),
     ("agent", ("scripts.agent", "scripts.agent.*")),
     ("command line", ("scripts.agent.cli", AGENT_LAUNCHER)),
 )
@@ -159,13 +163,17 @@ def without_pending(g: dict) -> dict:
     return {a: {b for b in bs if (a, b) not in PENDING} for a, bs in g.items()}
 
 
-def test_the_local_side_imports_only_the_contract_from_the_agent():
+def is_wire(name: str) -> bool:
+    return name == WIRE or name.startswith(WIRE + ".")
+
+
+def test_the_local_side_imports_only_the_wire_and_the_shared_primitives_from_the_agent():
     g = without_pending(graph())
-    waits = "scripts.agent.waits"  # the contract's default waits, alone: tasks.py loads them, not the contract
+    agent_packages = {AGENT, "scripts.agent.procs", "scripts.agent.state"}  # what importing a shared module loads
     bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if not is_agent(a)
-           for b in sorted(bs) if is_agent(b) and b not in (CONTRACT, waits)]
-    assert not bad, ("the local side may import only scripts.agent.contract from the agent (it re-exports "
-                     "statedir, procfs and waits):\n  " + "\n  ".join(bad))
+           for b in sorted(bs) if is_agent(b) and not is_wire(b) and b not in SHARED and b not in agent_packages]
+    assert not bad, ("the local side may import of the agent only scripts.agent.wire and " + ", ".join(SHARED) +
+                     ":\n  " + "\n  ".join(bad))
 
 
 def test_the_agent_imports_nothing_of_the_local_side():
@@ -182,12 +190,11 @@ def test_no_import_circle():
 
 def test_every_module_has_a_layer_and_nothing_imports_upward():
     g = without_pending(graph())
-    unplaced = [n for n in sorted(g) if layer_of(n, AGENT_LAYERS if is_agent(n) and n != CONTRACT else LOCAL_LAYERS)
-                is None]
+    unplaced = [n for n in sorted(g) if layer_of(n, AGENT_LAYERS if is_agent(n) else LOCAL_LAYERS) is None]
     assert not unplaced, f"give these modules a layer in tests/test_layers.py: {unplaced}"
     upward = []
     for a, bs in sorted(g.items()):
-        layers = AGENT_LAYERS if is_agent(a) and a != CONTRACT else LOCAL_LAYERS
+        layers = AGENT_LAYERS if is_agent(a) else LOCAL_LAYERS
         for b in sorted(bs):
             la, lb = layer_of(a, layers), layer_of(b, layers)
             if lb is not None and lb > la:
@@ -195,17 +202,21 @@ def test_every_module_has_a_layer_and_nothing_imports_upward():
     assert not upward, "imports from a higher layer:\n  " + "\n  ".join(upward)
 
 
-def test_the_contract_sits_on_the_primitives_only():
+def test_the_wire_imports_nothing_of_the_agent_outside_it():
+    """What crosses between the two sides stands alone: both sides read it, so it may lean on neither."""
     g = graph()
-    textsafe = "scripts.agent.textsafe"  # the escaping rule: imports nothing, so statedir may use it
-    waits = "scripts.agent.waits"  # a teardown's default waits: imports nothing, so tasks.py may load it
-    table = "scripts.agent.subcommands"  # which module runs each subcommand: plain data, the bundle ships by it
-    procfs, statedir = "scripts.agent.procs.procfs", "scripts.agent.state.statedir"
-    assert g[CONTRACT] <= {procfs, statedir, textsafe, waits, table, AGENT}, g[CONTRACT]
-    for primitive in (procfs, statedir, textsafe, waits, table):
-        allowed = {AGENT} if primitive in (textsafe, waits, table) else {AGENT, textsafe}
-        assert g[primitive] <= allowed, f"{primitive} imports {g[primitive]}: the contract re-exports it, so it " \
-                                        "must stand alone"
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if is_wire(a) for b in sorted(bs)
+           if not is_wire(b) and b != AGENT]
+    assert not bad, "\n  ".join(["the wire imports only the wire:", *bad])
+
+
+def test_the_procs_primitives_import_only_procs_and_the_wire():
+    """Reading /proc is the agent's lowest layer: nothing above it (rules, gpu, state, teardown)."""
+    g = graph()
+    procs = "scripts.agent.procs"
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if a == procs or a.startswith(procs + ".")
+           for b in sorted(bs) if not (is_wire(b) or b == AGENT or b == procs or b.startswith(procs + "."))]
+    assert not bad, "\n  ".join(["procs/ imports only procs/ and the wire:", *bad])
 
 
 def test_pending_edges_still_exist():

@@ -2,10 +2,10 @@
 
 Each subcommand module exposes `add_arguments(parser)` and `run(args) -> (exit_code, doc)`.
 Which subcommands exist, and which take the host's selection flags, is the contract's
-(contract.SUBCOMMANDS, contract.SELECTING): the local side builds the argv from the same table.
-With `--marker NONCE` the document is framed by marker lines (contract.frame); with `--json`
+(call.SUBCOMMANDS, call.SELECTING): the local side builds the argv from the same table.
+With `--marker NONCE` the document is framed by marker lines (frame.frame); with `--json`
 it is printed bare; otherwise a short human summary is printed. Progress lines
-(`--progress`, contract.progress_line) go to stdout before the result.
+(`--progress`, frame.progress_line) go to stdout before the result.
 """
 import argparse
 import importlib
@@ -13,15 +13,16 @@ import json
 import os
 import sys
 
-from . import contract, options, subcommands
+from . import options
 from .procs import devices, rules
 from .state import lastrun
+from .wire import call, codes, defaults, frame, textsafe
 
-# name -> (module, class) from subcommands.MODULES, or a module or class with
+# name -> (module, class) from call.SUBCOMMAND_MODULES, or a module or class with
 # add_arguments(parser) and run(args) put here directly. A subcommand's module is imported
-# only when it is the one asked for, by name (subcommands.py says why), so what a call
+# only when it is the one asked for, by name (wire/call.py says why), so what a call
 # imports is this module's own imports and that one module's: the bundle ships exactly that.
-MODULES: dict = dict(subcommands.MODULES)
+MODULES: dict = dict(call.SUBCOMMAND_MODULES)
 
 
 def module_for(name):
@@ -38,7 +39,7 @@ def progress(args, **fields):
     if not getattr(args, "progress", False):
         return
     try:
-        sys.stdout.write(contract.progress_line(fields))
+        sys.stdout.write(frame.progress_line(fields))
         sys.stdout.flush()
     except (BrokenPipeError, OSError):
         args.progress = False  # the connection dropped: keep working, stop talking
@@ -77,7 +78,7 @@ def build_parser(only=None):
                                      formatter_class=HelpFormatter)
     sub = parser.add_subparsers(dest="command", metavar="SUBCOMMAND")
     sub.required = True
-    for name in contract.SUBCOMMANDS:
+    for name in call.SUBCOMMANDS:
         if only is not None and name != only:
             continue
         module = module_for(name)
@@ -85,21 +86,21 @@ def build_parser(only=None):
         p.add_argument("--marker", help="frame the JSON result with marker lines carrying this nonce")
         p.add_argument("--json", action="store_true", help="print the JSON result")
         p.add_argument("--progress", action="store_true", help="print progress lines while working")
-        p.add_argument("--devices", default=contract.DEVICE_GLOB, help="glob of GPU device files")
+        p.add_argument("--devices", default=defaults.DEVICE_GLOB, help="glob of GPU device files")
         p.add_argument("--fake-devices", action="store_true",
                        help="the device glob may name plain files (sandbox, tests); otherwise every match must be "
                             "an NVIDIA character device")
         p.add_argument("--run-dir", default=None, help="where state, logs and the audit log are kept on the host")
-        if name in contract.SELECTING:
+        if name in call.SELECTING:
             options.add_selection(p)
         module.add_arguments(p)
     return parser
 
 
 def emit(args, doc):
-    text = contract.textsafe.dumps(doc, sort_keys=True)  # valid Unicode: a non-UTF-8 byte is U+EF80+
+    text = textsafe.dumps(doc, sort_keys=True)  # valid Unicode: a non-UTF-8 byte is U+EF80+
     if args.marker:
-        out = contract.frame(args.marker, text)
+        out = frame.frame(args.marker, text)
     elif args.json:
         out = text + "\n"
     else:
@@ -117,7 +118,7 @@ def human(doc):
         value = doc[key]
         if isinstance(value, (dict, list)):
             value = json.dumps(value, sort_keys=True, default=str)
-        lines.append("%s: %s" % (key, contract.textsafe.printable(value)))
+        lines.append("%s: %s" % (key, textsafe.printable(value)))
     return "\n".join(lines) + "\n"
 
 
@@ -160,9 +161,9 @@ def main(argv=None):
         options.check_patterns(args)
         code, doc = module_for(args.command).run(args)
     except (options.UsageError, devices.DeviceError) as exc:
-        code, doc = contract.EXIT_USAGE, {contract.USAGE_ERROR: str(exc)}
+        code, doc = codes.EXIT_USAGE, {codes.USAGE_ERROR: str(exc)}
     except Exception as exc:  # anything left (a bug, data no parser here understood): a result naming it
-        code, doc = contract.EXIT_UNREACHABLE, {contract.AGENT_ERROR: failure(exc)}
+        code, doc = codes.EXIT_UNREACHABLE, {codes.AGENT_ERROR: failure(exc)}
     doc.setdefault("command", args.command)
     doc.setdefault("exit_code", code)
     emit(args, doc)

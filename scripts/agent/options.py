@@ -1,5 +1,5 @@
 """Agent flags shared by several subcommands: the selection (what to protect, what to
-target; cli.py adds it to contract.SELECTING), the free threshold and the phase spec.
+target; cli.py adds it to call.SELECTING), the free threshold and the phase spec.
 
 Patterns are checked here too, not only on the local side: the agent is also run by
 itself (an epilog, a test, a pasted command), and a pattern that matches the empty string
@@ -7,8 +7,8 @@ itself (an epilog, a test, a pasted command), and a pattern that matches the emp
 """
 import re
 
-from . import contract
 from .procs import program
+from .wire import call, defaults
 
 
 class UsageError(ValueError):
@@ -46,10 +46,10 @@ def add_selection(parser):
 
 
 def add_spec(parser):
-    parser.add_argument(contract.SPEC_FLAG, required=True,
-                        help="the phase, as base64 of its JSON (contract.encode_spec)")
+    parser.add_argument(call.SPEC_FLAG, required=True,
+                        help="the phase, as base64 of its JSON (frame.encode_spec)")
 
 
 def add_threshold(parser):
-    parser.add_argument("--max-used-mib", type=int, default=contract.MAX_USED_MIB,
+    parser.add_argument("--max-used-mib", type=int, default=defaults.MAX_USED_MIB,
                         help="a GPU counts as free at or under this many MiB used (NVML v2, excluding reserved)")

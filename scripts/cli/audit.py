@@ -25,7 +25,7 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
               "records); skipped", file=sys.stderr)
     recs = recs[-n:] if n else []  # [-0:] would be every record
     if json:
-        from scripts.agent.contract import textsafe
+        from scripts.agent.wire import textsafe
 
         print(textsafe.dumps(recs, sort_keys=True))  # one document; valid Unicode: a non-UTF-8 byte is U+EF80+
         return
@@ -43,14 +43,14 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
 
 def _when(stamp, short: bool = False) -> str:
     """A record's time in UTC, in 19 columns ('2026-11-30 10:48:44'; `short`: 14, '11-30
-    10:48:44'): records carry each host's own offset (contract.TIME_FORMAT). Text that is
+    10:48:44'): records carry each host's own offset (defaults.TIME_FORMAT). Text that is
     not such a time is shown as it is."""
     import datetime
 
-    from scripts.agent import contract
+    from scripts.agent.wire import defaults as shared
 
     try:
-        when = datetime.datetime.strptime(str(stamp), contract.TIME_FORMAT)
+        when = datetime.datetime.strptime(str(stamp), shared.TIME_FORMAT)
     except ValueError:
         return str(stamp)
     return when.astimezone(datetime.UTC).strftime("%m-%d %H:%M:%S" if short else "%Y-%m-%d %H:%M:%S")

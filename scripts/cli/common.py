@@ -1,9 +1,8 @@
 """What every task module shares: errors to exit codes, host selection, exit status, Ctrl-C.
 
 Imports only Invoke and scripts.config.defaults when it loads (see scripts/cli/__init__.py). The
-exit codes are the contract's (scripts/agent/contract.py), imported where a code is chosen:
-the contract defines every result record, and loading it would double what `invoke --list`
-imports of ours.
+exit codes are the wire's (scripts/agent/wire/codes.py), imported where a code is chosen,
+so that `invoke --list` loads no more of ours than the defaults.
 """
 from __future__ import annotations
 
@@ -162,7 +161,7 @@ def guarded(fn):
 def one_line(text) -> str:
     """An error line as a terminal gets it: what a host sent in it (an agent's stderr, a lock
     holder's name) escaped, one visible line (render.safe's rule)."""
-    from scripts.agent.contract import textsafe
+    from scripts.agent.wire import textsafe
 
     return textsafe.printable(text)
 
@@ -180,11 +179,11 @@ def output_failed(code: int) -> None:
     error = getattr(out, "write_error", None)
     if error is None:
         return
-    from scripts.agent import contract
+    from scripts.agent.wire import codes as wire_codes
 
     raise Exit(f"gpu-pivot: the output could not be written ({error.strerror or error}); the task ran to its end "
-               f"with exit {code} ({contract.exit_name(code)}); a teardown's result stays on the host: `invoke "
-               "status`", code=contract.EXIT_OUTPUT)
+               f"with exit {code} ({wire_codes.exit_name(code)}); a teardown's result stays on the host: `invoke "
+               "status`", code=wire_codes.EXIT_OUTPUT)
 
 
 def hosts_of(spec: str) -> list:
@@ -217,15 +216,15 @@ def codes(outcomes: list, agent_code: bool = False) -> list:
     """Each host's exit code: the agent's own (when it decides, e.g. verify) or 0 when it
     answered; for a host whose call failed, its error (printed here) decides as in
     `guarded`: 3 unreachable or a failed agent, 2 a value the agent refused; else 1."""
-    from scripts.agent import contract
+    from scripts.agent.wire import codes as wire_codes
 
     out = []
     for o in outcomes:
         if o.error is None:
-            out.append(o.value.code if agent_code else contract.EXIT_OK)
+            out.append(o.value.code if agent_code else wire_codes.EXIT_OK)
             continue
         print(one_line(f"gpu-pivot: {o.error}"), file=sys.stderr)
-        out.append(code_for(o.error) or contract.EXIT_NOT_FREE)
+        out.append(code_for(o.error) or wire_codes.EXIT_NOT_FREE)
     return out
 
 
@@ -251,7 +250,7 @@ def print_views(host, result, *views, file=None) -> None:
 
 def dumps(value) -> str:
     """--json text: valid Unicode whatever the host sent (a non-UTF-8 byte as U+EF80+: textsafe)."""
-    from scripts.agent.contract import textsafe
+    from scripts.agent.wire import textsafe
 
     return textsafe.dumps(value, indent=1, sort_keys=True)
 
@@ -267,9 +266,9 @@ class ctrl_c_continues:
     """
 
     def __init__(self, hosts, what: str):
-        from scripts.agent import contract
+        from scripts.agent.wire import codes as wire_codes
 
-        self.code = contract.EXIT_INTERRUPTED  # looked up now: the handler must not import
+        self.code = wire_codes.EXIT_INTERRUPTED  # looked up now: the handler must not import
         names = ",".join(h.alias for h in hosts)
         self.line = f"interrupted: {what} on {names}; see its result with `invoke status --host {names}`\n"
 

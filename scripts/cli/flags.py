@@ -43,7 +43,7 @@ class Task(invoke.Task):
     def __init__(self, *args, remainder: bool = False, exit_codes: tuple = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.remainder = remainder
-        # the names (contract.EXIT_CODES) of every code this task can give: its --help lists them
+        # the names (codes.EXIT_CODES) of every code this task can give: its --help lists them
         # with their meanings from that table (scripts/cli/program.py)
         self.exit_codes = exit_codes
 

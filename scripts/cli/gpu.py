@@ -66,12 +66,12 @@ def _no_gpu_is_not_free(r):
     free on a host whose device glob matched nothing."""
     import dataclasses
 
-    from scripts.agent import contract
+    from scripts.agent.wire import codes as wire_codes
     from scripts.views.status import no_gpu_visible
 
-    if r.code != contract.EXIT_OK or not no_gpu_visible(r.result):
+    if r.code != wire_codes.EXIT_OK or not no_gpu_visible(r.result):
         return r
-    return dataclasses.replace(r, code=contract.EXIT_NOT_FREE, doc=dict(r.doc, exit_code=contract.EXIT_NOT_FREE))
+    return dataclasses.replace(r, code=wire_codes.EXIT_NOT_FREE, doc=dict(r.doc, exit_code=wire_codes.EXIT_NOT_FREE))
 
 
 @task(help={"host": HOST_HELP, "json": "print the scan as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
@@ -216,7 +216,7 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
         finally:
             if shown is not None:
                 shown.done()
-        record = result.result  # a contract.TeardownResult: call_teardown's type says so
+        record = result.result  # a records.TeardownResult: call_teardown's type says so
         if record.actions:
             audit_log.append(h.alias, record.actions)
         return result

@@ -14,9 +14,9 @@ from .common import code_for, dumps
 
 def failed(error: BaseException) -> dict:
     """A failed host's document: its error line and the exit code that error gives."""
-    from scripts.agent import contract
+    from scripts.agent.wire import codes
 
-    return {"error": str(error), "exit_code": code_for(error) or contract.EXIT_NOT_FREE}
+    return {"error": str(error), "exit_code": code_for(error) or codes.EXIT_NOT_FREE}
 
 
 def docs(outcomes: list) -> dict:

@@ -5,7 +5,7 @@ Why: `invoke --list | head -c 10` printed a BrokenPipeError traceback and exited
 but not free". Those paths are Invoke's, outside every task's guard
 (scripts/cli/common.guarded): a closed pipe now ends the program quietly with 141 (128 +
 SIGPIPE, what a shell reports for a program its reader left), and a full disk or an I/O
-error on stdout with one line on stderr and exit 10 (contract.EXIT_OUTPUT). The tasks
+error on stdout with one line on stderr and exit 10 (codes.EXIT_OUTPUT). The tasks
 themselves handle both their own way (common.ClosedStdoutSafe).
 
 How it is reached: tasks.py installs it when Invoke loads the tasks (--list, --help, TASK
@@ -19,9 +19,9 @@ import errno
 import os
 import sys
 
-CLOSED_PIPE = 141  # contract.EXIT_CLOSED_PIPE (tests/test_hostile_output.py checks they agree)
-OUTPUT_FAILED = 10  # contract.EXIT_OUTPUT
-USAGE = 2  # contract.EXIT_USAGE
+CLOSED_PIPE = 141  # codes.EXIT_CLOSED_PIPE (tests/test_hostile_output.py checks they agree)
+OUTPUT_FAILED = 10  # codes.EXIT_OUTPUT
+USAGE = 2  # codes.EXIT_USAGE
 FAILED_WRITE = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
 
 

@@ -3,7 +3,7 @@
 Why: Invoke ends every ParseError (`invoke teardwon`, `invoke teardown --hots`, `--host`
 without its value) with exit 1, the code that means "done but not free", and a line such as
 "No idea what 'teardwon' is!". A script cannot tell that from a teardown that left a GPU
-held. Here the parser's error becomes contract.EXIT_USAGE with one line that names the bad
+held. Here the parser's error becomes codes.EXIT_USAGE with one line that names the bad
 word and, for a typo, the nearest task or flag ("did you mean teardown?"); nothing has run.
 
 How: scripts/cli/program.py's Program turns a ParseError into Exit(code=2) with this line. A

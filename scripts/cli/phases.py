@@ -25,7 +25,7 @@ def start(c, host=defaults.HOST, phase="", json=False):
 
     Under systemd-run where systemd is PID 1, else setsid with a log file and a pid file.
     """
-    from scripts.agent import contract
+    from scripts.agent.wire import codes
     from scripts.ops import phase as phase_ops
     from scripts.views import phase as phase_view
 
@@ -36,7 +36,7 @@ def start(c, host=defaults.HOST, phase="", json=False):
     if json:
         _json(r)
     if r.code:
-        raise Exit(f"gpu-pivot: {h.alias}: phase {ph.name}: {phase_view.start_line(r)}", code=contract.EXIT_NOT_FREE)
+        raise Exit(f"gpu-pivot: {h.alias}: phase {ph.name}: {phase_view.start_line(r)}", code=codes.EXIT_NOT_FREE)
     if not json:
         print(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}")
 
@@ -45,7 +45,7 @@ def start(c, host=defaults.HOST, phase="", json=False):
 @guarded
 def stop(c, host=defaults.HOST, phase="", json=False):
     """Stop a phase started by gpu-pivot: systemctl stop, or SIGTERM its session and SIGKILL after its stop timeout."""
-    from scripts.agent import contract
+    from scripts.agent.wire import codes
     from scripts.ops import audit_log, phase as phase_ops
     from scripts.views import phase as phase_view
 
@@ -60,7 +60,7 @@ def stop(c, host=defaults.HOST, phase="", json=False):
     else:
         print(f"{h.alias}: phase {ph.name}: {phase_view.stop_line(r)}")
     if r.code:
-        raise Exit(code=contract.EXIT_NOT_FREE)
+        raise Exit(code=codes.EXIT_NOT_FREE)
 
 
 @task(help={"host": HOST_HELP, "phase": "phase name", "lines": f"how many lines (default {defaults.LOG_LINES})",
@@ -68,7 +68,7 @@ def stop(c, host=defaults.HOST, phase="", json=False):
 @guarded
 def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=False, json=False):
     """Show a phase's log (its log file, or journald for a systemd-run unit)."""
-    from scripts.agent import contract
+    from scripts.agent.wire import codes
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError
     from scripts.ops import phase as phase_ops
@@ -81,14 +81,14 @@ def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=
             raise ConfigError("--json and --follow: pick one (--follow prints lines as they come)")
         code, doc = phase_ops.follow_logs(h, ph, n)
         if doc is not None and doc.get("error"):  # e.g. the phase was never started there
-            raise Exit(f"gpu-pivot: {h.alias}: {doc['error']}", code=contract.EXIT_NOT_FREE)
+            raise Exit(f"gpu-pivot: {h.alias}: {doc['error']}", code=codes.EXIT_NOT_FREE)
         raise Exit(code=code)
     with jsonout.one_host(h.alias, json):
         r = phase_ops.logs(h, ph, n)
     if json:
         _json(r)
     if r.code:
-        raise Exit(f"gpu-pivot: {h.alias}: {r.result.error}", code=contract.EXIT_NOT_FREE)
+        raise Exit(f"gpu-pivot: {h.alias}: {r.result.error}", code=codes.EXIT_NOT_FREE)
     if not json:
         from scripts.views.render import safe
 
@@ -145,7 +145,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     """
     import re
 
-    from scripts.agent import contract
+    from scripts.agent.wire import codes
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError, show
     from scripts.ops import phase as phase_ops
@@ -164,7 +164,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
     if not dry_run:
         declined = {"event": "pivot", "host": h.alias, "to": ph.name, "steps": [], "verdict": td.DECLINED,
-                    "exit_code": contract.EXIT_DECLINED} if json else None
+                    "exit_code": codes.EXIT_DECLINED} if json else None
         approved = td.approve([h], selection, yes, "the steps", declined)
         td_req = td.approved_for(td_req, approved, h.alias)
     elif not json:  # what the teardown step would stop and keep, as `teardown --dry-run` shows it

@@ -4,7 +4,7 @@
    and the nearest task or flag (parse_errors.usage_line), not Invoke's exit 1, which is
    "done but not free".
 2. `invoke TASK --help` ends with the exit codes that task can give, written from the one
-   table of them (contract.EXIT_CODES) when the help is printed: a task names its codes
+   table of them (codes.EXIT_CODES) when the help is printed: a task names its codes
    (`@task(exit_codes=...)`, scripts/cli/flags.py) and never writes their meanings again.
    Why at print time: loading the tasks (`invoke --list`) imports nothing of the agent.
    The docstring is fitted to the screen too (80 columns: Invoke prints it as written).
@@ -22,14 +22,14 @@ import invoke
 
 
 def exit_codes_help(names, width: int) -> str:
-    """The lines `Exit codes:`, then one entry per code named (contract.EXIT_CODES' names, in the
+    """The lines `Exit codes:`, then one entry per code named (codes.EXIT_CODES' names, in the
     table's order), each wrapped to `width` without cutting a word."""
-    from ..agent.contract import EXIT_CODES
+    from ..agent.wire.codes import EXIT_CODES
 
     known = {name for _, name, _ in EXIT_CODES}
     unknown = sorted(set(names) - known)
     if unknown:
-        raise ValueError(f"no exit code named {', '.join(unknown)} in contract.EXIT_CODES")
+        raise ValueError(f"no exit code named {', '.join(unknown)} in codes.EXIT_CODES")
     lines = ["Exit codes:"]
     for code, name, meaning in EXIT_CODES:
         if name in names:
@@ -43,7 +43,7 @@ class Program(invoke.Program):
     """Invoke's Program: parse errors exit 2 (usage), a task's help lists its exit codes."""
 
     def _usage(self, error: invoke.ParseError) -> invoke.Exit:
-        from ..agent.contract import EXIT_USAGE
+        from ..agent.wire.codes import EXIT_USAGE
         from .parse_errors import usage_line
 
         names = list(getattr(getattr(self, "parser", None), "contexts", {}) or {})

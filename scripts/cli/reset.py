@@ -21,7 +21,7 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
     Exit 0 ready (dry run) or reset done; 1 a precondition failed (nothing run) or the reset
     failed; 2 bad --gpu; 3 host unreachable.
     """
-    from scripts.agent import contract
+    from scripts.agent.wire import defaults as shared
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError
     from scripts.reach.transport import BASE_DEADLINE_S, call_agent
@@ -32,7 +32,7 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
     target = one_host(host)
     args = ["--gpu", str(cliargs.whole("gpu", gpu))] + (["--yes"] if yes else [])
     with jsonout.one_host(target.alias, json):
-        result = call_agent(target, "reset", args, deadline_s=BASE_DEADLINE_S + contract.RESET_TIMEOUT_S)  # may be slow
+        result = call_agent(target, "reset", args, deadline_s=BASE_DEADLINE_S + shared.RESET_TIMEOUT_S)  # may be slow
     if json:
         print(dumps({target.alias: result.doc}))
     else:

@@ -28,11 +28,11 @@ def undrain(c, host="", force=False):
     try:
         results = logic.undrain(hosts, force, lambda h: call_agent(h, "verify"), fleet.each_host)
     except logic.SlurmError as exc:
-        from scripts.agent import contract
+        from scripts.agent.wire import codes
 
         # one line: sinfo's stderr may have several (e.g. it cannot reach slurmctld)
         one_line = " | ".join(line.strip() for line in str(exc).splitlines() if line.strip())
-        raise Exit(f"gpu-pivot: {one_line}", code=contract.EXIT_UNREACHABLE) from None
+        raise Exit(f"gpu-pivot: {one_line}", code=codes.EXIT_UNREACHABLE) from None
     for r in results:
         print(escaped(r.line()))  # a node's answer holds host text (a holder's name): escaped
     exit_worst([r.code for r in results])

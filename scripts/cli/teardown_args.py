@@ -38,7 +38,7 @@ TEARDOWN_HELP = dict(
            " whole window is always watched)",
 )
 
-# Every exit code a teardown can give, by its name in contract.EXIT_CODES (`teardown --help` lists
+# Every exit code a teardown can give, by its name in codes.EXIT_CODES (`teardown --help` lists
 # them with the table's meanings): not 5, a pivot's gate, and not 141, Invoke's own output's.
 TEARDOWN_EXITS = ("ok", "not-free", "usage", "unreachable", "locked", "uninspected", "timed-out", "declined",
                   "unhealthy", "output-failed", "interrupted")
@@ -124,7 +124,7 @@ def confirm(hosts: list, selection: list, declined: dict | None = None) -> dict:
     With `declined` (--json) the plans and the prompt go to stderr and a "no" prints it."""
     from invoke import Exit
 
-    from scripts.agent import contract
+    from scripts.agent.wire import codes
 
     to = sys.stderr if declined is not None else sys.stdout
     approved = show_plans(hosts, selection, out=to, json=declined is not None)
@@ -134,7 +134,7 @@ def confirm(hosts: list, selection: list, declined: dict | None = None) -> dict:
     if answer not in ("y", "yes"):
         if declined is not None:
             print(dumps(declined), flush=True)
-        raise Exit(DECLINED, code=contract.EXIT_DECLINED)
+        raise Exit(DECLINED, code=codes.EXIT_DECLINED)
     return approved
 
 
@@ -143,9 +143,9 @@ DECLINED = "declined: nothing was signalled"
 
 def declined_doc(hosts: list) -> dict:
     """teardown --json's document when the answer is no: every host, with its error and exit 8."""
-    from scripts.agent import contract
+    from scripts.agent.wire import codes
 
-    return {h.alias: {"error": DECLINED, "exit_code": contract.EXIT_DECLINED} for h in hosts}
+    return {h.alias: {"error": DECLINED, "exit_code": codes.EXIT_DECLINED} for h in hosts}
 
 
 def approved_for(req, approved: dict, alias: str):

@@ -13,7 +13,7 @@ import contextlib
 import os
 import sys
 
-from ..agent import contract
+from ..agent.wire import defaults
 from .errors import ConfigError, show
 from .patterncheck import check_pattern
 
@@ -26,7 +26,7 @@ def remainder(argv: list | None = None) -> list:
     return argv[argv.index("--") + 1:]
 
 
-MAX_SECONDS = float(contract.MAX_WAIT_S)  # the agent refuses longer waits too (one number for both sides)
+MAX_SECONDS = float(defaults.MAX_WAIT_S)  # the agent refuses longer waits too (one number for both sides)
 
 
 def seconds(name: str, value, minimum: float = 0.0, maximum: float = MAX_SECONDS) -> float:

@@ -6,22 +6,22 @@ names here. Standard library only and imports nothing, so every task module can 
 without slowing `invoke --list`.
 
 What both sides use (the default device glob DEVICE_GLOB, the time format TIME_FORMAT of
-audit records and last.json, the exit codes) is the contract's: scripts/agent/contract.py.
+audit records and last.json, the exit codes) is the wire's: scripts/agent/wire/.
 """
 from __future__ import annotations
 
 import os
 
-from scripts.agent import waits
+from scripts.agent.wire import defaults as shared  # the defaults both sides read
 
 # -- which host ---------------------------------------------------------------------------------
 HOST_ENV = "GPU_PIVOT_HOST"
 HOST = os.environ.get(HOST_ENV, "sandbox")  # read once, when the tasks load: it is a flag's default
 
 # -- teardown (also the teardown step of a pivot) -----------------------------------------------
-GRACE_S, TIMEOUT_S, SETTLE_S = waits.GRACE_S, waits.TIMEOUT_S, waits.SETTLE_S  # both sides': one place
-WAIT_LOCK_S = waits.WAIT_LOCK_S  # 0: another teardown holding the host's lock fails at once (exit 4)
-MAX_USED_MIB = waits.MAX_USED_MIB  # a GPU is free at or under this many MiB used
+GRACE_S, TIMEOUT_S, SETTLE_S = shared.GRACE_S, shared.TIMEOUT_S, shared.SETTLE_S  # both sides': one place
+WAIT_LOCK_S = shared.WAIT_LOCK_S  # 0: another teardown holding the host's lock fails at once (exit 4)
+MAX_USED_MIB = shared.MAX_USED_MIB  # a GPU is free at or under this many MiB used
 FANOUT = 16            # hosts torn down at once: a teardown signals, so a fleet's is bounded
 # status, verify, plan and ping only read: their bound is the local side's ssh clients (one
 # client and its ControlMaster a host, ~0.01 s of local CPU each), not the hosts' safety. Two
@@ -29,8 +29,8 @@ FANOUT = 16            # hosts torn down at once: a teardown signals, so a fleet
 READ_FANOUT = 64
 
 # -- other tasks --------------------------------------------------------------------------------
-VERIFY_WAIT_S = waits.VERIFY_WAIT_S  # verify: poll this long for free GPUs (0: look once)
-ONELINER_GRACE_S = waits.GRACE_S
+VERIFY_WAIT_S = shared.VERIFY_WAIT_S  # verify: poll this long for free GPUs (0: look once)
+ONELINER_GRACE_S = shared.GRACE_S
 LOG_LINES = 50
 AUDIT_LINES = 20
 

@@ -17,7 +17,7 @@ import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..agent.contract import DEVICE_GLOB
+from ..agent.wire.defaults import DEVICE_GLOB
 from ..reach.route import PctHop, Route, SshHop, SudoHop
 from .envfile import read_env_file
 from .errors import ConfigError, show

@@ -12,7 +12,7 @@ import re
 import shlex
 from dataclasses import asdict, dataclass
 
-from ..agent import contract
+from ..agent.wire import defaults
 from .errors import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
@@ -45,7 +45,7 @@ class Phase:
     smoke_url: str | None = None
     smoke_body: str | None = None
     lint: bool = True
-    stop_timeout: float = contract.STOP_TIMEOUT_S
+    stop_timeout: float = defaults.STOP_TIMEOUT_S
 
     @property
     def is_server(self) -> bool:

@@ -7,14 +7,14 @@ Run: python3 -m scripts.emergency.runbook > runbooks/emergency-one-liners.md  (m
 """
 from __future__ import annotations
 
-from ..agent import contract
+from ..agent.wire import defaults
 from ..config.hostconfig import build_host
 from . import shell_teardown
 
 DIRECT = build_host("gpu1", {"SSH": "root@192.0.2.174"}, "doc")
 PROXMOX = build_host("gpu1pct", {"SSH": "root@192.0.2.6", "CTID": "129"}, "doc")
 HOLDERS = ["sh", "-c", "fuser -v $1 2>&1; nvidia-smi --query-compute-apps=gpu_uuid,pid,process_name,used_memory "
-           "--format=csv,noheader,nounits", "gpu-pivot-holders", contract.DEVICE_GLOB]
+           "--format=csv,noheader,nounits", "gpu-pivot-holders", defaults.DEVICE_GLOB]
 MEMORY = ["nvidia-smi", "--query-gpu=index,uuid,name,memory.used,memory.total,memory.reserved",
           "--format=csv,noheader,nounits"]
 # Where the agent keeps last.json (scripts/agent/state/statedir.run_dir): root, then a user's runtime
@@ -47,7 +47,7 @@ def render() -> str:
         "protected daemons.\n",
         block(DIRECT.route.one_liner(MEMORY)),
         f"## 3. Tear down: TERM every GPU holder and every program TARGETS names at once, KILL after "
-        f"{contract.GRACE_S:g} s, skip the protected\n",
+        f"{defaults.GRACE_S:g} s, skip the protected\n",
         "Generated for a host by `invoke oneliner --host HOST --action teardown`, which carries that host's "
         "hosts.env config (the lines below carry the defaults): the device glob; TARGETS (programs stopped even when "
         "they hold no GPU, by program name: comm, argv[0], the module or script an interpreter runs, `program "
@@ -58,7 +58,7 @@ def render() -> str:
         "when every uid of the process is a system uid (below login.defs UID_MIN) and it runs a root-owned program "
         "(a user's `exec -a Xorg` or `python3 ~/nvitop` is stopped like any holder); checks each PID's start time "
         "before every signal; polls every 50 ms instead of sleeping and says each second whom it still waits for; "
-        f"watches {contract.SETTLE_S:g} s more for a respawn. It prints each process as `PID (NAME)`, with a line "
+        f"watches {defaults.SETTLE_S:g} s more for a respawn. It prints each process as `PID (NAME)`, with a line "
         "saying what it does to it (`TERM`, `keep`, `leave`), why, and its command line, then a report "
         "(`holders:`, `protected:`, `outside-scope:`, `sigTERM:`, `sigKILL:`, `remaining:`, `protected-mapped:`, "
         "`verdict:`) and exits 0 only when no unprotected holder is left, no protected one maps a GPU device file "

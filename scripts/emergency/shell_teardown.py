@@ -15,25 +15,26 @@ import math
 import re
 from pathlib import Path
 
-from ..agent import contract
+from ..agent.procs import program, rules
+from ..agent.wire import defaults
 from . import ere
 
 SCRIPT = Path(__file__).resolve().parent / "teardown.sh"
 BEGIN, END = "==gpu-pivot-oneliner begin==", "==gpu-pivot-oneliner end=="
 NAME = "gpu-pivot-teardown"  # the script's $0
 
-DEFAULT_TARGETS = contract.DEFAULT_TARGETS  # the agent's, when a host names none
+DEFAULT_TARGETS = rules.DEFAULT_TARGETS  # the agent's, when a host names none
 
 
 def protected_case() -> str:
     """The shell `case` pattern of protected names, from the agent's one protect list."""
-    names = sorted(contract.PROTECTED_NAMES)
-    return "|".join(names + ["*" + s for s in contract.PROTECTED_SUFFIXES] + ["sshd*"])
+    names = sorted(rules.PROTECTED_NAMES)
+    return "|".join(names + ["*" + s for s in rules.PROTECTED_SUFFIXES] + ["sshd*"])
 
 
 def interpreters_line() -> str:
-    """The script's interpreter regex (an ERE for awk), from the contract's."""
-    return f"interp='{contract.INTERPRETERS.pattern}'"
+    """The script's interpreter regex (an ERE for awk), from the agent's (procs/program.py)."""
+    return f"interp='{program.INTERPRETERS.pattern}'"
 
 
 # A marker comment in teardown.sh, and the text generated for the line after it (the file's own
@@ -46,7 +47,7 @@ GENERATED = {
 
 def script_text() -> str:
     """The script without its comment lines and indentation (shorter to paste, same behaviour: no
-    string in it spans lines where leading blanks count), its generated lines made from the contract."""
+    string in it spans lines where leading blanks count), its generated lines made from the agent's rules."""
     lines, replace_next = [], None
     for line in SCRIPT.read_text().splitlines():
         stripped = line.lstrip()
@@ -85,7 +86,7 @@ def positional(devices: str, grace_s: float, settle_s: float, targets=(), protec
             str(int(math.ceil(grace_s))), str(int(math.ceil(settle_s)))]
 
 
-def argv(host, grace_s: float = contract.GRACE_S, settle_s: float = contract.SETTLE_S) -> list:
+def argv(host, grace_s: float = defaults.GRACE_S, settle_s: float = defaults.SETTLE_S) -> list:
     """The one-liner's argv: the script and the host's config, the waits in whole seconds (rounded
     up: never shorter than asked)."""
     return ["sh", "-c", script_text(), NAME,

@@ -3,7 +3,7 @@
 # scripts/emergency/shell_teardown.py passes the host's hosts.env values (TARGETS and PROTECT as
 # POSIX EREs, scripts/emergency/ere.py; TARGETS split into single names and `program subcommand`
 # names, as the agent's program.match; an empty SCOPE, SCOPE_UID or PROTECT: none) and the
-# agent's waits in whole seconds (scripts/agent/waits.py).
+# agent's waits in whole seconds (scripts/agent/wire/defaults.py).
 # Same selection as the agent (scripts/agent/teardown/plan.py), by device holders and program
 # names, never by a command-line pattern: the holders of the GPU device files and the processes
 # whose PROGRAM a TARGETS pattern names whole (comm, argv[0], the module or script an
@@ -110,7 +110,7 @@ name_of() { c=$(comm_of "$1"); printf '%s\n' "$c" | tr '\n' '?' | sed 's/?$//; s
 shown() { printf '%s\n' "$1" | sed 's/[^ -~]/?/g' | cut -c1-100; }
 protected_name() {
     case "$1" in
-        # protected names: generated from scripts/agent/contract.py PROTECTED_NAMES (a test keeps them equal)
+        # protected names: generated from scripts/agent/procs/rules.py PROTECTED_NAMES (a test keeps them equal)
         Xorg|Xwayland|dcgm-exporter|gpustat|lxc-attach|lxc-monitord|lxc-start|nv-fabricmanager|nv-hostengine|nvidia-cuda-mps-control|nvidia-cuda-mps-server|nvidia-dcgm|nvidia-fabricmanager|nvidia-persiste|nvidia-persistenced|nvidia-smi|nvitop|nvtop|pct|sshd|systemd|*-exporter|*_exporter|sshd*) return 0 ;;
     esac
     return 1
@@ -281,7 +281,7 @@ END {
         names(val[pid SUBSEP "cmdline"], val[pid SUBSEP "comm"])
     }
 }'
-# interpreters: generated from scripts/agent/contract.py INTERPRETERS (a test keeps them equal)
+# interpreters: generated from scripts/agent/procs/program.py INTERPRETERS (a test keeps them equal)
 interp='^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|zsh|ksh)$'
 # PID TAB START TAB NAME of each process whose program a TARGETS alternative names whole (grep -x):
 # single names only by TARGETS, `program subcommand` names only by TARGETS_SPACED.

@@ -12,16 +12,16 @@ Check mode runs `plan` instead of `teardown` (nothing is signalled; the plan is 
 """
 from __future__ import annotations
 
-from ..agent import contract
+from ..agent.wire import call as wire_call, codes, defaults, frame, records
 from ..config import cliargs
 from ..config.errors import ConfigError
 from ..config.patterncheck import check_pattern
 
 STATES = ("free", "verified")
-DEFAULTS = {"state": "free", "devices": contract.DEVICE_GLOB, "fake_devices": False, "targets": [], "match": [],
-            "protect": [], "scope": None, "scope_uid": None, "grace": contract.GRACE_S, "timeout": contract.TIMEOUT_S,
-            "settle": None,  # not given: the agent's rule (contract.SETTLE_S, none when nothing can respawn)
-            "max_used_mib": contract.MAX_USED_MIB, "python": None}
+DEFAULTS = {"state": "free", "devices": defaults.DEVICE_GLOB, "fake_devices": False, "targets": [], "match": [],
+            "protect": [], "scope": None, "scope_uid": None, "grace": defaults.GRACE_S, "timeout": defaults.TIMEOUT_S,
+            "settle": None,  # not given: the agent's rule (defaults.SETTLE_S, none when nothing can respawn)
+            "max_used_mib": defaults.MAX_USED_MIB, "python": None}
 
 
 def _params(raw: dict) -> dict:
@@ -61,7 +61,7 @@ def agent_call(raw: dict, check_mode: bool) -> dict:
     from ..reach.transport import BASE_DEADLINE_S, TeardownRequest, VerifyRequest
 
     p = _params(raw)
-    nonce = contract.new_nonce()
+    nonce = frame.new_nonce()
     req = TeardownRequest(grace=p["grace"], timeout=p["timeout"], settle=p["settle"], max_used_mib=p["max_used_mib"],
                           operator="ansible", match=tuple(p["match"]))
     if p["state"] == "verified":
@@ -71,7 +71,7 @@ def agent_call(raw: dict, check_mode: bool) -> dict:
         sub, args, deadline = "plan", req.selection(), BASE_DEADLINE_S  # a plan waits for nothing
     else:
         sub, args, deadline = "teardown", req.argv(), req.deadline_s()
-    argv = contract.agent_argv(p["python"] or "python3", sub, nonce, p["devices"], fake_devices=p["fake_devices"],
+    argv = wire_call.agent_argv(p["python"] or "python3", sub, nonce, p["devices"], fake_devices=p["fake_devices"],
                                targets=p["targets"], protect=p["protect"], scope=p["scope"],
                                scope_uid=p["scope_uid"], args=args)
     return {"subcommand": sub, "argv": argv, "nonce": nonce, "deadline_s": deadline, "state": p["state"]}
@@ -102,18 +102,18 @@ def outcome(call: dict, rc: int, stdout: str, stderr: str, check_mode: bool) -> 
         return {"failed": True, "changed": False, "msg": str(exc)}
     sub = call["subcommand"]
     try:
-        res = contract.read(sub, rc, doc)
-    except contract.ContractError as exc:
+        res = records.read(sub, rc, doc)
+    except records.ContractError as exc:
         return {"failed": True, "changed": False, "msg": str(exc)}
     facts: dict = {"state": call["state"], "subcommand": sub, "exit_code": rc, "targets": [], "protected": [],
                    "freed_mib": 0, "problems": []}
     if sub == "verify":
         # exit 0 only: "free" with exit 9 is a GPU nothing holds that still needs a reset or a reboot
-        failed, changed = rc != contract.EXIT_OK or not res.free, False
-        verdict = "free" if not failed else "not free" if not res.free else contract.exit_name(rc).replace("-", " ")
+        failed, changed = rc != codes.EXIT_OK or not res.free, False
+        verdict = "free" if not failed else "not free" if not res.free else codes.exit_name(rc).replace("-", " ")
         facts.update(verdict=verdict, problems=res.problems,
                      protected=_rows([h for h in res.scan.holders if h["protected"]], ("pid", "cmdline", "protected")))
-        msg = "GPUs free" if not failed else "; ".join(res.problems[:5]) or contract.exit_name(rc).replace("-", " ")
+        msg = "GPUs free" if not failed else "; ".join(res.problems[:5]) or codes.exit_name(rc).replace("-", " ")
     elif sub == "plan":
         plan = res.plan
         facts.update(verdict="planned (check mode: nothing signalled)", would_free_mib=plan.will_free_mib,
@@ -123,7 +123,7 @@ def outcome(call: dict, rc: int, stdout: str, stderr: str, check_mode: bool) -> 
         msg = f"would stop {len(plan.targets)} process(es), {plan.will_free_mib} MiB"
     else:
         facts.update(_teardown_facts(res))
-        failed, changed = rc != contract.EXIT_OK, res.signalled > 0
+        failed, changed = rc != codes.EXIT_OK, res.signalled > 0
         msg = facts["verdict"] if not failed else f"{facts['verdict']}: " + "; ".join(facts["problems"][:5])
     out = {"changed": changed, "failed": failed, "msg": msg, "ansible_facts": {"gpu_pivot": facts}}
     if sub == "plan" and changed:
@@ -131,11 +131,11 @@ def outcome(call: dict, rc: int, stdout: str, stderr: str, check_mode: bool) -> 
     return out
 
 
-def _teardown_facts(res: contract.TeardownResult) -> dict:
+def _teardown_facts(res: records.TeardownResult) -> dict:
     plan = res.plan
     if plan is None or res.locked or res.state_error:  # not started: then, and only then, it has no plan
         return {"verdict": "not started", "problems": [res.error or res.state_error]}
-    return {"verdict": "free" if res.code == contract.EXIT_OK else contract.exit_name(res.code).replace("-", " "),
+    return {"verdict": "free" if res.code == codes.EXIT_OK else codes.exit_name(res.code).replace("-", " "),
             "targets": _rows(plan.targets, TARGET_KEYS), "protected": _rows(plan.protected, PROTECTED_KEYS),
             "freed_mib": res.freed_mib, "signalled": res.signalled, "problems": res.problems,
             "still_holding": res.still_holding, "wall_s": res.wall_s}

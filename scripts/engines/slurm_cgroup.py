@@ -25,7 +25,7 @@ import stat
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from ..agent.contract import procfs
+from ..agent.procs import procfs
 
 V1_JOB = re.compile(r"/slurm(?:_[^/]+)?/uid_([0-9]+)/job_([0-9]+)(?=/|$)")
 V2_JOB = re.compile(r"/system\.slice/(?:[^/]+_)?slurmstepd\.scope/job_([0-9]+)(?=/|$)")

@@ -50,13 +50,17 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from ..agent import contract
+from ..agent.wire import codes, defaults, records
 from ..config.envfile import read_env_file
 from ..config.errors import ConfigError, show
 from ..config.hostconfig import Host, build_host
 from ..reach.transport import AgentError, TeardownRequest, VerifyRequest, call_agent, exit_code_for
 from . import slurm_cgroup
+
+if TYPE_CHECKING:
+    from ..agent.wire.rows import GpuRow, Holder, ProcessRow
 
 CONF_ENV = "GPU_PIVOT_SLURM_CONF"
 DEFAULT_CONF = "/etc/gpu-pivot/slurm.env"
@@ -80,7 +84,7 @@ class Settings:
     timeout: float = 2.0
     settle: float = 0.5
     wait_lock: float = 1.0
-    max_used_mib: int = contract.MAX_USED_MIB
+    max_used_mib: int = defaults.MAX_USED_MIB
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,13 +205,13 @@ class DeviceView:
 
 # -- what went wrong, in one line for `sinfo -R` ---------------------------------------------
 
-def _pid_line(row: contract.ProcessRow, view: DeviceView, what: str) -> str:
+def _pid_line(row: ProcessRow, view: DeviceView, what: str) -> str:
     devices = ", ".join(os.path.basename(view.real(d)) for d in row.get("devices") or []) or "the GPU"
     who = f" user {row['user']}" if row.get("user") else ""
     return f"pid {row['pid']} ({_comm(row)}{who}, state {row.get('state', '?')}) {what} {devices}"
 
 
-def _comm(row: contract.ProcessRow) -> str:
+def _comm(row: ProcessRow) -> str:
     cmd = (row.get("cmdline") or row.get("comm") or "?").split()
     return os.path.basename(cmd[0]) if cmd else "?"
 
@@ -246,7 +250,7 @@ def _appeared(res, job: Job) -> list:
     return [a for a in res.appeared if not other_job(a, job.id)]
 
 
-def other_job(row: contract.ProcessRow, job_id: str | None) -> bool:
+def other_job(row: ProcessRow, job_id: str | None) -> bool:
     """Is this holder (a scan or plan row) in ANOTHER running job's cgroup? Then it is that
     job's, on a shared GPU: never this job's to signal or to blame. Only a cgroup Slurm
     itself made counts (slurm_cgroup.job_of): a `job_<N>` folder a user made names nothing."""
@@ -256,13 +260,13 @@ def other_job(row: contract.ProcessRow, job_id: str | None) -> bool:
     return job is not None and job != job_id
 
 
-def on_job(row: contract.ProcessRow, gpus: tuple) -> bool:
+def on_job(row: ProcessRow, gpus: tuple) -> bool:
     """Does this holder (a scan or plan row) hold one of the job's GPUs: one of its device
     files (the agent looked at no others), or GPU memory on one of its GPUs (NVML rows)?"""
     return bool(row.get("devices")) or bool(set(row.get("gpu_mib") or {}) & {str(i) for i in gpus})
 
 
-def job_problems(gpu_rows: list[contract.GpuRow], holders: list[contract.Holder], uninspected: bool, gpus: tuple,
+def job_problems(gpu_rows: list[GpuRow], holders: list[Holder], uninspected: bool, gpus: tuple,
                  max_used_mib: int, job_id: str | None = None) -> list:
     """What keeps THE JOB'S GPUs from being free, from the last scan of an agent verify or
     teardown (its GPU rows, its holders, and whether some process could not be inspected:
@@ -300,12 +304,12 @@ def job_problems(gpu_rows: list[contract.GpuRow], holders: list[contract.Holder]
     return out
 
 
-def _last_scan(r: contract.VerifyResult | contract.TeardownResult) -> tuple[list[contract.GpuRow],
-                                                                            list[contract.Holder], bool]:
+def _last_scan(r: records.VerifyResult | records.TeardownResult) -> tuple[list[GpuRow],
+                                                                            list[Holder], bool]:
     """(GPU rows, holders, not every process inspected) of the scan a verify or a teardown
     ended on, for job_problems: a verify's scan; a teardown's final scan (its GPU rows are
     `after`)."""
-    if isinstance(r, contract.TeardownResult):
+    if isinstance(r, records.TeardownResult):
         return r.after, r.holders, bool(r.denied or r.proc_hidden)
     return r.scan.gpus, r.scan.holders, bool(r.scan.denied or r.scan.proc_hidden)
 
@@ -330,11 +334,11 @@ def _view(job: Job, settings: Settings) -> tuple:
     """(DeviceView of the job's GPUs, None), or (None, (code, problems)) when there is
     nothing to look at: no GPUs (free), or a GPU without its device file (not free)."""
     if not job.gpus:
-        return None, (contract.EXIT_OK, [])
+        return None, (codes.EXIT_OK, [])
     devices = job_devices(settings.host.devices, job.gpus)
     missing = [f"GPU {i}: no device file nvidia{i} in {settings.host.devices}" for i, p in devices.items() if not p]
     if missing:
-        return None, (contract.EXIT_NOT_FREE, missing)
+        return None, (codes.EXIT_NOT_FREE, missing)
     return DeviceView(devices), None
 
 
@@ -346,7 +350,7 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
     try:
         host = _job_host(settings, job, view, scoped=True)
         planned = call_agent(host, "plan", deadline_s=AGENT_S - (time.monotonic() - started))
-        if planned.code != contract.EXIT_OK:  # a plan has no problems to name, and a usage error is a ConfigError
+        if planned.code != codes.EXIT_OK:  # a plan has no problems to name, and a usage error is a ConfigError
             return planned.code, [f"the agent's plan exited {planned.code}"]
         # only what holds the job's GPUs (NVML also lists the same user's processes on the node's other
         # GPUs), and not what another job's cgroup holds (the same user's running job on a shared GPU)
@@ -362,10 +366,10 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
             return res.code, [f"another teardown holds the node's lock: {r.error}"]
         if r.state_error:
             return res.code, [f"agent state directory unusable: {r.state_error}"]
-        if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE and not (
+        if res.code == codes.EXIT_OK or (res.code == codes.EXIT_NOT_FREE and not (
                 r.stuck or r.signal_failures or _appeared(r, job) or _foreign(r, job))
                 and not job_problems(*_last_scan(r), job.gpus, settings.max_used_mib, job.id)):
-            return contract.EXIT_OK, []
+            return codes.EXIT_OK, []
         return res.code, epilog_problems(r, view, job)
     finally:
         view.close()
@@ -380,9 +384,9 @@ def prolog(job: Job, settings: Settings, started: float) -> tuple:
         req = VerifyRequest(wait=min(1.0, BUDGET_S / 4), max_used_mib=settings.max_used_mib)
         res = call_agent(_job_host(settings, job, view, scoped=False), "verify", req.argv(),
                          deadline_s=AGENT_S - (time.monotonic() - started))
-        if res.code == contract.EXIT_OK or (res.code == contract.EXIT_NOT_FREE and not job_problems(
+        if res.code == codes.EXIT_OK or (res.code == codes.EXIT_NOT_FREE and not job_problems(
                 *_last_scan(res.result), job.gpus, settings.max_used_mib, job.id)):
-            return contract.EXIT_OK, []
+            return codes.EXIT_OK, []
         holders = [h for h in res.result.scan.holders if not h["protected"] and not other_job(h, job.id)]
         lines = [_pid_line(h, view, "holds") for h in holders]
         return res.code, lines or [view.real(p) for p in res.result.problems]
@@ -420,7 +424,7 @@ def main(argv=None, env=None) -> int:
     kind = (argv or sys.argv[1:] or [""])[0]
     if kind not in ("epilog", "prolog"):
         print(f"usage: slurm_job.py epilog|prolog (got {kind!r})", file=sys.stderr)
-        return contract.EXIT_USAGE
+        return codes.EXIT_USAGE
     node = env.get("SLURMD_NODENAME") or None
     try:
         job = job_from_env(env)
@@ -428,14 +432,14 @@ def main(argv=None, env=None) -> int:
         settings = load_settings(env)
         code, problems = (epilog if kind == "epilog" else prolog)(job, settings, started)
     except ConfigError as exc:
-        code, problems = contract.EXIT_USAGE, [str(exc)]
+        code, problems = codes.EXIT_USAGE, [str(exc)]
         job = Job(env.get("SLURM_JOB_ID") or "?", -1, (), node)
     except (AgentError, OSError, RuntimeError) as exc:  # HostTimedOut is a RuntimeError too
         # the tasks' one mapping (a timed-out host: 7); any other error here: the agent gave no result
-        code = exit_code_for(exc) or contract.EXIT_UNREACHABLE
+        code = exit_code_for(exc) or codes.EXIT_UNREACHABLE
         problems = [f"the agent gave no result: {exc}"]
     wall = time.monotonic() - started
-    if code == contract.EXIT_OK:
+    if code == codes.EXIT_OK:
         print(f"gpu-pivot {kind} job {job.id}: GPUs {list(job.gpus)} free ({wall:.2f} s)")
         return code
     reason = reason_text(kind, job, problems)

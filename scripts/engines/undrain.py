@@ -22,7 +22,7 @@ from __future__ import annotations
 import subprocess
 from dataclasses import dataclass
 
-from ..agent import contract
+from ..agent.wire import codes, records
 
 # Drain reasons that mean "a job's processes may be left on the GPUs": ours, and Slurm's own
 # for a failed epilog / prolog and for a job step that would not die.
@@ -77,31 +77,31 @@ def _gpu_reason(reason: str) -> bool:
 def decide(node: str, state: str | None, reason: str, force: bool) -> NodeResult | None:
     """The outcome for a node that needs no verify, or None when it must be verified."""
     if state is None:
-        return NodeResult(node, "left alone", "Slurm knows no such node", contract.EXIT_USAGE)
+        return NodeResult(node, "left alone", "Slurm knows no such node", codes.EXIT_USAGE)
     if not state.startswith("drained"):
         if state.startswith("draining"):
             return NodeResult(node, "left drained", f"still draining (jobs running; reason: {reason})",
-                              contract.EXIT_NOT_FREE)
-        return NodeResult(node, f"not drained ({state})", "nothing to do", contract.EXIT_OK)
+                              codes.EXIT_NOT_FREE)
+        return NodeResult(node, f"not drained ({state})", "nothing to do", codes.EXIT_OK)
     if not (force or _gpu_reason(reason)):
         return NodeResult(node, "left alone", f"drained for another reason ({reason!r}); --force resumes it "
-                          "after a clean verify", contract.EXIT_NOT_FREE)
+                          "after a clean verify", codes.EXIT_NOT_FREE)
     return None
 
 
-def after_verify(node: str, reason: str, result: contract.VerifyResult) -> NodeResult:
-    """Resume on a clean verify (contract.VerifyResult with exit 0) when the node is still
+def after_verify(node: str, reason: str, result: records.VerifyResult) -> NodeResult:
+    """Resume on a clean verify (records.VerifyResult with exit 0) when the node is still
     drained for the reason read before it, else say what still holds the GPUs or what changed."""
-    if result.code == contract.EXIT_OK and result.free:
+    if result.code == codes.EXIT_OK and result.free:
         state, now = node_states([node]).get(node, (None, ""))
         if state is None or not state.startswith("drained") or now != reason:
             return NodeResult(node, "left alone", f"changed during the verify: now {state or 'unknown'} "
-                              f"({now!r}), was drained: {reason}", contract.EXIT_NOT_FREE)
+                              f"({now!r}), was drained: {reason}", codes.EXIT_NOT_FREE)
         resume(node)
-        return NodeResult(node, "resumed", f"GPUs verified free; was drained: {reason}", contract.EXIT_OK)
+        return NodeResult(node, "resumed", f"GPUs verified free; was drained: {reason}", codes.EXIT_OK)
     problems = result.problems or ["not free"]
     more = f" (+{len(problems) - 1} more)" if len(problems) > 1 else ""
-    return NodeResult(node, "left drained", problems[0] + more, result.code or contract.EXIT_NOT_FREE)
+    return NodeResult(node, "left drained", problems[0] + more, result.code or codes.EXIT_NOT_FREE)
 
 
 def undrain(hosts: list, force: bool, verify, each_host) -> list:
@@ -125,5 +125,5 @@ def undrain(hosts: list, force: bool, verify, each_host) -> list:
             results[out.host.alias] = out.value
         else:
             results[out.host.alias] = NodeResult(out.host.alias, "left drained", str(out.error),
-                                                 contract.EXIT_UNREACHABLE)
+                                                 codes.EXIT_UNREACHABLE)
     return [results[h.alias] for h in hosts]

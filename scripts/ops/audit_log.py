@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from ..agent.contract import statedir
+from ..agent.state import statedir
 
 
 def audit_dir() -> Path:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 
-from ..agent import contract
+from ..agent.wire import call, frame as wire_frame, records, textsafe
 from ..config.errors import ConfigError, show
 from ..reach.transport import AgentResult, agent_argv, call_agent
 
@@ -23,22 +23,22 @@ def phase_of(host, name: str):
 
 
 def spec_args(phase) -> list:
-    return contract.spec_args(phase.spec())
+    return call.spec_args(phase.spec())
 
 
-def start(host, phase) -> AgentResult[contract.StartResult]:
+def start(host, phase) -> AgentResult[records.StartResult]:
     return call_agent(host, "phase-start", spec_args(phase))
 
 
-def ready(host, phase, wait_s: float, on_progress=None) -> AgentResult[contract.ReadyResult]:
+def ready(host, phase, wait_s: float, on_progress=None) -> AgentResult[records.ReadyResult]:
     return call_agent(host, "phase-ready", spec_args(phase) + ["--wait", wait_s], on_progress=on_progress)
 
 
-def stop(host, phase, operator: str) -> AgentResult[contract.StopResult]:
+def stop(host, phase, operator: str) -> AgentResult[records.StopResult]:
     return call_agent(host, "phase-stop", spec_args(phase) + ["--operator", operator])
 
 
-def logs(host, phase, lines: int) -> AgentResult[contract.LogsResult]:
+def logs(host, phase, lines: int) -> AgentResult[records.LogsResult]:
     return call_agent(host, "phase-logs", spec_args(phase) + ["--lines", lines])
 
 
@@ -57,8 +57,8 @@ def follow_logs(host, phase, lines: int):
     from ..reach.transport import read_document, send_agent  # as every agent call
     from ..views.render import safe
 
-    nonce = contract.new_nonce()
-    begin = contract.begin(nonce).encode()
+    nonce = wire_frame.new_nonce()
+    begin = wire_frame.begin(nonce).encode()
     frame: list = []  # the agent's result, when it answered instead of following
 
     def on_line(raw: bytes) -> None:
@@ -67,7 +67,7 @@ def follow_logs(host, phase, lines: int):
             return
         # a log line is the host's text: escaped (no escape sequence or bidi override reaches
         # the terminal raw: render.safe), one line out per line in
-        sys.stdout.write(safe(contract.textsafe.decode(raw).rstrip("\n")) + "\n")
+        sys.stdout.write(safe(textsafe.decode(raw).rstrip("\n")) + "\n")
         sys.stdout.flush()
 
     argv = agent_argv(host, "phase-logs", spec_args(phase) + ["--lines", str(lines), "--follow"], nonce, False)
@@ -82,22 +82,22 @@ def follow_logs(host, phase, lines: int):
     return done.code, None
 
 
-def drain(host, url: str, timeout_s: float, on_progress=None) -> AgentResult[contract.DrainResult]:
+def drain(host, url: str, timeout_s: float, on_progress=None) -> AgentResult[records.DrainResult]:
     return call_agent(host, "drain", ["--url", url, "--timeout", timeout_s], on_progress=on_progress)
 
 
-def gates(host, phase) -> AgentResult[contract.GatesResult]:
+def gates(host, phase) -> AgentResult[records.GatesResult]:
     return call_agent(host, "gates", spec_args(phase))
 
 
-def lint(host, argv: list, gpus: str | None) -> AgentResult[contract.LintResult]:
+def lint(host, argv: list, gpus: str | None) -> AgentResult[records.LintResult]:
     extra = ["--gpus", gpus] if gpus else []
     return call_agent(host, "lint", ["--argv", json.dumps(argv), *extra])
 
 
-def deploy(host, phase, action: str) -> AgentResult[contract.DeployResult]:
+def deploy(host, phase, action: str) -> AgentResult[records.DeployResult]:
     return call_agent(host, "deploy", spec_args(phase) + ["--action", action])
 
 
-def smoke(host, phase) -> AgentResult[contract.SmokeResult]:
+def smoke(host, phase) -> AgentResult[records.SmokeResult]:
     return call_agent(host, "smoke", spec_args(phase))

@@ -3,7 +3,7 @@
 
 Why one place: by hand, these steps come in a different order each time, with fixed
 sleeps and no rollback. Each step is one agent call; a failed step stops the pivot
-with the documented exit code (contract.EXIT_CODES) and says what was (not) started.
+with the documented exit code (codes.EXIT_CODES) and says what was (not) started.
 
 Why every step is recorded with its exit: the verdict is computed from what happened, never
 assumed. A rollback whose stop, restore or start failed is "rollback FAILED at ...", not
@@ -23,7 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from ..agent import contract
+from ..agent.state import statedir
+from ..agent.wire import codes, defaults, records
 from ..reach.route import HostUnreachable
 from ..reach.transport import AgentError, TeardownRequest, call_teardown, exit_code_for
 from ..views import phase as phase_view, teardown as teardown_view
@@ -58,8 +59,8 @@ def _attempt(fn: Callable[[], T]) -> T:
     error's one line, for the errors a step meets on its host."""
     try:
         return fn()
-    except (HostUnreachable, AgentError, contract.statedir.StateDirError) as exc:
-        raise StepFailed(exit_code_for(exc) or contract.EXIT_UNREACHABLE, str(exc)) from None
+    except (HostUnreachable, AgentError, statedir.StateDirError) as exc:
+        raise StepFailed(exit_code_for(exc) or codes.EXIT_UNREACHABLE, str(exc)) from None
 
 
 class Pivot:
@@ -110,7 +111,7 @@ class Pivot:
     def ready_timeout(self) -> float:
         return self.opts.ready_timeout or self.phase.ready_timeout
 
-    def say(self, name: str, text: str, code: int = contract.EXIT_OK, numbered: bool = True) -> None:
+    def say(self, name: str, text: str, code: int = codes.EXIT_OK, numbered: bool = True) -> None:
         """Print and record one step's result with its exit code and its seconds."""
         now = time.monotonic()
         if numbered:
@@ -124,10 +125,10 @@ class Pivot:
 
     def finish(self, code: int, verdict: str) -> int:
         self.record.update(exit_code=code, verdict=verdict, wall_s=round(time.monotonic() - self.started, 2),
-                           time=time.strftime(contract.TIME_FORMAT))
+                           time=time.strftime(defaults.TIME_FORMAT))
         try:
             audit_log.append(self.host.alias, [self.record])
-        except contract.statedir.StateDirError as exc:  # the verdict stands; say the record is missing
+        except statedir.StateDirError as exc:  # the verdict stands; say the record is missing
             self.record["audit_error"] = str(exc)
             self.out(f"    audit log not written: {exc}")
         self.out(step_table(self.record["steps"]))
@@ -140,7 +141,7 @@ class Pivot:
             for i, (name, _, what) in enumerate(self.steps, 1):
                 self.out(f"[{i}/{len(self.steps)}] {name}: {what}")
             self.out("--dry-run: nothing was run")
-            return contract.EXIT_OK
+            return codes.EXIT_OK
         for name, step, _ in self.steps:
             self.step_started = time.monotonic()
             try:
@@ -150,7 +151,7 @@ class Pivot:
                 return self.finish(exc.code, f"{name} failed: {_what_ran(name)}")
             if code is not None:
                 return code
-        return self.finish(contract.EXIT_OK, "done")
+        return self.finish(codes.EXIT_OK, "done")
 
     def step_drain(self):
         if self.opts.no_drain:
@@ -161,7 +162,7 @@ class Pivot:
                                              on_progress=lambda p: self.out("    " + phase_view.drain_progress(p))))
         self.say("drain", phase_view.drain_line(r), r.code)
         if r.code or not r.result.drained:
-            return self.finish(contract.EXIT_GATE, "not drained: nothing stopped or started (--no-drain to go ahead)")
+            return self.finish(codes.EXIT_GATE, "not drained: nothing stopped or started (--no-drain to go ahead)")
         return None
 
     def step_teardown(self):
@@ -170,7 +171,7 @@ class Pivot:
             self.out("    " + teardown_view.progress_line(alias, p))
 
         r = _attempt(lambda: call_teardown(self.host, self.opts.teardown, on_progress=progress))
-        t: contract.TeardownResult = r.result
+        t: records.TeardownResult = r.result
         self.say("teardown", teardown_view.brief(t), r.code)
         if not t.ran:  # locked by another teardown, or the host's state dir refused: nothing signalled
             return self.finish(r.code, "locked" if t.locked else "teardown not started: nothing started")
@@ -188,14 +189,14 @@ class Pivot:
             self.out("    " + line)
         self.say("gates", "passed" if r.code == 0 else "FAILED: nothing started", r.code)
         if r.code:
-            return self.finish(contract.EXIT_GATE, "a gate failed: nothing started")
+            return self.finish(codes.EXIT_GATE, "a gate failed: nothing started")
         return None
 
     def step_deploy(self):
         r = _attempt(lambda: phase_ops.deploy(self.host, self.phase, "apply"))
         self.say("deploy", phase_view.deploy_line(r), r.code)
         if r.code:
-            return self.finish(contract.EXIT_GATE, "the deploy does not apply: nothing started")
+            return self.finish(codes.EXIT_GATE, "the deploy does not apply: nothing started")
         return None
 
     def step_lint(self):
@@ -210,7 +211,7 @@ class Pivot:
                                  lambda x: f"restored {', '.join(x.result.files) or '-'}")
                 if undo:
                     verdict += "; the deploy's files could NOT be restored (see the restore step)"
-            return self.finish(contract.EXIT_GATE, verdict)
+            return self.finish(codes.EXIT_GATE, verdict)
         self.say("lint", "ok" if not r.code else "findings ignored (--force)")
         return None
 
@@ -218,7 +219,7 @@ class Pivot:
         r = _attempt(lambda: phase_ops.start(self.host, self.phase))
         self.say("start", phase_view.start_line(r), r.code)
         if r.code:
-            return self.finish(contract.EXIT_FAILED, "did not start")
+            return self.finish(codes.EXIT_FAILED, "did not start")
         return None
 
     def step_prep(self):
@@ -233,7 +234,7 @@ class Pivot:
         self.out("    " + phase_view.log_tail(r).replace("\n", "\n    "))
         if self.phase.is_deploy:
             return self.rollback("the new server did not become ready")
-        return self.finish(contract.EXIT_FAILED, "not ready")
+        return self.finish(codes.EXIT_FAILED, "not ready")
 
     def _ready_progress(self, p: dict) -> None:
         self.out("    " + phase_view.ready_progress(p))
@@ -245,7 +246,7 @@ class Pivot:
             return None
         if self.phase.is_deploy:
             return self.rollback("the smoke request failed")
-        return self.finish(contract.EXIT_FAILED, "smoke test failed")
+        return self.finish(codes.EXIT_FAILED, "smoke test failed")
 
     def step_prep_report(self):
         deadline = time.monotonic() + self.ready_timeout
@@ -259,9 +260,9 @@ class Pivot:
         prep = r.result.prep
         failed = [p for p in prep if p["exit"] != 0]
         self.say("prep-report", f"{len(prep) - len(failed)}/{len(prep)} preparation job(s) exited 0",
-                 contract.EXIT_FAILED if failed else contract.EXIT_OK)
+                 codes.EXIT_FAILED if failed else codes.EXIT_OK)
         if failed:
-            return self.finish(contract.EXIT_FAILED, "a preparation job failed")
+            return self.finish(codes.EXIT_FAILED, "a preparation job failed")
         return None
 
     # -- rollback: each part recorded with its exit; the verdict follows from them ---------
@@ -291,10 +292,10 @@ class Pivot:
             if code:
                 later = [n for n, _, _ in parts[[p[0] for p in parts].index(name) + 1:]]
                 skipped = f"; not tried: {', '.join(later)}" if later else ""
-                return self.finish(code if code in (contract.EXIT_UNREACHABLE, contract.EXIT_TIMED_OUT)
-                                   else contract.EXIT_FAILED,
+                return self.finish(code if code in (codes.EXIT_UNREACHABLE, codes.EXIT_TIMED_OUT)
+                                   else codes.EXIT_FAILED,
                                    f"rollback FAILED at {name} (exit {code}) after {why}{skipped}")
-        return self.finish(contract.EXIT_FAILED, f"rolled back ({why}); old server healthy again")
+        return self.finish(codes.EXIT_FAILED, f"rolled back ({why}); old server healthy again")
 
 
 def phase_gate_texts(phase) -> list:

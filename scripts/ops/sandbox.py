@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-from ..agent.contract import procfs
+from ..agent.procs import procfs
 from ..config.hostconfig import Host
 from ..reach.route import Route
 from .sandbox_fs import (

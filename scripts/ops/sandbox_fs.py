@@ -20,7 +20,7 @@ import os
 import stat
 from pathlib import Path
 
-from ..agent.contract import statedir
+from ..agent.state import statedir
 
 StateDirError = statedir.StateDirError
 StateFileError = statedir.StateFileError

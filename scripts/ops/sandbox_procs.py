@@ -20,7 +20,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from ..agent.contract import procfs
+from ..agent.procs import procfs
 
 MEMBER_ENV = "GPU_PIVOT_SANDBOX_MEMBER"
 START_TIMEOUT_S = 10.0

@@ -11,7 +11,7 @@ imported, so a subcommand pays only for the modules it uses (cli.py imports them
 
 Only what the call imports ships: the modules reachable by relative import (function-level
 imports included; `from ..procs import procfs` ships the package `procs` too) from
-agent/cli.py and from the one module that runs the call's subcommand (agent/subcommands.py
+agent/cli.py and from the one module that runs the call's subcommand (agent/wire/call.py
 names it; cli.py imports it by that name), not every file in scripts/agent: a status or a
 verify carries no teardown or phase code, and a module the agent no longer uses stops
 costing bytes on every call. Without a subcommand (the Ansible payload, which runs any) the
@@ -35,7 +35,7 @@ import zlib
 from functools import lru_cache
 from pathlib import Path
 
-from ..agent.contract import SUBCOMMAND_MODULES
+from ..agent.wire.call import SUBCOMMAND_MODULES
 
 AGENT_DIR = Path(__file__).resolve().parent.parent / "agent"
 ENTRY = "cli"
@@ -316,7 +316,7 @@ def agent_payload(compiled: bool = False, subcommand: str | None = None) -> byte
     code = compiled_code(sources) if compiled else b""
     code_blob = base64.b64encode(zlib.compress(code, 6)).decode() if code else ""
     return ("# gpu-pivot agent (bundled: its modules' sources, zlib-compressed)\n"
-            "import sys\nsys.path[:] = [p for p in sys.path if p]  # never the working directory: contract.BOOT\n"
+            "import sys\nsys.path[:] = [p for p in sys.path if p]  # never the working directory: call.BOOT\n"
             "import binascii, json, zlib\n"
             f"_SOURCES = json.loads(zlib.decompress(binascii.a2b_base64({blob!r})))\n"
             f"_CODE_MAGIC = {importlib.util.MAGIC_NUMBER!r}\n"
@@ -324,7 +324,7 @@ def agent_payload(compiled: bool = False, subcommand: str | None = None) -> byte
             + _LOADER).encode()
 
 
-_STREAM_HEAD = """# gpu-pivot agent (stream): _D is what contract.BOOT read from stdin and decompressed
+_STREAM_HEAD = """# gpu-pivot agent (stream): _D is what call.BOOT read from stdin and decompressed
 import json
 _I = _D.index(bytes(1))
 _J = _D.index(bytes(1), _I + 1)
@@ -335,8 +335,8 @@ _CODE = _D[_J + 1:]
 
 @lru_cache(maxsize=64)
 def agent_stream(compiled: bool = False, subcommand: str | None = None) -> bytes:
-    """What the transport writes to the agent's stdin, for `python3 -S -c contract.BOOT - ...`
-    (contract.agent_argv(stream=True)): one zlib stream of the loader script, NUL, the
+    """What the transport writes to the agent's stdin, for `python3 -S -c call.BOOT - ...`
+    (call.agent_argv(stream=True)): one zlib stream of the loader script, NUL, the
     sources as JSON, NUL, and with `compiled` the marshalled bytecode of this interpreter.
 
     Why not the script on stdin: Python parses a script read from stdin at ~0.25 ms per KB

@@ -14,7 +14,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-from ..agent import contract
+from ..agent.wire import frame
 from . import runner
 from .route import ran_line
 
@@ -35,7 +35,7 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
     """Run argv on host. capture=False: stdout and stderr pass through (the proof line is
     taken out of stderr). Raises HostUnreachable / HostTimedOut; never for the command's
     own exit code, 255 included."""
-    nonce = contract.new_nonce()
+    nonce = frame.new_nonce()
     how = runner.How(stdin=subprocess.DEVNULL if capture else None, capture=capture, echo_stderr=not capture,
                      deadline_s=deadline_s if deadline_s > 0 else None)
     try:

@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..agent.contract import statedir
+from ..agent.state import statedir
 
 SSH_UNREACHABLE = 255
 CONTROL_DIR_ENV = "GPU_PIVOT_CONTROL_DIR"
@@ -393,7 +393,7 @@ class SudoRefused(HostUnreachable):
 
 class HostTimedOut(HostUnreachable):
     """No answer in time: ssh's connect or keep-alive timeout, or the call's deadline.
-    Its own exit code (contract.EXIT_TIMED_OUT); a HostUnreachable for code that only
+    Its own exit code (codes.EXIT_TIMED_OUT); a HostUnreachable for code that only
     needs to know the host gave no result."""
 
 

@@ -12,7 +12,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar, overload
 
-from ..agent import contract
+from ..agent.state import statedir
+from ..agent.wire import call, codes, defaults as shared, frame, records
 from ..config import defaults
 from ..config.errors import ConfigError
 from . import runner
@@ -24,16 +25,16 @@ class AgentError(RuntimeError):
     """The agent ran (or tried to) but gave no usable result; the text says why."""
 
 
-R = TypeVar("R", bound=contract.Record)
+R = TypeVar("R", bound=records.Record)
 
 
 @dataclass
 class AgentResult(Generic[R]):
     """One agent call's outcome: its exit code, its JSON document (what --json prints) and the
-    same document read through the contract (`result`: contract.TeardownResult for a
+    same document read through the contract (`result`: records.TeardownResult for a
     teardown, and so on; the one place the local side reads the agent's keys). The record's
-    type is the parameter: call_agent's overloads give AgentResult[contract.TeardownResult]
-    for "teardown", and so on (contract.RESULTS)."""
+    type is the parameter: call_agent's overloads give AgentResult[records.TeardownResult]
+    for "teardown", and so on (records.RESULTS)."""
 
     host: str
     code: int
@@ -51,14 +52,14 @@ def exit_code_for(exc: BaseException) -> int | None:
     from .route import HostUnreachable
 
     if isinstance(exc, ConfigError):
-        return contract.EXIT_USAGE
+        return codes.EXIT_USAGE
     if isinstance(exc, HostTimedOut):  # before HostUnreachable: it is one, with its own code
-        return contract.EXIT_TIMED_OUT
+        return codes.EXIT_TIMED_OUT
     if isinstance(exc, SandboxStartError):  # the sandbox's processes did not start: nothing to use
-        return contract.EXIT_FAILED
+        return codes.EXIT_FAILED
     # StateDirError: a local state directory (audit log, ssh sockets) was refused
-    if isinstance(exc, (HostUnreachable, AgentError, contract.statedir.StateDirError)):
-        return contract.EXIT_UNREACHABLE
+    if isinstance(exc, (HostUnreachable, AgentError, statedir.StateDirError)):
+        return codes.EXIT_UNREACHABLE
     return None
 
 
@@ -68,8 +69,8 @@ def _tail(text: str, lines: int = 5) -> str:
 
 
 def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
-    """The agent's argv on the host (contract.agent_argv) with what the host config selects."""
-    return contract.agent_argv(host.python, subcommand, nonce, host.devices, progress=progress, run_dir=host.run_dir,
+    """The agent's argv on the host (call.agent_argv) with what the host config selects."""
+    return call.agent_argv(host.python, subcommand, nonce, host.devices, progress=progress, run_dir=host.run_dir,
                                fake_devices=host.fake_devices, targets=host.targets, protect=host.protect,
                                fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid, args=args,
                                stream=True)  # stdin: bundle.agent_stream()
@@ -134,7 +135,7 @@ class TeardownRequest:
         twice (a teardown that kills may spend it once for TERM and once for KILL), and the MPS
         daemons' one shared quit limit (agent mps.py)."""
         waits = self.grace + 2 * self.timeout + (self.wait_lock or 0.0) + (self.settle or 0.0)
-        return BASE_DEADLINE_S + waits + (contract.MPS_QUIT_TIMEOUT_S if self.mps_quit else 0.0)
+        return BASE_DEADLINE_S + waits + (shared.MPS_QUIT_TIMEOUT_S if self.mps_quit else 0.0)
 
 
 @dataclass(frozen=True)
@@ -152,7 +153,7 @@ class VerifyRequest:
         return BASE_DEADLINE_S + self.wait
 
 
-def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult[contract.TeardownResult]:
+def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult[records.TeardownResult]:
     """One teardown on `host`, within the deadline its fields give."""
     return call_agent(host, "teardown", request.argv(), on_progress=on_progress, deadline_s=request.deadline_s())
 
@@ -180,79 +181,79 @@ def deadline_for(subcommand: str, args=()) -> float:
         waits += _flag_seconds(args, "--timeout")
         words = [str(a) for a in args]
         if "--mps=quit" in words or any(w == "--mps" and words[i + 1:i + 2] == ["quit"] for i, w in enumerate(words)):
-            waits += contract.MPS_QUIT_TIMEOUT_S  # every MPS daemon's quit, one shared limit (agent mps.py)
+            waits += shared.MPS_QUIT_TIMEOUT_S  # every MPS daemon's quit, one shared limit (agent mps.py)
     spec = _spec_of(args)
     if subcommand == "gates":
-        waits += contract.GATE_TIMEOUT_S * len(spec.get("gates") or ())
+        waits += shared.GATE_TIMEOUT_S * len(spec.get("gates") or ())
     elif subcommand == "phase-stop":
         waits += 2 * float(spec.get("stop_timeout") or 0)
     elif subcommand == "smoke":
-        waits += contract.SMOKE_TIMEOUT_S
+        waits += shared.SMOKE_TIMEOUT_S
     elif subcommand == "reset" and "--yes" in [str(a) for a in args]:
-        waits += contract.RESET_TIMEOUT_S  # nvidia-smi --gpu-reset is bounded by the agent itself
+        waits += shared.RESET_TIMEOUT_S  # nvidia-smi --gpu-reset is bounded by the agent itself
     return BASE_DEADLINE_S + waits
 
 
 def _spec_of(args) -> dict:
     words = [str(a) for a in args]
-    if contract.SPEC_FLAG in words[:-1]:
+    if call.SPEC_FLAG in words[:-1]:
         try:
-            spec = contract.decode_spec(words[words.index(contract.SPEC_FLAG) + 1])
+            spec = frame.decode_spec(words[words.index(call.SPEC_FLAG) + 1])
             return spec if isinstance(spec, dict) else {}
         except ValueError:
             return {}
     return {}
 
 
-# The record each subcommand's call gives (contract.RESULTS), for mypy: one overload per subcommand.
+# The record each subcommand's call gives (records.RESULTS), for mypy: one overload per subcommand.
 @overload
 def call_agent(host, subcommand: Literal["ping"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.PingResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.PingResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["scan"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.ScanResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.ScanResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["verify"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.VerifyResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.VerifyResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["plan"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.PlanResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.PlanResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["teardown"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.TeardownResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.TeardownResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["phase-start"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.StartResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.StartResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["phase-ready"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.ReadyResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.ReadyResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["phase-stop"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.StopResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.StopResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["phase-logs"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.LogsResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.LogsResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["smoke"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.SmokeResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.SmokeResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["drain"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.DrainResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.DrainResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["gates"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.GatesResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.GatesResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["lint"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.LintResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.LintResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["deploy"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.DeployResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.DeployResult]: ...
 @overload
 def call_agent(host, subcommand: Literal["reset"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.ResetResult]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.ResetResult]: ...
 @overload
 def call_agent(host, subcommand: str, args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[contract.Record]: ...
+               deadline_s: float | None = ...) -> AgentResult[records.Record]: ...
 
 
 def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: float | None = None) -> AgentResult[Any]:
@@ -261,13 +262,13 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
     Raises HostUnreachable, HostTimedOut (ssh gave up waiting, or the deadline passed: the
     ssh process is killed), AgentError, or ConfigError (the agent refused a flag's value:
     exit 2, nothing done)."""
-    nonce = contract.new_nonce()
+    nonce = frame.new_nonce()
     deadline = deadline_s if deadline_s is not None else deadline_for(subcommand, args)
     out_lines: list = []
 
     def on_line(raw: bytes) -> None:
         line = raw.decode("utf-8", "replace")
-        fields = contract.parse_progress(line) if on_progress else None
+        fields = frame.parse_progress(line) if on_progress else None
         if fields is None:
             out_lines.append(line)
             return
@@ -286,8 +287,8 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
     doc = read_document(host.alias, "".join(out_lines), nonce, done.code, done.stderr, done.failure(host.route,
                                                                                                    host.alias))
     try:
-        result = contract.read(subcommand, done.code, doc)
-    except contract.ContractError as exc:
+        result = records.read(subcommand, done.code, doc)
+    except records.ContractError as exc:
         raise AgentError(f"{host.alias}: {exc} (exit {done.code})") from None
     return AgentResult(host.alias, done.code, doc, done.wall_s, result)
 
@@ -299,14 +300,14 @@ def send_agent(host, argv: list, nonce: str, how: runner.How) -> runner.Finished
     its bundle could not be built (then it got an empty stdin and stopped before doing
     anything), or when the local ssh ControlPath directory was refused."""
     local = not host.route.hops
-    subcommand = argv[argv.index(contract.STDIN) + 1]  # the bundle carries what this subcommand imports
+    subcommand = argv[argv.index(call.STDIN) + 1]  # the bundle carries what this subcommand imports
     how = dataclasses.replace(how, feed=lambda: agent_stream(compiled=local,  # compiled: this machine's bytecode
                                                              subcommand=subcommand))
     try:
         done = runner.run(host.route, host.route.marked(argv, nonce), nonce, how)
     except runner.NotStarted as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
         raise AgentError(f"{host.alias}: {exc}") from None
-    except contract.statedir.StateDirError as exc:
+    except statedir.StateDirError as exc:
         raise AgentError(f"{host.alias}: {exc}") from None
     if done.feed_error is not None:
         raise AgentError(f"{host.alias}: could not build the agent bundle: {done.feed_error}")
@@ -322,8 +323,8 @@ def read_document(alias: str, stdout: str, nonce: str, code: int, stderr: str = 
     (the agent refused a flag's value). `alias` ("" for none) starts every message."""
     at = f"{alias}: " if alias else ""
     try:
-        body = contract.extract(stdout, nonce)
-    except contract.MarkerError as exc:
+        body = frame.extract(stdout, nonce)
+    except frame.MarkerError as exc:
         if unreached is not None:
             raise unreached from None
         stderr = "\n".join(line for line in stderr.splitlines() if RAN_PREFIX not in line)
@@ -334,9 +335,9 @@ def read_document(alias: str, stdout: str, nonce: str, code: int, stderr: str = 
         raise AgentError(f"{at}the agent's result is not valid JSON ({exc}); exit {code}") from None
     if not isinstance(doc, dict):
         raise AgentError(f"{at}the agent's result is not a JSON object; exit {code}")
-    if doc.get(contract.USAGE_ERROR):
-        raise ConfigError(f"{at}{doc[contract.USAGE_ERROR]}")
-    if doc.get(contract.AGENT_ERROR):  # the agent caught its own failure (agent/cli.py main): exit 3, named
-        raise AgentError(f"{at}the agent failed: {doc[contract.AGENT_ERROR]} (exit {code}; please report "
+    if doc.get(codes.USAGE_ERROR):
+        raise ConfigError(f"{at}{doc[codes.USAGE_ERROR]}")
+    if doc.get(codes.AGENT_ERROR):  # the agent caught its own failure (agent/cli.py main): exit 3, named
+        raise AgentError(f"{at}the agent failed: {doc[codes.AGENT_ERROR]} (exit {code}; please report "
                          "it with this line)")
     return doc

@@ -18,7 +18,7 @@ from __future__ import annotations
 import os
 import re
 
-from ..agent import contract
+from ..agent.wire import codes, defaults, records
 from .render import Col, paint, record, shorten, table
 from .status import failed, no_gpu_visible, scan_of
 
@@ -31,7 +31,7 @@ def _gpu_of_file(path: str) -> str | None:
     return m.group(1) if m else None
 
 
-def _held(scan: contract.ScanResult) -> tuple[set, bool]:
+def _held(scan: records.ScanResult) -> tuple[set, bool]:
     """(the GPU indices unprotected holders are on, whether one is on every GPU)."""
     on: set = set()
     everywhere = False
@@ -47,7 +47,7 @@ def _held(scan: contract.ScanResult) -> tuple[set, bool]:
     return on, everywhere
 
 
-def gpus_free(x, max_used_mib: int = contract.MAX_USED_MIB) -> str:
+def gpus_free(x, max_used_mib: int = defaults.MAX_USED_MIB) -> str:
     """`free/total` GPUs of a scan or verify result ('?/total' where not every process could be
     inspected); the GPUs are the source's rows, else the host's `nvidiaN` files."""
     scan = scan_of(x)
@@ -89,22 +89,22 @@ def status_verdict(x) -> str:
 
 def verify_verdict(x) -> str:
     """verify's own verdict for a host (its exit code, in words)."""
-    v: contract.VerifyResult = record(x)
+    v: records.VerifyResult = record(x)
     if no_gpu_visible(v.scan):
         return "NO GPU VISIBLE"
-    if v.code == contract.EXIT_UNINSPECTED:
+    if v.code == codes.EXIT_UNINSPECTED:
         return "NOT INSPECTED (run as root)"
-    if v.code == contract.EXIT_UNHEALTHY:
+    if v.code == codes.EXIT_UNHEALTHY:
         return "FREE, GPU UNHEALTHY"
-    return "FREE" if v.free and v.code == contract.EXIT_OK else "NOT FREE"
+    return "FREE" if v.free and v.code == codes.EXIT_OK else "NOT FREE"
 
 
-def _unhealthy(scan: contract.ScanResult, word: str) -> str:
-    bad = [g for g in scan.gpus if contract.gpu_health(g)["verdict"] in ("drain", "reset needed", "reboot needed")]
+def _unhealthy(scan: records.ScanResult, word: str) -> str:
+    bad = [g for g in scan.gpus if records.gpu_health(g)["verdict"] in ("drain", "reset needed", "reboot needed")]
     return f"{word}, GPU UNHEALTHY" if bad else word
 
 
-def summary(outcomes, verdict, max_used_mib: int = contract.MAX_USED_MIB) -> str:
+def summary(outcomes, verdict, max_used_mib: int = defaults.MAX_USED_MIB) -> str:
     """The fleet's summary table: a row per host in the order given. `verdict(result)`: the
     task's words for an answering host's result (status_verdict, verify_verdict); its exit
     code is the call's (AgentResult.code), a failed host's the one its error gives."""
@@ -114,7 +114,7 @@ def summary(outcomes, verdict, max_used_mib: int = contract.MAX_USED_MIB) -> str
     for out in outcomes:
         alias = out.host.alias
         if out.error is not None:
-            code = exit_code_for(out.error) or contract.EXIT_NOT_FREE
+            code = exit_code_for(out.error) or codes.EXIT_NOT_FREE
             said = str(out.error)
             said = said[len(alias) + 2:] if said.startswith(f"{alias}: ") else said  # the row names the host
             rows.append([alias, "-", "-", f"{failed(out.error).upper()} (exit {code}): {shorten(said, 100)}"])

@@ -2,22 +2,27 @@
 
 Why apart from status_view: the same per-GPU health lines end status, verify and a
 teardown's report, and they name the next step (reset, reboot, drain) and the runbook; the
-records come through the contract (contract.gpu_health reads a GPU row's verdict).
+records come through the contract (records.gpu_health reads a GPU row's verdict).
 """
 from __future__ import annotations
 
-from ..agent import contract
+from typing import TYPE_CHECKING
+
+from ..agent.wire import records
 from .render import Col, record, shorten, table
+
+if TYPE_CHECKING:
+    from ..agent.wire.rows import GpuRow, Mps, MpsQuit
 
 RUNBOOK = "runbooks/gpu-unusable-after-teardown.md"
 NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot needed": "reboot the node",
         "drain": "drain peer-to-peer (NVLink) traffic, then look again"}
 
 
-def _gpus(x) -> list[contract.GpuRow]:
+def _gpus(x) -> list[GpuRow]:
     """The GPU rows that carry the verdict: a teardown's after, else the scan's."""
     x = record(x)
-    if isinstance(x, contract.TeardownResult):
+    if isinstance(x, records.TeardownResult):
         return x.after
     return getattr(x, "scan", x).gpus
 
@@ -29,7 +34,7 @@ def health(x, alias: str = "HOST") -> str:
         return ""
     rows, steps = [], []
     for g in gpus:
-        h = contract.gpu_health(g)
+        h = records.gpu_health(g)
         rows.append([g["index"], h["verdict"].upper() if h["verdict"] not in ("ok", "unknown") else h["verdict"],
                      "; ".join(h["reasons"][:2]) or "-"])  # wrapped by the table, never cut
         if h["verdict"] in NEXT:
@@ -54,8 +59,8 @@ def mig(x) -> str:
 
 def mps(x) -> str:
     x = record(x)
-    info: contract.Mps | None = x.mps if isinstance(x, contract.TeardownResult) else getattr(x, "scan", x).mps
-    quits: list[contract.MpsQuit] = x.mps_quit if isinstance(x, contract.TeardownResult) else []
+    info: Mps | None = x.mps if isinstance(x, records.TeardownResult) else getattr(x, "scan", x).mps
+    quits: list[MpsQuit] = x.mps_quit if isinstance(x, records.TeardownResult) else []
     if not info and not quits:
         return ""
     lines = []

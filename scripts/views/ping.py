@@ -5,11 +5,11 @@ hold, nor signal them, so a host where it runs as the ssh user answers every cal
 than the truth. An operator setting up `ALIAS_BECOME=sudo` checks here that it took."""
 from __future__ import annotations
 
-from scripts.agent import contract
+from scripts.agent.wire import records
 from scripts.reach.route import SudoHop
 
 
-def runs_as(p: contract.PingResult, become: SudoHop | None) -> str:
+def runs_as(p: records.PingResult, become: SudoHop | None) -> str:
     """'root via sudo', 'root' or 'uid N'. Via sudo when the agent saw sudo's SUDO_USER, or the
     route has a sudo hop (`pct exec` after sudo does not pass SUDO_USER into the container)."""
     if p.uid != 0:
@@ -17,7 +17,7 @@ def runs_as(p: contract.PingResult, become: SudoHop | None) -> str:
     return "root via sudo" if p.sudo_user or become is not None else "root"
 
 
-def ping_suffix(p: contract.PingResult, become: SudoHop | None) -> str:
+def ping_suffix(p: records.PingResult, become: SudoHop | None) -> str:
     """What `invoke ping` adds after the host's line: as whom the agent ran, and what not being root costs."""
     who = runs_as(p, become)
     return f"; as {who}" if p.uid == 0 else f"; as {who}, not root: other users' GPU processes are out of its reach"

@@ -14,8 +14,13 @@ import re
 import shlex
 import sys
 import textwrap
+from typing import TYPE_CHECKING
 
-from ..agent import contract
+from ..agent.procs import program
+from ..agent.wire import records, textsafe
+
+if TYPE_CHECKING:
+    from ..agent.wire.rows import ProcessRow
 
 _ANSI = re.compile("\x1b\\[[0-9;]*m")
 DEFAULT_WIDTH = 100  # neither COLUMNS nor a terminal (a pipe, a file, a CI log)
@@ -25,10 +30,10 @@ ELLIPSIS = "..."
 def safe(text) -> str:
     """Text from a host (command lines, titles, file, unit and user names, errors) as one line
     safe for a terminal: control characters (newline and tab too), bidi overrides and
-    zero-width marks become \\xNN / \\uNNNN (contract.textsafe.printable: the one rule, the
+    zero-width marks become \\xNN / \\uNNNN (textsafe.printable: the one rule, the
     agent's too), so a process titled with escape sequences cannot erase "NOT FREE" from the
     screen, nor a title with a newline forge a line of its own."""
-    return contract.textsafe.printable(text)
+    return textsafe.printable(text)
 
 
 def safe_lines(text) -> str:
@@ -44,7 +49,7 @@ def shown(x):
     the originals."""
     if isinstance(x, str):
         return safe(x)
-    if isinstance(x, contract.Record):
+    if isinstance(x, records.Record):
         return type(x)(**{k: shown(v) for k, v in vars(x).items()})
     if isinstance(x, dict):
         return {shown(k): shown(v) for k, v in x.items()}
@@ -55,12 +60,12 @@ def shown(x):
 
 def record(x):
     """The contract's record in `x`, as a view shows it: a display copy (shown: every host
-    string escaped). `x` is a record (contract.ScanResult, TeardownResult, ...), what carries
+    string escaped). `x` is a record (records.ScanResult, TeardownResult, ...), what carries
     one as `result` (transport.AgentResult), or an agent document (a dict, as --json prints
-    it, which names its command) read with contract.read_document. The one way every view
+    it, which names its command) read with records.read_document. The one way every view
     (status_view, health_view, teardown_view, phase_view) takes its input."""
     x = getattr(x, "result", x)
-    return shown(contract.read_document(x) if isinstance(x, dict) else x)
+    return shown(records.read_document(x) if isinstance(x, dict) else x)
 
 
 # -- width and colour ---------------------------------------------------------------------------
@@ -194,7 +199,7 @@ class Command:
 
     def __init__(self, argv=None, cmdline: str = ""):
         argv = [safe(a) for a in (argv or []) if a is not None] or safe(cmdline).split()
-        self.program, args = contract.program_of(argv) if argv else (["?"], [])
+        self.program, args = program.program_of(argv) if argv else (["?"], [])
         self.groups = [[_word(w) for w in g] for g in _groups(args)]
         positional, ranks = 0, []
         for n, g in enumerate(self.groups):
@@ -205,7 +210,7 @@ class Command:
             [n for r, n in ranks if r is None]
 
     @classmethod
-    def of(cls, record: contract.ProcessRow) -> Command:
+    def of(cls, record: ProcessRow) -> Command:
         """From a process record of the agent (holder, target, action): argv when it has one."""
         return cls(record.get("argv"), record.get("cmdline") or "")
 
@@ -230,7 +235,7 @@ class Command:
         return text if len(text) <= n else text[: max(1, n - len(ELLIPSIS))] + ELLIPSIS
 
 
-def command(record: contract.ProcessRow, n: int | None = None) -> str:
+def command(record: ProcessRow, n: int | None = None) -> str:
     """A record's command (see Command), cut to n columns when n is given."""
     c = Command.of(record)
     return str(c) if n is None else c.fit(n)

@@ -6,11 +6,11 @@ exact command before anything runs, and the same lines after it ran.
 """
 from __future__ import annotations
 
-from ..agent import contract
+from ..agent.wire import records
 from .render import Col, safe, safe_lines, shown, table
 
 
-def report(alias: str, r: contract.ResetResult) -> str:
+def report(alias: str, r: records.ResetResult) -> str:
     output = r.output  # a command's output: its lines kept, each escaped (safe_lines)
     r = shown(r)  # every other host string escaped (render.shown)
     rows = [["ok" if c["ok"] else "NO", c["check"], c["detail"]] for c in r.checks]

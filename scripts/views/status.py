@@ -1,17 +1,22 @@
 """Render scan, verify and ping results for people: a per-GPU table, a holder table, verdicts.
 
 Why separate: tasks stay thin, and the same views serve status, verify, plan and teardown.
-Each view takes the contract's record (AgentResult.result: contract.ScanResult,
+Each view takes the contract's record (AgentResult.result: records.ScanResult,
 VerifyResult, PingResult); an agent document (a dict, as --json prints it) is read through
 the contract first, in render.record, so these views never read the agent's keys themselves.
 """
 from __future__ import annotations
 
-from ..agent import contract
+from typing import TYPE_CHECKING
+
+from ..agent.wire import records
 from .render import Col, Command, age, note, paint, record, shorten, table, width
 
+if TYPE_CHECKING:
+    from ..agent.wire.rows import ProcessRow
 
-def scan_of(x) -> contract.ScanResult:
+
+def scan_of(x) -> records.ScanResult:
     """The scan in a scan, verify or plan result (a record or an agent document)."""
     x = record(x)
     return getattr(x, "scan", x)
@@ -57,7 +62,7 @@ def gpu_table(x) -> str:
         table(["gpu", Col("name", "cut", 8), "used", "reserved", "total", Col("processes", "wrap", 12)], rows, "  ")
 
 
-def where(h: contract.ProcessRow) -> str:
+def where(h: ProcessRow) -> str:
     """A process row's unit or container, for a table column."""
     c = h.get("container")
     if c:
@@ -102,7 +107,7 @@ def writing_line(pid, files: list) -> str:
     return f"pid {pid} is writing {', '.join(files[:5])}{more}: stopping it may leave {which} incomplete"
 
 
-def _notes(scan: contract.ScanResult) -> list:
+def _notes(scan: records.ScanResult) -> list:
     extra = [note(writing_line(h["pid"], h["write_files"])) for h in scan.holders if h.get("write_files")]
     if scan.foreign_gpu_pids:
         pids = ", ".join(str(p["pid"]) for p in scan.foreign_gpu_pids)
@@ -133,7 +138,7 @@ def last_teardown(x) -> str:
 
 def verdict(x) -> str:
     """verify's answer: FREE, or NOT FREE and each problem on its own line."""
-    v: contract.VerifyResult = record(x)
+    v: records.VerifyResult = record(x)
     if v.free:
         return paint("FREE: every GPU is free")
     return paint("\n".join(["NOT FREE:", *(note(p) for p in v.problems)]))  # each problem whole, fitted
@@ -141,7 +146,7 @@ def verdict(x) -> str:
 
 def still_holding(x) -> str:
     """What still holds each GPU after a verify or a teardown that did not free it."""
-    v: contract.VerifyResult | contract.TeardownResult = record(x)
+    v: records.VerifyResult | records.TeardownResult = record(x)
     rows = [[r["gpu"] if r["gpu"] is not None else "-", r["pid"], r["state"], _mib(r["used_mib"]), Command.of(r)]
             for r in v.still_holding]
     if not rows:
@@ -174,7 +179,7 @@ def header(alias: str, x, sandbox: bool) -> str:
 
 def ping_line(alias: str, x, wall_s: float) -> str:
     """One line per host for `invoke ping`: who answered and which GPU tools it has."""
-    p: contract.PingResult = record(x)
+    p: records.PingResult = record(x)
 
     def yes(v) -> str:
         return "yes" if v else "no"

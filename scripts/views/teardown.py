@@ -5,15 +5,20 @@ prompt of `invoke teardown`, and by `--dry-run`; and a teardown's verdict (FREED
 verified, NOT FREE, LOCKED, UNREACHABLE) is said here only: in the report of one host
 (report), the line of each host of a fleet as it finishes (host_line), the fleet's summary
 table (summary) and a pivot's teardown step (brief). Each takes the contract's record
-(contract.TeardownResult, contract.Plan) or what carries it (transport.AgentResult, a
+(records.TeardownResult, records.Plan) or what carries it (transport.AgentResult, a
 fleet Outcome); an agent document (dict) is read through the contract first.
 """
 from __future__ import annotations
 
-from ..agent import contract
+from typing import TYPE_CHECKING
+
+from ..agent.wire import codes, records
 from . import health as health_view
 from .render import Col, Command, Progress, command, note, paint, record, shorten, shown, table
 from .status import failed, header, still_holding, where, writing_line
+
+if TYPE_CHECKING:
+    from ..agent.wire.rows import GpuRow
 
 
 def _mib(gpu_mib: dict) -> str:
@@ -25,10 +30,10 @@ COMMAND = Col("command", "command", 30)
 
 
 def plan_tables(x) -> str:
-    """The plan (contract.Plan, or a plan or teardown result holding one) as tables."""
+    """The plan (records.Plan, or a plan or teardown result holding one) as tables."""
     if isinstance(x, dict):
-        x = contract.read_plan(x["plan"]) if "command" in x else contract.read_plan(x)
-    plan: contract.Plan = shown(getattr(x, "plan", x))
+        x = records.read_plan(x["plan"]) if "command" in x else records.read_plan(x)
+    plan: records.Plan = shown(getattr(x, "plan", x))
     out = []
     if plan.targets:
         rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], Command.of(t)] for t in plan.targets]
@@ -85,7 +90,7 @@ def manager_lines(stops: list) -> list[str]:
 
 
 def progress_line(alias: str, p: dict, kill_in: float | None = None) -> str:
-    """One progress line of a running teardown (the fields of contract.parse_progress), fitted
+    """One progress line of a running teardown (the fields of frame.parse_progress), fitted
     to the width (wrapped, never cut: a claim keeps its caveat). `kill_in`: the seconds left
     until SIGKILL, where the caller knows them (TeardownProgress)."""
     return note(_progress_text(alias, p, kill_in), "", "    ")
@@ -182,15 +187,15 @@ class TeardownProgress:
 
 
 def before_after(x) -> str:
-    t: contract.TeardownResult = record(x)
+    t: records.TeardownResult = record(x)
     before = {g["index"]: g for g in t.before}
     after = {g["index"]: g for g in t.after}
     if not before and not after:
         return "GPU memory: no source on this host (device holders only)"
     rows = []
     for idx in sorted(set(before) | set(after)):
-        b: contract.GpuRow | dict = before.get(idx, {})
-        a: contract.GpuRow | dict = after.get(idx, {})
+        b: GpuRow | dict = before.get(idx, {})
+        a: GpuRow | dict = after.get(idx, {})
         rows.append([idx, b.get("used_mib", "?"), a.get("used_mib", "?"), len(b.get("processes", [])),
                      len(a.get("processes", [])), a.get("total_mib", b.get("total_mib", "?"))])
     return f"GPU memory before -> after (source: {t.gpu_source})\n" + \
@@ -198,7 +203,7 @@ def before_after(x) -> str:
 
 
 def actions(x) -> str:
-    t: contract.TeardownResult = record(x)
+    t: records.TeardownResult = record(x)
     recs = t.actions
     if not recs:
         return ""
@@ -206,20 +211,20 @@ def actions(x) -> str:
     return "Actions\n" + table(["action", "pid", Col("result", "wrap", 12), COMMAND], rows, "  ")
 
 
-def _word(t: contract.TeardownResult) -> str:
+def _word(t: records.TeardownResult) -> str:
     """The verdict in one word or two, as the short lines say it."""
     if t.locked:
         return "LOCKED"
     if t.state_error:
         return "NOT STARTED"
-    if t.code == contract.EXIT_UNHEALTHY:
+    if t.code == codes.EXIT_UNHEALTHY:
         return "freed, GPU UNHEALTHY"
-    return "freed" if t.code == contract.EXIT_OK else "NOT FREE"
+    return "freed" if t.code == codes.EXIT_OK else "NOT FREE"
 
 
 def brief(x, wall_s: float | None = None) -> str:
     """'freed 1234 MiB, 3 target(s) stopped, 2 protected kept, 1.52s' (a pivot's teardown step)."""
-    t: contract.TeardownResult = record(x)
+    t: records.TeardownResult = record(x)
     if t.plan is None:  # it did not run
         return f"{_word(t)}: {t.error}"
     wall = t.wall_s if wall_s is None else wall_s
@@ -242,7 +247,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     could inspect every process and sent every signal. (`code` is not needed: the record
     carries it; it is accepted for callers that still pass the document and its code.)
     """
-    t: contract.TeardownResult = record(x)
+    t: records.TeardownResult = record(x)
     if t.locked:
         return [f"{alias}: LOCKED: {t.error}"]
     if t.state_error or t.plan is None:
@@ -275,7 +280,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     return lines
 
 
-def _timing(t: contract.TeardownResult) -> str:
+def _timing(t: records.TeardownResult) -> str:
     """`free at 0.41s, settled at 0.41s (settle: ...)`: when it read free and when the answer came."""
     if t.free_at_s is not None and t.settled_at_s is not None:
         return f"free at {t.free_at_s:.2f}s, settled at {t.settled_at_s:.2f}s " + (
@@ -285,25 +290,25 @@ def _timing(t: contract.TeardownResult) -> str:
     return f"in {t.wall_s:.2f}s"
 
 
-def _verdict(t: contract.TeardownResult) -> str:
-    if t.code == contract.EXIT_OK:
+def _verdict(t: records.TeardownResult) -> str:
+    if t.code == codes.EXIT_OK:
         return "FREED and verified"
-    if t.code == contract.EXIT_UNHEALTHY:
+    if t.code == codes.EXIT_UNHEALTHY:
         return "FREED, but a GPU needs a reset, a reboot or draining (GPU health below)"
-    return "NOT FREE (could not inspect every process)" if t.code == contract.EXIT_UNINSPECTED else "NOT FREE"
+    return "NOT FREE (could not inspect every process)" if t.code == codes.EXIT_UNINSPECTED else "NOT FREE"
 
 
 def report(alias: str, result, sandbox: bool = False) -> str:
     """One host's whole teardown report: actions, GPU memory before -> after, the verdict,
     and what still holds a GPU when it is not free. Locked or not started: one line."""
-    t: contract.TeardownResult = record(result)
+    t: records.TeardownResult = record(result)
     if not t.ran:
         return paint("== " + verdict_lines(alias, t)[0])
     verdict = "\n".join(note(v.lstrip(), v[:len(v) - len(v.lstrip())], " " * (len(v) - len(v.lstrip()) + 4))
                         for v in verdict_lines(alias, t))  # fitted to the width, words never cut
     parts = [header(alias, t, sandbox), actions(t), before_after(t), verdict,
              health_view.health(t, alias), health_view.mps(t)]
-    if t.code and t.code != contract.EXIT_UNHEALTHY:
+    if t.code and t.code != codes.EXIT_UNHEALTHY:
         parts.append(still_holding(t))
     return paint("\n".join(p for p in parts if p))
 
@@ -315,9 +320,9 @@ def summary(outcomes) -> str:
         if out.error is not None:
             rows.append([out.host.alias, "-", "-", "-", "-", f"{failed(out.error)}: {out.error}"])
             continue
-        t: contract.TeardownResult = record(out.value)
+        t: records.TeardownResult = record(out.value)
         result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
-        plan = t.plan or contract.Plan(targets=[], protected=[])
+        plan = t.plan or records.Plan(targets=[], protected=[])
         rows.append([out.host.alias, t.freed_mib if t.ran else "-", len(plan.targets), len(plan.protected),
                      f"{out.value.wall_s:.2f}s", result])
     return paint("Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall",

@@ -5,7 +5,7 @@ Why: `python3 -c ...` and `python3 -` put the working directory first on sys.pat
 agent runs as root wherever the operator stands (a shared /tmp, a colleague's checkout). A
 `zlib.py` or `json.py` another user left there would run as root before any signal. Tested
 with a real second user planting both in its own home, and the agent started there in the
-two forms the transport and the Ansible module use (contract.BOOT stream, `python3 -` payload).
+two forms the transport and the Ansible module use (call.BOOT stream, `python3 -` payload).
 """
 from __future__ import annotations
 

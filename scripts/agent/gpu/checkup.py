@@ -7,8 +7,8 @@ which must stay cheap.
 """
 import os
 
-from .. import contract
 from ..state import lastrun
+from ..wire import defaults
 from . import gpuinfo, health, mig, mps, xid
 
 
@@ -62,7 +62,7 @@ def last_teardown_since_us():
     import time
 
     try:
-        started = time.strptime(record["started"], contract.TIME_FORMAT)
+        started = time.strptime(record["started"], defaults.TIME_FORMAT)
     except ValueError:
         return None
     epoch = calendar.timegm(started) - (started.tm_gmtoff or 0)
@@ -102,7 +102,7 @@ def teardown_start(source):
 
 def mps_quit(args, audit, source=None, rescan=None):
     """`teardown --mps quit`, once the targets (the clients) are gone: every control daemon on
-    the host is told `quit`, and its server waited for, all within contract.MPS_QUIT_TIMEOUT_S.
+    the host is told `quit`, and its server waited for, all within defaults.MPS_QUIT_TIMEOUT_S.
     Read from a fresh scan: a server may have started (for a client) since the plan's scan. A
     daemon whose server still serves a process - an MPS client NVML lists, or an unprotected
     holder of the server's GPU - is left running: that process is outside the plan (the

@@ -18,8 +18,8 @@ import sys
 import threading
 import time
 
-from .. import contract
 from ..procs import procfs
+from ..wire import defaults
 from . import smi_parse
 
 MIB = 1024 * 1024
@@ -31,7 +31,7 @@ def _mib(nbytes):
 
 
 def import_pynvml():
-    """pynvml, also when the agent runs with -S (the transport's form, contract.BOOT). Then
+    """pynvml, also when the agent runs with -S (the transport's form, call.BOOT). Then
     the site-packages directories are put on sys.path first, without running their .pth
     files (on a torch host those cost 50-85 ms, and this runs while a teardown waits for the
     driver); only if pynvml still cannot be found is site run in full, as a plain start would."""
@@ -259,7 +259,7 @@ class Opening:
     the targets' memory instead of delaying the first signal. Any use before start() opens
     it there and then."""
 
-    def __init__(self, fake_dir=None, devices_glob=contract.DEVICE_GLOB, start=True):
+    def __init__(self, fake_dir=None, devices_glob=defaults.DEVICE_GLOB, start=True):
         self._args = (fake_dir, devices_glob)
         self._opened = None
         self._thread = None
@@ -319,7 +319,7 @@ def reader(args, source=None):
         source.close()
 
 
-def open_source(fake_dir=None, devices_glob=contract.DEVICE_GLOB):
+def open_source(fake_dir=None, devices_glob=defaults.DEVICE_GLOB):
     """The best source this host has, and why each better one was not used."""
     if fake_dir:
         return SandboxSource(fake_dir, devices_glob), []

@@ -19,7 +19,7 @@ remapped rows pending or failed (nvmlDeviceGetRemappedRows), retired pages pendi
 GPUs), Xid events since the teardown started (xid.py), and the teardown's stuck holders.
 Where NVML is missing, `nvidia-smi --query-gpu` gives the remapped rows.
 
-How the verdict changes the exit code (contract.EXIT_UNHEALTHY, 9): a verify or teardown
+How the verdict changes the exit code (codes.EXIT_UNHEALTHY, 9): a verify or teardown
 that would exit 0 (free) exits 9 when some GPU is "drain", "reset needed" or "reboot
 needed"; "unknown" never changes the code (a host without NVML can still be freed); a
 result that is not free keeps its own code (1, 6), the verdict printed beside it.
@@ -28,7 +28,7 @@ import os
 import subprocess
 import threading
 
-from .. import contract
+from ..wire import codes
 from . import gpuinfo, xid
 
 OK, UNKNOWN, DRAIN, RESET, REBOOT = xid.OK, xid.UNKNOWN, xid.DRAIN, xid.RESET, xid.REBOOT
@@ -323,8 +323,8 @@ def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, km
 
 def exit_code(code, gpus):
     """A free result (exit 0) with a GPU that needs a drain, reset or reboot exits 9 instead."""
-    if code == contract.EXIT_OK and any((g.get("health") or {}).get("verdict") in UNHEALTHY for g in gpus):
-        return contract.EXIT_UNHEALTHY
+    if code == codes.EXIT_OK and any((g.get("health") or {}).get("verdict") in UNHEALTHY for g in gpus):
+        return codes.EXIT_UNHEALTHY
     return code
 
 

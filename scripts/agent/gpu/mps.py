@@ -5,7 +5,7 @@ one `nvidia-cuda-mps-server` process, which NVML lists as a compute process (66 
 H200 with one torch client) and which stays after its clients exit, until the control
 daemon is told `quit`. Treated as an ordinary holder, it would be killed under a live
 control daemon, or `verify` would wait forever on "an unknown holder". So: the control
-daemon and the server are protected (contract.PROTECTED_NAMES); status shows each server
+daemon and the server are protected (rules.PROTECTED_NAMES); status shows each server
 and its clients (or none); verify names memory held by a server without clients as that;
 and `teardown --mps quit` sends `quit` through the daemon's control pipe, as the daemon's
 own user, and waits for its server to go.
@@ -20,7 +20,7 @@ The daemon and the server are known by the program they run - the real path of t
 executable, a root-owned file (rules.root_owned_exe) - never by argv[0] or comm, which any
 user sets: a look-alike would otherwise be exempted by verify or cost every quit its wait.
 `quit` runs the MPS client found on PATH, else the daemon's own verified executable, never
-/proc/PID/exe; all quits share one deadline (contract.MPS_QUIT_TIMEOUT_S, which the caller's
+/proc/PID/exe; all quits share one deadline (defaults.MPS_QUIT_TIMEOUT_S, which the caller's
 deadline counts); a daemon whose server still serves a process outside the plan is left
 running (checkup.mps_quit).
 """
@@ -30,14 +30,14 @@ import stat
 import subprocess
 import time
 
-from .. import contract
 from ..procs import rules
+from ..wire import defaults
 
 CONTROL = "nvidia-cuda-mps-control"
 SERVER = "nvidia-cuda-mps-server"
 DEFAULT_PIPE_DIR = "/tmp/nvidia-mps"
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
-QUIT_TIMEOUT_S = contract.MPS_QUIT_TIMEOUT_S
+QUIT_TIMEOUT_S = defaults.MPS_QUIT_TIMEOUT_S
 POLL_S = 0.05
 CLIENT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"  # the quit client's environment
 

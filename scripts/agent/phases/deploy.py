@@ -10,8 +10,9 @@ import re
 import shutil
 import subprocess
 
-from .. import contract, options
+from .. import options
 from ..state import lastrun
+from ..wire import codes, frame
 
 SUFFIX = ".gpu-pivot-orig"
 
@@ -65,7 +66,7 @@ def rollback(spec):
 
 
 def run(args):
-    spec = contract.decode_spec(args.spec)
+    spec = frame.decode_spec(args.spec)
     ok, files, detail = (apply if args.action == "apply" else rollback)(spec)
-    code = contract.EXIT_OK if ok else contract.EXIT_FAILED
+    code = codes.EXIT_OK if ok else codes.EXIT_FAILED
     return code, {"ok": ok, "files": files, "detail": detail, "action": args.action}

@@ -13,7 +13,7 @@ better says `--no-drain`.
 import time
 import urllib.request
 
-from .. import contract
+from ..wire import codes
 
 METRICS = ("sglang:num_running_reqs", "vllm:num_requests_running")
 
@@ -58,16 +58,16 @@ def run(args):
             count = running_requests(fetch(args.url, max(0.5, min(FETCH_TIMEOUT_S, args.timeout - waited))))
         except Exception as exc:  # HTTP error, refused, time-out: nothing proves the server is idle
             note = "could not read %s (%s): not drained" % (args.url, exc)
-            return contract.EXIT_FAILED, {"drained": False, "note": note,
+            return codes.EXIT_FAILED, {"drained": False, "note": note,
                                           "waited_s": round(time.monotonic() - started, 2)}
         waited = time.monotonic() - started
         if count is None:
             note = "no in-flight request metric at %s (%s): not drained" % (args.url, " or ".join(METRICS))
-            return contract.EXIT_FAILED, {"drained": False, "note": note, "waited_s": round(waited, 2)}
+            return codes.EXIT_FAILED, {"drained": False, "note": note, "waited_s": round(waited, 2)}
         if count == 0:
-            return contract.EXIT_OK, {"drained": True, "running": 0, "waited_s": round(waited, 2)}
+            return codes.EXIT_OK, {"drained": True, "running": 0, "waited_s": round(waited, 2)}
         if waited >= args.timeout:
-            return contract.EXIT_FAILED, {"drained": False, "running": count, "waited_s": round(waited, 2)}
+            return codes.EXIT_FAILED, {"drained": False, "running": count, "waited_s": round(waited, 2)}
         if count != last:
             args.emit_progress(phase="drain", elapsed_s=round(waited, 1), running=count)
             last = count

@@ -9,7 +9,8 @@ import glob
 import json
 import subprocess
 
-from .. import contract, options
+from .. import options
+from ..wire import codes, defaults, frame
 
 
 def add_arguments(parser):
@@ -32,16 +33,16 @@ def check_gate(gate, cwd):
         return {"gate": json.dumps(gate), "ok": False, "detail": "neither a shell command nor a file count gate"}
     try:
         proc = subprocess.run(["sh", "-c", gate], cwd=cwd, capture_output=True, text=True,
-                              timeout=contract.GATE_TIMEOUT_S)
+                              timeout=defaults.GATE_TIMEOUT_S)
     except subprocess.TimeoutExpired:
-        return {"gate": gate, "ok": False, "detail": "timed out after %g s" % contract.GATE_TIMEOUT_S}
+        return {"gate": gate, "ok": False, "detail": "timed out after %g s" % defaults.GATE_TIMEOUT_S}
     tail = (proc.stdout + proc.stderr).strip().splitlines()[-3:]
     detail = "exit %d%s" % (proc.returncode, (": " + " | ".join(tail)) if tail else "")
     return {"gate": gate, "ok": proc.returncode == 0, "detail": detail}
 
 
 def run(args):
-    spec = contract.decode_spec(args.spec)
+    spec = frame.decode_spec(args.spec)
     results = [check_gate(g, spec.get("dir")) for g in spec.get("gates") or []]
     ok = all(r["ok"] for r in results)
-    return (contract.EXIT_OK if ok else contract.EXIT_GATE), {"passed": ok, "gates": results}
+    return (codes.EXIT_OK if ok else codes.EXIT_GATE), {"passed": ok, "gates": results}

@@ -11,9 +11,10 @@ import json
 import os
 import socket
 
-from .. import contract, options
+from .. import options
 from ..status import scan
 from ..teardown import verify
+from ..wire import codes
 
 TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
 PORT_FLAGS = ("--port",)
@@ -120,5 +121,5 @@ def run(args):
     free, problems = verify.evaluate(doc, args.max_used_mib)
     visible = len(doc["gpus"]) or len([d for d in doc["devices"] if os.path.basename(d)[6:].isdigit()])
     found = findings(argv, visible, args.gpus, [] if free else problems)
-    code = contract.EXIT_OK if not found else contract.EXIT_GATE
+    code = codes.EXIT_OK if not found else codes.EXIT_GATE
     return code, {"findings": found, "ok": not found, "gpus_visible": visible}

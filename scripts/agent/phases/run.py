@@ -7,7 +7,7 @@ without systemd, the GPU test machine) the phase runs in its own session (`setsi
 a log file and a state file (pid + start time). Its exit code is written by a tiny `sh`
 wrapper, so a job that dies is reported with its code instead of as "not ready".
 Subcommands: phase-start, phase-ready, phase-stop, phase-logs, smoke (the phase comes as
-`--spec`, contract.encode_spec).
+`--spec`, frame.encode_spec).
 """
 import os
 import shutil
@@ -16,13 +16,14 @@ import subprocess
 import time
 import urllib.request
 
-from .. import contract, options
+from .. import options
 from ..procs import cgroup, procfs, procscan
 from ..state import lastrun, statedir
 from ..state.auditlog import Audit
 from ..status import scan
 from ..teardown import plan, run as teardown
 from ..teardown.targets import Targets
+from ..wire import codes, defaults, frame
 
 WRAP = '"$@"; echo $? > "$GPU_PIVOT_EXIT_FILE"'
 LOG_TAIL = 15
@@ -132,7 +133,7 @@ class SpecCommand:
 
     @classmethod
     def run(cls, args):
-        return cls.act(contract.decode_spec(args.spec), args)
+        return cls.act(frame.decode_spec(args.spec), args)
 
 
 class Start(SpecCommand):
@@ -144,14 +145,14 @@ class Start(SpecCommand):
         old = load_state(name)
         if _alive_state(old):
             error = "phase %s is already running (%s)" % (name, old.get("unit") or old["pid"])
-            return contract.EXIT_FAILED, {"started": False, "error": error}
+            return codes.EXIT_FAILED, {"started": False, "error": error}
         run_dir = lastrun.run_dir()
         state = {"name": name, "argv": spec["argv"], "started": time.time(), "prep": []}
         if plan.systemd_running() and shutil.which("systemd-run"):
             reset_failed(unit_name(name))
             proc = subprocess.run(systemd_run_argv(spec), capture_output=True, text=True)
             if proc.returncode:
-                return contract.EXIT_FAILED, {"started": False, "error": "systemd-run failed: %s" % proc.stderr.strip()}
+                return codes.EXIT_FAILED, {"started": False, "error": "systemd-run failed: %s" % proc.stderr.strip()}
             state.update(unit=unit_name(name), how="systemd-run")
         else:
             log = spec.get("log") or os.path.join(run_dir, "phase-%s.log" % name)
@@ -164,7 +165,7 @@ class Start(SpecCommand):
             pid, start = _spawn(["sh", "-c", cmd], dict(spec, gpus=None), log, exit_file)
             state["prep"].append({"cmd": cmd, "pid": pid, "start_time": start, "log": log, "exit_file": exit_file})
         save_state(state)
-        return contract.EXIT_OK, {"started": True, "state": state}
+        return codes.EXIT_OK, {"started": True, "state": state}
 
 
 def _read_exit(path):
@@ -254,7 +255,7 @@ class Ready(SpecCommand):
     def act(spec, args):
         state = load_state(spec["name"])
         if not state:
-            return contract.EXIT_FAILED, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
+            return codes.EXIT_FAILED, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
         started = time.monotonic()
         last = -10.0
         while True:
@@ -268,7 +269,7 @@ class Ready(SpecCommand):
                 args.emit_progress(phase="ready-wait", elapsed_s=round(waited, 1), detail=detail,
                                    last_log=tail[-1] if tail else "")
             time.sleep(0.25)
-        code = contract.EXIT_OK if ready else contract.EXIT_FAILED
+        code = codes.EXIT_OK if ready else codes.EXIT_FAILED
         return code, {"ready": ready, "dead": dead, "detail": detail, "waited_s": round(waited, 2),
                                      "log_tail": [] if ready else log_tail(state), "prep": prep_report(state),
                                      "state": state}
@@ -285,7 +286,7 @@ class Stop(SpecCommand):
     def act(spec, args):
         state = load_state(spec["name"])
         if not state:
-            return contract.EXIT_OK, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
+            return codes.EXIT_OK, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
         audit = Audit(args.operator or "gpu-pivot")
         targets, stopped, failed, notes = [], [], False, []
         leaders = list(state.get("prep", []))
@@ -308,12 +309,12 @@ class Stop(SpecCommand):
                 targets += _members(leader)
         tracked = Targets(targets, audit)
         tracked.signal(targets, signal.SIGTERM, "SIGTERM")
-        limit = spec.get("stop_timeout", contract.STOP_TIMEOUT_S)
+        limit = spec.get("stop_timeout", defaults.STOP_TIMEOUT_S)
         alive = teardown.wait_gone(args, tracked, limit, None, time.monotonic(), "stop")
         if alive:
             tracked.signal(alive, signal.SIGKILL, "SIGKILL")
             alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
-        code = contract.EXIT_OK if not alive and not failed else contract.EXIT_FAILED
+        code = codes.EXIT_OK if not alive and not failed else codes.EXIT_FAILED
         return code, {"stopped": stopped + [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
                       "actions": audit.records, "note": "; ".join(notes) or None}
 
@@ -336,14 +337,14 @@ class Logs(SpecCommand):
     def act(spec, args):
         state = load_state(spec["name"])
         if not state:
-            return contract.EXIT_FAILED, {"error": "phase %s was never started here" % spec["name"]}
+            return codes.EXIT_FAILED, {"error": "phase %s was never started here" % spec["name"]}
         if not args.follow:
             where = state.get("unit") or state.get("log")
-            return contract.EXIT_OK, {"lines": log_tail(state, args.lines), "where": where}
+            return codes.EXIT_OK, {"lines": log_tail(state, args.lines), "where": where}
         if state.get("unit"):
             os.execvp("journalctl", ["journalctl", "-u", state["unit"], "-n", str(args.lines), "-f", "-o", "cat"])
         os.execvp("tail", ["tail", "-n", str(args.lines), "-F", state["log"]])
-        return contract.EXIT_OK, {}  # not reached
+        return codes.EXIT_OK, {}  # not reached
 
 
 class Smoke(SpecCommand):
@@ -355,8 +356,8 @@ class Smoke(SpecCommand):
         req = urllib.request.Request(spec["smoke_url"], data=body, method="POST" if body else "GET",
                                      headers={"Content-Type": "application/json"})
         try:
-            with urllib.request.urlopen(req, timeout=contract.SMOKE_TIMEOUT_S) as resp:
+            with urllib.request.urlopen(req, timeout=defaults.SMOKE_TIMEOUT_S) as resp:
                 text = resp.read(2000).decode("utf-8", "replace")
-                return contract.EXIT_OK, {"ok": True, "status": resp.status, "body": text}
+                return codes.EXIT_OK, {"ok": True, "status": resp.status, "body": text}
         except Exception as exc:
-            return contract.EXIT_FAILED, {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}
+            return codes.EXIT_FAILED, {"ok": False, "error": "%s: %s" % (type(exc).__name__, exc)}

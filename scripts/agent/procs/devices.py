@@ -17,7 +17,7 @@ import glob
 import os
 import stat
 
-from .. import contract
+from ..wire import defaults
 
 PROC = "/proc"
 
@@ -59,7 +59,7 @@ def _expand(pattern):
 class DeviceSet:
     """The GPU devices a scan looks for, and how to recognise an open one."""
 
-    def __init__(self, pattern=contract.DEVICE_GLOB, fake=False, proc=PROC):
+    def __init__(self, pattern=defaults.DEVICE_GLOB, fake=False, proc=PROC):
         self.pattern = pattern
         self.fake = fake
         self.paths = []          # the files the glob names (for reports and NVML-less hosts)
@@ -82,7 +82,7 @@ class DeviceSet:
                 raise DeviceError("device glob %r: %s is not an NVIDIA character device (%s); only hosts with "
                                   "FAKE_DEVICES=yes may name other files" % (pattern, path, _kind(st, majors)))
             self.paths.append(path)
-        if pattern == contract.DEVICE_GLOB and not fake:
+        if pattern == defaults.DEVICE_GLOB and not fake:
             self.majors = majors
 
     def inode_keys(self):

@@ -29,7 +29,7 @@ import re
 import shlex
 import stat
 
-from .. import textsafe
+from ..wire import textsafe
 from . import cgroup, procfs, program, rules, wrappers
 
 # The daemons of the managers: never a target's wrapper or supervisor to signal. By name only

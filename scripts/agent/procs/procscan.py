@@ -15,7 +15,7 @@ import pwd
 import re
 import stat
 
-from .. import textsafe
+from ..wire import textsafe
 from . import cgroup, fanout, fdstat, pidrange, procfs
 
 PROC = "/proc"

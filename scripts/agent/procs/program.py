@@ -22,11 +22,62 @@ piece of an argument. Patterns that match the empty string are refused by the ca
 import os
 import re
 
-from .. import contract
+# The agent names a process by its program (targets are programs, not text); the local side
+# shows the same name in its tables (scripts/views/render.py): one parser for both.
+INTERPRETERS = re.compile(r"^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|zsh|ksh)$")
+# interpreter options that take the next argument as their value
+_OPT_WITH_VALUE = {"-X", "-W", "-Q", "-I", "-e", "-E", "-r", "-o", "-O"}
+_PY_OPT_WITH_VALUE = {"-X", "-W", "-Q"}
+_CODE_FLAGS = {"-c", "-e", "-E", "--eval", "-p", "--print"}
 
-INTERPRETERS = contract.INTERPRETERS
+
+def interpreted(argv):
+    """(kind, value, rest) for what an interpreter argv runs: ('module', 'a.b', rest),
+    ('script', '/x/y.py', rest), ('code', None, []) or (None, None, [])."""
+    name = os.path.basename(argv[0])
+    python = name.startswith("python") or name.startswith("pypy")
+    with_value = _PY_OPT_WITH_VALUE if python else _OPT_WITH_VALUE
+    i = 1
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "-m" and python and i + 1 < len(argv):
+            return "module", argv[i + 1], argv[i + 2:]
+        if python and arg.startswith("-m") and len(arg) > 2:
+            return "module", arg[2:], argv[i + 1:]
+        if arg in _CODE_FLAGS or (python and arg.startswith("-c")):
+            return "code", None, []
+        if arg == "--":
+            i += 1
+            break
+        if arg.startswith("-") and arg != "-":
+            i += 2 if arg in with_value else 1
+            continue
+        break
+    if i < len(argv) and argv[i] != "-":
+        return "script", argv[i], argv[i + 1:]
+    return None, None, []
+
+
+def program_of(argv):
+    """([words naming the program], [its arguments]), without the interpreter: `python3 -m
+    sglang.launch_server X` is `sglang.launch_server`, `python3 /x/train.py` is `train.py`,
+    `/usr/bin/nvidia-persistenced` is `nvidia-persistenced`; a title the program set
+    (`sglang::scheduler_TP0`) stays whole. How a process is named to people, on both sides."""
+    first = argv[0]
+    if "::" in first or " " in first.strip():
+        return [first.strip()], list(argv[1:])
+    base = os.path.basename(first) or first
+    if not INTERPRETERS.match(base):
+        return [base], list(argv[1:])
+    kind, value, rest = interpreted(argv)
+    if kind == "module":
+        return [value], list(rest)
+    if kind == "script":
+        return [os.path.basename(value) or value], list(rest)
+    return [base], list(argv[1:])  # inline code (-c) or a bare interpreter: its arguments say what it is
+
+
 _SUBCOMMAND = re.compile(r"^[a-z][a-z0-9_-]*$")
-_interpreted = contract.interpreted  # in the contract: the local side names programs in its tables the same way
 
 
 def _first_word(rest):
@@ -51,7 +102,7 @@ def names(proc):
         return out
     base = os.path.basename(argv0.split()[0])
     if INTERPRETERS.match(base):
-        kind, value, rest = _interpreted(argv)
+        kind, value, rest = interpreted(argv)
         if kind == "module":
             parts = value.split(".")
             for n in range(len(parts), 0, -1):

@@ -10,7 +10,7 @@ import os
 import socket
 import time
 
-from .. import contract
+from ..wire import defaults
 from . import statedir
 
 
@@ -33,7 +33,7 @@ class Audit:
             self.write_errors.append(line)
 
     def log(self, target, action, result):
-        rec = {"time": time.strftime(contract.TIME_FORMAT), "host": self.host, "operator": self.operator,
+        rec = {"time": time.strftime(defaults.TIME_FORMAT), "host": self.host, "operator": self.operator,
                "pid": target.get("pid"), "start_time": target.get("start_time"), "cmdline": target.get("cmdline"),
                "signal": action, "result": result}
         self.records.append(rec)

@@ -1,14 +1,14 @@
 """Who holds each GPU: /proc device holders merged with NVML's compute processes.
 
-Exit 6 (contract.EXIT_UNINSPECTED) when some process's fds could not be read: a holder
+Exit 6 (codes.EXIT_UNINSPECTED) when some process's fds could not be read: a holder
 among them would be unseen, so nothing may be called free.
 """
 import os
 import time
 
-from .. import contract
 from ..gpu import gpuinfo
 from ..procs import devices, procscan, rules
+from ..wire import codes
 
 
 def add_arguments(parser):
@@ -187,4 +187,4 @@ def run(args):
         checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
     doc = public(full)
     doc["last_teardown"] = lastrun.load_summary()
-    return (contract.EXIT_UNINSPECTED if doc["denied"] or doc["proc_hidden"] else contract.EXIT_OK), doc
+    return (codes.EXIT_UNINSPECTED if doc["denied"] or doc["proc_hidden"] else codes.EXIT_OK), doc

@@ -23,9 +23,9 @@ import os
 import socket
 import time
 
-from .. import contract, textsafe
 from ..procs import procfs, procscan
 from ..state import statedir
+from ..wire import call, textsafe
 
 LOCK_NAME = "gpu-pivot.lock"
 POLL_S = 0.05
@@ -69,8 +69,8 @@ def lock_path():
 
 def is_teardown_agent(argv):
     """Does this argv have the shape the local side gives a teardown agent
-    (`python3 - teardown ... --marker HEX`, contract.agent_call)?"""
-    return contract.agent_call(argv) == "teardown"
+    (`python3 - teardown ... --marker HEX`, call.agent_call)?"""
+    return call.agent_call(argv) == "teardown"
 
 
 def _euid(pid):

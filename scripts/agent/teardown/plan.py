@@ -22,9 +22,9 @@ stops it and is NOT signalled: the manager would only start it again.
 """
 import os
 
-from .. import contract
 from ..procs import cgroup, managers, procfs, procscan, program, rules, shellcode, wrappers
 from ..status import scan
+from ..wire import codes
 from . import units
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
@@ -555,4 +555,4 @@ def run(args):
     doc = scan.collect(args)
     out = scan.public(doc)
     out["plan"] = build(doc, args)
-    return contract.EXIT_OK, out
+    return codes.EXIT_OK, out

@@ -22,12 +22,13 @@ import os
 import shutil
 import subprocess
 
-from .. import contract, options
+from .. import options
 from ..gpu import gpuinfo, health, mig, xid
 from ..procs import rules
 from ..status import scan
+from ..wire import codes, defaults
 
-RESET_TIMEOUT_S = contract.RESET_TIMEOUT_S
+RESET_TIMEOUT_S = defaults.RESET_TIMEOUT_S
 NVLINK_MAX_LINKS = 18
 X_SERVERS = ("Xorg", "Xwayland", "X")
 
@@ -176,21 +177,21 @@ def run(args):
            "note": "dry run: nothing was reset (run with --yes)" if not args.yes else None}
     if not ready:
         out["note"] = "refused: a precondition is not met; nothing was reset"
-        return contract.EXIT_FAILED, out
+        return codes.EXIT_FAILED, out
     if not args.yes:
-        return contract.EXIT_OK, out
+        return codes.EXIT_OK, out
     if os.geteuid() != 0:
         out["note"] = "refused: a GPU reset needs root"
-        return contract.EXIT_FAILED, out
+        return codes.EXIT_FAILED, out
     if not shutil.which(argv[0]):
         out["note"] = "refused: nvidia-smi is not on PATH"
-        return contract.EXIT_FAILED, out
+        return codes.EXIT_FAILED, out
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=RESET_TIMEOUT_S)
         out.update(ran=True, output=(done.stdout + done.stderr).strip()[-2000:], reset_exit=done.returncode)
-        code = contract.EXIT_OK if done.returncode == 0 else contract.EXIT_FAILED
+        code = codes.EXIT_OK if done.returncode == 0 else codes.EXIT_FAILED
     except subprocess.TimeoutExpired:
         out.update(ran=True, output="nvidia-smi --gpu-reset did not return within %g s" % RESET_TIMEOUT_S)
-        code = contract.EXIT_FAILED
-    out["note"] = "reset %s" % ("done" if code == contract.EXIT_OK else "FAILED")
+        code = codes.EXIT_FAILED
+    out["note"] = "reset %s" % ("done" if code == codes.EXIT_OK else "FAILED")
     return code, out

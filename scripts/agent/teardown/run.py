@@ -31,16 +31,17 @@ import signal
 import socket
 import time
 
-from .. import contract, options
+from .. import options
 from ..gpu import gpuinfo
 from ..procs import procfs, procscan
 from ..state import lastrun
 from ..state.auditlog import Audit
 from ..status import scan
+from ..wire import codes, defaults
 from . import early, forkwatch, hostlock, plan, units
 from .targets import Targets
 
-SETTLE_S = contract.SETTLE_S
+SETTLE_S = defaults.SETTLE_S
 PROGRESS_EVERY_S = 0.5
 PROC_WALK_EVERY_S = 0.05  # without the fork connector: how often /proc is walked for new descendants
 EXIT_LOOK_S = (0.002, 0.05)  # wait_gone: first look for targets in their exit, doubling up to the last
@@ -55,10 +56,10 @@ class AgentIncomplete(Exception):
 def add_arguments(parser):
     plan.add_arguments(parser)
     options.add_threshold(parser)
-    parser.add_argument("--grace", type=float, default=contract.GRACE_S, help="seconds between SIGTERM and SIGKILL")
-    parser.add_argument("--timeout", type=float, default=contract.TIMEOUT_S,
+    parser.add_argument("--grace", type=float, default=defaults.GRACE_S, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--timeout", type=float, default=defaults.TIMEOUT_S,
                         help="seconds to wait for the GPUs to be free after that")
-    parser.add_argument("--wait-lock", type=float, default=contract.WAIT_LOCK_S,
+    parser.add_argument("--wait-lock", type=float, default=defaults.WAIT_LOCK_S,
                         help="wait this long for another teardown's lock")
     parser.add_argument("--operator", default=None, help="who asked (for the audit log)")
     parser.add_argument("--approved", default=None, metavar="PID:START,...",
@@ -356,7 +357,7 @@ def execute(args, operator, started, source):
     fake source costs nothing and is read before the signals."""
     age, timings = _age_s(), {"lock_s": _since(started), "started_monotonic": round(started, 4)}
     timings["startup_s"] = None if age is None else round(age - timings["lock_s"], 3)
-    record = {"started": time.strftime(contract.TIME_FORMAT), "operator": operator, "state": "running",
+    record = {"started": time.strftime(defaults.TIME_FORMAT), "operator": operator, "state": "running",
               "host": socket.gethostname(), "exit_code": None, "agent": lastrun.agent_identity()}
     recorder = Recorder()
     watch = targets = None
@@ -413,9 +414,9 @@ def execute(args, operator, started, source):
         after, free, problems = result["doc"], result["free"], result["problems"]
         aside = {(e["pid"], e["start_time"]) for e in result["exiting_without_gpu"]}  # exiting, no GPU: not stuck
         alive = [t for t in targets.alive() if (t["pid"], t["start_time"]) not in aside]
-        code = contract.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
+        code = codes.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
         if targets.failed:
-            code = contract.EXIT_NOT_FREE
+            code = codes.EXIT_NOT_FREE
         timings.update(free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"],
                        scans=result.get("scans"), source_open_s=getattr(source, "open_s", None),
                        **result.get("first_free", {}))
@@ -434,7 +435,7 @@ def execute(args, operator, started, source):
                       fork_watch_note=getattr(watch, "note", "no watch"),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"],
                                                                  hostlock.concurrent_teardowns(after["_procs"])),
-                      timings=timings, finished=time.strftime(contract.TIME_FORMAT))
+                      timings=timings, finished=time.strftime(defaults.TIME_FORMAT))
         out = _result(record, scan.public(after), started)
         code = out["exit_code"] = checkup.teardown_result(out, after, source, health_start, code)
         out["mps_quit"] = mps_quit
@@ -516,12 +517,12 @@ def unverified(args, targets, started, record, recorder, audit, timings, doc, ex
         alive = wait_gone(args, targets, min(5.0, args.timeout), None, started, "sigkill", among=alive)
     timings["targets_exiting_s"] = None if alive else _since(started)
     error = "the agent could not load what checks the GPUs after the signals (%s: %s)" % (type(exc).__name__, exc)
-    record.update(state="finished", exit_code=contract.EXIT_UNREACHABLE, verdict="not verified", error=error,
+    record.update(state="finished", exit_code=codes.EXIT_UNREACHABLE, verdict="not verified", error=error,
                   problems=[error], actions=audit.records, still_alive=[t["pid"] for t in alive], timings=timings,
-                  after=[], finished=time.strftime(contract.TIME_FORMAT))
+                  after=[], finished=time.strftime(defaults.TIME_FORMAT))
     out = _result(record, scan.public(doc), started)
     recorder.save(out)
-    return contract.EXIT_UNREACHABLE, out
+    return codes.EXIT_UNREACHABLE, out
 
 
 def _merge(first, later):
@@ -554,31 +555,31 @@ def run(args):
     parse_approved(args.approved)
     for flag in ("grace", "timeout", "settle", "wait_lock"):
         value = getattr(args, flag)
-        if not 0 <= value <= contract.MAX_WAIT_S:  # also refuses nan
+        if not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
             raise options.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
-                                                                                 contract.MAX_WAIT_S))
+                                                                                 defaults.MAX_WAIT_S))
     started = time.monotonic()
     source = gpuinfo.Opening(args.fake_gpus, args.devices, start=False)  # started after the signals
     try:
         try:
             lastrun.preflight()
         except OSError as exc:
-            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+            return codes.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
                                                "hostname": socket.gethostname(),
                                                "verdict": "not started: nothing was signalled"}
         try:
             fd = hostlock.acquire(operator, args.wait_lock)
         except hostlock.Locked as exc:
-            return contract.EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc),
+            return codes.EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc),
                                           "hostname": socket.gethostname()}
         except OSError as exc:  # the lock file itself refused (a link, not ours): like an unusable state dir
-            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+            return codes.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
                                                "hostname": socket.gethostname(),
                                                "verdict": "not started: nothing was signalled"}
         try:
             return execute(args, operator, started, source)
         except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled
-            return contract.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
+            return codes.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
                                                "hostname": socket.gethostname(),
                                                "verdict": "not started: nothing was signalled"}
         finally:

@@ -4,17 +4,18 @@
 reserved memory) <= --max-used-mib; no non-protected process holds a device (a persistence
 daemon or monitor may keep its handle, but not a CUDA context); and every process could
 be inspected. A scan that could not read some process's fds (not root) cannot know they
-hold nothing, so it never says free: exit 6 (contract.EXIT_UNINSPECTED) says "run as root".
+hold nothing, so it never says free: exit 6 (codes.EXIT_UNINSPECTED) says "run as root".
 With --wait S it waits until free or S seconds pass (wait_free: one scan, then the holders'
 exits and the GPU's quick read, a new scan only when those say it may be free), then says
 exactly what still holds each GPU.
 """
 import time
 
-from .. import contract, options
+from .. import options
 from ..gpu import checkup, gpuinfo, mps
-from ..procs import procfs
+from ..procs import procfs, program
 from ..status import scan
+from ..wire import codes, defaults
 from . import targets
 
 POLL_S = 0.05
@@ -22,7 +23,7 @@ POLL_S = 0.05
 
 def add_arguments(parser):
     options.add_threshold(parser)
-    parser.add_argument("--wait", type=float, default=contract.VERIFY_WAIT_S,
+    parser.add_argument("--wait", type=float, default=defaults.VERIFY_WAIT_S,
                         help="poll up to this many seconds for the GPUs to be free")
 
 
@@ -69,7 +70,7 @@ def who(h):
     """The program a holder runs, for a problem line: `sglang.launch_server`, not the
     interpreter's path that a cut command line mostly shows."""
     argv = h.get("argv") or []
-    return " ".join(contract.program_of(argv)[0])[:80] if argv else h["cmdline"][:80]
+    return " ".join(program.program_of(argv)[0])[:80] if argv else h["cmdline"][:80]
 
 
 def uninspected_problem(denied):
@@ -82,10 +83,10 @@ def uninspected_problem(denied):
 def exit_code(doc, free, max_used_mib):
     """0 free; 6 when the only thing in the way is processes that could not be inspected; else 1."""
     if free:
-        return contract.EXIT_OK
+        return codes.EXIT_OK
     _, problems = evaluate(dict(doc, denied=[], proc_hidden=None), max_used_mib)
     uninspected = doc.get("denied") or doc.get("proc_hidden")
-    return contract.EXIT_UNINSPECTED if uninspected and not problems else contract.EXIT_NOT_FREE
+    return codes.EXIT_UNINSPECTED if uninspected and not problems else codes.EXIT_NOT_FREE
 
 
 def still_holding(doc):

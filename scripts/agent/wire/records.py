@@ -1,0 +1,349 @@
+"""The local side's reading of every agent result, one record per subcommand.
+
+Every result is one JSON object with "command" and "exit_code" (or a codes.USAGE_ERROR or
+codes.AGENT_ERROR instead). read() makes the record of its kind: a field without a default is
+required (a result without it is a ContractError naming the key), the others take their
+default when the key is absent or null. So a key the agent renames fails here, loudly, not as
+a KeyError in a view. Lists of rows (GPUs, holders, plan targets, actions) stay the dicts the
+JSON holds; rows.py types their keys, for mypy only. The agent writes a result through its
+record too (written), imported where it builds one.
+"""
+from __future__ import annotations
+
+from .codes import EXIT_OK
+
+TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
+if TYPE_CHECKING:  # absolute: the bundle ships what relative imports name, and rows are for mypy only
+    from typing import Any
+
+    from scripts.agent.wire import rows
+
+
+class ContractError(ValueError):
+    """An agent result without a key the contract requires (the agent and this module disagree)."""
+
+
+def _need(doc, key, command):
+    try:
+        return doc[key]
+    except KeyError:
+        raise ContractError("the agent's %s result has no %r" % (command, key)) from None
+
+
+def _fields(cls, code, doc, command, skip=()):
+    """The keyword arguments of record `cls` read from `doc` (see the rule above)."""
+    kw = {}
+    for name in cls.field_names():
+        if name == "code":
+            kw[name] = code
+        elif name in skip:
+            continue
+        elif not hasattr(cls, name):  # no default: required
+            kw[name] = _need(doc, name, command)
+        elif doc.get(name) is not None:
+            kw[name] = doc[name]
+    return kw
+
+
+class Record:
+    """A result record: its fields are the class's annotations, in order; a field without a
+    class-level default is required. Read-only once made; a list or dict default is copied.
+
+    Why not dataclasses: every `invoke` call imports this module, and creating fifteen
+    dataclasses costs about 15 ms each time.
+    """
+
+    def __init__(self, **values):
+        for name in self.field_names():
+            if name in values:
+                value = values.pop(name)
+            elif hasattr(type(self), name):
+                value = getattr(type(self), name)
+                value = type(value)(value) if isinstance(value, (list, dict)) else value
+            else:
+                raise TypeError("%s: %r is required" % (type(self).__name__, name))
+            object.__setattr__(self, name, value)
+        if values:
+            raise TypeError("%s has no field %s" % (type(self).__name__, ", ".join(sorted(values))))
+
+    @classmethod
+    def field_names(cls):
+        return list(cls.__annotations__)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("%s is read-only" % type(self).__name__)
+
+    def __eq__(self, other):
+        return type(self) is type(other) and vars(self) == vars(other)
+
+    __hash__ = None  # type: ignore[assignment]  # equal by value, and its lists are mutable
+
+    def __repr__(self):
+        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % item for item in vars(self).items()))
+
+
+class PingResult(Record):
+    hostname: str
+    pid: int
+    uid: int
+    python: str
+    nvml: bool
+    nvidia_smi: str | None
+    fuser: str | None
+    devices: list[str]
+    sudo_user: str | None = None  # the user who became root with sudo, where the agent could tell
+    code: int = EXIT_OK
+
+
+class ScanResult(Record):
+    """gpus: [{index, name, used_mib, reserved_mib, total_mib, processes: [{pid, used_mib}],
+    health: {verdict, reasons}, mig: {current, pending, instances}}] (health and mig where read:
+    see gpu_health); holders: [{pid, user, state, cmdline, devices, gpu_mib, protected, unit,
+    container, ...}]; mps: {controls, servers: [{pid, gpus, clients, pipe_dir}]} where MPS runs."""
+
+    hostname: str
+    gpus: list[rows.GpuRow]
+    holders: list[rows.Holder]
+    gpu_source: str
+    gpu_source_tried: list[str] = []
+    devices_glob: str | None = None
+    devices: list[str] = []
+    denied: list[int] = []  # pids whose fds could not be read: nothing is called free
+    denied_protected: list[int] = []  # the same, but protected: they cannot block FREE
+    proc_hidden: str | None = None  # why /proc hides processes from this user (hidepid), if it does
+    foreign_gpu_pids: list[rows.ForeignPid] = []
+    last_teardown: rows.LastTeardown | None = None
+    mps: rows.Mps | None = None
+    code: int = EXIT_OK
+
+
+# A GPU's health verdict (scripts/agent/gpu/health.py), worst last; "unknown" where nothing was read.
+HEALTH_VERDICTS = ("ok", "unknown", "drain", "reset needed", "reboot needed")
+
+
+def gpu_health(row: rows.GpuRow) -> rows.Health:
+    """{verdict, reasons} of one GPU row of a scan, verify or teardown result; 'unknown' when
+    the agent did not assess it (an older agent, or a row from before the teardown)."""
+    h: rows.Health | dict[str, Any] = row.get("health") or {}
+    return {"verdict": h.get("verdict") or "unknown", "reasons": list(h.get("reasons") or [])}
+
+
+class VerifyResult(Record):
+    scan: ScanResult  # the same document, read as a scan
+    free: bool
+    problems: list[str]
+    still_holding: list[rows.StillHolding] = []
+    waited_s: float = 0.0
+    code: int = EXIT_OK
+
+
+class Plan(Record):
+    """targets, protected, left_alone: rows {pid, start_time, state, cmdline, reason, gpu_mib, via, ...}."""
+
+    targets: list[rows.PlanRow]
+    protected: list[rows.PlanRow]
+    left_alone: list[rows.PlanRow] = []
+    will_free_mib: int = 0
+    units: list[rows.Unit] = []
+    containers: list[rows.PlanContainer] = []
+    managers: list[rows.PlanManager] = []  # other managers' stops: supervisorctl, sv down, podman stop; or named only
+    supervisors: list[rows.PlanRow] = []
+    gone: list[rows.PlanRow] = []  # targets (and wrappers) that exited before the plan was made: not signalled
+    writing: list[rows.Writing] = []
+    scope: rows.Scope = {}
+    rules: list[str] = []
+
+    def approved(self):
+        """The targets as `--approved PID:START,...` takes them (what the operator saw)."""
+        return ",".join("%s:%s" % (t["pid"], t["start_time"]) for t in self.targets)
+
+
+class PlanResult(Record):
+    scan: ScanResult
+    plan: Plan
+    code: int = EXIT_OK
+
+
+class TeardownResult(Record):
+    """Not started (state_error: nothing signalled), locked (error says by whom), or run."""
+
+    code: int
+    hostname: str | None = None
+    locked: bool = False
+    error: str | None = None
+    state_error: str | None = None
+    plan: Plan | None = None  # None when it did not run
+    before: list[rows.GpuRow] = []  # GPU rows, as ScanResult.gpus
+    after: list[rows.GpuRow] = []
+    gpu_source: str | None = None
+    actions: list[rows.Action] = []  # audit records {signal, pid, result, cmdline}
+    problems: list[str] = []
+    still_holding: list[rows.StillHolding] = []
+    freed_mib: int = 0
+    signalled: int = 0
+    wall_s: float = 0.0
+    free_at_s: float | None = None
+    settled_at_s: float | None = None
+    settle_s: float = 0.0
+    unapproved: list[rows.PlanRow] = []
+    adopted: list[rows.PlanRow] = []
+    signal_failures: list[rows.Action] = []
+    appeared: list[rows.Respawn] = []  # respawns: {pid, cmdline, why, started_by, include}
+    ignored: list[rows.Respawn] = []  # seen in the settle window, not a respawn: {pid, cmdline, why}
+    settle_ended: str | None = None  # why the window ended as soon as the GPUs read free
+    stuck: list[rows.Stuck] = []
+    concurrent_teardowns: list[rows.ProcessRow] = []  # other users' teardowns: {pid, user, cmdline}
+    record_errors: list[str] = []
+    mps: rows.Mps | None = None  # MPS as seen at the end (after: its GPU rows carry health)
+    mps_quit: list[rows.MpsQuit] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
+    # The scan it ended on, as the document carries it (a scan's keys; its GPU rows are `after`):
+    holders: list[rows.Holder] = []
+    denied: list[int] = []  # pids whose fds could not be read then: not free
+    proc_hidden: str | None = None
+
+    @property
+    def ran(self):
+        """False when nothing was signalled because it never started (locked, state dir refused)."""
+        return self.plan is not None
+
+
+class StartResult(Record):
+    """state: {how: 'systemd-run', unit} or {how: 'setsid', pid, start_time, log}."""
+
+    started: bool
+    state: rows.PhaseState | None = None
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class ReadyResult(Record):
+    """prep: [{cmd, pid, exit, status}], the phase's preparation jobs."""
+
+    ready: bool
+    detail: str = ""
+    waited_s: float = 0.0
+    log_tail: list[str] = []
+    prep: list[rows.Prep] = []
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class StopResult(Record):
+    stopped: list[Any]
+    left: list[int] = []
+    note: str | None = None
+    actions: list[rows.Action] = []
+    code: int = EXIT_OK
+
+
+class LogsResult(Record):
+    lines: list[str] = []
+    where: str | None = None
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class SmokeResult(Record):
+    ok: bool
+    status: int | None = None
+    body: str = ""
+    error: str | None = None
+    code: int = EXIT_OK
+
+
+class DrainResult(Record):
+    drained: bool
+    waited_s: float
+    running: float | None = None
+    note: str | None = None
+    code: int = EXIT_OK
+
+
+class GatesResult(Record):
+    passed: bool
+    gates: list[rows.Gate]  # [{gate, ok, detail}]
+    code: int = EXIT_OK
+
+
+class DeployResult(Record):
+    ok: bool
+    files: list[str]
+    detail: str
+    action: str
+    code: int = EXIT_OK
+
+
+class ResetResult(Record):
+    """checks: [{check, ok, detail}]; command: the argv it runs (or would run, in a dry run)."""
+
+    gpu: int
+    checks: list[rows.Check]
+    command: list[str]
+    ready: bool
+    ran: bool = False
+    output: str | None = None
+    note: str | None = None
+    hostname: str | None = None
+    code: int = EXIT_OK
+
+
+class LintResult(Record):
+    findings: list[rows.Finding]  # [{check, message}]
+    gpus_visible: int
+    code: int = EXIT_OK
+
+
+RESULTS = {
+    "ping": PingResult, "scan": ScanResult, "verify": VerifyResult, "plan": PlanResult,
+    "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
+    "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
+    "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult,
+}
+
+
+def read_plan(doc, command="plan"):
+    """A plan (the "plan" object of a plan or teardown result) as a Plan."""
+    return Plan(**_fields(Plan, None, doc, command))
+
+
+def read_document(doc):
+    """The record of a whole result document as the agent printed it (it names its command)."""
+    return read(_need(doc, "command", "agent"), _need(doc, "exit_code", "agent"), doc)
+
+
+def read(subcommand, code, doc):
+    """The typed record of one subcommand's result document (RESULTS). Raises ContractError."""
+    cls = RESULTS[subcommand]
+    if cls is VerifyResult or cls is PlanResult:
+        kw = _fields(cls, code, doc, subcommand, skip=("scan", "plan"))
+        kw["scan"] = ScanResult(**_fields(ScanResult, code, doc, subcommand))
+        if cls is PlanResult:
+            kw["plan"] = read_plan(_need(doc, "plan", subcommand), subcommand)
+        return cls(**kw)
+    if cls is TeardownResult:
+        if doc.get("locked"):
+            return cls(code=code, hostname=doc.get("hostname"), locked=True, error=_need(doc, "error", subcommand))
+        if doc.get("state_error"):
+            return cls(code=code, hostname=doc.get("hostname"), error=doc.get("error"), state_error=doc["state_error"])
+        kw = _fields(cls, code, doc, subcommand, skip=("plan",))
+        for key in ("hostname", "before", "after", "wall_s"):  # required of a teardown that ran
+            kw[key] = _need(doc, key, subcommand)
+        return cls(plan=read_plan(_need(doc, "plan", subcommand), subcommand), **kw)
+    if cls is StartResult and _need(doc, "started", subcommand):
+        _need(doc, "state", subcommand)  # a started phase says how and where
+    return cls(**_fields(cls, code, doc, subcommand))
+
+
+def written(cls, more=(), **fields):
+    """The document of a result the agent builds as record `cls`, the type the local side reads
+    it back as. The record is made first, of `fields` (each one it must name) and of the keys
+    of `more` that it names: a field it lacks, or a required one left out, fails in the agent
+    (TypeError), not as a ContractError on the operator's side. The document is `more` with
+    `fields` over it, `code` as "exit_code": the keys given and no others (a locked teardown
+    carries no plan), and those no record reads (timings, a person's summary) as they are."""
+    doc = dict(more)
+    doc.update(fields)
+    names = cls.field_names()
+    cls(**{key: value for key, value in doc.items() if key in fields or key in names})
+    doc["exit_code"] = doc.pop("code")
+    return doc

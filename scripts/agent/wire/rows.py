@@ -1,0 +1,301 @@
+"""The rows inside results (a GPU, a holder, a plan target, an action...), as TypedDicts.
+
+Why: mypy checks every key the local side reads (row["pid"]). Types only: imported under
+TYPE_CHECKING (records.py, the local side's views), never at run time, so the agent never
+pays for `typing`; rows stay the plain dicts json.loads makes. A key the agent may leave out
+is in a `total=False` class (Python 3.8 has no NotRequired); a class with required keys and
+optional ones is two, the second deriving from the first.
+"""
+from __future__ import annotations
+
+from typing import Any, TypedDict
+
+
+class Container(TypedDict, total=False):
+    """The container a process runs in (agent/procs/cgroup.py); an LXC one seen from its node
+    also carries the pid inside it and a label to show."""
+    kind: str  # "docker", "lxc", "kubernetes"
+    id: str
+    name: str | None  # docker's name, where the plan looked it up
+    pid: int
+    node_pid: int
+    label: str
+
+
+class _Pid(TypedDict):
+    pid: int
+
+
+class ProcessRow(_Pid, total=False):
+    """A process, as every kind of row names one (holders, plan rows, still holding, stuck,
+    respawns, ...): each kind carries some of these (agent/procs/procscan.py detail, plan._row).
+    What render.Command.of, render.command and status_view.where read."""
+    start_time: int  # clock ticks since boot: with pid, which process it is
+    ppid: int
+    pgid: int
+    sid: int
+    uid: int
+    user: str
+    state: str  # /proc's one letter: R, S, D, Z, ...
+    comm: str
+    argv: list[str]
+    cmdline: str
+    unit: str | None
+    container: Container | None
+    gpu_mib: dict[str, int | None]  # GPU index (a string, as JSON keys are) -> MiB it uses there
+    devices: list[str]  # the GPU device files it holds open
+    write_files: list[str]  # files it writes in place (not logs)
+    protected: str | None  # why it is never signalled; None: it may be
+
+
+class Holder(ProcessRow, total=False):
+    """ScanResult.holders: a process that holds a GPU (device file, mapping or memory)."""
+    mapped_devices: list[str]
+    age_s: float
+    flags: int
+    threads: int
+    unreadable: str
+
+
+class PlanRow(ProcessRow, total=False):
+    """Plan.targets, protected, left_alone and supervisors (agent/teardown/plan.py _row);
+    TeardownResult.adopted: a row and why it is one."""
+    reason: str
+    via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
+    hint: str  # supervisors: how to stop it too
+    manager: PlanManagerRef  # the manager that runs and restarts it (supervisord, runit, podman, a pod...)
+    wraps: list[int]  # supervisors, and wrappers stopped as targets: the pids of the targets it runs
+
+
+class GpuProcess(TypedDict):
+    """GpuRow.processes: a compute process the GPU source lists."""
+    pid: int
+    used_mib: int | None
+
+
+class Health(TypedDict):
+    verdict: str  # HEALTH_VERDICTS
+    reasons: list[str]
+
+
+class MigInstance(TypedDict, total=False):
+    index: int
+    gpu_instance: int | None
+    compute_instance: int | None
+    uuid: str | None
+    used_mib: int | None
+    total_mib: int | None
+
+
+class Mig(TypedDict, total=False):
+    current: str
+    pending: str | None
+    instances: list[MigInstance]
+    note: str
+
+
+class _Gpu(TypedDict):
+    index: int
+    name: str
+    used_mib: int | None
+    reserved_mib: int | None
+    total_mib: int | None
+    processes: list[GpuProcess]
+
+
+class GpuRow(_Gpu, total=False):
+    """ScanResult.gpus, TeardownResult.before and after: one GPU as the source read it."""
+    uuid: str
+    unread: Any
+    memory_call: str
+    health: Health  # where assessed (gpu_health reads it)
+    mig: Mig  # where read
+
+
+class ForeignPid(TypedDict):
+    """ScanResult.foreign_gpu_pids: a pid the GPU source lists that /proc here does not show."""
+    pid: int
+    gpu: int
+    used_mib: int | None
+
+
+class LastTeardown(TypedDict, total=False):
+    """ScanResult.last_teardown: the summary of the host's last teardown (agent/state/lastrun.py)."""
+    started: str | None
+    finished: str | None
+    operator: str | None
+    exit_code: int | None
+    verdict: str | None
+    signalled: int | None
+    stuck: Any
+    freed_mib: int | None
+    wall_s: float | None
+    state: str | None  # "running", "finished"
+
+
+class MpsControl(TypedDict, total=False):
+    pid: int
+    uid: int | None
+    start_time: int
+    pipe_dir: str | None
+    cmdline: str | None
+
+
+class MpsClient(TypedDict, total=False):
+    pid: int
+    gpu: int
+    cmdline: str
+    via: str
+
+
+class MpsServer(TypedDict, total=False):
+    pid: int
+    uid: int | None
+    start_time: int
+    control: int | None
+    pipe_dir: str | None
+    gpus: dict[str, int | None]  # GPU index -> MiB
+    clients: list[MpsClient]
+
+
+class Mps(TypedDict, total=False):
+    """ScanResult.mps, TeardownResult.mps: MPS daemons (agent/gpu/mps.py describe)."""
+    controls: list[MpsControl]
+    servers: list[MpsServer]
+
+
+class MpsQuit(TypedDict, total=False):
+    """TeardownResult.mps_quit: one control daemon told `quit` (agent/gpu/mps.py quit_daemon)."""
+    control: int
+    pipe_dir: str | None
+    sent: bool
+    output: str
+    servers_gone: bool
+    waited_s: float
+    error: str | None
+
+
+class StillHolding(ProcessRow, total=False):
+    """VerifyResult and TeardownResult.still_holding (agent/teardown/verify.py): what holds a GPU;
+    gpu None: a holder of a device file with no memory on any GPU."""
+    gpu: int | None
+    used_mib: int | None
+
+
+class Action(ProcessRow, total=False):
+    """TeardownResult.actions, StopResult.actions: one audit record (agent/state/auditlog.py):
+    a signal sent, a unit or container stopped; signal_failures: one that failed."""
+    time: str
+    host: str
+    operator: str
+    signal: str  # "SIGTERM", "SIGKILL", "systemctl stop UNIT", ...
+    result: str  # "sent", "gone", or why not
+    comes_back: str  # a unit or container that starts again by itself (agent/teardown/units.py)
+
+
+class Respawn(ProcessRow, total=False):
+    """TeardownResult.appeared (a respawn: agent/teardown/settle.py) and ignored (seen in the settle
+    window, not a respawn)."""
+    why: str
+    started_by: str
+    include: str | None  # what to add to stop what restarts it
+
+
+class Stuck(ProcessRow, total=False):
+    """TeardownResult.stuck: a target that did not end (agent/teardown/run.py stuck_report)."""
+    in_exit: bool
+    why: str
+    wchan: str | None
+
+
+class Unit(TypedDict, total=False):
+    """Plan.units: a systemd unit the teardown stops (ctid: inside that LXC container)."""
+    unit: str
+    ctid: str | None
+    pids: list[int]
+    disable: bool
+
+
+class PlanContainer(TypedDict, total=False):
+    """Plan.containers: a docker container the teardown stops."""
+    id: str
+    name: str | None
+    pids: list[int]
+    disable: bool
+
+
+class PlanManagerRef(TypedDict):
+    """PlanRow.manager: which manager runs the process, and the command that stops it."""
+    kind: str  # supervisord, runit, s6, daemontools, podman, nerdctl, cri-containerd, crio, kubernetes, ray
+    name: str | None
+    stop_command: str | None
+
+
+class PlanManager(TypedDict, total=False):
+    """Plan.managers: a manager's stop (agent/teardown/plan.py _stop_item): run by the
+    teardown (`run`) or named only, with why."""
+    kind: str
+    name: str | None
+    command: str | None
+    argv: list[str] | None
+    pids: list[int]
+    run: bool
+    why: str
+    first: str | None  # to run before `command` (kubectl cordon NODE)
+    comes_back: str | None
+    daemon_pid: int | None
+    main_pid: int | None  # what the manager runs itself: its stop signals it
+
+
+class Writing(TypedDict):
+    """Plan.writing: a target that writes files in place."""
+    pid: int
+    files: list[str]
+
+
+class Scope(TypedDict, total=False):
+    """Plan.scope: only processes with `text` in their command line, of `uid`."""
+    text: str | None
+    uid: int | None
+
+
+class PhaseState(TypedDict, total=False):
+    """StartResult.state: {how: 'systemd-run', unit} or {how: 'setsid', pid, start_time, log}."""
+    how: str
+    unit: str
+    pid: int
+    start_time: int
+    log: str
+    exit_file: str
+    name: str
+    argv: list[str]
+    started: float
+    prep: list[Any]
+
+
+class Prep(TypedDict, total=False):
+    """ReadyResult.prep: one preparation job of a phase."""
+    cmd: str
+    pid: int
+    exit: int | None
+    status: str  # "running", "exited N", "gone"
+
+
+class Check(TypedDict):
+    """ResetResult.checks: one precondition and its answer."""
+    check: str
+    ok: bool
+    detail: str
+
+
+class Gate(TypedDict, total=False):
+    """GatesResult.gates: one gate and its answer."""
+    gate: str
+    ok: bool
+    detail: str
+
+
+class Finding(TypedDict):
+    """LintResult.findings: one finding about a launch command."""
+    check: str
+    message: str
