@@ -26,8 +26,8 @@ from scripts.reach.route import SudoRefused, one_liner, wrap
 from scripts.reach.ssh import CONNECT_TIMEOUT_S
 from scripts.views.ping import ping_suffix, runs_as
 from tests.conftest import invoke, need_tools
-from tests.reach.test_route import HOSTILE, expected, far_side
 from tests.support import scenario
+from tests.support.hostile_argv import HOSTILE, expected, far_side
 from tests.support.loopback_sshd import STANDIN_DIR, LoopbackSshd
 from tests.support.procs import alive, wait_for
 from tests.support.second_user import SBIN_PATH, SecondUser, make_user, remove_user

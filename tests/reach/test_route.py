@@ -7,9 +7,8 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from scripts.config.hostconfig import build_host
 from scripts.config.route import PctHop, Route, SshHop
 from scripts.reach.route import one_liner, wrap
+from tests.support.hostile_argv import HOSTILE, expected, far_side
 
-HOSTILE = ["'", '"', "$(id)", "`id`", ";", "&&", "|", "a\nb", "\t", "-n", "--", "*", "~", "ünïcødé ✓", "", " ",
-           "\\", "$HOME", "!", "#x", "a'b\"c", "%s", "\\0", "{a,b}"]
 ARG = st.one_of(st.sampled_from(HOSTILE),
                 st.text(alphabet=st.characters(exclude_categories=["Cs"], exclude_characters="\x00"), max_size=20))
 ARGV = st.lists(ARG, min_size=1, max_size=6)
@@ -34,14 +33,6 @@ def test_wrap_adds_batchmode_and_control_socket_but_user_opts_first():
     assert argv[:3] == ["ssh", "-o", "ControlMaster=no"]
     assert "BatchMode=yes" in argv and any(a.startswith("ControlPath=") for a in argv)
     assert not any("StrictHostKeyChecking=no" in a for a in argv)
-
-
-def expected(argv):
-    return b"".join(a.encode() + b"\0" for a in argv)
-
-
-def far_side(argv):
-    return ["printf", "%s\\0", *argv]
 
 
 @given(ARGV)

@@ -10,8 +10,7 @@ import shlex
 import pytest
 
 from tests.support.realhosts.docker_host import IMAGE, docker_host, import_image
-from tests.support.realhosts.session import hosted
-from tests.system.test_real_systemd import holders, invoke, text, wait_for
+from tests.support.realhosts.session import holders, hosted, invoke, text, wait_for
 
 # busybox sh as the container's PID 1: it acts on SIGTERM only through a trap
 HOLD = "trap 'exit 0' TERM; exec 3<>/dev/nvidia0 4<>/dev/nvidia1; while :; do sleep 1 & wait $!; done"

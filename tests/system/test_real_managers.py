@@ -18,10 +18,10 @@ import pytest
 
 from scripts.agent.procs import managers
 from scripts.agent.status import scan
-from tests.agent.scan.test_scan import holders_by_pid, scan_args
 from tests.conftest import need_tools
 from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.support.procs import alive, wait_for
+from tests.support.scans import holders_by_pid, scan_args
 
 AFTER_STOP_S = 5  # how long after the stop the manager is asked again: long past any restart
 

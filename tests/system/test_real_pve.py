@@ -12,10 +12,9 @@ import pytest
 
 from scripts.config.hostconfig import build_host
 from scripts.reach.route import one_liner, wrap
-from tests.reach.test_route import HOSTILE, expected, far_side
+from tests.support.hostile_argv import HOSTILE, expected, far_side
 from tests.support.realhosts.pve_node import CTID, PveNode
-from tests.support.realhosts.session import hosted
-from tests.system.test_real_systemd import invoke, text, wait_for
+from tests.support.realhosts.session import hosted, invoke, text, wait_for
 
 VLLM_UNIT = """[Unit]
 Description=vLLM server inside the container

@@ -10,13 +10,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
-from tests.conftest import REPO, invoke as invoke_cli
+from tests.conftest import REPO
 from tests.support.realhosts import cgroups
-from tests.support.realhosts.session import hosted, require
+from tests.support.realhosts.session import holders, hosted, invoke, require, text, wait_for
 from tests.support.realhosts.systemd_host import INNER, SystemdHost, sweep
 
 VLLM_UNIT = f"""[Unit]
@@ -48,35 +47,6 @@ def sd_host(tmp_path_factory):
 def gpu(sd_host, hosts_env):
     hosts_env(sd_host.hosts_env("gpu"))
     return sd_host
-
-
-def invoke(*args):
-    """The real CLI, on a screen wide enough that no line of a report is wrapped."""
-    res = invoke_cli(*args, env=dict(os.environ, COLUMNS="200"))
-    keep = os.environ.get("GPU_PIVOT_REALHOST_REPORTS")  # a file to collect the reports in, for people
-    if keep and args[0] in ("teardown", "plan"):
-        with open(keep, "a") as f:
-            f.write(f"$ invoke {' '.join(args)}   (exit {res.returncode})\n{text(res)}\n")
-    return res
-
-
-def text(res) -> str:
-    return res.stdout.decode(errors="replace") + res.stderr.decode(errors="replace")
-
-
-def wait_for(cond, timeout=60.0, what="condition"):
-    """Until cond() is true; the deadline is for a loaded machine, and names what was waited for."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-
-
-def holders(host) -> list[str]:
-    """pids (as the host sees them) holding its fake GPU files."""
-    return host.sh("fuser /dev/nvidia0 /dev/nvidia1 2>/dev/null").stdout.split()
 
 
 def start_vllm(host):

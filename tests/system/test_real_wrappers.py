@@ -18,9 +18,8 @@ import time
 import pytest
 
 from tests.support.realhosts.docker_host import IMAGE, docker_host, import_image
-from tests.support.realhosts.session import hosted
+from tests.support.realhosts.session import holders, hosted, invoke, text, wait_for
 from tests.support.realhosts.systemd_host import INNER, SystemdHost
-from tests.system.test_real_systemd import holders, invoke, text, wait_for
 
 SGLANG_WRAPPED = f"""[Service]
 ExecStart=/bin/bash -c "cd {INNER}/srv && . ./env.sh && python3 -m sglang.launch_server --port 30000; echo exited"

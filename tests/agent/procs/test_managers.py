@@ -15,8 +15,8 @@ import pytest
 
 from scripts.agent.procs import cgroup, managers
 from scripts.agent.status import scan
-from tests.agent.scan.test_scan import holders_by_pid, scan_args
 from tests.support.procs import wait_for
+from tests.support.scans import holders_by_pid, scan_args
 
 CID = "3f" * 32
 UID = "1f2e3d4c-5b6a-4798-8a7b-6c5d4e3f2a1b"

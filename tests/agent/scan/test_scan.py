@@ -6,12 +6,12 @@ import sys
 
 import pytest
 
-from scripts.agent.options import Options
 from scripts.agent.procs import cgroup
 from scripts.agent.status import scan
 from scripts.agent.teardown import verify
 from tests.support.parsers import fuser as fuser_parse
 from tests.support.procs import alive, state, wait_for
+from tests.support.scans import holders_by_pid, scan_args
 
 HOLDER = """
 import os, sys, time, subprocess
@@ -19,18 +19,6 @@ files = [open(p, 'rb') for p in sys.argv[1:]]
 {body}
 time.sleep(3600)
 """
-
-
-
-
-def scan_args(ps, **kw):
-    fields = dict(devices=ps.glob, fake_devices=True, scope=None, scope_uid=None, protect=[], target=[],
-                  match=[], fake_gpus=str(ps.memdir), max_used_mib=0, wait=0.0)
-    return Options(**dict(fields, **kw))
-
-
-def holders_by_pid(doc):
-    return {h["pid"]: h for h in doc["holders"]}
 
 
 def test_scan_finds_tree_orphan_stopped_zombie_renamed(ps, tmp_path):

@@ -11,7 +11,7 @@ teardown's to stop. So:
   outside any pod, Ray workers: NOT FREE, exit 1, the exact command in the problems, and the
   audit shows not one signal to them or their managers;
 - no hint says "a terminal's shell, a multiplexer, a daemon" for a known manager.
-Every teardown is scoped to the test's temp dir (tests/test_teardown_honesty.host).
+Every teardown is scoped to the test's temp dir (tests.support.teardowns.host).
 """
 from __future__ import annotations
 
@@ -28,11 +28,11 @@ from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
 from tests.agent.procs.test_managers import CID, ESCAPED, UID
-from tests.agent.scan.test_scan import scan_args
-from tests.agent.teardown.test_teardown_honesty import host
 from tests.conftest import need_tools
 from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.support.procs import alive, children, wait_for
+from tests.support.scans import scan_args
+from tests.support.teardowns import host
 
 AFTER_STOP_S = 5  # long past any restart: autorestart and --restart=always bring a program back in well under 1 s
 GENERIC = "a terminal's shell, a multiplexer, a daemon"

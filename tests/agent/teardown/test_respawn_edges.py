@@ -1,5 +1,5 @@
 """The wrapper, supervisor, respawn and process-group rules at their edges, on real processes
-(each teardown scoped to the test's temp dir by tests.agent.teardown.test_teardown_honesty.host): a loop
+(each teardown scoped to the test's temp dir by tests.support.teardowns.host): a loop
 above a setsid wrapper, a pipeline member's own child, a shell opened with --rcfile, a loop
 typed at a prompt, a watchdog that restarts a server detached, a cron job's wrapper, a
 restart through a double fork, and a torn snapshot whose parents form a cycle."""
@@ -13,10 +13,9 @@ import time
 import pytest
 
 from scripts.reach.transport import call_agent
-from tests.agent.teardown.test_respawn_rules import ready_pid, server_cmd, shell, teardown
-from tests.agent.teardown.test_teardown_honesty import host
 from tests.support.paths import REPO
 from tests.support.procs import alive, children, tmux_pane, wait_for
+from tests.support.teardowns import host, ready_pid, server_cmd, shell, teardown
 
 KEYS = dict(TARGETS=r"xsrv\.launch_server")
 

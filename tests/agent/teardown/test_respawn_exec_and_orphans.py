@@ -16,8 +16,8 @@ import pytest
 
 from scripts.agent.status.scan import Scan
 from scripts.reach.transport import call_agent
-from tests.agent.teardown.test_teardown_honesty import host
 from tests.support.procs import alive, wait_for
+from tests.support.teardowns import host
 
 SERVER = """\
 import os, signal, sys, time

@@ -23,62 +23,8 @@ from pathlib import Path
 import pytest
 
 from scripts.reach.transport import call_agent
-from tests.agent.teardown.test_teardown_honesty import host
 from tests.support.procs import alive, children, tmux_pane, wait_for
-
-SERVER = """\
-import os, sys, time
-args = sys.argv[1:]
-def opt(name):
-    return args[args.index(name) + 1] if name in args else None
-if opt("--hold"):
-    fd = os.open(opt("--hold"), os.O_RDWR)
-if "--child" in args and os.fork() == 0:
-    time.sleep(600)
-    os._exit(0)
-if opt("--helper-after"):
-    time.sleep(float(opt("--helper-after")))
-    if os.fork() == 0:
-        if os.fork() == 0:
-            with open(opt("--ready") + ".helper", "w") as f:
-                f.write(str(os.getpid()))
-            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", opt("--ready")])
-        os._exit(0)
-    os.wait()
-with open(opt("--ready") + ".tmp", "w") as f:
-    f.write(str(os.getpid()))
-os.rename(opt("--ready") + ".tmp", opt("--ready"))
-time.sleep(600)
-"""
-
-
-def server_pkg(ps) -> Path:
-    """A module `xsrv.launch_server` on a PYTHONPATH of the test's own."""
-    pkg = ps.base / "pkg"
-    (pkg / "xsrv").mkdir(parents=True, exist_ok=True)
-    (pkg / "xsrv" / "__init__.py").write_text("")
-    (pkg / "xsrv" / "launch_server.py").write_text(SERVER)
-    return pkg
-
-
-def server_cmd(ps, ready: Path, *flags: str) -> str:
-    return f"PYTHONPATH={server_pkg(ps)} {sys.executable} -m xsrv.launch_server --ready {ready} {' '.join(flags)}"
-
-
-def shell(ps, script: str) -> int:
-    """`bash -c SCRIPT` in a session of its own; its pid (ended by the ProcessSet)."""
-    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL)
-    ps.adopt(proc.pid)
-    return proc.pid
-
-
-def ready_pid(path: Path) -> int:
-    """The pid a process wrote to `path`, once written: the file exists before its pid is in it."""
-    return int(wait_for(lambda: path.exists() and path.read_text().strip(), f"{path.name} written"))
-
-
-def teardown(ps, *extra, **keys):
-    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell, teardown
 
 
 def test_a_shell_loop_supervisor_is_named_and_stopped_only_with_the_flag(ps):

@@ -11,7 +11,6 @@ Every process is started here and scoped by the test's temp dir (fake devices + 
 """
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import signal
@@ -22,17 +21,11 @@ from pathlib import Path
 
 import pytest
 
-from scripts.config.hostconfig import build_host
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
 from tests.support import scenario
 from tests.support.procs import alive, children, state, wait_for
-
-
-def host(ps, **keys):
-    base = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
-    base.update(keys)
-    return dataclasses.replace(build_host("local", base, "test"), fake_gpus=str(ps.memdir))
+from tests.support.teardowns import host
 
 
 def teardown(ps, *extra, **keys):

@@ -30,9 +30,8 @@ import pytest
 
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
-from tests.agent.teardown.test_respawn_rules import ready_pid, server_cmd, server_pkg, shell
-from tests.agent.teardown.test_teardown_honesty import host
 from tests.support.procs import alive, children, tmux_pane, wait_for
+from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell
 
 TARGETS = r"xsrv\.launch_server"
 

@@ -4,16 +4,20 @@ Why here: every kind (plain systemd, docker, Proxmox-like node) follows the same
 crashed earlier run's leftovers are swept first; the host is shared by the whole session
 (booting costs about a second); on the way down anything left behind fails the session.
 Skipped only where this machine cannot host them (not root); a missing package skips
-locally but fails under CI=true, where .ci/run installs it.
+locally but fails under CI=true, where .ci/run installs it. What the tests of every kind
+share: the real CLI on a wide screen, its text, a wait that names what it waited for, and
+who holds a host's fake GPU files.
 """
 from __future__ import annotations
 
 import contextlib
 import os
 import shutil
+import time
 
 import pytest
 
+from tests.conftest import invoke as invoke_cli
 from tests.support.realhosts.systemd_host import sweep
 
 
@@ -47,3 +51,32 @@ def hosted(host, tools=()):
         yield host
     finally:
         host.down()
+
+
+def invoke(*args):
+    """The real CLI, on a screen wide enough that no line of a report is wrapped."""
+    res = invoke_cli(*args, env=dict(os.environ, COLUMNS="200"))
+    keep = os.environ.get("GPU_PIVOT_REALHOST_REPORTS")  # a file to collect the reports in, for people
+    if keep and args[0] in ("teardown", "plan"):
+        with open(keep, "a") as f:
+            f.write(f"$ invoke {' '.join(args)}   (exit {res.returncode})\n{text(res)}\n")
+    return res
+
+
+def text(res) -> str:
+    return res.stdout.decode(errors="replace") + res.stderr.decode(errors="replace")
+
+
+def wait_for(cond, timeout=60.0, what="condition"):
+    """Until cond() is true; the deadline is for a loaded machine, and names what was waited for."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+
+
+def holders(host) -> list[str]:
+    """pids (as the host sees them) holding its fake GPU files."""
+    return host.sh("fuser /dev/nvidia0 /dev/nvidia1 2>/dev/null").stdout.split()

@@ -1,0 +1,82 @@
+"""Teardowns kept to a test's own processes, and servers that come back, for the teardown tests.
+
+`host` is a local host scoped to the ProcessSet: its fake device files, its temp dir as the
+scope, the fake GPU memory it declares, and targets naming only the programs tests start
+(the sandbox's roles and the scenario's server), so a teardown can never match a process the
+test did not start. `server_cmd` runs a module `xsrv.launch_server` from the test's own
+PYTHONPATH (a server that may hold a device, fork a child or leave a helper in its group);
+`shell` starts a restarting loop in a session of its own.
+"""
+from __future__ import annotations
+
+import dataclasses
+import subprocess
+import sys
+from pathlib import Path
+
+from scripts.config.hostconfig import build_host
+from scripts.reach.transport import call_agent
+from tests.support import scenario
+from tests.support.procs import wait_for
+
+
+def host(ps, **keys):
+    """A local host that only sees and signals what the test started (see above)."""
+    base = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
+    base.update(keys)
+    return dataclasses.replace(build_host("local", base, "test"), fake_gpus=str(ps.memdir))
+
+
+SERVER = """\
+import os, sys, time
+args = sys.argv[1:]
+def opt(name):
+    return args[args.index(name) + 1] if name in args else None
+if opt("--hold"):
+    fd = os.open(opt("--hold"), os.O_RDWR)
+if "--child" in args and os.fork() == 0:
+    time.sleep(600)
+    os._exit(0)
+if opt("--helper-after"):
+    time.sleep(float(opt("--helper-after")))
+    if os.fork() == 0:
+        if os.fork() == 0:
+            with open(opt("--ready") + ".helper", "w") as f:
+                f.write(str(os.getpid()))
+            os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(600)", opt("--ready")])
+        os._exit(0)
+    os.wait()
+with open(opt("--ready") + ".tmp", "w") as f:
+    f.write(str(os.getpid()))
+os.rename(opt("--ready") + ".tmp", opt("--ready"))
+time.sleep(600)
+"""
+
+
+def server_pkg(ps) -> Path:
+    """A module `xsrv.launch_server` on a PYTHONPATH of the test's own."""
+    pkg = ps.base / "pkg"
+    (pkg / "xsrv").mkdir(parents=True, exist_ok=True)
+    (pkg / "xsrv" / "__init__.py").write_text("")
+    (pkg / "xsrv" / "launch_server.py").write_text(SERVER)
+    return pkg
+
+
+def server_cmd(ps, ready: Path, *flags: str) -> str:
+    return f"PYTHONPATH={server_pkg(ps)} {sys.executable} -m xsrv.launch_server --ready {ready} {' '.join(flags)}"
+
+
+def shell(ps, script: str) -> int:
+    """`bash -c SCRIPT` in a session of its own; its pid (ended by the ProcessSet)."""
+    proc = subprocess.Popen(["bash", "-c", script], start_new_session=True, stdin=subprocess.DEVNULL)
+    ps.adopt(proc.pid)
+    return proc.pid
+
+
+def ready_pid(path: Path) -> int:
+    """The pid a process wrote to `path`, once written: the file exists before its pid is in it."""
+    return int(wait_for(lambda: path.exists() and path.read_text().strip(), f"{path.name} written"))
+
+
+def teardown(ps, *extra, **keys):
+    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
