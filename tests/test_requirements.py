@@ -1,8 +1,9 @@
 """The pins are written once, in pyproject.toml; the requirements files (what `make setup` and
 CI install) are made from it (`make requirements`, scripts/pins.py) and must be what that makes,
 or CI tests other versions than a `pip install .` gets; test-only tools stay out of the runtime
-list."""
+list, and `make demo` installs only that list."""
 import re
+import subprocess
 import tomllib
 
 import pytest
@@ -61,3 +62,18 @@ def test_python_dotenv_is_a_test_tool_only():
     """hosts.env is read by scripts/config/envfile.py; python-dotenv is what the tests compare it with."""
     assert "python-dotenv" not in pins(project()["dependencies"])
     assert "python-dotenv" in pins(project()["optional-dependencies"]["dev"])
+
+
+def make_plan(target: str, tmp_path) -> str:
+    """What `make TARGET` would run in a fresh checkout's venv (make -n: nothing runs)."""
+    out = subprocess.run(["make", "-n", target, f"VENV={tmp_path / 'venv'}"], cwd=REPO, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_make_demo_installs_the_runtime_requirements_only(tmp_path):
+    demo = make_plan("demo", tmp_path)
+    assert "-r requirements.txt" in demo and "requirements-dev.txt" not in demo, demo
+    for target in ("setup", "test"):  # the tests still get the development requirements
+        assert "-r requirements-dev.txt" in make_plan(target, tmp_path), target

@@ -346,3 +346,14 @@ def test_runbook_runs_as_printed_on_the_sandbox(path):
         invoke("sandbox", "down")
     assert ran >= 3
     assert not failures, f"{path.name}:\n" + "\n\n".join(failures)
+
+
+# -- runbooks: the escalation is `invoke reset` -----------------------------------------------------
+
+def test_runbooks_escalate_through_invoke_reset_never_a_raw_gpu_reset():
+    raw = [(p.name, n) for p in sorted((REPO / "runbooks").glob("*.md"))
+           for n, line in enumerate(p.read_text().splitlines(), 1) if "--gpu-reset" in line]
+    assert not raw, raw
+    for name in ("gpu-memory-not-freed.md", "slurm-node-drained.md"):
+        escalation = (REPO / "runbooks" / name).read_text().split("## Escalation", 1)[1]
+        assert re.search(r"`invoke reset --host \S+ --gpu N`", escalation), name
