@@ -72,7 +72,7 @@ def test_the_alternatives_are_the_agents():
 
 
 def test_the_defaults_and_generated_lines_are_the_agents():
-    """The copies the local side keeps (it may import only the contract from the agent) are equal."""
+    """The copies the script keeps (the agent's interpreter regex and protect list) are equal."""
     assert shell_teardown.DEFAULT_TARGETS == rules.DEFAULT_TARGETS
     assert shell_teardown.interpreters_line() in shell_teardown.SCRIPT.read_text().splitlines()
     assert shell_teardown.interpreters_line() == f"interp='{program.INTERPRETERS.pattern}'"

@@ -1,12 +1,11 @@
-"""The local side's reading of every agent result, one record per subcommand.
+"""Every agent result as a typed record, one per subcommand: the agent writes it (written),
+the local side reads it (read).
 
-Every result is one JSON object with "command" and "exit_code" (or a codes.USAGE_ERROR or
-codes.AGENT_ERROR instead). read() makes the record of its kind: a field without a default is
-required (a result without it is a ContractError naming the key), the others take their
-default when the key is absent or null. So a key the agent renames fails here, loudly, not as
-a KeyError in a view. Lists of rows (GPUs, holders, plan targets, actions) stay the dicts the
-JSON holds; rows.py types their keys, for mypy only. The agent writes a result through its
-record too (written), imported where it builds one.
+Every result is one JSON object with "command" and "exit_code" (or codes.USAGE_ERROR or
+codes.AGENT_ERROR instead). A field without a default is required (a result without it is a
+ContractError naming the key), the others take their default when the key is absent or null,
+so a key the agent renames fails here, loudly, not as a KeyError in a view. Rows (GPUs,
+holders, plan targets, actions) stay the dicts the JSON holds; rows.py types their keys.
 """
 from __future__ import annotations
 
@@ -49,8 +48,8 @@ class Record:
     """A result record: its fields are the class's annotations, in order; a field without a
     class-level default is required. Read-only once made; a list or dict default is copied.
 
-    Why not dataclasses: every `invoke` call imports this module, and creating fifteen
-    dataclasses costs about 15 ms each time.
+    Why not dataclasses: the agent and every `invoke` call import this module, and creating
+    fifteen dataclasses costs about 15 ms each time.
     """
 
     def __init__(self, **values):
@@ -96,11 +95,6 @@ class PingResult(Record):
 
 
 class ScanResult(Record):
-    """gpus: [{index, name, used_mib, reserved_mib, total_mib, processes: [{pid, used_mib}],
-    health: {verdict, reasons}, mig: {current, pending, instances}}] (health and mig where read:
-    see gpu_health); holders: [{pid, user, state, cmdline, devices, gpu_mib, protected, unit,
-    container, ...}]; mps: {controls, servers: [{pid, gpus, clients, pipe_dir}]} where MPS runs."""
-
     hostname: str
     gpus: list[rows.GpuRow]
     holders: list[rows.Holder]
@@ -138,8 +132,6 @@ class VerifyResult(Record):
 
 
 class Plan(Record):
-    """targets, protected, left_alone: rows {pid, start_time, state, cmdline, reason, gpu_mib, via, ...}."""
-
     targets: list[rows.PlanRow]
     protected: list[rows.PlanRow]
     left_alone: list[rows.PlanRow] = []
@@ -208,8 +200,6 @@ class TeardownResult(Record):
 
 
 class StartResult(Record):
-    """state: {how: 'systemd-run', unit} or {how: 'setsid', pid, start_time, log}."""
-
     started: bool
     state: rows.PhaseState | None = None
     error: str | None = None
@@ -217,8 +207,6 @@ class StartResult(Record):
 
 
 class ReadyResult(Record):
-    """prep: [{cmd, pid, exit, status}], the phase's preparation jobs."""
-
     ready: bool
     detail: str = ""
     waited_s: float = 0.0

@@ -6,7 +6,7 @@ untrusted. A process titled `x\\nINJECTED: FREED` forged whole lines of the stat
 and dry-run tables, and an operator named `\\x1b]0;pwned\\x07` retitled the terminal of
 whoever read the LOCKED line. The agent and the local side escape with this one
 function, so there is one rule to read and test. Standard library only, Python 3.8: it
-ships in the agent bundle, and the local side reaches it through contract.py.
+ships in the agent bundle, and the local side imports it from here too.
 
 For people, printable(): control characters (C0 with tab and newline, DEL, C1), bidi
 overrides and isolates, line and paragraph separators and zero-width marks become

@@ -1,5 +1,5 @@
-"""One definition of a teardown's waits and free threshold (scripts/agent/waits.py, re-exported by the
-contract) and of a phase's limits (scripts/agent/contract.py), and everything that shows
+"""One definition of a teardown's waits and free threshold and of a phase's limits
+(scripts/agent/wire/defaults.py), and everything that shows
 or uses them agrees: the agent's flags, the local tasks' defaults and --help, the Ansible task
 and the module's documented options, the shell one-liner."""
 from __future__ import annotations

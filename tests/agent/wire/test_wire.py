@@ -1,4 +1,4 @@
-"""The agent <-> local contract (scripts/agent/contract.py): both sides really follow it.
+"""The agent <-> local contract (scripts/agent/wire/): both sides really follow it.
 
 The agent's parser is compared with the contract's table of subcommands and flags; the
 argv the local side builds is parsed by the agent and recognised by it in /proc; real
