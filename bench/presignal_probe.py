@@ -53,9 +53,8 @@ class _NoAudit:
 
 
 def _args(devdir: str, token: str):
-    parser = cli.build_parser()
-    return parser.parse_args(["teardown", "--devices", f"{devdir}/nvidia*", "--fake-devices",
-                              "--match", token + r"_\w+\.py", "--scope", token])
+    return cli.parse(["teardown", "--devices", f"{devdir}/nvidia*", "--fake-devices",
+                      "--match", token + r"_\w+\.py", "--scope", token])
 
 
 def one(args, steps=None) -> dict:
@@ -63,7 +62,7 @@ def one(args, steps=None) -> dict:
     early batch is picked (agent/teardown/early.py) but not sent: `early_batch_at` is when it would go."""
     out = {}
     tr = time.monotonic()
-    procscan.snapshot(scan.device_set(args), fds=False, mark=scan._target_mark(args))
+    procscan.snapshot(args.device_set(), fds=False, mark=scan._target_mark(args))
     out["records_only_scan"] = time.monotonic() - tr  # not part of the total: what a scan without fds costs
     t0 = time.monotonic()
     watch = teardown._subscribe_watch()
@@ -87,10 +86,10 @@ def one(args, steps=None) -> dict:
     t3 = time.monotonic()
     out["plan_build"] = t3 - t2
     planned = the_plan["targets"]
-    watch = teardown._begin_watch(watch, planned, doc["_procs"])
+    watch = teardown._begin_watch(watch, planned, doc.procs)
     t4 = time.monotonic()
     out["fork_watch_begin"] = t4 - t3
-    Targets(planned, _NoAudit(), watch, chain=doc["_chain"] | {os.getpid()}, protect=args.protect, since_ticks=since,
+    Targets(planned, _NoAudit(), watch, chain=doc.chain | {os.getpid()}, protect=args.protect, since_ticks=since,
             scope_uid=args.scope_uid)
     t5 = time.monotonic()
     out["targets_init"] = t5 - t4

@@ -26,6 +26,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from scripts.agent.options import Options  # noqa: E402
 from scripts.agent.procs import fanout, procscan  # noqa: E402
 from scripts.agent.status import scan  # noqa: E402
 from tests.support.procs import Bystanders  # noqa: E402
@@ -36,7 +37,7 @@ def _median(values):
 
 
 def measure(reps, devices, fake=False):
-    ns = argparse.Namespace(devices=devices, protect=[], target=[], match=[], fake_gpus=None, fake_devices=fake)
+    ns = Options(devices=devices, protect=[], target=[], match=[], fake_gpus=None, fake_devices=fake)
     paths = sorted(glob.glob(devices))
     holder, whole, fuser, count, source = [], [], [], 0, None
     confirm_all: list = []
@@ -50,9 +51,9 @@ def measure(reps, devices, fake=False):
         holder.append(doc["proc_scan_ms"])
         whole.append(doc["scan_ms"])
         count, source = doc["processes_scanned"], doc["gpu_source"]
-        for known, into in ((None, confirm_all), (doc["_procs"], confirm_known)):
+        for known, into in ((None, confirm_all), (doc.procs, confirm_known)):
             t0 = time.monotonic()
-            procscan.snapshot(scan.device_set(ns), fds=False, known=known)
+            procscan.snapshot(ns.device_set(), fds=False, known=known)
             into.append((time.monotonic() - t0) * 1000)
     row = {"processes": count, "median_ms": _median(whole), "min_ms": min(whole), "max_ms": max(whole),
            "holder_scan_ms": _median(holder), "fuser_ms": _median(fuser), "reps": reps, "gpu_source": source,

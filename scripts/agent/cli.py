@@ -1,11 +1,12 @@
 """Agent command line: parse, run one subcommand, print one JSON document.
 
-Each subcommand module exposes `add_arguments(parser)` and `run(args) -> (exit_code, doc)`.
-Which subcommands exist, and which take the host's selection flags, is the contract's
-(call.SUBCOMMANDS, call.SELECTING): the local side builds the argv from the same table.
+Each subcommand module exposes `add_arguments(parser)` and `run(opts) -> (exit_code, doc)`,
+`opts` the run's options.Options, made once from argparse's answer (parse).
+Which subcommands exist, and which take the host's selection flags, is the wire's
+(wire/call.py SUBCOMMANDS, SELECTING): the local side builds the argv from the same table.
 With `--marker NONCE` the document is framed by marker lines (frame.frame); with `--json`
 it is printed bare; otherwise a short human summary is printed. Progress lines
-(`--progress`, frame.progress_line) go to stdout before the result.
+(`--progress`, Options.emit_progress) go to stdout before the result.
 """
 import argparse
 import importlib
@@ -16,10 +17,10 @@ import sys
 from . import options
 from .procs import devices, rules
 from .state import lastrun
-from .wire import call, codes, defaults, frame, textsafe
+from .wire import call, codes, frame, textsafe
 
 # name -> (module, class) from call.SUBCOMMAND_MODULES, or a module or class with
-# add_arguments(parser) and run(args) put here directly. A subcommand's module is imported
+# add_arguments(parser) and run(opts) put here directly. A subcommand's module is imported
 # only when it is the one asked for, by name (wire/call.py says why), so what a call
 # imports is this module's own imports and that one module's: the bundle ships exactly that.
 MODULES: dict = dict(call.SUBCOMMAND_MODULES)
@@ -32,17 +33,6 @@ def module_for(name):
     module, attr = entry
     loaded = importlib.import_module("." + module, __package__)
     return getattr(loaded, attr) if attr else loaded
-
-
-def progress(args, **fields):
-    """Emit one progress line when the caller asked for them; never fail on a closed pipe."""
-    if not getattr(args, "progress", False):
-        return
-    try:
-        sys.stdout.write(frame.progress_line(fields))
-        sys.stdout.flush()
-    except (BrokenPipeError, OSError):
-        args.progress = False  # the connection dropped: keep working, stop talking
 
 
 class HelpFormatter(argparse.HelpFormatter):
@@ -83,25 +73,16 @@ def build_parser(only=None):
             continue
         module = module_for(name)
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0], formatter_class=HelpFormatter)
-        p.add_argument("--marker", help="frame the JSON result with marker lines carrying this nonce")
-        p.add_argument("--json", action="store_true", help="print the JSON result")
-        p.add_argument("--progress", action="store_true", help="print progress lines while working")
-        p.add_argument("--devices", default=defaults.DEVICE_GLOB, help="glob of GPU device files")
-        p.add_argument("--fake-devices", action="store_true",
-                       help="the device glob may name plain files (sandbox, tests); otherwise every match must be "
-                            "an NVIDIA character device")
-        p.add_argument("--run-dir", default=None, help="where state, logs and the audit log are kept on the host")
-        if name in call.SELECTING:
-            options.add_selection(p)
+        options.add_shared(p, name)
         module.add_arguments(p)
     return parser
 
 
-def emit(args, doc):
+def emit(opts, doc):
     text = textsafe.dumps(doc, sort_keys=True)  # valid Unicode: a non-UTF-8 byte is U+EF80+
-    if args.marker:
-        out = frame.frame(args.marker, text)
-    elif args.json:
+    if opts.marker:
+        out = frame.frame(opts.marker, text)
+    elif opts.json:
         out = text + "\n"
     else:
         out = human(doc)
@@ -145,26 +126,36 @@ def failure(exc):
 
 def _agent_file(filename):
     """The path of an agent module from its package on ("agent/teardown/run.py"), or None for
-    a file outside the agent: two modules share a name (teardown/run.py, phases/run.py)."""
+    a file outside the agent: two modules share a name (teardown/run.py, phases/run.py). The
+    agent's package is the folder "agent" in the folder this module's own code sits in
+    (scripts/ here; <gpu-pivot>/, the name a bundle compiles each module under): another
+    folder so named (a test's) is not it. Its own code's name, as a bundle sets no __file__."""
+    roots = {_agent_file.__code__.co_filename.replace(os.sep, "/").split("/")[-3:][0], "<gpu-pivot>"}
     parts = filename.replace(os.sep, "/").split("/")
-    return "/".join(parts[len(parts) - 1 - parts[::-1].index("agent"):]) if "agent" in parts[:-1] else None
+    at = [i for i in range(1, len(parts) - 1) if parts[i] == "agent" and parts[i - 1] in roots]
+    return "/".join(parts[at[-1]:]) if at else None
+
+
+def parse(argv=None):
+    """The options of one run (options.Options), from the command line: the one place they are
+    made (tests make theirs here too, or as options.Options(**fields))."""
+    words = sys.argv[1:] if argv is None else argv
+    return options.Options.of(build_parser(words[0] if words and words[0] in MODULES else None).parse_args(argv))
 
 
 def main(argv=None):
-    words = sys.argv[1:] if argv is None else argv
-    args = build_parser(words[0] if words and words[0] in MODULES else None).parse_args(argv)
-    if args.run_dir:
-        os.environ[lastrun.RUN_DIR_ENV] = args.run_dir
-    args.emit_progress = lambda **f: progress(args, **f)
-    rules.trust_own_names(getattr(args, "fake_devices", False))  # the sandbox's stand-ins (rules.py)
+    opts = parse(argv)
+    if opts.run_dir:
+        os.environ[lastrun.RUN_DIR_ENV] = opts.run_dir
+    rules.trust_own_names(opts.fake_devices)  # the sandbox's stand-ins (rules.py)
     try:
-        options.check_patterns(args)
-        code, doc = module_for(args.command).run(args)
-    except (options.UsageError, devices.DeviceError) as exc:
+        options.check_patterns(opts)
+        code, doc = module_for(opts.command).run(opts)
+    except (codes.UsageError, devices.DeviceError) as exc:
         code, doc = codes.EXIT_USAGE, {codes.USAGE_ERROR: str(exc)}
     except Exception as exc:  # anything left (a bug, data no parser here understood): a result naming it
         code, doc = codes.EXIT_UNREACHABLE, {codes.AGENT_ERROR: failure(exc)}
-    doc.setdefault("command", args.command)
+    doc.setdefault("command", opts.command)
     doc.setdefault("exit_code", code)
-    emit(args, doc)
+    emit(opts, doc)
     return code

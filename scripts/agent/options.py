@@ -1,24 +1,138 @@
-"""Agent flags shared by several subcommands: the selection (what to protect, what to
-target; cli.py adds it to call.SELECTING), the free threshold and the phase spec.
+"""The agent's options: one typed record of every flag, made once from argparse's answer
+(Options.of, in cli.parse), and the flags shared by several subcommands (add_shared: every
+one's, the selection of what to protect and target, the free threshold, the phase spec), added
+by the command line as the wire's SUBCOMMANDS table gives them, so no subcommand's module
+imports this one: the subcommands sit below the command line.
+
+Why one record and not argparse's Namespace: a subcommand's code hands its options down to
+the scan, the plan, the settle window and the GPU reader, which read the same fields whichever
+subcommand runs them. A Namespace takes any attribute, so a typo reads as "absent" and a
+module could park its own state on it; this record has a slot per flag and nothing else, a
+flag the subcommand's parser lacks reads None (False for a switch), and mypy knows each
+field's type. Tests make one the same way (Options(**fields) or cli.parse(argv)).
+A plain class with __slots__: the agent's start is timed, and a dataclass costs milliseconds.
 
 Patterns are checked here too, not only on the local side: the agent is also run by
 itself (an epilog, a test, a pasted command), and a pattern that matches the empty string
 (`''`, `.*`, `x*`) would name every process.
 """
+from __future__ import annotations
+
 import re
+import sys
 
-from .procs import program
-from .wire import call, defaults
+from .procs import devices, program
+from .wire import defaults, frame
+from .wire.call import SELECTING, SPEC_FLAG, SUBCOMMANDS
+from .wire.codes import UsageError
+
+# Every flag of every subcommand, by concern. Not given: a switch is False, the device glob, the
+# threshold and the settle window are the parser's defaults, any other is None.
+COMMON = ("command", "marker", "json", "progress", "devices", "fake_devices", "run_dir")
+SELECTION = ("protect", "target", "match", "fake_gpus", "scope", "scope_uid")
+THRESHOLD = ("max_used_mib",)
+SPEC = ("spec",)
+PLAN = ("only_matching", "stop_supervisors", "all_users", "disable")
+TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle")
+OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes")  # one subcommand's each
+SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_supervisors", "all_users",
+                      "disable", "follow", "yes"))
+FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
 
-class UsageError(ValueError):
-    """Bad input to the agent: one line, exit 2, nothing done."""
+class Options:
+    """The flags of one agent run. `settle`: the teardown's settle window in seconds, the default
+    (SETTLE_S) where --settle was not given, and then `settle_auto` (the window may be cut short
+    when nothing that could restart a target survives: settle.py)."""
+
+    __slots__ = FIELDS + ("settle_auto", "_device_set")
+
+    # common
+    command: str | None
+    marker: str | None
+    json: bool
+    progress: bool
+    devices: str
+    fake_devices: bool
+    run_dir: str | None
+    # selection (SELECTING subcommands; None elsewhere)
+    protect: list[str] | None
+    target: list[str] | None
+    match: list[str] | None
+    fake_gpus: str | None
+    scope: str | None
+    scope_uid: int | None
+    # the free threshold, the phase spec
+    max_used_mib: int
+    spec: str | None
+    # plan and teardown
+    only_matching: bool
+    stop_supervisors: bool
+    all_users: bool
+    disable: bool
+    grace: float
+    timeout: float
+    wait_lock: float
+    operator: str | None
+    approved: str | None
+    mps: str | None
+    settle: float
+    settle_auto: bool
+    # one subcommand's own
+    wait: float
+    argv: str | None
+    gpus: str | None
+    url: str | None
+    action: str | None
+    lines: int | None
+    follow: bool
+    gpu: str | None
+    yes: bool
+
+    def __init__(self, **values):
+        for name in FIELDS:
+            setattr(self, name, values.pop(name, False if name in SWITCHES else None))
+        if values:
+            raise TypeError("Options has no field %s" % ", ".join(sorted(values)))
+        if self.devices is None:
+            self.devices = defaults.DEVICE_GLOB
+        if self.max_used_mib is None:
+            self.max_used_mib = defaults.MAX_USED_MIB
+        self.settle_auto = self.settle is None
+        if self.settle is None:
+            self.settle = defaults.SETTLE_S
+        self._device_set = None
+
+    @classmethod
+    def of(cls, namespace):
+        """The options argparse parsed (its Namespace), as this record."""
+        return cls(**vars(namespace))
+
+    def device_set(self):
+        """The host's GPU devices (devices.DeviceSet), found once per agent run. Raises
+        devices.DeviceError for a glob that names anything but GPU devices."""
+        if self._device_set is None:
+            self._device_set = devices.DeviceSet(self.devices, fake=bool(self.fake_devices))
+        return self._device_set
+
+    def emit_progress(self, **fields):
+        """One progress line when the caller asked for them; never fails on a closed pipe."""
+        if not self.progress:
+            return
+        try:
+            sys.stdout.write(frame.progress_line(fields))
+            sys.stdout.flush()
+        except (BrokenPipeError, OSError):
+            self.progress = False  # the connection dropped: keep working, stop talking
+
+    def __repr__(self):
+        return "Options(%s)" % ", ".join("%s=%r" % (n, getattr(self, n)) for n in FIELDS)
 
 
-def check_patterns(args):
+def check_patterns(opts):
     """Raise UsageError for a selection pattern that is not a regex or matches everything."""
     for flag in ("target", "match", "protect"):
-        for pattern in getattr(args, flag, None) or []:
+        for pattern in getattr(opts, flag) or []:
             try:
                 empty = program.matches_empty(pattern)
             except (re.error, OverflowError, RecursionError) as exc:
@@ -26,6 +140,26 @@ def check_patterns(args):
             if empty:
                 raise UsageError("--%s %r: matches the empty string, so it would match every process; "
                                  "name a program (e.g. 'sglang\\.launch_server')" % (flag, pattern))
+
+
+def add_shared(parser, subcommand):
+    """The flags several subcommands take: every one's, then the selection, the free threshold
+    and the phase spec where the wire's SUBCOMMANDS table gives them to `subcommand` (the local
+    side builds the argv from the same table). The subcommand's module adds its own after these."""
+    parser.add_argument("--marker", help="frame the JSON result with marker lines carrying this nonce")
+    parser.add_argument("--json", action="store_true", help="print the JSON result")
+    parser.add_argument("--progress", action="store_true", help="print progress lines while working")
+    parser.add_argument("--devices", default=defaults.DEVICE_GLOB, help="glob of GPU device files")
+    parser.add_argument("--fake-devices", action="store_true",
+                        help="the device glob may name plain files (sandbox, tests); otherwise every match must be "
+                             "an NVIDIA character device")
+    parser.add_argument("--run-dir", default=None, help="where state, logs and the audit log are kept on the host")
+    if subcommand in SELECTING:
+        add_selection(parser)
+    if "--max-used-mib" in SUBCOMMANDS[subcommand]:
+        add_threshold(parser)
+    if SPEC_FLAG in SUBCOMMANDS[subcommand]:
+        add_spec(parser)
 
 
 def add_selection(parser):
@@ -46,7 +180,7 @@ def add_selection(parser):
 
 
 def add_spec(parser):
-    parser.add_argument(call.SPEC_FLAG, required=True,
+    parser.add_argument(SPEC_FLAG, required=True,
                         help="the phase, as base64 of its JSON (frame.encode_spec)")
 
 

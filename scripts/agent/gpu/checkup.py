@@ -24,7 +24,7 @@ def annotate(doc, source, since_us=None, stuck=(), watch=None):
     for index, m in migs.items():
         if index < len(doc["gpus"]):
             doc["gpus"][index]["mig"] = m
-    procs = doc.get("_procs") or {}
+    procs = doc.procs
     if getattr(source, "name", None) == gpuinfo.SandboxSource.name:  # fake GPUs: no MPS server serves them
         doc["mps"] = None
         return doc
@@ -112,12 +112,12 @@ def mps_quit(args, audit, source=None, rescan=None):
     fresh scan (scan.collect; passed in by the teardown, since scan's status pass imports this
     module)."""
     doc = rescan()
-    procs = doc["_procs"]
+    procs = doc.procs
     live = None if getattr(source, "hung", False) else source
     info = _nvml_bounded(live, lambda: mps.describe(procs, doc["gpus"], live), None, "NVML MPS queries") \
         if live is not None else None
     info = info or mps.describe(procs, doc["gpus"], None) or {"controls": [], "servers": []}
-    scope, uid = getattr(args, "scope", None), getattr(args, "scope_uid", None)
+    scope, uid = args.scope, args.scope_uid
     info["controls"] = [c for c in info["controls"] if (uid is None or c["uid"] == uid) and (
         not scope or scope in (c["pipe_dir"] or "") or scope in (c["cmdline"] or ""))]
     return mps.quit_all(info, audit, skip=served_outside(info, doc))

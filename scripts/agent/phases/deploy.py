@@ -10,15 +10,13 @@ import re
 import shutil
 import subprocess
 
-from .. import options
 from ..state import lastrun
-from ..wire import codes, frame
+from ..wire import codes, frame, records
 
 SUFFIX = ".gpu-pivot-orig"
 
 
 def add_arguments(parser):
-    options.add_spec(parser)
     parser.add_argument("--action", choices=["apply", "rollback"], required=True)
 
 
@@ -69,4 +67,4 @@ def run(args):
     spec = frame.decode_spec(args.spec)
     ok, files, detail = (apply if args.action == "apply" else rollback)(spec)
     code = codes.EXIT_OK if ok else codes.EXIT_FAILED
-    return code, {"ok": ok, "files": files, "detail": detail, "action": args.action}
+    return code, records.written(records.DeployResult, code=code, ok=ok, files=files, detail=detail, action=args.action)

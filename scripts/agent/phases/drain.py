@@ -13,7 +13,7 @@ better says `--no-drain`.
 import time
 import urllib.request
 
-from ..wire import codes
+from ..wire import codes, records
 
 METRICS = ("sglang:num_running_reqs", "vllm:num_requests_running")
 
@@ -50,6 +50,11 @@ def fetch(url, timeout=FETCH_TIMEOUT_S):
 
 
 def run(args):
+    code, doc = _drain(args)
+    return code, records.written(records.DrainResult, doc, code=code)
+
+
+def _drain(args):
     started = time.monotonic()
     last = None
     while True:

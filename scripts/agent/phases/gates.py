@@ -9,12 +9,11 @@ import glob
 import json
 import subprocess
 
-from .. import options
-from ..wire import codes, defaults, frame
+from ..wire import codes, defaults, frame, records
 
 
 def add_arguments(parser):
-    options.add_spec(parser)
+    pass  # --spec only: cli.py adds it, as the wire's SUBCOMMANDS name it
 
 
 def check_gate(gate, cwd):
@@ -45,4 +44,5 @@ def run(args):
     spec = frame.decode_spec(args.spec)
     results = [check_gate(g, spec.get("dir")) for g in spec.get("gates") or []]
     ok = all(r["ok"] for r in results)
-    return (codes.EXIT_OK if ok else codes.EXIT_GATE), {"passed": ok, "gates": results}
+    code = codes.EXIT_OK if ok else codes.EXIT_GATE
+    return code, records.written(records.GatesResult, code=code, passed=ok, gates=results)

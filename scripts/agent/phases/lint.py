@@ -11,10 +11,9 @@ import json
 import os
 import socket
 
-from .. import options
 from ..status import scan
 from ..teardown import verify
-from ..wire import codes
+from ..wire import codes, records
 
 TP_FLAGS = ("--tp", "--tp-size", "--tensor-parallel-size", "-tp")
 PORT_FLAGS = ("--port",)
@@ -24,7 +23,6 @@ ALGO_FLAGS = ("--speculative-algorithm", "--speculative-algo")
 
 
 def add_arguments(parser):
-    options.add_threshold(parser)
     parser.add_argument("--argv", required=True, help="the launch command, as a JSON array")
     parser.add_argument("--gpus", default=None, help="CUDA_VISIBLE_DEVICES the phase will get")
 
@@ -122,4 +120,4 @@ def run(args):
     visible = len(doc["gpus"]) or len([d for d in doc["devices"] if os.path.basename(d)[6:].isdigit()])
     found = findings(argv, visible, args.gpus, [] if free else problems)
     code = codes.EXIT_OK if not found else codes.EXIT_GATE
-    return code, {"findings": found, "ok": not found, "gpus_visible": visible}
+    return code, records.written(records.LintResult, {"ok": not found}, code=code, findings=found, gpus_visible=visible)

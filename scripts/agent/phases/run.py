@@ -16,14 +16,12 @@ import subprocess
 import time
 import urllib.request
 
-from .. import options
 from ..procs import cgroup, procfs, procscan
 from ..state import lastrun, statedir
 from ..state.auditlog import Audit
-from ..status import scan
 from ..teardown import plan, run as teardown
 from ..teardown.targets import Targets
-from ..wire import codes, defaults, frame
+from ..wire import codes, defaults, frame, records
 
 WRAP = '"$@"; echo $? > "$GPU_PIVOT_EXIT_FILE"'
 LOG_TAIL = 15
@@ -115,15 +113,14 @@ def reset_failed(unit):
 
 
 class SpecCommand:
-    """An agent subcommand about one phase: it takes --spec, decodes it, and acts on it."""
+    """An agent subcommand about one phase: it takes --spec (cli.py adds it, as the wire's
+    SUBCOMMANDS name it), decodes it, and acts on it; its result is written through RESULT,
+    the record the local side reads it as."""
 
-    @classmethod
-    def add_arguments(cls, parser):
-        options.add_spec(parser)
-        cls.more_arguments(parser)
+    RESULT: type = records.Record
 
     @staticmethod
-    def more_arguments(parser):
+    def add_arguments(parser):
         pass
 
     @staticmethod
@@ -133,11 +130,14 @@ class SpecCommand:
 
     @classmethod
     def run(cls, args):
-        return cls.act(frame.decode_spec(args.spec), args)
+        code, doc = cls.act(frame.decode_spec(args.spec), args)
+        return code, records.written(cls.RESULT, doc, code=code)
 
 
 class Start(SpecCommand):
     """Start a phase (and its prep jobs) detached from this session."""
+
+    RESULT = records.StartResult
 
     @staticmethod
     def act(spec, args):
@@ -203,7 +203,7 @@ def _session_pids(state):
 
 def _holding(state, args):
     """Does any process of the phase (its unit, or its session) hold a GPU device?"""
-    devset = scan.device_set(args)
+    devset = args.device_set()
     pids, procs = _session_pids(state)
     return any(procscan.held_devices(pid, devset, procs[pid]["threads"])[0] for pid in pids)
 
@@ -247,8 +247,10 @@ def check(spec, state, args):
 class Ready(SpecCommand):
     """Wait until a started phase is ready (HTTP health, or alive and holding its GPUs)."""
 
+    RESULT = records.ReadyResult
+
     @staticmethod
-    def more_arguments(parser):
+    def add_arguments(parser):
         parser.add_argument("--wait", type=float, default=0.0)
 
     @staticmethod
@@ -278,8 +280,10 @@ class Ready(SpecCommand):
 class Stop(SpecCommand):
     """Stop a phase: systemctl stop, or TERM its whole session, KILL after the stop timeout."""
 
+    RESULT = records.StopResult
+
     @staticmethod
-    def more_arguments(parser):
+    def add_arguments(parser):
         parser.add_argument("--operator", default=None)
 
     @staticmethod
@@ -328,8 +332,10 @@ def _members(state):
 class Logs(SpecCommand):
     """Print the phase's log (last lines), or follow it until interrupted."""
 
+    RESULT = records.LogsResult
+
     @staticmethod
-    def more_arguments(parser):
+    def add_arguments(parser):
         parser.add_argument("--lines", type=int, default=50)
         parser.add_argument("--follow", action="store_true")
 
@@ -349,6 +355,8 @@ class Logs(SpecCommand):
 
 class Smoke(SpecCommand):
     """Send one request to a started server (from the host: its URL is often 127.0.0.1)."""
+
+    RESULT = records.SmokeResult
 
     @staticmethod
     def act(spec, args):

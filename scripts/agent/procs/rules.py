@@ -181,7 +181,7 @@ def protect_reason(proc, self_chain, extra_protect=()):
 
 def patterns_of(args):
     """The target patterns of a run: the host's TARGETS (or the defaults) and every --match."""
-    return list(getattr(args, "target", None) or DEFAULT_TARGETS) + list(args.match)
+    return list(args.target or DEFAULT_TARGETS) + list(args.match or ())
 
 
 def target_reason(proc, patterns):

@@ -6,7 +6,7 @@ import shutil
 import socket
 import sys
 
-from ..wire import codes
+from ..wire import codes, records
 
 
 def add_arguments(parser):
@@ -43,4 +43,4 @@ def run(args):
         "devices_glob": args.devices,
         "devices": sorted(glob.glob(args.devices)),
     }
-    return codes.EXIT_OK, doc
+    return codes.EXIT_OK, records.written(records.PingResult, doc, code=codes.EXIT_OK)

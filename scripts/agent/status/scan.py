@@ -7,7 +7,7 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import devices, procscan, rules
+from ..procs import procscan, rules
 from ..wire import codes
 
 
@@ -15,18 +15,24 @@ def add_arguments(parser):
     pass  # the selection flags only (cli.py adds them)
 
 
-def device_set(args):
-    """The host's GPU devices (devices.DeviceSet), built once per agent run. Raises
-    devices.DeviceError for a glob that names anything but GPU devices."""
-    cached = getattr(args, "_devset", None)
-    if cached is None:
-        cached = devices.DeviceSet(args.devices, fake=bool(getattr(args, "fake_devices", False)))
-        args._devset = cached
-    return cached
+class Scan(dict):
+    """One scan: the document (what `scan` prints, and the base of verify's, plan's and
+    teardown's results) and, beside it, what the plan, the settle window and MPS read of the
+    same moment: `procs`, the process table ({pid: record}), and `chain`, the agent's own
+    ancestry. Attributes, not keys: they never reach the JSON, and a copy (dict(scan)) is the
+    document alone."""
+
+    __slots__ = ("procs", "chain")
+
+    def __init__(self, doc, procs, chain):
+        super().__init__(doc)
+        self.procs = procs
+        self.chain = chain
 
 
 def collect(args, source=None, confirm=False, early=None, known=None):
-    """One scan. `source` (an open GPU reader) is reused by callers that poll. `early`: called
+    """One scan (a Scan: the document, and the process table beside it). `source` (an open
+    GPU reader) is reused by callers that poll. `early`: called
     with the records a target pattern names once every record is read (procscan.snapshot).
 
     `confirm`: the scan that confirms FREED once the GPUs read free. Where the GPU source
@@ -44,7 +50,7 @@ def collect(args, source=None, confirm=False, early=None, known=None):
     idle = confirm and gpus is not None and context_source(source.name, []) and not any(
         g["processes"] or g["used_mib"] is None or g["used_mib"] > args.max_used_mib or g.get("unread") for g in gpus)
     mark = _target_mark(args)
-    snap = procscan.snapshot(device_set(args), fds=not idle, mark=mark, early=early, known=known)
+    snap = procscan.snapshot(args.device_set(), fds=not idle, mark=mark, early=early, known=known)
     procs_done = time.monotonic()
     if gpus is None or (confirm and not idle):  # read (again) after the processes: what they hold now
         with gpuinfo.reader(args, source) as (source, tried):
@@ -84,7 +90,7 @@ def collect(args, source=None, confirm=False, early=None, known=None):
     for pid in snap["denied"]:
         spared = pid == 1 or (vouched and rules.protect_reason(procs[pid], chain, args.protect))
         (denied_protected if spared else denied).append(pid)
-    return {
+    return Scan({
         "hostname": os.uname().nodename,  # gethostname()'s answer, without importing socket (~3 ms a call)
         "devices_glob": args.devices,
         "devices": snap["devices"],
@@ -104,9 +110,7 @@ def collect(args, source=None, confirm=False, early=None, known=None):
         "scan_ms": round((time.monotonic() - started) * 1000, 2),
         "proc_scan_ms": round((procs_done - started) * 1000, 2),
         "gpu_read_ms": round((gpus_done - procs_done) * 1000, 2),
-        "_procs": procs,
-        "_chain": chain,
-    }
+    }, procs, chain)
 
 
 def _reread(procs, pids, known, mark):
@@ -123,7 +127,7 @@ def _target_mark(args):
     """The target patterns tried on each process where its record is read (in the scan's
     workers, on a big host: 20,000 pattern matches before the first signal are ~60 ms on one
     core); plan.build takes the answer from the record. None where args name no patterns."""
-    if not hasattr(args, "match"):
+    if args.match is None:
         return None
     patterns = rules.patterns_of(args)
     return lambda info: rules.target_reason(info, patterns)
@@ -173,18 +177,18 @@ def procfs_now_ticks():
 
 
 def public(doc):
-    """The scan without the internal fields other subcommands reuse."""
-    return {k: v for k, v in doc.items() if not k.startswith("_")}
+    """The document alone (a Scan's table and chain left behind), for a result to add to."""
+    return dict(doc)
 
 
 def run(args):
     from ..gpu import checkup
     from ..state import lastrun
+    from ..wire import records
 
     with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
         full = collect(args, source)
         full["gpu_source_tried"] = tried or full["gpu_source_tried"]
         checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
-    doc = public(full)
-    doc["last_teardown"] = lastrun.load_summary()
-    return (codes.EXIT_UNINSPECTED if doc["denied"] or doc["proc_hidden"] else codes.EXIT_OK), doc
+    code = codes.EXIT_UNINSPECTED if full["denied"] or full["proc_hidden"] else codes.EXIT_OK
+    return code, records.written(records.ScanResult, full, code=code, last_teardown=lastrun.load_summary())

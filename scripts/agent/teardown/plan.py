@@ -175,8 +175,8 @@ class _Picked:
 
 
 def build(doc, args):
-    """The plan from a scan document (scan.collect output, with its private fields)."""
-    procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
+    """The plan from a scan (scan.Scan: the document and its process table)."""
+    procs, chain = doc.procs, doc.chain | {os.getpid()}
     holders = {h["pid"]: h for h in doc["holders"]}
     patterns = patterns_of(args)
     kids = procscan.children_map(procs)
@@ -224,7 +224,7 @@ def another_persons(info, args):
     """Is this process another person's: a uid of UID_MIN or more that is not the operator's,
     where neither --all-users nor --scope-uid (which names whose processes are meant) is given?"""
     uid = info.get("uid")
-    return not (getattr(args, "all_users", False) or args.scope_uid is not None or uid is None
+    return not (args.all_users or args.scope_uid is not None or uid is None
                 or uid < rules.uid_min() or uid == operator_uid())
 
 

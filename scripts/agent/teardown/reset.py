@@ -22,11 +22,10 @@ import os
 import shutil
 import subprocess
 
-from .. import options
 from ..gpu import gpuinfo, health, mig, xid
 from ..procs import rules
 from ..status import scan
-from ..wire import codes, defaults
+from ..wire import codes, defaults, records
 
 RESET_TIMEOUT_S = defaults.RESET_TIMEOUT_S
 NVLINK_MAX_LINKS = 18
@@ -48,10 +47,10 @@ def _check(name, ok, detail):
 
 def _gpu_index(text, count):
     if text is None or not str(text).isdigit():
-        raise options.UsageError("--gpu %r: expected a GPU index (0, 1, ...)" % (text,))
+        raise codes.UsageError("--gpu %r: expected a GPU index (0, 1, ...)" % (text,))
     index = int(text)
     if index >= count:
-        raise options.UsageError("--gpu %d: this host has %d GPU(s) (indices 0-%d)" % (index, count, count - 1)
+        raise codes.UsageError("--gpu %d: this host has %d GPU(s) (indices 0-%d)" % (index, count, count - 1)
                                  if count else "--gpu %d: no GPU is visible on this host" % index)
     return index
 
@@ -162,7 +161,12 @@ def _nvlink_check(nv, handles, index, doc):
 
 
 def run(args):
-    scan.device_set(args)
+    code, out = _reset(args)
+    return code, records.written(records.ResetResult, out, code=code)
+
+
+def _reset(args):
+    args.device_set()
     source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
     try:
         doc = scan.collect(args, source)

@@ -12,7 +12,7 @@ needs it), and the settle window's NVML read and holder scan say when the GPUs a
 Nothing that can wait runs before the signals: NVML opens on a thread right after the
 first SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and so are
 the "running" record, the audit lines, the look for other users' teardowns and even the
-imports of what only runs later (health, settle window, verdict: tests/test_floor_path.py).
+imports of what only runs later (health, settle window, verdict: tests/agent/teardown/test_path_to_first_signal.py).
 Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never hit,
 and only to processes the plan listed (and the operator approved, when a plan was shown
 first) and, as the plan states, the processes those fork meanwhile (targets.py). Free must
@@ -31,13 +31,12 @@ import signal
 import socket
 import time
 
-from .. import options
 from ..gpu import gpuinfo
 from ..procs import procfs, procscan
 from ..state import lastrun
 from ..state.auditlog import Audit
 from ..status import scan
-from ..wire import codes, defaults
+from ..wire import codes, defaults, records
 from . import early, forkwatch, hostlock, plan, units
 from .targets import Targets
 
@@ -54,8 +53,7 @@ class AgentIncomplete(Exception):
 
 
 def add_arguments(parser):
-    plan.add_arguments(parser)
-    options.add_threshold(parser)
+    plan.add_arguments(parser)  # --max-used-mib: cli.py adds it (the wire's SUBCOMMANDS name it)
     parser.add_argument("--grace", type=float, default=defaults.GRACE_S, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--timeout", type=float, default=defaults.TIMEOUT_S,
                         help="seconds to wait for the GPUs to be free after that")
@@ -80,7 +78,7 @@ def parse_approved(text):
     for item in filter(None, text.split(",")):
         pid, _, start = item.partition(":")
         if not (pid.isdigit() and start.isdigit()):
-            raise options.UsageError("--approved %r: expected PID:START[,PID:START...], got %r"
+            raise codes.UsageError("--approved %r: expected PID:START[,PID:START...], got %r"
                                      % (text[:80], item[:40]))
         out.add((int(pid), int(start)))
     return out
@@ -270,12 +268,12 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got):
         mine = {t["pid"] for t in ours}
         # or above one, however far (past an unapproved target that leads a session of its own,
         # where settle's ancestry walk ends): still what restarts ours
-        above = {a for t in ours for a in procscan.ancestors(t["ppid"], doc["_procs"])}
+        above = {a for t in ours for a in procscan.ancestors(t["ppid"], doc.procs)}
         the_plan["supervisors"] = [s for s in the_plan["supervisors"]
                                    if s["pid"] in above or mine & set(s.get("wraps", []))]
     timings["planned_s"] = _since(started)
-    targets.chain = doc["_chain"] | {os.getpid()}
-    targets.watch = _begin_watch(watch, planned, doc["_procs"])
+    targets.chain = doc.chain | {os.getpid()}
+    targets.watch = _begin_watch(watch, planned, doc.procs)
     by_pid, stops = _send_plan(targets, the_plan, planned, targets.audit, timings, started)
     return doc, the_plan, planned, unapproved, by_pid, stops
 
@@ -398,7 +396,7 @@ def execute(args, operator, started, source):
         health_start = checkup.teardown_start(source)  # Xids from here on count (checkup.py)
         # Right after the batch, not before it: nothing here changes what is signalled.
         record.update(plan=the_plan, before=before_gpus, unapproved=unapproved,
-                      concurrent_teardowns=hostlock.concurrent_teardowns(doc["_procs"]))
+                      concurrent_teardowns=hostlock.concurrent_teardowns(doc.procs))
         recorder.save(record)
         args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
                            alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
@@ -420,25 +418,25 @@ def execute(args, operator, started, source):
         timings.update(free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"],
                        scans=result.get("scans"), source_open_s=getattr(source, "open_s", None),
                        **result.get("first_free", {}))
-        record.update(state="finished", exit_code=code, verdict="free" if free else "not free", problems=problems,
-                      after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
+        fields = dict(problems=problems, after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
                       still_holding=[] if free else verify.still_holding(after),
                       freed_mib=gpuinfo.total_used_mib(before_gpus) - gpuinfo.total_used_mib(after["gpus"]),
                       signalled=sum(1 for a in audit.records
                                     if a["result"] == "sent" and a["signal"].startswith("SIG")),
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
                       ignored=result["ignored"], settle_ended=result["settle_ended"],
-                      restarters=result["restarters"], exiting_without_gpu=result["exiting_without_gpu"],
-                      left_alone_only=result["left_alone_only"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
-                      uninspected=len(after.get("denied") or []), fork_watch=getattr(watch, "mode", "proc"),
-                      fork_watch_note=getattr(watch, "note", "no watch"),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"],
-                                                                 hostlock.concurrent_teardowns(after["_procs"])),
+                                                  hostlock.concurrent_teardowns(after.procs)))
+        ended = scan.public(after)  # the scan's document as it ended, before the health pass adds to it
+        code = checkup.teardown_result(fields, after, source, health_start, code)  # health: after, stuck, mps
+        fields["mps_quit"] = mps_quit
+        record.update(state="finished", verdict="free" if free else "not free",
+                      restarters=result["restarters"], exiting_without_gpu=result["exiting_without_gpu"],
+                      left_alone_only=result["left_alone_only"], uninspected=len(after.get("denied") or []),
+                      fork_watch=getattr(watch, "mode", "proc"), fork_watch_note=getattr(watch, "note", "no watch"),
                       timings=timings, finished=time.strftime(defaults.TIME_FORMAT))
-        out = _result(record, scan.public(after), started)
-        code = out["exit_code"] = checkup.teardown_result(out, after, source, health_start, code)
-        out["mps_quit"] = mps_quit
+        out = _result(code, ended, record, fields, started)
         recorder.save(out)
         out["record_errors"] = recorder.errors + list(getattr(audit, "write_errors", []))
         return code, out
@@ -517,10 +515,10 @@ def unverified(args, targets, started, record, recorder, audit, timings, doc, ex
         alive = wait_gone(args, targets, min(5.0, args.timeout), None, started, "sigkill", among=alive)
     timings["targets_exiting_s"] = None if alive else _since(started)
     error = "the agent could not load what checks the GPUs after the signals (%s: %s)" % (type(exc).__name__, exc)
-    record.update(state="finished", exit_code=codes.EXIT_UNREACHABLE, verdict="not verified", error=error,
-                  problems=[error], actions=audit.records, still_alive=[t["pid"] for t in alive], timings=timings,
-                  after=[], finished=time.strftime(defaults.TIME_FORMAT))
-    out = _result(record, scan.public(doc), started)
+    record.update(state="finished", verdict="not verified", still_alive=[t["pid"] for t in alive], timings=timings,
+                  finished=time.strftime(defaults.TIME_FORMAT))
+    out = _result(codes.EXIT_UNREACHABLE, doc, record,
+                  dict(error=error, problems=[error], actions=audit.records, after=[]), started)
     recorder.save(out)
     return codes.EXIT_UNREACHABLE, out
 
@@ -531,11 +529,30 @@ def _merge(first, later):
     return first + [c for c in later if c["pid"] not in seen]
 
 
-def _result(record, doc, started):
-    out = dict(doc)
-    out.update(record)
-    out["wall_s"] = round(time.monotonic() - started, 3)
-    return out
+def _result(code, scan_doc, record, fields, started):
+    """The result of a teardown that ran, built through its record (records.TeardownResult):
+    `fields`, named as the record names them; the scan it ended on and the host's record
+    (last.json: who, when, the plan, the GPUs before) give the others it names; and beside
+    them what only a person or the host reads (the running record's state and timings, the
+    scan's counts), kept as they are."""
+    more = dict(scan_doc)
+    more.update(record)
+    return records.written(records.TeardownResult, more, code=code, wall_s=round(time.monotonic() - started, 3),
+                           **fields)
+
+
+def _not_started(exc):
+    """(code, result) of a teardown that signalled nothing: another holds the lock (exit 4,
+    `error` says who), or the state directory, the lock file or the agent itself is unusable
+    (exit 3, `state_error`)."""
+    if isinstance(exc, hostlock.Locked):
+        return codes.EXIT_LOCKED, records.written(records.TeardownResult, {"holder": exc.holder},
+                                                  code=codes.EXIT_LOCKED, locked=True, error=str(exc),
+                                                  hostname=socket.gethostname())
+    return codes.EXIT_UNREACHABLE, records.written(records.TeardownResult,
+                                                   {"verdict": "not started: nothing was signalled"},
+                                                   code=codes.EXIT_UNREACHABLE, state_error=str(exc), error=str(exc),
+                                                   hostname=socket.gethostname())
 
 
 def run(args):
@@ -548,15 +565,12 @@ def run(args):
         import getpass  # the CLI always names the operator; a direct run may not
 
         operator = "%s@%s" % (getpass.getuser(), socket.gethostname())
-    args.settle_auto = args.settle is None
-    if args.settle_auto:
-        args.settle = SETTLE_S
-    scan.device_set(args)  # a bad device glob is bad input: exit 2 before anything
+    args.device_set()  # a bad device glob is bad input: exit 2 before anything
     parse_approved(args.approved)
     for flag in ("grace", "timeout", "settle", "wait_lock"):
         value = getattr(args, flag)
         if not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
-            raise options.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
+            raise codes.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
                                                                                  defaults.MAX_WAIT_S))
     started = time.monotonic()
     source = gpuinfo.Opening(args.fake_gpus, args.devices, start=False)  # started after the signals
@@ -564,24 +578,15 @@ def run(args):
         try:
             lastrun.preflight()
         except OSError as exc:
-            return codes.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
-                                               "hostname": socket.gethostname(),
-                                               "verdict": "not started: nothing was signalled"}
+            return _not_started(exc)
         try:
             fd = hostlock.acquire(operator, args.wait_lock)
-        except hostlock.Locked as exc:
-            return codes.EXIT_LOCKED, {"locked": True, "holder": exc.holder, "error": str(exc),
-                                          "hostname": socket.gethostname()}
-        except OSError as exc:  # the lock file itself refused (a link, not ours): like an unusable state dir
-            return codes.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
-                                               "hostname": socket.gethostname(),
-                                               "verdict": "not started: nothing was signalled"}
+        except (hostlock.Locked, OSError) as exc:  # the lock file itself refused (a link, not ours): as a state dir
+            return _not_started(exc)
         try:
             return execute(args, operator, started, source)
         except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled
-            return codes.EXIT_UNREACHABLE, {"state_error": str(exc), "error": str(exc),
-                                               "hostname": socket.gethostname(),
-                                               "verdict": "not started: nothing was signalled"}
+            return _not_started(exc)
         finally:
             hostlock.release(fd)
     finally:

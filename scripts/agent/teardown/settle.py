@@ -87,7 +87,7 @@ class Lineage:
     that starts it again): what they start counts as the starter's."""
 
     def __init__(self, doc, planned, stopped=(), supervisors=(), patterns=(), stops=()):
-        procs, chain = doc["_procs"], doc["_chain"] | {os.getpid()}
+        procs, chain = doc.procs, doc.chain | {os.getpid()}
         self.procs = procs
         # plan["managers"]: the other managers' stops, run or named only (`run` False: the
         # targets they run were not signalled, and while they live the GPUs are not freed)
@@ -311,7 +311,7 @@ def _starter(info, procs, since_ticks):
 def _classify(doc, targets, args, patterns, lineage, known):
     """({key: respawn record}, {key: ignored record}) for processes started during the
     teardown that are not ours: few, usually none."""
-    procs = doc["_procs"]
+    procs = doc.procs
     context = {h["pid"] for h in doc["holders"]
                if h["gpu_mib"] or (not h["protected"] and not doc.get("context_source"))}
     respawns, ignored = {}, {}
@@ -319,7 +319,7 @@ def _classify(doc, targets, args, patterns, lineage, known):
         k = (pid, info["start_time"])
         if info["start_time"] < targets.since_ticks or k in known or k in targets.keys or procfs.finished(info):
             continue
-        if not plan.in_scope(info, args) or rules.protect_reason(info, doc["_chain"], args.protect):
+        if not plan.in_scope(info, args) or rules.protect_reason(info, doc.chain, args.protect):
             continue
         what = _what(info, patterns, lineage, pid in context)
         if not what:
@@ -334,7 +334,7 @@ def _classify(doc, targets, args, patterns, lineage, known):
             continue
         started_by, hint = by
         respawns[k] = _respawn(info, what, doc["holders"], pid in context, started_by, hint)
-    for k, what, before in _exec_in_place(procs, args, patterns, lineage, known, doc["_chain"], context):
+    for k, what, before in _exec_in_place(procs, args, patterns, lineage, known, doc.chain, context):
         info = procs[k[0]]
         respawns[k] = _respawn(info, what, doc["holders"], k[0] in context,
                                "itself: it ran `%s` and exec'd a target program in place (bash runs a -c "
@@ -445,7 +445,7 @@ class _Seen:
         args, targets = self.args, self.targets
         doc = scan.collect(args, source, confirm=True, known=self.known)
         self.scans += 1
-        targets.adopt_new(doc["_procs"])
+        targets.adopt_new(doc.procs)
         targets.escalate(min(args.grace, 2.0))
         targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
         new, seen = _classify(doc, targets, args, self.patterns, self.lineage, set(self.respawned) | self.before)
@@ -470,8 +470,8 @@ class _Seen:
         process started during the teardown was left to PID 1 (a target that forked and
         exited, the child in a session of its own: where no fork event ties it to the
         target, only the window shows what it starts)."""
-        if getattr(self.args, "settle_auto", False) and not self.respawned and not any(self.lineage.surviving()) \
-                and not self._orphans(doc["_procs"]):
+        if self.args.settle_auto and not self.respawned and not any(self.lineage.surviving()) \
+                and not self._orphans(doc.procs):
             return 0.0, "nothing left that could restart a target"
         return self.args.settle, None
 
@@ -540,7 +540,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
     called when the GPUs first read free, and again only after a respawn broke that."""
     t0 = time.monotonic()
     timeout = args.timeout if timeout_s is None else timeout_s
-    seen = _Seen(args, targets, lineage or Lineage({"_procs": {}, "_chain": set()}, []), before)
+    seen = _Seen(args, targets, lineage or Lineage(scan.Scan({}, {}, set()), []), before)
     free_at, announced, last_progress = None, False, 0.0
     stable = None  # ("free" or "left", since when): the state whose window is being watched
     window, ended_early = args.settle, None

@@ -11,7 +11,6 @@ exactly what still holds each GPU.
 """
 import time
 
-from .. import options
 from ..gpu import checkup, gpuinfo, mps
 from ..procs import procfs, program
 from ..status import scan
@@ -22,7 +21,6 @@ POLL_S = 0.05
 
 
 def add_arguments(parser):
-    options.add_threshold(parser)
     parser.add_argument("--wait", type=float, default=defaults.VERIFY_WAIT_S,
                         help="poll up to this many seconds for the GPUs to be free")
 

@@ -1,0 +1,97 @@
+"""The agent's options: one typed record made once from argparse's answer, and nothing parked on it.
+
+Rules protected here:
+- every flag of every subcommand is a field of options.Options (cli.parse makes one for each
+  subcommand), a flag a subcommand lacks reads None (False for a switch), and nothing else can
+  be set on it: no module keeps its own state on the options (a Namespace took anything);
+- the settle window not given is the default one, marked as such (settle_auto);
+- progress lines go out only when asked for, and stop, without failing, once stdout is gone;
+- a scan carries its process table beside its document: the JSON of a scan, and of a teardown
+  built on one, never holds it.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+
+import pytest
+
+from scripts.agent import cli, options
+from scripts.agent.options import Options
+from scripts.agent.status import scan
+from scripts.agent.wire import call, codes, defaults, records
+from tests.agent.wire.test_wire import REQUIRED
+
+
+@pytest.mark.parametrize("subcommand", list(call.SUBCOMMANDS))
+def test_each_subcommand_parses_into_the_one_options_record(subcommand):
+    opts = cli.parse([subcommand, *REQUIRED.get(subcommand, [])])
+    assert type(opts) is Options and opts.command == subcommand
+    assert opts.devices == defaults.DEVICE_GLOB and opts.fake_devices is False
+    if subcommand in call.SELECTING:
+        assert (opts.protect, opts.target, opts.match) == ([], [], [])
+    else:  # no selection flags: absent, not an empty selection (no target marks are made)
+        assert (opts.protect, opts.target, opts.match, opts.scope) == (None, None, None, None)
+    with pytest.raises(AttributeError):
+        opts.devset = object()  # type: ignore[attr-defined]  # nothing parks its own state on the options
+
+
+def test_a_field_the_record_lacks_is_refused_and_an_absent_flag_reads_none_or_false():
+    with pytest.raises(TypeError, match="no field dry_run"):
+        Options(dry_run=True)
+    opts = Options(devices="/tmp/x*")
+    assert (opts.scope_uid, opts.yes, opts.only_matching, opts.max_used_mib) == (None, False, False,
+                                                                               defaults.MAX_USED_MIB)
+
+
+def test_the_settle_window_not_given_is_the_default_and_may_be_cut_short():
+    auto = cli.parse(["teardown"])
+    given = cli.parse(["teardown", "--settle", "0.5"])
+    assert (auto.settle, auto.settle_auto) == (defaults.SETTLE_S, True)
+    assert (given.settle, given.settle_auto) == (0.5, False)
+
+
+class _GoneStdout(io.StringIO):
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+def test_progress_lines_only_when_asked_and_not_after_stdout_is_gone(monkeypatch):
+    out = io.StringIO()
+    monkeypatch.setattr("sys.stdout", out)
+    Options().emit_progress(phase="grace")
+    assert out.getvalue() == ""
+    talking = Options(progress=True)
+    talking.emit_progress(phase="grace", alive=[7])
+    assert out.getvalue().startswith("gpu-pivot-progress ") and '"alive": [7]' in out.getvalue()
+    monkeypatch.setattr("sys.stdout", _GoneStdout())
+    talking.emit_progress(phase="sigkill")  # the connection dropped: no exception, and no more lines
+    assert talking.progress is False
+
+
+def test_a_scan_keeps_its_process_table_beside_the_document(ps):
+    holder = ps.role("worker", "--gpu", "0")
+    found = scan.collect(Options(devices=ps.glob, fake_devices=True, protect=[], target=[], match=[],
+                                 fake_gpus=str(ps.memdir)))
+    assert holder in found.procs and os.getppid() in found.chain  # the agent's ancestry: never a target
+    assert holder in {h["pid"] for h in found["holders"]}
+    assert not [k for k in json.loads(json.dumps(found, default=str)) if k.startswith("_")]
+    assert type(scan.public(found)) is dict and not hasattr(scan.public(found), "procs")
+
+
+def test_a_result_is_written_through_its_record():
+    doc = records.written(records.TeardownResult, {"timings": {"lock_s": 0.1}, "exit_code": None},
+                          code=4, locked=True, error="host is locked", hostname="h")
+    assert doc == {"timings": {"lock_s": 0.1}, "exit_code": 4, "locked": True, "error": "host is locked",
+                   "hostname": "h"}
+    assert records.read("teardown", doc["exit_code"], doc).locked
+    with pytest.raises(TypeError, match="no field lockd"):
+        records.written(records.TeardownResult, code=4, lockd=True)  # a misspelt field fails in the agent
+    with pytest.raises(TypeError, match="'hostname' is required"):
+        records.written(records.ScanResult, {"gpus": [], "holders": [], "gpu_source": "nvml"}, code=0)
+
+
+def test_check_patterns_names_the_bad_one_before_anything_runs():
+    with pytest.raises(codes.UsageError, match="--match '.\\*': matches the empty string"):
+        options.check_patterns(cli.parse(["scan", "--match", ".*"]))
