@@ -29,10 +29,8 @@ from scripts.config.hostconfig import build_host
 from scripts.reach.transport import AgentError, call_agent, read_document
 from tests.conftest import REPO
 from tests.support import scenario
+from tests.support.gpu_standins import AGENT, H200_MEMORY as H200, STANDIN
 from tests.support.procs import alive, wait_for
-
-STANDIN = REPO / "tests" / "support" / "standin" / "nvml"
-AGENT = REPO / "scripts" / "gpuagent.py"
 
 
 def host(ps, **keys):
@@ -88,8 +86,6 @@ def standin_source(recording: dict):
     return src
 
 
-H200 = {"uuid": "GPU-0", "name": "NVIDIA H200", "bus": "00000000:19:00.0", "used": 0, "reserved": 645922816,
-        "total": 150754820096, "processes": []}
 
 
 @pytest.mark.parametrize("call,field", [("nvmlDeviceGetMemoryInfo", "memory"),

@@ -17,7 +17,7 @@ from pathlib import Path
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.support import scenario
-from tests.support.procs import wait_for
+from tests.support.procs import alive, wait_for
 
 
 def host(ps, **keys):
@@ -25,6 +25,27 @@ def host(ps, **keys):
     base = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
     base.update(keys)
     return dataclasses.replace(build_host("local", base, "test"), fake_gpus=str(ps.memdir))
+
+
+def scenario_host(ps, alias="local", **keys):
+    """A host scoped like `host`, its targets the scenario's server only (tests/support/scenario.py)."""
+    base = scenario.host_keys(ps)
+    base.update(keys)
+    return dataclasses.replace(build_host(alias, base, "test"), fake_gpus=str(ps.memdir))
+
+
+def env_file(ps, hosts_env, extra=""):
+    """hosts.env for the alias `local`, scoped to the scenario (and `extra` lines)."""
+    return hosts_env(scenario.env_lines(ps) + extra)
+
+
+def assert_outcome(roles):
+    """The scenario's rule: every target is gone, every bystander alive."""
+    for role in scenario.TARGET_ROLES:
+        if role in roles:
+            assert not alive(roles[role]), f"target {role} survived"
+    for role in scenario.BYSTANDER_ROLES:
+        assert alive(roles[role]), f"bystander {role} was killed"
 
 
 SERVER = """\

@@ -17,11 +17,8 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
-import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -32,13 +29,8 @@ from scripts.agent.gpu import checkup, health, mig, mps, xid
 from scripts.agent.procs import procscan, rules
 from scripts.agent.wire import codes, records
 from scripts.views import health as health_view, reset as reset_view, teardown as teardown_view
-from tests.conftest import REPO
+from tests.support.gpu_standins import CLIENT, HOLD, STANDIN, agent, mps_program
 from tests.support.procs import alive, wait_for
-
-STANDIN = REPO / "tests" / "support" / "standin" / "nvml"
-AGENT = REPO / "scripts" / "gpuagent.py"
-HOLD = ("import sys, time\nf = [open(p, 'rb') for p in sys.argv[1:sys.argv.index('--ready')] if p[:1] == '/']\n"
-        "open(sys.argv[-1], 'w').close()\ntime.sleep(3600)\n")
 
 # NVML's answers on a healthy H200 (driver 580.159.04, nvidia-ml-py 13.615.71), as measured
 # on the GPU machine.
@@ -204,19 +196,6 @@ def test_mig_mode_and_per_instance_memory():
 
 # -- the agent, run as a subprocess, against the stand-in NVML -----------------------------------
 
-def agent(sub, *args, recording=None, tmp=None, env_extra=None, timeout=60):
-    env = dict(os.environ)
-    if recording is not None:
-        path = Path(tmp) / ("rec-%d.json" % time.monotonic_ns())
-        path.write_text(json.dumps(recording))
-        env["PYTHONPATH"] = os.pathsep.join([str(STANDIN), env.get("PYTHONPATH", "")])
-        env["GPU_PIVOT_NVML_RECORDING"] = str(path)
-    env.update(env_extra or {})
-    done = subprocess.run([sys.executable, str(AGENT), sub, "--json", *args], capture_output=True, text=True,
-                          env=env, timeout=timeout, cwd=REPO)
-    return done.returncode, json.loads(done.stdout)
-
-
 def fake_glob(ps):
     return ["--devices=" + ps.glob, "--fake-devices"]
 
@@ -360,22 +339,6 @@ CONTROL = ("import os, sys, time\npipe = os.environ['CUDA_MPS_PIPE_DIRECTORY']\n
            "open(sys.argv[-1], 'w').close()\n"
            "with open(os.path.join(pipe, 'control')) as f:\n    line = f.readline()\n"
            "if line.strip() == 'quit':\n    os.kill(server, 9)\n")
-CLIENT = ("#!/bin/sh\n# stand-in for nvidia-cuda-mps-control without -d: writes stdin to the daemon's pipe\n"
-          "exec cat > \"$CUDA_MPS_PIPE_DIRECTORY/control\"\n")
-
-
-def mps_program(tmp_path, name):
-    """A root-owned program file named like an MPS program: a copy of this Python (MPS is known
-    by its executable's real path, a root-owned file; argv[0] and comm do not count)."""
-    if os.geteuid() != 0:
-        pytest.skip("needs root: the MPS programs are root-owned files")
-    progdir = tmp_path / "mps-programs"
-    progdir.mkdir(mode=0o755, exist_ok=True)
-    path = progdir / name
-    if not path.exists():
-        shutil.copy(os.path.realpath(sys.executable), path)
-        path.chmod(0o755)
-    return str(path)
 
 
 def mps_setup(tmp_path, ps):

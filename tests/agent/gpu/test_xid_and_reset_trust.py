@@ -35,7 +35,7 @@ from scripts.agent.status.scan import Scan
 from scripts.agent.teardown import reset
 from scripts.agent.wire import call as wire_call, codes, defaults
 from scripts.reach import transport
-from tests.agent.gpu.test_health import CLIENT, HOLD, agent, mps_program
+from tests.support.gpu_standins import CLIENT, HOLD, agent, mps_program
 from tests.support.procs import alive, wait_for
 
 FORGED = "NVRM: Xid (PCI:0000:ff:00): 79, pid=1, GPU has fallen off the bus."

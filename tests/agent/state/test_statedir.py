@@ -26,10 +26,10 @@ from scripts.agent.teardown import hostlock
 from scripts.agent.wire import frame
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
-from tests.agent.teardown.test_teardown import assert_outcome, env_file, host as scoped_host
 from tests.conftest import REPO, invoke
 from tests.support import scenario
 from tests.support.procs import alive, wait_for
+from tests.support.teardowns import assert_outcome, env_file, scenario_host as scoped_host
 
 VICTIM_TEXT = "precious: must never be truncated or appended to\n"
 

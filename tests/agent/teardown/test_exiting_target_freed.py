@@ -24,8 +24,8 @@ from scripts.agent.procs import procfs
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.agent.procs.test_hung_mounts import STUCK_IN_EXIT, hung_fuse  # noqa: F401 (a fixture)
-from tests.agent.test_hostile_host import H200, STANDIN
 from tests.support import scenario
+from tests.support.gpu_standins import H200_MEMORY as H200, STANDIN
 
 
 def test_a_target_in_its_exit_that_nvml_lists_nowhere_is_freed_and_named(hung_fuse, ps, tmp_path,  # noqa: F811

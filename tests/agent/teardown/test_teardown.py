@@ -4,7 +4,6 @@ Every teardown here is scoped to the test's own processes: the device glob is th
 temp dir and the target pattern names the test's server script and dir, so nothing else on
 the machine can be planned, let alone signalled.
 """
-import dataclasses
 import json
 import os
 import signal
@@ -16,35 +15,17 @@ import pytest
 from scripts.agent.procs import procfs
 from scripts.agent.state import lastrun
 from scripts.agent.teardown import hostlock
-from scripts.config.hostconfig import build_host
 from scripts.reach.bundle import agent_stream
 from scripts.reach.route import wrap
 from scripts.reach.transport import agent_argv, call_agent
 from tests.conftest import invoke
 from tests.support import scenario
 from tests.support.procs import alive, wait_for
+from tests.support.teardowns import assert_outcome, env_file, scenario_host as host
 
 
 def pattern(ps):
     return scenario.target_pattern(ps)
-
-
-def host(ps, alias="local", **keys):
-    base = scenario.host_keys(ps)
-    base.update(keys)
-    return dataclasses.replace(build_host(alias, base, "test"), fake_gpus=str(ps.memdir))
-
-
-def env_file(ps, hosts_env, extra=""):
-    return hosts_env(scenario.env_lines(ps) + extra)
-
-
-def assert_outcome(roles):
-    for role in scenario.TARGET_ROLES:
-        if role in roles:
-            assert not alive(roles[role]), f"target {role} survived"
-    for role in scenario.BYSTANDER_ROLES:
-        assert alive(roles[role]), f"bystander {role} was killed"
 
 
 def test_full_scenario_frees_everything_and_harms_nothing(ps):
