@@ -29,10 +29,15 @@ def read_width(fanout) -> int:
 
 def code_for(exc: BaseException) -> int | None:
     """The documented exit code for an error users cause or meet; None for a bug (a traceback):
-    transport.exit_code_for, imported only when an error is being handled (loading the tasks
-    must not load the transport)."""
+    transport.exit_code_for, and a sandbox that did not start (exit 1: nothing to use). Both
+    imported only when an error is being handled: loading the tasks must not load the
+    transport, and a module not yet imported cannot have raised its error."""
+    from scripts.agent.wire import codes as wire_codes
+    from scripts.ops.sandbox_procs import SandboxStartError
     from scripts.reach.transport import exit_code_for
 
+    if isinstance(exc, SandboxStartError):
+        return wire_codes.EXIT_FAILED
     return exit_code_for(exc)
 
 

@@ -159,6 +159,7 @@ def oneliner(c, host=defaults.HOST, action="", grace=ONELINER_GRACE):
     """
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError, show
+    from scripts.reach.route import one_liner
 
     argv = cliargs.remainder()
     if action:
@@ -170,10 +171,10 @@ def oneliner(c, host=defaults.HOST, action="", grace=ONELINER_GRACE):
             raise ConfigError("give either --action or `-- CMD`, not both")
         grace_s = cliargs.seconds("grace", grace)
         # every host's line first: a pattern the shell cannot match refuses before any line is printed
-        lines = [h.route.one_liner(shell_teardown.argv(h, grace_s)) for h in hosts_of(host)]
+        lines = [one_liner(h.route, shell_teardown.argv(h, grace_s)) for h in hosts_of(host)]
         print("\n".join(lines))
         return
     if not argv:
         raise ConfigError("oneliner needs a command after `--` (or --action teardown)")
     for h in hosts_of(host):
-        print(h.route.one_liner(argv))
+        print(one_liner(h.route, argv))

@@ -18,11 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..agent.wire.defaults import DEVICE_GLOB
-from ..reach.route import PctHop, Route, SshHop, SudoHop
 from .envfile import read_env_file
 from .errors import ConfigError, show
 from .patterncheck import check_pattern
-from .phases import build_phase, split_phase_key
+from .route import PctHop, Route, SshHop, SudoHop
 from .sshopts import check_ssh_opts
 
 DEFAULT_DEVICES = DEVICE_GLOB
@@ -163,11 +162,30 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
     targets = _regex_list(key("TARGETS"), keys["TARGETS"]) if "TARGETS" in keys else ()
     protect = _regex_list(key("PROTECT"), keys["PROTECT"]) if "PROTECT" in keys else ()
     fake = _yes_no(key("FAKE_DEVICES"), keys["FAKE_DEVICES"]) if "FAKE_DEVICES" in keys else False
-    phases = {k[1]: build_phase(alias, k[1], v) for k, v in keys.items() if isinstance(k, tuple)}
+    phases = _phases(alias, {k[1]: v for k, v in keys.items() if isinstance(k, tuple)})
     scope = keys.get("SCOPE") or None  # narrows targets to command lines containing it (see hosts.env.example)
     scope_uid = _uid(key("SCOPE_UID"), keys["SCOPE_UID"]) if "SCOPE_UID" in keys else None
     return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
                 scope_uid=scope_uid, source=source, phases=phases)
+
+
+def _phase_key(key: str):
+    """(alias, phase, field) of an ALIAS_PHASE_NAME_FIELD key, else None. The phases' module
+    loads only for a file that has one: a status of hosts without phases builds none."""
+    if "_PHASE_" not in key:
+        return None
+    from .phases import split_phase_key
+
+    return split_phase_key(key)
+
+
+def _phases(alias: str, fields_by_name: dict) -> dict:
+    """{name: Phase} of one host, from {name: {field: value}} (none: the phases' module stays unloaded)."""
+    if not fields_by_name:
+        return {}
+    from .phases import build_phase
+
+    return {name: build_phase(alias, name, fields) for name, fields in fields_by_name.items()}
 
 
 def _uid(key: str, value: str) -> int:
@@ -185,7 +203,7 @@ def _group(values: dict, source: str, lines: dict | None = None) -> dict:
     grouped: dict = {}
     for k, v in values.items():
         where = f"{source}:{lines[k]}" if lines and k in lines else source
-        phase_key = split_phase_key(k)
+        phase_key = _phase_key(k)
         if phase_key:
             alias, name, fld = phase_key
             grouped.setdefault(alias, {}).setdefault(("PHASE", name), {})[fld] = v
@@ -207,10 +225,10 @@ def load_hosts(path: Path | None = None, built_in=None) -> dict:
     """All hosts: the built-in `local`, the other built-ins, then those of hosts.env. Validates all.
 
     `built_in`: the other built-in hosts, as zero-argument callables that return a Host
-    (sandbox.sandbox_host). Why passed in: they are built above this module (the sandbox
-    builds a Host from here, with its own directory and phases), and importing them from
-    here made an import circle. scripts/config/hosts.py, above both, passes them: call
-    hosts.load() for every host a task can name.
+    (sandbox.sandbox_host). Why passed in: they are built on this module's Host (the sandbox,
+    with its own directory and phases), and importing them from here made an import circle.
+    scripts/config/hosts.py, above both, passes them: call hosts.load() for every host a
+    task can name.
     """
     built_in = built_in or ()
     path = path or hosts_file()
@@ -237,13 +255,16 @@ def load_hosts(path: Path | None = None, built_in=None) -> dict:
     return hosts
 
 
-def select_hosts(spec: str, hosts: dict) -> list:
-    """'gpu1,gpu2' (or a node set such as 'gpu[1-4]') -> [Host]; unknown names are an error."""
+def select_hosts(spec: str, hosts: dict, built_in: dict | None = None) -> list:
+    """'gpu1,gpu2' (or a node set such as 'gpu[1-4]') -> [Host]; unknown names are an error.
+    `built_in`: {alias: a callable that builds that Host}, called only for an alias `spec` names."""
     from .nodeset import expand  # late: ClusterShell loads only when hosts are selected
 
+    built_in = built_in or {}
     names = expand(spec)
-    unknown = [n for n in names if n not in hosts]
+    unknown = [n for n in names if n not in hosts and n not in built_in]
     if unknown:
-        known = ", ".join(sorted(hosts))
+        known = ", ".join(sorted({*hosts, *built_in}))
         raise ConfigError(f"--host {show(spec)}: unknown host alias {show(unknown[0])} (known: {known})")
-    return [hosts[n] for n in names]
+    built = {n: built_in[n]() for n in dict.fromkeys(names) if n not in hosts}
+    return [hosts[n] if n in hosts else built[n] for n in names]

@@ -152,3 +152,18 @@ def check_ssh_opts(label: str, value: str, opts: tuple) -> None:
                 break
             if c not in _FLAGS:
                 raise ConfigError(f"{label}={show(value)}: -{c} is not an ssh option")
+
+
+def known_hosts_files(opts: tuple | list) -> list:
+    """The UserKnownHostsFile values among a host's ssh options (`-o K=V`, `-oK V`), in order:
+    the files ssh checked a refused host key against, for the line that says so."""
+    out, i = [], 0
+    while i < len(opts):
+        tok = opts[i]
+        i += 1
+        arg = tok[2:] if tok.startswith("-o") and len(tok) > 2 else (opts[i] if tok == "-o" and i < len(opts) else "")
+        i += tok == "-o"
+        m = re.match(r"\s*[\"']?userknownhostsfile[\"']?\s*(?:=\s*|\s+)(.*)", arg, re.IGNORECASE)
+        if m:
+            out += [w.strip("\"'") for w in m.group(1).split()]
+    return out

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from ..agent.wire import defaults
 from ..config.hostconfig import build_host
+from ..reach.route import one_liner
 from . import shell_teardown
 
 DIRECT = build_host("gpu1", {"SSH": "root@192.0.2.174"}, "doc")
@@ -41,11 +42,11 @@ def render() -> str:
         "## 1. Who holds the GPUs\n",
         "Symptom: the next job fails with CUDA out of memory, or you do not know what runs. PIDs with `m` in "
         "ACCESS have a CUDA context; `F....` only (no `m`) is an NVML handle such as a monitor.\n",
-        block(DIRECT.route.one_liner(HOLDERS)),
+        block(one_liner(DIRECT.route, HOLDERS)),
         "## 2. Is every GPU free (memory used excludes the ~616 MiB reserved by the driver)\n",
         "Free = the 4th column (memory.used) is 0 on every line and the holder list above is empty or only "
         "protected daemons.\n",
-        block(DIRECT.route.one_liner(MEMORY)),
+        block(one_liner(DIRECT.route, MEMORY)),
         f"## 3. Tear down: TERM every GPU holder and every program TARGETS names at once, KILL after "
         f"{defaults.GRACE_S:g} s, skip the protected\n",
         "Generated for a host by `invoke oneliner --host HOST --action teardown`, which carries that host's "
@@ -66,11 +67,11 @@ def render() -> str:
         "(its tree, as `invoke teardown` does); what it left in its session after a double fork, and the shell "
         "that wraps it, are left (`invoke teardown` stops them too).\n",
         "Direct to the GPU container:\n",
-        block(DIRECT.route.one_liner(shell_teardown.argv(DIRECT))),
+        block(one_liner(DIRECT.route, shell_teardown.argv(DIRECT))),
         "Through the Proxmox node (`pct exec` passes the command through unchanged):\n",
-        block(PROXMOX.route.one_liner(shell_teardown.argv(PROXMOX))),
+        block(one_liner(PROXMOX.route, shell_teardown.argv(PROXMOX))),
         "## 4. What the last gpu-pivot teardown on the host did\n",
-        block(DIRECT.route.one_liner(LAST)),
+        block(one_liner(DIRECT.route, LAST)),
     ]
     return "\n".join(parts)
 

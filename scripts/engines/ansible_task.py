@@ -16,6 +16,7 @@ from ..agent.wire import call as wire_call, codes, defaults, frame, records
 from ..config import cliargs
 from ..config.errors import ConfigError
 from ..config.patterncheck import check_pattern
+from ..config.route import PctHop
 
 STATES = ("free", "verified")
 DEFAULTS = {"state": "free", "devices": defaults.DEVICE_GLOB, "fake_devices": False, "targets": [], "match": [],
@@ -154,7 +155,7 @@ def inventory(hosts: dict) -> dict:
     skipped = []
     for alias, host in sorted(hosts.items()):
         ssh = host.route.ssh
-        if ssh is None or host.sandbox or any(type(h).__name__ == "PctHop" for h in host.route.hops):
+        if ssh is None or host.sandbox or any(isinstance(h, PctHop) for h in host.route.hops):
             if alias not in ("local", "sandbox"):
                 skipped.append(alias)
             continue

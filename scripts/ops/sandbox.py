@@ -1,4 +1,4 @@
-"""The sandbox host: fake GPU device files on this machine and processes that hold them.
+"""The sandbox: fake GPU device files on this machine and processes that hold them, started and stopped.
 
 Why: a fresh machine has no GPU host, and the main job (`make demo`) must still show a
 real teardown against real processes: a server tree (`python3 -m sglang.launch_server`
@@ -6,7 +6,9 @@ with workers titled `sglang::scheduler_TP<i>`), a process playing `nvidia-persis
 a GPU monitor (`nvitop`) and an unrelated job. It is labelled SANDBOX everywhere it shows.
 Nothing here touches /dev: the device files are plain files in the sandbox directory.
 
-Safety: the directory is private and checked (scripts/ops/sandbox_fs.py); nothing is
+The host the tasks reach it as, and its directory, are configuration (scripts/config/sandbox.py).
+
+Safety: the directory is private and checked (scripts/config/sandbox.py); nothing is
 executed or written through a link in it (daemons are started as sys.executable with
 argv[0] set to their name, and sandbox_roles.py writes its own comm); and the host is
 scoped: the agent targets only processes that match a target pattern AND have the
@@ -15,7 +17,6 @@ sandbox directory in their command line AND are owned by this user, so a real
 """
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -24,29 +25,23 @@ import time
 from pathlib import Path
 
 from ..agent.procs import procfs
-from ..config.hostconfig import Host
-from ..reach.route import Route
-from .sandbox_fs import (
-    SANDBOX_DIR_ENV,
+from ..config.sandbox import (
+    GPUS,
+    HIDDEN_STATES,
+    PORTS_FILE,
+    ROLES,
     StateDirError,
     checked_dir,
     existing_dir,
+    ports,
     private,
-    read_json,
     sandbox_dir,
-    subdir,
-    touch,
-    write,
-    write_json,
-    write_script,
+    sandbox_host,
+    server_argv,
 )
+from .sandbox_fs import read_json, subdir, touch, write, write_json, write_script
 from .sandbox_procs import SandboxStartError, free_port, member_env, members, start_detached
 
-__all__ = ["SANDBOX_DIR_ENV", "SandboxStartError", "sandbox_dir", "sandbox_host", "up", "down", "status",
-           "start_detached", "make_devices"]
-
-ROLES = Path(__file__).resolve().parent / "sandbox_roles.py"
-GPUS = 2
 TORCHRUN = """#!/bin/sh
 # SANDBOX stand-in for torchrun: the training job runs with argv[0] `torchrun`, like the real one.
 # A regular file made fresh by `invoke sandbox up` (never a link to python).
@@ -54,12 +49,6 @@ exec {py} -c 'import os, sys; os.execv(sys.argv[1], ["torchrun"] + sys.argv[2:])
 """
 
 
-# The ports of the sandbox's servers are picked free at `sandbox up` and recorded in
-# ports.json (a fixed port fails whenever anything else holds it); these are shown
-# only while no sandbox was ever started.
-SERVER_PORT, DATAGEN_PORT = 30000, 30001
-PORTS_FILE = "ports.json"
-HIDDEN_STATES = 8
 GOOD_PATCH = """--- a/server_config.json
 +++ b/server_config.json
 @@ -1 +1 @@
@@ -72,74 +61,6 @@ BROKEN_PATCH = """--- a/server_config.json
 -{"healthy": true}
 +{"healthy": false}
 """
-
-
-def server_argv(base: Path, port: int, *extra: str) -> list:
-    """`python3 -m sglang.launch_server ...` served by the sandbox stand-in on 127.0.0.1:port."""
-    return [sys.executable, "-m", "sglang.launch_server", "--model-path", str(base / "fake-model"), "--tp", str(GPUS),
-            "--port", str(port), "--http-port", str(port), "--devdir", str(base / "dev"), "--memdir",
-            str(base / "gpumem"), *extra]
-
-
-def ports(base: Path | None) -> tuple:
-    """(server port, datagen port) recorded by the last `sandbox up`, else the defaults."""
-    try:
-        doc = read_json(base / PORTS_FILE) if base is not None else None
-    except (OSError, ValueError):
-        doc = None
-    if isinstance(doc, dict) and all(isinstance(doc.get(k), int) for k in ("server", "datagen")):
-        return doc["server"], doc["datagen"]
-    return SERVER_PORT, DATAGEN_PORT
-
-
-def sandbox_phases(base: Path, port_pair: tuple | None = None) -> dict:
-    """The three pivots gpu-pivot was built for, on the sandbox, in the same schema as hosts.env phases."""
-    from ..config.phases import build_phase
-
-    server_port, datagen_port = port_pair or (SERVER_PORT, DATAGEN_PORT)
-    env = f"PYTHONPATH={base / 'pkg'}"
-    py = shlex.quote(sys.executable)
-    keys = {
-        "datagen": {  # EAGLE3 data-generation pivot: EAGLE3 debug server -> baseline server + dataset preps in parallel
-            "ARGV": json.dumps(server_argv(base, datagen_port, "--load-s", "1", "--mib", "30000")),
-            "ENV": env, "READY": f"http://127.0.0.1:{datagen_port}/health", "READY_TIMEOUT": "60",
-            "DRAIN_METRICS": f"http://127.0.0.1:{server_port}/metrics", "DRAIN_TIMEOUT": "30",
-            # the sandbox dir in each prep's command line too: every process the sandbox starts is in its scope
-            "PREP": json.dumps([f"{py} -c 'import sys, time; time.sleep(0.5); print(\"prepared \" + sys.argv[1])' "
-                                f"{name} --sandbox {shlex.quote(str(base))}"
-                                for name in ("sharegpt", "ultrachat", "code-alpaca")]),
-        },
-        "train": {  # extraction-to-training pivot: extraction finished -> training, gated on the extracted files
-            "ARGV": json.dumps([str(base / "bin" / "torchrun"), str(ROLES), "job", "--devdir", str(base / "dev"),
-                                "--memdir", str(base / "gpumem"), "--mib", "60000", "--gpus", str(GPUS)]),
-            "READY": "holding", "READY_TIMEOUT": "30",
-            "GATES": json.dumps([{"glob": str(base / "hidden_states" / "*.pt"), "min": HIDDEN_STATES},
-                                 f"test -s {shlex.quote(str(base / 'hidden_states' / 'data_config.json'))}"]),
-        },
-        "deploy": {  # patched-server deploy: old server -> patched server, rolled back if the new one is unhealthy
-            "ARGV": json.dumps(server_argv(base, server_port, "--load-s", "1",
-                                           "--code-dir", str(base / "server-code"))),
-            "ENV": env, "DIR": str(base / "server-code"), "PATCH": str(base / "patches" / "dynamic-spec.patch"),
-            "READY": f"http://127.0.0.1:{server_port}/health", "READY_TIMEOUT": "30",
-            "SMOKE_URL": f"http://127.0.0.1:{server_port}/generate",
-            "SMOKE_BODY": '{"text": "Hello", "max_new_tokens": 8}',
-        },
-    }
-    return {name: build_phase("sandbox", name, k) for name, k in keys.items()}
-
-
-def sandbox_host() -> Host:
-    """The built-in SANDBOX host. Scoped: targets must also have `<sandbox dir>/` in their
-    command line (every process the sandbox starts does, via --devdir/--model-path) and be
-    owned by this user; its fake device files sit in the private dir, so only it holds them."""
-    base = sandbox_dir()
-    try:
-        recorded = ports(existing_dir())
-    except StateDirError:  # refused directory: `sandbox up` says so; the host still lists
-        recorded = None
-    return Host("sandbox", Route(()), devices=f"{base}/dev/nvidia*", sandbox=True, fake_gpus=str(base / "gpumem"),
-                fake_devices=True, scope=f"{base}{os.sep}", scope_uid=os.geteuid(),
-                run_dir=str(base / "run"), phases=sandbox_phases(base, recorded))
 
 
 def make_files(base: Path) -> None:

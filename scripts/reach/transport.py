@@ -18,7 +18,7 @@ from ..config import defaults
 from ..config.errors import ConfigError
 from . import runner
 from .bundle import agent_stream
-from .route import RAN_PREFIX, HostTimedOut
+from .route import RAN_PREFIX, HostTimedOut, marked
 
 
 class AgentError(RuntimeError):
@@ -45,18 +45,15 @@ class AgentResult(Generic[R]):
 
 def exit_code_for(exc: BaseException) -> int | None:
     """The documented exit code for an error users cause or meet; None for a bug (a traceback).
-    The one mapping from errors to exit codes: the tasks (cli/common.py) and a pivot's steps
-    (pivot.py) both read it. SandboxStartError is imported here, when an error is being
-    handled: a module not yet imported cannot have raised its error."""
-    from ..ops.sandbox_procs import SandboxStartError
+    The mapping from the errors of reaching a host and below to exit codes: a pivot's steps
+    (pivot.py), a fleet's rows and the Slurm job read it; the tasks read it through
+    cli/common.code_for, which adds the errors of the operations above (the sandbox's start)."""
     from .route import HostUnreachable
 
     if isinstance(exc, ConfigError):
         return codes.EXIT_USAGE
     if isinstance(exc, HostTimedOut):  # before HostUnreachable: it is one, with its own code
         return codes.EXIT_TIMED_OUT
-    if isinstance(exc, SandboxStartError):  # the sandbox's processes did not start: nothing to use
-        return codes.EXIT_FAILED
     # StateDirError: a local state directory (audit log, ssh sockets) was refused
     if isinstance(exc, (HostUnreachable, AgentError, statedir.StateDirError)):
         return codes.EXIT_UNREACHABLE
@@ -304,7 +301,7 @@ def send_agent(host, argv: list, nonce: str, how: runner.How) -> runner.Finished
     how = dataclasses.replace(how, feed=lambda: agent_stream(compiled=local,  # compiled: this machine's bytecode
                                                              subcommand=subcommand))
     try:
-        done = runner.run(host.route, host.route.marked(argv, nonce), nonce, how)
+        done = runner.run(host.route, marked(host.route, argv, nonce), nonce, how)
     except runner.NotStarted as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)
         raise AgentError(f"{host.alias}: {exc}") from None
     except statedir.StateDirError as exc:

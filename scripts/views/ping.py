@@ -6,7 +6,7 @@ than the truth. An operator setting up `ALIAS_BECOME=sudo` checks here that it t
 from __future__ import annotations
 
 from scripts.agent.wire import records
-from scripts.reach.route import SudoHop
+from scripts.config.route import SudoHop
 
 
 def runs_as(p: records.PingResult, become: SudoHop | None) -> str:

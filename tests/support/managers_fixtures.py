@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from scripts.agent.procs import procfs
-from scripts.ops.sandbox import ROLES
+from scripts.config.sandbox import ROLES
 from tests.support.paths import REPO
 from tests.support.procs import alive, children, wait_for
 from tests.support.realhosts import cgroups

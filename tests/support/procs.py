@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 
 from scripts.agent.procs import procfs
-from scripts.ops.sandbox import ROLES, make_devices, start_detached
+from scripts.config.sandbox import ROLES
+from scripts.ops.sandbox import make_devices
+from scripts.ops.sandbox_procs import start_detached
 
 
 class ProcessSet:

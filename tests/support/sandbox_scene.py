@@ -56,7 +56,8 @@ def _run(argv: list) -> dict:
 
 
 def start_bystanders(ps) -> dict:
-    from scripts.ops.sandbox import ROLES, _server_shim
+    from scripts.config.sandbox import ROLES
+    from scripts.ops.sandbox import _server_shim
     from scripts.ops.sandbox_procs import free_port
 
     pkg = ps.base / "pkg"

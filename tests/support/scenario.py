@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from scripts.ops.sandbox import ROLES, _server_shim
+from scripts.config.sandbox import ROLES
+from scripts.ops.sandbox import _server_shim
 from tests.support.procs import ProcessSet, wait_for
 
 TARGET_ROLES = ("server", "worker0", "worker1", "tokenizer", "group_helper", "stubborn", "stubborn_worker", "orphan",
