@@ -34,8 +34,9 @@ from scripts.reach import runner
 from scripts.reach.route import HostTimedOut
 from scripts.reach.transport import call_agent
 from tests.support import scenario
+from tests.support.hung_mounts import STUCK_IN_EXIT, mounted
 from tests.support.paths import REPO, SUPPORT
-from tests.support.procs import alive, wait_for
+from tests.support.procs import alive
 
 # os.open, not open(): Python's open() stat()s the file right after opening it, which this mount no longer answers
 HOLD = "import os, sys, time; fd = os.open(sys.argv[1], os.O_RDONLY); print('open', flush=True); time.sleep(300)"
@@ -57,36 +58,6 @@ def hung_holder(hung_fuse):
     yield holder.pid, started, mnt
 
 
-def _mounted(server, ready):
-    """Wait for the FUSE server's "mounted" (or its exit: no FUSE here, skip)."""
-    wait_for(lambda: (ready.exists() and ready.read_text() in ("mounted", "opened")) or server.poll() is not None,
-             "the FUSE mount", timeout=20)
-    if server.poll() is not None:
-        pytest.skip(f"cannot mount FUSE here: {server.stderr.read().strip()[-200:]}")
-
-
-@pytest.fixture
-def hung_fuse(tmp_path):
-    """A FUSE mount whose server stops answering once its file is opened; yields (server,
-    mount point, ready file, [processes to end]). The server is killed first at the end."""
-    if os.geteuid() != 0 or not os.path.exists("/dev/fuse"):
-        pytest.skip("needs root and /dev/fuse to mount a FUSE filesystem")
-    mnt, ready = tmp_path / "mnt", tmp_path / "ready"
-    mnt.mkdir()
-    server = subprocess.Popen([sys.executable, str(SUPPORT / "hung_fuse.py"), str(mnt), str(ready)],
-                              stderr=subprocess.PIPE, text=True)
-    started: list = [server]
-    try:
-        _mounted(server, ready)
-        yield server, mnt, ready, started
-    finally:
-        for proc in started:
-            if proc.poll() is None:
-                proc.kill()
-            proc.wait(30)
-        subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
 @pytest.fixture
 def users_fuse_holder(second_user):
     """A live FUSE mount made for the second user without allow_other (as sshfs, gcsfuse or
@@ -101,7 +72,7 @@ def users_fuse_holder(second_user):
     server = subprocess.Popen([sys.executable, str(SUPPORT / "hung_fuse.py"), str(mnt), str(ready), "--answer",
                                "--owner", str(second_user.uid)], stderr=subprocess.PIPE, text=True)
     try:
-        _mounted(server, ready)
+        mounted(server, ready)
         holder = second_user.popen([second_user.python, "-c", HOLD, str(mnt / "f")], stdout=subprocess.PIPE,
                                    text=True)
         assert holder.stdout.readline().strip() == "open"
@@ -180,24 +151,6 @@ def test_an_agent_that_outlives_sigkill_is_named_and_the_cli_does_not_wait_for_i
     # it really is stuck in the kernel, as the line says: the call came back while the agent
     # still cannot end, so the CLI gave up on it instead of hanging too
     assert procscan.basic(pid)["state"] == "D"
-
-
-# Holds the hung file at fd 3 and a (fake) GPU at fd 4, and declares GPU memory as a sandbox
-# worker does: when it exits, the kernel closes fd 3 first and that close waits on the FUSE
-# server for ever (a forced FLUSH), so it stays in its exit with the GPU still open.
-STUCK_IN_EXIT = r"""
-import json, os, sys, time
-fuse_file, dev, memdir = sys.argv[1:4]
-fd = os.open(fuse_file, os.O_RDONLY)
-gpu = os.open(dev, os.O_RDWR)
-if memdir != "-":
-    with open("/proc/self/stat") as f:
-        start = int(f.read().rsplit(")", 1)[1].split()[19])
-    with open(os.path.join(memdir, "%d.json" % os.getpid()), "w") as f:
-        json.dump({"gpu": 0, "mib": 4096, "start_time": start}, f)
-print("holding", fd, gpu, flush=True)
-time.sleep(300)
-"""
 
 
 @pytest.mark.parametrize("memory_counted", [True, False], ids=["memory-counted", "memory-not-counted"])

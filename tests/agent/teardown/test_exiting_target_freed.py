@@ -23,12 +23,12 @@ import sys
 from scripts.agent.procs import procfs
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests.agent.procs.test_hung_mounts import STUCK_IN_EXIT, hung_fuse  # noqa: F401 (a fixture)
 from tests.support import scenario
 from tests.support.gpu_standins import H200_MEMORY as H200, STANDIN
+from tests.support.hung_mounts import STUCK_IN_EXIT
 
 
-def test_a_target_in_its_exit_that_nvml_lists_nowhere_is_freed_and_named(hung_fuse, ps, tmp_path,  # noqa: F811
+def test_a_target_in_its_exit_that_nvml_lists_nowhere_is_freed_and_named(hung_fuse, ps, tmp_path,
                                                                          monkeypatch):
     server, mnt, ready, started = hung_fuse
     script = ps.base / "stuck_exit_server.py"
