@@ -9,7 +9,20 @@ from . import jsonout, teardown_args as td
 from .common import HOST_HELP, ctrl_c_continues, dumps, guarded, one_host, operator
 from .flags import task
 
+# Every code a pivot can give, by its name in codes.EXIT_CODES (`pivot --help` lists them)
+PIVOT_EXITS = ("not-free", "unreachable", "locked", "gate-failed", "uninspected", "timed-out", "declined", "unhealthy")
 JSON_HELP = "print the host's answer as JSON, {alias: document}, as status and teardown do"
+
+
+def _print_log_line(text: str) -> None:
+    """One line of a followed log, as it comes: the host's text, escaped (no escape sequence or
+    bidi override reaches the terminal raw: render.safe), one line out per line in."""
+    import sys
+
+    from scripts.views.render import safe
+
+    sys.stdout.write(safe(text) + "\n")
+    sys.stdout.flush()
 
 
 def _json(r) -> None:
@@ -79,7 +92,7 @@ def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=
     if follow:
         if json:
             raise ConfigError("--json and --follow: pick one (--follow prints lines as they come)")
-        code, doc = phase_ops.follow_logs(h, ph, n)
+        code, doc = phase_ops.follow_logs(h, ph, n, _print_log_line)
         if doc is not None and doc.get("error"):  # e.g. the phase was never started there
             raise Exit(f"gpu-pivot: {h.alias}: {doc['error']}", code=codes.EXIT_NOT_FREE)
         raise Exit(code=code)
@@ -150,6 +163,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     from scripts.config.errors import ConfigError, show
     from scripts.ops import phase as phase_ops
     from scripts.ops.pivot import Pivot, PivotOptions
+    from scripts.views.pivot import WORDS
 
     h = one_host(host)
     with cliargs.named("--phase", "--to"):  # the pivot's flag for a phase
@@ -172,7 +186,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     opts = PivotOptions(teardown=td_req, drain_url=drain or None, no_drain=no_drain, dry_run=dry_run,
                         force=force, operator=operator(), ready_timeout=rt)
     with ctrl_c_continues([h], "the pivot stops here; a teardown already under way continues"):
-        run = Pivot(h, ph, opts, out=(lambda line: None) if json else (lambda line: print(line, flush=True)))
+        run = Pivot(h, ph, opts, WORDS, out=(lambda line: None) if json else (lambda line: print(line, flush=True)))
         code = run.run()
     if json:
         from .common import dumps

@@ -6,6 +6,7 @@ same calls; the pivot only orders them.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from ..agent.wire import call, frame as wire_frame, records, textsafe
 from ..config.errors import ConfigError, show
@@ -42,8 +43,9 @@ def logs(host, phase, lines: int) -> AgentResult[records.LogsResult]:
     return call_agent(host, "phase-logs", spec_args(phase) + ["--lines", lines])
 
 
-def follow_logs(host, phase, lines: int):
-    """Stream the log until Ctrl-C: the agent execs `tail -F` / `journalctl -f` on the host.
+def follow_logs(host, phase, lines: int, on_log_line: Callable[[str], None]):
+    """Stream the log until Ctrl-C: the agent execs `tail -F` / `journalctl -f` on the host;
+    `on_log_line` gets each log line as it comes (the host's text, decoded, without its newline).
 
     Returns (exit code, the agent's result document or None). The agent answers with a
     result instead of following when it cannot (a phase never started there): that frame
@@ -51,11 +53,8 @@ def follow_logs(host, phase, lines: int):
     own failure is HostUnreachable (exit 3), its connect or keep-alive timeout HostTimedOut
     (exit 7); there is no deadline, following is open-ended. Ctrl-C ends the stream and is
     re-raised (exit 130 through `guarded`)."""
-    import sys
-
     from ..reach.runner import How
     from ..reach.transport import read_document, send_agent  # as every agent call
-    from ..views.render import safe
 
     nonce = wire_frame.new_nonce()
     begin = wire_frame.begin(nonce).encode()
@@ -65,10 +64,7 @@ def follow_logs(host, phase, lines: int):
         if frame or raw.rstrip(b"\n") == begin:
             frame.append(raw)
             return
-        # a log line is the host's text: escaped (no escape sequence or bidi override reaches
-        # the terminal raw: render.safe), one line out per line in
-        sys.stdout.write(safe(textsafe.decode(raw).rstrip("\n")) + "\n")
-        sys.stdout.flush()
+        on_log_line(textsafe.decode(raw).rstrip("\n"))
 
     argv = agent_argv(host, "phase-logs", spec_args(phase) + ["--lines", str(lines), "--follow"], nonce, False)
     done = send_agent(host, argv, nonce, How(on_line=on_line, echo_stderr=True, stop_on_interrupt=True))

@@ -11,10 +11,8 @@ assumed. A rollback whose stop, restore or start failed is "rollback FAILED at .
 its teardown (unless --no-drain). The pivot ends with a table of its steps (step, result,
 exit, seconds), and the same list is the `--json` document and the audit record.
 
-Exit codes: 0 done; 1 not ready / rolled back / a prep job failed / GPUs not free;
-3 unreachable; 4 locked; 5 the drain, a gate or the launch lint blocked it (nothing
-started); 7 a host call timed out. The words of each step's result are the views'
-(teardown_view, phase_view).
+Its exit codes are the task's (`invoke pivot --help` lists them). The words of each step's
+result are the views' (Words, made by scripts/views/pivot.py).
 """
 from __future__ import annotations
 
@@ -27,9 +25,31 @@ from ..agent.state import statedir
 from ..agent.wire import codes, defaults, records
 from ..reach.route import HostUnreachable
 from ..reach.transport import AgentError, TeardownRequest, call_teardown, exit_code_for
-from ..views import phase as phase_view, teardown as teardown_view
-from ..views.render import safe
 from . import audit_log, phase as phase_ops
+
+
+@dataclass(frozen=True)
+class Words:
+    """What a pivot says about each step's result: the views' words (scripts/views/pivot.py
+    makes them), passed in by the task. Why passed in: the pivot runs the steps and the views,
+    above it, render their results; it never imports them."""
+
+    safe: Callable[[str], str]  # a host's text made printable (escapes, bidi overrides)
+    drain_progress: Callable[[dict], str]
+    drain_line: Callable[..., str]
+    teardown_progress: Callable[[str, dict], str]  # (alias, progress fields)
+    teardown_brief: Callable[..., str]
+    gate_lines: Callable[..., list]
+    deploy_line: Callable[..., str]
+    lint_lines: Callable[..., list]
+    start_line: Callable[..., str]
+    ready_line: Callable[..., str]
+    ready_progress: Callable[[dict], str]
+    log_tail: Callable[..., str]
+    smoke_line: Callable[..., str]
+    prep_lines: Callable[..., list]
+    stop_line: Callable[..., str]
+    step_table: Callable[[list], str]  # the steps (step, result, exit, seconds) at the end
 
 
 @dataclass
@@ -64,8 +84,8 @@ def _attempt(fn: Callable[[], T]) -> T:
 
 
 class Pivot:
-    def __init__(self, host, phase, opts: PivotOptions, out=print):
-        self.host, self.phase, self.opts, self.out = host, phase, opts, out
+    def __init__(self, host, phase, opts: PivotOptions, words: Words, out=print):
+        self.host, self.phase, self.opts, self.words, self.out = host, phase, opts, words, out
         self.steps = self._steps()
         self.n = 0
         self.started = time.monotonic()
@@ -116,9 +136,9 @@ class Pivot:
         now = time.monotonic()
         if numbered:
             self.n += 1
-            self.out(f"[{self.n}/{len(self.steps)}] {name}: {safe(text)}")  # host text in it: escaped
+            self.out(f"[{self.n}/{len(self.steps)}] {name}: {self.words.safe(text)}")  # host text in it: escaped
         else:
-            self.out(f"    {name}: {safe(text)}")
+            self.out(f"    {name}: {self.words.safe(text)}")
         self.record["steps"].append({"step": name, "result": text, "exit": code,
                                      "seconds": round(now - self.step_started, 2)})
         self.step_started = now
@@ -131,7 +151,7 @@ class Pivot:
         except statedir.StateDirError as exc:  # the verdict stands; say the record is missing
             self.record["audit_error"] = str(exc)
             self.out(f"    audit log not written: {exc}")
-        self.out(step_table(self.record["steps"]))
+        self.out(self.words.step_table(self.record["steps"]))
         self.out(f"{self.host.alias}: pivot to {self.phase.name}: {verdict} ({self.record['wall_s']}s)")
         return code
 
@@ -159,8 +179,8 @@ class Pivot:
             return None
         url = self.drain_url or ""  # the step exists only with a URL (_steps)
         r = _attempt(lambda: phase_ops.drain(self.host, url, self.phase.drain_timeout,
-                                             on_progress=lambda p: self.out("    " + phase_view.drain_progress(p))))
-        self.say("drain", phase_view.drain_line(r), r.code)
+                                             on_progress=lambda p: self.out("    " + self.words.drain_progress(p))))
+        self.say("drain", self.words.drain_line(r), r.code)
         if r.code or not r.result.drained:
             return self.finish(codes.EXIT_GATE, "not drained: nothing stopped or started (--no-drain to go ahead)")
         return None
@@ -168,24 +188,24 @@ class Pivot:
     def step_teardown(self):
         alias = self.host.alias
         def progress(p):
-            self.out("    " + teardown_view.progress_line(alias, p))
+            self.out("    " + self.words.teardown_progress(alias, p))
 
         r = _attempt(lambda: call_teardown(self.host, self.opts.teardown, on_progress=progress))
         t: records.TeardownResult = r.result
-        self.say("teardown", teardown_view.brief(t), r.code)
+        self.say("teardown", self.words.teardown_brief(t), r.code)
         if not t.ran:  # locked by another teardown, or the host's state dir refused: nothing signalled
             return self.finish(r.code, "locked" if t.locked else "teardown not started: nothing started")
         if t.actions:
             audit_log.append(alias, t.actions)
         if r.code:
             for problem in t.problems:
-                self.out("    " + safe(problem))
+                self.out("    " + self.words.safe(problem))
             return self.finish(r.code, "GPUs not free: nothing started")
         return None
 
     def step_gates(self):
         r = _attempt(lambda: phase_ops.gates(self.host, self.phase))
-        for line in phase_view.gate_lines(r):
+        for line in self.words.gate_lines(r):
             self.out("    " + line)
         self.say("gates", "passed" if r.code == 0 else "FAILED: nothing started", r.code)
         if r.code:
@@ -194,14 +214,14 @@ class Pivot:
 
     def step_deploy(self):
         r = _attempt(lambda: phase_ops.deploy(self.host, self.phase, "apply"))
-        self.say("deploy", phase_view.deploy_line(r), r.code)
+        self.say("deploy", self.words.deploy_line(r), r.code)
         if r.code:
             return self.finish(codes.EXIT_GATE, "the deploy does not apply: nothing started")
         return None
 
     def step_lint(self):
         r = _attempt(lambda: phase_ops.lint(self.host, list(self.phase.argv), self.phase.gpus))
-        for line in phase_view.lint_lines(r):
+        for line in self.words.lint_lines(r):
             self.out("    " + line)
         if r.code and not self.opts.force:
             self.say("lint", "BLOCKED (use --force to start anyway)", r.code)
@@ -217,7 +237,7 @@ class Pivot:
 
     def step_start(self):
         r = _attempt(lambda: phase_ops.start(self.host, self.phase))
-        self.say("start", phase_view.start_line(r), r.code)
+        self.say("start", self.words.start_line(r), r.code)
         if r.code:
             return self.finish(codes.EXIT_FAILED, "did not start")
         return None
@@ -228,20 +248,20 @@ class Pivot:
     def step_ready(self):
         r = _attempt(lambda: phase_ops.ready(self.host, self.phase, self.ready_timeout,
                                              on_progress=self._ready_progress))
-        self.say("ready", phase_view.ready_line(r), r.code)
+        self.say("ready", self.words.ready_line(r), r.code)
         if r.code == 0:
             return None
-        self.out("    " + phase_view.log_tail(r).replace("\n", "\n    "))
+        self.out("    " + self.words.log_tail(r).replace("\n", "\n    "))
         if self.phase.is_deploy:
             return self.rollback("the new server did not become ready")
         return self.finish(codes.EXIT_FAILED, "not ready")
 
     def _ready_progress(self, p: dict) -> None:
-        self.out("    " + phase_view.ready_progress(p))
+        self.out("    " + self.words.ready_progress(p))
 
     def step_smoke(self):
         r = _attempt(lambda: phase_ops.smoke(self.host, self.phase))
-        self.say("smoke", phase_view.smoke_line(r), r.code)
+        self.say("smoke", self.words.smoke_line(r), r.code)
         if r.code == 0:
             return None
         if self.phase.is_deploy:
@@ -255,7 +275,7 @@ class Pivot:
             if all(p["status"] != "running" for p in r.result.prep) or time.monotonic() > deadline:
                 break
             time.sleep(1.0)
-        for line in phase_view.prep_lines(r):
+        for line in self.words.prep_lines(r):
             self.out("    " + line)
         prep = r.result.prep
         failed = [p for p in prep if p["exit"] != 0]
@@ -278,14 +298,14 @@ class Pivot:
         return r.code
 
     def rollback(self, why: str) -> int:
-        self.out(f"    rolling back: {safe(why)}")
+        self.out(f"    rolling back: {self.words.safe(why)}")
         parts = [
-            ("stop", lambda: phase_ops.stop(self.host, self.phase, self.opts.operator), phase_view.stop_line),
+            ("stop", lambda: phase_ops.stop(self.host, self.phase, self.opts.operator), self.words.stop_line),
             ("restore", lambda: phase_ops.deploy(self.host, self.phase, "rollback"),
-             lambda r: f"restored {', '.join(r.result.files) or '-'}" if r.code == 0 else phase_view.deploy_line(r)),
-            ("start", lambda: phase_ops.start(self.host, self.phase), phase_view.start_line),
+             lambda r: f"restored {', '.join(r.result.files) or '-'}" if r.code == 0 else self.words.deploy_line(r)),
+            ("start", lambda: phase_ops.start(self.host, self.phase), self.words.start_line),
             ("ready", lambda: phase_ops.ready(self.host, self.phase, self.ready_timeout,
-                                              on_progress=self._ready_progress), phase_view.ready_line),
+                                              on_progress=self._ready_progress), self.words.ready_line),
         ]
         for name, call, words in parts:
             code = self._sub(name, call, words)
@@ -309,10 +329,3 @@ def _what_ran(step: str) -> str:
     return "nothing stopped or started" if step == "drain" else (
         "the teardown's result is unknown (see `invoke status`)" if before_teardown else "see the steps above")
 
-
-def step_table(steps: list) -> str:
-    """The pivot's steps as a table: step, result, exit, seconds."""
-    from ..views.render import Col, table
-
-    rows = [[s["step"], s["result"], str(s["exit"]), f"{s['seconds']:.2f}"] for s in steps]
-    return table(["step", Col("result", "wrap", 24), "exit", "seconds"], rows)  # a long result wraps to COLUMNS
