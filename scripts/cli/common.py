@@ -6,7 +6,6 @@ so that `invoke --list` loads no more of ours than the defaults.
 """
 from __future__ import annotations
 
-import errno
 import functools
 import os
 import signal
@@ -15,6 +14,8 @@ import sys
 from invoke import Exit
 
 from scripts.config import defaults
+
+from .output_guard import guard_stdout
 
 HOST_HELP = f"host alias(es): 'gpu1', 'gpu1,gpu2', 'gpu[1-8]' (default: ${defaults.HOST_ENV} or 'sandbox')"
 READ_FANOUT_HELP = f"hosts read at once (default {defaults.READ_FANOUT}; this command signals nothing)"
@@ -44,72 +45,6 @@ def code_for(exc: BaseException) -> int | None:
 INTERRUPTED_LINE = "gpu-pivot: interrupted (Ctrl-C): stopped here"
 
 
-# A write to stdout that fails because of where stdout goes, not because of the task: a full
-# disk or quota (`> /dev/full`), an I/O error, a file grown past its limit.
-FAILED_WRITE = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
-
-
-class ClosedStdoutSafe:
-    """sys.stdout that outlives its reader: `invoke teardown | head -1`, or quitting `less`,
-    closes the pipe; the first write after that would raise BrokenPipeError mid-task (a
-    teardown reported "agent failed" after freeing the GPUs; a pivot stopped between its
-    teardown and its start). Here the first BrokenPipeError points fd 1
-    at /dev/null and the task runs to its end and exits with its own code. A stdout that
-    cannot be written (`> /dev/full`: ENOSPC, EIO) is treated the same way, and remembered in
-    `write_error`: `guarded` then ends the task with one line on stderr and exit 10
-    (output_failed), never with a traceback and exit 1, which reads "not free"."""
-
-    def __init__(self, stream):
-        self._stream = stream
-        self.closed_by_reader = False
-        self.write_error: OSError | None = None
-        self.written = False  # anything printed yet: a --json error document only on an empty stdout
-
-    def _guard(self, op, *args):
-        try:
-            return op(*args)
-        except BrokenPipeError:
-            self.closed_by_reader = True
-        except OSError as exc:
-            if exc.errno not in FAILED_WRITE:
-                raise
-            self.write_error = exc
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, self._stream.fileno())
-        os.close(devnull)
-        return None
-
-    @property
-    def gone(self) -> bool:
-        return self.closed_by_reader or self.write_error is not None
-
-    def write(self, text):
-        self.written = self.written or bool(text)
-        if self.gone:
-            return len(text)
-        return self._guard(self._stream.write, text)
-
-    def flush(self):
-        if not self.gone:
-            self._guard(self._stream.flush)
-
-    def __getattr__(self, name):
-        return getattr(self._stream, name)
-
-
-def guard_stdout() -> None:
-    """Install ClosedStdoutSafe; with fd 1 closed at start (`>&-`: sys.stdout is None) point
-    fd 1 at /dev/null first, so the task runs and exits with its own code."""
-    if sys.stdout is None:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        if devnull != 1:
-            os.dup2(devnull, 1)
-            os.close(devnull)
-        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115  fd 1 lives as long as the process
-    if not isinstance(sys.stdout, ClosedStdoutSafe):
-        sys.stdout = ClosedStdoutSafe(sys.stdout)
-
-
 def json_error(message: str, code: int) -> None:
     """With --json, an error that ends a task before it printed its document (a bad flag or
     value, an unknown alias, a refused directory) is still one JSON document on stdout:
@@ -129,7 +64,7 @@ def guarded(fn):
     Ctrl-C outside a teardown (which has its own handler, ctrl_c_continues) is one line and
     exit 130: Invoke alone would print a bare ^C and exit 1, which README defines as
     "done but not free". A reader that closes stdout early does not stop the task
-    (ClosedStdoutSafe). With --json, each of those errors is also a JSON document on stdout
+    (output_guard.guard_stdout). With --json, each of those errors is also a JSON document on stdout
     (json_error)."""
 
     @functools.wraps(fn)
@@ -173,7 +108,7 @@ def one_line(text) -> str:
 
 def output_failed(code: int) -> None:
     """After a task: stdout's last buffered text is flushed, and if stdout could not be
-    written (ClosedStdoutSafe.write_error) the task ends with one line on stderr naming the
+    written (output_guard.GuardedStdout.write_error) the task ends with one line on stderr naming the
     task's own exit code, and exit 10, which no script reads as "not free". What the task did
     stands: a teardown ran to its end, its record is in the host's last.json and audit log."""
     out = sys.stdout

@@ -38,7 +38,8 @@ class OneTaskExecutor(Executor):
             line = (f"gpu-pivot: one task per command line, got {len(tasks)}: {names}; nothing ran "
                     f"(run them one after another: `invoke {first} ... && invoke ...`)")
             if any((getattr(t, "as_kwargs", None) or {}).get("json") is True for t in tasks):
-                from .common import guard_stdout, json_error
+                from .common import json_error
+                from .output_guard import guard_stdout
 
                 guard_stdout()
                 json_error(line, 2)  # --json asked: the refusal is a JSON document too

@@ -57,7 +57,8 @@ class Task(invoke.Task):
 
                 line = f"gpu-pivot: {self.name}: takes no words after `--` (got: {shlex.join(extra)})"
                 if kwargs.get("json") is True:
-                    from .common import guard_stdout, json_error
+                    from .common import json_error
+                    from .output_guard import guard_stdout
 
                     guard_stdout()
                     json_error(line, 2)  # --json asked: the refusal is a JSON document too

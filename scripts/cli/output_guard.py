@@ -1,12 +1,13 @@
-"""Invoke's own output (`--list`, `--help`, `--version`, `TASK --help`) when stdout fails.
+"""stdout that fails (a reader that closed the pipe, a full disk): the one guard, for Invoke's
+own output (`--list`, `--help`, `--version`, `TASK --help`) and for every task's.
 
 Why: `invoke --list | head -c 10` printed a BrokenPipeError traceback and exited 1, and
 `invoke --list > /dev/full` an OSError traceback and exit 1, which README defines as "done
-but not free". Those paths are Invoke's, outside every task's guard
-(scripts/cli/common.guarded): a closed pipe now ends the program quietly with 141 (128 +
-SIGPIPE, what a shell reports for a program its reader left), and a full disk or an I/O
-error on stdout with one line on stderr and exit 10 (codes.EXIT_OUTPUT). The tasks
-themselves handle both their own way (common.ClosedStdoutSafe).
+but not free". On Invoke's own paths, outside every task, a closed pipe now ends the program
+quietly with 141 (128 + SIGPIPE, what a shell reports for a program its reader left), and a
+full disk or an I/O error on stdout with one line on stderr and exit 10 (codes.EXIT_OUTPUT).
+A task (guard_stdout, from scripts/cli/common.guarded) runs on to its end instead: a teardown
+must not stop between freeing the GPUs and saying so.
 
 How it is reached: tasks.py installs it when Invoke loads the tasks (--list, --help, TASK
 --help). `--version` is answered before tasks.py is read, so `make setup` also puts a .pth
@@ -19,35 +20,84 @@ import errno
 import os
 import sys
 
-CLOSED_PIPE = 141  # codes.EXIT_CLOSED_PIPE (tests/test_hostile_output.py checks they agree)
+CLOSED_PIPE = 141  # codes.EXIT_CLOSED_PIPE (tests/cli/test_hostile_output.py checks they agree)
 OUTPUT_FAILED = 10  # codes.EXIT_OUTPUT
 USAGE = 2  # codes.EXIT_USAGE
+# A write to stdout that fails because of where stdout goes, not because of the task: a full
+# disk or quota (`> /dev/full`), an I/O error, a file grown past its limit.
 FAILED_WRITE = (errno.ENOSPC, errno.EIO, errno.EDQUOT, errno.EFBIG)
 
 
-class Recorder:
-    """sys.stdout as it was, noting the error a write or flush raised (and raising it on), so
-    the hook below knows a failure was stdout's and not another file's."""
+class GuardedStdout:
+    """sys.stdout, noting the error a write or flush raised (`failed`), so the hook below knows
+    a failure was stdout's and not another file's. Raised on, until a task starts (guard_stdout:
+    `absorbing`): then the first BrokenPipeError (`invoke teardown | head -1`, or quitting `less`)
+    or failed write (`> /dev/full`: FAILED_WRITE) points fd 1 at /dev/null and the task runs to
+    its end and exits with its own code. Why: a teardown reported "agent failed" after freeing
+    the GPUs, and a pivot stopped between its teardown and its start. A failed write is kept in
+    `write_error`: `guarded` then ends the task with one line on stderr and exit 10
+    (common.output_failed), never with a traceback and exit 1, which reads "not free"."""
 
     def __init__(self, stream):
         self._stream = stream
         self.failed = None
+        self.absorbing = False
+        self.closed_by_reader = False
+        self.write_error = None
+        self.written = False  # anything printed yet: a --json error document only on an empty stdout
 
     def _call(self, op, *args):
         try:
             return op(*args)
         except OSError as exc:
             self.failed = exc
-            raise
+            if not self.absorbing:
+                raise
+            if isinstance(exc, BrokenPipeError):
+                self.closed_by_reader = True
+            elif exc.errno in FAILED_WRITE:
+                self.write_error = exc
+            else:
+                raise
+        _devnull_at(self._stream.fileno())
+        return None
+
+    @property
+    def gone(self):
+        return self.closed_by_reader or self.write_error is not None
 
     def write(self, text):
+        self.written = self.written or bool(text)
+        if self.gone:
+            return len(text)
         return self._call(self._stream.write, text)
 
     def flush(self):
-        return self._call(self._stream.flush)
+        if not self.gone:
+            self._call(self._stream.flush)
 
     def __getattr__(self, name):
         return getattr(self._stream, name)
+
+
+def guard_stdout():
+    """A task's stdout from here on: failures absorbed (GuardedStdout). With fd 1 closed at start
+    (`>&-`: sys.stdout is None) fd 1 points at /dev/null first, so the task runs and exits with
+    its own code."""
+    if sys.stdout is None:
+        _devnull_at(1)
+        sys.stdout = open(1, "w", closefd=False)  # noqa: SIM115  fd 1 lives as long as the process
+    if not isinstance(sys.stdout, GuardedStdout):
+        sys.stdout = GuardedStdout(sys.stdout)
+    sys.stdout.absorbing = True
+
+
+def _devnull_at(fd):
+    """Point `fd` at /dev/null: nothing more written there fails, or goes anywhere."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    if devnull != fd:
+        os.dup2(devnull, fd)
+        os.close(devnull)
 
 
 def _is_invoke(argv):
@@ -71,9 +121,7 @@ def _stdout_failure(exc):
 def _leave(code, exc):
     """End now: fd 1 at /dev/null (nothing more is tried on it), one line for a failed write."""
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, 1)
-        os.close(devnull)
+        _devnull_at(1)
     except OSError:
         pass
     if code == OUTPUT_FAILED:
@@ -184,13 +232,13 @@ def _invoke_process():
 
 
 def install():
-    """Hook this process once: the excepthook, the flush at exit, the recorder on stdout; in
+    """Hook this process once: the excepthook, the flush at exit, the guard on stdout; in
     Invoke itself, sys.exit noted and a normal end armed to leave at once (_exit_now)."""
     if getattr(sys, "_gpu_pivot_output_guard", False):
         return
     sys._gpu_pivot_output_guard = True  # type: ignore[attr-defined]
-    if sys.stdout is not None and not isinstance(sys.stdout, Recorder):
-        sys.stdout = Recorder(sys.stdout)
+    if sys.stdout is not None and not isinstance(sys.stdout, GuardedStdout):
+        sys.stdout = GuardedStdout(sys.stdout)
     sys.excepthook = _hook
     if _invoke_process():
         _EXIT[:] = [0]  # returning from the program is exit 0, as Python's own end would be
