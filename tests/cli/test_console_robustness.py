@@ -31,7 +31,6 @@ from scripts.reach.ssh import machine_opts
 from scripts.reach.transport import AgentError, call_agent, deadline_for
 from tests.conftest import REPO, invoke
 from tests.support import fleet_faults
-from tests.support.loopback_sshd import LoopbackSshd
 from tests.support.procs import alive, wait_for
 
 
@@ -39,13 +38,7 @@ def text_of(res) -> str:
     return res.stdout.decode() + res.stderr.decode()
 
 
-def gpu_host(server, alias="gpu1", opts="", **extra):
-    keys = {"SSH": server.dest(), "SSH_OPTS": f"{server.ssh_opts} {opts}".strip()}
-    keys.update(extra)
-    return build_host(alias, keys, "test")
-
-
-# -- 1. hangs: ssh defaults, deadlines, exit 7 ---------------------------------------------------
+# -- hangs: ssh defaults, deadlines, exit 7 ---------------------------------------------------
 
 def test_ssh_gets_connect_and_keepalive_defaults_a_host_may_override():
     hop = SshHop("u@192.0.2.1", ("-o", "ConnectTimeout=30"))
@@ -80,25 +73,10 @@ def test_tarpit_host_times_out_with_its_own_exit_code(sshd, hosts_env):
     assert "Traceback" not in text_of(res)  # the 2 s timeout's own words above: not a hang cut short
 
 
-@pytest.fixture
-def own_sshd(tmp_path, sshd):
-    server = LoopbackSshd(tmp_path / "own-sshd", keys_from=sshd,
-                          env={"GPU_PIVOT_RUN_DIR": str(tmp_path / "own-run")}).start()
-    yield server
-    fleet_faults.end_sshd(server)
-
-
-def _held_devices(ps):
-    """A holder of the test's fake GPU, so `verify --wait` keeps the agent busy on the host."""
-    ps.role("hold")
-    return {"DEVICES": ps.glob, "FAKE_DEVICES": "yes", "PYTHON": str(fleet_faults.python_with_run_dir(
-        ps.base / "py", ps.base / "run"))}
-
-
 @pytest.mark.parametrize("how", ["deadline", "keepalive"])
 def test_sshd_stopped_mid_call_times_out(own_sshd, ps, how):
     opts = "-o ControlPath=none" + (" -o ServerAliveInterval=1 -o ServerAliveCountMax=2" if how == "keepalive" else "")
-    host = gpu_host(own_sshd, opts=opts, **_held_devices(ps))
+    host = fleet_faults.gpu_host(own_sshd, opts=opts, **fleet_faults.held_devices(ps))
     caught: dict = {}
     progressing = threading.Event()
 
@@ -142,7 +120,7 @@ def test_fleet_of_8_with_a_tarpit_and_a_stopped_sshd(sshd, tmp_path):
     print(f"\nfleet of 8 (tarpit + stopped sshd): exit {r['rc']}, wall {r['wall_s']}s, finished {r['finished']}")
 
 
-# -- 2. 255: the remote command's, or ssh's -------------------------------------------------------
+# -- 255: the remote command's, or ssh's -------------------------------------------------------
 
 def test_remote_exit_255_is_not_unreachable_without_a_control_socket(sshd, hosts_env, tmp_path):
     hosts_env(f"GPU1_SSH={sshd.dest()}\nGPU1_SSH_OPTS='{sshd.ssh_opts} -o ControlPath=none'\n")
@@ -153,7 +131,7 @@ def test_remote_exit_255_is_not_unreachable_without_a_control_socket(sshd, hosts
     fail.write_text("#!/bin/sh\necho agent died >&2\nexit 255\n")
     fail.chmod(0o755)
     with pytest.raises(AgentError, match="exited 255.*agent died"):
-        call_agent(gpu_host(sshd, opts="-o ControlPath=none", PYTHON=str(fail)), "ping")
+        call_agent(fleet_faults.gpu_host(sshd, opts="-o ControlPath=none", PYTHON=str(fail)), "ping")
 
 
 def test_unreachable_is_still_unreachable_without_a_control_socket(sshd, hosts_env):
@@ -176,7 +154,7 @@ def test_missing_command_is_127_and_one_line(hosts_env):
     assert len(lines) == 1 and "no-such-command-gp11" in lines[0] and "Traceback" not in text_of(res)
 
 
-# -- 3. drain, rollback, the verdict and the step table ------------------------------------------
+# -- drain, rollback, the verdict and the step table ------------------------------------------
 
 class _Metrics(BaseHTTPRequestHandler):
     mode = "ok"
@@ -268,8 +246,8 @@ def test_no_drain_goes_ahead_and_a_zero_reading_drains(ps, hosts_env, metrics):
 
 def test_a_failed_rollback_is_never_called_rolled_back(ps, hosts_env, tmp_path):
     from scripts.config.sandbox import ROLES
-    from tests.ops.test_pivot import broken_deploy
     from tests.support.loopback_sshd import free_port
+    from tests.support.pivots import broken_deploy
 
     code, patch = broken_deploy(tmp_path)
     silent = free_port()  # READY points where nothing ever answers: neither new nor old server is ready
@@ -289,7 +267,7 @@ def test_a_failed_rollback_is_never_called_rolled_back(ps, hosts_env, tmp_path):
         invoke("stop", "--host", "local", "--phase", "serve")
 
 
-# -- 4. exit codes: declined, Ctrl-C --------------------------------------------------------------
+# -- exit codes: declined, Ctrl-C --------------------------------------------------------------
 
 def test_declining_the_confirmation_is_its_own_exit_code(ps, hosts_env):
     server = ps.role("hold")
@@ -350,7 +328,7 @@ def test_ctrl_c_is_130_and_one_line(hosts_env):
     assert len(lines) == 1 and "interrupted" in lines[0] and "Traceback" not in err.decode()
 
 
-# -- 4b. the sandbox: a failed start, a directory removed by hand ---------------------------------
+# -- the sandbox: a failed start, a directory removed by hand ---------------------------------
 
 @pytest.fixture
 def own_sandbox(tmp_path, monkeypatch):
@@ -419,7 +397,7 @@ def test_sandbox_ports_are_picked_free_and_recorded(tmp_path):
             s.close()
 
 
-# -- 5. gates: the kind is the JSON type ----------------------------------------------------------
+# -- gates: the kind is the JSON type ----------------------------------------------------------
 
 def test_a_gate_that_is_a_shell_group_runs_as_a_command(tmp_path):
     gates = json.dumps(["{ test -d /; }", {"glob": str(tmp_path / "*.pt"), "min": 0}, "{ false; }"])
@@ -434,7 +412,7 @@ def test_a_gate_that_is_a_shell_group_runs_as_a_command(tmp_path):
     assert r.code == codes.EXIT_GATE
 
 
-# -- 6. config lookup ----------------------------------------------------------------------------
+# -- config lookup ----------------------------------------------------------------------------
 
 def test_hosts_file_lookup_order(tmp_path, monkeypatch):
     from scripts.config import hostconfig

@@ -25,7 +25,6 @@ import pytest
 from scripts.agent.wire import codes
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
-from tests.cli.test_console_robustness import own_sshd  # noqa: F401  (fixture)
 from tests.conftest import REPO, checkout_copy, invoke
 from tests.support import scenario
 from tests.support.procs import alive, wait_for
@@ -187,12 +186,12 @@ def test_keepalive_loss_through_the_control_master_is_a_time_out(own_sshd, ps, m
 
     from scripts.reach import ssh
     from scripts.reach.route import HostTimedOut
-    from tests.cli.test_console_robustness import _held_devices, gpu_host
     from tests.support import fleet_faults
 
     cdir = tmp_path / "cm"
     monkeypatch.setenv(ssh.CONTROL_DIR_ENV, str(cdir))
-    host = gpu_host(own_sshd, opts="-o ServerAliveInterval=1 -o ServerAliveCountMax=2", **_held_devices(ps))
+    host = fleet_faults.gpu_host(own_sshd, opts="-o ServerAliveInterval=1 -o ServerAliveCountMax=2",
+                                 **fleet_faults.held_devices(ps))
     call_agent(host, "ping")  # starts the master
     caught: dict = {}
     progressing = threading.Event()

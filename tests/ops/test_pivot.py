@@ -13,6 +13,7 @@ from scripts.agent.phases import run as agent_phase
 from scripts.config.sandbox import ROLES
 from tests.conftest import invoke
 from tests.support.loopback_sshd import free_port
+from tests.support.pivots import broken_deploy
 from tests.support.procs import alive
 
 
@@ -96,18 +97,6 @@ def test_readiness_timeout_shows_log_tail(ps, hosts_env):
     assert res.returncode == 1, text
     assert "NOT READY after" in text and "loading model shard 7 of 9" in text
     invoke("stop", "--host", "local", "--phase", "serve")
-
-
-def broken_deploy(tmp_path) -> tuple:
-    """A server's code dir (healthy config) and a patch that makes it unhealthy: (code, patch)."""
-    from scripts.ops.sandbox import BROKEN_PATCH
-
-    code = tmp_path / "code"
-    code.mkdir()
-    (code / "server_config.json").write_text('{"healthy": true}\n')
-    patch = tmp_path / "broken.patch"
-    patch.write_text(BROKEN_PATCH)
-    return code, patch
 
 
 def test_deploy_unhealthy_is_rolled_back(ps, hosts_env, tmp_path):

@@ -19,6 +19,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from scripts.config.hostconfig import build_host
 from tests.support.loopback_sshd import LoopbackSshd
 from tests.support.paths import REPO
 from tests.support.procs import wait_for
@@ -188,6 +189,20 @@ def main() -> int:
         if line.startswith("gpu-pivot:"):
             print("  " + line)
     return 0 if len(r["finished"]) == 6 else 1
+
+
+def gpu_host(server, alias="gpu1", opts="", **extra):
+    """A host reached over `server` (a loopback sshd) with extra ssh options and hosts.env keys."""
+    keys = {"SSH": server.dest(), "SSH_OPTS": f"{server.ssh_opts} {opts}".strip()}
+    keys.update(extra)
+    return build_host(alias, keys, "test")
+
+
+def held_devices(ps):
+    """A holder of the test's fake GPU, so `verify --wait` keeps the agent busy on the host."""
+    ps.role("hold")
+    return {"DEVICES": ps.glob, "FAKE_DEVICES": "yes", "PYTHON": str(python_with_run_dir(
+        ps.base / "py", ps.base / "run"))}
 
 
 if __name__ == "__main__":

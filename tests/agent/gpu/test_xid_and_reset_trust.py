@@ -48,7 +48,7 @@ def rows(n):
     return [{"index": i, "processes": []} for i in range(n)]
 
 
-# -- 1. Xid lines only from the kernel, at the start of its record; an unknown bus is no GPU's ------------
+# -- Xid lines only from the kernel, at the start of its record; an unknown bus is no GPU's ------------
 
 def test_kmsg_records_of_user_facility_and_quoted_xids_are_not_the_drivers():
     user_write = "12,5001,9000000000,-;" + FORGED  # 12 = LOG_USER (1) * 8 + LOG_WARNING: echo >/dev/kmsg
@@ -104,7 +104,7 @@ def test_the_sandbox_reads_no_kernel_log(tmp_path, monkeypatch):
     assert not any("Xid" in r or "kernel log" in r for g in gpus for r in g["health"]["reasons"]), gpus
 
 
-# -- 7. a protected name protects only what no user could have started so ----------------------------
+# -- a protected name protects only what no user could have started so ----------------------------
 
 @pytest.fixture
 def open_dir():
@@ -198,7 +198,7 @@ def test_the_sandbox_trusts_the_names_of_its_own_uid_only(second_user, open_dir,
     assert rules.protect_reason(info, set()) is None
 
 
-# -- 6. --mps quit: the daemon by its executable, one bounded wait, never a served daemon --------------
+# -- --mps quit: the daemon by its executable, one bounded wait, never a served daemon --------------
 
 def test_look_alike_mps_processes_are_not_mps_and_their_exe_is_never_run(second_user, open_dir, monkeypatch):
     control = user_holder(second_user, mps.CONTROL, open_dir / "nvidia0")
@@ -288,7 +288,7 @@ def test_a_daemon_still_serving_another_users_job_is_not_quit(tmp_path, second_u
     assert not alive(server)
 
 
-# -- 8. after a hung driver call, no MIG or MPS NVML call waits on the same driver ----------------------
+# -- after a hung driver call, no MIG or MPS NVML call waits on the same driver ----------------------
 
 class StuckNvml:
     """NVML whose calls (all but the bus id) never return: what a driver that stopped answering
