@@ -9,7 +9,7 @@ from .common import guarded
 from .flags import task
 
 
-@task(help={"lines": f"how many of the newest records (default {defaults.AUDIT_LINES})",
+@task(exit_codes=("unreachable",), help={"lines": f"how many of the newest records (default {defaults.AUDIT_LINES})",
             "json": "print the records as one JSON list (oldest first; [] when there are none)"})
 @guarded
 def audit(c, lines=str(defaults.AUDIT_LINES), json=False):

@@ -34,6 +34,11 @@ SHORT = {
 }
 
 
+# The codes every task can give: done, bad input (a flag's value, words after `--`), stdout that
+# could not be written (common.guarded), Ctrl-C.
+EVERY_TASK = ("ok", "usage", "output-failed", "interrupted")
+
+
 class Task(invoke.Task):
     """An Invoke task whose short flags come from SHORT only (see the module docstring), and
     that refuses words after `--` unless it takes a command there (`remainder=True`: run,
@@ -43,9 +48,9 @@ class Task(invoke.Task):
     def __init__(self, *args, remainder: bool = False, exit_codes: tuple = (), **kwargs):
         super().__init__(*args, **kwargs)
         self.remainder = remainder
-        # the names (codes.EXIT_CODES) of every code this task can give: its --help lists them
-        # with their meanings from that table (scripts/cli/program.py)
-        self.exit_codes = exit_codes
+        # the names (codes.EXIT_CODES) of every code this task can give, EVERY_TASK's with its
+        # own: its --help lists them with their meanings from that table (scripts/cli/program.py)
+        self.exit_codes = tuple(dict.fromkeys(EVERY_TASK + tuple(exit_codes)))
 
     def __call__(self, *args, **kwargs):
         if not self.remainder:

@@ -74,7 +74,8 @@ def _no_gpu_is_not_free(r):
     return dataclasses.replace(r, code=wire_codes.EXIT_NOT_FREE, doc=dict(r.doc, exit_code=wire_codes.EXIT_NOT_FREE))
 
 
-@task(help={"host": HOST_HELP, "json": "print the scan as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
+@task(exit_codes=("not-free", "unreachable", "uninspected", "timed-out"),
+      help={"host": HOST_HELP, "json": "print the scan as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
 @guarded
 @_fleet_doc
 def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.READ_FANOUT)):
@@ -82,10 +83,9 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
 
     Also each GPU's health verdict (ok / reset needed / reboot needed / drain / unknown, with
     its reasons), its MIG mode and instances, and any CUDA MPS server with the clients it
-    serves. Exit 0; 1 when no GPU is visible (no device file matches the host's glob and no
-    GPU memory source: as verify); 6 when some process could not be inspected (its open
-    files are not readable by this user, so it may hold a GPU unseen: run as root); 3
-    unreachable; 7 timed out.
+    serves. No GPU visible (no device file matches the host's glob and no GPU memory source)
+    is not free, as verify says; a process whose open files this user cannot read may hold
+    a GPU unseen (uninspected: run as root).
 
     {fleet}
     """
@@ -101,20 +101,21 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
           health_view.mig, status_view.holder_table, health_view.mps, status_view.last_teardown)
 
 
-@task(help={"host": HOST_HELP, "wait": "wait up to this many seconds until free",
+@task(exit_codes=("not-free", "unreachable", "uninspected", "timed-out", "unhealthy"),
+      help={"host": HOST_HELP, "wait": "wait up to this many seconds until free",
             "max_used_mib": td.TEARDOWN_HELP["max_used_mib"],
             "json": "print the result as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
 @guarded
 @_fleet_doc
 def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB, json=False, brief=False,
            fanout=str(defaults.READ_FANOUT)):
-    """Exit 0 when every GPU is free (no compute process, 0 MiB used, no unprotected holder), else 1.
+    """Prove every GPU free (no compute process, 0 MiB used, no unprotected holder), or say what holds it.
 
-    Exit 1 too when no GPU is visible at all. Exit 6 when the only obstacle is processes
-    this user could not inspect (run as root: a holder among them would be unseen, so FREE
-    is never said). Exit 9 when free but a GPU's health verdict is drain, reset needed or
-    reboot needed ("unknown" never changes the code); every GPU's verdict is printed with
-    its reasons (JSON: gpus[].health). 3 unreachable; 7 timed out.
+    Not free too when no GPU is visible at all. Uninspected when the only obstacle is
+    processes this user could not inspect (run as root: a holder among them would be unseen,
+    so FREE is never said). Unhealthy when free but a GPU's health verdict is drain, reset
+    needed or reboot needed ("unknown" never changes the code); every GPU's verdict is printed
+    with its reasons (JSON: gpus[].health).
 
     {fleet}
     """
@@ -143,8 +144,8 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
           health_view.mps, status_view.still_holding)
 
 
-@task(iterable=["match"], help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON",
-                                    fanout=READ_FANOUT_HELP))
+@task(iterable=["match"], exit_codes=("unreachable", "timed-out"),
+      help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON", fanout=READ_FANOUT_HELP))
 @guarded
 def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_supervisors=False,
          all_users=False, fanout=str(defaults.READ_FANOUT)):

@@ -49,7 +49,7 @@ def _longest_word(texts) -> int:
     return max((len(part) for t in texts for part in re.findall(r"[^\s/]*/?", t)), default=0)
 
 
-@task(help={"host": HOST_HELP, "json": "print the agent's JSON answer",
+@task(exit_codes=("unreachable", "timed-out"), help={"host": HOST_HELP, "json": "print the agent's JSON answer",
             "timeout": "seconds before a host counts as timed out (exit 7; default 60;"
                        " 0: no limit of its own, the longest wait: 3600)", "fanout": READ_FANOUT_HELP})
 @guarded
@@ -83,7 +83,7 @@ def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ
     exit_worst(codes(outcomes))
 
 
-@task(remainder=True, help={
+@task(remainder=True, exit_codes=("unreachable", "timed-out"), help={
     "host": HOST_HELP, "timeout": "seconds before a host counts as timed out (exit 7; default 600; 0: no limit)"})
 @guarded
 def run(c, host=defaults.HOST, timeout="600"):
@@ -93,9 +93,10 @@ def run(c, host=defaults.HOST, timeout="600"):
     stdout is printed under a header (`===== gpu1 =====`) once it finishes, and each line of
     its stderr is led by `gpu1: `; a host that could not be reached or timed out has a
     section of its own (`===== gpu3: unreachable (exit 3) =====`) and its error on stderr.
-    The fleet's exit code is the highest of its hosts' codes. ssh's own failure exits 3, no answer
-    within --timeout (or ssh's connect / keep-alive timeout) exits 7; a command that exits
-    255 on the host exits 255; a missing command exits 127.
+    The fleet's exit code is the highest of its hosts' codes: the command's own (255 too: told
+    from ssh's failure; a missing command 127, one not executable 126, one killed by signal N
+    128+N, as a shell says), or below: ssh's own failure is unreachable, no answer within
+    --timeout (or ssh's connect / keep-alive timeout) timed out.
     """
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError

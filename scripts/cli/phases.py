@@ -30,7 +30,8 @@ def _json(r) -> None:
     print(dumps({r.host: r.doc}))
 
 
-@task(help={"host": HOST_HELP, "phase": "phase name (see `invoke hosts --json` / hosts.env.example)",
+@task(exit_codes=("not-free", "unreachable", "timed-out"),
+      help={"host": HOST_HELP, "phase": "phase name (see `invoke hosts --json` / hosts.env.example)",
             "json": JSON_HELP})
 @guarded
 def start(c, host=defaults.HOST, phase="", json=False):
@@ -54,7 +55,8 @@ def start(c, host=defaults.HOST, phase="", json=False):
         print(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}")
 
 
-@task(help={"host": HOST_HELP, "phase": "phase name", "json": JSON_HELP})
+@task(exit_codes=("not-free", "unreachable", "timed-out"), help={"host": HOST_HELP, "phase": "phase name",
+                                                                   "json": JSON_HELP})
 @guarded
 def stop(c, host=defaults.HOST, phase="", json=False):
     """Stop a phase started by gpu-pivot: systemctl stop, or SIGTERM its session and SIGKILL after its stop timeout."""
@@ -76,7 +78,8 @@ def stop(c, host=defaults.HOST, phase="", json=False):
         raise Exit(code=codes.EXIT_NOT_FREE)
 
 
-@task(help={"host": HOST_HELP, "phase": "phase name", "lines": f"how many lines (default {defaults.LOG_LINES})",
+@task(exit_codes=("not-free", "unreachable", "timed-out"),
+      help={"host": HOST_HELP, "phase": "phase name", "lines": f"how many lines (default {defaults.LOG_LINES})",
             "follow": "keep printing new lines until Ctrl-C", "json": JSON_HELP + " (not with --follow)"})
 @guarded
 def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=False, json=False):
@@ -108,14 +111,14 @@ def logs(c, host=defaults.HOST, phase="", lines=str(defaults.LOG_LINES), follow=
         print("\n".join(safe(line) for line in r.result.lines))  # the host's log lines, each escaped
 
 
-@task(remainder=True, help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)",
-                            "json": JSON_HELP})
+@task(remainder=True, exit_codes=("unreachable", "gate-failed", "timed-out"),
+      help={"host": HOST_HELP, "gpus": "CUDA_VISIBLE_DEVICES the server will get (e.g. 0,1)", "json": JSON_HELP})
 @guarded
 def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     """Check a server launch command (after `--`) on the host for known mistakes.
 
     EAGLE vs EAGLE3 draft, TP > GPUs, port taken, model/draft path missing, GPUs not free.
-    Exit 0 clean, 5 findings.
+    A finding exits as a gate that blocks a pivot's start.
     """
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError
@@ -136,7 +139,7 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
         raise Exit(code=r.code)
 
 
-@task(iterable=["match"], help=dict(
+@task(iterable=["match"], exit_codes=PIVOT_EXITS, help=dict(
     {k: "teardown: " + v for k, v in td.TEARDOWN_HELP.items()}, host=HOST_HELP, to="the phase to move to",
     dry_run="print every step and run none", yes="do not ask before the teardown",
     force="start even if the launch lint finds problems", drain="the running server's /metrics URL to drain first",
@@ -151,10 +154,8 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
           stop_supervisors=False, all_users=False):
     """Move a host to the next phase: drain, teardown, gates, launch lint, start, wait ready, audit.
 
-    The teardown step takes the same flags as `invoke teardown` and asks the same way.
-    Exit 0 done; 1 not ready / rolled back / a prep job failed; 3 unreachable; 4 locked;
-    5 the drain (its /metrics unreadable or still busy; see --no-drain), a gate or the launch
-    lint blocked the start (nothing started); 7 the host timed out; 8 declined at the prompt.
+    The teardown step takes the same flags as `invoke teardown` and asks the same way. A drain
+    whose /metrics is unreadable or still busy (see --no-drain) blocks the start as a gate does.
     """
     import re
 

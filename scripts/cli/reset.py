@@ -8,7 +8,8 @@ from .common import HOST_HELP, dumps, exit_worst, guarded, one_host
 from .flags import task
 
 
-@task(help={"host": HOST_HELP + "; exactly one host", "gpu": "index of the GPU to reset (as nvidia-smi numbers it)",
+@task(exit_codes=("not-free", "unreachable", "timed-out"),
+      help={"host": HOST_HELP + "; exactly one host", "gpu": "index of the GPU to reset (as nvidia-smi numbers it)",
             "yes": "run the reset (default: check every precondition and show the command, run nothing)",
             "json": "print the result as JSON"})
 @guarded
@@ -18,8 +19,7 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
     Checks first, and shows each answer: no process holds the GPU (monitors included), no
     compute process on it, nvidia-persistenced handled, not a display GPU, no MIG instances,
     nothing running on its NVLink peers. A dry run unless --yes; a teardown never runs it.
-    Exit 0 ready (dry run) or reset done; 1 a precondition failed (nothing run) or the reset
-    failed; 2 bad --gpu; 3 host unreachable.
+    Not free when a precondition failed (nothing run) or the reset failed.
     """
     from scripts.agent.wire import defaults as shared
     from scripts.config import cliargs

@@ -5,7 +5,8 @@ from .common import dumps, guarded
 from .flags import task
 
 
-@task(positional=["action"], help={"action": "up, down or status", "json": "print JSON"})
+@task(positional=["action"], exit_codes=("not-free", "unreachable"), help={"action": "up, down or status",
+                                                                            "json": "print JSON"})
 @guarded
 def sandbox(c, action, json=False):
     """The SANDBOX host: fake GPU device files on this machine held by a fake server tree.
@@ -15,16 +16,18 @@ def sandbox(c, action, json=False):
     monitor and an unrelated job. `down` stops exactly those (by pid + start time).
     Its directory ($GPU_PIVOT_SANDBOX_DIR, else /run/gpu-pivot/sandbox as root,
     $XDG_RUNTIME_DIR/gpu-pivot/sandbox or $XDG_STATE_HOME/gpu-pivot/sandbox) is created 0700;
-    one that is a link, not ours or writable by others is refused, exit 3, nothing run.
+    one that is a link, not ours or writable by others is refused (unreachable), nothing run;
+    a process that does not start is not free, and the ones that did are stopped.
     """
     if action in ("--help", "-h"):  # Invoke hands --help to a positional argument as its value
         import inspect
 
         from scripts.views.render import width
 
-        from .program import fit_paragraphs
+        from .program import exit_codes_help, fit_paragraphs
 
-        doc = fit_paragraphs(inspect.getdoc(sandbox) or "", width() - 2)
+        doc = fit_paragraphs(inspect.getdoc(sandbox) or "", width() - 2) + "\n\n" + exit_codes_help(
+            sandbox.exit_codes, width() - 2)
         print("Usage: invoke sandbox up|down|status [--json]\n\nDocstring:\n" +
               "\n".join("  " + line if line else "" for line in doc.splitlines()))
         return

@@ -7,16 +7,16 @@ from .common import HOST_HELP, exit_worst, guarded, hosts_of, one_line as escape
 from .flags import task
 
 
-@task(help={"host": HOST_HELP + "; each alias is the node's Slurm name",
-            "force": "also resume nodes drained for a reason that is not about GPU leftovers (after a clean verify)"})
+@task(exit_codes=("not-free", "unreachable"), help={
+    "host": HOST_HELP + "; each alias is the node's Slurm name",
+    "force": "also resume nodes drained for a reason that is not about GPU leftovers (after a clean verify)"})
 @guarded
 def undrain(c, host="", force=False):
     """Verify each drained node's GPUs over ssh and resume (scontrol) only the clean ones; one line per node.
 
     Only nodes drained by gpu-pivot's epilog or prolog, or by Slurm's own "Epilog error",
-    "Prolog error" or "Kill task failed", are resumed unless --force. Exit 0 when every
-    drained node was resumed (or none was drained); 1 when a node stays drained (what holds
-    its GPUs is printed); 3 when a node could not be verified.
+    "Prolog error" or "Kill task failed", are resumed unless --force. A node that stays drained
+    is not free (what holds its GPUs is printed); one that could not be verified, unreachable.
     """
     from scripts.engines import undrain as logic
     from scripts.ops import fleet
