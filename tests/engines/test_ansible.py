@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
 import pytest
 
 from tests.conftest import REPO
+from tests.support.ansible_play import ANSIBLE_PLAYBOOK, play
 from tests.support.loopback_sshd import LoopbackSshd
 from tests.support.procs import ProcessSet, alive
 
@@ -29,22 +29,6 @@ HOLD = "import sys, time; f = open(sys.argv[1], 'rb'); open(sys.argv[-1], 'w').c
 
 # the playbook under test, then one more play that writes each host's facts where the test reads
 # them (a failed host's facts are not kept: null; its message is in the output)
-REPORT = """
-- import_playbook: {playbook}
-- name: Report
-  hosts: localhost
-  gather_facts: false
-  tasks:
-    - check_mode: false
-      ansible.builtin.copy:
-        dest: {out}
-        content: >-
-          {{% for h in groups['gpu_hosts'] %}}{{{{ '{{' if loop.first }}}}"{{{{ h }}}}":
-          {{{{ hostvars[h].gpu_pivot | default(None) | to_json }}}}
-          {{{{ ',' if not loop.last else '}}' }}}}{{% endfor %}}
-"""
-
-ANSIBLE_PLAYBOOK = shutil.which("ansible-playbook", path=os.path.dirname(sys.executable)) or "ansible-playbook"
 pytestmark = pytest.mark.skipif(not os.path.exists(ANSIBLE_PLAYBOOK) and os.environ.get("CI") != "true",
                                 reason="ansible-core is not installed (requirements-dev.txt)")
 
@@ -74,19 +58,6 @@ def lab(two_hosts, tmp_path):
     yield a, b, env, tmp_path
     a.kill_all()
     b.kill_all()
-
-
-def play(env, tmp_path, *extra: str) -> tuple:
-    out = tmp_path / "facts.json"
-    if out.exists():
-        out.unlink()
-    book = tmp_path / "report.yml"
-    book.write_text(REPORT.format(playbook=REPO / "ansible" / "free-gpus.yml", out=out))
-    argv = [ANSIBLE_PLAYBOOK, "-i", str(REPO / "ansible" / "inventory" / "hosts_env.py"), str(book),
-            "-e", "gpu_pivot_settle=0.3", "-e", "gpu_pivot_timeout=1", *extra]
-    done = subprocess.run(argv, cwd=REPO / "ansible", env=env, capture_output=True, text=True, timeout=120)
-    facts = json.loads(out.read_text()) if out.exists() else {}
-    return done, facts
 
 
 def test_check_mode_plans_then_a_real_run_frees_one_host_and_fails_the_other(lab):

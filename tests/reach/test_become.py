@@ -282,7 +282,7 @@ def test_hostile_argv_byte_exact_through_ssh_sudo_and_pct(operator, sudoers):
 
 def test_ansible_module_runs_as_root_through_the_inventorys_become(operator, sudoers, ps, hosts_env, tmp_path):
     """The inventory sets ansible_become for a BECOME host: the module frees a root-owned holder."""
-    from tests.engines.test_ansible import ANSIBLE_PLAYBOOK, play
+    from tests.support.ansible_play import ANSIBLE_PLAYBOOK, play
 
     if not os.path.exists(ANSIBLE_PLAYBOOK):
         pytest.skip("ansible-core is not installed (requirements-dev.txt)")

@@ -141,3 +141,18 @@ class Poller:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)  # the group is the loop's own (new session)
             self.proc.wait()
+
+
+# A CUDA context opened through libcuda itself (no torch), holding 1 GiB of GPU 0; argv: READY
+# (created once it holds), then anything (tokens that name or scope it)
+CUDA_HOLD = r"""
+import ctypes, sys, time
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0
+assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 30)) == 0
+open(sys.argv[1], "w").close()
+time.sleep(600)
+"""

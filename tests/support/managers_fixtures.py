@@ -31,6 +31,11 @@ from tests.support.procs import alive, children, wait_for
 from tests.support.realhosts import cgroups
 from tests.support.realhosts.docker_host import busybox_tarball
 
+# A container's id and a pod's UID as their cgroup paths name them (systemd escapes a UID's
+# dashes to underscores in a slice's name)
+CID = "3f" * 32
+UID = "1f2e3d4c-5b6a-4798-8a7b-6c5d4e3f2a1b"
+ESCAPED = UID.replace("-", "_")
 
 def holder_argv(devdir: Path, ready: Path, gpu: int = 0, python: str = sys.executable) -> list[str]:
     """A process holding GPU `gpu`'s fake device files; `ready` appears once it holds them.

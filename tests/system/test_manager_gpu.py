@@ -19,10 +19,9 @@ import time
 import pytest
 
 from tests.conftest import invoke, need_tools
-from tests.support.gpu_support import gpu_count
+from tests.support.gpu_support import CUDA_HOLD, gpu_count
 from tests.support.managers_fixtures import Supervisord
 from tests.support.procs import alive, wait_for
-from tests.system.test_oneliner_gpu import CUDA_HOLD
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
 

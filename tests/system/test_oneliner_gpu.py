@@ -16,23 +16,10 @@ import pytest
 
 from scripts.emergency import shell_teardown
 from tests.conftest import invoke
-from tests.support.gpu_support import gpu_count
+from tests.support.gpu_support import CUDA_HOLD, gpu_count
 from tests.support.procs import alive, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
-
-CUDA_HOLD = r"""
-import ctypes, sys, time
-cuda = ctypes.CDLL("libcuda.so.1")
-dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
-assert cuda.cuInit(0) == 0
-assert cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
-assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
-assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(1 << 30)) == 0
-open(sys.argv[1], "w").close()
-time.sleep(600)
-"""
-
 
 def _world(tmp: Path, token: str) -> dict:
     procs = {}

@@ -15,12 +15,10 @@ import pytest
 
 from scripts.agent.procs import cgroup, managers
 from scripts.agent.status import scan
+from tests.support.managers_fixtures import CID, ESCAPED, UID
 from tests.support.procs import wait_for
 from tests.support.scans import holders_by_pid, scan_args
 
-CID = "3f" * 32
-UID = "1f2e3d4c-5b6a-4798-8a7b-6c5d4e3f2a1b"
-ESCAPED = UID.replace("-", "_")
 STATIC = "6b1a8b6f2c1d4e5fa0b1c2d3e4f5a6b7"  # a static pod's UID: a hash, no dashes
 
 CGROUPS = {

@@ -27,9 +27,8 @@ from scripts.agent.status import scan
 from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
-from tests.agent.procs.test_managers import CID, ESCAPED, UID
 from tests.conftest import need_tools
-from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
+from tests.support.managers_fixtures import CID, ESCAPED, UID, RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.support.procs import alive, children, wait_for
 from tests.support.scans import scan_args
 from tests.support.teardowns import host
