@@ -6,21 +6,17 @@ Rules protected here:
   be set on it: no module keeps its own state on the options (a Namespace took anything);
 - the settle window not given is the default one, marked as such (settle_auto);
 - progress lines go out only when asked for, and stop, without failing, once stdout is gone;
-- a scan carries its process table beside its document: the JSON of a scan, and of a teardown
-  built on one, never holds it.
+- a pattern that is no regex, or matches every process, is one line and exit 2.
 """
 from __future__ import annotations
 
 import io
-import json
-import os
 
 import pytest
 
 from scripts.agent import cli, options
 from scripts.agent.options import Options
-from scripts.agent.status import scan
-from scripts.agent.wire import call, codes, defaults, records
+from scripts.agent.wire import call, codes, defaults
 from tests.agent.wire.test_wire import REQUIRED
 
 
@@ -68,28 +64,6 @@ def test_progress_lines_only_when_asked_and_not_after_stdout_is_gone(monkeypatch
     monkeypatch.setattr("sys.stdout", _GoneStdout())
     talking.emit_progress(phase="sigkill")  # the connection dropped: no exception, and no more lines
     assert talking.progress is False
-
-
-def test_a_scan_keeps_its_process_table_beside_the_document(ps):
-    holder = ps.role("worker", "--gpu", "0")
-    found = scan.collect(Options(devices=ps.glob, fake_devices=True, protect=[], target=[], match=[],
-                                 fake_gpus=str(ps.memdir)))
-    assert holder in found.procs and os.getppid() in found.chain  # the agent's ancestry: never a target
-    assert holder in {h["pid"] for h in found["holders"]}
-    assert not [k for k in json.loads(json.dumps(found, default=str)) if k.startswith("_")]
-    assert type(scan.public(found)) is dict and not hasattr(scan.public(found), "procs")
-
-
-def test_a_result_is_written_through_its_record():
-    doc = records.written(records.TeardownResult, {"timings": {"lock_s": 0.1}, "exit_code": None},
-                          code=4, locked=True, error="host is locked", hostname="h")
-    assert doc == {"timings": {"lock_s": 0.1}, "exit_code": 4, "locked": True, "error": "host is locked",
-                   "hostname": "h"}
-    assert records.read("teardown", doc["exit_code"], doc).locked
-    with pytest.raises(TypeError, match="no field lockd"):
-        records.written(records.TeardownResult, code=4, lockd=True)  # a misspelt field fails in the agent
-    with pytest.raises(TypeError, match="'hostname' is required"):
-        records.written(records.ScanResult, {"gpus": [], "holders": [], "gpu_source": "nvml"}, code=0)
 
 
 def test_check_patterns_names_the_bad_one_before_anything_runs():

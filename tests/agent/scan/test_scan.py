@@ -1,4 +1,5 @@
 """Agent scan/verify against real processes holding fake device files (no GPU needed)."""
+import json
 import os
 import signal
 import subprocess
@@ -152,3 +153,13 @@ def test_cgroup_examples(name):
     out = cgroup.parse(text)
     assert out["unit"] == unit
     assert (out["container"] and (out["container"]["kind"], out["container"]["id"])) == (container or None)
+
+
+def test_a_scan_keeps_its_process_table_beside_the_document(ps):
+    """The plan, the settle window and MPS read the table; the JSON never carries it."""
+    holder = ps.role("worker", "--gpu", "0")
+    found = scan.collect(scan_args(ps))
+    assert holder in found.procs and os.getppid() in found.chain  # the agent's ancestry: never a target
+    assert holder in {h["pid"] for h in found["holders"]}
+    assert not [k for k in json.loads(json.dumps(found, default=str)) if k.startswith("_")]
+    assert type(scan.public(found)) is dict and not hasattr(scan.public(found), "procs")

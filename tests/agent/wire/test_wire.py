@@ -271,3 +271,16 @@ def test_the_bundle_finds_every_form_of_relative_import():
     assert {"procs", "procs.procfs", "procs.rules", "gpu", "gpu.mig", "teardown.plan", "state",
             "state.lastrun"} <= found
     assert "teardown.read" not in found and "state.lastrun.read" not in found
+
+
+def test_a_result_is_written_through_its_record():
+    """The agent makes the record before the document: a misspelt or missing field fails on the host."""
+    doc = records.written(records.TeardownResult, {"timings": {"lock_s": 0.1}, "exit_code": None},
+                          code=4, locked=True, error="host is locked", hostname="h")
+    assert doc == {"timings": {"lock_s": 0.1}, "exit_code": 4, "locked": True, "error": "host is locked",
+                   "hostname": "h"}
+    assert records.read("teardown", doc["exit_code"], doc).locked
+    with pytest.raises(TypeError, match="no field lockd"):
+        records.written(records.TeardownResult, code=4, lockd=True)  # a misspelt field fails in the agent
+    with pytest.raises(TypeError, match="'hostname' is required"):
+        records.written(records.ScanResult, {"gpus": [], "holders": [], "gpu_source": "nvml"}, code=0)
