@@ -124,45 +124,57 @@ def _check_o(label: str, value: str, arg: str) -> None:
         _refuse(label, value, *hit)
 
 
-def check_ssh_opts(label: str, value: str, opts: tuple) -> None:
-    """Refuse any option in `opts` (ALIAS_SSH_OPTS split like a shell) that runs or loads local code."""
+def options(opts: tuple | list):
+    """Each option in `opts` as ssh's getopt reads its argv: (letter, its argument) for one that
+    takes one (None: the value is missing, at the end), (letter, "") for a flag, clustered ones
+    (`-vo X`) one by one; ("", word) for a word that is not an option (a destination, `--`)."""
     i = 0
     while i < len(opts):
         tok = opts[i]
         i += 1
         if tok == "--" or not tok.startswith("-") or tok == "-":
-            raise ConfigError(f"{label}={show(value)}: {show(tok)} is not an ssh option "
-                              "(SSH_OPTS holds options only; the destination is the ALIAS_SSH key)")
+            yield "", tok
+            continue
         j = 1
         while j < len(tok):
             c = tok[j]
             j += 1
-            if c in FORBIDDEN_FLAGS:
-                _refuse(label, value, *FORBIDDEN_FLAGS[c])
             if c in _TAKES_ARG:
                 if j < len(tok):
-                    arg = tok[j:]
+                    yield c, tok[j:]
                 elif i < len(opts):
-                    arg = opts[i]
+                    yield c, opts[i]
                     i += 1
                 else:
-                    raise ConfigError(f"{label}={show(value)}: ssh option -{c} needs a value")
-                if c == "o":
-                    _check_o(label, value, arg)
+                    yield c, None
                 break
-            if c not in _FLAGS:
-                raise ConfigError(f"{label}={show(value)}: -{c} is not an ssh option")
+            yield c, ""
+
+
+def check_ssh_opts(label: str, value: str, opts: tuple) -> None:
+    """Refuse any option in `opts` (ALIAS_SSH_OPTS split like a shell) that runs or loads local code."""
+    for c, arg in options(opts):
+        if not c:
+            raise ConfigError(f"{label}={show(value)}: {show(arg)} is not an ssh option "
+                              "(SSH_OPTS holds options only; the destination is the ALIAS_SSH key)")
+        if c in FORBIDDEN_FLAGS:
+            _refuse(label, value, *FORBIDDEN_FLAGS[c])
+        if c in _TAKES_ARG:
+            if arg is None:
+                raise ConfigError(f"{label}={show(value)}: ssh option -{c} needs a value")
+            if c == "o":
+                _check_o(label, value, arg)
+        elif c not in _FLAGS:
+            raise ConfigError(f"{label}={show(value)}: -{c} is not an ssh option")
 
 
 def known_hosts_files(opts: tuple | list) -> list:
     """The UserKnownHostsFile values among a host's ssh options (`-o K=V`, `-oK V`), in order:
     the files ssh checked a refused host key against, for the line that says so."""
-    out, i = [], 0
-    while i < len(opts):
-        tok = opts[i]
-        i += 1
-        arg = tok[2:] if tok.startswith("-o") and len(tok) > 2 else (opts[i] if tok == "-o" and i < len(opts) else "")
-        i += tok == "-o"
+    out = []
+    for c, arg in options(opts):
+        if c != "o" or not arg:
+            continue
         m = re.match(r"\s*[\"']?userknownhostsfile[\"']?\s*(?:=\s*|\s+)(.*)", arg, re.IGNORECASE)
         if m:
             out += [w.strip("\"'") for w in m.group(1).split()]
