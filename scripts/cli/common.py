@@ -155,7 +155,7 @@ def exit_worst(codes: list) -> None:
 def codes(outcomes: list, agent_code: bool = False) -> list:
     """Each host's exit code: the agent's own (when it decides, e.g. verify) or 0 when it
     answered; for a host whose call failed, its error (printed here) decides as in
-    `guarded`: 3 unreachable or a failed agent, 2 a value the agent refused; else 1."""
+    `guarded` (code_for), else not free."""
     from scripts.agent.wire import codes as wire_codes
 
     out = []
