@@ -102,7 +102,7 @@ def unreachable(alias: str, stderr: str, ran: bool = False, hop: SshHop | None =
 
 def route_failure(route: Route, alias: str, code: int, ran: bool, ssh_said: str, stderr: str,
                   what: str = "the agent"):
-    """The error for a call that never reached its command: ssh's own failure (Route.ssh_failed),
+    """The error for a call that never reached its command: ssh's own failure (ssh_failed),
     decided from ssh's -E log alone (a remote command cannot fake it) and shown with that log, or
     the call's stderr when the log is empty; else sudo's refusal (become_failure); else None.
     One place for every call over a route (agent calls, `run`, `logs --follow`); `what` names
@@ -118,7 +118,7 @@ SUDO_REFUSED = 1  # sudo's own exit code for every refusal; otherwise it exits w
 def become_failure(route: Route, alias: str, code: int, ran: bool, stderr: str, what: str = "the agent"):
     """SudoRefused when the route's sudo hop refused to run the command, else None.
 
-    Decided by the exit code and the proof line (Route.marked), never by sudo's words, which are
+    Decided by the exit code and the proof line (marked), never by sudo's words, which are
     translated (the host's LANG): the line is printed by the command's wrapper once sudo runs it
     as root, so sudo's exit 1 without it is sudo's own refusal: a password wanted (no NOPASSWD
     rule), a terminal wanted (requiretty: there is none, sudo -n never opens one) or no rule for
