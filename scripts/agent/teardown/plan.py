@@ -24,7 +24,7 @@ import os
 
 from ..procs import cgroup, managers, procfs, procscan, program, rules, shellcode, wrappers
 from ..status import scan
-from ..wire import codes
+from ..wire import codes, records
 from . import units
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
@@ -553,6 +553,5 @@ def _name_container(row, names):
 
 def run(args):
     doc = scan.collect(args)
-    out = scan.public(doc)
-    out["plan"] = build(doc, args)
-    return codes.EXIT_OK, out
+    return codes.EXIT_OK, records.written(records.PlanResult, scan.public(doc), code=codes.EXIT_OK,
+                                          plan=build(doc, args))

@@ -14,7 +14,7 @@ import time
 from ..gpu import checkup, gpuinfo, mps
 from ..procs import procfs, program
 from ..status import scan
-from ..wire import codes, defaults
+from ..wire import codes, defaults, records
 from . import targets
 
 POLL_S = 0.05
@@ -181,7 +181,7 @@ def run(args):
         free, doc, problems, waited = wait_free(args, args.wait, on_poll=_progress(args), source=source)
         doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
         code, problems = checkup.verify_result(doc, source, free, problems, exit_code(doc, free, args.max_used_mib))
-    out = scan.public(doc)
-    out.update(free=free, problems=problems, waited_s=round(waited, 3), max_used_mib=args.max_used_mib,
-               still_holding=[] if free else still_holding(doc), uninspected=len(doc.get("denied") or []))
-    return code, out
+    return code, records.written(records.VerifyResult, dict(scan.public(doc), max_used_mib=args.max_used_mib,
+                                                            uninspected=len(doc.get("denied") or [])),
+                                 code=code, free=free, problems=problems, waited_s=round(waited, 3),
+                                 still_holding=[] if free else still_holding(doc))

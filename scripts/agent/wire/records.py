@@ -332,6 +332,15 @@ def written(cls, more=(), **fields):
     doc = dict(more)
     doc.update(fields)
     names = cls.field_names()
-    cls(**{key: value for key, value in doc.items() if key in fields or key in names})
+    kw = {key: value for key, value in doc.items() if key in fields or key in names}
+    if "scan" in names:  # verify's and plan's: a scan's document with their keys beside, as read() reads it
+        kw["scan"] = ScanResult(**_named(ScanResult, doc))
+        if "plan" in names:
+            kw["plan"] = Plan(**_named(Plan, doc["plan"]))
+    cls(**kw)
     doc["exit_code"] = doc.pop("code")
     return doc
+
+
+def _named(cls, doc):
+    return {key: doc[key] for key in cls.field_names() if key in doc}
