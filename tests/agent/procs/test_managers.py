@@ -3,7 +3,7 @@
 REAL Kubernetes or CRI cgroup layout (made under this test's own cgroup), the ancestry rules
 on scan-shaped records, and a second user who names their process `supervisord`.
 
-The real supervisord, runit and podman cases are in test_real_managers.py.
+The real supervisord, runit and podman cases are in tests/system/test_real_managers.py.
 """
 from __future__ import annotations
 
