@@ -65,7 +65,7 @@ def on_terminal(args: list, answer: bytes, timeout: float = 30) -> tuple[int, by
     return proc.returncode, out, shown
 
 
-# -- 3. --json with the confirmation prompt ---------------------------------------------------------
+# -- --json with the confirmation prompt ---------------------------------------------------------
 
 def test_json_teardown_on_a_terminal_keeps_stdout_json(ps, hosts_env):
     holder = ps.role("hold")
@@ -99,7 +99,7 @@ def test_json_pivot_declined_prints_its_record(ps, hosts_env):
     assert alive(holder)
 
 
-# -- 7. logs --follow -------------------------------------------------------------------------------
+# -- logs --follow -------------------------------------------------------------------------------
 
 def test_follow_a_phase_never_started_is_one_line_not_a_raw_frame(ps, hosts_env):
     hosts_env(local_env(ps))
@@ -153,7 +153,7 @@ def test_follow_streams_and_ctrl_c_is_130_then_stop_twice_says_so(ps, hosts_env)
     assert b"stopped []" not in again.stdout and b"nothing to stop" in again.stdout, again.stdout
 
 
-# -- 9. a terminal of 0 columns ---------------------------------------------------------------------
+# -- a terminal of 0 columns ---------------------------------------------------------------------
 
 def test_a_terminal_reporting_0_columns_is_unknown_width():
     master, slave = pty.openpty()  # a new pty reports 0 rows, 0 columns (serial consoles, `script`)
@@ -168,7 +168,7 @@ def test_a_terminal_reporting_0_columns_is_unknown_width():
     assert proc.stderr.decode() == "0 100"
 
 
-# -- 12, 13. values as typed; where the host came from --------------------------------------------
+# -- values as typed; where the host came from --------------------------------------------
 
 def test_bad_pattern_is_shown_as_typed(hosts_env):
     hosts_env("")
@@ -191,7 +191,7 @@ def test_empty_gpu_pivot_host_names_the_variable(hosts_env):
     assert out.returncode == 2 and "GPU_PIVOT_HOST" in err and "--host" not in err.split(":")[1], err
 
 
-# -- 14. --json for a failed host --------------------------------------------------------------------
+# -- --json for a failed host --------------------------------------------------------------------
 
 @pytest.mark.parametrize("args", [
     ["status"], ["verify"], ["plan"], ["teardown", "-y"], ["reset", "--gpu", "0"], ["start", "-p", "serve"],
@@ -216,7 +216,7 @@ def test_json_ping_lists_a_failed_host_too(hosts_env):
     assert "error" not in docs["local"]
 
 
-# -- 15, 16. run's exit for a signal death; -T 0 ----------------------------------------------------
+# -- run's exit for a signal death; -T 0 ----------------------------------------------------
 
 @pytest.fixture
 def gpu1(sshd, hosts_env):
@@ -242,7 +242,7 @@ def test_ping_timeout_0_is_no_limit(hosts_env):
     assert "0: no limit" in invoke("ping", "--help").stdout.decode()
 
 
-# -- 17. completion with invoke typed by path -------------------------------------------------------
+# -- completion with invoke typed by path -------------------------------------------------------
 
 def test_completion_works_when_invoke_is_typed_by_path():
     invoke_path = os.path.join(os.path.dirname(sys.executable), "invoke")
@@ -252,7 +252,7 @@ def test_completion_works_when_invoke_is_typed_by_path():
     assert "--host" in out.stdout.split(), out
 
 
-# -- 8, 19. what README promises ---------------------------------------------------------------------
+# -- what README promises ---------------------------------------------------------------------
 
 def test_invokes_own_parse_errors_are_documented():
     out = invoke("teardown", "--hots", "sandbox")
@@ -273,7 +273,7 @@ def test_readme_says_when_a_frozen_host_is_noticed():
     assert "within 15 s" not in readme
 
 
-# -- 21, 22, 23. undrain's error, audit's bad line, wording -----------------------------------------
+# -- undrain's error, audit's bad line, wording -----------------------------------------
 
 def test_undrain_failure_is_one_line(hosts_env):
     hosts_env("")
