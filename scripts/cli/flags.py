@@ -9,7 +9,7 @@ or --force) has its long form only. With no task taking `-h`, Invoke reads `-h` 
 --help for the task, as Fabric does (which gives --host `-H` for the same reason).
 
 A task module uses `from .flags import task` instead of `from invoke import task`;
-tests/test_tasks_cli.py checks every task of tasks.py was made this way.
+tests/cli/test_tasks_cli.py checks every task of tasks.py was made this way.
 """
 from __future__ import annotations
 

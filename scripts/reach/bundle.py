@@ -221,7 +221,7 @@ def strip_source(text: str) -> str:
     one whose first character past its indent is `#`, outside a string that goes on over
     lines (one whose line holds an odd number of triple quotes) and not continued from the
     line before (a backslash); a comment after code goes too where no quote comes before its
-    `#`. tests/test_bundle_strip.py proves, module by module, that the code is the same as
+    `#`. tests/reach/test_bundle_strip.py proves, module by module, that the code is the same as
     the original's with its docstrings removed (ast), so a string that only looks like these
     is caught there, not on a host."""
     lines = text.split("\n")
