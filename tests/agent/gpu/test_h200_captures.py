@@ -1,10 +1,11 @@
-"""Parsers on the real H200 captures in tests/fixtures/h200-driver580, exact values."""
+"""nvidia-smi's table and CSV queries and a loaded host's `ps --forest`, read from the real H200
+captures in tests/fixtures/h200-driver580: exact values."""
 
 import pytest
 
 from scripts.agent.gpu import smi_parse
 from tests.conftest import FIXTURES
-from tests.support.parsers import fuser as fuser_parse, ps_parse, smi_table
+from tests.support.parsers import ps_parse, smi_table
 
 
 def fx(name):
@@ -12,44 +13,6 @@ def fx(name):
 
 
 UVM, GPU0, CTL = "/dev/nvidia-uvm", "/dev/nvidia0", "/dev/nvidiactl"
-
-
-def test_fuser_plain_pids_files_and_map():
-    out = fuser_parse.plain(fx("fuser.stdout"), fx("fuser.stderr"))
-    assert not fx("fuser.stdout").endswith("\n")  # the trap: no final newline
-    assert out["pids"] == [780, 782, 803]
-    assert out["files"] == [(UVM, "mm"), (GPU0, "mm"), (CTL, "mm")]
-    assert out["holders"] == {780: [UVM, GPU0, CTL], 782: [UVM, GPU0, CTL], 803: [UVM, GPU0, CTL]}
-
-
-def test_fuser_glued_text_needs_end_marker():
-    text = fx("fuser-v.stdout")
-    assert text.endswith("803rc=0\n")
-    with pytest.raises(fuser_parse.FuserParseError, match="'803rc=0'"):
-        fuser_parse.pids(text)
-    assert fuser_parse.pids(text, end="rc=") == [780, 782, 803]
-    with pytest.raises(fuser_parse.FuserParseError, match="not found"):
-        fuser_parse.pids(text, end="@@END@@")
-
-
-def test_deploy_oneliner_glued_outputs():
-    assert fuser_parse.pids(" 164975" * 9 + " 1649750", end=None) == [164975, 1649750]  # why a marker is needed
-    assert fuser_parse.pids(" 3653" * 10 + "done", end="done") == [3653]
-
-
-def test_fuser_verbose_rows_and_map():
-    out = fuser_parse.verbose(fx("fuser-v.stdout"), fx("fuser-v.stderr"), end="rc=")
-    assert out["pids"] == [780, 782, 803]
-    assert len(out["rows"]) == 9
-    assert out["rows"][0] == {"file": UVM, "user": "root", "pid": 780, "access": "F....", "command": "python3"}
-    assert out["rows"][4] == {"file": GPU0, "user": "root", "pid": 782, "access": "F...m", "command": "python3"}
-    assert out["holders"] == {780: [UVM, GPU0, CTL], 782: [UVM, GPU0, CTL], 803: [UVM, GPU0, CTL]}
-    assert [r["access"] for r in out["rows"] if r["pid"] == 780] == ["F...."] * 3  # the NVML-only monitor
-
-
-def test_fuser_verbose_row_count_mismatch_is_an_error():
-    with pytest.raises(fuser_parse.FuserParseError, match="do not match"):
-        fuser_parse.verbose(" 780 782", fx("fuser-v.stderr"))
 
 
 def test_smi_table_loaded_reads_zero_free():
@@ -106,10 +69,3 @@ def test_ps_forest_tree():
     assert by_pid[419]["stat"] == "Ssl" and by_pid[419]["state"] == "S"
     assert by_pid[437]["args"].startswith("/opt/torch/.venv/bin/python3 -B -c from multiprocessing.spawn import")
     assert by_pid[1]["comm"] == "process_api"
-
-
-def test_release_floor_fixture():
-    from scripts.ops.floor import release_floor
-
-    floor = release_floor(FIXTURES / "release-floor.json")
-    assert floor == {"min_s": 0.2595, "max_s": 0.3661, "median_s": 0.33050000000000002, "runs": 4}

@@ -1,7 +1,7 @@
 """Parse psmisc `fuser` output beyond the PID list: file names and access letters (stderr).
 
 Test-only: tests/agent/status/test_scan.py cross-checks the agent's /proc scan against a real `fuser -v`,
-and tests/agent/gpu/test_h200_captures.py reads the H200 captures. The agent never runs fuser, so this does
+and tests/emergency/test_fuser_captures.py reads the H200 captures. The agent never runs fuser, so this does
 not ship in its bundle; the PID list reader the local side needs is scripts/emergency/fuser_parse.py.
 """
 import re
