@@ -1,63 +1,61 @@
-"""The import structure: no circle, nothing imported from a higher layer, and the two sides
-meet only in scripts/agent/wire/ (and the shared primitives the local side reads).
+"""The import structure: each folder of scripts/ is one layer, and nothing imports upward.
 
-Read from the source with ast (function-level imports count: a late import is still an
-import, it only hides a circle from Python). The layers, lowest first, are below; a module
-may import its own layer and those under it. A new module must be given a layer here.
+Rules (read from the source with ast; a function-level import counts: a late import is still an
+import, it only hides a circle from Python):
+- A module imports only modules of its own folder, of folders in its layer (with no circle
+  between those folders), and of lower layers. The layers are the folders, listed below lowest
+  first, so a new module needs no entry here; a new folder must be given a layer.
+- The agent (scripts/agent/) ships alone to the host: it imports nothing of the local side.
+- The wire (scripts/agent/wire/) is what crosses between the two sides: it imports nothing of
+  the agent outside itself, and each of its modules stays small.
+- The local side imports of the agent only the wire and the primitives both sides must apply
+  the same way (SHARED).
 """
 from __future__ import annotations
 
 import ast
-from fnmatch import fnmatch
+import re
 from pathlib import Path
 
 from tests.conftest import REPO
 
-WIRE = "scripts.agent.wire"
-# What the local side may import of the agent: the wire, and the primitives both sides must
-# apply alike (one copy: a second would drift).
-SHARED = ("scripts.agent.procs.procfs", "scripts.agent.procs.rules", "scripts.agent.procs.program",
-          "scripts.agent.state.statedir")
 AGENT = "scripts.agent"
+WIRE = "scripts.agent.wire"
 # scripts/gpuagent.py runs the agent from a checkout on the host (`python3 scripts/gpuagent.py
-# ping`): it is the agent's launcher, not the local side, and imports agent.cli by design.
+# ping`): the agent's launcher, at the top of the agent's stack.
 AGENT_LAUNCHER = "scripts.gpuagent"
+TOP = "(top)"  # the modules directly in scripts/agent/: the agent's command line
 
-LOCAL_LAYERS = (
-    ("base", ("scripts", "scripts.config", "scripts.config.errors", "scripts.config.nodeset", "scripts.config.defaults",
-              "scripts.views.render", "scripts.pins", "scripts.ops.floor", "scripts.emergency.fuser_parse",
-              "scripts.ops.sandbox_roles")),
-    ("input", ("scripts.config.envfile", "scripts.config.sshopts", "scripts.config.patterncheck",
-               "scripts.config.cliargs", "scripts.config.route", "scripts.reach", "scripts.emergency.ere")),
-    ("config", ("scripts.config.phases", "scripts.config.hostconfig", "scripts.config.sandbox",
-                "scripts.config.hosts")),
-    ("transport", ("scripts.reach.ssh", "scripts.reach.route", "scripts.reach.transport", "scripts.reach.runner",
-                   "scripts.reach.bundle", "scripts.ops.audit_log", "scripts.ops.sandbox_fs", "scripts.emergency",
-                   "scripts.emergency.shell_teardown", "scripts.ops.sandbox_procs")),
-    ("operations and views", ("scripts.views", "scripts.views.*", "scripts.ops", "scripts.ops.*",
-                              "scripts.reach.remote_cmd", "scripts.emergency.runbook",
-                              "scripts.engines", "scripts.engines.*")),
-    ("tasks", ("tasks", "scripts.cli", "scripts.cli.*")),
-)
-# The agent is its own stack: the wire, the primitives the local side shares, the subcommands
-# and what they share, and the command line on top.
+# Lowest first; each entry a layer: the folders in it.
 AGENT_LAYERS = (
-    ("wire", (WIRE, WIRE + ".*")),
-    ("primitives", ("scripts.agent.procs", "scripts.agent.procs.*", "scripts.agent.state",
-                    "scripts.agent.state.statedir")),
-    ("agent", ("scripts.agent", "scripts.agent.*")),
-    ("command line", ("scripts.agent.cli", AGENT_LAUNCHER)),
+    ("the wire", ("wire",)),
+    ("/proc primitives", ("procs",)),
+    ("the GPUs and the host's state", ("gpu", "state")),
+    ("subcommands", ("status", "teardown", "phases")),
+    ("the agent's command line", (TOP,)),
 )
-
-# Edges known to be wrong and waiting for a change in a file another change owns, with what
-# to do. Each entry must still exist (test_pending_edges_still_exist): remove it when fixed.
-PENDING = {
+LOCAL_LAYERS = (
+    ("configuration", ("config",)),
+    ("reaching a host", ("reach",)),
+    ("operations", ("ops", "engines", "emergency")),
+    ("views", ("views",)),
+    ("tasks", ("cli", "tasks")),
+)
+# What the local side may import from the agent besides the wire: one copy for both sides,
+# since a second copy would drift (a private state dir checked one way here and another there,
+# a process signalled by another identity rule, a protect list the one-liner spells otherwise).
+SHARED = {
+    "scripts.agent.procs.procfs": "a process by pid + start time, signalled only if still that one",
+    "scripts.agent.state.statedir": "private state directories and files, checked the same way",
+    "scripts.agent.procs.policy": "the built-in selection the emergency one-liner is generated from",
+    "scripts.agent.procs.program": "what program a process runs: the views name it, the one-liner reads scripts so",
 }
+TOOLING = {"scripts.pins"}  # makes the requirements files: imports nothing of the project
+WIRE_MAX_LINES = 350
 
 
 def module_name(path: Path) -> str:
-    rel = path.relative_to(REPO).with_suffix("")
-    parts = list(rel.parts)
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()
     return ".".join(parts)
@@ -70,66 +68,63 @@ def source_files() -> dict:
 
 def imports_of(name: str, path: Path, known: set) -> set:
     """The project modules `name` imports, anywhere in its source."""
-    is_package = path.name == "__init__.py"
-    package = name if is_package else name.rpartition(".")[0]
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found = set()
 
-    def add(target: str, names=()):
-        for n in names:  # `from pkg import mod` imports the module pkg.mod
-            if f"{target}.{n}" in known:
-                found.add(f"{target}.{n}")
-                continue
-            if target in known:
-                found.add(target)
-        if not names and target in known:
-            found.add(target)
+    def resolve(target: str) -> str:
+        if name == AGENT_LAUNCHER and target.split(".")[0] == "agent":
+            target = "scripts." + target  # the launcher puts scripts/ on sys.path
+        while target and target not in known:
+            target = target.rpartition(".")[0]
+        return target
 
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            for alias in node.names:
-                target = alias.name
-                if name == AGENT_LAUNCHER and target.split(".")[0] == "agent":
-                    target = "scripts." + target
-                while target and target not in known:
-                    target = target.rpartition(".")[0]
-                if target:
-                    found.add(target)
+            found |= {resolve(a.name) for a in node.names}
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.split(".")
                 base = base[: len(base) - (node.level - 1)]
                 target = ".".join(base + ([node.module] if node.module else []))
             else:
-                target = node.module
-                if name == AGENT_LAUNCHER and target.split(".")[0] == "agent":
-                    target = "scripts." + target
-            add(target, [a.name for a in node.names])
+                target = node.module or ""
+            for a in node.names:  # `from pkg import mod` imports the module pkg.mod
+                found.add(resolve(f"{target}.{a.name}"))
+    found.discard("")
     found.discard(name)
     return found
 
 
 def graph() -> dict:
     files = source_files()
-    known = set(files)
-    return {name: imports_of(name, path, known) for name, path in files.items()}
+    return {name: imports_of(name, path, set(files)) for name, path in files.items()}
 
 
 def is_agent(name: str) -> bool:
     return name == AGENT or name.startswith(AGENT + ".") or name == AGENT_LAUNCHER
 
 
-def layer_of(name: str, layers) -> int | None:
-    for i, (_, patterns) in enumerate(layers):
-        if any(name == p for p in patterns):  # an exact name wins over a pattern
-            return i
-    for i, (_, patterns) in enumerate(layers):
-        if any(fnmatch(name, p) for p in patterns):
-            return i
-    return None
+def folder_of(name: str) -> str | None:
+    """The folder a module's layer is read from: scripts/agent/<folder>/ or scripts/<folder>/;
+    TOP for a module directly in scripts/agent/ (and the launcher); 'tasks' for tasks.py."""
+    if name == "tasks":
+        return "tasks"
+    if name in (AGENT, AGENT_LAUNCHER):
+        return TOP
+    parts = name.split(".")
+    if is_agent(name):
+        return parts[2] if len(parts) > 3 or (REPO / "scripts" / "agent" / parts[2]).is_dir() else TOP
+    return parts[1] if len(parts) > 1 else None
+
+
+def layer_of(name: str) -> int | None:
+    layers = AGENT_LAYERS if is_agent(name) else LOCAL_LAYERS
+    folder = folder_of(name)
+    return next((i for i, (_, folders) in enumerate(layers) if folder in folders), None)
 
 
 def strongly_connected(g: dict) -> list:
-    """Tarjan's algorithm: the strongly connected components of the import graph."""
+    """Tarjan's algorithm: the strongly connected components of a graph."""
     index, low, stack, on_stack, out = {}, {}, [], set(), []
     counter = [0]
 
@@ -160,95 +155,111 @@ def strongly_connected(g: dict) -> list:
     return out
 
 
-def without_pending(g: dict) -> dict:
-    return {a: {b for b in bs if (a, b) not in PENDING} for a, bs in g.items()}
-
-
-def is_wire(name: str) -> bool:
-    return name == WIRE or name.startswith(WIRE + ".")
-
-
-def test_the_local_side_imports_only_the_wire_and_the_shared_primitives_from_the_agent():
-    g = without_pending(graph())
-    agent_packages = {AGENT, "scripts.agent.procs", "scripts.agent.state"}  # what importing a shared module loads
-    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if not is_agent(a)
-           for b in sorted(bs) if is_agent(b) and not is_wire(b) and b not in SHARED and b not in agent_packages]
-    assert not bad, ("the local side may import of the agent only scripts.agent.wire and " + ", ".join(SHARED) +
-                     ":\n  " + "\n  ".join(bad))
-
-
-def test_the_agent_imports_nothing_of_the_local_side():
+def test_every_folder_has_a_layer():
     g = graph()
-    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if is_agent(a) for b in sorted(bs) if not is_agent(b)]
-    assert not bad, "\n  ".join(["the agent ships alone; it may not import:", *bad])
+    unplaced = sorted({folder_of(n) or n for n in g if n not in TOOLING and n != "scripts" and layer_of(n) is None})
+    assert not unplaced, f"give these folders a layer in tests/test_layers.py: {unplaced}"
 
 
-def test_no_import_circle():
-    circles = [c for c in strongly_connected(without_pending(graph())) if len(c) > 1]
-    assert not circles, "import circles (function-level imports count):\n  " + "\n  ".join(
-        " <-> ".join(c) for c in circles)
-
-
-def test_every_module_has_a_layer_and_nothing_imports_upward():
-    g = without_pending(graph())
-    unplaced = [n for n in sorted(g) if layer_of(n, AGENT_LAYERS if is_agent(n) else LOCAL_LAYERS) is None]
-    assert not unplaced, f"give these modules a layer in tests/test_layers.py: {unplaced}"
+def test_nothing_imports_from_a_higher_layer():
+    g = graph()
     upward = []
     for a, bs in sorted(g.items()):
-        layers = AGENT_LAYERS if is_agent(a) else LOCAL_LAYERS
+        if a in TOOLING or a == "scripts":
+            continue
         for b in sorted(bs):
-            la, lb = layer_of(a, layers), layer_of(b, layers)
-            if lb is not None and lb > la:
+            if is_agent(a) != is_agent(b) or b == "scripts":
+                continue  # across the two sides: the tests below
+            la, lb = layer_of(a), layer_of(b)
+            if lb is not None and la is not None and lb > la:
+                layers = AGENT_LAYERS if is_agent(a) else LOCAL_LAYERS
                 upward.append(f"{a} ({layers[la][0]}) imports {b} ({layers[lb][0]})")
     assert not upward, "imports from a higher layer:\n  " + "\n  ".join(upward)
 
 
+def test_no_circle_between_folders_of_one_layer():
+    g = graph()
+    folders: dict = {}
+    for a, bs in g.items():
+        for b in bs:
+            fa, fb = folder_of(a), folder_of(b)
+            if is_agent(a) == is_agent(b) and fa != fb and layer_of(a) == layer_of(b) and layer_of(a) is not None:
+                folders.setdefault((is_agent(a), fa), set()).add((is_agent(b), fb))
+    circles = [c for c in strongly_connected(folders) if len(c) > 1]
+    assert not circles, f"folders of one layer that import each other: {circles}"
+
+
+def test_no_import_circle():
+    circles = [c for c in strongly_connected(graph()) if len(c) > 1]
+    assert not circles, "import circles (function-level imports count):\n  " + "\n  ".join(
+        " <-> ".join(c) for c in circles)
+
+
+def test_the_agent_imports_nothing_of_the_local_side():
+    g = graph()
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if is_agent(a) for b in sorted(bs)
+           if not is_agent(b) and b != "scripts"]
+    assert not bad, "\n  ".join(["the agent ships alone; it may not import:", *bad])
+
+
 def test_the_wire_imports_nothing_of_the_agent_outside_it():
-    """What crosses between the two sides stands alone: both sides read it, so it may lean on neither."""
     g = graph()
-    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if is_wire(a) for b in sorted(bs)
-           if not is_wire(b) and b != AGENT]
-    assert not bad, "\n  ".join(["the wire imports only the wire:", *bad])
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if a.startswith(WIRE)
+           for b in sorted(bs) if b not in (AGENT, "scripts") and not b.startswith(WIRE)]
+    assert not bad, "\n  ".join(bad)
 
 
-def test_the_procs_primitives_import_only_procs_and_the_wire():
-    """Reading /proc is the agent's lowest layer: nothing above it (rules, gpu, state, teardown)."""
+def test_the_local_side_imports_only_the_wire_and_the_shared_primitives():
     g = graph()
-    procs = "scripts.agent.procs"
-    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if a == procs or a.startswith(procs + ".")
-           for b in sorted(bs) if not (is_wire(b) or b == AGENT or b == procs or b.startswith(procs + "."))]
-    assert not bad, "\n  ".join(["procs/ imports only procs/ and the wire:", *bad])
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if not is_agent(a)
+           for b in sorted(bs) if is_agent(b) and b != AGENT and not b.startswith(WIRE) and b not in SHARED]
+    assert not bad, "the local side may import of the agent only the wire and SHARED:\n  " + "\n  ".join(bad)
 
 
-def test_pending_edges_still_exist():
+def test_the_shared_primitives_stand_alone():
+    """A shared primitive is imported by both sides: it may itself import only the wire and the
+    other shared primitives, or the local side would load agent code through it."""
     g = graph()
-    stale = [edge for edge in PENDING if edge[1] not in g.get(edge[0], ())]
-    assert not stale, f"fixed: remove from PENDING in tests/test_layers.py: {stale}"
+    for name in SHARED:
+        extra = {b for b in g[name] if b not in SHARED and b != AGENT and not b.startswith(WIRE)
+                 and b != name.rpartition(".")[0]}
+        assert not extra, f"{name} imports {sorted(extra)}"
 
 
-def test_the_checker_sees_late_imports_and_circles(tmp_path):
-    """The checker itself: a function-level import makes an edge, and a two-module circle is found."""
+def test_procs_imports_only_procs_and_the_wire():
+    """Reading /proc is the agent's lowest layer but the wire: nothing above it (gpu, state, teardown)."""
+    g = graph()
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if folder_of(a) == "procs" and is_agent(a)
+           for b in sorted(bs) if b != AGENT and folder_of(b) not in ("procs", "wire")]
+    assert not bad, "\n  ".join(bad)
+
+
+def test_the_wire_is_small():
+    sizes = {p.name: len(p.read_text().splitlines()) for p in (REPO / "scripts" / "agent" / "wire").glob("*.py")}
+    big = {name: n for name, n in sizes.items() if n > WIRE_MAX_LINES}
+    assert sizes and not big, f"wire modules over {WIRE_MAX_LINES} lines: {big}"
+
+
+def test_the_checker_sees_late_imports_circles_and_folders():
+    """The checker itself: a function-level import makes an edge, a two-module circle is found,
+    and a module's layer is its folder's."""
     g = graph()
     assert "scripts.config.nodeset" in g["scripts.config.hostconfig"]  # imported inside select_hosts
     assert strongly_connected({"a": {"b"}, "b": {"a"}, "c": {"a"}}) == [["a", "b"], ["c"]]
+    assert folder_of("scripts.agent.procs.procfs") == "procs" and folder_of("scripts.agent.cli") == TOP
+    assert layer_of("scripts.agent.wire") == 0 and layer_of("scripts.views.render") == 3
 
 
-def test_every_module_the_layers_name_exists():
-    """A layer that names a module no longer there says nothing, and hides that it is gone."""
-    names = set(graph())
-    listed = [p for _, patterns in LOCAL_LAYERS + AGENT_LAYERS for p in patterns]
-    missing = [p for p in listed if not any(fnmatch(n, p) for n in names)]
-    assert not missing, f"tests/test_layers.py names modules that do not exist: {missing}"
-
-
-def test_the_readmes_architecture_names_modules_that_exist():
-    """The README's Architecture section is how a newcomer finds where a behaviour lives: every
-    file it names must be there (a bare name in a folder's row: in that folder)."""
-    import re
-
+def test_the_readmes_architecture_is_the_folder_map():
+    """The README's Architecture section is how a newcomer finds where a behaviour lives: a row
+    for every folder of scripts/ (and scripts/agent/), and every file it names exists there."""
     text = (REPO / "README.md").read_text()
     section = text[text.index("## Architecture"):text.index("## Tests and benchmarks")]
     scripts = REPO / "scripts"
+    rows = set(re.findall(r"^\| `(scripts/[a-z_/]+/)`", section, flags=re.M))
+    folders = {f"{p.relative_to(REPO)}/" for p in [*scripts.iterdir(), *(scripts / "agent").iterdir()]
+               if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}
+    assert folders <= rows, f"folders without a row in the README's Architecture: {sorted(folders - rows)}"
     missing, checked = [], 0
     for line in section.splitlines():
         folder = re.match(r"\| `(scripts/[a-z_/]+/)`", line)

@@ -15,7 +15,7 @@ import math
 import re
 from pathlib import Path
 
-from ..agent.procs import program, rules
+from ..agent.procs import policy, program
 from ..agent.wire import defaults
 from . import ere
 
@@ -23,13 +23,13 @@ SCRIPT = Path(__file__).resolve().parent / "teardown.sh"
 BEGIN, END = "==gpu-pivot-oneliner begin==", "==gpu-pivot-oneliner end=="
 NAME = "gpu-pivot-teardown"  # the script's $0
 
-DEFAULT_TARGETS = rules.DEFAULT_TARGETS  # the agent's, when a host names none
+DEFAULT_TARGETS = policy.DEFAULT_TARGETS  # the agent's, when a host names none
 
 
 def protected_case() -> str:
     """The shell `case` pattern of protected names, from the agent's one protect list."""
-    names = sorted(rules.PROTECTED_NAMES)
-    return "|".join(names + ["*" + s for s in rules.PROTECTED_SUFFIXES] + ["sshd*"])
+    names = sorted(policy.PROTECTED_NAMES)
+    return "|".join(names + ["*" + s for s in policy.PROTECTED_SUFFIXES] + ["sshd*"])
 
 
 def interpreters_line() -> str:

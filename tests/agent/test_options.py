@@ -17,7 +17,7 @@ import pytest
 from scripts.agent import cli, options
 from scripts.agent.options import Options
 from scripts.agent.wire import call, codes, defaults
-from tests.agent.wire.test_wire import REQUIRED
+from tests.support.subcommand_args import REQUIRED
 
 
 @pytest.mark.parametrize("subcommand", list(call.SUBCOMMANDS))

@@ -21,49 +21,8 @@ import stat
 
 from ..wire import call
 from . import fdstat, procfs, program
+from .policy import DEFAULT_TARGETS, PROTECTED_NAMES, PROTECTED_SUFFIXES
 
-# The built-in selection. The shell one-liner (scripts/emergency/shell_teardown.py) is generated
-# from these same lists, so the local side reads them here.
-
-# The target patterns when a host names none. Each names a PROGRAM (see program.py): matched
-# whole against its module, script, executable or process title - never against the arguments
-# of another program.
-DEFAULT_TARGETS = (
-    r"sglang\.launch_server",
-    r"sglang serve",
-    r"sglang::.*",
-    r"vllm serve",
-    r"vllm\.entrypoints",
-    r"VLLM::.*",
-    r"torchrun",
-)
-
-# Never signalled, by any of the names a process goes by (names_of); names ending in a suffix
-# below are exporters.
-PROTECTED_NAMES = {
-    "sshd": "ssh server",
-    "nvidia-persistenced": "NVIDIA persistence daemon",
-    "nvidia-persiste": "NVIDIA persistence daemon",
-    "nv-hostengine": "DCGM host engine",
-    "dcgm-exporter": "DCGM exporter",
-    "nvidia-smi": "GPU monitor",
-    "nvitop": "GPU monitor",
-    "gpustat": "GPU monitor",
-    "nvtop": "GPU monitor",
-    "nvidia-dcgm": "DCGM",
-    "pct": "Proxmox pct (route)",
-    "lxc-attach": "Proxmox lxc-attach (route)",
-    "systemd": "init/systemd",
-    "nv-fabricmanager": "NVIDIA Fabric Manager (NVSwitch fabric)",
-    "nvidia-fabricmanager": "NVIDIA Fabric Manager (NVSwitch fabric)",
-    "Xorg": "X server (display GPU)",
-    "Xwayland": "X server (display GPU)",
-    "lxc-start": "LXC container monitor (lxc-start / [lxc monitor])",
-    "lxc-monitord": "LXC monitor daemon",
-    "nvidia-cuda-mps-control": "CUDA MPS control daemon",
-    "nvidia-cuda-mps-server": "CUDA MPS server (its daemon quits it: teardown --mps quit)",
-}
-PROTECTED_SUFFIXES = ("-exporter", "_exporter")
 _EXPORTER = re.compile(r"(%s)$" % "|".join(re.escape(x) for x in PROTECTED_SUFFIXES))
 
 

@@ -22,6 +22,7 @@ from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
 from tests.conftest import invoke
 from tests.support import scenario
+from tests.support.paths import REPO
 from tests.support.procs import alive, children, wait_for
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces, capabilities, users)")
@@ -231,7 +232,7 @@ def test_python_option_refused_and_missing_interpreter_exits_3(hosts_env):
 def test_agent_refuses_a_malformed_approved_list(ps, approved):
     out = subprocess.run([sys.executable, "scripts/gpuagent.py", "teardown", "--json", "--fake-devices", "--devices",
                           ps.glob, "--scope", str(ps.base), "--approved", approved], capture_output=True, text=True,
-                         cwd=Path(scenario.__file__).resolve().parent.parent, timeout=30)
+                         cwd=REPO, timeout=30)
     assert out.returncode == 2, out.stdout + out.stderr
     assert "--approved" in out.stdout and "Traceback" not in out.stderr
 

@@ -31,19 +31,9 @@ from scripts.views import (
     status as status_view,
     teardown as teardown_view,
 )
+from tests.support.subcommand_args import REQUIRED
 
 # What each subcommand needs besides the argv the local side builds.
-REQUIRED = {
-    "phase-start": ["--spec", frame.encode_spec({"name": "x"})],
-    "phase-ready": ["--spec", frame.encode_spec({"name": "x"})],
-    "phase-stop": ["--spec", frame.encode_spec({"name": "x"})],
-    "phase-logs": ["--spec", frame.encode_spec({"name": "x"})],
-    "smoke": ["--spec", frame.encode_spec({"name": "x"})],
-    "gates": ["--spec", frame.encode_spec({"name": "x"})],
-    "deploy": ["--spec", frame.encode_spec({"name": "x"}), "--action", "apply"],
-    "drain": ["--url", "http://127.0.0.1:9/metrics"],
-    "lint": ["--argv", "[]"],
-}
 
 
 def subparsers() -> dict:

@@ -1,0 +1,45 @@
+"""The built-in selection: what a teardown targets when a host names nothing, and the names
+never signalled. Data only, no imports: the agent's rules (rules.py) apply it, and the shell
+one-liner (scripts/emergency/shell_teardown.py) is generated from these same lists on the
+local side, so both read the one copy here.
+"""
+
+# The target patterns when a host names none. Each names a PROGRAM (see program.py): matched
+# whole against its module, script, executable or process title - never against the arguments
+# of another program.
+DEFAULT_TARGETS = (
+    r"sglang\.launch_server",
+    r"sglang serve",
+    r"sglang::.*",
+    r"vllm serve",
+    r"vllm\.entrypoints",
+    r"VLLM::.*",
+    r"torchrun",
+)
+
+# Never signalled, by any of the names a process goes by (names_of); names ending in a suffix
+# below are exporters.
+PROTECTED_NAMES = {
+    "sshd": "ssh server",
+    "nvidia-persistenced": "NVIDIA persistence daemon",
+    "nvidia-persiste": "NVIDIA persistence daemon",
+    "nv-hostengine": "DCGM host engine",
+    "dcgm-exporter": "DCGM exporter",
+    "nvidia-smi": "GPU monitor",
+    "nvitop": "GPU monitor",
+    "gpustat": "GPU monitor",
+    "nvtop": "GPU monitor",
+    "nvidia-dcgm": "DCGM",
+    "pct": "Proxmox pct (route)",
+    "lxc-attach": "Proxmox lxc-attach (route)",
+    "systemd": "init/systemd",
+    "nv-fabricmanager": "NVIDIA Fabric Manager (NVSwitch fabric)",
+    "nvidia-fabricmanager": "NVIDIA Fabric Manager (NVSwitch fabric)",
+    "Xorg": "X server (display GPU)",
+    "Xwayland": "X server (display GPU)",
+    "lxc-start": "LXC container monitor (lxc-start / [lxc monitor])",
+    "lxc-monitord": "LXC monitor daemon",
+    "nvidia-cuda-mps-control": "CUDA MPS control daemon",
+    "nvidia-cuda-mps-server": "CUDA MPS server (its daemon quits it: teardown --mps quit)",
+}
+PROTECTED_SUFFIXES = ("-exporter", "_exporter")
