@@ -256,13 +256,14 @@ def test_the_readmes_architecture_is_the_folder_map():
     text = (REPO / "README.md").read_text()
     section = text[text.index("## Architecture"):text.index("## Tests and benchmarks")]
     scripts = REPO / "scripts"
-    rows = set(re.findall(r"^\| `(scripts/[a-z_/]+/)`", section, flags=re.M))
+    row = r"^\| \d+ \| `(scripts/[a-z_/]+/)` \|"  # | layer | folder | what it holds |
+    rows = set(re.findall(row, section, flags=re.M))
     folders = {f"{p.relative_to(REPO)}/" for p in [*scripts.iterdir(), *(scripts / "agent").iterdir()]
                if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}
     assert folders <= rows, f"folders without a row in the README's Architecture: {sorted(folders - rows)}"
     missing, checked = [], 0
     for line in section.splitlines():
-        folder = re.match(r"\| `(scripts/[a-z_/]+/)`", line)
+        folder = re.match(row, line)
         for name in re.findall(r"`([a-z_/.]+\.(?:py|sh))`", line):
             rel = name.removeprefix("scripts/")
             bases = [REPO / folder.group(1)] if folder and "/" not in name else [REPO, scripts, scripts / "agent"]
@@ -270,4 +271,4 @@ def test_the_readmes_architecture_is_the_folder_map():
             checked += 1
             if not path.exists():
                 missing.append(f"{name} (looked at {path.relative_to(REPO)})")
-    assert checked > 40 and not missing, missing
+    assert checked > 15 and not missing, missing

@@ -245,12 +245,15 @@ def test_a_users_process_named_supervisord_is_named_never_obeyed(second_user, sh
     proc = second_user.popen(["bash", "-c", 'exec -a supervisord /usr/bin/python3 -c "$0" "$1"',
                               FAKE_SUPERVISORD, str(dev)])
     shared_ps.adopt(proc.pid)
+    def is_job(h):  # the job once it runs its own code: between fork and exec, a copy of its parent holds
+        return h["ppid"] == proc.pid and "import sys, time" in (h.get("cmdline") or "")
+
     doc = wait_for(lambda: (d := scan.collect(scan_args(shared_ps))) and any(
-        h["ppid"] == proc.pid for h in d["holders"]) and proc.pid in holders_by_pid(d) and d,
+        is_job(h) for h in d["holders"]) and proc.pid in holders_by_pid(d) and d,
         "the fake supervisord and its child hold", timeout=20)
     holders = holders_by_pid(doc)
     fake = holders[proc.pid]
-    child = next(h for h in holders.values() if h["ppid"] == proc.pid)
+    child = next(h for h in holders.values() if is_job(h))
     shared_ps.adopt(child["pid"])
     assert managers.daemon_name(fake) == "supervisord"
     assert not managers.is_manager_daemon(fake)  # it holds a GPU: a target, whatever its name
