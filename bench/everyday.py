@@ -78,6 +78,8 @@ def bytes_section(r: dict) -> str:
 def tree_of(rev: str, work: Path) -> Path | None:
     if not rev:
         return None
+    if Path(rev).is_dir():  # a tree made elsewhere (`git archive REV | tar -x -C DIR`): a machine with no .git
+        return Path(rev).resolve()
     tree = work / f"tree-{rev}"
     tree.mkdir()
     archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], capture_output=True, check=True).stdout
