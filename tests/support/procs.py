@@ -105,7 +105,10 @@ class ProcessSet:
                 procfs.signal_if_same(pid, start, signal.SIGKILL)
 
 
-def wait_for(pred, what: str, timeout: float = 10.0):
+def wait_for(pred, what: str, timeout: float = 30.0):
+    """pred()'s first true value, polled until `timeout`. The bound is for a test that would
+    otherwise hang, not a speed claim: on a machine loaded on every core a supervisor's restart
+    or an interpreter's start takes many times its quiet time, so it is generous."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = pred()
