@@ -75,8 +75,7 @@ def test_fanout_holds_a_read_to_that_many_hosts_at_once(tmp_path, hosts_env, idl
     assert _seen(seen) == list(range(1, n + 1))
 
 
-@pytest.mark.parametrize("command", ["status", "verify", "plan", "ping"])
-@pytest.mark.parametrize("bad", ["0", "-3", "many", "1.5"])
+@pytest.mark.parametrize(("command", "bad"), [("status", "0"), ("verify", "-3"), ("plan", "many"), ("ping", "1.5")])
 def test_a_bad_fanout_is_one_line_and_exit_2_before_any_host(command, bad, hosts_env, tmp_path):
     mark, py = tmp_path / "ran", tmp_path / "python3"
     py.write_text(f"#!/bin/sh\n: > {mark}\nexec python3 \"$@\"\n")  # leaves a mark if the host is reached
