@@ -71,15 +71,52 @@ def is_private(path):
     return _problem_with_dir(st, os.geteuid()) is None
 
 
+def _ancestor_problem(path, euid):
+    """Why a directory above a state directory lets another user move it away, or None.
+
+    Every directory that holds it, up to /, must be ours or root's, and a directory others may
+    write in must be sticky (like /tmp): its owner, or anyone who may write in it, could rename
+    our directory aside and make a new one (a second holder of the host's lock, a state file
+    read from theirs). Checked on the path as given (each component with lstat, so a symlink
+    in it counts where it sits) and on where it resolves.
+    """
+    seen = set()
+    for start in (os.path.dirname(path), os.path.dirname(os.path.realpath(path))):
+        d = start
+        while True:
+            if d not in seen:
+                seen.add(d)
+                try:
+                    st = os.lstat(d)
+                except OSError:
+                    st = None  # not there yet: made by us below, so ours
+                if st is not None and not stat.S_ISLNK(st.st_mode):
+                    if st.st_uid not in (0, euid):
+                        return "%s, a directory above it, is owned by uid %d, not by us or root: its owner could " \
+                               "move it away" % (d, st.st_uid)
+                    if st.st_mode & 0o022 and not st.st_mode & stat.S_ISVTX:
+                        return "%s, a directory above it, is writable by others and not sticky (mode %04o)" \
+                               % (d, stat.S_IMODE(st.st_mode))
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+    return None
+
+
 def private_dir(path, parents=False, env=RUN_DIR_ENV):
     """Create `path` 0700, or check the existing one; return it. Raises StateDirError.
 
     Only the last component is created (mkdir, not makedirs): a missing parent is an
     error, unless `parents` (our own XDG directories under $HOME), where each missing
-    ancestor is created 0700 in turn.
+    ancestor is created 0700 in turn. Every directory above it must be one no other user can
+    move it out of (_ancestor_problem).
     """
     path = os.path.abspath(path)
     euid = os.geteuid()
+    problem = _ancestor_problem(path, euid)
+    if problem:
+        raise StateDirError(path, problem + "; choose another directory with %s" % env)
     if parents:
         _make_parents(os.path.dirname(path))
     _mkdir_private(path)

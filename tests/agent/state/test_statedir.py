@@ -547,3 +547,66 @@ def test_statedir_refuses_non_regular_and_foreign_files(run_dir, second_user):
         lastrun.save({"state": "finished"})
     assert f"uid {second_user.uid}" in one_line(err.value)
     assert foreign.read_text() == "{}"
+
+
+# -- the directories above a state directory ----------------------------------------------------
+# Rule: every directory above a state directory (the run dir with the host's lock, the ssh
+# control directory) is ours or root's, and one others may write in is sticky; else its owner
+# renames our directory aside, a new one is made, and two teardowns hold "the" lock at once.
+
+
+def test_a_run_dir_under_another_users_directory_is_refused_before_the_lock(tmp_path, monkeypatch, second_user):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, second_user.uid, second_user.gid)
+    monkeypatch.setenv(statedir.RUN_DIR_ENV, str(theirs / "run"))
+    with pytest.raises(StateDirError, match=f"owned by uid {second_user.uid}"):
+        hostlock.acquire("the operator")
+    assert not (theirs / "run").exists()  # refused before anything was made there
+    # the attack it stops: their rename of our directory, then a second holder of the lock
+    mine = tmp_path / "mine"
+    mine.mkdir(mode=0o755)
+    monkeypatch.setenv(statedir.RUN_DIR_ENV, str(mine / "run"))
+    assert statedir.run_dir() == str(mine / "run")
+
+
+@pytest.mark.parametrize(("mode", "refused"), [(0o777, True), (0o775, True), (0o1777, False), (0o755, False)])
+def test_a_directory_above_others_may_write_in_must_be_sticky(tmp_path, monkeypatch, mode, refused):
+    above = tmp_path / "above"
+    above.mkdir()
+    above.chmod(mode)
+    monkeypatch.setenv(statedir.RUN_DIR_ENV, str(above / "run"))
+    if refused:
+        with pytest.raises(StateDirError, match="not sticky"):
+            statedir.run_dir()
+    else:
+        assert statedir.run_dir() == str(above / "run")
+
+
+def test_a_symlink_above_resolving_under_another_users_directory_is_refused(tmp_path, monkeypatch, second_user):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    os.chown(theirs, second_user.uid, second_user.gid)
+    (tmp_path / "link").symlink_to(theirs)
+    monkeypatch.setenv(statedir.RUN_DIR_ENV, str(tmp_path / "link" / "run"))
+    with pytest.raises(StateDirError, match=f"owned by uid {second_user.uid}"):
+        statedir.run_dir()
+
+
+def test_an_ssh_control_dir_under_another_users_directory_is_refused(monkeypatch, second_user):
+    import shutil
+    import tempfile
+
+    from scripts.reach import ssh
+
+    short = Path(tempfile.mkdtemp(prefix="gp", dir="/tmp"))  # short: a long one is swapped for /tmp/gpu-pivot-ssh-*
+    try:
+        theirs = short / "t"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, second_user.uid, second_user.gid)
+        monkeypatch.setenv(ssh.CONTROL_DIR_ENV, str(theirs / "cm"))
+        with pytest.raises(StateDirError, match=ssh.CONTROL_DIR_ENV):
+            ssh.control_dir()
+        assert not (theirs / "cm").exists()
+    finally:
+        shutil.rmtree(short)
