@@ -130,7 +130,11 @@ class Options:
 
 
 def check_patterns(opts):
-    """Raise UsageError for a selection pattern that is not a regex or matches everything."""
+    """Raise UsageError for a selection pattern that is not a regex or matches everything, or
+    for a scope that narrows nothing (empty or blanks: a variable that expanded to nothing)."""
+    if opts.scope is not None and not opts.scope.strip():
+        raise UsageError("--scope %r: an empty scope narrows nothing, so it would reach every process; "
+                         "give the text the targets' command lines contain" % opts.scope)
     for flag in ("target", "match", "protect"):
         for pattern in getattr(opts, flag) or []:
             try:

@@ -163,7 +163,13 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
     protect = _regex_list(key("PROTECT"), keys["PROTECT"]) if "PROTECT" in keys else ()
     fake = _yes_no(key("FAKE_DEVICES"), keys["FAKE_DEVICES"]) if "FAKE_DEVICES" in keys else False
     phases = _phases(alias, {k[1]: v for k, v in keys.items() if isinstance(k, tuple)})
-    scope = keys.get("SCOPE") or None  # narrows targets to command lines containing it (see hosts.env.example)
+    scope = None  # narrows targets to command lines containing it (see hosts.env.example)
+    if "SCOPE" in keys:
+        scope = keys["SCOPE"]
+        if not scope.strip():  # a variable that expanded to nothing: the whole host, where one job was meant
+            raise ConfigError(f"{key('SCOPE')}={show(scope)}: an empty scope narrows nothing, so the teardown would "
+                              "reach the whole host; give the text the targets' command lines contain, or remove "
+                              "the line")
     scope_uid = _uid(key("SCOPE_UID"), keys["SCOPE_UID"]) if "SCOPE_UID" in keys else None
     return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
                 scope_uid=scope_uid, source=source, phases=phases)

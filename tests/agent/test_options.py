@@ -69,3 +69,13 @@ def test_progress_lines_only_when_asked_and_not_after_stdout_is_gone(monkeypatch
 def test_check_patterns_names_the_bad_one_before_anything_runs():
     with pytest.raises(codes.UsageError, match="--match '.\\*': matches the empty string"):
         options.check_patterns(cli.parse(["scan", "--match", ".*"]))
+
+
+@pytest.mark.parametrize("scope", ["", "   "])
+def test_an_empty_scope_is_a_usage_error_not_the_whole_host(scope, capsys):
+    """`--scope ''` narrows nothing: the agent refuses it (exit 2, one line) before any scan, as
+    the local side refuses an empty ALIAS_SCOPE, since a scope variable that expanded to nothing
+    must not become a teardown of every process."""
+    code = cli.main(["plan", "--devices=/proc/gpu-pivot-none/x", "--fake-devices", "--scope=" + scope])
+    out = capsys.readouterr().out
+    assert code == 2 and "--scope" in out and "narrows nothing" in out

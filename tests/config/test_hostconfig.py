@@ -19,6 +19,8 @@ BAD = [
     ("GPU1_SSH=root@h\nGPU1_PYTHON='python3; id'", "GPU1_PYTHON"),
     ("GPU1_SSH=root@h\nGPU1_DEVICES=dev/nvidia*", "GPU1_DEVICES"),
     ("GPU1_SSH=root@h\nGPU1_TARGETS='sglang(('", "GPU1_TARGETS"),
+    ("GPU1_SSH=root@h\nGPU1_SCOPE=", "GPU1_SCOPE"),  # a variable that expanded to nothing: not the whole host
+    ("GPU1_SSH=root@h\nGPU1_SCOPE='   '", "GPU1_SCOPE"),
     ("GPU1_SHH=root@h", "GPU1_SHH"),
     ("LOCAL_SSH=root@h", "LOCAL_SSH"),
 ]
