@@ -128,6 +128,7 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     argv = cliargs.remainder()
     if not argv:
         raise ConfigError("lint-launch needs the launch command after `--`")
+    gpus = cliargs.gpu_list("gpus", gpus) if gpus else ""
     h = one_host(host)
     with jsonout.one_host(h.alias, json):
         r = phase_ops.lint(h, argv, gpus or None)

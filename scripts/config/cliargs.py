@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import sys
 
 from ..agent.wire import defaults
@@ -49,6 +50,23 @@ def whole(name: str, value, minimum: int = 0) -> int:
     if out < minimum:
         raise ConfigError(f"--{name} {show(value)}: must be >= {minimum}")
     return out
+
+
+_GPU = re.compile(r"[0-9]+|(GPU|MIG)-[0-9A-Fa-f][0-9A-Fa-f/-]*")
+
+
+def gpu_list(name: str, value) -> str:
+    """CUDA_VISIBLE_DEVICES as a flag gives it: GPU indices or UUIDs, comma-separated, none
+    twice. CUDA stops at the first it cannot read (`-1`, `x`), so `x,y` would count as two GPUs
+    to the launch check and give the server none: refused here, naming the value."""
+    text = str(value)
+    items = text.split(",")
+    bad = next((i for i in items if not _GPU.fullmatch(i)), None)
+    if bad is not None:
+        raise ConfigError(f"--{name} {show(text)}: {show(bad)} is not a GPU index or UUID (e.g. 0,1 or GPU-5f2c...)")
+    if len(set(items)) != len(items):
+        raise ConfigError(f"--{name} {show(text)}: names a GPU twice")
+    return text
 
 
 def pattern(name: str, value) -> str:

@@ -132,8 +132,8 @@ def last_teardown(x) -> str:
     when = last.get("finished") or last.get("started")
     parts = [last.get("state"), last.get("verdict"),
              None if last.get("exit_code") is None else f"exit {last['exit_code']}"]
-    return note(f"Last teardown on this host: {' '.join(str(p) for p in parts if p)}{by} at {when}", indent="",
-                hang="  ")
+    at = f" at {when}" if when else ""  # a state the agent could not read has no time
+    return note(f"Last teardown on this host: {' '.join(str(p) for p in parts if p)}{by}{at}", indent="", hang="  ")
 
 
 def verdict(x) -> str:

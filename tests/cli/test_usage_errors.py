@@ -42,3 +42,19 @@ def test_a_core_flag_without_its_value_exits_2():
 def test_invokes_own_answers_still_exit_0(words, shown):
     out = invoke(*words)
     assert out.returncode == 0 and shown in out.stdout.decode(), out
+
+
+@pytest.mark.parametrize("gpus,said", [("abc", "'abc' is not a GPU index"), ("-1", "'-1' is not a GPU index"),
+                                       ("x,y", "'x' is not a GPU index"), ("0,,1", "'' is not a GPU index"),
+                                       ("0,0", "names a GPU twice")])
+def test_lint_launch_gpus_is_a_gpu_list_or_one_line_and_exit_2(gpus, said, hosts_env, tmp_path):
+    """CUDA_VISIBLE_DEVICES as the launch will get it: `x,y` counted as two GPUs by the tensor-parallel
+    check gives the server none; refused before the host is reached (its interpreter leaves a mark)."""
+    mark, py = tmp_path / "ran", tmp_path / "python3"
+    py.write_text(f"#!/bin/sh\n: > {mark}\nexec python3 \"$@\"\n")
+    py.chmod(0o755)
+    hosts_env(f"N01_PYTHON='{py}'\n")
+    out = invoke("lint-launch", "--host", "n01", "--gpus", gpus, "--", "python3", "-m", "sglang.launch_server")
+    err = out.stderr.decode()
+    assert out.returncode == codes.EXIT_USAGE and err.count("\n") == 1 and said in err, err
+    assert not mark.exists()

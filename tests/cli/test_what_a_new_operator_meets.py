@@ -57,6 +57,9 @@ def test_last_teardown_line_running_has_no_exit_code():
     done = status_view.last_teardown(SimpleNamespace(last_teardown={
         "state": "done", "verdict": "freed", "exit_code": 0, "finished": "t1", "operator": "ana@laptop"}))
     assert "exit 0" in done and "by ana@laptop at t1" in done
+    unread = status_view.last_teardown(SimpleNamespace(last_teardown={  # a state dir the agent could not read
+        "state": "unreadable state directory /x/run: cannot create it", "exit_code": None}))
+    assert "None" not in unread and unread.rstrip().endswith("cannot create it"), unread
 
 
 def test_status_during_a_running_teardown_says_running(ps, hosts_env):
