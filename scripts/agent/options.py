@@ -129,9 +129,26 @@ class Options:
         return "Options(%s)" % ", ".join("%s=%r" % (n, getattr(self, n)) for n in FIELDS)
 
 
+def check_values(opts):
+    """Raise UsageError for a value no subcommand should act on: the agent is also run by itself
+    (an epilog, a pasted command), where nothing on the local side checked it first. A wait that
+    is not a number of seconds up to MAX_WAIT_S (nan compares false everywhere, so a loop on it
+    never ends), a negative threshold or uid, a run dir or device glob that is not absolute."""
+    wait = opts.wait
+    if wait is not None and not 0 <= wait <= defaults.MAX_WAIT_S:  # also refuses nan
+        raise UsageError("--wait %r: seconds from 0 to %d" % (wait, defaults.MAX_WAIT_S))
+    for flag, value in (("max-used-mib", opts.max_used_mib), ("scope-uid", opts.scope_uid)):
+        if value is not None and value < 0:
+            raise UsageError("--%s %r: must be 0 or more" % (flag, value))
+    for flag, value in (("run-dir", opts.run_dir), ("devices", opts.devices)):
+        if value is not None and not value.startswith("/"):
+            raise UsageError("--%s %r: must be an absolute path" % (flag, value))
+
+
 def check_patterns(opts):
     """Raise UsageError for a selection pattern that is not a regex or matches everything, or
     for a scope that narrows nothing (empty or blanks: a variable that expanded to nothing)."""
+    check_values(opts)
     if opts.scope is not None and not opts.scope.strip():
         raise UsageError("--scope %r: an empty scope narrows nothing, so it would reach every process; "
                          "give the text the targets' command lines contain" % opts.scope)

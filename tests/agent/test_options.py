@@ -79,3 +79,19 @@ def test_an_empty_scope_is_a_usage_error_not_the_whole_host(scope, capsys):
     code = cli.main(["plan", "--devices=/proc/gpu-pivot-none/x", "--fake-devices", "--scope=" + scope])
     out = capsys.readouterr().out
     assert code == 2 and "--scope" in out and "narrows nothing" in out
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (["verify", "--wait", "nan"], "--wait"), (["verify", "--wait", "inf"], "--wait"),
+    (["verify", "--wait", "-1"], "--wait"),
+    (["verify", "--max-used-mib", "-5"], "--max-used-mib"), (["plan", "--scope-uid", "-1"], "--scope-uid"),
+    (["scan", "--run-dir", "relative"], "--run-dir"), (["scan", "--devices", "relative*"], "--devices"),
+    (["scan", "--devices", ""], "--devices"),
+])
+def test_the_agent_run_by_itself_refuses_values_no_subcommand_should_act_on(argv, flag, capsys):
+    """Run by itself (an epilog, a pasted command) nothing checked the values first: a wait of nan
+    would never end, a negative uid or threshold or a relative path means nothing it could act on.
+    One line naming the flag, exit 2, before any scan."""
+    code = cli.main(argv)
+    out = capsys.readouterr().out
+    assert code == 2 and flag in out, out

@@ -248,12 +248,16 @@ def test_a_users_process_named_supervisord_is_named_never_obeyed(second_user, sh
     def is_job(h):  # the job once it runs its own code: between fork and exec, a copy of its parent holds
         return h["ppid"] == proc.pid and "import sys, time" in (h.get("cmdline") or "")
 
-    doc = wait_for(lambda: (d := scan.collect(scan_args(shared_ps))) and any(
-        is_job(h) for h in d["holders"]) and proc.pid in holders_by_pid(d) and d,
-        "the fake supervisord and its child hold", timeout=20)
+    def settled():  # a scan where the job, past its exec in every record of it, holds beside its parent
+        d = scan.collect(scan_args(shared_ps))
+        job = next((h for h in d["holders"] if is_job(h)), None)
+        if job is None or proc.pid not in holders_by_pid(d) or not is_job(d.procs.get(job["pid"], {})):
+            return None
+        return d, job
+
+    doc, child = wait_for(settled, "the fake supervisord and its child hold")
     holders = holders_by_pid(doc)
     fake = holders[proc.pid]
-    child = next(h for h in holders.values() if is_job(h))
     shared_ps.adopt(child["pid"])
     assert managers.daemon_name(fake) == "supervisord"
     assert not managers.is_manager_daemon(fake)  # it holds a GPU: a target, whatever its name
