@@ -28,9 +28,16 @@ def test_list_names_every_task():
         assert f"  {name} " in out.stdout.decode()
 
 
+@cache
+def help_of(name: str):
+    """`invoke NAME -h` run once per task in this worker: every test of the help text reads it
+    (each run is a CLI start; four tests over every task made them the suite's longest)."""
+    return invoke(name, "-h")
+
+
 @pytest.mark.parametrize("name", TASKS)
 def test_help_explains(name):
-    out = invoke(name, "--help")
+    out = help_of(name)
     assert out.returncode == 0
     text = out.stdout.decode()
     assert "Docstring:" in text and len(text.split("Docstring:")[1].strip()) > 20
@@ -43,7 +50,7 @@ def test_every_flag_of_every_task_is_explained():
     names = [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("    ")]
     assert "teardown" in names and "lint-launch" in names
     for name in names:
-        text = invoke(name, "--help").stdout.decode()
+        text = help_of(name).stdout.decode()
         options = text.split("Options:", 1)[1].splitlines() if "Options:" in text else []
         bare = [line for line in options if re.match(r"^  -\S", line) and len(re.split(r"\s{2,}", line.strip())) < 2]
         assert not bare, f"{name}: flags without help: {bare}"
@@ -264,8 +271,8 @@ def task_names() -> list:
 
 @cache
 def options(name: str) -> list:
-    """[(short or None, long)] from `invoke NAME --help`."""
-    text = invoke(name, "--help").stdout.decode()
+    """[(short or None, long)] from `invoke NAME -h`."""
+    text = help_of(name).stdout.decode()
     found = []
     for line in text.split("Options:", 1)[1].splitlines() if "Options:" in text else []:
         m = re.match(r"^  (?:-(\w)(?: \S+)?, )?--([a-z][a-z0-9-]*)", line)
@@ -277,7 +284,7 @@ def options(name: str) -> list:
 def test_every_task_takes_h_as_help():
     """`-h` is help everywhere (--host is -H, as in Fabric): Invoke gave -h to --host before."""
     for name in task_names():
-        out = invoke(name, "-h")
+        out = help_of(name)
         assert out.returncode == 0 and b"Usage:" in out.stdout, (name, out.stdout[:200], out.stderr)
 
 
