@@ -149,6 +149,7 @@ def main(argv=None):
         os.environ[lastrun.RUN_DIR_ENV] = opts.run_dir
     rules.trust_own_names(opts.fake_devices)  # the sandbox's stand-ins (rules.py)
     try:
+        options.check_values(opts)
         options.check_patterns(opts)
         code, doc = module_for(opts.command).run(opts)
     except (codes.UsageError, devices.DeviceError) as exc:

@@ -148,7 +148,6 @@ def check_values(opts):
 def check_patterns(opts):
     """Raise UsageError for a selection pattern that is not a regex or matches everything, or
     for a scope that narrows nothing (empty or blanks: a variable that expanded to nothing)."""
-    check_values(opts)
     if opts.scope is not None and not opts.scope.strip():
         raise UsageError("--scope %r: an empty scope narrows nothing, so it would reach every process; "
                          "give the text the targets' command lines contain" % opts.scope)

@@ -21,8 +21,8 @@ HOST_HELP = f"host alias(es): 'gpu1', 'gpu1,gpu2', 'gpu[1-8]' (default: ${defaul
 READ_FANOUT_HELP = f"hosts read at once (default {defaults.READ_FANOUT}; this command signals nothing)"
 
 
-def read_width(fanout) -> int:
-    """--fanout of a command that only reads: a whole number of hosts, at least 1."""
+def fanout_width(fanout) -> int:
+    """--fanout: a whole number of hosts worked on at once, at least 1 (every fleet task)."""
     from scripts.config import cliargs
 
     return cliargs.whole("fanout", fanout, minimum=1)

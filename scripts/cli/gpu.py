@@ -12,10 +12,10 @@ from .common import (
     ctrl_c_continues,
     dumps,
     exit_worst,
+    fanout_width,
     guarded,
     hosts_of,
     print_views,
-    read_width,
 )
 from .flags import task
 
@@ -94,7 +94,7 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
     from scripts.views import fleet as fleet_view, health as health_view, status as status_view
 
     _brief_or_json(brief, json)
-    width = read_width(fanout)
+    width = fanout_width(fanout)
     outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, "scan")), width)
     summary = "" if json else fleet_view.summary(outcomes, fleet_view.status_verdict)
     _show(outcomes, json, brief, summary, status_view.visible, status_view.gpu_table, health_view.health,
@@ -128,7 +128,7 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     wait_s = cliargs.seconds("wait", wait)
     req = VerifyRequest(wait=wait_s, max_used_mib=cliargs.whole("max-used-mib", max_used_mib))
     _brief_or_json(brief, json)
-    width = read_width(fanout)
+    width = fanout_width(fanout)
     targets = hosts_of(host)
     shown = Progress(live=len(targets) == 1)
 
@@ -155,7 +155,7 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
     from scripts.views import status as status_view, teardown as teardown_view
 
     args = td.selection(match, only_matching, disable, stop_supervisors, all_users)
-    width = read_width(fanout)
+    width = fanout_width(fanout)
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args), width)
     if json:
         from .jsonout import docs
@@ -193,7 +193,6 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     never a mere argument of another program. A GPU's health verdict of reset
     needed: `invoke reset`. Several hosts exit with the highest of their codes.
     """
-    from scripts.config import cliargs
     from scripts.ops import audit_log, fleet
     from scripts.reach.transport import call_teardown
     from scripts.views import teardown as teardown_view
@@ -201,7 +200,7 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     hosts = hosts_of(host)
     req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
                      stop_supervisors, mps, all_users)
-    width = cliargs.whole("fanout", fanout, minimum=1)
+    width = fanout_width(fanout)
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json,
                     stop_supervisors=stop_supervisors, all_users=all_users)

@@ -9,7 +9,7 @@ from invoke import Exit
 from scripts.config import defaults
 from scripts.config.defaults import num
 
-from .common import HOST_HELP, READ_FANOUT_HELP, codes, dumps, exit_worst, guarded, hosts_of, read_width
+from .common import HOST_HELP, READ_FANOUT_HELP, codes, dumps, exit_worst, fanout_width, guarded, hosts_of
 from .flags import task
 
 ONELINER_GRACE = num(defaults.ONELINER_GRACE_S)
@@ -64,7 +64,7 @@ def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ
     deadline = cliargs.seconds("timeout", timeout) if timeout else None
     if deadline == 0:  # 0 is no limit, as `run -T 0` (the agent's longest wait bounds it)
         deadline = cliargs.MAX_SECONDS
-    width = read_width(fanout)
+    width = fanout_width(fanout)
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "ping", deadline_s=deadline), width)
     from .jsonout import failed
 
