@@ -15,9 +15,9 @@ import os
 import sys
 
 from . import options
-from .procs import devices, rules
+from .procs import devices, rules, textsafe
 from .state import lastrun
-from .wire import call, codes, frame, textsafe
+from .wire import call, codes, frame
 
 # name -> (module, class) from call.SUBCOMMAND_MODULES, or a module or class with
 # add_arguments(parser) and run(opts) put here directly. A subcommand's module is imported

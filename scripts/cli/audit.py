@@ -25,7 +25,7 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
               "records); skipped", file=sys.stderr)
     recs = recs[-n:] if n else []  # [-0:] would be every record
     if json:
-        from scripts.agent.wire import textsafe
+        from scripts.agent.procs import textsafe
 
         print(textsafe.dumps(recs, sort_keys=True))  # one document; valid Unicode: a non-UTF-8 byte is U+EF80+
         return

@@ -101,7 +101,7 @@ def guarded(fn):
 def one_line(text) -> str:
     """An error line as a terminal gets it: what a host sent in it (an agent's stderr, a lock
     holder's name) escaped, one visible line (render.safe's rule)."""
-    from scripts.agent.wire import textsafe
+    from scripts.agent.procs import textsafe
 
     return textsafe.printable(text)
 
@@ -190,7 +190,7 @@ def print_views(host, result, *views, file=None) -> None:
 
 def dumps(value) -> str:
     """--json text: valid Unicode whatever the host sent (a non-UTF-8 byte as U+EF80+: textsafe)."""
-    from scripts.agent.wire import textsafe
+    from scripts.agent.procs import textsafe
 
     return textsafe.dumps(value, indent=1, sort_keys=True)
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 
-from ..agent.wire import call, frame as wire_frame, records, textsafe
+from ..agent.procs import textsafe
+from ..agent.wire import call, frame as wire_frame, records
 from ..config.errors import ConfigError, show
 from ..reach.transport import AgentResult, agent_argv, call_agent
 

@@ -19,6 +19,7 @@ import os
 import re
 
 from ..agent.wire import codes, defaults, records
+from .health import gpu_health
 from .render import Col, paint, record, shorten, table
 from .status import failed, no_gpu_visible, scan_of
 
@@ -100,7 +101,7 @@ def verify_verdict(x) -> str:
 
 
 def _unhealthy(scan: records.ScanResult, word: str) -> str:
-    bad = [g for g in scan.gpus if records.gpu_health(g)["verdict"] in ("drain", "reset needed", "reboot needed")]
+    bad = [g for g in scan.gpus if gpu_health(g)["verdict"] in ("drain", "reset needed", "reboot needed")]
     return f"{word}, GPU UNHEALTHY" if bad else word
 
 

@@ -2,7 +2,7 @@
 
 Why apart from status_view: the same per-GPU health lines end status, verify and a
 teardown's report, and they name the next step (reset, reboot, drain) and the runbook; the
-records come through the contract (records.gpu_health reads a GPU row's verdict).
+verdict of a GPU row is read in one place here (gpu_health), for these lines and the fleet's.
 """
 from __future__ import annotations
 
@@ -12,11 +12,20 @@ from ..agent.wire import records
 from .render import Col, record, shorten, table
 
 if TYPE_CHECKING:
-    from ..agent.wire.rows import GpuRow, Mps, MpsQuit
+    from typing import Any
+
+    from ..agent.wire.rows import GpuRow, Health, Mps, MpsQuit
 
 RUNBOOK = "runbooks/gpu-unusable-after-teardown.md"
 NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot needed": "reboot the node",
         "drain": "drain peer-to-peer (NVLink) traffic, then look again"}
+
+
+def gpu_health(row: GpuRow) -> Health:
+    """{verdict, reasons} of one GPU row of a scan, verify or teardown result; 'unknown' when
+    the agent did not assess it (an older agent, or a row from before the teardown)."""
+    h: Health | dict[str, Any] = row.get("health") or {}
+    return {"verdict": h.get("verdict") or "unknown", "reasons": list(h.get("reasons") or [])}
 
 
 def _gpus(x) -> list[GpuRow]:
@@ -34,7 +43,7 @@ def health(x, alias: str = "HOST") -> str:
         return ""
     rows, steps = [], []
     for g in gpus:
-        h = records.gpu_health(g)
+        h = gpu_health(g)
         rows.append([g["index"], h["verdict"].upper() if h["verdict"] not in ("ok", "unknown") else h["verdict"],
                      "; ".join(h["reasons"][:2]) or "-"])  # wrapped by the table, never cut
         if h["verdict"] in NEXT:

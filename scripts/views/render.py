@@ -16,8 +16,8 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING
 
-from ..agent.procs import program
-from ..agent.wire import records, textsafe
+from ..agent.procs import program, textsafe
+from ..agent.wire import records
 
 if TYPE_CHECKING:
     from ..agent.wire.rows import ProcessRow

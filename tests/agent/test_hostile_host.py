@@ -307,7 +307,7 @@ def test_a_newline_in_a_holders_argv_forges_no_line(ps, hosts_env, args):
 
 
 def test_json_keeps_non_utf8_bytes_losslessly_in_valid_unicode(ps, hosts_env):
-    from scripts.agent.wire import textsafe
+    from scripts.agent.procs import textsafe
     from tests.conftest import invoke
 
     pid, title, name = forger(ps)

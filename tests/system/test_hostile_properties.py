@@ -19,10 +19,10 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from scripts.agent.procs import procfs, procscan, program, rules
+from scripts.agent.procs import procfs, procscan, program, rules, textsafe
 from scripts.agent.state import lastrun, statedir
 from scripts.agent.teardown import hostlock
-from scripts.agent.wire import records, textsafe
+from scripts.agent.wire import records
 from scripts.config.envfile import parse_text
 from scripts.config.errors import ConfigError
 from scripts.ops import audit_log

@@ -17,7 +17,7 @@ element (systemd escapes the UID's dashes as underscores: `kubepods-besteffort-p
 """
 import re
 
-from ..wire import textsafe
+from . import textsafe
 
 _HEX64 = r"[0-9a-f]{64}"
 _DOCKER = [

@@ -29,8 +29,7 @@ import re
 import shlex
 import stat
 
-from ..wire import textsafe
-from . import cgroup, procfs, program, rules, wrappers
+from . import cgroup, procfs, program, rules, textsafe, wrappers
 
 # The daemons of the managers: never a target's wrapper or supervisor to signal. By name only
 # (see is_manager_daemon): a GPU holder is a target whatever it is called.

@@ -9,7 +9,7 @@ check and the signal cannot race); elsewhere the start time is checked just befo
 import os
 import signal
 
-from ..wire import textsafe
+from . import textsafe
 
 PROC = "/proc"
 # The pids this agent forked for its own work (the scan's workers, procs/fanout.py): they run

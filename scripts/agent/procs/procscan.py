@@ -15,8 +15,7 @@ import pwd
 import re
 import stat
 
-from ..wire import textsafe
-from . import cgroup, fanout, fdstat, pidrange, procfs
+from . import cgroup, fanout, fdstat, pidrange, procfs, textsafe
 
 PROC = "/proc"
 PF_KTHREAD = 0x00200000  # /proc/PID/stat flags: a kernel thread (no command line, no files)

@@ -17,7 +17,7 @@ import json
 import os
 import stat
 
-from ..wire import textsafe
+from ..procs import textsafe
 
 RUN_DIR_ENV = "GPU_PIVOT_RUN_DIR"
 ROOT_RUN_DIR = "/run/gpu-pivot"        # tmpfs: cleared at reboot, like the GPUs' state

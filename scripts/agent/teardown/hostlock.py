@@ -23,9 +23,9 @@ import os
 import socket
 import time
 
-from ..procs import procfs, procscan
+from ..procs import procfs, procscan, textsafe
 from ..state import statedir
-from ..wire import call, textsafe
+from ..wire import call
 
 LOCK_NAME = "gpu-pivot.lock"
 POLL_S = 0.05

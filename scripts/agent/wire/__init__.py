@@ -1,7 +1,8 @@
 """What crosses between the local side and the agent, defined once for both: the agent's argv
-(call), the framing of its output (frame), exit codes (codes), shared defaults (defaults), the
-byte encoding of host text (textsafe), and the typed records the local side reads results
-into (records, with rows: their TypedDicts, for mypy only).
+(call), the framing of its output (frame), exit codes (codes), shared defaults (defaults),
+and the typed records the agent writes its results as and the local side reads them into
+(records, with rows: their TypedDicts, for mypy only). The byte encoding of host text is the
+agent's (procs/textsafe.py), imported by both sides beside this.
 
 Why a package of its own: each side imports of the other only this (and the shared /proc and
 state-directory primitives), so the agent imports nothing of the local side, and the wire

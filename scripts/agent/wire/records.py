@@ -111,17 +111,6 @@ class ScanResult(Record):
     code: int = EXIT_OK
 
 
-# A GPU's health verdict (scripts/agent/gpu/health.py), worst last; "unknown" where nothing was read.
-HEALTH_VERDICTS = ("ok", "unknown", "drain", "reset needed", "reboot needed")
-
-
-def gpu_health(row: rows.GpuRow) -> rows.Health:
-    """{verdict, reasons} of one GPU row of a scan, verify or teardown result; 'unknown' when
-    the agent did not assess it (an older agent, or a row from before the teardown)."""
-    h: rows.Health | dict[str, Any] = row.get("health") or {}
-    return {"verdict": h.get("verdict") or "unknown", "reasons": list(h.get("reasons") or [])}
-
-
 class VerifyResult(Record):
     scan: ScanResult  # the same document, read as a scan
     free: bool

@@ -74,7 +74,7 @@ class GpuProcess(TypedDict):
 
 
 class Health(TypedDict):
-    verdict: str  # HEALTH_VERDICTS
+    verdict: str  # agent/gpu/health.py ORDER
     reasons: list[str]
 
 
@@ -108,7 +108,7 @@ class GpuRow(_Gpu, total=False):
     uuid: str
     unread: Any
     memory_call: str
-    health: Health  # where assessed (gpu_health reads it)
+    health: Health  # where assessed (views/health.py gpu_health reads it)
     mig: Mig  # where read
 
 

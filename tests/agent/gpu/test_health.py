@@ -73,7 +73,7 @@ def test_verdict_table():
     assert health.verdict([("reboot needed", "x"), ("reset needed", "y")], True)["verdict"] == "reboot needed"
     assert health.verdict([("unknown", "xid 9999")], True)["verdict"] == "unknown"
     assert health.verdict([("ok", "xid 13: restart the app")], True)["verdict"] == "ok"
-    assert list(records.HEALTH_VERDICTS) == list(health.ORDER)
+    assert set(health_view.NEXT) <= set(health.ORDER)  # every verdict the report names a step for
 
 
 @pytest.mark.parametrize("code,verdicts,want", [
@@ -204,14 +204,14 @@ def test_status_and_verify_carry_health_mig_and_the_exit_code(tmp_path, ps):
     rec = {"gpus": [gpu(), gpu(bus="00000000:3b:00.0", recovery_action=1), MIG_ON]}
     code, doc = agent("scan", *fake_glob(ps), recording=rec, tmp=tmp_path)
     assert doc["gpu_source"] == "nvml" and code == 0
-    verdicts = [records.gpu_health(g)["verdict"] for g in doc["gpus"]]
+    verdicts = [health_view.gpu_health(g)["verdict"] for g in doc["gpus"]]
     assert verdicts == ["ok", "reset needed", "ok"]
     assert doc["gpus"][2]["mig"]["current"] == "enabled" and len(doc["gpus"][2]["mig"]["instances"]) == 2
     code, doc = agent("verify", *fake_glob(ps), recording=rec, tmp=tmp_path)
     assert doc["free"] is True and code == codes.EXIT_UNHEALTHY == 9
     assert any(p.startswith("GPU 1: RESET NEEDED") for p in doc["problems"])
     record = records.read_document(doc)
-    assert records.gpu_health(record.scan.gpus[1])["verdict"] == "reset needed"
+    assert health_view.gpu_health(record.scan.gpus[1])["verdict"] == "reset needed"
     shown = health_view.health(record, "gpu1")
     assert "RESET NEEDED" in shown and "invoke reset --host gpu1 --gpu 1" in shown
     assert "GPU 2: MIG enabled" in health_view.mig(record) and "GI 2/CI 0 4096/35840 MiB" in health_view.mig(record)
@@ -327,7 +327,7 @@ def test_a_holder_stuck_in_state_d_makes_the_verdict_reboot_needed(tmp_path, ps,
     assert "state D, wchan %s" % stuck[pid]["wchan"] in verdicts[1]["reasons"][0]
     assert verdicts[0]["verdict"] == "unknown"  # fake GPUs: nothing read, nothing stuck on GPU 0
     t = records.read_document(doc)
-    assert records.gpu_health(t.after[1])["verdict"] == "reboot needed"
+    assert health_view.gpu_health(t.after[1])["verdict"] == "reboot needed"
     shown = teardown_view.report("local", t)
     assert "REBOOT NEEDED" in shown and "state D" in shown and "GPU 1: reboot the node" in shown
 
