@@ -3,17 +3,13 @@ cutting a word, a teardown's help lists every exit code it can give (from the on
 them, never a list written by hand), and `hosts` and `plan` wrap between words."""
 from __future__ import annotations
 
-import os
 import re
 
 import pytest
 
 from scripts.agent.wire import codes
 from tests.conftest import invoke, sandbox_session
-
-
-def columns(n: int) -> dict:
-    return dict({k: v for k, v in os.environ.items() if k != "NO_COLOR"}, COLUMNS=str(n))
+from tests.support.task_help import HELP_GROUP, columns, help_of, task_names
 
 
 def too_wide(text: str, n: int = 80) -> list:
@@ -23,10 +19,11 @@ def too_wide(text: str, n: int = 80) -> list:
 
 # -- teardown --help: every exit code, from codes.EXIT_CODES, within 80 columns -----------------
 
+@HELP_GROUP
 def test_teardown_help_lists_every_exit_code_it_can_give_in_80_columns():
     from scripts.cli.teardown_args import TEARDOWN_EXITS
 
-    out = invoke("teardown", "-h", env=columns(80))
+    out = help_of("teardown")
     text = out.stdout.decode()
     assert out.returncode == 0 and not too_wide(text), too_wide(text)
     block = text.split("Exit codes:", 1)[1].split("Options:", 1)[0]
@@ -51,12 +48,12 @@ def test_every_task_names_its_exit_codes_and_writes_none_by_hand():
         assert not re.search(r"\b[Ee]xits? \d|\b\d (unreachable|locked|timed out)", doc), (name, doc)
 
 
+@HELP_GROUP
 def test_every_tasks_help_fits_80_columns_without_cutting_a_word():
-    listed = invoke("--list").stdout.decode().splitlines()[2:]
-    names = [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("    ")]
+    names = task_names()
     assert "status" in names and "sandbox" in names
     for name in names:
-        out = invoke(name, "-h", env=columns(80))
+        out = help_of(name)
         assert out.returncode == 0 and not too_wide(out.stdout.decode()), (name, too_wide(out.stdout.decode()))
     wide = invoke("status", "-h", env=columns(200)).stdout.decode()
     assert "(`HOST  GPUs free/total  holders  verdict`" in " ".join(wide.split("\n"))  # spacing kept

@@ -17,6 +17,7 @@ from scripts.agent.teardown import hostlock
 from tests.conftest import REPO, invoke
 from tests.support import scenario
 from tests.support.procs import ProcessSet, wait_for
+from tests.support.task_help import HELP_GROUP, help_of, task_names
 
 TASKS = ["hosts", "ping", "run", "oneliner", "sandbox"]
 
@@ -28,13 +29,7 @@ def test_list_names_every_task():
         assert f"  {name} " in out.stdout.decode()
 
 
-@cache
-def help_of(name: str):
-    """`invoke NAME -h` run once per task in this worker: every test of the help text reads it
-    (each run is a CLI start; four tests over every task made them the suite's longest)."""
-    return invoke(name, "-h")
-
-
+@HELP_GROUP
 @pytest.mark.parametrize("name", TASKS)
 def test_help_explains(name):
     out = help_of(name)
@@ -43,11 +38,11 @@ def test_help_explains(name):
     assert "Docstring:" in text and len(text.split("Docstring:")[1].strip()) > 20
 
 
+@HELP_GROUP
 def test_every_flag_of_every_task_is_explained():
     """help={} per flag: an option line of `invoke --help TASK` without words after it is a flag
     a person has to guess at."""
-    listed = invoke("--list").stdout.decode().splitlines()[2:]
-    names = [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("    ")]
+    names = task_names()
     assert "teardown" in names and "lint-launch" in names
     for name in names:
         text = help_of(name).stdout.decode()
@@ -264,12 +259,6 @@ def test_pivot_bad_teardown_flag_is_one_line_exit2(spied_local, flag, value):
 
 
 @cache
-def task_names() -> list:
-    listed = invoke("--list").stdout.decode().splitlines()[2:]
-    return [line.split()[0] for line in listed if line.startswith("  ") and not line.startswith("    ")]
-
-
-@cache
 def options(name: str) -> list:
     """[(short or None, long)] from `invoke NAME -h`."""
     text = help_of(name).stdout.decode()
@@ -281,6 +270,7 @@ def options(name: str) -> list:
     return found
 
 
+@HELP_GROUP
 def test_every_task_takes_h_as_help():
     """`-h` is help everywhere (--host is -H, as in Fabric): Invoke gave -h to --host before."""
     for name in task_names():
@@ -288,6 +278,7 @@ def test_every_task_takes_h_as_help():
         assert out.returncode == 0 and b"Usage:" in out.stdout, (name, out.stdout[:200], out.stderr)
 
 
+@HELP_GROUP
 def test_a_short_flag_means_one_thing_in_every_task():
     meaning: dict = {}
     for name in task_names():
