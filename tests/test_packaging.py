@@ -23,10 +23,10 @@ def test_pip_install_dot_gives_a_working_cli(tmp_path):
         if (REPO / name).is_file():
             (src / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(REPO / name, src / name)
-    venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "--disable-pip-version-check", str(src)],
-                         capture_output=True, text=True, timeout=600)
+    venv = tmp_path / "venv"  # without a pip of its own: this pip installs into it (--python),
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)  # 5 s of CPU less
+    pip = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                          "--disable-pip-version-check", str(src)], capture_output=True, text=True, timeout=600)
     if pip.returncode and "No matching distribution" in pip.stderr and os.environ.get("CI") != "true":
         pytest.skip(f"no package index here to build with: {pip.stderr.strip().splitlines()[-1]}")
     assert pip.returncode == 0, pip.stderr[-2000:]
