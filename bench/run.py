@@ -154,7 +154,7 @@ def oneliner_comparison(work: Path, reps: int) -> list:
 
 # -- 2. ssh: connections per teardown, cold vs warm ControlMaster ---------------------------------
 def ssh_costs(work: Path, reps: int) -> dict:
-    sshd = LoopbackSshd(work / "sshd", env={"GPU_PIVOT_RUN_DIR": str(work / "ssh-run")}).start()
+    sshd = LoopbackSshd(work / "sshd", env={"GPU_PIVOT_RUN_DIR": str(work / "ssh-run")}, kex=None).start()
     ps = ProcessSet(work / "ssh-scn")
     env = dict(os.environ, GPU_PIVOT_CONTROL_DIR=str(work / "cm"), XDG_STATE_HOME=str(work / "xdg"),
                GPU_PIVOT_HOSTS_FILE=str(work / "ssh-hosts.env"))
@@ -311,8 +311,10 @@ def fleet(work: Path, sizes: list, reps: int, runner=_run_once, modes=FLEET_MODE
     ssh_opts: added to every host's ALIAS_SSH_OPTS (the key exchange a bench compares)."""
     n = max(sizes)
     # each loopback "host" keeps its own state dir (and so its own teardown lock), as real hosts do
-    first = LoopbackSshd(work / "fleet" / "h01", env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / "run01")}).start()
-    servers = [first] + [LoopbackSshd(work / "fleet" / f"h{i:02d}", keys_from=first,
+    # kex=None: the servers offer OpenSSH's default key exchanges, as real hosts do (ssh_opts may narrow them)
+    first = LoopbackSshd(work / "fleet" / "h01", env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / "run01")},
+                         kex=None).start()
+    servers = [first] + [LoopbackSshd(work / "fleet" / f"h{i:02d}", keys_from=first, kex=None,
                                       env={"GPU_PIVOT_RUN_DIR": str(work / "fleet" / f"run{i:02d}")}).start()
                          for i in range(2, n + 1)]
     hosts_file = work / "fleet-hosts.env"

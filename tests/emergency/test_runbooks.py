@@ -10,6 +10,7 @@ import pytest
 
 from scripts.emergency import runbook as emergency_doc, shell_teardown
 from tests.conftest import REPO, invoke
+from tests.support.task_help import HELP_GROUP, help_of, task_names
 
 RUNBOOKS = sorted((REPO / "runbooks").glob("*.md"))
 FENCE = re.compile(r"```(?:sh|bash)?\n(.*?)```", re.S)
@@ -23,17 +24,8 @@ def commands(path: Path):
                 yield line
 
 
-@cache
-def task_names():
-    out = invoke("--list").stdout.decode()
-    return {line.split()[0] for line in out.splitlines()[2:] if line.startswith("  ") and line.split()
-            and not line.startswith("    ")}
-
-
-@cache
 def task_flags(task):
-    out = invoke(task, "--help").stdout.decode()
-    return set(re.findall(r"--([a-z][a-z0-9-]*)", out))
+    return set(re.findall(r"--([a-z][a-z0-9-]*)", help_of(task).stdout.decode()))
 
 
 @cache
@@ -55,6 +47,7 @@ def test_runbooks_have_commands_and_sections():
             assert section in text, f"{path.name} lacks {section}"
 
 
+@HELP_GROUP
 @pytest.mark.parametrize("name,command", ALL)
 def test_runbook_command_exists(name, command):
     words = shlex.split(command)
@@ -71,6 +64,7 @@ def test_runbook_command_exists(name, command):
             assert flag in task_flags(task), f"{name}: `invoke {task}` has no flag --{flag}"
 
 
+@HELP_GROUP
 def test_checker_catches_a_bad_flag():
     with pytest.raises(AssertionError, match="has no flag --no-such-flag"):
         test_runbook_command_exists("x.md", "invoke teardown --host gpu1 --no-such-flag")
