@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import cli_zygote
 from tests.support.loopback_sshd import LoopbackSshd
 from tests.support.paths import FIXTURES, REPO  # noqa: F401  (FIXTURES: imported from here by test modules)
 from tests.support.procs import ProcessSet
@@ -219,9 +220,10 @@ def checkout_copy(dest: Path) -> Path:
 
 
 def invoke(*args, env=None, input=None, timeout=120) -> subprocess.CompletedProcess:
-    """Run the real `invoke` CLI of this repo; bytes in, bytes out."""
-    return subprocess.run([sys.executable, "-m", "invoke", *args], cwd=REPO, capture_output=True, input=input,
-                          env=env or os.environ.copy(), timeout=timeout)
+    """Run the real `invoke` CLI of this repo (`python -m invoke ARGS` in the checkout); bytes in,
+    bytes out. Forked from an interpreter with Invoke imported (tests/support/cli_zygote.py says
+    why and when it starts a real one instead)."""
+    return cli_zygote.run_cli(args, REPO, env or os.environ.copy(), input, timeout)
 
 
 def sandbox_session():
@@ -285,3 +287,7 @@ def layout():
         yield made
     finally:
         made.down()
+
+
+def pytest_unconfigure(config):
+    cli_zygote.stop()  # the worker's CLI server (it also ends by itself when the worker is gone)
