@@ -65,6 +65,15 @@ while True:
         os.chdir(req["cwd"])
         sys.path[0] = req["cwd"]
         sys.argv = ["invoke"] + req["args"]
+        # what site.py does at a start, as this start: each .pth line that begins with `import`
+        # runs again (the output guard's reads orig_argv: it loads for `-m invoke` only)
+        sys.orig_argv = [sys.executable, "-m", "invoke"] + req["args"]
+        import site
+        known = set(sys.path)
+        for d in site.getsitepackages():
+            for name in sorted(os.listdir(d)) if os.path.isdir(d) else ():
+                if name.endswith(".pth"):
+                    site.addpackage(d, name, known)
         import runpy
         runpy.run_module("invoke", run_name="__main__", alter_sys=True)
         sys.exit(0)

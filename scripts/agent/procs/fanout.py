@@ -57,8 +57,8 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
     they were 40% of the time to the first signal.
 
     A worker is started as soon as the listing has `per_worker` items for each (two at once,
-    then one more each `per_worker` items: as many as `size(count)` says, workers_for by
-    default, found as the count grows), and the items are handed out in blocks of `block`, each to the worker
+    then one more each `per_worker` items: as many as `size(count)` says and never more,
+    workers_for by default, found as the count grows), and the items are handed out in blocks of `block`, each to the worker
     that has the fewest so far, through a pipe, while the listing goes on. A worker runs
     `first` on each block as it comes (its answer: the list of those answers, sent once its
     input ends), then func on each piece of its share. `on_first` gets every block's answer, in
@@ -77,7 +77,7 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
         if can_grow and len(listed) % per_worker == 0 and len(listed) >= 2 * per_worker:
             want = size(len(listed))
             if len(workers) < want:
-                can_grow = _grow(workers, func, first, 1 if workers else 2, piece)
+                can_grow = _grow(workers, func, first, min(want - len(workers), 1 if workers else 2), piece)
         if workers and len(pending) >= block:
             cut = len(pending) - len(pending) % block
             for j in range(0, cut, block):

@@ -150,6 +150,8 @@ def test_map_stream_starts_workers_as_the_listing_grows_and_gives_every_item_bac
     assert workers == 4 and sorted(x for p in parts for x in p) == list(range(100))  # the count asks for them
     parts, workers = fanout.map_stream(lambda p: list(p), iter(range(400)), lambda n: 1)
     assert workers == 1 and parts == [list(range(400))]  # a one-core scan: here, no fork
+    parts, workers = fanout.map_stream(lambda p: list(p), iter(range(3000)), lambda n: 1)
+    assert workers == 1 and sorted(x for p in parts for x in p) == list(range(3000))  # never more than asked
 
 
 def test_map_stream_runs_here_what_a_dead_worker_never_sent():
