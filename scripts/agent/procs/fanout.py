@@ -58,8 +58,9 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
 
     A worker is started as soon as the listing has `per_worker` items for each (two at once,
     then one more each `per_worker` items: as many as `size(count)` says and never more,
-    workers_for by default, found as the count grows), and the items are handed out in blocks of `block`, each to the worker
-    that has the fewest so far, through a pipe, while the listing goes on. A worker runs
+    workers_for by default, found as the count grows), and the items are handed out in
+    blocks of `block`, each to the worker that has the fewest so far, through a pipe, while
+    the listing goes on. A worker runs
     `first` on each block as it comes (its answer: the list of those answers, sent once its
     input ends), then func on each piece of its share. `on_first` gets every block's answer, in
     one list, once all are in. Fewer than 2 x `per_worker` items: everything is run here, as a
