@@ -193,9 +193,26 @@ class ServiceScan:
     runsv_pid = supervisor_pid
 
     def service_pid(self, name: str) -> int:
-        """The pid of what the service's run script exec'd, once it runs (the supervisor's child)."""
+        """The pid of what the service's run script exec'd, once it runs (the supervisor's child).
+
+        Not any child: after a service dies its supervisor forks for `./finish` (a child still
+        named like the supervisor, gone at once when there is none), and a restart is a fork
+        named so until it execs `./run`. Either, taken for the service, is a pid that never holds
+        a GPU (s6 under load: the restart test waited 30 s on the finish fork)."""
         supervisor = self.supervisor_pid(name)
-        pid = wait_for(lambda: next(iter(children(supervisor)), None), f"{self.kind} service {name} running")
+
+        def running():
+            for pid in children(supervisor):
+                try:
+                    argv0 = procfs.read_bytes(f"/proc/{pid}/cmdline").split(b"\0", 1)[0]
+                    state = procfs.read_bytes(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()[0]
+                except (OSError, IndexError):
+                    continue
+                if argv0 and argv0 != self.supervisor.encode() and state != b"Z":
+                    return pid
+            return None
+
+        pid = wait_for(running, f"{self.kind} service {name} running")
         self.seen.add(pid)
         return pid
 
