@@ -16,7 +16,7 @@ import sys
 
 from . import options
 from .procs import devices, rules, textsafe
-from .state import lastrun
+from .state import frozen, lastrun
 from .wire import call, codes, frame
 
 # name -> (module, class) from call.SUBCOMMAND_MODULES, or a module or class with
@@ -148,6 +148,7 @@ def main(argv=None):
     if opts.run_dir:
         os.environ[lastrun.RUN_DIR_ENV] = opts.run_dir
     rules.trust_own_names(opts.fake_devices)  # the sandbox's stand-ins (rules.py)
+    thawed = frozen.recover()  # what a teardown that died left frozen runs again first (state/frozen.py)
     try:
         options.check_values(opts)
         options.check_patterns(opts)
@@ -156,6 +157,8 @@ def main(argv=None):
         code, doc = codes.EXIT_USAGE, {codes.USAGE_ERROR: str(exc)}
     except Exception as exc:  # anything left (a bug, data no parser here understood): a result naming it
         code, doc = codes.EXIT_UNREACHABLE, {codes.AGENT_ERROR: failure(exc)}
+    if thawed:
+        doc["thawed"] = thawed
     doc.setdefault("command", opts.command)
     doc.setdefault("exit_code", code)
     emit(opts, doc)

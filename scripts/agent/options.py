@@ -32,10 +32,10 @@ COMMON = ("command", "marker", "json", "progress", "devices", "fake_devices", "r
 SELECTION = ("protect", "target", "match", "fake_gpus", "scope", "scope_uid")
 THRESHOLD = ("max_used_mib",)
 SPEC = ("spec",)
-PLAN = ("only_matching", "stop_supervisors", "all_users", "disable")
+PLAN = ("only_matching", "stop_starters", "all_users", "disable")
 TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle")
 OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes")  # one subcommand's each
-SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_supervisors", "all_users",
+SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
                       "disable", "follow", "yes"))
 FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
@@ -67,7 +67,7 @@ class Options:
     spec: str | None
     # plan and teardown
     only_matching: bool
-    stop_supervisors: bool
+    stop_starters: bool
     all_users: bool
     disable: bool
     grace: float

@@ -147,7 +147,9 @@ def one_host(spec: str):
 
 
 def exit_worst(codes: list) -> None:
-    worst = max(codes, default=0)
+    from scripts.agent.wire import codes as wire_codes
+
+    worst = wire_codes.worst(codes)
     if worst:
         raise Exit(code=worst)
 

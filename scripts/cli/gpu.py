@@ -147,14 +147,14 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
 @task(iterable=["match"], exit_codes=("unreachable", "timed-out"),
       help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON", fanout=READ_FANOUT_HELP))
 @guarded
-def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_supervisors=False,
-         all_users=False, fanout=str(defaults.READ_FANOUT)):
+def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_starters=False,
+         stop_supervisors=False, all_users=False, fanout=str(defaults.READ_FANOUT)):
     """Dry run: what a teardown would stop (targets, with why) and keep (protected), and the MiB it frees."""
     from scripts.ops import fleet
     from scripts.reach.transport import call_agent
     from scripts.views import status as status_view, teardown as teardown_view
 
-    args = td.selection(match, only_matching, disable, stop_supervisors, all_users)
+    args = td.selection(match, only_matching, disable, stop_starters or stop_supervisors, all_users)
     width = fanout_width(fanout)
     outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args), width)
     if json:
@@ -179,8 +179,8 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
 @guarded
 def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=False, grace=td.GRACE,
              timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK, max_used_mib=td.MAX_USED_MIB, dry_run=False, yes=False,
-             json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE, mps="protect", stop_supervisors=False,
-             all_users=False):
+             json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE, mps="protect", stop_starters=False,
+             stop_supervisors=False, all_users=False):
     """Free every GPU of the host(s) and prove it, harming nothing else.
 
     Order: lock the host; plan (targets + their trees and process groups, orphans
@@ -199,11 +199,11 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
 
     hosts = hosts_of(host)
     req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
-                     stop_supervisors, mps, all_users)
+                     stop_starters or stop_supervisors, mps, all_users)
     width = fanout_width(fanout)
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json,
-                    stop_supervisors=stop_supervisors, all_users=all_users)
+                    stop_starters=stop_starters or stop_supervisors, all_users=all_users)
     approved = td.approve(hosts, req.selection(), yes, "the plan",
                           td.declined_doc(hosts) if json else None)
     fleet_mode = len(hosts) > 1

@@ -152,7 +152,7 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
 def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable=False, dry_run=False, yes=False,
           force=False, drain="", grace=td.GRACE, timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK,
           max_used_mib=td.MAX_USED_MIB, settle=td.SETTLE, ready_timeout="", no_drain=False, json=False,
-          stop_supervisors=False, all_users=False):
+          stop_starters=False, stop_supervisors=False, all_users=False):
     """Move a host to the next phase: drain, teardown, gates, launch lint, start, wait ready, audit.
 
     The teardown step takes the same flags as `invoke teardown` and asks the same way. A drain
@@ -175,7 +175,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     if drain and no_drain:
         raise ConfigError(f"--drain {show(drain)} and --no-drain: pick one (drain first, or skip the drain)")
     td_req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
-                        stop_supervisors, all_users=all_users)
+                        stop_starters or stop_supervisors, all_users=all_users)
     selection = td_req.selection()
     rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
     if not dry_run:

@@ -20,9 +20,11 @@ SELECTION_HELP = {
              " another program; one matching the empty string ('', '.*') is refused",
     "only_matching": "stop only pattern matches and their trees; leave other GPU holders and report them",
     "disable": "also `systemctl disable` a unit that is stopped (e.g. an auto-started vLLM service)",
-    "stop_supervisors": "also stop a free-standing supervisor of the targets: a `bash -c` or script outside any"
-                        " unit or container that waits for them or restarts them in a loop (the plan names it;"
-                        " without this flag it is never signalled, and a restart it makes is NOT FREE)",
+    "stop_starters": "also stop the targets' other related starters: a Python or node launcher, a watchdog"
+                     " or a notebook kernel above a target, or beside it in its process group (by default the"
+                     " job's own launchers and shell loops are stopped, these are frozen during the stop, thawed,"
+                     " and named with exit 11)",
+    "stop_supervisors": "the old name of --stop-starters, with its meaning",
     "all_users": "also stop another person's copy of a target program that holds no GPU here (by default a"
                  " target of a uid >= UID_MIN other than yours that holds no GPU is left and named)",
 }
@@ -40,8 +42,8 @@ TEARDOWN_HELP = dict(
 
 # Every exit code a teardown can give, by its name in codes.EXIT_CODES (`teardown --help` lists
 # them with the table's meanings): not 5, a pivot's gate, and not 141, Invoke's own output's.
-TEARDOWN_EXITS = ("ok", "not-free", "usage", "unreachable", "locked", "uninspected", "timed-out", "declined",
-                  "unhealthy", "output-failed", "interrupted")
+TEARDOWN_EXITS = ("ok", "starter-alive", "not-free", "usage", "unreachable", "locked", "uninspected", "timed-out",
+                  "declined", "unhealthy", "output-failed", "interrupted")
 
 # The flag defaults, as strings: cliargs checks them (a typo is one line and exit 2, not a traceback).
 GRACE, TIMEOUT = num(defaults.GRACE_S), num(defaults.TIMEOUT_S)
@@ -50,7 +52,7 @@ WAIT_LOCK, MAX_USED_MIB = num(defaults.WAIT_LOCK_S), str(defaults.MAX_USED_MIB)
 
 
 def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout=TIMEOUT, wait_lock=WAIT_LOCK,
-            max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_supervisors=False, mps="protect", all_users=False):
+            max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_starters=False, mps="protect", all_users=False):
     """The teardown the task flags ask for (transport.TeardownRequest), each flag checked
     (ConfigError names it). Used by `invoke teardown`, `invoke plan` (its selection) and the
     teardown step of `invoke pivot`."""
@@ -60,7 +62,7 @@ def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout
 
     req = TeardownRequest(
         match=tuple(cliargs.pattern("match", p) for p in match or []), only_matching=bool(only_matching),
-        disable=bool(disable), stop_supervisors=bool(stop_supervisors), all_users=bool(all_users),
+        disable=bool(disable), stop_starters=bool(stop_starters), all_users=bool(all_users),
         grace=cliargs.seconds("grace", grace), timeout=cliargs.seconds("timeout", timeout),
         wait_lock=cliargs.seconds("wait-lock", wait_lock), max_used_mib=cliargs.whole("max-used-mib", max_used_mib),
         operator=operator(), settle=cliargs.seconds("settle", settle) if settle != SETTLE else None,
@@ -70,10 +72,10 @@ def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout
     return req
 
 
-def selection(match, only_matching: bool, disable: bool, stop_supervisors: bool = False,
+def selection(match, only_matching: bool, disable: bool, stop_starters: bool = False,
               all_users: bool = False) -> list:
     """The agent flags that choose targets (plan and teardown take the same), checked."""
-    return request(match, only_matching, disable, stop_supervisors=stop_supervisors, all_users=all_users).selection()
+    return request(match, only_matching, disable, stop_starters=stop_starters, all_users=all_users).selection()
 
 
 def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | None = None) -> dict:

@@ -104,7 +104,7 @@ class TeardownRequest:
     match: tuple = ()  # extra target patterns
     only_matching: bool = False
     disable: bool = False
-    stop_supervisors: bool = False
+    stop_starters: bool = False
     all_users: bool = False
     mps_quit: bool = False
     approved: str | None = None  # "pid:start,...": only these are signalled
@@ -115,7 +115,7 @@ class TeardownRequest:
         args += ["--only-matching"] if self.only_matching else []
         args += ["--disable"] if self.disable else []
         args += ["--all-users"] if self.all_users else []
-        return args + (["--stop-supervisors"] if self.stop_supervisors else [])
+        return args + (["--stop-starters"] if self.stop_starters else [])
 
     def argv(self) -> list:
         """The agent's `teardown` arguments."""

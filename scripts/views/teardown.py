@@ -61,15 +61,27 @@ def plan_tables(x) -> str:
         out.append(f"  container {name} will be stopped with docker stop"
                    + (" (its restart policy set to no first)" if c.get("disable") else ""))
     out.extend(manager_lines(plan.managers))
-    for s in plan.supervisors:
-        out.append(note(f"SUPERVISOR pid {s['pid']} ({command(s, 60)}) {s['reason']}; not signalled: it can start "
-                        f"them again (to stop it too: {s.get('hint')})"))
+    out.extend(starter_lines(plan.starters))
     scope = plan.scope
     if scope.get("text") or scope.get("uid") is not None:
         out.append(note(f"scope: only processes with {scope.get('text')!r} in their command line"
                          + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else "")))
     out.extend(note(f"rule: {r}") for r in plan.rules)
     return paint("\n".join(out))
+
+
+FATE_WORDS = {
+    "stop": "frozen before the targets' SIGTERM, ended after them (the job's own)",
+    "freeze": "frozen during the stop, then thawed: not ended (to stop it: {hint})",
+    "watch": "never signalled; the verdict looks whether it is idle (to stop it: {hint})",
+}
+
+
+def starter_lines(starters: list) -> list[str]:
+    """Each process related to a target (agent/procs/relation.py) and what the teardown does to it."""
+    return [note(f"STARTER pid {s['pid']} ({command(s, 60)}): {s.get('reason')}; "
+                 + FATE_WORDS.get(s.get("fate", ""), "{hint}").format(hint=s.get("hint")))
+            for s in starters]
 
 
 def manager_lines(stops: list) -> list[str]:

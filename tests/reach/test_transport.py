@@ -112,10 +112,10 @@ def test_a_teardown_request_builds_one_argv_and_reads_its_deadline_from_its_fiel
     plain = TeardownRequest()
     assert plain.argv() == ["--grace", plain.grace, "--timeout", plain.timeout, "--max-used-mib", 0]
     full = TeardownRequest(grace=30, timeout=60, settle=2, wait_lock=5, max_used_mib=10, operator="me",
-                           match=("-x", "vllm"), only_matching=True, disable=True, stop_supervisors=True,
+                           match=("-x", "vllm"), only_matching=True, disable=True, stop_starters=True,
                            mps_quit=True, approved="12:34")
     argv = full.argv()
-    assert argv[:5] == ["--match=-x", "--match=vllm", "--only-matching", "--disable", "--stop-supervisors"]
+    assert argv[:5] == ["--match=-x", "--match=vllm", "--only-matching", "--disable", "--stop-starters"]
     assert full.selection() == argv[:5]
     assert argv[argv.index("--approved") + 1] == "12:34" and argv[argv.index("--mps") + 1] == "quit"
     assert full.deadline_s() == 60 + 30 + 2 * 60 + 5 + 2 + defaults.MPS_QUIT_TIMEOUT_S

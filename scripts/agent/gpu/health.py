@@ -322,8 +322,10 @@ def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, km
 
 
 def exit_code(code, gpus):
-    """A free result (exit 0) with a GPU that needs a drain, reset or reboot exits 9 instead."""
-    if code == codes.EXIT_OK and any((g.get("health") or {}).get("verdict") in UNHEALTHY for g in gpus):
+    """A free result (exit 0, or 11: free with a starter alive) with a GPU that needs a drain,
+    reset or reboot exits 9 instead."""
+    free = code in (codes.EXIT_OK, codes.EXIT_STARTER_ALIVE)
+    if free and any((g.get("health") or {}).get("verdict") in UNHEALTHY for g in gpus):
         return codes.EXIT_UNHEALTHY
     return code
 

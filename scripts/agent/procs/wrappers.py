@@ -12,7 +12,7 @@ filter fed by the server's output (`... | tee server.log`: it ends at the server
 or container that holds only targets, wrappers and their log filters is stopped through its
 manager (plan.py). A
 wrapper outside any unit or container is a free-standing supervisor: the plan names it, and
-`--stop-supervisors` makes it a target too (it is never signalled otherwise: a shell loop is
+`--stop-starters` makes it a target too (it is never signalled otherwise: a shell loop is
 someone's process, and the flag is how the operator says it may go).
 """
 import os
@@ -138,7 +138,7 @@ def looping_ancestors(target_pids, procs, names, never=frozenset()):
 def code_supervisors(procs, names, skip=frozenset()):
     """Shell loops (not terminals) whose code starts a target though none runs now: found by
     their code alone (shellcode.read_scripts, one deadline for all), so a teardown made while
-    such a loop sleeps between turns still lists it, and --stop-supervisors stops it. Code
+    such a loop sleeps between turns still lists it, and --stop-starters stops it. Code
     that cannot be read ties nothing to the targets here: only code that names one counts."""
     shells = [info for pid, info in procs.items() if pid not in skip and pid not in (0, 1)
               and not procfs.finished(info) and kind(info) == "shell"]

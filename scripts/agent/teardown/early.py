@@ -19,7 +19,7 @@ SIGTERM when the scan is complete (teardown.execute), and the plan records both 
 """
 import os
 
-from ..procs import managers, procfs, procscan
+from ..procs import managers, procfs, procscan, relation, rules
 from ..status import scan
 from . import plan
 
@@ -135,6 +135,35 @@ def _under_manager(pid, seen):
     return answer
 
 
+def starters(rows, args, approved):
+    """The early batch's related starters to freeze before its SIGTERM (relation.py): the
+    ancestors of its targets, read from /proc now, in the scope, not protected, not another
+    person's nor a manager's daemon, approved where a plan was shown. The full plan decides
+    their fate later; this only keeps them from starting anything meanwhile."""
+    table = {r["pid"]: r for r in rows}
+    for r in rows:
+        pid = r["ppid"]
+        for _ in range(64):
+            if pid in (0, 1) or pid in table:
+                break
+            info = procscan.basic(pid)
+            if info is None:
+                break
+            table[pid] = info
+            pid = info["ppid"]
+    chain = own_chain() | {os.getpid()}
+    out = []
+    for link in relation.Relation(rows, table, chain).links.values():
+        info = table[link["pid"]]
+        if link["fate"] == "watch" or rules.protect_reason(info, chain, args.protect) \
+                or not plan.in_scope(info, args) or plan.another_persons(info, args) \
+                or managers.is_manager_daemon(info):
+            continue
+        if approved is None or (link["pid"], link["start_time"]) in approved:
+            out.append(link)
+    return out
+
+
 class Batch:
     """scan.collect's `early` callback: picks the batch and hands it to `send(rows)` at once.
     Never raises into the scan: an error is kept (`error`) and the rest of the teardown goes on
@@ -172,6 +201,6 @@ def merge(the_plan, rows):
 def as_plan(rows, args):
     """A plan of the early batch alone, shaped as plan.build's (when the full scan failed after
     the batch went out: teardown.unverified records what was signalled)."""
-    return {"targets": rows, "protected": [], "left_alone": [], "supervisors": [], "units": [], "containers": [],
+    return {"targets": rows, "protected": [], "left_alone": [], "starters": [], "units": [], "containers": [],
             "patterns": plan.patterns_of(args), "scope": {"text": args.scope, "uid": args.scope_uid},
             "rules": list(plan.RULES), "will_free_mib": 0, "writing": []}

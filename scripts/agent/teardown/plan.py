@@ -22,7 +22,7 @@ stops it and is NOT signalled: the manager would only start it again.
 """
 import os
 
-from ..procs import cgroup, managers, procfs, procscan, program, rules, shellcode, wrappers
+from ..procs import cgroup, managers, procfs, procscan, program, relation, rules, wrappers
 from ..status import scan
 from ..wire import codes, records
 from . import units
@@ -34,7 +34,7 @@ def add_arguments(parser):
     """plan's own flags (teardown takes them too); the selection flags are cli.py's to add."""
     parser.add_argument("--only-matching", action="store_true",
                         help="signal only pattern matches and their trees; report other GPU holders")
-    parser.add_argument("--stop-supervisors", action="store_true",
+    parser.add_argument("--stop-starters", action="store_true",
                         help="also stop a free-standing supervisor of the targets (a `bash -c` or script that "
                              "waits for them or restarts them in a loop, outside any unit or container)")
     parser.add_argument("--all-users", action="store_true",
@@ -201,16 +201,25 @@ def build(doc, args):
     left_alone = _other_holders(holders, picked, args) + [
         _row(procscan.detail(procs[pid], [], now_ticks=now), why) for pid, why in others.items()]
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
-    names = shellcode.Names(patterns, target_identities((procs[pid] for pid in picked.reasons), patterns,
-                                                        lambda info: info["pid"] in holders))
-    for pid, pids in wrappers.looping_ancestors(picked.reasons, procs, names, never=chain).items():
-        wrapped.setdefault(pid, pids)  # a loop above the server, beside other children of its own
-    for pid in wrappers.code_supervisors(procs, names, skip=set(wrapped) | set(picked.reasons) | chain):
-        if not picked.protect(pid) and in_scope(procs[pid], args) and not another_persons(procs[pid], args):
-            wrapped.setdefault(pid, [])  # a loop between its turns: no server runs, its code starts one
-    wrapped = {pid: pids for pid, pids in wrapped.items() if not picked.protect(pid) and in_scope(procs[pid], args)
-               and not managers.is_manager_daemon(procs[pid])}  # a manager's daemon is asked or named, never signalled
-    return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters)
+    related = relation.Relation([procs[pid] for pid in picked.reasons], procs, chain,
+                                tree=set(picked.reasons) | set(filters))
+    starters = {}
+    for link in related.links.values():
+        pid = link["pid"]
+        if picked.protect(pid) or managers.is_manager_daemon(procs[pid]):
+            continue
+        if link["fate"] == "freeze" and args.stop_starters and link["role"] != "terminal":
+            link = dict(link, fate="stop", relation=link["relation"] + ", stopped too (--stop-starters)")
+        if link["fate"] != "watch" and (not in_scope(procs[pid], args) or another_persons(procs[pid], args)):
+            link = dict(link, fate="watch", relation=link["relation"] + ", outside the scope: never signalled")
+        starters[pid] = link
+    wrapped = {pid: sorted(set(pids) & set(picked.reasons)) for pid, pids in wrapped.items()
+               if pid not in starters and not picked.protect(pid) and in_scope(procs[pid], args)
+               and not managers.is_manager_daemon(procs[pid])}  # an init (tini) whose container is stopped
+    for pid, link in starters.items():
+        if link["fate"] == "stop":
+            wrapped[pid] = sorted(set(link["of"]))
+    return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters, starters)
 
 
 def operator_uid():
@@ -337,7 +346,7 @@ def _row(info, why):
     return out
 
 
-def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
+def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters, starters):
     now = scan.procfs_now_ticks()
 
     gone: list = []
@@ -368,27 +377,27 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters):
     if named:  # not signalled: its manager would start it again (named, with its stop, in `managers`)
         targets = [t for t in targets if t["via"] != "named"]
         wrapper_rows = [t for t in wrapper_rows if t["via"] != "named"]
-    supervisors = []
-    for t in targets + wrapper_rows:
-        if t["pid"] in wrapped:
-            t["wraps"] = list(wrapped[t["pid"]])  # the targets it runs (an --approved teardown keeps its own)
-            if t["via"] != "signal" or args.stop_supervisors:
-                targets.append(t)
-            else:
-                supervisors.append(t)
+    starter_rows = []
+    for t in wrapper_rows:
+        t["wraps"] = list(wrapped[t["pid"]])  # the targets it runs (an --approved teardown keeps its own)
+        if t["via"] != "signal":
+            targets.append(t)  # stopped through its unit, container or manager with the targets
+        elif t["pid"] in starters:
+            starter_rows.append(t)  # the job's own: frozen before the targets' signal, ended after
+    starter_rows += [row for row in rows([p for p, link in starters.items() if link["fate"] != "stop"], str)]
     names = _container_names([t for t in targets if t["via"].startswith("docker stop")], have)
-    for t in targets + supervisors:
+    for t in targets:
         _name_container(t, names)
-        if t["pid"] in wrapped and t["via"] == "signal":
-            t["reason"] = "supervisor of target(s) %s, stopped too (--stop-supervisors)" % _pids(wrapped[t["pid"]])
-    for t in supervisors:  # not stopped through a manager: its unit or container (if any) runs other processes
-        t["hint"] = supervisor_hint(t, managed=False, procs=procs)
+    for t in starter_rows:
+        link = starters[t["pid"]]
+        t.update(reason=link["relation"], fate=link["fate"], role=link["role"], wraps=sorted(set(link["of"])))
+        t["hint"] = starter_hint(t, procs)
     protected = [_row(h, h["protected"]) for h in doc["holders"] if h["protected"]]
     return {
         "targets": sorted(targets, key=lambda t: t["pid"]),
         "protected": protected,
         "left_alone": left_alone + named,
-        "supervisors": supervisors,
+        "starters": sorted(starter_rows, key=lambda t: t["pid"]),
         "units": [{"unit": u, "ctid": ct, "pids": p, "disable": bool(args.disable)}
                   for (u, ct), p in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))],
         "containers": [{"id": c, "name": names.get(c), "pids": p, "disable": bool(args.disable)}
@@ -517,7 +526,7 @@ def supervisor_hint(info, managed=True, procs=None):
     if m is not None and m["stop_command"]:  # signalled, its manager would start it again
         return "%s (%s %s runs it and would start it again)" % (m["stop_command"], m["kind"], m["name"])
     if not managed:
-        return "--stop-supervisors (also stops PID %d: %s)" % (info["pid"], (info.get("cmdline") or "")[:60])
+        return starter_hint(info, procs)
     container, unit = info.get("container"), info.get("unit")
     if container and container.get("kind") == "docker":
         return "docker stop %s" % container_label(container)
@@ -526,7 +535,20 @@ def supervisor_hint(info, managed=True, procs=None):
             else "pct stop %s" % container["id"]
     if stoppable_unit(unit):
         return "systemctl stop %s" % unit
-    return "--stop-supervisors (also stops PID %d: %s)" % (info["pid"], (info.get("cmdline") or "")[:60])
+    return starter_hint(info, procs)
+
+
+def starter_hint(info, procs=None):
+    """What stops a related starter, exactly that process: its manager's stop where one runs
+    it, else a line that ends its pid only while the start time is still its own (a reused pid
+    gets nothing), and the teardown flag that stops it with the targets."""
+    m = managers.manager_of(info, procs) if procs is not None and info.get("pid") in procs else None
+    if m is not None and m["stop_command"]:
+        return "%s (%s %s runs it)" % (m["stop_command"], m["kind"], m["name"])
+    if info.get("role") == "terminal" or info.get("pid") == 1:
+        return ("it is never signalled (%s): stop what it runs in its terminal or container yourself"
+                % ("PID 1" if info.get("pid") == 1 else "an interactive shell"))
+    return "`%s`, or teardown --stop-starters" % relation.pinned_kill(info["pid"], info["start_time"])
 
 
 def container_label(container):

@@ -32,12 +32,13 @@ import socket
 import time
 
 from ..gpu import gpuinfo
-from ..procs import procfs, procscan
+from ..procs import procfs
 from ..state import lastrun
 from ..state.auditlog import Audit
 from ..status import scan
 from ..wire import codes, defaults, records
 from . import early, forkwatch, hostlock, plan, units
+from .freeze import Freezer
 from .targets import Targets
 
 SETTLE_S = defaults.SETTLE_S
@@ -250,7 +251,7 @@ def _begin_watch(watch, planned, procs):
     return watch
 
 
-def _plan_batch(args, source, targets, batch, watch, timings, started, got):
+def _plan_batch(args, source, targets, batch, watch, timings, started, got, freezer):
     """The scan (its early batch sent from inside it), the plan, the fork watch's roots, and the
     plan's batch (_send_plan). Returns (doc, plan, planned, unapproved, {pid: target}, stops);
     `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
@@ -266,14 +267,15 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got):
         the_plan["gone"] = [g for g in the_plan.get("gone", []) if (g["pid"], g["start_time"]) in approved]
         ours = planned + the_plan["gone"]
         mine = {t["pid"] for t in ours}
-        # or above one, however far (past an unapproved target that leads a session of its own,
-        # where settle's ancestry walk ends): still what restarts ours
-        above = {a for t in ours for a in procscan.ancestors(t["ppid"], doc.procs)}
-        the_plan["supervisors"] = [s for s in the_plan["supervisors"]
-                                   if s["pid"] in above or mine & set(s.get("wraps", []))]
+        # a starter related to none of the approved targets is another job's: left out; one the
+        # operator did not see is named only (never frozen or ended)
+        the_plan["starters"] = [s if s["fate"] == "watch" or (s["pid"], s["start_time"]) in approved
+                                else dict(s, fate="watch", reason=s["reason"] + ", not in the approved plan")
+                                for s in the_plan["starters"] if mine & set(s.get("wraps") or [])]
     timings["planned_s"] = _since(started)
     targets.chain = doc.chain | {os.getpid()}
     targets.watch = _begin_watch(watch, planned, doc.procs)
+    freezer.settle_plan([s for s in the_plan["starters"] if s["fate"] in ("stop", "freeze")])  # before any SIGTERM
     by_pid, stops = _send_plan(targets, the_plan, planned, targets.audit, timings, started)
     return doc, the_plan, planned, unapproved, by_pid, stops
 
@@ -293,22 +295,25 @@ def _send_plan(targets, the_plan, planned, audit, timings, started):
     return by_pid, stops
 
 
-def _early_batch(args, approved, audit, timings, started, source):
+def _early_batch(args, approved, audit, timings, started, source, freezer):
     """(Targets, early.Batch): the targets as yet none, and the scan's callback that adds and
     signals the early batch (agent/teardown/early.py). Only processes started after now are adopted."""
     since = procfs.read_stat(os.getpid())["start_time"]
     targets = Targets([], audit, None, chain=early.own_chain(), protect=args.protect, since_ticks=since,
                       scope_uid=args.scope_uid)
-    return targets, early.Batch(args, approved, lambda rows: _send_early(targets, rows, timings, started, source))
+    return targets, early.Batch(args, approved, lambda rows: _send_early(targets, rows, timings, started, source,
+                                                                         lambda: freezer.freeze(
+                                                                             early.starters(rows, args, approved))))
 
 
-def _send_early(targets, rows, timings, started, source):
+def _send_early(targets, rows, timings, started, source, freeze_first):
     """The early batch (agent/teardown/early.py): SIGTERM, as soon as the scan has read every record;
     then the GPU source starts opening (NVML: ~0.13 s on an H200 host), while the scan reads
     the fd tables and maps. Opened only after the plan, it made "free at" wait for the plan
     plus NVML's opening (0.2 + 0.13 s on a host of 20,000 processes) rather than for the
     targets' exit alone."""
     targets.extend(rows)
+    freeze_first()  # what could start them again starts nothing from here on (freeze.py)
     timings["sigterm_s"] = _since(started)
     timings["early_batch"] = len(rows)
     targets.signal(rows, signal.SIGTERM, "SIGTERM")
@@ -358,19 +363,20 @@ def execute(args, operator, started, source):
     record = {"started": time.strftime(defaults.TIME_FORMAT), "operator": operator, "state": "running",
               "host": socket.gethostname(), "exit_code": None, "agent": lastrun.agent_identity()}
     recorder = Recorder()
-    watch = targets = None
+    watch = targets = freezer = None
     try:
         missing = [m for m in LATER if importlib.util.find_spec(m, __package__) is None]
         if missing:  # an incomplete agent must fail here, before any signal, not after them
             raise AgentIncomplete("the agent lacks module(s) %s (a broken bundle)"
                                   % ", ".join(m.lstrip(".").replace(".", "/") for m in missing))
         approved, audit = parse_approved(args.approved), Audit(operator)
-        watch = _subscribe_watch()  # every fork from here on is queued for it: the early batch's too
-        targets, batch = _early_batch(args, approved, audit, timings, started, source)
+        # every fork from here on is queued for the watch: the early batch's too
+        freezer, watch = Freezer(audit), _subscribe_watch()
+        targets, batch = _early_batch(args, approved, audit, timings, started, source, freezer)
         got: dict = {}  # what _plan_batch has made so far (the plan, once built)
         try:
             doc, the_plan, planned, unapproved, by_pid, stops = _plan_batch(args, source, targets, batch, watch,
-                                                                            timings, started, got)
+                                                                            timings, started, got, freezer)
         except Exception as exc:
             if not batch.rows and not targets.term_at:
                 raise  # nothing was signalled: the error is the answer, as before any signal
@@ -400,19 +406,12 @@ def execute(args, operator, started, source):
         recorder.save(record)
         args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
                            alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
-        exit_wait = _until_exited(args, targets, source, started, timings,
-                                  on_wake=lambda _alive: _finish_units(stops, audit, by_pid, targets=targets),
-                                  units_done=lambda alive: _finish_units(stops, audit, by_pid,
-                                                                         wait_s=1.0 if not alive else 0.0))
-        # clients gone: the MPS daemon next
-        mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
-                    if args.mps == "quit" else [])
-        result = _watch_window(args, source, targets, started, doc, the_plan, planned, settle,
-                               timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
+        unended, mps_quit, result = _stop_and_watch(args, targets, source, started, timings, (stops, audit, by_pid),
+                                                    freezer, (doc, the_plan, planned), (settle, checkup))
         after, free, problems = result["doc"], result["free"], result["problems"]
         aside = {(e["pid"], e["start_time"]) for e in result["exiting_without_gpu"]}  # exiting, no GPU: not stuck
         alive = [t for t in targets.alive() if (t["pid"], t["start_time"]) not in aside]
-        code = codes.EXIT_OK if free else verify.exit_code(after, free, args.max_used_mib)
+        code, starters, problems = _verdict(result, unended, after, args, verify, freezer)
         if targets.failed:
             code = codes.EXIT_NOT_FREE
         timings.update(free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"],
@@ -431,8 +430,8 @@ def execute(args, operator, started, source):
         ended = scan.public(after)  # the scan's document as it ended, before the health pass adds to it
         code = checkup.teardown_result(fields, after, source, health_start, code)  # health: after, stuck, mps
         fields["mps_quit"] = mps_quit
-        record.update(state="finished", verdict="free" if free else "not free",
-                      restarters=result["restarters"], exiting_without_gpu=result["exiting_without_gpu"],
+        record.update(state="finished", verdict=("free, starter alive" if starters else "free") if free else "not free",
+                      starters_alive=starters, exiting_without_gpu=result["exiting_without_gpu"],
                       left_alone_only=result["left_alone_only"], uninspected=len(after.get("denied") or []),
                       fork_watch=getattr(watch, "mode", "proc"), fork_watch_note=getattr(watch, "note", "no watch"),
                       timings=timings, finished=time.strftime(defaults.TIME_FORMAT))
@@ -441,10 +440,50 @@ def execute(args, operator, started, source):
         out["record_errors"] = recorder.errors + list(getattr(audit, "write_errors", []))
         return code, out
     finally:
+        if freezer is not None:
+            freezer.thaw()  # a failure half-way never leaves a process frozen
         if targets is not None:
             targets.close()
         if watch is not None:
             watch.close()
+
+
+def _stop_and_watch(args, targets, source, started, timings, units_stop, freezer, planned_doc, modules):
+    """From the first SIGTERM to the verdict's window: the grace, SIGKILL, the exits; then the
+    job's own starters (frozen since before the first SIGTERM) ended, MPS, and the settle
+    window. Returns (starters that outlived their end, MPS quits, the window's result)."""
+    stops, audit, by_pid = units_stop
+    doc, the_plan, planned = planned_doc
+    settle, checkup = modules
+    exit_wait = _until_exited(args, targets, source, started, timings,
+                              on_wake=lambda _alive: _finish_units(stops, audit, by_pid, targets=targets),
+                              units_done=lambda alive: _finish_units(stops, audit, by_pid,
+                                                                     wait_s=1.0 if not alive else 0.0))
+    unended = freezer.end([s for s in the_plan["starters"] if s["fate"] == "stop"], args.grace)
+    # clients gone: the MPS daemon next
+    mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
+                if args.mps == "quit" else [])
+    result = _watch_window(args, source, targets, started, doc, the_plan, planned, settle,
+                           timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
+    return unended, mps_quit, result
+
+
+def _verdict(result, unended, after, args, verify, freezer):
+    """Thaw what is still frozen (it runs again as it was, and is named), then (code, live
+    starters, problem lines) of the window's result: FREED (0) only when no
+    related starter lives, the middle verdict (11) when the GPUs are free but one does (each
+    named with its stop), else verify's code (not free)."""
+    freezer.thaw()
+    problems = result["problems"]
+    starters = result["starters_alive"] + [
+        dict(u, why="is one of the job's own launchers and outlived SIGKILL", include="look at its state (D: stuck)")
+        for u in unended if not any(s["pid"] == u["pid"] for s in result["starters_alive"])]
+    if not result["free"]:
+        return verify.exit_code(after, False, args.max_used_mib), starters, problems
+    if not starters:
+        return codes.EXIT_OK, starters, problems
+    return codes.EXIT_STARTER_ALIVE, starters, problems + [
+        "pid %d (%s) %s; stop it: %s" % (r["pid"], r["cmdline"][:80], r["why"], r["include"]) for r in starters]
 
 
 def _until_exited(args, targets, source, started, timings, on_wake, units_done):
@@ -497,7 +536,7 @@ def _watch_window(args, source, targets, started, doc, the_plan, planned, settle
     # what started them may start them again: their ancestry is watched as the others'
     lineage = settle.Lineage(doc, planned + the_plan.get("gone", []),
                              stopped={settle.manager_key(t) for t in planned if t.get("via", "signal") != "signal"},
-                             supervisors=the_plan["supervisors"], patterns=the_plan["patterns"],
+                             starters=the_plan["starters"], patterns=the_plan["patterns"],
                              stops=the_plan.get("managers", []))
     before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
     return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,

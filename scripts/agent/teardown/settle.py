@@ -17,17 +17,18 @@ What counts as a respawn: a process started during the teardown that
       the manager of a target's unit or container (a process that turns up in that unit or
       container).
 It is reported with what started it and what would stop it (`systemctl stop UNIT`,
-`docker stop NAME`, --stop-supervisors), never signalled (it was not in the plan).
+`docker stop NAME`, --stop-starters), never signalled (it was not in the plan).
 
-A restarter that has not restarted yet: a starter of the targets whose code starts one again
-(shellcode.restarts: `while true; do python3 server.py; sleep 3; done`, a python loop, watch)
-and is alive when the verdict is due makes it NOT FREE however long the window was, named with
-the command that stops it: its next turn may come after any window. Nothing
-else restarts the window or makes the verdict NOT FREE: a monitor's poll (nvidia-smi holds
-device files and no context), a passing NVML query, an unrelated new job that is gone by the
-verdict. Those are listed in `ignored`, with why. A process that still holds a GPU with a
-context when the window ends keeps the GPU from being free, whoever started it: the verdict
-waits for it (up to --timeout) and says so.
+A starter that has not restarted yet: a process related to the targets (relation.py: an
+ancestor, a leader, a member of a target's group) that the teardown did not end, alive when
+the verdict is due, makes the verdict the middle one (every GPU free now, exit 11) however long
+the window was, named with the command that stops exactly it: its next turn may come after
+any window. Related or not is a kernel fact (parentage, session, group, executable), never
+the text of its code. Nothing else restarts the window or changes the verdict: a monitor's
+poll (nvidia-smi holds device files and no context), a passing NVML query, an unrelated new
+job that is gone by the verdict. Those are listed in `ignored`, with why. A process that
+still holds a GPU with a context when the window ends keeps the GPU from being free, whoever
+started it: the verdict waits for it (up to --timeout) and says so.
 
 "Free at" (the first moment every GPU read free) and "settled at" are reported apart, and
 `on_free` is called at free-at so the operator sees it then: once, and again only after the
@@ -47,7 +48,7 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import cgroup, managers, procfs, procscan, program, rules, shellcode, wrappers
+from ..procs import cgroup, managers, procfs, procscan, program, relation, rules, wrappers
 from ..status import scan
 from . import plan, verify
 
@@ -78,15 +79,15 @@ class Lineage:
     """What could start the targets again, taken from the plan's scan before any signal:
     `starters` {(pid, start): cmdline}, the targets' ancestors up to their session leader (a
     shell loop, a wrapper, a terminal's shell; not PID 1, not this agent's chain, not a
-    target), past a session leader that is itself a wrapper (`setsid bash -c SERVER` in a
-    loop: the loop is what restarts it), plus every supervisor the plan named; and `managers`
-    {owner key: hint}, the units and containers the targets ran in (a service unit, a docker
-    or LXC container). `stopped`: owner keys whose stop was run. `procs`: the plan's records
+    target), past a session leader that is itself a wrapper, plus every starter the plan
+    related to them (relation.py: leaders, group members); and `managers` {owner key: hint},
+    the units and containers the targets ran in. `related`: the plan's starter rows, by key,
+    each with its fate. `stopped`: owner keys whose stop was run. `procs`: the plan's records
     (the confirming scans read again only what changed since: procscan.snapshot's `known`).
     `near`: the starters' other descendants, not targets (a watcher subshell beside the server
     that starts it again): what they start counts as the starter's."""
 
-    def __init__(self, doc, planned, stopped=(), supervisors=(), patterns=(), stops=()):
+    def __init__(self, doc, planned, stopped=(), starters=(), patterns=(), stops=()):
         procs, chain = doc.procs, doc.chain | {os.getpid()}
         self.procs = procs
         # plan["managers"]: the other managers' stops, run or named only (`run` False: the
@@ -94,9 +95,10 @@ class Lineage:
         self.named = [m for m in stops if not m.get("run")]
         self.by_daemon = {m["daemon_pid"]: m for m in stops if m.get("daemon_pid")}
         mine = {t["pid"] for t in planned}
-        self.starters: dict = {(s["pid"], s["start_time"]): s["cmdline"] for s in supervisors}
-        self.listed = set(self.starters)  # the plan's supervisors: what --stop-supervisors would stop
+        self.related = {(s["pid"], s["start_time"]): s for s in starters}
+        self.starters: dict = {k: s["cmdline"] for k, s in self.related.items()}
         self.managers: dict = {}
+        self.unseen = [t for t in planned if t["ppid"] == 0 and t["pid"] != 1]  # a parent outside our namespace
         self.identities = plan.target_identities(
             planned, patterns, lambda t: t.get("devices") or any((t.get("gpu_mib") or {}).values()))
         for t in planned:
@@ -110,37 +112,51 @@ class Lineage:
                 self.managers[key] = plan.supervisor_hint(t) if managed else (
                     "%s runs other processes too, so it is not stopped: stop what starts the server there"
                     % _manager_words(key))
-        self.names = shellcode.Names(patterns, self.identities)
-        self.pid1_loops = any(t["ppid"] == 1 for t in planned) and 1 in procs and 1 not in chain \
-            and shellcode.restarts(procs[1], self.names)
         self.stopped = set(stopped)
         self.near = _descendants(self.starters, procs, chain, mine)
 
     def surviving(self):
-        """The starters still alive, and the managers not stopped: what could restart a target."""
-        alive = [(k, cmd) for k, cmd in self.starters.items() if procfs.same_process(*k)]
+        """The starters still alive and not frozen (a frozen one starts nothing until it is
+        thawed, after the verdict), what they started beside the targets (a watcher subshell),
+        and the managers not stopped: what could restart a target within the window."""
+        alive = [(k, cmd) for k, cmd in list(self.starters.items()) + list(self.near.items())
+                 if procfs.same_process(*k) and self.related.get(k, {}).get("fate") != "freeze"]
         return alive, {k: v for k, v in self.managers.items() if k not in self.stopped}
 
-    def restarters(self):
-        """[{pid, start_time, cmdline, why, include}] of the surviving starters whose code starts
-        a target again (shellcode.restarts: a shell or python loop, watch, xargs, or code that
-        cannot be read), and PID 1 when it is such a loop and a target's parent (a container
-        whose main process restarts the server): each will start a target again, whenever its
-        loop comes round."""
+    def live_starters(self, since_ticks, procs_now=None):
+        """[{pid, start_time, cmdline, role, why, include}] of the related starters that could
+        still start a target, by kernel facts alone (relation.py): a frozen one that is alive
+        (thawed after the verdict), one of the job's own that could not be ended, an
+        interactive shell that is neither idle at its prompt nor busy with its own older
+        foreground job, one outside the scope; and the targets whose parent lies outside this
+        agent's PID namespace (what started them cannot be seen)."""
         out = []
-        for k in self.starters:
-            info = self.procs.get(k[0])
-            if info is None or info["start_time"] != k[1] or not procfs.same_process(*k) \
-                    or wrappers.launcher(info) or managers.is_manager_daemon(info) \
-                    or not shellcode.restarts(info, self.names):  # a manager's program: its stop is named apart
+        for k, s in self.related.items():
+            if not procfs.same_process(*k):
                 continue
-            out.append({"pid": k[0], "start_time": k[1], "cmdline": info["cmdline"], "include": self.hint(info),
-                        "why": "is alive and runs a loop that starts the server again (its next turn may come "
-                               "after any settle window)"})
-        if self.pid1_loops:
-            info = self.procs[1]
-            out.append({"pid": 1, "start_time": info["start_time"], "cmdline": info["cmdline"],
-                        "include": _pid1_hint(), "why": "PID 1 runs a loop that starts the server again"})
+            why = None
+            if s["fate"] == "stop":
+                why = "is one of the job's own launchers, and could not be ended"
+            elif s["fate"] == "freeze":
+                why = ("is %s, related to target(s) %s (%s): it may start one again; it was frozen during the stop "
+                       "and is running again" % (_role_words(s), _joined(s.get("wraps") or []), s["reason"]))
+            elif s.get("role") == "terminal":
+                state = relation.terminal_state(s, since_ticks, procs_now)
+                if state in ("running", "unknown"):
+                    why = ("is an interactive shell that %s: a loop typed at its prompt may start the server again"
+                           % ("runs something new in its terminal's foreground" if state == "running"
+                              else "could not be seen at its prompt"))
+            else:
+                why = "is related to target(s) %s (%s), outside what this teardown may signal" % (
+                    _joined(s.get("wraps") or []), s["reason"])
+            if why:
+                out.append({"pid": k[0], "start_time": k[1], "cmdline": s["cmdline"], "role": s.get("role"),
+                            "why": why, "include": s.get("hint") or self.hint(self.procs.get(k[0], s))})
+        for t in self.unseen:
+            out.append({"pid": t["pid"], "start_time": t["start_time"], "cmdline": t.get("cmdline", ""),
+                        "role": "unseen", "include": "look from the host or the container's node",
+                        "why": "was a target whose parent is outside this agent's PID namespace: what started it, "
+                               "and may start it again, cannot be seen from here"})
         return out
 
     def named_left(self):
@@ -156,13 +172,13 @@ class Lineage:
         return out
 
     def hint(self, starter):
-        """What stops a starter, true to the letter: --stop-supervisors only for a process the
-        plan listed as a supervisor (that flag stops exactly those), its unit's or container's
-        stop for one a manager runs, else its own pid to end by hand."""
+        """What stops a starter, exactly that process: the plan's own hint for a related one,
+        its unit's, container's or manager's stop for one a manager runs, else a line that ends
+        its pid while its start time is still its own."""
         k = (starter["pid"], starter["start_time"])
+        if k in self.related and self.related[k].get("hint"):
+            return self.related[k]["hint"]
         owned = _owned(starter)
-        if k in self.listed:
-            return plan.supervisor_hint(owned, managed=False)
         if starter["pid"] == 1:
             return _pid1_hint()
         if manager_key(owned) is not None:
@@ -175,11 +191,12 @@ class Lineage:
             return ("stop the program through its manager, %s (PID %d: %s), with that manager's own stop command; "
                     "its daemon is never signalled" % (managers.daemon_name(starter), starter["pid"],
                                                        starter["cmdline"][:60]))
-        if wrappers.kind(starter) is not None or wrappers.launcher(starter):
-            return ("end PID %d yourself (`kill %d`: %s): the plan did not list it as a supervisor, so "
-                    "--stop-supervisors would not stop it" % (starter["pid"], starter["pid"], starter["cmdline"][:60]))
-        return ("stop what PID %d runs (%s): it is no wrapper gpu-pivot stops (a terminal's shell, a multiplexer, "
-                "a daemon)" % (starter["pid"], starter["cmdline"][:60]))
+        return plan.starter_hint(dict(starter, role=relation.role(starter)), self.procs)
+
+
+def _role_words(s):
+    return {"launcher": "a launcher", "shell": "a shell running code", "starter": "a program that starts others",
+            "unknown": "a process whose program cannot be read"}.get(s.get("role"), "a process")
 
 
 def stop_words(stop):
@@ -399,7 +416,7 @@ def _respawned_by(info, procs, since_ticks, lineage, what):
     if key is not None and key in lineage.managers and key not in lineage.stopped:  # a stop job's own ExecStop
         return "its %s" % _manager_words(key), lineage.managers[key]
     if (starter is None or starter["pid"] == 1) and what != "has a CUDA context":
-        if lineage.pid1_loops and (starter is None or info["ppid"] == 1):
+        if (1, procs.get(1, {}).get("start_time")) in lineage.related and (starter is None or info["ppid"] == 1):
             return "PID 1: %s" % procs[1]["cmdline"][:100], _pid1_hint()
         return ("a process that left at once (it was reparented to PID 1: a double fork, as a watchdog does)",
                 "find what starts it: nothing the teardown saw does")
@@ -430,7 +447,6 @@ class _Seen:
 
     def __init__(self, args, targets, lineage, before):
         self.args, self.targets, self.lineage, self.before = args, targets, lineage, set(before)
-        self.restarters: list = []
         self.patterns = plan.patterns_of(args)
         self.known = reusable_records(lineage, targets.since_ticks)
         self.respawned: dict = {}
@@ -587,16 +603,13 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
     if stable is not None and stable[0] == "left" and not free:
         problems = problems + ["only what the plan left alone still holds a GPU: nothing this teardown does "
                                "moves it, so the verdict did not wait for --timeout"]
-    restarters = seen.lineage.restarters()  # alive now: whatever the window saw, the next turn may come
-    if restarters:
-        free = False
-        problems = problems + ["pid %d (%s) %s; stop it: %s" % (r["pid"], r["cmdline"][:80], r["why"], r["include"])
-                               for r in restarters]
+    # alive now: whatever the window saw, a starter's next turn may come after it (the middle verdict)
+    starters = seen.lineage.live_starters(targets.since_ticks, doc.procs) if free else []
     named = seen.lineage.named_left()  # a target its manager would restart was named, not signalled
     if named:
         free = False
         problems = problems + [line for _, line in named]
-    return {"free": free, "doc": doc, "problems": problems, "restarters": restarters,
+    return {"free": free, "doc": doc, "problems": problems, "starters_alive": starters,
             "left_alone_only": stable is not None and stable[0] == "left",
             "exiting_without_gpu": exiting if free else [],
             "appeared": list(seen.respawned.values()), "ignored": list(seen.ignored.values()), "scans": seen.scans,

@@ -128,15 +128,17 @@ class Plan(Record):
     units: list[rows.Unit] = []
     containers: list[rows.PlanContainer] = []
     managers: list[rows.PlanManager] = []  # other managers' stops: supervisorctl, sv down, podman stop; or named only
-    supervisors: list[rows.PlanRow] = []
+    starters: list[rows.PlanRow] = []  # related to a target (agent/procs/relation.py): fate stop, freeze or watch
     gone: list[rows.PlanRow] = []  # targets (and wrappers) that exited before the plan was made: not signalled
     writing: list[rows.Writing] = []
     scope: rows.Scope = {}
     rules: list[str] = []
 
     def approved(self):
-        """The targets as `--approved PID:START,...` takes them (what the operator saw)."""
-        return ",".join("%s:%s" % (t["pid"], t["start_time"]) for t in self.targets)
+        """The targets, and the starters it stops or freezes, as `--approved PID:START,...` takes
+        them (what the operator saw)."""
+        shown = self.targets + [s for s in self.starters if s.get("fate") in ("stop", "freeze")]
+        return ",".join("%s:%s" % (t["pid"], t["start_time"]) for t in shown)
 
 
 class PlanResult(Record):

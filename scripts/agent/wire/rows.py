@@ -58,13 +58,15 @@ class Holder(ProcessRow, total=False):
 
 
 class PlanRow(ProcessRow, total=False):
-    """Plan.targets, protected, left_alone and supervisors (agent/teardown/plan.py _row);
+    """Plan.targets, protected, left_alone and starters (agent/teardown/plan.py _row);
     TeardownResult.adopted: a row and why it is one."""
     reason: str
     via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
-    hint: str  # supervisors: how to stop it too
+    hint: str  # starters: the command that stops exactly it
+    fate: str  # starters: "stop" (frozen, ended after the targets), "freeze" (frozen, thawed), "watch" (a terminal)
+    role: str  # starters: launcher, shell, terminal or starter (agent/procs/relation.py)
     manager: PlanManagerRef  # the manager that runs and restarts it (supervisord, runit, podman, a pod...)
-    wraps: list[int]  # supervisors, and wrappers stopped as targets: the pids of the targets it runs
+    wraps: list[int]  # starters, and wrappers stopped as targets: the pids of the targets it is related to
 
 
 class GpuProcess(TypedDict):

@@ -241,7 +241,7 @@ def test_a_holder_gone_before_the_plan_is_not_a_target_signalled_outside_its_con
             h["protected"] = None
         doc = Scan({"holders": holders}, records, set())
         args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
-                       only_matching=False, stop_supervisors=False, disable=False)
+                       only_matching=False, stop_starters=False, disable=False)
         built = plan.build(doc, args)
         assert [(t["pid"], t["via"]) for t in built["targets"]] == [(live.pid, "signal")], built["targets"]
     finally:
@@ -357,10 +357,10 @@ def test_a_target_gone_before_the_plan_still_leaves_what_started_it_watched(tmp_
         held["protected"] = None
         doc = Scan({"holders": [held]}, records, set())
         args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
-                       only_matching=False, stop_supervisors=False, disable=False)
+                       only_matching=False, stop_starters=False, disable=False)
         built = plan.build(doc, args)
         assert built["targets"] == [] and [g["pid"] for g in built["gone"]] == [child]
-        lineage = settle.Lineage(doc, built["targets"] + built["gone"], supervisors=built["supervisors"])
+        lineage = settle.Lineage(doc, built["targets"] + built["gone"], starters=built["starters"])
         alive, _ = lineage.surviving()
         assert (starter.pid, records[starter.pid]["start_time"]) in dict(alive), alive
     finally:

@@ -396,7 +396,7 @@ def test_a_supervisor_above_an_approved_target_is_watched_past_a_session_leader(
     assert not alive(worker)
     again = wait_for(now, "the loop's next worker")
     assert again[1] != worker
-    assert code != 0 and doc.get("appeared"), (code, doc["plan"]["supervisors"], doc.get("ignored"))
+    assert code != 0 and doc.get("appeared"), (code, doc["plan"]["starters"], doc.get("ignored"))
 
 
 # opens the job's GPU after a delay (a model load), then runs

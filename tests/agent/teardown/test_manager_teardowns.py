@@ -87,7 +87,7 @@ def test_supervisord_program_is_stopped_with_supervisorctl_for_good(ps, tmp_path
         assert row["via"] == command
         assert [(m["kind"], m["name"], m["run"], m["pids"]) for m in the_plan["managers"]] == [
             ("supervisord", "infer:vllm", True, [pid])]
-        assert sd.pid not in {t["pid"] for t in the_plan["targets"] + the_plan["supervisors"]}
+        assert sd.pid not in {t["pid"] for t in the_plan["targets"] + the_plan["starters"]}
         assert f"supervisord infer:vllm (pid {pid}) will be stopped with {command}" in plan_view(ps)
 
         result = teardown(ps)
@@ -286,7 +286,7 @@ def test_a_stop_whose_tool_is_not_on_path_is_named_not_run(ps, tmp_path, supervi
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
         doc = scan.collect(scan_args(ps))
         args = Options(target=None, match=[], protect=[], scope=str(ps.base), scope_uid=None,
-                       only_matching=False, stop_supervisors=False, disable=False, all_users=False)
+                       only_matching=False, stop_starters=False, disable=False, all_users=False)
         monkeypatch.setattr(plan_module, "on_path", lambda tool: tool != "supervisorctl")
         built = plan_module.build(doc, args)
         assert pid not in {t["pid"] for t in built["targets"]}

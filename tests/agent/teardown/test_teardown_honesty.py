@@ -73,7 +73,7 @@ def test_supervisor_respawn_is_caught_and_named(ps, tmp_path):
     appeared = result.doc["appeared"]
     assert appeared and appeared[0]["ppid"] == supervisor
     assert f"started by PID {supervisor}: bash {sup}" in appeared[0]["why"]
-    assert appeared[0]["include"].startswith(f"--stop-supervisors (also stops PID {supervisor}: bash")
+    assert appeared[0]["include"].startswith(f"--stop-starters (also stops PID {supervisor}: bash")
     assert alive(supervisor)  # never signalled: it was not in the plan
     for pid in children(supervisor):
         ps.adopt(pid)

@@ -301,7 +301,7 @@ def test_a_restart_that_has_not_opened_the_gpu_yet_is_not_free(ps, tmp_path):
     respawn = [a for a in result.doc["appeared"] if "not holding a GPU yet" in a["why"]]
     assert respawn and respawn[0]["ppid"] == supervisor.pid
     assert f"started by PID {supervisor.pid}: bash {sup}" in respawn[0]["why"]
-    assert respawn[0]["include"].startswith(f"--stop-supervisors (also stops PID {supervisor.pid}: bash")
+    assert respawn[0]["include"].startswith(f"--stop-starters (also stops PID {supervisor.pid}: bash")
     assert alive(supervisor.pid)  # reported, never signalled: it was not in the plan
 
 

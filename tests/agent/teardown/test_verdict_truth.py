@@ -1,39 +1,39 @@
-"""The verdict is true: never FREED while something can bring the server back, never NOT FREE
-when nothing holds a GPU and nothing restarts one, and every hint names a command that works.
+"""The verdict is true by construction: whether a server can come back is decided from how
+processes relate to it and what the kernel shows, never from the text of their code.
 
-Each world is built of real processes (real bash loops, real sudo, a real tmux server), and
-each teardown is scoped to the test's own temp dir, so it can match nothing the test did not
-start. Helper programs (`sleep`, `date`) run from links under that dir (`ps.base/bin/sleep`),
-so they are in scope too, as they would be on a host where nothing is scoped.
-
-The rules protected here:
-- a shell loop that restarts the server after any delay (longer than the settle window) and
-  is alive at the verdict makes it NOT FREE, named with --stop-supervisors, which then stops it;
-- the walk up from a server goes through sudo and its monitor to the loop above them;
-- a helper of a target's tree (`sleep` after the server in a tmux pane's `bash -c`) or another
-  session's clock loop under the same tmux server is no respawn;
-- a client of the same Python package (`-m pkg.bench_serving`) is no respawn;
-- a container's PID 1 that loops is named, with the container's stop, never "a double fork";
-- a wrapper that exec'd the server in place is called the server, and a second teardown stops it;
-- --only-matching gives its verdict as soon as only the holders it left remain;
-- another person's copy of a target program holding no GPU is left and named (--all-users takes it).
+Each world is real processes (bash loops, sudo, timeout, flock, tmux, a compiled watchdog, a
+node timer), each teardown scoped to the test's own temp dir, so it can match nothing the
+test did not start. The rules (agent/procs/relation.py):
+- the job's own launchers and shell loops above a target are frozen before its SIGTERM and
+  ended after it: FREED, exit 0, and nothing comes back, whatever the loop's pause;
+- any other related starter (a Python, node or compiled watchdog, a launcher that loops over
+  logs, a notebook kernel) is frozen during the stop, thawed, and named: exit 11, with a
+  command that stops exactly it; --stop-starters stops it with the targets;
+- a process related to no target is never named and never signalled, under any flag;
+- an interactive shell is never signalled: idle at its prompt, or busy with its own older
+  foreground job (`tail -f`), it is inert.
 """
 from __future__ import annotations
 
+import json
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
-from tests.support.procs import alive, children, tmux_pane, wait_for
+from tests.support.procs import alive, children, state, tmux_pane, wait_for
 from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell
 
 TARGETS = r"xsrv\.launch_server"
+PAUSE = 5  # every restarter here waits this long between turns: longer than the 2 s window
 
 
 def teardown(ps, *extra, **keys):
@@ -41,354 +41,302 @@ def teardown(ps, *extra, **keys):
     return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
 
 
-def helpers(ps, *names: str) -> Path:
-    """ps.base/bin with links to the named programs: their argv[0] carries the test's scope."""
-    bindir = ps.base / "bin"
-    bindir.mkdir(exist_ok=True)
-    for name in names:
-        link = bindir / name
-        if not link.exists():
-            link.symlink_to(shutil.which(name))
-    return bindir
+def plan(ps, *extra):
+    return call_agent(host(ps, TARGETS=TARGETS), "plan", list(extra)).doc["plan"]
 
 
-def restarted(ready: Path, old: int) -> int:
-    """The pid of the next server to write `ready`, once one other than `old` has."""
-    def new():
-        text = ready.read_text().strip() if ready.exists() else ""
-        return text if text and text != str(old) else None
-    return int(wait_for(new, f"a restart after pid {old}", timeout=15))
+def signals_to(doc, pid):
+    return [a["signal"] for a in doc["actions"] if a["pid"] == pid]
 
 
-# -- FREED never while a loop can bring the server back --------------------------------------
+def server_argv(ps, ready):
+    return [sys.executable, "-m", "xsrv.launch_server", "--ready", str(ready)]
 
-def test_a_loop_that_restarts_after_longer_than_the_window_is_never_freed(ps):
-    """`setsid nohup bash sup.sh` whose loop sleeps 3 s after the server ends: the 2 s window
-    sees no respawn, but the loop is alive at the verdict, so it is NOT FREE, naming the loop
-    and --stop-supervisors; run with that flag, the loop is stopped and the GPU stays free."""
-    ready = ps.base / "srv.ready"
-    script = ps.base / "sup.sh"
-    script.write_text(f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep 3; done\n")
-    shell(ps, f"exec setsid nohup bash {script} >/dev/null 2>&1")  # setsid forks: the loop is its child
-    first = ready_pid(ready)
-    ps.adopt(first)
-    loop = int(Path(f"/proc/{first}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    ps.adopt(loop)
-    plan = call_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
-    assert [(s["pid"], s["cmdline"]) for s in plan["supervisors"]] == [(loop, f"bash {script}")], plan["supervisors"]
-    result = teardown(ps)
+
+def assert_named_and_thawed(result, starter):
+    """Exit 11 naming `starter`, which runs again (not stopped) after the verdict."""
     doc = result.doc
-    assert result.code == 1 and doc["verdict"] == "not free", doc["problems"]
-    assert not alive(first) and alive(loop)
-    assert [r["pid"] for r in doc["restarters"]] == [loop], doc["restarters"]
-    hint = doc["restarters"][0]["include"]
-    assert hint.startswith(f"--stop-supervisors (also stops PID {loop}"), hint
-    assert any(p.startswith(f"pid {loop} (bash ") and "runs a loop" in p for p in doc["problems"]), doc["problems"]
-    again = restarted(ready, first)  # the loop's next turn, after the window: what the verdict warned of
-    ps.adopt(again)
-    result = teardown(ps, "--stop-supervisors")  # the hint, run as printed
-    assert result.code == 0, result.doc["problems"]
-    assert not alive(loop) and not alive(again) and result.doc["restarters"] == []
+    assert result.code == 11, (doc["verdict"], doc["problems"])
+    assert doc["verdict"] == "free, starter alive"
+    assert [s["pid"] for s in doc["starters_alive"]] == [starter], doc["starters_alive"]
+    assert signals_to(doc, starter) == ["SIGSTOP", "SIGCONT"], doc["actions"]
+    assert alive(starter) and state(starter) not in ("T", "t")
+    return doc["starters_alive"][0]
 
 
-def test_a_watchdog_with_a_sleep_child_is_listed_and_the_flag_its_hint_names_stops_it(ps):
-    """A watchdog that started the server in the background and checks it every 4 s: its
-    children are the server and a `sleep`. The plan lists it (a loop's timer is no other job),
-    so the --stop-supervisors its hint names stops it."""
+def run_hint(hint):
+    """The pinned kill line a hint names, run as printed, in a shell."""
+    line = re.search(r"`([^`]*)`", hint).group(1)
+    return subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10)
+
+
+# -- the job's own loop ends with the server: FREED, and nothing comes back --------------------
+
+LAUNCHERS = ["", "timeout 86400 ", "flock {base}/lock ", "nice -n 5 ", "taskset -c 0 ",
+             "sudo -n env PYTHONPATH={pkg} "]
+
+
+@pytest.mark.parametrize("launcher", LAUNCHERS)
+def test_a_shell_loop_through_a_launcher_is_the_jobs_own_and_ends_with_the_server(ps, launcher):
+    """`while true; do LAUNCHER SERVER; sleep 5; done` in a script: the loop (and the launcher
+    between, where it forks) is frozen before the server's SIGTERM and ended after. FREED."""
+    if launcher.startswith("sudo") and not shutil.which("sudo"):
+        pytest.skip("sudo is not installed (.ci/packages has it)")
     ready = ps.base / "srv.ready"
-    watchdog = shell(ps, f"{server_cmd(ps, ready)} & s=$!; "
-                         f"while sleep 4; do kill -0 $s 2>/dev/null || {{ {server_cmd(ps, ready)} & s=$!; }}; done")
-    server = ready_pid(ready)
-    ps.adopt(server)
-    wait_for(lambda: any(Path(f"/proc/{c}/comm").read_text().strip() == "sleep" for c in children(watchdog)),
-             "the watchdog's sleep")
-    result = teardown(ps)
-    assert result.code == 1, result.doc["problems"]
-    assert [r["pid"] for r in result.doc["restarters"]] == [watchdog]
-    hint = result.doc["restarters"][0]["include"]
-    assert hint.startswith("--stop-supervisors"), hint
-    assert alive(watchdog)
-    ps.adopt(restarted(ready, server))  # its next check finds the server gone and starts it again
-    result = teardown(ps, "--stop-supervisors")
-    assert result.code == 0, result.doc["problems"]
-    assert not alive(watchdog)
-
-
-@pytest.mark.skipif(not shutil.which("sudo"), reason="sudo is not installed (.ci/packages has it)")
-def test_a_loop_that_launches_through_sudo_is_seen_through_sudo_and_its_monitor(ps):
-    """`while true; do sudo SERVER; sleep 0.2; done` in a script: sudo (with use_pty, as Debian
-    configures it) runs the server under a monitor in a session of its own. The walk up goes
-    through both to the loop: the plan lists it, and its restart is a respawn started by it."""
-    ready = ps.base / "srv.ready"
-    script = ps.base / "sudo-loop.sh"
-    script.write_text(f"while true; do rm -f {ready}; sudo -n {server_cmd(ps, ready)}; sleep 0.2; done\n")
+    script = ps.base / "loop.sh"
+    server_run = " ".join(server_argv(ps, ready))
+    script.write_text(f"export PYTHONPATH={server_pkg(ps)}\n"
+                      f"while true; do rm -f {ready}; {launcher.format(base=ps.base, pkg=server_pkg(ps))}{server_run}; sleep {PAUSE}; done\n")
     loop = shell(ps, f"exec bash {script}")
     server = ready_pid(ready)
     ps.adopt(server)
+    ps.pids.extend(children(loop))
+    listed = {s["pid"]: s for s in plan(ps)["starters"]}
+    assert listed[loop]["fate"] == "stop" and listed[loop]["role"] == "shell", listed
     result = teardown(ps)
     doc = result.doc
-    assert result.code == 1, doc["problems"]
-    assert [s["pid"] for s in doc["plan"]["supervisors"]] == [loop], doc["plan"]["supervisors"]
-    assert doc["appeared"] and all(a["started_by"].startswith(f"PID {loop}: bash {script}")
-                                   for a in doc["appeared"]), doc["appeared"]
-    assert doc["appeared"][0]["include"].startswith("--stop-supervisors")
-    ps.adopt(restarted(ready, server))
-    result = teardown(ps, "--stop-supervisors")
+    assert result.code == 0, doc["problems"]
+    assert not alive(loop) and not alive(server)
+    order = [(a["pid"], a["signal"]) for a in doc["actions"]]
+    assert order.index((loop, "SIGSTOP")) < order.index((server, "SIGTERM")) < order.index((loop, "SIGTERM"))
+    time.sleep(0.5)
+    assert ready.read_text() == str(server)  # no turn of the loop came after it: the loop is gone
+
+
+def test_a_loop_that_runs_a_start_script_which_execs_the_server_ends_with_it(ps):
+    ready = ps.base / "srv.ready"
+    run = " ".join(server_argv(ps, ready))
+    (ps.base / "start-server.sh").write_text(f"export PYTHONPATH={server_pkg(ps)}\nexec {run}\n")
+    loop = shell(ps, f"cd {ps.base} && while true; do rm -f {ready}; bash ./start-server.sh; sleep {PAUSE}; done")
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
     assert result.code == 0, result.doc["problems"]
     assert not alive(loop)
 
 
-@pytest.mark.skipif(not shutil.which("sudo"), reason="sudo is not installed (.ci/packages has it)")
-def test_a_sudo_loop_typed_at_a_tmux_prompt_is_not_freed(ps, tmp_path):
-    """The same loop typed at an interactive prompt: the pane's shell runs it. The walk up goes
-    through sudo's monitor (a session leader) and sudo to the pane's shell, so the restart
-    0.2 s later is a respawn, NOT FREE, and the pane and tmux live on."""
-    sock, tmux_server, pane = tmux_pane(ps, tmp_path)
+def test_a_launch_script_that_sources_an_env_file_and_runs_the_server_once_is_freed(ps):
+    """No loop at all, but `source` and a function: it is the job's own launcher, ended with
+    the server; FREED (its code is never read)."""
     ready = ps.base / "srv.ready"
-    line = f"while true; do rm -f {ready}; sudo -n {server_cmd(ps, ready)}; sleep 0.2; done"
-    subprocess.run(["tmux", "-S", str(sock), "send-keys", line, "Enter"], check=True)
+    (ps.base / "env.sh").write_text("export MODE=serve\n")
+    script = ps.base / "launch.sh"
+    script.write_text(f"source {ps.base}/env.sh\nrun() {{ {server_cmd(ps, ready)}; }}\nrun\necho done\n")
+    wrapper = shell(ps, f"exec bash {script}")
     ps.adopt(ready_pid(ready))
-    result = teardown(ps)
-    doc = result.doc
-    assert result.code == 1, doc["problems"]
-    assert doc["appeared"], doc["problems"]
-    assert all(a["started_by"].startswith(f"PID {pane}:") for a in doc["appeared"]), doc["appeared"]
-    assert alive(pane) and alive(tmux_server)
-    subprocess.run(["tmux", "-S", str(sock), "send-keys", "C-c", ""], check=False)
-
-
-# -- NOT FREE never when nothing holds a GPU and nothing restarts one --------------------------
-
-def test_a_panes_sleep_after_its_server_and_another_sessions_clock_are_no_respawn(ps, tmp_path):
-    """A tmux pane `bash -c "SERVER; sleep 20"` runs its sleep after the server ends, and a
-    clock loop `while sleep 0.5; do date; done` runs in another session of the same tmux
-    server. Neither is a respawn: `sleep` is no target program (only a helper of the target's
-    tree), and sharing a tmux server relates nothing. FREED, exit 0."""
-    bindir = helpers(ps, "sleep", "date")
-    ready = ps.base / "srv.ready"
-    clock = f"bash -c 'while {bindir}/sleep 0.5; do {bindir}/date; done'"
-    sock, tmux_server, clock_pane = tmux_pane(ps, tmp_path, clock)
-    subprocess.run(["tmux", "-S", str(sock), "new-window", "-d",
-                    f"bash -c '{server_cmd(ps, ready)}; {bindir}/sleep 20'"], check=True)
-    ps.adopt(ready_pid(ready))
-    result = teardown(ps, "--settle", "1.5")
-    doc = result.doc
-    assert result.code == 0, doc["problems"]
-    assert doc["appeared"] == [] and doc["restarters"] == [], (doc["appeared"], doc["restarters"])
-    assert alive(clock_pane) and alive(tmux_server)
-
-
-@pytest.mark.parametrize("how", ["another tmux window", "a double fork"])
-def test_a_client_of_the_same_package_is_no_respawn(ps, tmp_path, how):
-    """`python3 -m xsrv.bench_serving` in a retry loop holding no GPU, in another window of the
-    tmux server the server's window is in, or started with `( client & )` so that it is left to
-    PID 1: the server is `-m xsrv.launch_server`; a package is not a program. FREED, exit 0."""
-    pkg = Path(server_cmd(ps, ps.base / "x").split()[0].split("=", 1)[1])
-    (pkg / "xsrv" / "bench_serving.py").write_text("import time\ntime.sleep(0.3)\n")
-    client = f"PYTHONPATH={pkg} {sys.executable} -m xsrv.bench_serving {ps.base}"
-    ready = ps.base / "srv.ready"
-    if how == "a double fork":
-        loop = shell(ps, f"while true; do ( {client} & ); sleep 0.1; done")
-        shell(ps, server_cmd(ps, ready))
-    else:
-        sock, tmux_server, loop = tmux_pane(ps, tmp_path, f"bash -c 'while true; do {client}; sleep 0.1; done'")
-        subprocess.run(["tmux", "-S", str(sock), "new-window", "-d", f"bash -c '{server_cmd(ps, ready)}'"],
-                       check=True)
-    ps.adopt(ready_pid(ready))
-    result = teardown(ps, "--settle", "1.5")
-    assert result.code == 0, result.doc["problems"]
-    assert result.doc["appeared"] == []
-    assert alive(loop)
-
-
-# -- hints that name what is there ----------------------------------------------------------
-
-def test_a_wrapper_that_execd_the_server_in_place_is_called_the_server_and_a_second_teardown_stops_it(ps):
-    ready = ps.base / "srv.ready"
-    second = ps.base / "srv2.ready"
-    wrapper = shell(ps, f"{server_cmd(ps, ready)}; {server_cmd(ps, second)}")
-    ps.adopt(ready_pid(ready))
-    result = teardown(ps, "--settle", "1.5")
-    assert result.code == 1, result.doc["problems"]
-    execd = [a for a in result.doc["appeared"] if a["pid"] == wrapper]
-    assert execd, result.doc["appeared"]
-    assert "it is the server now" in execd[0]["include"] and "teardown again" in execd[0]["include"]
-    assert "terminal's shell" not in execd[0]["include"]
-    assert ready_pid(second) == wrapper
     result = teardown(ps)
     assert result.code == 0, result.doc["problems"]
     assert not alive(wrapper)
 
 
-@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"),
-                    reason="needs root, unshare and nsenter for a PID namespace")
-def test_a_container_whose_pid_1_is_the_restart_loop_is_named_with_its_stop(ps):
-    """A container (here a PID namespace) whose PID 1 is `bash -c 'while true; do SERVER; sleep
-    3; done'`: the agent inside sees the server's parent as PID 1. The verdict is NOT FREE,
-    naming PID 1's loop and how to stop the container; it never calls it a double fork."""
+# -- other starters: frozen, thawed, named (exit 11) --------------------------------------------
+
+PY_WATCHDOG = """\
+import os, subprocess, sys, time
+argv = sys.argv[sys.argv.index("--") + 1:]
+while True:
+    subprocess.call(argv)
+    time.sleep({pause})
+"""
+
+PY_REEXEC = """\
+import os, subprocess, sys, time
+argv = sys.argv[sys.argv.index("--") + 1:]
+subprocess.call(argv)
+time.sleep({pause})
+os.execv(sys.executable, [sys.executable] + sys.argv)
+"""
+
+PY_ONE_SHOT = """\
+import subprocess, sys, time
+argv = sys.argv[sys.argv.index("--") + 1:]
+# loop over the logs once the server is up: the word loop in a comment decides nothing
+subprocess.call(argv)
+while True:
+    time.sleep(0.2)
+"""
+
+C_WATCHDOG = r"""
+#include <sys/wait.h>
+#include <unistd.h>
+int main(int argc, char **argv) {
+    int i = 1;
+    while (i < argc && argv[i][0] != '-') i++;
+    for (;;) {
+        pid_t p = fork();
+        if (p == 0) { execv(argv[i + 1], argv + i + 1); _exit(127); }
+        waitpid(p, 0, 0);
+        sleep(PAUSE);
+    }
+}
+"""
+
+NODE_WATCHDOG = """\
+const {{ spawn }} = require("child_process");
+const argv = process.argv.slice(process.argv.indexOf("--") + 1);
+function go() {{
+  const p = spawn(argv[0], argv.slice(1), {{ stdio: "ignore" }});
+  p.on("exit", () => setTimeout(go, {pause} * 1000));
+}}
+go();
+"""
+
+
+def _watchdog(ps, kind, ready):
+    """argv of a restarter of `kind` that runs the server (the test's scope in its argv)."""
+    pkg = server_pkg(ps)
+    if kind == "python3 -m pkg.watchdog":
+        (pkg / "wd").mkdir(exist_ok=True)
+        (pkg / "wd" / "__init__.py").write_text("")
+        (pkg / "wd" / "watchdog.py").write_text(PY_WATCHDOG.format(pause=PAUSE))
+        return [sys.executable, "-m", "wd.watchdog", str(ps.base), "--", *server_argv(ps, ready)]
+    if kind in ("python3 -W ignore watchdog.py", "a python restarter that re-execs itself",
+                "a one-shot python launcher that loops over its logs"):
+        code = {"python3 -W ignore watchdog.py": PY_WATCHDOG, "a python restarter that re-execs itself": PY_REEXEC,
+                "a one-shot python launcher that loops over its logs": PY_ONE_SHOT}[kind]
+        path = ps.base / "watchdog.py"
+        path.write_text(code.format(pause=PAUSE))
+        return [sys.executable, "-W", "ignore", str(path), "--", *server_argv(ps, ready)]
+    if kind == "a compiled watchdog":
+        if not shutil.which("gcc"):
+            pytest.skip("gcc is not installed (.ci/packages has it)")
+        src = ps.base / "wd.c"
+        src.write_text(C_WATCHDOG.replace("PAUSE", str(PAUSE)))
+        subprocess.run(["gcc", "-O1", "-o", str(ps.base / "wd"), str(src)], check=True)
+        return [str(ps.base / "wd"), "--", *server_argv(ps, ready)]
+    if not shutil.which("node"):
+        pytest.skip("node is not installed (.ci/packages has it)")
+    path = ps.base / "watchdog.js"
+    path.write_text(NODE_WATCHDOG.format(pause=PAUSE))
+    return ["node", str(path), "--", *server_argv(ps, ready)]
+
+
+STARTERS = ["python3 -m pkg.watchdog", "python3 -W ignore watchdog.py", "a compiled watchdog", "a node restarter",
+            "a python restarter that re-execs itself", "a one-shot python launcher that loops over its logs"]
+
+
+@pytest.mark.parametrize("kind", STARTERS)
+def test_a_starter_in_another_language_is_frozen_thawed_and_named_never_freed(ps, kind):
+    """The server's parent is no shell and no launcher: what it does next cannot be known from
+    the kernel, so it is frozen during the stop (it restarts nothing then), thawed, and named:
+    exit 11, never FREED. Its hint, run literally, ends exactly it."""
     ready = ps.base / "srv.ready"
-    loop = f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep 3; done"
-    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", loop],
-                             start_new_session=True)
-    ps.adopt(outer.pid)
-    inner = wait_for(lambda: children(outer.pid), "the namespace's PID 1")[0]
-    ps.adopt(inner)
-    # the pid it writes is the namespace's own (never ours to end): ending its PID 1 ends it
-    wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
-    argv = ["nsenter", "-t", str(inner), "-p", "-m", sys.executable, "-", "teardown", "--json",
-            "--devices", ps.glob, "--fake-devices", "--fake-gpus", str(ps.memdir), "--scope", str(ps.base),
-            "--target", TARGETS, "--grace", "2", "--timeout", "10", "--run-dir", str(ps.base / "run")]
-    out = subprocess.run(argv, input=agent_payload(), capture_output=True, timeout=60)
-    import json
-
-    doc = json.loads(out.stdout)
-    assert out.returncode == 1, doc.get("problems")
-    assert [r["pid"] for r in doc["restarters"]] == [1], doc["restarters"]
-    assert "PID 1 is never signalled" in doc["restarters"][0]["include"] or "stop the container" in \
-        doc["restarters"][0]["include"]
-    assert "double fork" not in " ".join(doc["problems"])
-
-
-# -- the verdict as soon as it is known --------------------------------------------------------
-
-def test_only_matching_gives_its_verdict_once_only_the_holders_it_left_remain(ps):
-    """--only-matching leaves a holder that matches no pattern: once the targets are gone the
-    verdict (NOT FREE, naming it) comes at once, not after --timeout."""
-    ready = ps.base / "srv.ready"
-    shell(ps, server_cmd(ps, ready, "--hold", str(ps.devdir / "nvidia0")))
+    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    ps.adopt(bystander.pid)
+    starter = subprocess.Popen(_watchdog(ps, kind, ready), start_new_session=True, stdin=subprocess.DEVNULL,
+                               env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
+    ps.adopt(starter.pid)
     server = ready_pid(ready)
     ps.adopt(server)
-    other = ps.role("worker", "--gpu", "1")  # holds GPU 1, matches no pattern
-    result = call_agent(host(ps, TARGETS=TARGETS), "teardown",
-                        ["--grace", "2", "--timeout", "60", "--only-matching"], deadline_s=120)
-    assert result.code == 1, result.doc["problems"]
-    assert not alive(server) and alive(other)
-    assert any(f"pid {other}" in p for p in result.doc["problems"]), result.doc["problems"]
-    assert result.doc["left_alone_only"] is True  # the verdict came from that, not from --timeout
+    named = assert_named_and_thawed(teardown(ps), starter.pid)
+    assert "--stop-starters" in named["include"]
+    ran = run_hint(named["include"])
+    assert ran.returncode == 0, ran.stderr
+    wait_for(lambda: not alive(starter.pid), "the starter to end")
+    assert alive(bystander.pid)
 
 
-# -- another person's work ---------------------------------------------------------------------
-
-def test_another_persons_idle_copy_of_a_target_is_left_and_named_unless_all_users(shared_ps, second_user):
-    """Root's default teardown: a second user's `-m xsrv.launch_server` that holds no GPU is left
-    and named in the plan with its owner; that user's copy holding a GPU is stopped (the GPUs
-    must be freed); --all-users stops the idle one too."""
-    ps = shared_ps
-    pkg = server_pkg(ps)
-    rw = ps.base / "rw"
-    rw.mkdir()
-    os.chmod(rw, 0o777)
-    env = second_user.env(PYTHONPATH=str(pkg))
-    run = [second_user.python, "-m", "xsrv.launch_server", "--ready"]
-    idle = second_user.popen([*run, str(rw / "idle.ready")], env=env).pid
-    busy = second_user.popen([*run, str(rw / "busy.ready"), "--hold", str(ps.devdir / "nvidia0")], env=env).pid
-    for name in ("idle", "busy"):
-        ready_pid(rw / f"{name}.ready")
-    result = teardown(ps)
-    assert result.code == 0, result.doc["problems"]
-    assert alive(idle) and not alive(busy)
-    left = {r["pid"]: r["reason"] for r in result.doc["plan"]["left_alone"]}
-    assert idle in left and f"another person ({second_user.name}, uid {second_user.uid})" in left[idle], left
-    assert idle not in [a["pid"] for a in result.doc["actions"]]  # not even the early batch's SIGTERM
-    result = teardown(ps, "--all-users")
-    assert result.code == 0, result.doc["problems"]
-    assert not alive(idle)
-
-
-def test_scope_uid_is_a_hosts_env_key_for_real_hosts_and_a_bad_one_is_refused():
-    from scripts.config.errors import ConfigError
-    from scripts.config.hostconfig import build_host
-
-    host = build_host("gpu1", {"SSH": "ops@192.0.2.7", "SCOPE_UID": "1001"}, "hosts.env")
-    assert host.scope_uid == 1001
-    for bad in ("alice", "-1", "1e3", "4294967295"):
-        with pytest.raises(ConfigError) as err:
-            build_host("gpu1", {"SSH": "ops@192.0.2.7", "SCOPE_UID": bad}, "hosts.env")
-        assert str(err.value).startswith("GPU1_SCOPE_UID=") and "not a uid" in str(err.value)
-
-
-# -- loops however they are written, and one-shots however they read ------------------------------
-
-def _loop_cases(ps, ready):
-    """{name: (argv, stdin file or None)}: loops that restart the server 3 s after it ends, longer
-    than the window, written as people write them."""
-    srv = f"rm -f {ready}; {server_cmd(ps, ready)}"
-    script = ps.base / "loop.sh"
-    script.write_text(f"while true; do {srv}; sleep 3; done\n")
-    pyloop = (f"import subprocess, time\nwhile True:\n    subprocess.call({srv!r}, shell=True)\n    time.sleep(3)\n")
-    return {
-        "arithmetic for": (["bash", "-c", f"for ((;;)); do {srv}; sleep 3; done"], None),
-        "eval": (["bash", "-c", f'eval "while true; do {srv}; sleep 3; done"'], None),
-        "a function calling itself": (["bash", "-c", f"f() {{ {srv}; sleep 3; f; }}; f"], None),
-        "a script on stdin": (["bash"], script),
-        "a python loop": ([sys.executable, "-c", pyloop], None),
-        "a double fork in a watchdog": (["bash", "-c", f"( {srv} & ); while sleep 3; do kill -0 $(cat {ready}) "
-                                                       f"2>/dev/null || ( {srv} & ); done"], None),
-    }
-
-
-@pytest.mark.parametrize("case", ["arithmetic for", "eval", "a function calling itself", "a script on stdin",
-                                  "a python loop", "a double fork in a watchdog"])
-def test_a_loop_however_written_is_never_freed_while_it_lives(ps, case):
+def test_stop_starters_stops_a_watchdog_with_the_server(ps):
     ready = ps.base / "srv.ready"
-    argv, stdin = _loop_cases(ps, ready)[case]
-    with open(stdin or os.devnull) as feed:
-        loop = subprocess.Popen(argv, start_new_session=True, stdin=feed)
-    ps.adopt(loop.pid)
+    starter = subprocess.Popen(_watchdog(ps, "python3 -m pkg.watchdog", ready), start_new_session=True,
+                               env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
+    ps.adopt(starter.pid)
+    ps.adopt(ready_pid(ready))
+    listed = {s["pid"]: s["fate"] for s in plan(ps, "--stop-starters")["starters"]}
+    assert listed == {starter.pid: "stop"}
+    result = teardown(ps, "--stop-starters")
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(starter.pid)
+
+
+def test_a_notebook_kernel_that_started_the_server_is_neither_stopped_nor_left_frozen(ps):
+    """A Jupyter kernel (here: a Python process that ran the server with Popen and waits on
+    its own work) started the server: it is named (exit 11), and runs on, unstopped."""
+    ready = ps.base / "srv.ready"
+    kernel = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"
+                               "p = subprocess.Popen(sys.argv[2:])\nwhile True: time.sleep(0.1)",
+                               str(ps.base), *server_argv(ps, ready)], start_new_session=True,
+                              env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
+    ps.adopt(kernel.pid)
+    ps.adopt(ready_pid(ready))
+    assert_named_and_thawed(teardown(ps), kernel.pid)
+
+
+# -- related to no target: never named, never signalled ----------------------------------------
+
+def test_an_unrelated_jobs_script_with_a_function_and_a_loop_is_never_named_nor_signalled(ps):
+    """Another job's bash script (a function, `source`, a `while ... sleep` loop) that starts
+    no server and is related to none: not in the plan, FREED, untouched even with
+    --stop-starters (the old code reader named it a supervisor and its flag stopped it)."""
+    (ps.base / "job.env").write_text("N=1\n")
+    job = ps.base / "job.sh"
+    job.write_text(f"source {ps.base}/job.env\nwork() {{ echo $N >/dev/null; }}\n"
+                   "while true; do work; sleep 0.2; done\n")
+    other = shell(ps, f"exec bash {job}")
+    ready = ps.base / "srv.ready"
+    shell(ps, server_cmd(ps, ready))
+    ps.adopt(ready_pid(ready))
+    assert other not in {s["pid"] for s in plan(ps, "--stop-starters")["starters"]}
+    result = teardown(ps, "--stop-starters")
+    assert result.code == 0, result.doc["problems"]
+    assert alive(other) and signals_to(result.doc, other) == []
+
+
+# -- interactive shells: never signalled; idle or busy with their own job is inert -------------
+
+def test_a_server_run_at_a_prompt_leaves_an_idle_shell_freed(ps, tmp_path):
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path)
+    ready = ps.base / "srv.ready"
+    subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
     ps.adopt(ready_pid(ready))
     result = teardown(ps)
-    assert result.code == 1, (case, result.doc["problems"])
-    assert loop.pid in [r["pid"] for r in result.doc["restarters"]] + [
-        int(a["started_by"].split(":")[0][4:]) for a in result.doc["appeared"] if a["started_by"].startswith("PID ")
-    ], (case, result.doc["restarters"], result.doc["appeared"])
-    assert alive(loop.pid)
-
-
-@pytest.mark.parametrize("code", [
-    "for f in a b; do echo $f; done; SERVER; sleep 6",
-    "SERVER; echo 'server exited, waiting for logs'; sleep 6",
-    "SERVER; while true; do sleep 1000; done",
-    "# start the server for the demo\nSERVER\nsleep 6",
-])
-def test_a_one_shot_wrapper_is_no_restarter_whatever_its_words(ps, code):
-    """A loop that runs no target, a loop keyword in a string or a comment: nothing restarts the
-    server, so FREED, exit 0, with the wrapper alive running what follows."""
-    ready = ps.base / "srv.ready"
-    script = ps.base / "run.sh"
-    script.write_text(code.replace("SERVER", server_cmd(ps, ready)) + "\n")
-    wrapper = shell(ps, f"exec bash {script}")
-    ps.adopt(ready_pid(ready))
-    result = teardown(ps)
-    assert result.code == 0, (code, result.doc["problems"])
-    assert result.doc["restarters"] == [] and alive(wrapper)
-
-
-def test_the_hint_run_while_the_loop_sleeps_between_turns_still_stops_it(ps):
-    """NOT FREE names --stop-supervisors; run at once, while the loop sleeps and no server runs,
-    the plan still lists the loop by its code, and the flag stops it: FREED, the loop gone."""
-    ready = ps.base / "srv.ready"
-    loop = shell(ps, f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep 5; done")
-    first = ready_pid(ready)
-    ps.adopt(first)
-    result = teardown(ps)
-    assert result.code == 1 and result.doc["restarters"][0]["include"].startswith("--stop-supervisors")
-    plan = call_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
-    assert [s["pid"] for s in plan["supervisors"]] == [loop], plan  # no server runs now: listed by its code
-    result = teardown(ps, "--stop-supervisors")
     assert result.code == 0, result.doc["problems"]
-    assert not alive(loop)
+    assert alive(pane) and alive(tmux_server) and signals_to(result.doc, pane) == []
 
 
-def test_another_persons_copy_holding_only_nvidiactl_is_left(shared_ps, second_user):
-    """nvidiactl (or nvidia-uvm) alone is no GPU: every NVML or CUDA client opens it."""
-    ps = shared_ps
-    pkg = server_pkg(ps)
-    rw = ps.base / "rw"
-    rw.mkdir()
-    os.chmod(rw, 0o777)
-    proc = second_user.popen([second_user.python, "-m", "xsrv.launch_server", "--ready", str(rw / "ctl.ready"),
-                              "--hold", str(ps.devdir / "nvidiactl")], env=second_user.env(PYTHONPATH=str(pkg)))
-    ready_pid(rw / "ctl.ready")
+def test_a_shell_tailing_the_servers_log_is_busy_not_a_starter(ps, tmp_path):
+    """`SERVER & tail -f server.log` at a prompt, the most common launch: the shell is busy
+    with its own older foreground job, so FREED; the shell and its tail live on."""
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path)
+    ready, log = ps.base / "srv.ready", ps.base / "server.log"
+    log.write_text("")
+    subprocess.run(["tmux", "-S", str(sock), "send-keys", f"{server_cmd(ps, ready)} & tail -f {log}", "Enter"],
+                   check=True)
+    ps.adopt(ready_pid(ready))
+    tail = wait_for(lambda: [c for c in children(pane) if Path(f"/proc/{c}/comm").read_text().strip() == "tail"],
+                    "the tail")[0]
     result = teardown(ps)
-    assert alive(proc.pid), result.doc["actions"]
-    assert proc.pid in {r["pid"] for r in result.doc["plan"]["left_alone"]}
+    assert result.code == 0, result.doc["problems"]
+    assert alive(pane) and alive(tail)
+    assert signals_to(result.doc, pane) == [] and signals_to(result.doc, tail) == []
+
+
+# -- a freeze is never left behind -------------------------------------------------------------
+
+def test_a_freeze_left_by_a_dead_teardown_is_thawed_by_the_next_call(ps):
+    """An agent that died between SIGSTOP and its end left its ledger: the next call (a plain
+    scan) continues the process and says so, and the audit log has it."""
+    from scripts.agent.state import frozen, lastrun
+
+    victim = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    ps.adopt(victim.pid)
+    start = int(Path(f"/proc/{victim.pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    run_dir = ps.base / "run"
+    run_dir.mkdir(mode=0o700)
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    os.environ[lastrun.RUN_DIR_ENV] = str(run_dir)
+    try:
+        frozen.write([{"pid": victim.pid, "start_time": start, "cmdline": "sleep 600"}])
+        doc = json.loads((run_dir / frozen.NAME).read_text())
+        doc["agent"]["pid"] = dead.pid  # as if the teardown that froze it had died
+        (run_dir / frozen.NAME).write_text(json.dumps(doc))
+    finally:
+        del os.environ[lastrun.RUN_DIR_ENV]
+    os.kill(victim.pid, signal.SIGSTOP)
+    wait_for(lambda: state(victim.pid) == "T", "the freeze")
+    out = subprocess.run([sys.executable, "-", "scan", "--json", "--run-dir", str(run_dir), "--devices",
+                          ps.glob, "--fake-devices"], input=agent_payload(), capture_output=True, timeout=60)
+    assert b'"thawed"' in out.stdout, out.stdout[-400:]
+    wait_for(lambda: state(victim.pid) in ("S", "R"), "the thaw")
+    assert not (run_dir / frozen.NAME).exists()
+    assert "left frozen by a teardown that died" in (run_dir / "audit.jsonl").read_text()

@@ -1,0 +1,306 @@
+"""Who could start a target again: found from how processes relate to it and what the kernel
+shows, never from the text of the code they run.
+
+Why not code text: reading a script for loops and spawn calls named an unrelated job's script
+a supervisor (and, with the flag its hint named, stopped it), and missed every restarter in
+another shape (a compiled watchdog, `python3 -m pkg.watchdog`, a node timer). What the kernel
+shows does not depend on the shape: who is whose parent, who leads a target's session and
+group, and what a process's executable is.
+
+Related to a target (links()):
+- its ancestors, from its parent up to the first inert one: through launchers and shells
+  running code, past a starter (a Python launcher, a notebook kernel), ending at an
+  interactive shell (its terminal's shell started the shell, not the server), infrastructure
+  (init, sshd, tmux, a container's shim), a manager's daemon (managers.py stops through it),
+  PID 1 or the agent's own chain;
+- the leaders of the session and process group it did not leave, and the other live members
+  of its process group that are older than every target in it and not their descendants (a
+  watchdog that started it with `nohup server &`); a pipeline's reader, forked with or after
+  the server, is not.
+A process related to no target is never named and never signalled.
+
+What a related process is (role()), by its executable, which must be a root-owned file in a
+root-owned directory: a name or argv a process chose decides nothing.
+- launcher: sudo (and its monitor), timeout, flock, nice, taskset, setsid, env...;
+- shell: a shell running a script or -c code (a restart loop, a launch script);
+- terminal: an interactive shell (someone's prompt);
+- infra / helper: starts nothing by itself (sshd, tmux, a shim; sleep, tail, tee);
+- manager: a manager's daemon (supervisord, runsv...): managers.py names its stop;
+- starter: anything else (python, node, a compiled program): it may start the server again.
+
+The job's own (fate "stop"): the links of a target's ancestor chain, up to the first shared
+one, that are launchers or shells; a link with another child of its own (not a target, not
+the job's, not a helper) is shared: related (frozen) but not ended, and the walk ends there. Those are frozen
+before the targets are signalled and ended after. Every other related process but a terminal
+(fate "freeze") is frozen during the stop and thawed after it; alive at the verdict, it makes
+it the middle one (GPUs free now, a starter lives). A terminal (fate "watch") is never
+signalled: it is inert when idle at its prompt or busy with a foreground job of its own that
+predates the teardown (terminal_state).
+"""
+import os
+import stat
+import termios
+import time
+
+from . import managers, procfs, shellcode
+
+SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ksh93", "mksh", "ash", "busybox", "fish", "tcsh", "csh", "yash")
+LAUNCHERS = ("sudo", "su", "setpriv", "runuser", "doas", "setsid", "flock", "nohup", "env", "nice", "ionice",
+             "taskset", "numactl", "chrt", "stdbuf", "timeout", "chpst", "setuidgid", "s6-setuidgid", "time",
+             "prlimit", "unshare", "nsenter", "cgexec", "systemd-run", "uv", "unbuffer", "xvfb-run")
+INFRA = ("init", "systemd", "sshd", "sshd-session", "tmux", "tmux: server", "screen", "SCREEN", "conmon",
+         "containerd-shim", "containerd-shim-runc-v2", "runc", "crun", "login", "agetty", "mosh-server",
+         "docker-init", "tini", "tini-static", "dumb-init", "catatonit", "dockerd", "containerd", "script",
+         "dtach", "abduco", "gnome-terminal-server", "xterm", "konsole", "cron", "crond", "atd")
+HELPERS = ("sleep", "tail", "tee", "cat", "logger", "less", "more", "head", "wc", "rotatelogs", "multilog",
+           "svlogd", "cronolog", "ts", "nvidia-smi", "true", "false", "date")
+FATES = ("stop", "freeze", "watch")
+IDLE_SAMPLE_GAP_S = 0.02  # two looks at a terminal this far apart: a dying job's group lingers a few ms
+
+
+def executable(pid):
+    """(basename, trusted) of the program a process runs: trusted when the file is root's, only
+    root may write it, and so may only root its directory (a user's hard link named `sudo` to
+    another root program is no sudo). ("", False) when /proc hides it (no ptrace rights)."""
+    try:
+        path = os.readlink("/proc/%d/exe" % pid)
+        st = os.stat("/proc/%d/exe" % pid)
+    except OSError:
+        return "", False
+    path = path[:-len(" (deleted)")] if path.endswith(" (deleted)") else path
+    base = os.path.basename(path)
+    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
+        return base, False
+    try:
+        dst = os.stat("/proc/%d/root%s" % (pid, os.path.dirname(path) or "/"))
+    except OSError:
+        return base, False
+    return base, dst.st_uid == 0 and not dst.st_mode & 0o022
+
+
+_BY_EXE = dict([(name, "launcher") for name in LAUNCHERS] + [(name, "infra") for name in INFRA]
+               + [(name, "helper") for name in HELPERS])
+
+
+def role(info):
+    """What a related process is (the module's docstring): launcher, shell, terminal, infra,
+    helper, manager or starter; "gone" once it has exited, "unknown" when its executable
+    cannot be read."""
+    if procfs.finished(info):
+        return "gone"
+    base, trusted = executable(info["pid"])
+    argv = info.get("argv") or []
+    if base == "busybox" and argv:  # busybox is what its argv[0] names
+        base = os.path.basename(argv[0]).lstrip("-")
+    if managers.is_manager_daemon(info) or (trusted and base.startswith("python")
+                                            and argv[1:3] == ["-m", "supervisor.supervisord"]):
+        return "manager"
+    if not base or not trusted:
+        return "unknown" if not base else "starter"
+    if base in SHELLS or base.rstrip("0123456789.") in SHELLS:
+        how, _ = shellcode.shell_form(dict(info, comm=base, argv=[base] + argv[1:]))
+        return "terminal" if how == "terminal" else "shell"
+    if base.startswith("containerd-shim"):
+        return "infra"
+    return _BY_EXE.get(base, "starter")
+
+
+class Relation:
+    """The processes related to the targets (links), each {pid, start_time, cmdline, uid,
+    role, relation (words), fate, of (target pids)}, from the plan's scan `procs` before any
+    signal. `chain`: the agent and its ancestors, never related. `mine`: the targets' pids,
+    `tree`: every pid a target started (its descendants: targets or helpers of theirs)."""
+
+    def __init__(self, targets, procs, chain, tree=frozenset()):
+        self.procs, self.chain = procs, set(chain) | {os.getpid()}
+        self.mine = {t["pid"] for t in targets}
+        self.tree = set(tree) | self.mine
+        self.links: dict = {}
+        self._roles: dict = {}
+        kids: dict = {}
+        for pid, info in procs.items():
+            kids.setdefault(info["ppid"], []).append(pid)
+        self._kids = kids
+        chains = [(t, self._ancestors(t)) for t in targets]
+        self.job = {pid for _, chain in chains for pid, _ in chain}
+        for t, chain in chains:
+            below = t["pid"]
+            for pid, what in chain:
+                if what == "terminal":
+                    self._add(pid, "its terminal's shell (ancestor)", "watch", t["pid"])
+                    break
+                shared = self._shared(pid, below)
+                own = what in ("launcher", "shell") and not shared
+                self._add(pid, "ancestor (%s%s)" % (what, ", runs other work too" if shared else ""),
+                          "stop" if own else "freeze", t["pid"])
+                if shared:
+                    break  # the first shared link ends the job: what is above it started more than the job
+                below = pid
+        for t in targets:
+            self._leaders_and_group(t)
+
+    def role_of(self, pid):
+        if pid not in self._roles:
+            self._roles[pid] = role(self.procs[pid])
+        return self._roles[pid]
+
+    def _skip(self, pid):
+        return pid in (0, 1) or pid in self.chain or pid in self.mine or pid not in self.procs
+
+    def _add(self, pid, relation, fate, target):
+        """Relate pid to a target. Related twice, the more careful fate wins: what one target's
+        walk may stop, another's (past a starter) only freezes."""
+        info = self.procs[pid]
+        k = (pid, info["start_time"])
+        link = self.links.get(k)
+        if link is None:
+            link = self.links[k] = {"pid": pid, "start_time": info["start_time"], "cmdline": info.get("cmdline", ""),
+                                    "uid": info.get("uid"), "role": self.role_of(pid), "relation": relation,
+                                    "fate": fate, "of": []}
+        elif FATES.index(fate) > FATES.index(link["fate"]):
+            link["fate"] = fate
+        if target not in link["of"]:
+            link["of"].append(target)
+
+    def _ancestors(self, t):
+        """[(pid, role)] from a target's parent up to the first inert one, a terminal's shell
+        included as the last (module docstring)."""
+        out: list = []
+        below, pid = t["pid"], t["ppid"]
+        while not self._skip(pid) and pid not in {p for p, _ in out} and pid not in self.tree:
+            info = self.procs[pid]
+            if info["start_time"] > self.procs.get(below, info)["start_time"]:
+                break  # a "parent" younger than its child: the pid was reused
+            what = self.role_of(pid)
+            if what in ("infra", "manager", "helper", "gone"):
+                break
+            out.append((pid, what))
+            if what == "terminal":
+                break
+            below, pid = pid, info["ppid"]
+        return out
+
+    def _shared(self, pid, below):
+        """Does this link run anything but the job: a live child that is not the link below,
+        a target, a process a target started or another link of a walk, nor a helper (sleep,
+        tee)?"""
+        for child in self._kids.get(pid, ()):
+            if child == below or child in self.tree or child in self.job or procfs.finished(self.procs[child]):
+                continue
+            if self.role_of(child) not in ("helper", "gone"):
+                return True
+        return False
+
+    def _leaders_and_group(self, t):
+        """The session and group leaders a target did not leave, and its group's other live
+        members older than it that it did not start."""
+        info = self.procs.get(t["pid"], t)
+        for pid, words in ((info.get("sid"), "leader of its session"), (info.get("pgid"), "leader of its group")):
+            if pid is not None and pid != t["pid"] and not self._skip(pid) and pid not in self.tree:
+                self._relate(pid, words, t["pid"])
+        pgid = info.get("pgid")
+        if pgid in (None, 0, 1):
+            return
+        first = min((self.procs[p]["start_time"] for p in self.mine if self.procs.get(p, {}).get("pgid") == pgid),
+                    default=info["start_time"])
+        for pid, other in self.procs.items():
+            if other.get("pgid") == pgid and other["start_time"] < first and not self._skip(pid) \
+                    and pid not in self.tree:
+                self._relate(pid, "in its process group, older than it", t["pid"])
+
+    def _relate(self, pid, words, target):
+        """A leader or group member: related, but never the job's own to end (it was not walked
+        through from the target)."""
+        k = (pid, self.procs[pid]["start_time"])
+        if k in self.links:
+            if target not in self.links[k]["of"]:
+                self.links[k]["of"].append(target)
+            return
+        what = self.role_of(pid)
+        if what not in ("infra", "manager", "helper", "gone"):
+            self._add(pid, "%s (%s)" % (words, what), "watch" if what == "terminal" else "freeze", target)
+
+    def of_fate(self, fate):
+        return [link for link in self.links.values() if link["fate"] == fate]
+
+
+def tty_of(pid):
+    """(tty_nr, tpgid, pgid, state) from /proc/PID/stat, or None: the terminal's foreground
+    process group as the kernel keeps it."""
+    try:
+        with open("/proc/%d/stat" % pid, "rb") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    rest = raw[raw.rindex(b")") + 2:].split()
+    return int(rest[4]), int(rest[5]), int(rest[2]), rest[0].decode()
+
+
+def line_editing(pid):
+    """True when the terminal on the shell's stdin is out of canonical mode (a line editor,
+    readline or zle, is reading it: the shell is at its prompt), False when in canonical mode,
+    None when it cannot be read (no terminal there, no rights)."""
+    try:
+        fd = os.open("/proc/%d/fd/0" % pid, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    except OSError:
+        return None
+    try:
+        if not os.isatty(fd):
+            return None
+        return not termios.tcgetattr(fd)[3] & termios.ICANON
+    except (OSError, termios.error):
+        return None
+    finally:
+        os.close(fd)
+
+
+def terminal_state(link, since_ticks, procs_now=None):
+    """"gone", "idle" (at its prompt: its terminal's foreground group is its own and a line
+    editor reads it, seen twice IDLE_SAMPLE_GAP_S apart), "busy" (its foreground job is one
+    that was there before the teardown began, at `since_ticks`, and no target: `tail -f
+    server.log`), "running" (something else is in its foreground: a loop typed at its prompt,
+    between turns) or "unknown" (unreadable)."""
+    looks = []
+    for i in range(2):
+        if i:
+            time.sleep(IDLE_SAMPLE_GAP_S)
+        if not procfs.same_process(link["pid"], link["start_time"]):
+            return "gone"
+        tty = tty_of(link["pid"])
+        if tty is None or tty[0] == 0:
+            return "unknown"
+        _, tpgid, pgid, _ = tty
+        if tpgid == pgid:
+            editing = line_editing(link["pid"])
+            looks.append("idle" if editing else ("unknown" if editing is None else "running"))
+        else:
+            looks.append(_foreground(tpgid, since_ticks, procs_now))
+    return looks[0] if looks[0] == looks[1] else "running"
+
+
+def _foreground(tpgid, since_ticks, procs_now):
+    """"busy" when every live member of the foreground group predates the teardown, else
+    "running"."""
+    if procs_now is None:
+        members = _group_members(tpgid)
+    else:
+        members = [(pid, info["start_time"]) for pid, info in procs_now.items()
+                   if info.get("pgid") == tpgid and not procfs.finished(info)]
+    return "busy" if members and all(start < since_ticks for _, start in members) else "running"
+
+
+def _group_members(pgid):
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            st = procfs.read_stat(int(name))
+            if st and st["pgid"] == pgid and not procfs.finished(st):
+                out.append((st["pid"], st["start_time"]))
+    return out
+
+
+def pinned_kill(pid, start):
+    """A shell line that ends exactly this process: it checks the start time first, so a pid
+    reused since sends nothing (field 22 of stat, counted after comm's closing parenthesis)."""
+    return ("test \"$(sed 's/.*) //' /proc/%d/stat | cut -d' ' -f20)\" = %d && kill %d"
+            % (pid, start, pid))

@@ -1,0 +1,99 @@
+"""Freeze the targets' related starters for the stop, end the job's own after it, thaw the rest.
+
+Why freeze: a restart loop whose server gets SIGTERM starts it again as soon as it exits,
+before any later signal reaches the loop; a frozen loop (SIGSTOP, which no process can catch)
+starts nothing. So the plan's starters (relation.py) are frozen before the first SIGTERM to a
+target. Once the targets are gone, the job's own (fate "stop": launchers, shell loops) get
+SIGTERM and SIGCONT (a stopped process acts on a signal only once continued), and SIGKILL
+after the grace; the others (fate "freeze": a Python launcher, a notebook kernel) get SIGCONT,
+as they were, and are named by the verdict. Every signal goes by (pid, start time), is
+audited, and the ledger (state/frozen.py) lists the frozen ones until they are thawed or ended.
+"""
+import signal
+import time
+
+from ..procs import procfs
+from ..state import frozen as ledger
+from .targets import ExitWaiter
+
+
+class Freezer:
+    def __init__(self, audit):
+        self.audit = audit
+        self.frozen: dict = {}  # (pid, start) -> row, frozen and not yet thawed or ended
+        self.errors: list = []
+
+    def freeze(self, rows):
+        """SIGSTOP each row not frozen yet, after writing the ledger that lists it."""
+        new = [r for r in rows if (r["pid"], r["start_time"]) not in self.frozen]
+        if not new:
+            return
+        for r in new:
+            self.frozen[(r["pid"], r["start_time"])] = r
+        try:
+            ledger.write(list(self.frozen.values()))
+        except OSError as exc:
+            self.errors.append("could not write the freeze ledger: %s" % exc)
+        self._send(new, signal.SIGSTOP, "SIGSTOP")
+
+    def settle_plan(self, rows):
+        """The plan's starters to freeze (`rows`): freeze those the early batch did not, and thaw
+        one the early batch froze that the plan does not list (it is not the plan's to hold)."""
+        keep = {(r["pid"], r["start_time"]) for r in rows}
+        extra = [r for k, r in self.frozen.items() if k not in keep]
+        if extra:
+            self._send(extra, signal.SIGCONT, "SIGCONT")
+            self._forget(extra)
+        self.freeze(rows)
+
+    def _send(self, rows, sig, name):
+        for r in rows:
+            try:
+                result = procfs.signal_if_same(r["pid"], r["start_time"], sig)
+            except OSError as exc:
+                result = "error: %s" % exc
+            self.audit.log(r, name, result)
+
+    def end(self, rows, grace_s):
+        """SIGTERM + SIGCONT each frozen row of `rows`, wait up to grace_s for them to exit,
+        SIGKILL the rest. Returns the rows still alive after that (stuck)."""
+        rows = [r for r in rows if (r["pid"], r["start_time"]) in self.frozen]
+        if not rows:
+            return []
+        self._send(rows, signal.SIGTERM, "SIGTERM")
+        self._send(rows, signal.SIGCONT, "SIGCONT")
+        waiter = ExitWaiter()
+        try:
+            deadline = time.monotonic() + grace_s
+            alive = self._alive(rows)
+            while alive and time.monotonic() < deadline:
+                waiter.wait(alive, deadline - time.monotonic())
+                alive = self._alive(rows)
+            if alive:
+                self._send(alive, signal.SIGKILL, "SIGKILL")
+                deadline = time.monotonic() + 2.0
+                while alive and time.monotonic() < deadline:
+                    waiter.wait(alive, deadline - time.monotonic())
+                    alive = self._alive(rows)
+        finally:
+            waiter.close()
+        self._forget(rows)
+        return alive
+
+    def thaw(self):
+        """SIGCONT every row still frozen; the ledger goes."""
+        rows = list(self.frozen.values())
+        self._send(rows, signal.SIGCONT, "SIGCONT")
+        self._forget(rows)
+
+    def _forget(self, rows):
+        for r in rows:
+            self.frozen.pop((r["pid"], r["start_time"]), None)
+        try:
+            ledger.write(list(self.frozen.values()))
+        except OSError as exc:
+            self.errors.append("could not update the freeze ledger: %s" % exc)
+
+    @staticmethod
+    def _alive(rows):
+        return [r for r in rows if procfs.same_process(r["pid"], r["start_time"])]
