@@ -63,6 +63,20 @@ class ProcessSet:
         wait_for(lambda: children(supervisor.pid), "first worker")
         return supervisor.pid, sup
 
+    def detached_worker(self, pause: float) -> int:
+        """A keepalive that starts a worker holding GPU 0 with `setsid -f` (left to PID 1 at once)
+        and starts it again `pause` s after it is gone: related to the worker by nothing (no
+        ancestor, session or group of it), so a teardown neither freezes nor stops it, and only
+        the settle window sees its restart. Returns its pid once the first worker runs."""
+        pidfile = self.base / "worker.pid"
+        run = f"{sys.executable} {ROLES} worker --devdir {self.devdir} --gpu 0"
+        keepalive = subprocess.Popen(["bash", "-c", f"while :; do kill -0 $(cat {pidfile} 2>/dev/null) 2>/dev/null || "
+                                      f"setsid -f sh -c 'echo $$ > {pidfile}; exec {run}'; sleep {pause}; done"],
+                                     start_new_session=True)
+        self.adopt(keepalive.pid)
+        wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "first worker")
+        return keepalive.pid
+
     def adopt(self, pid: int) -> None:
         self.pids.append(pid)
 

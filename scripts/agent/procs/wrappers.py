@@ -117,35 +117,6 @@ def ancestry(pid, procs, stop=frozenset()):
     return out
 
 
-def looping_ancestors(target_pids, procs, names, never=frozenset()):
-    """{pid: [target pids]} for the processes in the targets' ancestry whose code starts a
-    target again (shellcode.restarts: a shell loop, a python or perl loop, watch, xargs): what
-    restarts a server even when it runs other children beside it."""
-    targets = set(target_pids)
-    decided: dict = {}
-    out: dict = {}
-    for pid in sorted(targets):
-        for up in ancestry(procs[pid]["ppid"], procs, never) if pid in procs else []:
-            if up in targets or procfs.finished(procs[up]) or launcher(procs[up]):
-                continue
-            if up not in decided:
-                decided[up] = shellcode.restarts(procs[up], names)
-            if decided[up]:
-                out.setdefault(up, []).append(pid)
-    return out
-
-
-def code_supervisors(procs, names, skip=frozenset()):
-    """Shell loops (not terminals) whose code starts a target though none runs now: found by
-    their code alone (shellcode.read_scripts, one deadline for all), so a teardown made while
-    such a loop sleeps between turns still lists it, and --stop-starters stops it. Code
-    that cannot be read ties nothing to the targets here: only code that names one counts."""
-    shells = [info for pid, info in procs.items() if pid not in skip and pid not in (0, 1)
-              and not procfs.finished(info) and kind(info) == "shell"]
-    codes = shellcode.read_scripts(shells)
-    return sorted(pid for pid, (text, _) in codes.items() if text and shellcode.shell_restarts(text, names))
-
-
 def _wrapped(pid, targets, found, kids):
     out = set()
     for child in kids.get(pid, []):

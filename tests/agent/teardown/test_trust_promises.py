@@ -282,9 +282,9 @@ time.sleep(600)
 """
 
 
-def test_a_restart_that_has_not_opened_the_gpu_yet_is_not_free(ps, tmp_path):
-    """A supervisor restarts the server; the new one takes 3 s to open the device, longer
-    than the settle window. It must still be seen (it runs the target program)."""
+def test_a_loop_whose_restart_would_load_for_3_s_is_ended_first(ps, tmp_path):
+    """A loop restarts the server, the new one taking 3 s to open the device, longer than the
+    settle window: the loop never gets that turn."""
     server = tmp_path / "slow_server.py"
     server.write_text(SLOW_SERVER)
     sup = tmp_path / "supervise.sh"
@@ -297,12 +297,11 @@ def test_a_restart_that_has_not_opened_the_gpu_yet_is_not_free(ps, tmp_path):
     result = call_agent(host(ps, TARGETS=r"slow_server\.py"), "teardown", ["--grace", "2", "--timeout", "10",
                                                                            "--settle", "1"])
     ps.pids.extend(children(supervisor.pid))
-    assert result.code == 1, result.doc["verdict"]
-    respawn = [a for a in result.doc["appeared"] if "not holding a GPU yet" in a["why"]]
-    assert respawn and respawn[0]["ppid"] == supervisor.pid
-    assert f"started by PID {supervisor.pid}: bash {sup}" in respawn[0]["why"]
-    assert respawn[0]["include"].startswith(f"--stop-starters (also stops PID {supervisor.pid}: bash")
-    assert alive(supervisor.pid)  # reported, never signalled: it was not in the plan
+    # the loop is the server's parent, its job's own: frozen before the SIGTERM, ended after, so
+    # the slow restart never starts (tests/agent/teardown/test_teardown_speed.py has a restart
+    # the window must see)
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(supervisor.pid) and not (tmp_path / "ready.2").exists()
 
 
 def test_a_unit_is_stopped_only_when_all_its_processes_are_targets(monkeypatch):

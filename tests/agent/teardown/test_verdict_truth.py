@@ -86,7 +86,8 @@ def test_a_shell_loop_through_a_launcher_is_the_jobs_own_and_ends_with_the_serve
     script = ps.base / "loop.sh"
     server_run = " ".join(server_argv(ps, ready))
     script.write_text(f"export PYTHONPATH={server_pkg(ps)}\n"
-                      f"while true; do rm -f {ready}; {launcher.format(base=ps.base, pkg=server_pkg(ps))}{server_run}; sleep {PAUSE}; done\n")
+                      f"while true; do rm -f {ready}; {launcher.format(base=ps.base, pkg=server_pkg(ps))}"
+                      f"{server_run}; sleep {PAUSE}; done\n")
     loop = shell(ps, f"exec bash {script}")
     server = ready_pid(ready)
     ps.adopt(server)
