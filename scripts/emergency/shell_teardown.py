@@ -121,7 +121,7 @@ def parse_report(text: str) -> dict:
         key, _, rest = line.partition(":")
         if key.startswith("waiting"):
             out["waiting"].append(line)
-        elif key in ("verdict", "not-root"):
+        elif key in ("verdict", "not-root", "restarters"):
             out[key] = rest.strip()
         elif key == "gpus-with-memory-used":
             out[key] = int(rest.strip())

@@ -488,6 +488,9 @@ fi
 uninspected=0
 [ "$(id -u)" = 0 ] || { uninspected=1; printf 'not-root: other users%s processes could not be inspected; run as root\n' "'"; }
 if [ -z "$remaining" ] && [ -z "$mapped" ] && [ "$busy" = 0 ] && [ "$uninspected" = 0 ]; then verdict=free; else verdict=not-free; fi
+# what started the targets is neither frozen nor judged here (invoke teardown does: the restart
+# rule), so a free verdict says so: a loop or watchdog above the server may start it again
+printf 'restarters: not checked (a loop or watchdog that started the server may start it again; invoke teardown checks them)\n'
 printf 'verdict: %s\n' "$verdict"
 echo "==gpu-pivot-oneliner end=="
 [ "$verdict" = free ]

@@ -1,6 +1,5 @@
 """How a call ended: the exit codes both sides and the README follow, and the keys a result
-carries instead of a record when the agent did not run its subcommand.
-"""
+carries instead of a record when the agent did not run its subcommand."""
 
 EXIT_OK = 0
 EXIT_NOT_FREE = 1
@@ -13,7 +12,7 @@ EXIT_TIMED_OUT = 7     # no answer in time: ssh's connect or keep-alive timeout,
 EXIT_DECLINED = 8      # the operator answered no at the confirmation: nothing was done
 EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or reboot (agent/gpu/health.py)
 EXIT_OUTPUT = 10       # stdout could not be written (disk full, I/O error): the task's own code is on stderr
-EXIT_STARTER_ALIVE = 11  # every GPU free now, but a related process that could start a target again lives
+EXIT_STARTER_ALIVE = 11  # GPUs free now, a related starter lives (agent/procs/relation.py)
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, as a shell reports a program its reader left: Invoke's own output
 EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
@@ -21,9 +20,7 @@ EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: 
 # (code, name, meaning): the one table the README, the task docstrings and both sides follow.
 EXIT_CODES = (
     (EXIT_OK, "ok", "done; for teardown and verify: every GPU free, verified"),
-    (EXIT_STARTER_ALIVE, "starter-alive", "teardown: every GPU free now, but a process related to the targets that "
-                                          "could start one again lives (named, with the command that stops it): "
-                                          "not yet free for the next phase"),
+    (EXIT_STARTER_ALIVE, "starter-alive", "teardown: GPUs free now, but a related starter lives (named): not yet free"),
     (EXIT_NOT_FREE, "not-free", "done but not free (or not ready, rolled back, a prep job failed)"),
     (EXIT_USAGE, "usage", "bad input: one line names the bad value; nothing ran"),
     (EXIT_UNREACHABLE, "unreachable", "host unreachable, the agent failed there, or a state directory is unusable"),
@@ -41,14 +38,9 @@ EXIT_CODES = (
 )
 
 
-# How bad each code is when a fleet's hosts are summed up (worst()): the middle verdict ranks just
-# above 0, below every failure; the rest rank by their number.
-_RANK = {EXIT_OK: 0, EXIT_STARTER_ALIVE: 0.5}
-
-
 def worst(codes):
-    """The exit code of several hosts: the worst of theirs (0 for none)."""
-    return max(codes, key=lambda c: _RANK.get(c, c), default=EXIT_OK)
+    """The worst of several hosts' codes, by number, but 11 (the middle verdict) just above 0."""
+    return max(codes, key=lambda c: 0.5 if c == EXIT_STARTER_ALIVE else c, default=EXIT_OK)
 
 
 def exit_name(code):

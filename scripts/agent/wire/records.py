@@ -135,10 +135,8 @@ class Plan(Record):
     rules: list[str] = []
 
     def approved(self):
-        """The targets, and the starters it stops or freezes, as `--approved PID:START,...` takes
-        them (what the operator saw)."""
-        shown = self.targets + [s for s in self.starters if s.get("fate") in ("stop", "freeze")]
-        return ",".join("%s:%s" % (t["pid"], t["start_time"]) for t in shown)
+        """The targets and the starters it stops or freezes, as `--approved PID:START,...` takes them."""
+        return ",".join("%(pid)s:%(start_time)s" % t for t in self.targets + self.starters if t.get("fate") != "watch")
 
 
 class PlanResult(Record):
