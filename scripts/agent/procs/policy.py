@@ -43,3 +43,20 @@ PROTECTED_NAMES = {
     "nvidia-cuda-mps-server": "CUDA MPS server (its daemon quits it: teardown --mps quit)",
 }
 PROTECTED_SUFFIXES = ("-exporter", "_exporter")
+
+# Programs a process tree is read through, by the basename of a root-owned executable (never a
+# name a process takes): relation.py (who could start a target again), wrappers.py, shellcode.py.
+SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ksh93", "mksh", "ash", "busybox", "fish", "tcsh", "csh", "yash")
+# run one command and end with it, changing who or how it runs (sudo forks a monitor with use_pty)
+LAUNCHERS = ("sudo", "su", "setpriv", "runuser", "doas", "setsid", "flock", "nohup", "env", "nice", "ionice",
+             "taskset", "numactl", "chrt", "stdbuf", "timeout", "chpst", "setuidgid", "s6-setuidgid", "time",
+             "prlimit", "unshare", "nsenter", "cgexec", "systemd-run", "uv", "unbuffer", "xvfb-run")
+INITS = ("docker-init", "tini", "tini-static", "dumb-init", "catatonit")
+# start nothing by themselves: a terminal's or a container's infrastructure
+INFRA = INITS + ("init", "systemd", "sshd", "sshd-session", "tmux", "tmux: server", "screen", "SCREEN", "conmon",
+                 "containerd-shim", "containerd-shim-runc-v2", "runc", "crun", "login", "agetty", "mosh-server",
+                 "dockerd", "containerd", "script", "dtach", "abduco", "gnome-terminal-server", "xterm", "konsole",
+                 "cron", "crond", "atd")
+LOG_FILTERS = ("tee", "logger", "cat", "ts", "rotatelogs", "multilog", "svlogd", "cronolog")
+TIMERS = ("sleep",)  # a loop's timer: a watchdog that waits between its checks runs `sleep`
+HELPERS = LOG_FILTERS + TIMERS + ("tail", "less", "more", "head", "wc", "nvidia-smi", "true", "false", "date")

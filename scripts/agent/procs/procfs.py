@@ -62,6 +62,8 @@ def read_stat(pid, proc=PROC):
         "ppid": int(rest[1]),
         "pgid": int(rest[2]),
         "sid": int(rest[3]),
+        "tty_nr": int(rest[4]),  # the controlling terminal (0: none)
+        "tpgid": int(rest[5]),   # that terminal's foreground process group
         "flags": int(rest[6]),
         "threads": int(rest[17]),
         "start_time": int(rest[19]),

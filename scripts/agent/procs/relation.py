@@ -38,44 +38,27 @@ signalled: it is inert when idle at its prompt or busy with a foreground job of 
 predates the teardown (terminal_state).
 """
 import os
-import stat
 import termios
 import time
 
-from . import managers, procfs, shellcode
+from . import managers, procfs, rules, shellcode
+from .policy import HELPERS, INFRA, LAUNCHERS, SHELLS
 
-SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ksh93", "mksh", "ash", "busybox", "fish", "tcsh", "csh", "yash")
-LAUNCHERS = ("sudo", "su", "setpriv", "runuser", "doas", "setsid", "flock", "nohup", "env", "nice", "ionice",
-             "taskset", "numactl", "chrt", "stdbuf", "timeout", "chpst", "setuidgid", "s6-setuidgid", "time",
-             "prlimit", "unshare", "nsenter", "cgexec", "systemd-run", "uv", "unbuffer", "xvfb-run")
-INFRA = ("init", "systemd", "sshd", "sshd-session", "tmux", "tmux: server", "screen", "SCREEN", "conmon",
-         "containerd-shim", "containerd-shim-runc-v2", "runc", "crun", "login", "agetty", "mosh-server",
-         "docker-init", "tini", "tini-static", "dumb-init", "catatonit", "dockerd", "containerd", "script",
-         "dtach", "abduco", "gnome-terminal-server", "xterm", "konsole", "cron", "crond", "atd")
-HELPERS = ("sleep", "tail", "tee", "cat", "logger", "less", "more", "head", "wc", "rotatelogs", "multilog",
-           "svlogd", "cronolog", "ts", "nvidia-smi", "true", "false", "date")
 FATES = ("stop", "freeze", "watch")
 IDLE_SAMPLE_GAP_S = 0.02  # two looks at a terminal this far apart: a dying job's group lingers a few ms
 
 
 def executable(pid):
-    """(basename, trusted) of the program a process runs: trusted when the file is root's, only
-    root may write it, and so may only root its directory (a user's hard link named `sudo` to
-    another root program is no sudo). ("", False) when /proc hides it (no ptrace rights)."""
+    """(basename, trusted) of the program a process runs: trusted when the file is root's and
+    only root may write it (rules.root_owned_exe, as for protected names). ("", False) when
+    /proc hides it (no ptrace rights)."""
+    path = rules.root_owned_exe(pid)
+    if path is not None:
+        return os.path.basename(path), True
     try:
-        path = os.readlink("/proc/%d/exe" % pid)
-        st = os.stat("/proc/%d/exe" % pid)
+        return os.path.basename(os.readlink("/proc/%d/exe" % pid).replace(" (deleted)", "")), False
     except OSError:
         return "", False
-    path = path[:-len(" (deleted)")] if path.endswith(" (deleted)") else path
-    base = os.path.basename(path)
-    if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
-        return base, False
-    try:
-        dst = os.stat("/proc/%d/root%s" % (pid, os.path.dirname(path) or "/"))
-    except OSError:
-        return base, False
-    return base, dst.st_uid == 0 and not dst.st_mode & 0o022
 
 
 _BY_EXE = dict([(name, "launcher") for name in LAUNCHERS] + [(name, "infra") for name in INFRA]
@@ -220,21 +203,6 @@ class Relation:
         if what not in ("infra", "manager", "helper", "gone"):
             self._add(pid, "%s (%s)" % (words, what), "watch" if what == "terminal" else "freeze", target)
 
-    def of_fate(self, fate):
-        return [link for link in self.links.values() if link["fate"] == fate]
-
-
-def tty_of(pid):
-    """(tty_nr, tpgid, pgid, state) from /proc/PID/stat, or None: the terminal's foreground
-    process group as the kernel keeps it."""
-    try:
-        with open("/proc/%d/stat" % pid, "rb") as f:
-            raw = f.read()
-    except OSError:
-        return None
-    rest = raw[raw.rindex(b")") + 2:].split()
-    return int(rest[4]), int(rest[5]), int(rest[2]), rest[0].decode()
-
 
 def line_editing(pid):
     """True when the terminal on the shell's stdin is out of canonical mode (a line editor,
@@ -254,7 +222,7 @@ def line_editing(pid):
         os.close(fd)
 
 
-def terminal_state(link, since_ticks, procs_now=None):
+def terminal_state(link, since_ticks, procs_now):
     """"gone", "idle" (at its prompt: its terminal's foreground group is its own and a line
     editor reads it, seen twice IDLE_SAMPLE_GAP_S apart), "busy" (its foreground job is one
     that was there before the teardown began, at `since_ticks`, and no target: `tail -f
@@ -266,11 +234,11 @@ def terminal_state(link, since_ticks, procs_now=None):
             time.sleep(IDLE_SAMPLE_GAP_S)
         if not procfs.same_process(link["pid"], link["start_time"]):
             return "gone"
-        tty = tty_of(link["pid"])
-        if tty is None or tty[0] == 0:
+        stat = procfs.read_stat(link["pid"])
+        if stat is None or stat["tty_nr"] == 0:
             return "unknown"
-        _, tpgid, pgid, _ = tty
-        if tpgid == pgid:
+        tpgid = stat["tpgid"]
+        if tpgid == stat["pgid"]:
             editing = line_editing(link["pid"])
             looks.append("idle" if editing else ("unknown" if editing is None else "running"))
         else:
@@ -279,24 +247,11 @@ def terminal_state(link, since_ticks, procs_now=None):
 
 
 def _foreground(tpgid, since_ticks, procs_now):
-    """"busy" when every live member of the foreground group predates the teardown, else
-    "running"."""
-    if procs_now is None:
-        members = _group_members(tpgid)
-    else:
-        members = [(pid, info["start_time"]) for pid, info in procs_now.items()
-                   if info.get("pgid") == tpgid and not procfs.finished(info)]
+    """"busy" when every live member of the foreground group (in the scan `procs_now`) predates
+    the teardown, else "running"."""
+    members = [(pid, info["start_time"]) for pid, info in procs_now.items()
+               if info.get("pgid") == tpgid and not procfs.finished(info)]
     return "busy" if members and all(start < since_ticks for _, start in members) else "running"
-
-
-def _group_members(pgid):
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            st = procfs.read_stat(int(name))
-            if st and st["pgid"] == pgid and not procfs.finished(st):
-                out.append((st["pid"], st["start_time"]))
-    return out
 
 
 def pinned_kill(pid, start):

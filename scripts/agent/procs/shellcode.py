@@ -8,10 +8,9 @@ and `bash loop.sh` run code, `bash < loop.sh` or `curl ... | bash` read a script
 import os
 import re
 
-SHELLS = re.compile(r"^-?(bash|sh|dash|zsh|ksh|ash|busybox)$")
-LAUNCHERS = ("sudo", "su", "setpriv", "runuser", "doas", "setsid", "flock", "nohup", "env", "nice", "ionice",
-             "taskset", "numactl", "chrt", "stdbuf", "timeout", "chpst", "setuidgid", "s6-setuidgid", "exec",
-             "command", "time")
+from .policy import SHELLS as SHELL_NAMES
+
+SHELLS = re.compile(r"^-?(%s)$" % "|".join(SHELL_NAMES))
 _SHELL_OPT_WITH_VALUE = ("--rcfile", "--init-file", "-O", "+O", "-o", "+o")
 
 

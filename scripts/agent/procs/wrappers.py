@@ -18,14 +18,7 @@ someone's process, and the flag is how the operator says it may go).
 import os
 
 from . import procfs, shellcode
-
-INITS = ("docker-init", "tini", "tini-static", "dumb-init", "catatonit")
-LOG_FILTERS = ("tee", "logger", "cat", "ts", "rotatelogs", "multilog", "svlogd", "cronolog")
-# A loop's timer: a watchdog that waits between its checks runs `sleep` beside the server it started
-TIMERS = ("sleep",)
-# Programs that run one command and end with it, changing who or how it runs (sudo with
-# use_pty forks a monitor in a session of its own): what starts them is what starts the server
-LAUNCHERS = shellcode.LAUNCHERS
+from .policy import INITS, LAUNCHERS, LOG_FILTERS, TIMERS
 
 
 def kind(info):
