@@ -79,9 +79,13 @@ FATE_WORDS = {
 
 def starter_lines(starters: list) -> list[str]:
     """Each process related to a target (agent/procs/relation.py) and what the teardown does to it."""
-    return [note(f"STARTER pid {s['pid']} ({command(s, 60)}): {s.get('reason')}; "
-                 + FATE_WORDS.get(s.get("fate", ""), "{hint}").format(hint=s.get("hint")))
-            for s in starters]
+    out = []
+    for s in starters:
+        what = FATE_WORDS.get(s.get("fate", ""), "{hint}").format(hint=s.get("hint"))
+        if s.get("foreground"):
+            what += "; the server ran in its foreground: a loop typed there gets Ctrl-C"
+        out.append(note(f"STARTER pid {s['pid']} ({command(s, 60)}): {s.get('reason')}; {what}"))
+    return out
 
 
 def manager_lines(stops: list) -> list[str]:

@@ -35,7 +35,10 @@ before the targets are signalled and ended after. Every other related process bu
 (fate "freeze") is frozen during the stop and thawed after it; alive at the verdict, it makes
 it the middle one (GPUs free now, a starter lives). A terminal (fate "watch") is never
 signalled: it is inert when idle at its prompt or busy with a foreground job of its own that
-predates the teardown (terminal_state).
+predates the teardown (terminal_state). Where a target was its terminal's foreground job (a
+server run at the prompt, perhaps in a loop typed there), the shell's next foreground job, if
+it starts one, gets Ctrl-C (SIGINT to its group, as a person would type it: interrupt_loop):
+bash ends a loop whose command died of SIGINT and is back at its prompt.
 """
 import os
 import termios
@@ -111,6 +114,8 @@ class Relation:
             for pid, what in chain:
                 if what == "terminal":
                     self._add(pid, "its terminal's shell (ancestor)", "watch", t["pid"])
+                    if self.procs[pid].get("tpgid") == self.procs.get(t["pid"], t).get("pgid"):
+                        self.links[(pid, self.procs[pid]["start_time"])]["foreground"] = True
                     break
                 shared = self._shared(pid, below)
                 own = what in ("launcher", "shell") and not shared
@@ -252,6 +257,29 @@ def _foreground(tpgid, since_ticks, procs_now):
     members = [(pid, info["start_time"]) for pid, info in procs_now.items()
                if info.get("pgid") == tpgid and not procfs.finished(info)]
     return "busy" if members and all(start < since_ticks for _, start in members) else "running"
+
+
+def interrupt_loop(link, since_ticks, send, wait_s=1.0):
+    """Ctrl-C at the prompt of a terminal's shell whose foreground job was a target: while the
+    shell is not back at its prompt and its foreground group is led by a child of it started
+    since the teardown began (`since_ticks`: a loop's backoff `sleep`, its next turn), `send`
+    (leader record, its pgid) is called once per such group, as typing Ctrl-C there would.
+    Returns the shell's state at the end (terminal_state's words, without the second look)."""
+    deadline, sent = time.monotonic() + wait_s, set()
+    while True:
+        st = procfs.read_stat(link["pid"])
+        if st is None or st["start_time"] != link["start_time"] or procfs.finished(st):
+            return "gone"
+        if st["tpgid"] == st["pgid"] and line_editing(link["pid"]):
+            return "idle"
+        leader = procfs.read_stat(st["tpgid"]) if st["tpgid"] > 0 else None
+        if leader is not None and st["tpgid"] != st["pgid"] and leader["ppid"] == link["pid"] \
+                and leader["start_time"] >= since_ticks and st["tpgid"] not in sent:
+            sent.add(st["tpgid"])
+            send(leader, st["tpgid"])
+        if time.monotonic() >= deadline:
+            return "running"
+        time.sleep(IDLE_SAMPLE_GAP_S)
 
 
 def pinned_kill(pid, start):

@@ -9,10 +9,11 @@ after the grace; the others (fate "freeze": a Python launcher, a notebook kernel
 as they were, and are named by the verdict. Every signal goes by (pid, start time), is
 audited, and the ledger (state/frozen.py) lists the frozen ones until they are thawed or ended.
 """
+import os
 import signal
 import time
 
-from ..procs import procfs
+from ..procs import procfs, relation
 from ..state import frozen as ledger
 from .targets import ExitWaiter
 
@@ -79,6 +80,22 @@ class Freezer:
             waiter.close()
         self._forget(rows)
         return alive
+
+    def interrupt(self, terminals, since_ticks):
+        """Ctrl-C (relation.interrupt_loop) at each terminal's prompt whose foreground job was a
+        target: a loop typed there ends instead of starting the server again. The shell itself
+        is never signalled (an interactive shell ignores SIGTERM, and SIGHUP ends its jobs)."""
+        for link in terminals:
+            def send(leader, pgid, link=link):
+                try:
+                    os.killpg(pgid, signal.SIGINT)
+                    result = "sent"
+                except OSError as exc:
+                    result = "error: %s" % exc
+                self.audit.log(dict(leader, cmdline=leader.get("comm")),
+                               "SIGINT to group %d (Ctrl-C at the prompt of PID %d)" % (pgid, link["pid"]), result)
+
+            relation.interrupt_loop(link, since_ticks, send)
 
     def thaw(self):
         """SIGCONT every row still frozen; the ledger goes."""

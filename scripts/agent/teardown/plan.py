@@ -210,8 +210,10 @@ def build(doc, args):
             continue
         if link["fate"] == "freeze" and args.stop_starters and link["role"] != "terminal":
             link = dict(link, fate="stop", relation=link["relation"] + ", stopped too (--stop-starters)")
-        if link["fate"] != "watch" and (not in_scope(procs[pid], args) or another_persons(procs[pid], args)):
-            link = dict(link, fate="watch", relation=link["relation"] + ", outside the scope: never signalled")
+        if not in_scope(procs[pid], args) or another_persons(procs[pid], args):
+            link = dict(link, fate="watch", foreground=False,
+                        relation=link["relation"] + ("" if link["role"] == "terminal" else
+                                                     ", outside the scope: never signalled"))
         starters[pid] = link
     wrapped = {pid: sorted(set(pids) & set(picked.reasons)) for pid, pids in wrapped.items()
                if pid not in starters and not picked.protect(pid) and in_scope(procs[pid], args)
@@ -391,6 +393,8 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters, 
     for t in starter_rows:
         link = starters[t["pid"]]
         t.update(reason=link["relation"], fate=link["fate"], role=link["role"], wraps=sorted(set(link["of"])))
+        if link.get("foreground"):
+            t["foreground"] = True  # a loop typed at its prompt gets Ctrl-C (relation.interrupt_loop)
         t["hint"] = starter_hint(t, procs)
     protected = [_row(h, h["protected"]) for h in doc["holders"] if h["protected"]]
     return {

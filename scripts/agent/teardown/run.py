@@ -460,6 +460,7 @@ def _stop_and_watch(args, targets, source, started, timings, units_stop, freezer
                               units_done=lambda alive: _finish_units(stops, audit, by_pid,
                                                                      wait_s=1.0 if not alive else 0.0))
     unended = freezer.end([s for s in the_plan["starters"] if s["fate"] == "stop"], args.grace)
+    freezer.interrupt([s for s in the_plan["starters"] if s.get("foreground")], targets.since_ticks)
     # clients gone: the MPS daemon next
     mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
                 if args.mps == "quit" else [])

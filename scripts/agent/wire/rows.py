@@ -65,6 +65,7 @@ class PlanRow(ProcessRow, total=False):
     hint: str  # starters: the command that stops exactly it
     fate: str  # starters: "stop" (frozen, ended after the targets), "freeze" (frozen, thawed), "watch" (a terminal)
     role: str  # starters: launcher, shell, terminal or starter (agent/procs/relation.py)
+    foreground: bool  # a terminal's shell whose foreground job was a target: Ctrl-C for a loop typed there
     manager: PlanManagerRef  # the manager that runs and restarts it (supervisord, runit, podman, a pod...)
     wraps: list[int]  # starters, and wrappers stopped as targets: the pids of the targets it is related to
 

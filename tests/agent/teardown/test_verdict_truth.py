@@ -341,3 +341,27 @@ def test_a_freeze_left_by_a_dead_teardown_is_thawed_by_the_next_call(ps):
     wait_for(lambda: state(victim.pid) in ("S", "R"), "the thaw")
     assert not (run_dir / frozen.NAME).exists()
     assert "left frozen by a teardown that died" in (run_dir / "audit.jsonl").read_text()
+
+
+def test_a_loop_typed_at_a_prompt_gets_ctrl_c_in_its_backoff_and_the_shell_lives(ps, tmp_path):
+    """`while true; do SERVER; sleep 5; done` typed at a tmux prompt: the shell is never
+    signalled; the loop's backoff `sleep` (its foreground job) gets SIGINT, as Ctrl-C would send,
+    bash ends the loop and is back at its prompt: FREED, and nothing comes back."""
+    rc = ps.base / "rc"  # the pane's command line carries the test's scope
+    rc.write_text("PS1='$ '\n")
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash --norc --noprofile --rcfile {rc} -i")
+    ready = ps.base / "srv.ready"
+    subprocess.run(["tmux", "-S", str(sock), "send-keys",
+                    f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep {PAUSE}; done", "Enter"],
+                   check=True)
+    server = ready_pid(ready)
+    ps.adopt(server)
+    listed = {s["pid"]: s for s in plan(ps)["starters"]}
+    assert listed[pane]["fate"] == "watch" and listed[pane].get("foreground"), listed
+    result = teardown(ps)
+    doc = result.doc
+    assert result.code == 0, doc["problems"]
+    assert alive(pane) and signals_to(doc, pane) == []
+    assert any(a["signal"].startswith("SIGINT to group") and f"PID {pane})" in a["signal"] for a in doc["actions"])
+    time.sleep(0.5)
+    assert ready.read_text() == str(server) and not children(pane)  # the loop is over, at its prompt
