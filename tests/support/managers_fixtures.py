@@ -76,7 +76,7 @@ class Supervisord:
     and log dir under `base`, running `programs` ({name: argv}) with autorestart=true; in a
     group when `group` is given (its programs are then GROUP:NAME to supervisorctl)."""
 
-    def __init__(self, base: Path, programs: dict, group: str | None = None):
+    def __init__(self, base: Path, programs: dict, group: str | None = None, launch: tuple = ("supervisord",)):
         self.dir = Path(base) / "supervisor"
         self.dir.mkdir(parents=True)
         self.conf = self.dir / "supervisord.conf"
@@ -97,7 +97,7 @@ class Supervisord:
         self.conf.write_text("\n".join(sections))
         self.group = group
         self.seen: set = set()
-        self.proc = subprocess.Popen(["supervisord", "-n", "-c", str(self.conf)], start_new_session=True,
+        self.proc = subprocess.Popen([*launch, "-n", "-c", str(self.conf)], start_new_session=True,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.pid = self.proc.pid
         wait_for(lambda: self.sock.exists() and self.ctl("pid").stdout.strip() == str(self.pid), "supervisord up")
@@ -135,12 +135,13 @@ class ServiceScan:
     base/<kind>/sv/NAME with a `run` script that execs `argv`, linked into the scan dir as
     /etc/service links /etc/sv: runit (`runsvdir -P` -> `runsv NAME`), s6 (`s6-svscan` ->
     `s6-supervise NAME`) or daemontools (`svscan` -> `supervise NAME`). `service_dir(name)` is
-    the path `sv`, `s6-svc` and `svc` take."""
+    the path `sv`, `s6-svc` and `svc` take. `cwd`: where the scanner is started (default: its
+    scan directory; a boot script starts it from /)."""
 
     SCANNERS = {"runit": (["runsvdir", "-P"], "runsv"), "s6": (["s6-svscan"], "s6-supervise"),
                 "daemontools": (["svscan"], "supervise")}
 
-    def __init__(self, base: Path, services: dict, kind: str = "runit"):
+    def __init__(self, base: Path, services: dict, kind: str = "runit", cwd: str | None = None):
         self.kind = kind
         scanner, self.supervisor = self.SCANNERS[kind]
         self.dir = Path(base) / kind
@@ -154,7 +155,7 @@ class ServiceScan:
             run.write_text(f"#!/bin/sh\nexec {shlex.join(argv)}\n")
             run.chmod(0o755)
             (self.scan / name).symlink_to(sv)
-        self.proc = subprocess.Popen([*scanner, str(self.scan)], start_new_session=True, cwd=self.scan,
+        self.proc = subprocess.Popen([*scanner, str(self.scan)], start_new_session=True, cwd=cwd or self.scan,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         self.pid = self.proc.pid
         self.names = list(services)

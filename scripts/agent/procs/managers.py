@@ -48,6 +48,8 @@ DAEMONS = {
     "supervise": "daemontools",
     "svscan": "daemontools",
 }
+# A daemon run as a module (a venv's install): the module whole, never a last part a user's module shares
+MODULE_DAEMONS = {"supervisor.supervisord": "supervisord"}
 SHIM_PREFIX = "containerd-shim"  # containerd-shim, containerd-shim-runc-v2, ...: a container's monitor
 # The daemon that runs a service's process directly, and the scanner that runs that daemon
 SERVICE_SUPERVISORS = {"runsv": ("runit", "runsvdir", ["sv", "down"]),
@@ -76,6 +78,7 @@ def daemon_name(record):
     names = {name for name, why in program.names(record)
              if not why.startswith("runs script ") or os.path.basename(why[12:]) == os.path.basename(name)}
     names.add(record.get("comm") or "")
+    names.update(MODULE_DAEMONS.get(name, "") for name in list(names))  # `python3 -m supervisor.supervisord`
     for name in sorted(names):
         base = os.path.basename(name)
         if base in DAEMONS:
@@ -336,8 +339,8 @@ def _service(daemon, main, procs, proc):
     parent = procs.get(daemon.get("ppid"))
     service = argv[1] if len(argv) > 1 else None
     if parent is not None and daemon_name(parent) == scanner and service and "/" not in service:
-        base = _cwd(parent["pid"], proc)
-        if base:
+        base = _scan_dir(parent, proc)
+        if base and os.path.isdir(os.path.join(base, service)):
             directory = os.path.join(base, service)  # the name the operator's scan directory gives it
     if directory is None:
         return _result(kind, service, None, "%s (PID %d) runs it; its service directory is not readable"
@@ -349,6 +352,19 @@ def _service(daemon, main, procs, proc):
     return _result(kind, directory, command, note, daemon, main, directory=directory,
                    comes_back="when its supervisor is started again (a reboot): `touch %s` keeps it down"
                               % _q(os.path.join(directory, "down")))
+
+
+def _scan_dir(scanner, proc="/proc"):
+    """The directory a scanner (runsvdir, s6-svscan, svscan) scans: its first operand, taken
+    from its working directory when relative, or that directory itself when it has none. Never
+    its working directory alone where it was given one: `runsvdir /etc/service` started from /
+    scans /etc/service."""
+    argv = scanner.get("argv") or []
+    operand = next((a for a in argv[1:] if not a.startswith("-")), None)
+    if operand and operand.startswith("/"):
+        return operand
+    cwd = _cwd(scanner["pid"], proc)
+    return os.path.normpath(os.path.join(cwd, operand)) if cwd and operand else cwd
 
 
 # -- containers ----------------------------------------------------------------------------------

@@ -78,8 +78,7 @@ def role(info):
     argv = info.get("argv") or []
     if base == "busybox" and argv:  # busybox is what its argv[0] names
         base = os.path.basename(argv[0]).lstrip("-")
-    if managers.is_manager_daemon(info) or (trusted and base.startswith("python")
-                                            and argv[1:3] == ["-m", "supervisor.supervisord"]):
+    if managers.is_manager_daemon(info):
         return "manager"
     if not base or not trusted:
         return "unknown" if not base else "starter"

@@ -74,8 +74,18 @@ def supervisord_tool():
     need_tools("supervisord", "supervisorctl", why="a server under a real supervisord")
 
 
-def test_supervisord_program_is_stopped_with_supervisorctl_for_good(ps, tmp_path, supervisord_tool):
-    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, group="infer")
+MODULE_SUPERVISORD = ("/usr/bin/python3", "-m", "supervisor.supervisord")
+
+
+@pytest.mark.parametrize("launch", [("supervisord",), MODULE_SUPERVISORD], ids=["supervisord", "python3 -m"])
+def test_supervisord_program_is_stopped_with_supervisorctl_for_good(ps, tmp_path, supervisord_tool, launch):
+    """A supervisord program is stopped through supervisorctl, also under a supervisord run as
+    `python3 -m supervisor.supervisord` (a venv's install: its program would otherwise be
+    signalled, and supervisord would start it again)."""
+    if launch == MODULE_SUPERVISORD and subprocess.run([launch[0], "-c", "import supervisor"],
+                                                       capture_output=True).returncode:
+        pytest.skip("/usr/bin/python3 has no supervisor package (Debian's supervisor brings it)")
+    sd = Supervisord(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, group="infer", launch=launch)
     try:
         pid = sd.program_pid("vllm")
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
@@ -253,12 +263,15 @@ SERVICE_TOOLS = {"runit": ("runsvdir", "runsv", "sv"), "s6": ("s6-svscan", "s6-s
                  "daemontools": ("svscan", "supervise", "svc", "svstat")}
 
 
-@pytest.mark.parametrize("kind", sorted(SERVICE_TOOLS))
-def test_supervised_service_is_stopped_with_its_down_command_for_good(ps, tmp_path, kind):
+@pytest.mark.parametrize("kind,started_in", [(k, "scan dir") for k in sorted(SERVICE_TOOLS)] + [("runit", "/")])
+def test_supervised_service_is_stopped_with_its_down_command_for_good(ps, tmp_path, kind, started_in):
     """runsv / s6-supervise / supervise start a service's process again the moment it exits:
-    the teardown takes the service down through its supervisor, which lives on."""
+    the teardown takes the service down through its supervisor, which lives on. A scanner
+    started from / (`runsvdir -P /etc/service` in a boot script) still names the scan dir's
+    service (its operand, not its working directory)."""
     need_tools(*SERVICE_TOOLS[kind], why=f"a server under a real {kind} supervisor")
-    scanner = ServiceScan(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, kind)
+    scanner = ServiceScan(tmp_path, {"vllm": holder_argv(ps.devdir, tmp_path / "ready")}, kind,
+                          cwd="/" if started_in == "/" else None)
     try:
         pid = scanner.service_pid("vllm")
         supervisor = scanner.supervisor_pid("vllm")
@@ -268,6 +281,7 @@ def test_supervised_service_is_stopped_with_its_down_command_for_good(ps, tmp_pa
         assert result.code == 0 and doc["verdict"] == "free", doc["problems"]
         [stop] = doc["plan"]["managers"]
         assert (stop["kind"], stop["run"], stop["pids"]) == (kind, True, [pid])
+        assert stop["command"].endswith(str(scanner.service_dir("vllm"))), stop["command"]
         assert {supervisor, scanner.pid}.isdisjoint(signalled(doc))
         no_generic_hint(doc)
         time.sleep(AFTER_STOP_S)
