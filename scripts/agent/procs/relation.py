@@ -12,7 +12,9 @@ Related to a target (links()):
   running code, past a starter (a Python launcher, a notebook kernel), ending at an
   interactive shell (its terminal's shell started the shell, not the server), infrastructure
   (init, sshd, tmux, a container's shim), a manager's daemon (managers.py stops through it),
-  PID 1 or the agent's own chain;
+  PID 1 or the agent's own chain; PID 1 itself where it is a shell running code, the
+  target's parent, and the target is still in its session (a container's `bash -c 'while
+  ...'`; an orphan left to PID 1 has a session of its own): related, never signalled;
 - the leaders of the session and process group it did not leave, and the other live members
   of its process group that are older than every target in it and not their descendants (a
   watchdog that started it with `nohup server &`); a pipeline's reader, forked with or after
@@ -111,6 +113,9 @@ class Relation:
         for t, chain in chains:
             below = t["pid"]
             for pid, what in chain:
+                if pid == 1:
+                    self._add(pid, "PID 1, its parent (a shell running code)", "watch", t["pid"])
+                    break
                 if what == "terminal":
                     self._add(pid, "its terminal's shell (ancestor)", "watch", t["pid"])
                     if self.procs[pid].get("tpgid") == self.procs.get(t["pid"], t).get("pgid"):
@@ -154,6 +159,11 @@ class Relation:
         included as the last (module docstring)."""
         out: list = []
         below, pid = t["pid"], t["ppid"]
+        if pid == 1 and 1 in self.procs and self.procs.get(t["pid"], t).get("sid") == self.procs[1]["sid"] \
+                and self.role_of(1) == "shell":
+            # a container's or namespace's PID 1 that runs code and started it (its session still
+            # PID 1's: an orphan left to PID 1 by a double fork or setsid has its own): never signalled
+            return [(1, "shell")]
         while not self._skip(pid) and pid not in {p for p, _ in out} and pid not in self.tree:
             info = self.procs[pid]
             if info["start_time"] > self.procs.get(below, info)["start_time"]:

@@ -206,9 +206,12 @@ def build(doc, args):
     starters = {}
     for link in related.links.values():
         pid = link["pid"]
-        if picked.protect(pid) or managers.is_manager_daemon(procs[pid]):
-            continue
-        if link["fate"] == "freeze" and args.stop_starters and link["role"] != "terminal":
+        if managers.is_manager_daemon(procs[pid]):
+            continue  # its manager is asked or named (plan["managers"])
+        if picked.protect(pid):  # related all the same, and never signalled: named while it lives
+            link = dict(link, fate="watch", foreground=False, relation="%s, protected: %s" % (
+                link["relation"], picked.protect(pid)))
+        elif link["fate"] == "freeze" and args.stop_starters and link["role"] != "terminal":
             link = dict(link, fate="stop", relation=link["relation"] + ", stopped too (--stop-starters)")
         if not in_scope(procs[pid], args) or another_persons(procs[pid], args):
             link = dict(link, fate="watch", foreground=False,
@@ -549,10 +552,64 @@ def starter_hint(info, procs=None):
     m = managers.manager_of(info, procs) if procs is not None and info.get("pid") in procs else None
     if m is not None and m["stop_command"]:
         return "%s (%s %s runs it)" % (m["stop_command"], m["kind"], m["name"])
-    if info.get("role") == "terminal" or info.get("pid") == 1:
-        return ("it is never signalled (%s): stop what it runs in its terminal or container yourself"
-                % ("PID 1" if info.get("pid") == 1 else "an interactive shell"))
+    if info.get("pid") == 1:
+        return pid1_hint()
+    if info.get("role") == "terminal":
+        return "it is never signalled (an interactive shell): stop what it runs in its terminal yourself"
     return "`%s`, or teardown --stop-starters" % relation.pinned_kill(info["pid"], info["start_time"])
+
+
+def pid1_hint():
+    """PID 1 is never signalled: where it is a shell loop this is a container (or a PID
+    namespace) whose main process restarts the server; stopping the container does."""
+    where = _container_runtime()
+    host = _hostname()
+    if where == "docker":  # a PID namespace made inside a docker container sees /.dockerenv too
+        return ("PID 1 is never signalled: stop its container from the host (`docker stop %s`, where this PID "
+                "namespace is docker's container of that hostname), else end this namespace's PID 1 from the one "
+                "above it" % host)
+    if where == "podman":
+        return "stop the container from its host: `podman stop %s`" % (_containerenv("name") or host)
+    if where == "lxc":
+        return "stop the container from its node: `pct stop CTID` / `lxc-stop -n NAME` (hostname %s)" % host
+    return ("stop the container or PID namespace whose PID 1 this loop is, from outside it (hostname %s): "
+            "PID 1 is never signalled" % host)
+
+
+def _hostname():
+    import socket
+    return socket.gethostname()
+
+
+def _containerenv(key):
+    """A field of podman's /run/.containerenv (name=..., id=...), or None."""
+    try:
+        with open("/run/.containerenv") as f:
+            for line in f:
+                k, _, v = line.strip().partition("=")
+                if k == key:
+                    return v.strip('"') or None
+    except OSError:
+        pass
+    return None
+
+
+def _container_runtime():
+    """docker, podman, lxc or None: which runtime this agent runs inside, from the files and the
+    `container=` variable the runtimes leave in PID 1's environment."""
+    if os.path.exists("/.dockerenv"):
+        return "docker"
+    if os.path.exists("/run/.containerenv"):
+        return "podman"
+    try:
+        with open("/proc/1/environ", "rb") as f:
+            env = f.read(1 << 16).split(b"\0")
+    except OSError:
+        env = []
+    for item in env:
+        if item.startswith(b"container="):
+            return item[len(b"container="):].decode("ascii", "replace") or None
+    return None
 
 
 def container_label(container):

@@ -180,7 +180,7 @@ class Lineage:
             return self.related[k]["hint"]
         owned = _owned(starter)
         if starter["pid"] == 1:
-            return _pid1_hint()
+            return plan.pid1_hint()
         if manager_key(owned) is not None:
             return plan.supervisor_hint(owned)
         if managers.is_manager_daemon(starter):  # a manager's daemon: its program is stopped through it
@@ -211,57 +211,6 @@ def stop_words(stop):
 
 def _joined(pids):
     return ", ".join(map(str, pids[:8])) + (", ..." if len(pids) > 8 else "")
-
-
-def _pid1_hint():
-    """PID 1 is never signalled: where it is a shell loop this is a container (or a PID
-    namespace) whose main process restarts the server; stopping the container does."""
-    where = _container_runtime()
-    host = _hostname()
-    if where == "docker":
-        return "stop the container from its host: `docker stop %s` (its hostname; or its name)" % host
-    if where == "podman":
-        return "stop the container from its host: `podman stop %s`" % (_containerenv("name") or host)
-    if where == "lxc":
-        return "stop the container from its node: `pct stop CTID` / `lxc-stop -n NAME` (hostname %s)" % host
-    return ("stop the container or PID namespace whose PID 1 this loop is, from outside it (hostname %s): "
-            "PID 1 is never signalled" % host)
-
-
-def _hostname():
-    import socket
-    return socket.gethostname()
-
-
-def _containerenv(key):
-    """A field of podman's /run/.containerenv (name=..., id=...), or None."""
-    try:
-        with open("/run/.containerenv") as f:
-            for line in f:
-                k, _, v = line.strip().partition("=")
-                if k == key:
-                    return v.strip('"') or None
-    except OSError:
-        pass
-    return None
-
-
-def _container_runtime():
-    """docker, podman, lxc or None: which runtime this agent runs inside, from the files and the
-    `container=` variable the runtimes leave in PID 1's environment."""
-    if os.path.exists("/.dockerenv"):
-        return "docker"
-    if os.path.exists("/run/.containerenv"):
-        return "podman"
-    try:
-        with open("/proc/1/environ", "rb") as f:
-            env = f.read(1 << 16).split(b"\0")
-    except OSError:
-        env = []
-    for item in env:
-        if item.startswith(b"container="):
-            return item[len(b"container="):].decode("ascii", "replace") or None
-    return None
 
 
 def _descendants(roots, procs, chain, mine):
@@ -417,7 +366,7 @@ def _respawned_by(info, procs, since_ticks, lineage, what):
         return "its %s" % _manager_words(key), lineage.managers[key]
     if (starter is None or starter["pid"] == 1) and what != "has a CUDA context":
         if (1, procs.get(1, {}).get("start_time")) in lineage.related and (starter is None or info["ppid"] == 1):
-            return "PID 1: %s" % procs[1]["cmdline"][:100], _pid1_hint()
+            return "PID 1: %s" % procs[1]["cmdline"][:100], plan.pid1_hint()
         return ("a process that left at once (it was reparented to PID 1: a double fork, as a watchdog does)",
                 "find what starts it: nothing the teardown saw does")
     return None

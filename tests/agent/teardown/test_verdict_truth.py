@@ -365,3 +365,29 @@ def test_a_loop_typed_at_a_prompt_gets_ctrl_c_in_its_backoff_and_the_shell_lives
     assert any(a["signal"].startswith("SIGINT to group") and f"PID {pane})" in a["signal"] for a in doc["actions"])
     time.sleep(0.5)
     assert ready.read_text() == str(server) and not children(pane)  # the loop is over, at its prompt
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"),
+                    reason="needs root, unshare and nsenter for a PID namespace")
+def test_a_namespace_whose_pid_1_is_the_restart_loop_is_never_freed_and_pid_1_never_signalled(ps):
+    """A container (here a plain PID namespace) whose PID 1 is `bash -c 'while true; do SERVER;
+    sleep 3; done'`: the agent inside sees the server's parent as PID 1. Exit 11 naming PID 1
+    with how to stop its namespace; PID 1 is never signalled, and nothing says "double fork"."""
+    ready = ps.base / "srv.ready"
+    loop = f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep 3; done"
+    outer = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "bash", "-c", loop],
+                             start_new_session=True)
+    ps.adopt(outer.pid)
+    inner = wait_for(lambda: children(outer.pid), "the namespace's PID 1")[0]
+    ps.adopt(inner)
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
+    argv = ["nsenter", "-t", str(inner), "-p", "-m", sys.executable, "-", "teardown", "--json",
+            "--devices", ps.glob, "--fake-devices", "--fake-gpus", str(ps.memdir), "--scope", str(ps.base),
+            "--target", TARGETS, "--grace", "2", "--timeout", "10", "--run-dir", str(ps.base / "run")]
+    out = subprocess.run(argv, input=agent_payload(), capture_output=True, timeout=60)
+    doc = json.loads(out.stdout)
+    assert out.returncode == 11, doc.get("problems")
+    [named] = doc["starters_alive"]
+    assert named["pid"] == 1 and "PID 1 is never signalled" in named["include"], named
+    assert all(a["pid"] != 1 for a in doc["actions"]) and alive(inner)
+    assert "double fork" not in " ".join(doc["problems"])
