@@ -29,7 +29,7 @@ import re
 import shlex
 import stat
 
-from . import cgroup, procfs, program, rules, textsafe, wrappers
+from . import cgroup, procfs, procscan, program, rules, textsafe, wrappers
 
 # The daemons of the managers: never a target's wrapper or supervisor to signal. By name only
 # (see is_manager_daemon): a GPU holder is a target whatever it is called.
@@ -207,6 +207,13 @@ def _result(kind, name, command, note, daemon, main, default=None, **extra):
         "main_pid": main["pid"] if main is not None else None,
         "trusted": trusted,
     }
+    if argv and not trusted and daemon is not None:
+        # its daemon's user wrote every word of it (a config path, a name, its directory): printed
+        # to run as that user, so it can reach only what that user's own daemon controls
+        ids = procfs.uids(daemon["pid"])
+        uid = ids[1] if ids else daemon.get("uid")
+        if uid not in (None, os.geteuid()):
+            out["stop_command"] = "runuser -u %s -- %s" % (_q(procscan.user_name(uid)), command)
     if default and argv and not trusted and daemon is not None:
         out["note"] = ("%s; not run by the teardown: its daemon (PID %d) is not root's or a system account's "
                        "running a root-owned program, so only its own user may say what it runs"

@@ -43,10 +43,11 @@ it starts one, gets Ctrl-C (SIGINT to its group, as a person would type it: inte
 bash ends a loop whose command died of SIGINT and is back at its prompt.
 """
 import os
+import stat
 import termios
 import time
 
-from . import managers, procfs, rules, shellcode
+from . import fdstat, managers, procfs, rules, shellcode
 from .policy import HELPERS, INFRA, LAUNCHERS, SHELLS
 
 FATES = ("stop", "freeze", "watch")
@@ -58,12 +59,32 @@ def executable(pid):
     only root may write it (rules.root_owned_exe, as for protected names). ("", False) when
     /proc hides it (no ptrace rights)."""
     path = rules.root_owned_exe(pid)
-    if path is not None:
-        return os.path.basename(path), True
-    try:
-        return os.path.basename(os.readlink("/proc/%d/exe" % pid).replace(" (deleted)", "")), False
-    except OSError:
-        return "", False
+    trusted = path is not None
+    if path is None:
+        try:
+            path = os.readlink("/proc/%d/exe" % pid)
+        except OSError:
+            return "", False
+    # a program replaced on disk since it started (a package upgrade) is still what it was
+    return os.path.basename(path[:-len(" (deleted)")] if path.endswith(" (deleted)") else path), trusted
+
+
+PF_FORKNOEXEC = 0x40  # a task flag (stat field 9): forked and has not exec'd since
+
+
+def _runs_daemon(info, base):
+    """Is this a manager's daemon (managers.is_manager_daemon) by its executable too: the daemon's
+    own program (runsv, conmon, a containerd shim...), or Python for supervisord, which is a
+    Python program? A name alone is anyone's to take: a watchdog script called `runsv` is none.
+    The name is enough for a manager the teardown never stops (Ray, a kubelet: its targets are
+    named and left, NOT FREE), where a false one gains nothing."""
+    name = managers.is_manager_daemon(info) and managers.daemon_name(info)
+    if not name:
+        return False
+    if managers.DAEMONS.get(name) in managers.NOT_BY_DEFAULT:
+        return True
+    return base == name or (base.startswith(name) and name == managers.SHIM_PREFIX) or (
+        name == "supervisord" and base.startswith("python"))
 
 
 _BY_EXE = dict([(name, "launcher") for name in LAUNCHERS] + [(name, "infra") for name in INFRA]
@@ -80,13 +101,15 @@ def role(info):
     argv = info.get("argv") or []
     if base == "busybox" and argv:  # busybox is what its argv[0] names
         base = os.path.basename(argv[0]).lstrip("-")
-    if managers.is_manager_daemon(info):
+    if _runs_daemon(info, base):
         return "manager"
     if not base or not trusted:
         return "unknown" if not base else "starter"
     if base in SHELLS or base.rstrip("0123456789.") in SHELLS:
         how, _ = shellcode.shell_form(dict(info, comm=base, argv=[base] + argv[1:]))
-        return "terminal" if how == "terminal" else "shell"
+        # a subshell an interactive shell forked for a background loop (`while ...; done &`) has its
+        # argv, but it never exec'd (PF_FORKNOEXEC): it runs code, it is no one's prompt
+        return "terminal" if how == "terminal" and not info.get("flags", 0) & PF_FORKNOEXEC else "shell"
     if base.startswith("containerd-shim"):
         return "infra"
     return _BY_EXE.get(base, "starter")
@@ -221,14 +244,26 @@ class Relation:
 def line_editing(pid):
     """True when the terminal on the shell's stdin is out of canonical mode (a line editor,
     readline or zle, is reading it: the shell is at its prompt), False when in canonical mode,
-    None when it cannot be read (no terminal there, no rights)."""
+    None when it cannot be read (no terminal there, no rights). The terminal is opened by its
+    own device node, /dev/pts/N or /dev/ttyN, and only when that node is the very file the
+    shell's fd 0 is (fdstat: cached attributes, as the scan reads them): reopening fd 0 itself
+    asks its filesystem, which may be a FUSE mount that never answers."""
     try:
-        fd = os.open("/proc/%d/fd/0" % pid, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+        held = fdstat.stat_open_file("/proc/%d/fd/0" % pid)
+    except OSError:
+        return None
+    major, minor = os.major(held.st_rdev), os.minor(held.st_rdev)
+    if not stat.S_ISCHR(held.st_mode) or not (136 <= major <= 143 or (major == 4 and minor < 64)):
+        return None
+    path = "/dev/pts/%d" % ((major - 136) * 256 + minor) if major != 4 else "/dev/tty%d" % minor
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
     except OSError:
         return None
     try:
-        if not os.isatty(fd):
-            return None
+        st = os.fstat(fd)
+        if (st.st_dev, st.st_ino, st.st_rdev) != (held.st_dev, held.st_ino, held.st_rdev):
+            return None  # another devpts instance's terminal of that number (a container's)
         return not termios.tcgetattr(fd)[3] & termios.ICANON
     except (OSError, termios.error):
         return None

@@ -156,8 +156,7 @@ def starters(rows, args, approved):
     for link in relation.Relation(rows, table, chain).links.values():
         info = table[link["pid"]]
         if link["fate"] == "watch" or rules.protect_reason(info, chain, args.protect) \
-                or not plan.in_scope(info, args) or plan.another_persons(info, args) \
-                or managers.is_manager_daemon(info):
+                or not plan.in_scope(info, args) or plan.another_persons(info, args):
             continue
         if approved is None or (link["pid"], link["start_time"]) in approved:
             out.append(link)

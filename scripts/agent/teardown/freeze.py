@@ -22,11 +22,20 @@ class Freezer:
     def __init__(self, audit):
         self.audit = audit
         self.frozen: dict = {}  # (pid, start) -> row, frozen and not yet thawed or ended
+        self.stopped_before: set = set()  # (pid, start) found stopped already: never continued by the thaw
         self.errors: list = []
 
     def freeze(self, rows):
-        """SIGSTOP each row not frozen yet, after writing the ledger that lists it."""
-        new = [r for r in rows if (r["pid"], r["start_time"]) not in self.frozen]
+        """SIGSTOP each row not frozen yet, after writing the ledger that lists it. One stopped
+        already (someone's `kill -STOP`) is left as it was: frozen is what it is, and the thaw
+        must not start what the teardown did not stop."""
+        new = [r for r in rows if (r["pid"], r["start_time"]) not in self.frozen
+               and (r["pid"], r["start_time"]) not in self.stopped_before]
+        for r in list(new):
+            stat = procfs.read_stat(r["pid"])
+            if stat is not None and stat["start_time"] == r["start_time"] and stat["state"] in ("T", "t"):
+                self.stopped_before.add((r["pid"], r["start_time"]))
+                new.remove(r)
         if not new:
             return
         for r in new:

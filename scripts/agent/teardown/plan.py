@@ -206,8 +206,6 @@ def build(doc, args):
     starters = {}
     for link in related.links.values():
         pid = link["pid"]
-        if managers.is_manager_daemon(procs[pid]):
-            continue  # its manager is asked or named (plan["managers"])
         if picked.protect(pid):  # related all the same, and never signalled: named while it lives
             link = dict(link, fate="watch", foreground=False, relation="%s, protected: %s" % (
                 link["relation"], picked.protect(pid)))

@@ -268,7 +268,8 @@ def test_a_users_process_named_supervisord_is_named_never_obeyed(second_user, sh
 
 def test_a_users_real_supervisord_is_named_but_not_run_by_the_teardown(second_user, shared_ps):
     """The real /usr/bin/supervisord, run by a second user: the program and the command are
-    named; only that user may say what their supervisord runs, so the teardown does not run it."""
+    named, the command to run as that user; only that user may say what their supervisord runs,
+    so the teardown does not run it."""
     import shutil
 
     if not shutil.which("supervisord"):
@@ -292,7 +293,8 @@ def test_a_users_real_supervisord_is_named_but_not_run_by_the_teardown(second_us
     shared_ps.adopt(holder["pid"])
     m = managers.manager_of(holder, doc.procs)
     assert (m["kind"], m["name"], m["pid"]) == ("supervisord", "vllm", sd.pid)
-    assert m["stop_command"] == f"supervisorctl -c {conf} stop vllm"
+    # printed to run as its user: the config path and the name are theirs to choose
+    assert m["stop_command"] == f"runuser -u {second_user.name} -- supervisorctl -c {conf} stop vllm"
     assert m["trusted"] is False and m["stops_by_default"] is False
     assert "not run by the teardown" in m["note"]
     assert managers.is_manager_daemon(doc.procs[sd.pid])

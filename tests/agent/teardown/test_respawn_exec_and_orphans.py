@@ -192,7 +192,7 @@ def test_a_watcher_beside_the_server_names_its_shell_never_freed(ps, form):
     if result.code == 11:
         assert_starter_named(result, wrapper)
     else:
-        assert_restart_named(result, wrapper if form == "exec" else ready_pid(Path(f"{ready}.again")))
+        assert_restart_named(result, ready_pid(Path(f"{ready}.again")))  # the watcher, exec'd, or its child
     ps.adopt(ready_pid(Path(f"{ready}.again")))
 
 

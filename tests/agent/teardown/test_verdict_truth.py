@@ -391,3 +391,92 @@ def test_a_namespace_whose_pid_1_is_the_restart_loop_is_never_freed_and_pid_1_ne
     assert named["pid"] == 1 and "PID 1 is never signalled" in named["include"], named
     assert all(a["pid"] != 1 for a in doc["actions"]) and alive(inner)
     assert "double fork" not in " ".join(doc["problems"])
+
+
+# -- found by the red team ---------------------------------------------------------------------
+
+def test_a_loop_typed_at_a_prompt_in_the_background_is_code_not_a_terminal(ps, tmp_path):
+    """`while true; do SERVER; sleep 5; done &` at a prompt: the loop is a subshell with the
+    interactive shell's argv, but it never exec'd (PF_FORKNOEXEC): it runs code, the job's own,
+    and is ended; the prompt's shell is never signalled. It was FREED with the loop alive."""
+    rc = ps.base / "rc"  # the pane's command line (and its subshell's) carries the test's scope
+    rc.write_text("PS1='$ '\n")
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash --norc --noprofile --rcfile {rc} -i")
+    ready = ps.base / "srv.ready"
+    subprocess.run(["tmux", "-S", str(sock), "send-keys",
+                    f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep {PAUSE}; done &", "Enter"],
+                   check=True)
+    server = ready_pid(ready)
+    ps.adopt(server)
+    loop = int(Path(f"/proc/{server}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    ps.adopt(loop)
+    listed = {s["pid"]: s for s in plan(ps)["starters"]}
+    assert listed[loop]["role"] == "shell" and listed[pane]["role"] == "terminal", listed
+    result = teardown(ps)
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(loop) and alive(pane) and signals_to(result.doc, pane) == []
+    time.sleep(0.5)
+    assert ready.read_text() == str(server)
+
+
+def test_a_shell_upgraded_on_disk_is_still_a_shell_and_its_prompt_never_signalled(ps, tmp_path):
+    """A package upgrade replaces bash while a pane runs it: /proc shows `bash (deleted)`. It
+    is still an interactive shell at its prompt, never frozen (it was taken for a starter)."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root: a root-owned copy of bash")
+    bindir = ps.base / "usr-bin"
+    bindir.mkdir(mode=0o755)
+    shutil.copy2(shutil.which("bash"), bindir / "bash")
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"{bindir}/bash --norc --noprofile -i")
+    (bindir / "bash").unlink()
+    ready = ps.base / "srv.ready"
+    subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
+    assert result.code == 0, result.doc["problems"]
+    assert alive(pane) and signals_to(result.doc, pane) == []
+
+
+def test_a_watchdog_someone_stopped_is_left_stopped(ps):
+    """A watchdog an admin had stopped (`kill -STOP`) before the teardown: it is named (exit
+    11), never continued: the thaw starts nothing the teardown did not stop."""
+    ready = ps.base / "srv.ready"
+    starter = subprocess.Popen(_watchdog(ps, "python3 -m pkg.watchdog", ready), start_new_session=True,
+                               env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
+    ps.adopt(starter.pid)
+    ps.adopt(ready_pid(ready))
+    os.kill(starter.pid, signal.SIGSTOP)
+    wait_for(lambda: state(starter.pid) == "T", "the admin's stop")
+    result = teardown(ps)
+    assert result.code == 11, result.doc["problems"]
+    assert signals_to(result.doc, starter.pid) == [] and state(starter.pid) == "T"
+    os.kill(starter.pid, signal.SIGKILL)
+
+
+def test_a_watchdog_script_named_like_a_manager_daemon_is_no_manager(ps):
+    """A Python watchdog saved as `runsv`: a name is anyone's to take, so it is no runit
+    supervisor (whose stop would be `sv down` of its directory) but a starter: never FREED."""
+    ready = ps.base / "srv.ready"
+    argv = _watchdog(ps, "python3 -W ignore watchdog.py", ready)
+    fake = ps.base / "runsv"
+    shutil.copy(argv[3], fake)
+    argv[3] = str(fake)
+    starter = subprocess.Popen(argv, start_new_session=True, env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
+    ps.adopt(starter.pid)
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
+    assert result.code == 11, (result.code, result.doc["problems"])
+    assert [s["pid"] for s in result.doc["starters_alive"]] == [starter.pid]
+
+
+def test_a_terminal_mode_is_never_read_by_reopening_a_file_on_fd_0(ps):
+    """Only a terminal device node that is the very file on fd 0 is opened: fd 0 on a regular
+    file (or a FUSE mount that stopped answering) gives no answer, without asking its filesystem."""
+    from scripts.agent.procs import relation
+
+    feed = ps.base / "feed"
+    feed.write_text("")
+    with open(feed) as stdin:
+        proc = subprocess.Popen(["sleep", "30"], stdin=stdin)
+    ps.adopt(proc.pid)
+    assert relation.line_editing(proc.pid) is None
