@@ -224,6 +224,10 @@ SANDBOX_EXITS = {
     ("slurm-node-drained.md", "invoke undrain --host node[1-8]"):
         (None, "Slurm only: sinfo here would look for a slurmctld over DNS; tests/engines/test_slurm.py runs undrain "
                "against a real one"),
+    ("starter-alive-after-teardown.md",
+     "test \"$(sed 's/.*) //' /proc/812/stat | cut -d' ' -f20)\" = 98765 && kill 812"):
+        (None, "a hint's pinned kill of the pid it names: tests/agent/teardown/test_verdict_truth.py runs each such "
+               "hint literally against the starter it names"),
     ("slurm-node-drained.md", "sinfo -R"): (None, "Slurm's own command (tests/engines/test_slurm.py)"),
     ("slurm-node-drained.md", "scontrol release JOBID"): (None, "Slurm's own command (tests/engines/test_slurm.py)"),
 }

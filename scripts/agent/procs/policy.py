@@ -50,13 +50,14 @@ SHELLS = ("bash", "sh", "dash", "zsh", "ksh", "ksh93", "mksh", "ash", "busybox",
 # run one command and end with it, changing who or how it runs (sudo forks a monitor with use_pty)
 LAUNCHERS = ("sudo", "su", "setpriv", "runuser", "doas", "setsid", "flock", "nohup", "env", "nice", "ionice",
              "taskset", "numactl", "chrt", "stdbuf", "timeout", "chpst", "setuidgid", "s6-setuidgid", "time",
-             "prlimit", "unshare", "nsenter", "cgexec", "systemd-run", "uv", "unbuffer", "xvfb-run")
+             "prlimit", "unshare", "nsenter", "cgexec", "systemd-run", "uv", "unbuffer", "xvfb-run", "srun",
+             "mpirun", "mpiexec", "orterun", "prterun")
 INITS = ("docker-init", "tini", "tini-static", "dumb-init", "catatonit")
 # start nothing by themselves: a terminal's or a container's infrastructure
 INFRA = INITS + ("init", "systemd", "sshd", "sshd-session", "tmux", "tmux: server", "screen", "SCREEN", "conmon",
                  "containerd-shim", "containerd-shim-runc-v2", "runc", "crun", "login", "agetty", "mosh-server",
                  "dockerd", "containerd", "script", "dtach", "abduco", "gnome-terminal-server", "xterm", "konsole",
-                 "cron", "crond", "atd")
+                 "cron", "crond", "atd", "slurmstepd", "slurmd")
 LOG_FILTERS = ("tee", "logger", "cat", "ts", "rotatelogs", "multilog", "svlogd", "cronolog")
 TIMERS = ("sleep",)  # a loop's timer: a watchdog that waits between its checks runs `sleep`
 HELPERS = LOG_FILTERS + TIMERS + ("tail", "less", "more", "head", "wc", "nvidia-smi", "true", "false", "date")
