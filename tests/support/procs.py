@@ -70,9 +70,11 @@ class ProcessSet:
         the settle window sees its restart. Returns its pid once the first worker runs."""
         pidfile = self.base / "worker.pid"
         run = f"{sys.executable} {ROLES} worker --devdir {self.devdir} --gpu 0"
-        keepalive = subprocess.Popen(["bash", "-c", f"while :; do kill -0 $(cat {pidfile} 2>/dev/null) 2>/dev/null || "
-                                      f"setsid -f sh -c 'echo $$ > {pidfile}; exec {run}'; sleep {pause}; done"],
-                                     start_new_session=True)
+        start = (f"rm -f {pidfile}; setsid -f sh -c 'echo $$ > {pidfile}.new; mv {pidfile}.new {pidfile}; exec {run}'; "
+                 f"until [ -s {pidfile} ]; do sleep 0.01; done")
+        # the restart comes `pause` s after the keepalive sees the worker gone (polled every 50 ms)
+        keepalive = subprocess.Popen(["bash", "-c", f"{start}; while :; do kill -0 $(cat {pidfile}) 2>/dev/null || "
+                                      f"{{ sleep {pause}; {start}; }}; sleep 0.05; done"], start_new_session=True)
         self.adopt(keepalive.pid)
         wait_for(lambda: pidfile.exists() and pidfile.read_text().strip(), "first worker")
         return keepalive.pid

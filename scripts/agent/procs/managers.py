@@ -29,7 +29,7 @@ import re
 import shlex
 import stat
 
-from . import cgroup, procfs, procscan, program, rules, textsafe, wrappers
+from . import cgroup, procfs, program, rules, textsafe, wrappers
 
 # The daemons of the managers: never a target's wrapper or supervisor to signal. By name only
 # (see is_manager_daemon): a GPU holder is a target whatever it is called.
@@ -213,13 +213,24 @@ def _result(kind, name, command, note, daemon, main, default=None, **extra):
         ids = procfs.uids(daemon["pid"])
         uid = ids[1] if ids else daemon.get("uid")
         if uid not in (None, os.geteuid()):
-            out["stop_command"] = "runuser -u %s -- %s" % (_q(procscan.user_name(uid)), command)
+            out["stop_command"] = "runuser -u %s -- %s" % (_q(_user(uid)), command)
     if default and argv and not trusted and daemon is not None:
         out["note"] = ("%s; not run by the teardown: its daemon (PID %d) is not root's or a system account's "
                        "running a root-owned program, so only its own user may say what it runs"
                        % (note, daemon["pid"]))
     out.update(extra)
     return out
+
+
+def _user(uid):
+    """The name of the account `uid` is now, looked up at each call (an account's uid may have
+    gone to another since a scan's cached name), or the number where it has none."""
+    import pwd
+
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except (KeyError, OverflowError, TypeError, ValueError):
+        return str(uid)
 
 
 def environ(pid, proc="/proc"):
