@@ -62,6 +62,8 @@ def plan_tables(x) -> str:
                    + (" (its restart policy set to no first)" if c.get("disable") else ""))
     out.extend(manager_lines(plan.managers))
     out.extend(starter_lines(plan.starters))
+    out.extend(note(f"UNSEEN pid {u['pid']}: {u['why']}; what started it cannot be seen from here, so the "
+                    "verdict is at best 11 (starter-alive), never FREED") for u in plan.unseen)
     scope = plan.scope
     if scope.get("text") or scope.get("uid") is not None:
         out.append(note(f"scope: only processes with {scope.get('text')!r} in their command line"

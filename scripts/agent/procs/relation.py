@@ -70,6 +70,7 @@ def executable(pid):
 
 
 PF_FORKNOEXEC = 0x40  # a task flag (stat field 9): forked and has not exec'd since
+PF_KTHREAD = 0x00200000  # a kernel thread
 
 
 def _runs_daemon(info, base):
@@ -126,6 +127,7 @@ class Relation:
         self.mine = {t["pid"] for t in targets}
         self.tree = set(tree) | self.mine
         self.links: dict = {}
+        self.unseen: dict = {}  # target pid -> why what started it cannot be seen (_ancestors)
         self._roles: dict = {}
         kids: dict = {}
         for pid, info in procs.items():
@@ -198,7 +200,21 @@ class Relation:
             if what == "terminal":
                 break
             below, pid = pid, info["ppid"]
+        else:
+            self._unseen(t["pid"], below, pid)
         return out
+
+    def _unseen(self, target, below, pid):
+        """Note a target whose chain leaves what this agent can see: a parent that reads as pid 0
+        (outside this PID namespace: `pct exec`, `docker exec`, nsenter started it) or one /proc
+        does not list (hidepid, gone in the scan's instant). Whatever started it may start it
+        again, unseen: never FREED (the verdict is the middle one)."""
+        kernel = self.procs.get(below, {}).get("flags", 0) & PF_KTHREAD  # kthreadd's children read ppid 0 too
+        if pid == 0 and below != 1 and not kernel and below not in self.chain:
+            self.unseen[target] = ("PID %d's parent is outside this PID namespace (reads as pid 0: `pct exec`, "
+                                   "`docker exec` or nsenter started it)" % below)
+        elif pid not in (0, 1) and pid not in self.procs and pid not in self.chain:
+            self.unseen[target] = "PID %d's parent, PID %d, cannot be read here" % (below, pid)
 
     def _shared(self, pid, below):
         """Does this link run anything but the job: a live child that is not the link below,

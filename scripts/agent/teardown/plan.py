@@ -222,7 +222,10 @@ def build(doc, args):
     for pid, link in starters.items():
         if link["fate"] == "stop":
             wrapped[pid] = sorted(set(link["of"]))
-    return _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters, starters)
+    built = _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters, starters)
+    built["unseen"] = [{"pid": pid, "start_time": procs[pid]["start_time"], "cmdline": procs[pid].get("cmdline", ""),
+                        "why": why} for pid, why in sorted(related.unseen.items())]
+    return built
 
 
 def operator_uid():

@@ -538,7 +538,7 @@ def _watch_window(args, source, targets, started, doc, the_plan, planned, settle
     lineage = settle.Lineage(doc, planned + the_plan.get("gone", []),
                              stopped={settle.manager_key(t) for t in planned if t.get("via", "signal") != "signal"},
                              starters=the_plan["starters"], patterns=the_plan["patterns"],
-                             stops=the_plan.get("managers", []))
+                             stops=the_plan.get("managers", []), unseen=the_plan.get("unseen", []))
     before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
     return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,
                         timeout_s=timeout_s, lineage=lineage)

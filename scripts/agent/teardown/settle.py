@@ -87,7 +87,7 @@ class Lineage:
     `near`: the starters' other descendants, not targets (a watcher subshell beside the server
     that starts it again): what they start counts as the starter's."""
 
-    def __init__(self, doc, planned, stopped=(), starters=(), patterns=(), stops=()):
+    def __init__(self, doc, planned, stopped=(), starters=(), patterns=(), stops=(), unseen=()):
         procs, chain = doc.procs, doc.chain | {os.getpid()}
         self.procs = procs
         # plan["managers"]: the other managers' stops, run or named only (`run` False: the
@@ -98,7 +98,8 @@ class Lineage:
         self.related = {(s["pid"], s["start_time"]): s for s in starters}
         self.starters: dict = {k: s["cmdline"] for k, s in self.related.items()}
         self.managers: dict = {}
-        self.unseen = [t for t in planned if t["ppid"] == 0 and t["pid"] != 1]  # a parent outside our namespace
+        mine_keys = {(t["pid"], t["start_time"]) for t in planned}
+        self.unseen = [u for u in unseen if (u["pid"], u["start_time"]) in mine_keys]  # started from out of sight
         self.identities = plan.target_identities(
             planned, patterns, lambda t: t.get("devices") or any((t.get("gpu_mib") or {}).values()))
         for t in planned:
@@ -154,9 +155,10 @@ class Lineage:
                             "why": why, "include": s.get("hint") or self.hint(self.procs.get(k[0], s))})
         for t in self.unseen:
             out.append({"pid": t["pid"], "start_time": t["start_time"], "cmdline": t.get("cmdline", ""),
-                        "role": "unseen", "include": "look from the host or the container's node",
-                        "why": "was a target whose parent is outside this agent's PID namespace: what started it, "
-                               "and may start it again, cannot be seen from here"})
+                        "role": "unseen", "include": "look from the host or the container's node "
+                                                     "(runbooks/starter-alive-after-teardown.md)",
+                        "why": "was a target, and %s: what started it, and may start it again, cannot be seen "
+                               "from here" % t["why"]})
         return out
 
     def named_left(self):

@@ -131,6 +131,7 @@ class Plan(Record):
     starters: list[rows.PlanRow] = []  # related to a target (agent/procs/relation.py): fate stop, freeze or watch
     gone: list[rows.PlanRow] = []  # targets (and wrappers) that exited before the plan was made: not signalled
     writing: list[rows.Writing] = []
+    unseen: list[rows.Unseen] = []  # targets whose parent is outside the agent's sight: never FREED
     scope: rows.Scope = {}
     rules: list[str] = []
 

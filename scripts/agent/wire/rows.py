@@ -256,6 +256,14 @@ class Writing(TypedDict):
     files: list[str]
 
 
+class Unseen(TypedDict):
+    """Plan.unseen: a target whose starter cannot be seen from the agent (agent/procs/relation.py)."""
+    pid: int
+    start_time: int
+    cmdline: str
+    why: str  # "PID 812's parent is outside this PID namespace (...)"
+
+
 class Scope(TypedDict, total=False):
     """Plan.scope: only processes with `text` in their command line, of `uid`."""
     text: str | None

@@ -70,6 +70,15 @@ def run_hint(hint):
     return subprocess.run(["sh", "-c", line], capture_output=True, text=True, timeout=10)
 
 
+def _agent_in(ns_pid, ps, *extra):
+    """The agent run inside the PID namespace of `ns_pid` (as a route into a container runs it)."""
+    argv = ["nsenter", "-t", str(ns_pid), "-p", "-m", sys.executable, "-", "teardown", "--json",
+            "--devices", ps.glob, "--fake-devices", "--fake-gpus", str(ps.memdir), "--scope", str(ps.base),
+            "--target", TARGETS, "--grace", "2", "--timeout", "10", "--run-dir", str(ps.base / "run"), *extra]
+    out = subprocess.run(argv, input=agent_payload(), capture_output=True, timeout=60)
+    return out.returncode, json.loads(out.stdout)
+
+
 # -- the job's own loop ends with the server: FREED, and nothing comes back --------------------
 
 LAUNCHERS = ["", "timeout 86400 ", "flock {base}/lock ", "nice -n 5 ", "taskset -c 0 ",
@@ -381,16 +390,38 @@ def test_a_namespace_whose_pid_1_is_the_restart_loop_is_never_freed_and_pid_1_ne
     inner = wait_for(lambda: children(outer.pid), "the namespace's PID 1")[0]
     ps.adopt(inner)
     wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
-    argv = ["nsenter", "-t", str(inner), "-p", "-m", sys.executable, "-", "teardown", "--json",
-            "--devices", ps.glob, "--fake-devices", "--fake-gpus", str(ps.memdir), "--scope", str(ps.base),
-            "--target", TARGETS, "--grace", "2", "--timeout", "10", "--run-dir", str(ps.base / "run")]
-    out = subprocess.run(argv, input=agent_payload(), capture_output=True, timeout=60)
-    doc = json.loads(out.stdout)
-    assert out.returncode == 11, doc.get("problems")
+    code, doc = _agent_in(inner, ps)
+    assert code == 11, doc.get("problems")
     [named] = doc["starters_alive"]
     assert named["pid"] == 1 and "PID 1 is never signalled" in named["include"], named
     assert all(a["pid"] != 1 for a in doc["actions"]) and alive(inner)
     assert "double fork" not in " ".join(doc["problems"])
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"),
+                    reason="needs root, unshare and nsenter for a PID namespace")
+def test_a_server_whose_launch_shell_was_entered_from_outside_the_namespace_is_never_freed(ps):
+    """`pct exec CT -- bash -c 'SERVER; ...'`, here nsenter into a PID namespace from a restart
+    loop outside it: inside, the launch shell's parent reads as pid 0. The shell is the job's
+    own and ends with the server, but what started it cannot be seen: exit 11 (`unseen`), not
+    FREED, and the loop outside does bring the server back."""
+    ready = ps.base / "srv.ready"
+    box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", "sleep", "600"], start_new_session=True)
+    ps.adopt(box.pid)
+    inner = wait_for(lambda: children(box.pid), "the namespace's PID 1")[0]
+    ps.adopt(inner)
+    launch = f"rm -f {ready}; {server_cmd(ps, ready)}; true"
+    loop = subprocess.Popen(["bash", "-c", f"while true; do nsenter -t {inner} -p -m bash -c '{launch}'; "
+                                           f"sleep {PAUSE}; done"], start_new_session=True)
+    ps.adopt(loop.pid)
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
+    code, doc = _agent_in(inner, ps)
+    assert code == 11, (doc["verdict"], doc["problems"])
+    [unseen] = [s for s in doc["starters_alive"] if s["role"] == "unseen"]
+    assert "outside this PID namespace" in unseen["why"], unseen
+    assert [u["pid"] for u in doc["plan"]["unseen"]] == [unseen["pid"]], doc["plan"]["unseen"]
+    assert all(a["pid"] != loop.pid for a in doc["actions"]) and alive(loop.pid)
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server, back from outside", timeout=PAUSE + 10)
 
 
 # -- found by the red team ---------------------------------------------------------------------
