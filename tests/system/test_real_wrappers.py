@@ -5,7 +5,8 @@ not ours to assume. Each shape came from a host where the teardown signalled the
 directly and the manager started it again within the settle window (NOT FREE, exit 1):
 - a unit whose ExecStart is `/bin/bash -c "cd /srv && . ./env.sh && python3 -m
   sglang.launch_server ...; echo server exited"` (Restart=always);
-- a unit running a bash script that loops `vllm serve ...; sleep 1`;
+- a unit running a bash script that loops `vllm serve ...; sleep 1` (Restart=always, and
+  Restart=on-failure: the loop is the unit's main process, the unit is what restarts);
 - `docker run --init --restart=always ... vllm serve ...` (docker-init is the container's PID 1).
 Each must end FREED (exit 0) with the unit or container named, and still be down 5 s later.
 """
@@ -32,6 +33,9 @@ ExecStart=/bin/bash {INNER}/srv/loop.sh
 Restart=always
 RestartSec=1
 """
+# the same loop with Restart=on-failure: the unit holds the target, so it is the unit's stop, not
+# a --stop-starters hint (the loop is the unit's main process)
+VLLM_LOOP_ON_FAILURE = VLLM_LOOP.replace("Restart=always", "Restart=on-failure")
 LOOP_SH = f"while true; do {INNER}/bin/vllm serve /models/looped; sleep 1; done\n"
 # the stand-in server (tests/support/realhosts/gpu_holder.py) run as a module, as SGLang is
 LAUNCH_SERVER = f"import runpy\nrunpy.run_path('{INNER}/bin/gpu-holder', run_name='__main__')\n"
@@ -51,7 +55,8 @@ def _files(workdir):
 def wrapped_host(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("wrapped-host")
     _files(workdir)
-    units = {"sglang-wrapped.service": SGLANG_WRAPPED, "vllm-loop.service": VLLM_LOOP}
+    units = {"sglang-wrapped.service": SGLANG_WRAPPED, "vllm-loop.service": VLLM_LOOP,
+             "vllm-loop-on-failure.service": VLLM_LOOP_ON_FAILURE}
     with hosted(SystemdHost(workdir, "wrapped-host", units=units)) as h:
         yield h
 
@@ -64,7 +69,7 @@ def _restarts(host, unit):
     return host.sh(f"systemctl show -p NRestarts --value {unit}").stdout.strip()
 
 
-@pytest.mark.parametrize("unit", ["sglang-wrapped.service", "vllm-loop.service"])
+@pytest.mark.parametrize("unit", ["sglang-wrapped.service", "vllm-loop.service", "vllm-loop-on-failure.service"])
 def test_a_wrapped_server_in_a_restart_always_unit_is_stopped_through_systemd(wrapped_host, hosts_env, unit):
     host = wrapped_host
     hosts_env(host.hosts_env("gpu"))

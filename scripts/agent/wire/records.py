@@ -2,10 +2,9 @@
 the local side reads it (read).
 
 Every result is one JSON object with "command" and "exit_code" (or codes.USAGE_ERROR or
-codes.AGENT_ERROR instead). A field without a default is required (a result without it is a
-ContractError naming the key), the others take their default when the key is absent or null,
-so a key the agent renames fails here, loudly, not as a KeyError in a view. Rows (GPUs,
-holders, plan targets, actions) stay the dicts the JSON holds; rows.py types their keys.
+codes.AGENT_ERROR). A field without a default is required (a result without it is a ContractError
+naming the key), the others take their default when the key is absent or null: a key the agent
+renames fails here, not as a KeyError in a view. Rows stay the JSON's dicts; rows.py types them.
 """
 from __future__ import annotations
 
