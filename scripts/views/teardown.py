@@ -55,11 +55,13 @@ def plan_tables(x) -> str:
     out.extend(note(writing_line(w["pid"], w["files"])) for w in plan.writing)
     for u in plan.units:
         how = f"pct exec {u['ctid']} -- systemctl" if u.get("ctid") else "systemctl"  # a unit inside an LXC CT
-        out.append(f"  unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}")
+        out.append(f"  unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}"
+                   + (f" ({u['pending']})" if u.get("pending") else ""))
     for c in plan.containers:
         name = f"{c['name']} ({c['id'][:12]})" if c.get("name") else c["id"][:12]
         out.append(f"  container {name} will be stopped with docker stop"
-                   + (" (its restart policy set to no first)" if c.get("disable") else ""))
+                   + (" (its restart policy set to no first)" if c.get("disable") else "")
+                   + (f" ({c['pending']})" if c.get("pending") else ""))
     out.extend(manager_lines(plan.managers))
     out.extend(starter_lines(plan.starters))
     out.extend(note(f"UNSEEN pid {u['pid']}: {u['why']}; what started it cannot be seen from here, so the "

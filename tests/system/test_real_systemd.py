@@ -10,6 +10,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -36,9 +37,17 @@ KillMode=process
 """
 
 
+# crashes a second after each start; systemd starts it again 8 s later: between the two, no process
+CRASHING_UNIT = f"""[Service]
+ExecStart={INNER}/bin/vllm serve /models/crashing --exit-after 1
+Restart=on-failure
+RestartSec=8
+"""
+
+
 @pytest.fixture(scope="session")
 def sd_host(tmp_path_factory):
-    units = {"vllm.service": VLLM_UNIT, "legacy.service": LEGACY_UNIT}
+    units = {"vllm.service": VLLM_UNIT, "legacy.service": LEGACY_UNIT, "crashing.service": CRASHING_UNIT}
     with hosted(SystemdHost(tmp_path_factory.mktemp("sd-host"), "sd-host", units=units)) as h:
         yield h
 
@@ -74,6 +83,30 @@ def test_restart_always_unit_is_stopped_through_systemd(gpu):
     assert "systemctl disable --now vllm.service" in text(res)
     assert gpu.sh("systemctl is-enabled vllm.service").stdout.strip() == "disabled"
     assert gpu.sh("systemctl is-active vllm.service").stdout.strip() == "inactive"
+
+
+def _sub(host, unit):
+    return host.sh(f"systemctl show -p SubState --value {unit}").stdout.strip()
+
+
+def test_a_restart_systemd_scheduled_with_no_process_yet_is_cancelled_not_freed(gpu):
+    """A server crashed a moment ago under Restart=on-failure: no process, the GPUs read free,
+    and systemd starts it again in RestartSec. Its unit runs a target (its ExecStart is picked
+    by the target patterns), so the plan stops it: FREED, and nothing comes back."""
+    gpu.sh("systemctl daemon-reload && systemctl reset-failed crashing.service; systemctl start crashing.service",
+           check=True)
+    wait_for(lambda: _sub(gpu, "crashing.service") == "auto-restart", what="the unit between crash and restart")
+    plan = invoke("plan", "--host", "gpu")
+    assert "unit crashing.service will be stopped with systemctl" in text(plan), text(plan)
+    assert "auto-restart" in text(plan)
+    res = invoke("teardown", "--host", "gpu", "--yes", "--grace", "5", "--settle", "1.5")
+    out = text(res)
+    assert res.returncode == 0, out
+    assert "systemctl stop crashing.service" in out, out
+    assert _sub(gpu, "crashing.service") in ("dead", "failed"), _sub(gpu, "crashing.service")
+    time.sleep(9)  # past RestartSec: nothing was scheduled any more
+    assert gpu.sh("systemctl is-active crashing.service").stdout.strip() in ("inactive", "failed")
+    assert holders(gpu) == []
 
 
 def test_what_systemctl_stop_leaves_alive_is_signalled_and_audited(gpu):

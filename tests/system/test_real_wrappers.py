@@ -101,6 +101,8 @@ def init_docker(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("docker-init-host")
     (workdir / "vllm.sh").write_text(VLLM_SH)
     (workdir / "vllm.sh").chmod(0o755)
+    (workdir / "crash.sh").write_text("#!/bin/sh\nexit 1\n")
+    (workdir / "crash.sh").chmod(0o755)
     tools = ("dockerd", "containerd", "docker", "busybox", "docker-init")
     with hosted(docker_host(workdir, "docker-init-host"), tools=tools) as host:
         import_image(host)
@@ -135,3 +137,30 @@ def test_a_server_under_docker_init_with_restart_always_is_stopped_through_docke
     assert _docker(host, "{{.State.Status}}") == "exited"
     assert _docker(host, "{{.RestartCount}}") == restarts
     assert holders(host) == []
+
+
+def test_a_container_docker_is_restarting_with_no_process_yet_is_stopped_not_freed(init_docker, hosts_env):
+    """A `--restart=always` server that crashes at once: docker waits longer before each restart
+    (0.1 s, doubling), and in that wait the container has no process. Its command is picked by
+    the target patterns, so the plan stops it (docker stop ends the pending restart): FREED, and
+    it is not started again."""
+    host = init_docker
+    hosts_env(host.hosts_env("gpu"))
+    host.sh(f"docker rm -f vllm-crash >/dev/null 2>&1; docker run -d --name vllm-crash --restart=always "
+            f"--network none -v {INNER}/crash.sh:/bin/vllm:ro {IMAGE} vllm serve /models/c", check=True)
+
+    def backing_off():
+        return _docker(host, "{{.State.Status}} {{.RestartCount}}", "vllm-crash").split()
+
+    wait_for(lambda: (lambda s: s and s[0] == "restarting" and int(s[1]) >= 5)(backing_off()),
+             what="docker restarting it with a wait of seconds", timeout=90)
+    res = invoke("teardown", "--host", "gpu", "--yes", "--grace", "5")
+    out = text(res)
+    try:
+        assert res.returncode == 0, out
+        assert "docker stop" in out and "vllm-crash" in out, out
+        restarts = backing_off()[1]
+        time.sleep(8)  # longer than the wait docker had scheduled
+        assert backing_off() == ["exited", restarts]
+    finally:
+        host.sh("docker rm -f vllm-crash >/dev/null 2>&1")

@@ -25,7 +25,7 @@ import os
 from ..procs import cgroup, managers, procfs, procscan, program, relation, rules, wrappers
 from ..status import scan
 from ..wire import codes, records
-from . import units
+from . import pending, units
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
 
@@ -174,8 +174,29 @@ class _Picked:
                         stack.append(child)
 
 
+def pending_query(args):
+    """The pending restarts' query (pending.py), started now: a unit or container whose command
+    the target patterns and scope pick, with a restart scheduled and no process yet."""
+    patterns = patterns_of(args)
+    return pending.Query(lambda info: in_scope(info, args) and rules.target_reason(info, patterns),
+                         systemd_running, lambda: on_path("docker"))
+
+
+def _add_pending(built, found, args):
+    """The pending units and containers, to be stopped through their managers like the others."""
+    have = {u["unit"] for u in built["units"] if not u.get("ctid")}
+    built["units"] += [{"unit": u["unit"], "ctid": None, "pids": [], "disable": bool(args.disable),
+                        "pending": u["why"]} for u in found["units"] if u["unit"] not in have]
+    have = {c["id"] for c in built["containers"]}
+    built["containers"] += [{"id": c["id"], "name": c["name"], "pids": [], "disable": bool(args.disable),
+                             "pending": c["why"]} for c in found["containers"] if c["id"] not in have]
+
+
 def build(doc, args):
-    """The plan from a scan (scan.Scan: the document and its process table)."""
+    """The plan from a scan (scan.Scan: the document and its process table). The pending
+    restarts' query runs on a thread meanwhile (after the early batch's signals: what it
+    loads and runs never comes before them)."""
+    pending_restarts = pending_query(args)
     procs, chain = doc.procs, doc.chain | {os.getpid()}
     holders = {h["pid"]: h for h in doc["holders"]}
     patterns = patterns_of(args)
@@ -225,6 +246,7 @@ def build(doc, args):
     built = _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters, starters)
     built["unseen"] = [{"pid": pid, "start_time": procs[pid]["start_time"], "cmdline": procs[pid].get("cmdline", ""),
                         "why": why} for pid, why in sorted(related.unseen.items())]
+    _add_pending(built, pending_restarts.get(), args)
     return built
 
 

@@ -115,7 +115,7 @@ def _stop_units(the_plan, audit, targets_by_pid):
 
     running = []
     for item in items:
-        first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
+        first = _audited_as(item, targets_by_pid)
         for argv in units.before_stop(item):
             proc = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True)
             audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr))
@@ -125,6 +125,15 @@ def _stop_units(the_plan, audit, targets_by_pid):
                                                      stderr=subprocess.PIPE, cwd="/")))
         audit.log(first, units.stop_text(item, argv), "started")
     return running
+
+
+def _audited_as(item, targets_by_pid):
+    """The process a stop is logged against: its first target, or for a pending restart (no
+    process yet: pending.py) the unit or container itself."""
+    if item["pids"]:
+        return targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
+    return {"pid": None, "cmdline": "%s (%s)" % (item.get("unit") or item.get("name") or item.get("id"),
+                                                 item.get("pending"))}
 
 
 def _exit_text(code, err):
@@ -151,7 +160,7 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
             proc.wait(wait_s)
         except subprocess.TimeoutExpired:
             continue
-        first = targets_by_pid.get(item["pids"][0], {"pid": item["pids"][0]})
+        first = _audited_as(item, targets_by_pid)
         rec = audit.log(first, units.stop_text(item, argv), _exit_text(proc.returncode, proc.stderr.read()))
         rec["comes_back"] = units.comes_back(item)  # the report says it (teardown_view.verdict_lines)
         ours = [targets_by_pid[p] for p in item["pids"] if p in targets_by_pid and p != item.get("main_pid")]
@@ -258,6 +267,10 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got, free
     doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
     the_plan = got["plan"] = early.merge(plan.build(doc, args), batch.rows)
     approved = batch.approved  # the operator's --approved (None: all of the plan)
+    if approved is not None:  # a pending restart is no approved process: named (exit 11), not stopped
+        for key in ("units", "containers"):
+            the_plan["pending_left"] = the_plan.get("pending_left", []) + [u for u in the_plan[key] if u.get("pending")]
+            the_plan[key] = [u for u in the_plan[key] if not u.get("pending")]
     planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
     unapproved = [t for t in the_plan["targets"] if t not in planned]
     # a gone target the operator did not approve is not this teardown's, nor a supervisor of such
@@ -285,7 +298,7 @@ def _send_plan(targets, the_plan, planned, audit, timings, started):
     planned target the early batch did not signal. Returns ({pid: target}, the stops)."""
     rest = targets.extend(planned)
     by_pid = {t["pid"]: t for t in planned}
-    stops = _stop_units({key: [u for u in the_plan.get(key, []) if set(u["pids"]) & set(by_pid)]
+    stops = _stop_units({key: [u for u in the_plan.get(key, []) if set(u["pids"]) & set(by_pid) or u.get("pending")]
                          for key in ("units", "containers", "managers")}, audit, by_pid)
     timings.setdefault("sigterm_s", _since(started))
     timings["plan_sigterm_s"] = _since(started)
@@ -411,7 +424,8 @@ def execute(args, operator, started, source):
         after, free, problems = result["doc"], result["free"], result["problems"]
         aside = {(e["pid"], e["start_time"]) for e in result["exiting_without_gpu"]}  # exiting, no GPU: not stuck
         alive = [t for t in targets.alive() if (t["pid"], t["start_time"]) not in aside]
-        code, starters, problems = _verdict(result, unended, after, args, verify, freezer)
+        code, starters, problems = _verdict(result, unended, after, args, verify, freezer,
+                                            the_plan.get("pending_left", []))
         if targets.failed:
             code = codes.EXIT_NOT_FREE
         timings.update(free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"],
@@ -469,7 +483,7 @@ def _stop_and_watch(args, targets, source, started, timings, units_stop, freezer
     return unended, mps_quit, result
 
 
-def _verdict(result, unended, after, args, verify, freezer):
+def _verdict(result, unended, after, args, verify, freezer, pending_left=()):
     """Thaw what is still frozen (it runs again as it was, and is named), then (code, live
     starters, problem lines) of the window's result: FREED (0) only when no
     related starter lives, the middle verdict (11) when the GPUs are free but one does (each
@@ -481,7 +495,10 @@ def _verdict(result, unended, after, args, verify, freezer):
         for u in unended if not any(s["pid"] == u["pid"] for s in result["starters_alive"])]
     if not result["free"]:
         return verify.exit_code(after, False, args.max_used_mib), starters, problems
-    if not starters:
+    problems = problems + ["%s %s: %s; not in the approved plan, so not stopped: %s" % (
+        "unit" if "unit" in p else "container", p.get("unit") or p.get("name"), p["pending"],
+        " ".join(units.stop_argv(p))) for p in pending_left]
+    if not starters and not pending_left:
         return codes.EXIT_OK, starters, problems
     return codes.EXIT_STARTER_ALIVE, starters, problems + [
         "pid %d (%s) %s; stop it: %s" % (r["pid"], r["cmdline"][:80], r["why"], r["include"]) for r in starters]

@@ -217,6 +217,7 @@ class Unit(TypedDict, total=False):
     ctid: str | None
     pids: list[int]
     disable: bool
+    pending: str  # no process yet: a restart its manager scheduled runs a target (agent/teardown/pending.py)
 
 
 class PlanContainer(TypedDict, total=False):
@@ -225,6 +226,7 @@ class PlanContainer(TypedDict, total=False):
     name: str | None
     pids: list[int]
     disable: bool
+    pending: str  # no process yet: docker is restarting it, and it runs a target
 
 
 class PlanManagerRef(TypedDict):

@@ -2,7 +2,8 @@
 """A stand-in GPU server for the real hosts: holds every /dev/nvidia* open (or those of
 CUDA_VISIBLE_DEVICES), starts --workers children that hold them too, prints a line a log
 reader can find, and sleeps. --ignore-term: the main process ignores SIGTERM;
---child-ignores-term: only the workers do (a worker stuck in a CUDA call)."""
+--child-ignores-term: only the workers do (a worker stuck in a CUDA call); --exit-after S: exits 1
+S seconds after it started (a server that crashes, for a unit's Restart=on-failure)."""
 import glob
 import os
 import signal
@@ -25,5 +26,8 @@ for _ in range(workers):
 if "--ignore-term" in args:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 print("gpu-holder %d holding %s" % (os.getpid(), " ".join(paths)), flush=True)
+if "--exit-after" in args:
+    time.sleep(float(args[args.index("--exit-after") + 1]))
+    sys.exit(1)
 while True:
     time.sleep(60)
