@@ -100,8 +100,10 @@ def role(info):
         return "gone"
     base, trusted = executable(info["pid"])
     argv = info.get("argv") or []
-    if base == "busybox" and argv:  # busybox is what its argv[0] names
-        base = os.path.basename(argv[0]).lstrip("-")
+    if base == "busybox" and argv:  # busybox is the applet its argv[0] names, or argv[1] after `busybox`
+        if os.path.basename(argv[0]) == "busybox":
+            argv = argv[1:]
+        base = os.path.basename(argv[0]).lstrip("-") if argv else "busybox"
     if _runs_daemon(info, base):
         return "manager"
     if not base or not trusted:

@@ -424,6 +424,54 @@ def test_a_server_whose_launch_shell_was_entered_from_outside_the_namespace_is_n
     wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server, back from outside", timeout=PAUSE + 10)
 
 
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("busybox"), reason="needs root and busybox's crond")
+def test_a_server_cron_started_is_freed_and_cron_never_signalled(ps):
+    """A real cron (busybox crond, with a crontab of the test's own) started the server at the
+    minute: cron is a scheduler with no start pending the teardown can see, not a starter; a
+    finished cron run is history. FREED, and crond runs on, never signalled. (`busybox crond`
+    is crond, the applet argv[1] names: it was taken for busybox's shell and ended.)"""
+    ready = ps.base / "srv.ready"
+    tabs = ps.base / "crontabs"
+    tabs.mkdir()
+    (tabs / "root").write_text(f"* * * * * [ -e {ready} ] || {server_cmd(ps, ready)}\n")
+    crond = subprocess.Popen(["busybox", "crond", "-f", "-c", str(tabs), "-L", str(ps.base / "cron.log")],
+                             start_new_session=True)
+    ps.adopt(crond.pid)
+    ps.adopt(int(wait_for(lambda: ready.exists() and ready.read_text().strip(), "cron's run, at the minute",
+                          timeout=75)))
+    result = teardown(ps)
+    assert result.code == 0, (result.doc["verdict"], result.doc["problems"])
+    assert all(a["pid"] != crond.pid for a in result.doc["actions"]) and alive(crond.pid), result.doc["actions"]
+    assert not [s for s in result.doc["plan"]["starters"] if s["pid"] == crond.pid]
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"),
+                    reason="needs root, unshare and nsenter for a PID namespace")
+def test_a_jupyterlab_containers_pid_1_is_never_signalled_and_its_kernel_runs_on(ps):
+    """A JupyterLab container: PID 1 is the lab (Python), its kernel started the server. The
+    kernel is a starter: frozen during the stop, thawed, named (exit 11); PID 1 is neither
+    stopped nor frozen, and both run on."""
+    ready = ps.base / "srv.ready"
+    kernel = ("import subprocess, sys, time\np = subprocess.Popen(sys.argv[1:])\n"
+              "while True: time.sleep(0.1)")
+    lab = ("import subprocess, sys, time\nsubprocess.Popen([sys.executable, '-c', sys.argv[1]] + sys.argv[2:])\n"
+           "while True: time.sleep(0.1)")
+    box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", lab, kernel,
+                            *server_argv(ps, ready)], start_new_session=True,
+                           env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
+    ps.adopt(box.pid)
+    inner = wait_for(lambda: children(box.pid), "the lab, PID 1 of its namespace")[0]
+    ps.adopt(inner)
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
+    code, doc = _agent_in(inner, ps)
+    assert code == 11, (doc["verdict"], doc["problems"])
+    [named] = doc["starters_alive"]
+    assert named["pid"] != 1 and named["role"] == "starter", named
+    assert [a["signal"] for a in doc["actions"] if a["pid"] == named["pid"]] == ["SIGSTOP", "SIGCONT"]
+    assert all(a["pid"] != 1 for a in doc["actions"]) and alive(inner)
+    assert state(inner) not in ("T", "t") and len(children(inner)) == 1  # the kernel lives on, running
+
+
 # -- found by the red team ---------------------------------------------------------------------
 
 def test_a_loop_typed_at_a_prompt_in_the_background_is_code_not_a_terminal(ps, tmp_path):
