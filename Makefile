@@ -79,7 +79,7 @@ demo: runtime ## the main job on the SANDBOX host (only its own private dir): se
 	$(PY) -m scripts.ops.sandbox check
 
 .PHONY: teardown
-teardown: setup ## free the GPUs of HOST (make teardown HOST=gpu1); asks first on a terminal
+teardown: runtime ## free the GPUs of HOST (make teardown HOST=gpu1); asks first on a terminal
 	$(INVOKE) teardown --host $(HOST)
 
 # On the SANDBOX the pivots need its processes and files, and run without asking.
@@ -87,15 +87,15 @@ PIVOT_PRE = $(if $(filter sandbox,$(HOST)),$(INVOKE) sandbox up >/dev/null &&,)
 PIVOT_YES = $(if $(filter sandbox,$(HOST)),--yes,$(YES))
 
 .PHONY: pivot-datagen
-pivot-datagen: setup ## EAGLE3 data-generation pivot: drain the EAGLE3 server, tear down, start the baseline server + dataset preps
+pivot-datagen: runtime ## EAGLE3 data-generation pivot: drain the EAGLE3 server, tear down, start the baseline server + dataset preps
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to datagen $(PIVOT_YES)
 
 .PHONY: pivot-train
-pivot-train: setup ## extraction-to-training pivot: extraction done -> gates on the extracted files -> start training
+pivot-train: runtime ## extraction-to-training pivot: extraction done -> gates on the extracted files -> start training
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to train $(PIVOT_YES)
 
 .PHONY: pivot-deploy
-pivot-deploy: setup ## patched-server deploy: old server -> patched server; smoke test; roll back if unhealthy
+pivot-deploy: runtime ## patched-server deploy: old server -> patched server; smoke test; roll back if unhealthy
 	$(PIVOT_PRE) $(INVOKE) pivot --host $(HOST) --to deploy $(PIVOT_YES)
 
 .PHONY: bench
@@ -119,5 +119,5 @@ runbooks: setup ## regenerate runbooks/emergency-one-liners.md from the code
 	$(PY) -m scripts.emergency.runbook > runbooks/emergency-one-liners.md
 
 .PHONY: status
-status: setup ## show who holds the GPUs of HOST
+status: runtime ## show who holds the GPUs of HOST
 	$(INVOKE) status --host $(HOST)

@@ -32,15 +32,16 @@ def hosts(c, json=False, names=False):
     if json:
         print(dumps(docs))
         return
-    # the hosts file (one: hostconfig.hosts_file) is named once under the table, not in every row
-    files = sorted({d["source"] for d in docs} - {"built-in"})
+    # the hosts file (one: hostconfig.hosts_file) is named once under the table, not in every row,
+    # or that none was found and where it was looked for
+    from scripts.config.hostconfig import source_words
+
     rows = [[d["alias"], d["route"], d["python"], d["devices"], ", ".join(d["phases"]) or "-",
              "built-in" if d["source"] == "built-in" else "file"] for d in docs]
     # a column wraps at spaces and after a `/`, never inside a word (`nvidia[0-3]`, an address)
     print(table(["alias", *(Col(h, "wrap", _longest_word(r[i] for r in rows)) if h != "python" else h
                             for i, h in enumerate(("route", "python", "devices", "phases", "from"), 1))], rows))
-    for path in files:
-        print(note(f"file: {path}", indent="", hang="  "))
+    print(note(source_words(), indent="", hang="  "))
 
 
 def _longest_word(texts) -> int:

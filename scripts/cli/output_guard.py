@@ -233,7 +233,8 @@ def _invoke_process():
 
 def install():
     """Hook this process once: the excepthook, the flush at exit, the guard on stdout; in
-    Invoke itself, sys.exit noted and a normal end armed to leave at once (_exit_now)."""
+    Invoke itself, sys.exit noted and a normal end armed to leave at once (_exit_now), and
+    the checkout's tasks found from any folder (find_tasks_from_anywhere)."""
     if getattr(sys, "_gpu_pivot_output_guard", False):
         return
     sys._gpu_pivot_output_guard = True  # type: ignore[attr-defined]
@@ -243,7 +244,37 @@ def install():
     if _invoke_process():
         _EXIT[:] = [0]  # returning from the program is exit 0, as Python's own end would be
         sys.exit = _noting_exit(sys.exit)
+        find_tasks_from_anywhere(sys.argv)
     atexit.register(_flush_at_exit)
+
+
+CHECKOUT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_WHERE_FLAGS = ("-c", "--collection", "-r", "--search-root")
+
+
+def find_tasks_from_anywhere(argv):
+    """The venv's `invoke` run outside the checkout (`cd /tmp && .venv/bin/invoke status`)
+    searched upward for a tasks.py, found none, and said only "Can't find any collection named
+    'tasks'!", exit 1 ("done but not free"). Where no tasks.py is above the working folder and
+    the command line names no collection or search root, the search starts at this checkout
+    (`--search-root`): the same tasks, hosts.env beside them, from any folder. A folder with a
+    tasks.py of its own (another project) keeps it. Changes argv in place."""
+    if any(a in _WHERE_FLAGS or a.startswith(tuple(f + "=" for f in _WHERE_FLAGS if f.startswith("--")))
+           for a in argv[1:]):
+        return
+    try:
+        here = os.getcwd()
+    except OSError:  # a working folder removed under us: nothing to search from
+        here = "/"
+    while True:
+        if os.path.isfile(os.path.join(here, "tasks.py")):
+            return
+        parent = os.path.dirname(here)
+        if parent == here:
+            break
+        here = parent
+    if os.path.isfile(os.path.join(CHECKOUT, "tasks.py")):
+        argv[1:1] = ["--search-root", CHECKOUT]
 
 
 PTH_NAME = "gpu_pivot_output_guard.pth"

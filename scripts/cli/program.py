@@ -12,6 +12,12 @@
 How: tasks.py is loaded by Invoke's Program while it runs (after the core flags, before the
 tasks' own are parsed and any help is printed), so install() gives the Program running now
 this subclass, for the steps still ahead of it.
+
+3. `gpu-pivot TASK` works from any folder (main(): the console script of `pip install .`, and
+   the launcher `make runtime` writes to .venv/bin/gpu-pivot): `invoke` finds tasks.py only in
+   the checkout, and outside it said only Invoke's "Can't find any collection named 'tasks'!",
+   exit 1 ("done but not free"); that case is now one line naming gpu-pivot, exit 2
+   (output_guard.not_in_checkout).
 """
 from __future__ import annotations
 
@@ -100,3 +106,18 @@ def install() -> None:
 
     if type(main.program) is invoke.Program:
         main.program.__class__ = Program
+
+
+def main() -> None:
+    """`gpu-pivot TASK ...`: the same tasks, flags, help and exit codes as `invoke TASK ...` in
+    the checkout, from any folder (hosts.env is found as tasks.py says: $GPU_PIVOT_HOSTS_FILE,
+    else beside tasks.py, else ./hosts.env). Invoke's project file (invoke.json) is read only
+    beside a collection it searched for, so its one setting, the executor, is given here."""
+    from invoke import Collection
+
+    import tasks
+
+    from .executor import OneTaskExecutor
+
+    Program(namespace=Collection.from_module(tasks), name="gpu-pivot", binary="gpu-pivot",
+            executor_class=OneTaskExecutor).run()

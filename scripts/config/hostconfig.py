@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import shlex
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -252,13 +253,41 @@ def load_hosts(path: Path | None = None, built_in=None) -> dict:
     for forbidden in ("SSH", "SSH_OPTS", "BECOME", "CTID"):
         if forbidden in local_keys:
             raise ConfigError(f"{path}: LOCAL_{forbidden} is not allowed; `local` is always this machine")
-    hosts = {"local": build_host("local", local_keys, "built-in")}
+    with _at_line(path, lines):
+        hosts = {"local": build_host("local", local_keys, "built-in")}
     for make in built_in:
         host = make()
         hosts[host.alias] = host
     for alias, keys in grouped.items():
-        hosts[alias] = build_host(alias, keys, str(path))
+        with _at_line(path, lines):
+            hosts[alias] = build_host(alias, keys, str(path))
     return hosts
+
+
+_KEY_FIRST = re.compile(r"([A-Z][A-Z0-9_]*)[=: ]")
+
+
+@contextmanager
+def _at_line(path: Path, lines: dict):
+    """A value's error (`GPU1_SSH='-x': ...`) led by FILE:LINE of its key, as a syntax error
+    is: one bad value blocks every host, so the operator must find it at once."""
+    try:
+        yield
+    except ConfigError as exc:
+        key = _KEY_FIRST.match(str(exc))
+        if key and key.group(1) in lines and not str(exc).startswith(str(path)):
+            raise ConfigError(f"{path}:{lines[key.group(1)]}: {exc}") from None
+        raise
+
+
+def source_words(path: Path | None = None) -> str:
+    """Which hosts.env the hosts came from, for a person: its path, or that none was found
+    and where it was looked for (an alias of a missing file reads as a typo otherwise)."""
+    path = path or hosts_file()
+    if path.exists():
+        return f"hosts from {path}"
+    return (f"no hosts.env found (looked for ${HOSTS_FILE_ENV}, {REPO_HOSTS_FILE} and ./hosts.env; "
+            "copy hosts.env.example to make one)")
 
 
 def select_hosts(spec: str, hosts: dict, built_in: dict | None = None) -> list:
@@ -271,6 +300,7 @@ def select_hosts(spec: str, hosts: dict, built_in: dict | None = None) -> list:
     unknown = [n for n in names if n not in hosts and n not in built_in]
     if unknown:
         known = ", ".join(sorted({*hosts, *built_in}))
-        raise ConfigError(f"--host {show(spec)}: unknown host alias {show(unknown[0])} (known: {known})")
+        raise ConfigError(f"--host {show(spec)}: unknown host alias {show(unknown[0])}; known: {known}; "
+                          f"{source_words()}")
     built = {n: built_in[n]() for n in dict.fromkeys(names) if n not in hosts}
     return [hosts[n] if n in hosts else built[n] for n in names]

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 
 from scripts.agent.wire import codes
-from tests.conftest import REPO, invoke, sandbox_session
+from tests.conftest import REPO, checkout_copy, invoke, sandbox_session
 from tests.support import scenario
 from tests.support.procs import wait_for
 
@@ -373,3 +373,53 @@ def test_readme_first_commands_run_as_printed_from_a_fresh_shell():
         assert state["alive"] == [], state  # `invoke sandbox down` stopped what the demo left
     finally:
         invoke("sandbox", "down")
+
+
+# -- where the hosts came from, and the tasks from any folder ----------------------------------
+
+def _clean_env(**extra):
+    env = {k: v for k, v in os.environ.items() if k != "GPU_PIVOT_HOSTS_FILE"}
+    return dict(env, **extra)
+
+
+def test_a_missing_hosts_env_is_named_with_where_it_was_looked_for(tmp_path):
+    """A fresh clone without hosts.env: `--host lo1` says no hosts.env was found and where it
+    was looked for (it read as a typo of the alias), and `invoke hosts` says the same under its
+    table; with the file, `invoke hosts` names it."""
+    clone = checkout_copy(tmp_path / "clone")
+    res = subprocess.run([sys.executable, "-m", "invoke", "ping", "--host", "lo1"], cwd=clone, env=_clean_env(),
+                         capture_output=True, timeout=120)
+    assert res.returncode == codes.EXIT_USAGE, text_of(res)
+    [line] = res.stderr.decode().splitlines()
+    assert "unknown host alias 'lo1'" in line and "no hosts.env found" in line, line
+    assert str(clone / "hosts.env") in line and "hosts.env.example" in line, line
+    listed = subprocess.run([sys.executable, "-m", "invoke", "hosts"], cwd=clone, env=_clean_env(),
+                            capture_output=True, timeout=120)
+    assert listed.returncode == 0 and "no hosts.env found" in text_of(listed), text_of(listed)
+    (clone / "hosts.env").write_text("LO1_SSH=root@127.0.0.1\n")
+    listed = subprocess.run([sys.executable, "-m", "invoke", "hosts"], cwd=clone, env=_clean_env(),
+                            capture_output=True, timeout=120)
+    assert f"hosts from {clone / 'hosts.env'}" in text_of(listed).replace("\n  ", " "), text_of(listed)
+
+
+def test_a_bad_value_in_hosts_env_names_its_file_and_line(hosts_env):
+    """One bad value blocks every host, so it is led by FILE:LINE, as a syntax error is."""
+    path = hosts_env("# gpu hosts\nGPU1_SSH=root@10.0.0.1\nGPU2_SSH=-oProxyCommand=x\n")
+    res = invoke("hosts")
+    assert res.returncode == codes.EXIT_USAGE, text_of(res)
+    assert res.stderr.decode().splitlines() == [
+        f"gpu-pivot: {path}:3: GPU2_SSH='-oProxyCommand=x': an ssh destination may not start with '-'"]
+
+
+def test_the_tasks_run_from_any_folder_and_another_projects_tasks_stay_its_own(tmp_path):
+    """Outside the checkout, `invoke TASK` (the venv's) runs gpu-pivot's tasks: it said only
+    Invoke's "Can't find any collection named 'tasks'!", exit 1 ("done but not free"). A folder
+    with a tasks.py of its own keeps it."""
+    res = subprocess.run([sys.executable, "-m", "invoke", "hosts"], cwd=tmp_path, capture_output=True, timeout=120)
+    assert res.returncode == 0, text_of(res)
+    assert "sandbox" in res.stdout.decode() and "Can't find" not in text_of(res)
+    other = tmp_path / "other"
+    other.mkdir()
+    (other / "tasks.py").write_text("from invoke import task\n\n\n@task\ndef hello(c):\n    print('other project')\n")
+    res = subprocess.run([sys.executable, "-m", "invoke", "hello"], cwd=other, capture_output=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.decode().strip() == "other project", text_of(res)

@@ -40,7 +40,7 @@ def test_the_sandbox_and_phases_load_when_named(hosts_env):
 
 def test_the_sandbox_is_known_before_it_is_built(hosts_env):
     hosts_env("GPU1_SSH=root@192.0.2.1\n")
-    with pytest.raises(ConfigError, match=r"unknown host alias 'gpu9' \(known: gpu1, local, sandbox\)"):
+    with pytest.raises(ConfigError, match=r"unknown host alias 'gpu9'; known: gpu1, local, sandbox; "):
         hosts.select("gpu9")
     chosen = hosts.select("sandbox,gpu1")
     assert [h.alias for h in chosen] == ["sandbox", "gpu1"] and chosen[0].sandbox
