@@ -121,7 +121,8 @@ def outcome(call: dict, rc: int, stdout: str, stderr: str, check_mode: bool) -> 
                      targets=_rows(plan.targets, TARGET_KEYS), protected=_rows(plan.protected, PROTECTED_KEYS),
                      left_alone=_rows(plan.left_alone, TARGET_KEYS))
         failed, changed = False, bool(plan.targets)
-        msg = f"would stop {len(plan.targets)} process(es), {plan.will_free_mib} MiB"
+        held = "GPU memory unknown" if plan.will_free_mib is None else f"{plan.will_free_mib} MiB"
+        msg = f"would stop {len(plan.targets)} process(es), {held}"
     else:
         facts.update(_teardown_facts(res))
         failed, changed = rc != codes.EXIT_OK, res.signalled > 0

@@ -166,7 +166,8 @@ def verify_progress(alias: str, p: dict) -> str:
     more = f", +{len(holders) - 3}" if len(holders) > 3 else ""
     held = f"held by {who}{more}" if holders else (p.get("problems") or ["nothing named"])[0]
     left = max(0.0, float(p.get("wait_s") or 0) - float(p.get("elapsed_s") or 0))
-    return shorten(f"{alias}: waiting, {left:.1f}s left: {p.get('mib_left', '?')} MiB used, {held}", width())
+    used = "GPU memory used unknown" if p.get("mib_left") is None else f"{p['mib_left']} MiB used"
+    return shorten(f"{alias}: waiting, {left:.1f}s left: {used}, {held}", width())
 
 
 def header(alias: str, x, sandbox: bool) -> str:
@@ -189,7 +190,10 @@ def ping_line(alias: str, x, wall_s: float) -> str:
 
 
 def failed(error) -> str:
-    """What a host's failed call was: 'timed out' (no answer in time, exit 7) or 'unreachable'."""
-    from ..reach.route import HostTimedOut
+    """What a host's failed call was: 'timed out' (no answer in time, exit 7), 'login refused'
+    (the host answered and refused the user or key: never called unreachable) or 'unreachable'."""
+    from ..reach.route import HostTimedOut, LoginRefused
 
+    if isinstance(error, LoginRefused):
+        return "login refused"
     return "timed out" if isinstance(error, HostTimedOut) else "unreachable"

@@ -21,9 +21,18 @@ if TYPE_CHECKING:
     from ..agent.wire.rows import GpuRow
 
 
-def _mib(gpu_mib: dict) -> str:
-    total = sum(v for v in (gpu_mib or {}).values() if v)
-    return str(total) if gpu_mib else "-"
+def mib_words(mib: int | None, about: str = "") -> str:
+    """'1234 MiB', or 'an unknown amount' where no figure was read (no NVML): never 0."""
+    return "an unknown amount" if mib is None else f"{about}{mib} MiB"
+
+
+def _mib(row: dict) -> str:
+    """A process's GPU MiB: its sum, "unknown" where it holds a GPU whose share was not read
+    (no NVML), "-" where it holds none."""
+    gpu_mib = row.get("gpu_mib") or {}
+    if any(v is None for v in gpu_mib.values()) or (row.get("devices") and not gpu_mib):
+        return "unknown"
+    return str(sum(v for v in gpu_mib.values() if v)) if gpu_mib else "-"
 
 
 COMMAND = Col("command", "command", 30)
@@ -36,8 +45,8 @@ def plan_tables(x) -> str:
     plan: records.Plan = shown(getattr(x, "plan", x))
     out = []
     if plan.targets:
-        rows = [[t["pid"], t["state"], where(t), _mib(t["gpu_mib"]), t["via"], Command.of(t)] for t in plan.targets]
-        out.append(f"Targets ({len(rows)}; will free about {plan.will_free_mib} MiB of GPU memory)\n" +
+        rows = [[t["pid"], t["state"], where(t), _mib(t), t["via"], Command.of(t)] for t in plan.targets]
+        out.append(f"Targets ({len(rows)}; will free {mib_words(plan.will_free_mib, 'about ')} of GPU memory)\n" +
                    table(["pid", "state", Col("unit/container", "cut", optional=True), "GPU MiB",
                           Col("stopped by", "wrap", 10), COMMAND], rows, "  ",
                          details=["why: " + t["reason"] for t in plan.targets]))
@@ -48,7 +57,7 @@ def plan_tables(x) -> str:
         out.append("Protected, never signalled\n" + table(["pid", "protected", COMMAND], rows, "  ",
                                                           details=["why: " + p["reason"] for p in plan.protected]))
     if plan.left_alone:
-        rows = [[p["pid"], _mib(p["gpu_mib"]), Command.of(p)] for p in plan.left_alone]
+        rows = [[p["pid"], _mib(p), Command.of(p)] for p in plan.left_alone]
         out.append("Left alone although they hold a GPU (reported, not signalled)\n"
                    + table(["pid", "GPU MiB", COMMAND], rows, "  ",
                            details=["why: " + (p.get("reason") or "-") for p in plan.left_alone]))
@@ -248,7 +257,7 @@ def brief(x, wall_s: float | None = None) -> str:
     if t.plan is None:  # it did not run
         return f"{_word(t)}: {t.error}"
     wall = t.wall_s if wall_s is None else wall_s
-    return (f"{_word(t)} {t.freed_mib} MiB, {len(t.plan.targets)} target(s) stopped, "
+    return (f"{_word(t)} {mib_words(t.freed_mib)}, {len(t.plan.targets)} target(s) stopped, "
             f"{len(t.plan.protected)} protected kept, {wall:.2f}s")
 
 
@@ -293,7 +302,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
                      f"{command(c, 60)}")
     for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
-    lines.append(f"{alias}: {_verdict(t)} {_timing(t)} (freed {t.freed_mib} MiB, "
+    lines.append(f"{alias}: {_verdict(t)} {_timing(t)} (freed {mib_words(t.freed_mib)}, "
                  f"{t.signalled} signals sent, {len(t.plan.protected)} protected kept)")
     if t.code:
         lines.extend("  " + p for p in t.problems)
@@ -343,7 +352,8 @@ def summary(outcomes) -> str:
         t: records.TeardownResult = record(out.value)
         result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
         plan = t.plan or records.Plan(targets=[], protected=[])
-        rows.append([out.host.alias, t.freed_mib if t.ran else "-", len(plan.targets), len(plan.protected),
+        rows.append([out.host.alias, (t.freed_mib if t.freed_mib is not None else "unknown") if t.ran else "-",
+                     len(plan.targets), len(plan.protected),
                      f"{out.value.wall_s:.2f}s", result])
     return paint("Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall",
                                        Col("result", "wrap", 20)], rows, "  "))

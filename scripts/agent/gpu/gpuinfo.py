@@ -301,8 +301,11 @@ class Opening:
 
 
 def total_used_mib(gpus):
-    """Used MiB summed over GPUs (unknown counts as 0): progress lines and freed-MiB figures."""
-    return sum(g["used_mib"] or 0 for g in gpus)
+    """Used MiB summed over GPUs, for progress lines and freed-MiB figures; None when a GPU's is
+    unknown (no NVML, a failed read) or no GPU is seen: unknown is never shown as 0."""
+    if not gpus or any(g["used_mib"] is None for g in gpus):
+        return None
+    return sum(g["used_mib"] for g in gpus)
 
 
 @contextlib.contextmanager

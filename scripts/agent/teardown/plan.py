@@ -436,10 +436,19 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters, 
         "patterns": patterns_of(args),
         "scope": {"text": args.scope, "uid": args.scope_uid},
         "rules": list(RULES),
-        "will_free_mib": sum(v for t in targets for v in t["gpu_mib"].values() if v),
+        "will_free_mib": _will_free(targets),
         "writing": [{"pid": t["pid"], "files": t["write_files"]} for t in targets if t["write_files"]],
         "gone": gone,
     }
+
+
+def _will_free(targets):
+    """MiB the targets hold, or None when a target holds a GPU whose share is unknown (no NVML:
+    "about 0 MiB" read as nothing to free)."""
+    if any(v is None for t in targets for v in t["gpu_mib"].values()) or any(
+            t.get("devices") and not t["gpu_mib"] for t in targets):
+        return None
+    return sum(v for t in targets for v in t["gpu_mib"].values() if v)
 
 
 def _via_unit_or_container(t, whole, units, containers, have):

@@ -93,6 +93,11 @@ def _read_gpus(source):
         return []
 
 
+def _freed(before, after):
+    """MiB freed, or None where either side is unknown (never a 0 that reads as nothing freed)."""
+    return None if before is None or after is None else before - after
+
+
 def _mib_left(source):
     """GPU MiB still used, for progress lines; None without a GPU reader (phase stop)."""
     if source is None:
@@ -433,7 +438,7 @@ def execute(args, operator, started, source):
                        **result.get("first_free", {}))
         fields = dict(problems=problems, after=after["gpus"], actions=audit.records, stuck=stuck_report(alive, after),
                       still_holding=[] if free else verify.still_holding(after),
-                      freed_mib=gpuinfo.total_used_mib(before_gpus) - gpuinfo.total_used_mib(after["gpus"]),
+                      freed_mib=_freed(gpuinfo.total_used_mib(before_gpus), gpuinfo.total_used_mib(after["gpus"])),
                       signalled=sum(1 for a in audit.records
                                     if a["result"] == "sent" and a["signal"].startswith("SIG")),
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],

@@ -123,7 +123,7 @@ class Plan(Record):
     targets: list[rows.PlanRow]
     protected: list[rows.PlanRow]
     left_alone: list[rows.PlanRow] = []
-    will_free_mib: int = 0
+    will_free_mib: int | None = None  # None: unknown (no per-process memory)
     units: list[rows.Unit] = []
     containers: list[rows.PlanContainer] = []
     managers: list[rows.PlanManager] = []  # other managers' stops: supervisorctl, sv down, podman stop; or named only
@@ -160,7 +160,7 @@ class TeardownResult(Record):
     actions: list[rows.Action] = []  # audit records {signal, pid, result, cmdline}
     problems: list[str] = []
     still_holding: list[rows.StillHolding] = []
-    freed_mib: int = 0
+    freed_mib: int | None = None  # None: unknown
     signalled: int = 0
     wall_s: float = 0.0
     free_at_s: float | None = None
