@@ -22,7 +22,7 @@ import shlex
 
 from ..config.route import PctHop, Route, SshHop, SudoHop
 from ..config.sshopts import known_hosts_files
-from . import ssh
+from . import login, ssh
 from .ssh import SSH_UNREACHABLE, keepalive_lost, ssh_timed_out
 
 RAN_PREFIX = "=====gpu-pivot-ran"
@@ -90,9 +90,13 @@ def ran_line(nonce: str) -> str:
 
 def unreachable(alias: str, stderr: str, ran: bool = False, hop: SshHop | None = None) -> HostUnreachable:
     """The error for ssh's own exit 255: HostTimedOut when ssh said it waited in vain,
-    HostKeyFailed when it refused the host's key (`hop`: the ssh hop, for its known_hosts)."""
+    HostKeyFailed when it refused the host's key (`hop`: the ssh hop, for its known_hosts and
+    keys), LoginRefused when the host refused the login (login.refused)."""
     if "Host key verification failed" in stderr:
         return host_key_failed(alias, stderr, hop)
+    refused = login.refused(alias, stderr, hop)
+    if refused is not None:
+        return LoginRefused(refused)
     tail = " | ".join(line for line in stderr.strip().splitlines() if line.strip() and RAN_PREFIX not in line)[-300:]
     if ssh_timed_out(stderr):
         where = "; the command had started there and may still finish (see `invoke status`)" if ran else ""
@@ -163,6 +167,11 @@ class HostUnreachable(RuntimeError):
 class HostKeyFailed(HostUnreachable):
     """ssh refused the host's key (changed, or unknown with StrictHostKeyChecking=yes): the
     host was not reached, nothing ran there; exit 3 like any unreachable host, on its own line."""
+
+
+class LoginRefused(HostUnreachable):
+    """The host answered and refused the login (the user or its key): nothing ran there; exit 3
+    like an unreachable host, in its own words (login.py)."""
 
 
 class SudoRefused(HostUnreachable):
