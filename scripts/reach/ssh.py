@@ -150,8 +150,8 @@ def ssh_log(hop: SshHop | None):
     from where this call began: the master connection (ControlPersist) was started by an
     earlier call and keeps writing to that call's -E file, and it is the master that says
     "Timeout, server ... not responding" when keep-alives go unanswered (a file per call,
-    deleted after it, lost that line). Without a usable private
-    directory, a fresh mkstemp file (ssh then runs without a master)."""
+    deleted after it, lost that line). Logs unused for days are pruned (ssh_logs.py). Without
+    a usable private directory, a fresh mkstemp file (ssh then runs without a master)."""
     if hop is None:
         yield None
         return
@@ -169,14 +169,23 @@ def ssh_log(hop: SshHop | None):
         return
     name = _digest("\0".join([hop.dest, *hop.opts]), 16) + ".log"
     path = str(directory / name)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    flags = os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC
+    try:
+        fd, created = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o600), True
+    except FileExistsError:
+        fd, created = os.open(path, flags | os.O_CREAT, 0o600), False  # pruned meanwhile: made again
     try:
         size = os.fstat(fd).st_size
         if size > SSH_LOG_MAX_BYTES:
             os.ftruncate(fd, 0)  # a master appending (O_APPEND) goes on at the new end
             size = 0
+        os.utime(fd)  # its age is the time since its last call (ssh_logs.prune)
     finally:
         os.close(fd)
+    if created:  # one more log: drop those of destinations long unused
+        from . import ssh_logs
+
+        ssh_logs.prune(str(directory))
     yield SshLog(path, size)
 
 
