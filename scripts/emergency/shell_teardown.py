@@ -94,6 +94,20 @@ def argv(host, grace_s: float = defaults.GRACE_S, settle_s: float = defaults.SET
                         getattr(host, "scope_uid", None), prefix=f"{host.alias.upper()}_")]
 
 
+# The script read whole from stdin, then run with the same positional parameters ($0 NAME):
+# `cat` has read to the end before anything runs, so no command the script runs can eat the
+# script's own text from stdin (what `sh -s` would allow).
+FROM_STDIN = 'eval "$(cat)"'
+
+
+def stdin_argv(host, grace_s: float = defaults.GRACE_S, settle_s: float = defaults.SETTLE_S) -> list:
+    """argv() with the script on stdin instead of in the argv (script_text() is what to send).
+
+    Why: on the emergency page the script is a here-document below a one-line command, so every
+    action's line fits the first screen; in the argv it made the teardown line 400 lines long."""
+    return ["sh", "-c", FROM_STDIN, *argv(host, grace_s, settle_s)[3:]]
+
+
 LISTS = ("holders", "protected", "outside-scope", "sigTERM", "sigKILL", "remaining", "protected-mapped")
 _ITEM = re.compile(r"(\d+) \(([^()\s]*)\)")
 _DECISION = re.compile(r"^(TERM|keep|leave) (\d+) \(([^()\s]*)\): (.*)$")
@@ -101,7 +115,8 @@ _DECISION = re.compile(r"^(TERM|keep|leave) (\d+) \(([^()\s]*)\): (.*)$")
 
 def parse_report(text: str) -> dict:
     """{'holders': [pids], 'protected': [...], 'outside-scope': [...], 'sigTERM': [...], 'sigKILL': [...],
-    'remaining': [...], 'protected-mapped': [...], 'verdict': 'free'|'not-free', 'names': {pid: name},
+    'remaining': [...], 'protected-mapped': [...], 'verdict': 'free'|'not-free'|'NO GPU VISIBLE',
+    'no-gpu-visible': why (only then), 'names': {pid: name},
     'decisions': {pid: (verb, why and command line)}, 'waiting': [lines]} from the script's output
     (noise around it ignored)."""
     lines = text.splitlines()
@@ -123,6 +138,8 @@ def parse_report(text: str) -> dict:
             out["waiting"].append(line)
         elif key in ("verdict", "not-root", "restarters"):
             out[key] = rest.strip()
+        elif key == "NO GPU VISIBLE":
+            out["no-gpu-visible"] = rest.strip()
         elif key == "gpus-with-memory-used":
             out[key] = int(rest.strip())
         elif key in LISTS:

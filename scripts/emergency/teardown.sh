@@ -14,7 +14,8 @@
 # never signalled, and keeps the verdict not-free.
 # Same order as the agent: TERM all at once -> poll every 50 ms up to GRACE, saying who it waits
 # for each second -> KILL what is left -> SETTLE s settle -> report.
-# It says "free" only as root (others' fds are unreadable otherwise) and after the settle.
+# It says "free" only as root (others' fds are unreadable otherwise) and after the settle; where no
+# device file matches the glob and nvidia-smi lists no GPU it says "NO GPU VISIBLE", exit 1, as the agent.
 # It checks each PID's start time before every signal (no reused PID is hit).
 # A name protects only a process of system uids running a root-owned program (as the agent's
 # rules.trusted_names), and a protected process that maps a device file (a CUDA context) keeps
@@ -480,14 +481,33 @@ for t in $prot; do p=${t%%:*}; alive "$t" && maps_device "$p" && mapped="$mapped
 # shellcheck disable=SC2086
 say protected-mapped $mapped
 busy=0
+source="nvidia-smi: not found"
 if command -v nvidia-smi >/dev/null 2>&1; then
     busy=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits 2>/dev/null | grep -cv '^ *0 *$')
     printf 'gpus-with-memory-used: %s\n' "$busy"
+    listed=$(nvidia-smi --query-gpu=index --format=csv,noheader 2>/dev/null | grep -c '^ *[0-9][0-9]* *$')
+    if [ "$listed" = 0 ]; then source="nvidia-smi: lists no GPU"; else source=""; fi
+fi
+# No device file matches the glob and no GPU memory source lists a GPU: nothing here is a GPU to
+# call free (a wrong glob, a driver not loaded). The agent's words and its exit 1, as verify says
+# (scripts/agent/teardown/verify.evaluate); an empty holder list there proves nothing.
+# shellcheck disable=SC2086 # the glob expands to the device files
+if [ -n "$source" ] && ! (set +f; for f in $glob; do [ -e "$f" ] && exit 0; done; exit 1); then
+    printf 'NO GPU VISIBLE: no device file matches %s and no GPU memory source (%s)\n' "$glob" "$source"
+    no_gpu=1
+else
+    no_gpu=0
 fi
 # as another user than root, other users' open files cannot be read: never say free
 uninspected=0
 [ "$(id -u)" = 0 ] || { uninspected=1; printf 'not-root: other users%s processes could not be inspected; run as root\n' "'"; }
-if [ -z "$remaining" ] && [ -z "$mapped" ] && [ "$busy" = 0 ] && [ "$uninspected" = 0 ]; then verdict=free; else verdict=not-free; fi
+if [ "$no_gpu" = 1 ]; then
+    verdict="NO GPU VISIBLE"
+elif [ -z "$remaining" ] && [ -z "$mapped" ] && [ "$busy" = 0 ] && [ "$uninspected" = 0 ]; then
+    verdict=free
+else
+    verdict=not-free
+fi
 # what started the targets is neither frozen nor judged here (invoke teardown does: the restart
 # rule), so a free verdict says so: a loop or watchdog above the server may start it again
 printf 'restarters: not checked (a loop or watchdog that started the server may start it again; invoke teardown checks them)\n'
