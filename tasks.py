@@ -34,3 +34,11 @@ ns = Collection(
     audit.audit, about.version,
     slurm.undrain,
 )
+
+
+def main() -> None:
+    """`gpu-pivot TASK ...` (the console script of `pip install .`): the same tasks, flags, help
+    and exit codes as `invoke TASK ...` in the checkout, from any folder. Invoke reads its
+    project file (invoke.json) only beside a collection it searched for, so its one setting,
+    the executor, is given here."""
+    program.Program(namespace=ns, name="gpu-pivot", binary="gpu-pivot", executor_class=executor.OneTaskExecutor).run()

@@ -9,7 +9,8 @@ from .common import guarded
 from .flags import task
 
 
-@task(exit_codes=("unreachable",), help={"lines": f"how many of the newest records (default {defaults.AUDIT_LINES})",
+@task(exit_codes=(("unreachable", "the audit log's directory is unsafe or unusable"),),
+      help={"lines": f"how many of the newest records (default {defaults.AUDIT_LINES})",
             "json": "print the records as one JSON list (oldest first; [] when there are none)"})
 @guarded
 def audit(c, lines=str(defaults.AUDIT_LINES), json=False):

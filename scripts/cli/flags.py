@@ -49,8 +49,12 @@ class Task(invoke.Task):
         super().__init__(*args, **kwargs)
         self.remainder = remainder
         # the names (codes.EXIT_CODES) of every code this task can give, EVERY_TASK's with its
-        # own: its --help lists them with their meanings from that table (scripts/cli/program.py)
-        self.exit_codes = tuple(dict.fromkeys(EVERY_TASK + tuple(exit_codes)))
+        # own: its --help lists them with their meanings from that table (scripts/cli/program.py),
+        # or with this task's own where a code means something narrower here: (name, meaning)
+        # (`status` exits 1 only when no GPU is visible, never because one is held)
+        named = [c if isinstance(c, str) else c[0] for c in exit_codes]
+        self.exit_meanings = {c[0]: c[1] for c in exit_codes if not isinstance(c, str)}
+        self.exit_codes = tuple(dict.fromkeys(EVERY_TASK + tuple(named)))
 
     def __call__(self, *args, **kwargs):
         if not self.remainder:

@@ -74,7 +74,9 @@ def _no_gpu_is_not_free(r):
     return dataclasses.replace(r, code=wire_codes.EXIT_NOT_FREE, doc=dict(r.doc, exit_code=wire_codes.EXIT_NOT_FREE))
 
 
-@task(exit_codes=("not-free", "unreachable", "uninspected", "timed-out"),
+@task(exit_codes=(("not-free", "no GPU visible (no device file matches the glob and no GPU memory source); GPUs "
+                                "held still exit 0: status shows, verify judges"),
+                   "unreachable", "uninspected", "timed-out"),
       help={"host": HOST_HELP, "json": "print the scan as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
 @guarded
 @_fleet_doc
@@ -101,7 +103,8 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
           health_view.mig, status_view.holder_table, health_view.mps, status_view.last_teardown)
 
 
-@task(exit_codes=("not-free", "unreachable", "uninspected", "timed-out", "unhealthy"),
+@task(exit_codes=(("ok", "every GPU free, verified"), "not-free", "unreachable", "uninspected", "timed-out",
+                  "unhealthy"),
       help={"host": HOST_HELP, "wait": "wait up to this many seconds until free",
             "max_used_mib": td.TEARDOWN_HELP["max_used_mib"],
             "json": "print the result as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
@@ -144,7 +147,7 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
           health_view.mps, status_view.still_holding)
 
 
-@task(iterable=["match"], exit_codes=("unreachable", "timed-out"),
+@task(iterable=["match"], exit_codes=(("ok", "the plan was made; nothing was signalled"), "unreachable", "timed-out"),
       help=dict(td.SELECTION_HELP, host=HOST_HELP, json="print the result as JSON", fanout=READ_FANOUT_HELP))
 @guarded
 def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_starters=False,

@@ -84,7 +84,9 @@ def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ
     exit_worst(codes(outcomes))
 
 
-@task(remainder=True, exit_codes=("unreachable", "timed-out"), help={
+@task(remainder=True, exit_codes=("unreachable", "timed-out", (
+    "own", "the command's own exit code (255 too; 127 missing, 126 not executable, 128+N killed by signal N)")),
+      help={
     "host": HOST_HELP, "timeout": "seconds before a host counts as timed out (exit 7; default 600; 0: no limit)"})
 @guarded
 def run(c, host=defaults.HOST, timeout="600"):

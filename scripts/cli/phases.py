@@ -10,7 +10,11 @@ from .common import HOST_HELP, ctrl_c_continues, dumps, guarded, one_host, opera
 from .flags import task
 
 # Every code a pivot can give, by its name in codes.EXIT_CODES (`pivot --help` lists them)
-PIVOT_EXITS = ("not-free", "unreachable", "locked", "gate-failed", "uninspected", "timed-out", "declined", "unhealthy")
+PIVOT_EXITS = (("ok", "the next phase started and is ready"),
+               ("starter-alive", "the teardown left a related starter alive: nothing started"),
+               ("not-free", "not free after the teardown, or the phase did not start or get ready (rolled back "
+                            "where a deploy says so)"),
+               "unreachable", "locked", "gate-failed", "uninspected", "timed-out", "declined", "unhealthy")
 JSON_HELP = "print the host's answer as JSON, {alias: document}, as status and teardown do"
 
 
@@ -30,7 +34,7 @@ def _json(r) -> None:
     print(dumps({r.host: r.doc}))
 
 
-@task(exit_codes=("not-free", "unreachable", "timed-out"),
+@task(exit_codes=(("not-free", "the phase did not start"), "unreachable", "timed-out"),
       help={"host": HOST_HELP, "phase": "phase name (see `invoke hosts --json` / hosts.env.example)",
             "json": JSON_HELP})
 @guarded
@@ -55,7 +59,8 @@ def start(c, host=defaults.HOST, phase="", json=False):
         print(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}")
 
 
-@task(exit_codes=("not-free", "unreachable", "timed-out"), help={"host": HOST_HELP, "phase": "phase name",
+@task(exit_codes=(("not-free", "the phase could not be stopped (it still runs)"), "unreachable", "timed-out"),
+      help={"host": HOST_HELP, "phase": "phase name",
                                                                    "json": JSON_HELP})
 @guarded
 def stop(c, host=defaults.HOST, phase="", json=False):
@@ -78,7 +83,7 @@ def stop(c, host=defaults.HOST, phase="", json=False):
         raise Exit(code=codes.EXIT_NOT_FREE)
 
 
-@task(exit_codes=("not-free", "unreachable", "timed-out"),
+@task(exit_codes=(("not-free", "the phase's log could not be read"), "unreachable", "timed-out"),
       help={"host": HOST_HELP, "phase": "phase name", "lines": f"how many lines (default {defaults.LOG_LINES})",
             "follow": "keep printing new lines until Ctrl-C", "json": JSON_HELP + " (not with --follow)"})
 @guarded

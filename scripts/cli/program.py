@@ -13,11 +13,8 @@ How: tasks.py is loaded by Invoke's Program while it runs (after the core flags,
 tasks' own are parsed and any help is printed), so install() gives the Program running now
 this subclass, for the steps still ahead of it.
 
-3. `gpu-pivot TASK` works from any folder (main(): the console script of `pip install .`, and
-   the launcher `make runtime` writes to .venv/bin/gpu-pivot): `invoke` finds tasks.py only in
-   the checkout, and outside it said only Invoke's "Can't find any collection named 'tasks'!",
-   exit 1 ("done but not free"); that case is now one line naming gpu-pivot, exit 2
-   (output_guard.not_in_checkout).
+3. `gpu-pivot TASK` works from any folder (tasks.main, the console script of `pip install .`),
+   and so does the venv's `invoke TASK` (output_guard.find_tasks_from_anywhere).
 """
 from __future__ import annotations
 
@@ -27,22 +24,30 @@ import textwrap
 import invoke
 
 
-def exit_codes_help(names, width: int) -> str:
+def exit_codes_help(names, width: int, meanings=None) -> str:
     """The lines `Exit codes:`, then one entry per code named (codes.EXIT_CODES' names, in the
-    table's order), each wrapped to `width` without cutting a word."""
+    table's order) with its meaning, the task's own (`meanings`) where it has one, each wrapped
+    to `width` without cutting a word."""
     from ..agent.wire.codes import EXIT_CODES
 
-    known = {name for _, name, _ in EXIT_CODES}
+    known = {name for _, name, _ in EXIT_CODES} | {OWN}
     unknown = sorted(set(names) - known)
     if unknown:
         raise ValueError(f"no exit code named {', '.join(unknown)} in codes.EXIT_CODES")
     lines = ["Exit codes:"]
     for code, name, meaning in EXIT_CODES:
         if name in names:
+            meaning = (meanings or {}).get(name, meaning)
             head = f"  {code:<4} "
             lines += textwrap.wrap(meaning, width, initial_indent=head, subsequent_indent=" " * len(head),
                                    break_long_words=False, break_on_hyphens=False)
+    if OWN in names:  # a task that passes on another program's code (run): any number may come
+        lines += textwrap.wrap((meanings or {}).get(OWN, "the command's own exit code"), width,
+                               initial_indent="  any  ", subsequent_indent=" " * 7, break_long_words=False)
     return "\n".join(lines)
+
+
+OWN = "own"  # exit_codes entry: the task exits with the code of the command it ran (run)
 
 
 class Program(invoke.Program):
@@ -77,7 +82,7 @@ class Program(invoke.Program):
         text = fit_paragraphs(inspect.getdoc(task) or "", room)
         names = getattr(task, "exit_codes", ())
         if names:
-            text += "\n\n" + exit_codes_help(names, room)
+            text += "\n\n" + exit_codes_help(names, room, getattr(task, "exit_meanings", None))
         doc = task.__doc__
         task.__doc__ = text
         try:
@@ -107,17 +112,3 @@ def install() -> None:
     if type(main.program) is invoke.Program:
         main.program.__class__ = Program
 
-
-def main() -> None:
-    """`gpu-pivot TASK ...`: the same tasks, flags, help and exit codes as `invoke TASK ...` in
-    the checkout, from any folder (hosts.env is found as tasks.py says: $GPU_PIVOT_HOSTS_FILE,
-    else beside tasks.py, else ./hosts.env). Invoke's project file (invoke.json) is read only
-    beside a collection it searched for, so its one setting, the executor, is given here."""
-    from invoke import Collection
-
-    import tasks
-
-    from .executor import OneTaskExecutor
-
-    Program(namespace=Collection.from_module(tasks), name="gpu-pivot", binary="gpu-pivot",
-            executor_class=OneTaskExecutor).run()

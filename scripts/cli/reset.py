@@ -8,7 +8,8 @@ from .common import HOST_HELP, dumps, exit_worst, guarded, one_host
 from .flags import task
 
 
-@task(exit_codes=("not-free", "unreachable", "timed-out"),
+@task(exit_codes=(("not-free", "a precondition failed (nothing was run) or the reset failed"), "unreachable",
+                  "timed-out"),
       help={"host": HOST_HELP + "; exactly one host", "gpu": "index of the GPU to reset (as nvidia-smi numbers it)",
             "yes": "run the reset (default: check every precondition and show the command, run nothing)",
             "json": "print the result as JSON"})

@@ -5,8 +5,10 @@ from .common import dumps, guarded
 from .flags import task
 
 
-@task(positional=["action"], exit_codes=("not-free", "unreachable"), help={"action": "up, down or status",
-                                                                            "json": "print JSON"})
+@task(positional=["action"], exit_codes=(
+    ("not-free", "a sandbox process did not start (those that did are stopped)"),
+    ("unreachable", "the sandbox directory is unsafe (a link, another user's, writable by others): nothing run")),
+      help={"action": "up, down or status", "json": "print JSON"})
 @guarded
 def sandbox(c, action, json=False):
     """The SANDBOX host: fake GPU device files on this machine held by a fake server tree.
@@ -27,7 +29,7 @@ def sandbox(c, action, json=False):
         from .program import exit_codes_help, fit_paragraphs
 
         doc = fit_paragraphs(inspect.getdoc(sandbox) or "", width() - 2) + "\n\n" + exit_codes_help(
-            sandbox.exit_codes, width() - 2)
+            sandbox.exit_codes, width() - 2, sandbox.exit_meanings)
         print("Usage: invoke sandbox up|down|status [--json]\n\nDocstring:\n" +
               "\n".join("  " + line if line else "" for line in doc.splitlines()))
         return

@@ -7,7 +7,8 @@ from .common import HOST_HELP, exit_worst, guarded, hosts_of, one_line as escape
 from .flags import task
 
 
-@task(exit_codes=("not-free", "unreachable"), help={
+@task(exit_codes=(("not-free", "a node was not clean or could not be resumed: it stays drained"), "unreachable"),
+      help={
     "host": HOST_HELP + "; each alias is the node's Slurm name",
     "force": "also resume nodes drained for a reason that is not about GPU leftovers (after a clean verify)"})
 @guarded

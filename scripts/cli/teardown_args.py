@@ -42,7 +42,8 @@ TEARDOWN_HELP = dict(
 
 # Every exit code a teardown can give, by its name in codes.EXIT_CODES (`teardown --help` lists
 # them with the table's meanings): not 5, a pivot's gate, and not 141, Invoke's own output's.
-TEARDOWN_EXITS = ("ok", "starter-alive", "not-free", "usage", "unreachable", "locked", "uninspected", "timed-out",
+TEARDOWN_EXITS = (("ok", "every GPU free, verified, and nothing related that could start a target lives"),
+                  "starter-alive", "not-free", "usage", "unreachable", "locked", "uninspected", "timed-out",
                   "declined", "unhealthy", "output-failed", "interrupted")
 
 # The flag defaults, as strings: cliargs checks them (a typo is one line and exit 2, not a traceback).

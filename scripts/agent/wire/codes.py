@@ -19,7 +19,7 @@ EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: 
 
 # (code, name, meaning): the one table the README, the task docstrings and both sides follow.
 EXIT_CODES = (
-    (EXIT_OK, "ok", "done; for teardown and verify: every GPU free, verified"),
+    (EXIT_OK, "ok", "done"),
     (EXIT_STARTER_ALIVE, "starter-alive", "teardown: GPUs free now, but a related starter lives (named): not yet free"),
     (EXIT_NOT_FREE, "not-free", "done but not free (or not ready, rolled back, a prep job failed)"),
     (EXIT_USAGE, "usage", "bad input: one line names the bad value; nothing ran"),
