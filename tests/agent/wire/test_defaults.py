@@ -74,7 +74,8 @@ def test_the_shell_one_liner_takes_both_waits_from_the_contract(tmp_path):
     assert argv[-2:] == [f"{shared.GRACE_S:g}", f"{shared.SETTLE_S:g}"]
     assert ":-" not in shell_teardown.SCRIPT.read_text().split("grace=", 1)[1].split("\n", 1)[0]
     calls = [line for line in runbook.render().splitlines() if "gpu-pivot-teardown" in line and "/dev/nvidia*" in line]
-    assert len(calls) == 2 and all(c.endswith(f" {shared.GRACE_S:g} {shared.SETTLE_S:g}'") for c in calls), calls
+    # one line for both routes (P= names `pct exec CTID --` or nothing), its script on stdin
+    assert len(calls) == 1 and calls[0].split(" <<", 1)[0].endswith(f" {shared.GRACE_S:g} {shared.SETTLE_S:g}'"), calls
     missing = subprocess.run(["sh", "-c", shell_teardown.script_text(), "gpu-pivot-teardown", str(tmp_path / "x*"),
                               "1"], capture_output=True, text=True, timeout=30)
     assert missing.returncode == 2 and "SETTLE_SECONDS" in missing.stderr
