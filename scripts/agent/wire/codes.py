@@ -23,7 +23,7 @@ EXIT_CODES = (
     (EXIT_STARTER_ALIVE, "starter-alive", "teardown: GPUs free now, but a related starter lives (named): not yet free"),
     (EXIT_NOT_FREE, "not-free", "done but not free (or not ready, rolled back, a prep job failed)"),
     (EXIT_USAGE, "usage", "bad input: one line names the bad value; nothing ran"),
-    (EXIT_UNREACHABLE, "unreachable", "host unreachable, the agent failed there, or a state directory is unusable"),
+    (EXIT_UNREACHABLE, "unreachable", "host unreachable or login refused, agent failed there, or state dir unusable"),
     (EXIT_LOCKED, "locked", "another teardown holds the host's lock"),
     (EXIT_GATE, "gate-failed", "a pivot's drain, a gate or the launch lint blocked it: nothing started"),
     (EXIT_UNINSPECTED, "uninspected", "not every process could be inspected (run as root): never called free"),
