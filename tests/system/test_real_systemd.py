@@ -43,11 +43,16 @@ ExecStart={INNER}/bin/vllm serve /models/crashing --exit-after 1
 Restart=on-failure
 RestartSec=8
 """
+# the same through a shell and a launcher: what the unit will run is what the patterns see
+CRASHING_SH_UNIT = CRASHING_UNIT.replace(f"ExecStart={INNER}/bin/vllm serve /models/crashing --exit-after 1",
+                                         f'ExecStart=/bin/sh -c "exec /usr/bin/env A=1 {INNER}/bin/vllm serve '
+                                         f'/models/crashing --exit-after 1"')
 
 
 @pytest.fixture(scope="session")
 def sd_host(tmp_path_factory):
-    units = {"vllm.service": VLLM_UNIT, "legacy.service": LEGACY_UNIT, "crashing.service": CRASHING_UNIT}
+    units = {"vllm.service": VLLM_UNIT, "legacy.service": LEGACY_UNIT, "crashing.service": CRASHING_UNIT,
+             "crashing-sh.service": CRASHING_SH_UNIT}
     with hosted(SystemdHost(tmp_path_factory.mktemp("sd-host"), "sd-host", units=units)) as h:
         yield h
 
@@ -89,23 +94,24 @@ def _sub(host, unit):
     return host.sh(f"systemctl show -p SubState --value {unit}").stdout.strip()
 
 
-def test_a_restart_systemd_scheduled_with_no_process_yet_is_cancelled_not_freed(gpu):
+@pytest.mark.parametrize("unit", ["crashing.service", "crashing-sh.service"])
+def test_a_restart_systemd_scheduled_with_no_process_yet_is_cancelled_not_freed(gpu, unit):
     """A server crashed a moment ago under Restart=on-failure: no process, the GPUs read free,
     and systemd starts it again in RestartSec. Its unit runs a target (its ExecStart is picked
     by the target patterns), so the plan stops it: FREED, and nothing comes back."""
-    gpu.sh("systemctl daemon-reload && systemctl reset-failed crashing.service; systemctl start crashing.service",
+    gpu.sh(f"systemctl daemon-reload && systemctl reset-failed {unit}; systemctl start {unit}",
            check=True)
-    wait_for(lambda: _sub(gpu, "crashing.service") == "auto-restart", what="the unit between crash and restart")
+    wait_for(lambda: _sub(gpu, unit) == "auto-restart", what="the unit between crash and restart")
     plan = invoke("plan", "--host", "gpu")
-    assert "unit crashing.service will be stopped with systemctl" in text(plan), text(plan)
+    assert f"unit {unit} will be stopped with systemctl" in text(plan), text(plan)
     assert "auto-restart" in text(plan)
     res = invoke("teardown", "--host", "gpu", "--yes", "--grace", "5", "--settle", "1.5")
     out = text(res)
     assert res.returncode == 0, out
-    assert "systemctl stop crashing.service" in out, out
-    assert _sub(gpu, "crashing.service") in ("dead", "failed"), _sub(gpu, "crashing.service")
+    assert f"systemctl stop {unit}" in out, out
+    assert _sub(gpu, unit) in ("dead", "failed"), _sub(gpu, unit)
     time.sleep(9)  # past RestartSec: nothing was scheduled any more
-    assert gpu.sh("systemctl is-active crashing.service").stdout.strip() in ("inactive", "failed")
+    assert gpu.sh(f"systemctl is-active {unit}").stdout.strip() in ("inactive", "failed")
     assert holders(gpu) == []
 
 

@@ -14,9 +14,12 @@ commands (list, then show or inspect), on a thread while the plan is computed.
 """
 import os
 import re
+import shlex
 import threading
 
-QUERY_TIMEOUT_S = 5
+from ..procs.policy import LAUNCHERS, SHELLS
+
+QUERY_TIMEOUT_S = 3  # a manager that does not answer in this long is named by none of its pending restarts
 _ARGV = re.compile(r"argv\[\]=(.*?) ;")
 
 
@@ -36,6 +39,45 @@ def _as_process(argv, uid):
             "uid": uid}
 
 
+def commands(argv, depth=2, joined=False):
+    """The argvs a command will run as, the process the target patterns would see: itself, and
+    through a launcher (`env VAR=1 python ...`, `nice -n 5 ...`: the first words that could be
+    a program) or a shell's `-c` code, which execs its last command (`sh -c "exec python ..."`:
+    its first command, `exec` and VAR=value words dropped). Only the words, never the code's
+    meaning: a restart loop inside is the unit's own, and the unit is what is stopped.
+    `joined`: argv was read back from words joined by spaces (systemd's ExecStart shows
+    `sh -c exec python ...` so), the `-c` code being all the words after it."""
+    out: list = [argv]
+    if depth == 0 or not argv:
+        return out
+    prog = os.path.basename(argv[0])
+    if prog in SHELLS and "-c" in argv[1:-1]:
+        try:
+            at = argv.index("-c") + 1
+            lexer = shlex.shlex(" ".join(argv[at:]) if joined else argv[at], posix=True, punctuation_chars=True)
+            words = list(lexer)
+        except ValueError:
+            return out
+        first: list = []
+        for w in words:
+            if w in (";", "&&", "||", "|", "&", "(", ")", "\n"):
+                if first:
+                    out += commands(first, depth - 1)
+                first = []
+                continue
+            if not first and (w == "exec" or re.match(r"[A-Za-z_][A-Za-z0-9_]*=", w)):
+                continue
+            first.append(w)
+        if first:
+            out += commands(first, depth - 1)
+    elif prog in LAUNCHERS:  # the first two words that are no option, value or number: `flock FILE cmd`
+        words = [i for i, w in enumerate(argv[1:], 1) if not w.startswith("-") and "=" not in w
+                 and not w.replace(".", "").isdigit()]
+        for i in words[:2]:
+            out += commands(argv[i:], depth - 1)
+    return out
+
+
 def _uid(user):
     import pwd  # here: only a pending unit asks
 
@@ -45,6 +87,15 @@ def _uid(user):
         return pwd.getpwnam(user).pw_uid
     except KeyError:
         return int(user) if user.isdigit() else None
+
+
+def _picked(argv, uid, picks, joined=False):
+    """Why the target rules pick what this command runs (commands()), or None."""
+    for run in commands(argv, joined=joined):
+        why = picks(_as_process(run, uid))
+        if why:
+            return why
+    return None
 
 
 def _blocks(text):
@@ -68,7 +119,7 @@ def units(picks):
     out = []
     for fields in _blocks(_out(["systemctl", "show", "-p", "Id", "-p", "User", "-p", "ExecStart", "--"] + names)):
         for command in _ARGV.findall(fields.get("ExecStart", "")):
-            why = picks(_as_process(command.split(), _uid(fields.get("User"))))
+            why = _picked(command.split(), _uid(fields.get("User")), picks, joined=True)
             if why:
                 out.append({"unit": fields["Id"], "argv": command.split(),
                             "why": "a restart is scheduled (auto-restart) and it runs: %s" % why})
@@ -92,7 +143,7 @@ def containers(picks):
             continue
         argv = [str(a) for a in (json.loads(parts[2] or "null") or []) + (json.loads(parts[3] or "null") or [])]
         user = parts[4].split(":")[0]
-        why = argv and picks(_as_process(argv, _uid(user) if not user.isdigit() else int(user)))
+        why = argv and _picked(argv, _uid(user) if not user.isdigit() else int(user), picks)
         if why:
             out.append({"id": parts[0], "name": parts[1].lstrip("/"), "argv": argv,
                         "why": "docker is restarting it and it runs: %s" % why})

@@ -182,21 +182,25 @@ def pending_query(args):
                          systemd_running, lambda: on_path("docker"))
 
 
-def _add_pending(built, found, args):
-    """The pending units and containers, to be stopped through their managers like the others."""
+def add_pending(built, found, args):
+    """The pending units and containers, to be stopped through their managers like the others;
+    returns {units, containers} of those added."""
     have = {u["unit"] for u in built["units"] if not u.get("ctid")}
-    built["units"] += [{"unit": u["unit"], "ctid": None, "pids": [], "disable": bool(args.disable),
-                        "pending": u["why"]} for u in found["units"] if u["unit"] not in have]
+    added = {"units": [{"unit": u["unit"], "ctid": None, "pids": [], "disable": bool(args.disable),
+                        "pending": u["why"]} for u in found["units"] if u["unit"] not in have]}
     have = {c["id"] for c in built["containers"]}
-    built["containers"] += [{"id": c["id"], "name": c["name"], "pids": [], "disable": bool(args.disable),
-                             "pending": c["why"]} for c in found["containers"] if c["id"] not in have]
+    added["containers"] = [{"id": c["id"], "name": c["name"], "pids": [], "disable": bool(args.disable),
+                            "pending": c["why"]} for c in found["containers"] if c["id"] not in have]
+    built["units"] += added["units"]
+    built["containers"] += added["containers"]
+    return added
 
 
-def build(doc, args):
-    """The plan from a scan (scan.Scan: the document and its process table). The pending
-    restarts' query runs on a thread meanwhile (after the early batch's signals: what it
-    loads and runs never comes before them)."""
-    pending_restarts = pending_query(args)
+def build(doc, args, with_pending=True):
+    """The plan from a scan (scan.Scan: the document and its process table), with the pending
+    restarts (pending.py) queried on a thread meanwhile; a teardown adds those itself, after
+    its plan's batch went out (with_pending False)."""
+    pending_restarts = pending_query(args) if with_pending else None
     procs, chain = doc.procs, doc.chain | {os.getpid()}
     holders = {h["pid"]: h for h in doc["holders"]}
     patterns = patterns_of(args)
@@ -246,7 +250,8 @@ def build(doc, args):
     built = _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters, starters)
     built["unseen"] = [{"pid": pid, "start_time": procs[pid]["start_time"], "cmdline": procs[pid].get("cmdline", ""),
                         "why": why} for pid, why in sorted(related.unseen.items())]
-    _add_pending(built, pending_restarts.get(), args)
+    if pending_restarts is not None:
+        add_pending(built, pending_restarts.get(), args)
     return built
 
 

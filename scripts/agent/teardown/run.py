@@ -77,6 +77,10 @@ def parse_approved(text):
         return None
     out = set()
     for item in filter(None, text.split(",")):
+        kind, eq, name = item.partition("=")  # unit=NAME, container=ID: a pending restart (pending.py)
+        if eq and kind in ("unit", "container") and name:
+            out.add((kind, name))
+            continue
         pid, _, start = item.partition(":")
         if not (pid.isdigit() and start.isdigit()):
             raise codes.UsageError("--approved %r: expected PID:START[,PID:START...], got %r"
@@ -270,12 +274,9 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got, free
     plan's batch (_send_plan). Returns (doc, plan, planned, unapproved, {pid: target}, stops);
     `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
     doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
-    the_plan = got["plan"] = early.merge(plan.build(doc, args), batch.rows)
+    query = plan.pending_query(args)  # after the early signals; its commands never hold the plan's batch
+    the_plan = got["plan"] = early.merge(plan.build(doc, args, with_pending=False), batch.rows)
     approved = batch.approved  # the operator's --approved (None: all of the plan)
-    if approved is not None:  # a pending restart is no approved process: named (exit 11), not stopped
-        for key in ("units", "containers"):
-            the_plan["pending_left"] = the_plan.get("pending_left", []) + [u for u in the_plan[key] if u.get("pending")]
-            the_plan[key] = [u for u in the_plan[key] if not u.get("pending")]
     planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
     unapproved = [t for t in the_plan["targets"] if t not in planned]
     # a gone target the operator did not approve is not this teardown's, nor a supervisor of such
@@ -295,15 +296,31 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got, free
     targets.watch = _begin_watch(watch, planned, doc.procs)
     freezer.settle_plan([s for s in the_plan["starters"] if s["fate"] in ("stop", "freeze")])  # before any SIGTERM
     by_pid, stops = _send_plan(targets, the_plan, planned, targets.audit, timings, started)
+    stops += _stop_pending(the_plan, query, args, approved, targets.audit)
     return doc, the_plan, planned, unapproved, by_pid, stops
 
+
+def _stop_pending(the_plan, query, args, approved, audit):
+    """The restarts a manager has scheduled with no process yet (pending.py), once the query
+    answers (after the plan's batch went out: a hung systemctl delays no signal): each added to
+    the plan and stopped through its manager; with --approved named instead (exit 11), as no
+    process the operator approved."""
+    added = plan.add_pending(the_plan, query.get(), args)
+    if approved is not None:  # only those the operator saw in the plan (unit=NAME, container=ID)
+        ok = {key: [u for u in added[key] if (key[:-1], u.get("unit") or u.get("id")) in approved]
+              for key in ("units", "containers")}
+        for key in ("units", "containers"):
+            the_plan[key] = [u for u in the_plan[key] if not u.get("pending") or u in ok[key]]
+        the_plan["pending_left"] = [u for key in ("units", "containers") for u in added[key] if u not in ok[key]]
+        added = ok
+    return _stop_units(dict(added, managers=[]), audit, {})
 
 def _send_plan(targets, the_plan, planned, audit, timings, started):
     """The plan's batch: the manager stops of its units and containers, and SIGTERM to every
     planned target the early batch did not signal. Returns ({pid: target}, the stops)."""
     rest = targets.extend(planned)
     by_pid = {t["pid"]: t for t in planned}
-    stops = _stop_units({key: [u for u in the_plan.get(key, []) if set(u["pids"]) & set(by_pid) or u.get("pending")]
+    stops = _stop_units({key: [u for u in the_plan.get(key, []) if set(u["pids"]) & set(by_pid)]
                          for key in ("units", "containers", "managers")}, audit, by_pid)
     timings.setdefault("sigterm_s", _since(started))
     timings["plan_sigterm_s"] = _since(started)

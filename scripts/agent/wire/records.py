@@ -135,8 +135,10 @@ class Plan(Record):
     rules: list[str] = []
 
     def approved(self):
-        """The targets and the starters it stops or freezes, as `--approved PID:START,...` takes them."""
-        return ",".join("%(pid)s:%(start_time)s" % t for t in self.targets + self.starters if t.get("fate") != "watch")
+        """What it signals or stops, as `--approved` takes it (PID:START, unit=NAME, container=ID)."""
+        return ",".join(["%(pid)s:%(start_time)s" % t for t in self.targets + self.starters if t.get("fate") != "watch"]
+                        + ["unit=" + u["unit"] for u in self.units if u.get("pending")]
+                        + ["container=" + c["id"] for c in self.containers if c.get("pending")])
 
 
 class PlanResult(Record):
