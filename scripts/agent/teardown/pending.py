@@ -71,9 +71,9 @@ def commands(argv, depth=2, joined=False):
         if first:
             out += commands(first, depth - 1)
     elif prog in LAUNCHERS:  # the first two words that are no option, value or number: `flock FILE cmd`
-        words = [i for i, w in enumerate(argv[1:], 1) if not w.startswith("-") and "=" not in w
+        starts = [i for i, w in enumerate(argv[1:], 1) if not w.startswith("-") and "=" not in w
                  and not w.replace(".", "").isdigit()]
-        for i in words[:2]:
+        for i in starts[:2]:
             out += commands(argv[i:], depth - 1)
     return out
 
