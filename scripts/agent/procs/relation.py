@@ -12,13 +12,15 @@ Related to a target (links()):
   running code, past a starter (a Python launcher, a notebook kernel), ending at an
   interactive shell (its terminal's shell started the shell, not the server), infrastructure
   (init, sshd, tmux, a container's shim), a manager's daemon (managers.py stops through it),
-  PID 1 or the agent's own chain; PID 1 itself where it is a shell running code, the
-  target's parent, and the target is still in its session (a container's `bash -c 'while
-  ...'`; an orphan left to PID 1 has a session of its own): related, never signalled;
+  PID 1 or the agent's own chain; PID 1 itself where it runs code (a shell loop, a Python
+  entrypoint), is the target's parent, and the target is still in its session (a container's
+  `bash -c 'while ...'`; an orphan left to PID 1 has a session of its own): related, never
+  signalled;
 - the leaders of the session and process group it did not leave, and the other live members
-  of its process group that are older than every target in it and not their descendants (a
-  watchdog that started it with `nohup server &`); a pipeline's reader, forked with or after
-  the server, is not.
+  of its process group that it did not start, older or younger (`nohup server & nohup
+  watchdog &` from a script that has exited); a helper among them (tee, a pipeline's cat) is not;
+- where its chain leaves what the agent sees (a parent or session outside its PID namespace,
+  a parent /proc does not list): unseen, never FREED.
 A process related to no target is never named and never signalled.
 
 What a related process is (role()), by its executable, which must be a root-owned file in a
@@ -88,6 +90,18 @@ def _runs_daemon(info, base):
         name == "supervisord" and base.startswith("python"))
 
 
+def _shell_name(base):
+    return base in SHELLS or base.rstrip("0123456789.") in SHELLS
+
+
+def _interactive(info, base, argv):
+    """A shell in the form of someone's prompt, and not a subshell an interactive shell forked
+    for a background loop (`while ...; done &`: its argv, but it never exec'd, PF_FORKNOEXEC:
+    it runs code, it is no one's prompt)."""
+    how, _ = shellcode.shell_form(dict(info, comm=base, argv=[base] + argv[1:]))
+    return how == "terminal" and not info.get("flags", 0) & PF_FORKNOEXEC
+
+
 _BY_EXE = dict([(name, "launcher") for name in LAUNCHERS] + [(name, "infra") for name in INFRA]
                + [(name, "helper") for name in HELPERS])
 
@@ -106,13 +120,14 @@ def role(info):
         base = os.path.basename(argv[0]).lstrip("-") if argv else "busybox"
     if _runs_daemon(info, base):
         return "manager"
+    if base and not trusted and _shell_name(base) and _interactive(info, base, argv):
+        # someone's own zsh or bash (linuxbrew, nix, ~/.local) at a prompt: never signalled, and
+        # inert only where the kernel shows it idle at its prompt (terminal_state), as any shell
+        return "terminal"
     if not base or not trusted:
         return "unknown" if not base else "starter"
-    if base in SHELLS or base.rstrip("0123456789.") in SHELLS:
-        how, _ = shellcode.shell_form(dict(info, comm=base, argv=[base] + argv[1:]))
-        # a subshell an interactive shell forked for a background loop (`while ...; done &`) has its
-        # argv, but it never exec'd (PF_FORKNOEXEC): it runs code, it is no one's prompt
-        return "terminal" if how == "terminal" and not info.get("flags", 0) & PF_FORKNOEXEC else "shell"
+    if _shell_name(base):
+        return "terminal" if _interactive(info, base, argv) else "shell"
     if base.startswith("containerd-shim"):
         return "infra"
     return _BY_EXE.get(base, "starter")
@@ -141,7 +156,8 @@ class Relation:
             below = t["pid"]
             for pid, what in chain:
                 if pid == 1:
-                    self._add(pid, "PID 1, its parent (a shell running code)", "watch", t["pid"])
+                    self._add(pid, "PID 1, its parent (%s)" % ("a shell running code" if what == "shell" else
+                                                               "a program running code"), "watch", t["pid"])
                     break
                 if what == "terminal":
                     self._add(pid, "its terminal's shell (ancestor)", "watch", t["pid"])
@@ -186,11 +202,18 @@ class Relation:
         included as the last (module docstring)."""
         out: list = []
         below, pid = t["pid"], t["ppid"]
-        if pid == 1 and 1 in self.procs and self.procs.get(t["pid"], t).get("sid") == self.procs[1]["sid"] \
-                and self.role_of(1) == "shell":
-            # a container's or namespace's PID 1 that runs code and started it (its session still
-            # PID 1's: an orphan left to PID 1 by a double fork or setsid has its own): never signalled
-            return [(1, "shell")]
+        sid = self.procs.get(t["pid"], t).get("sid")
+        if pid == 1 and 1 in self.procs and sid == self.procs[1]["sid"] \
+                and self.role_of(1) in ("shell", "launcher", "starter", "unknown"):
+            # a container's or namespace's PID 1 that runs code (a shell loop, a Python entrypoint)
+            # and started it (its session still PID 1's: an orphan left to PID 1 by a double fork or
+            # setsid has its own): related, never signalled
+            return [(1, self.role_of(1))]
+        if pid == 1 and not sid and t["pid"] != 1:
+            # its session reads 0: it was started from outside this PID namespace and left to PID 1
+            # (`pct exec CT -- bash -c 'SERVER &'`): what started it cannot be seen
+            self.unseen[t["pid"]] = ("PID %d's session is outside this PID namespace (it was started from there "
+                                     "and left to PID 1)" % t["pid"])
         while not self._skip(pid) and pid not in {p for p, _ in out} and pid not in self.tree:
             info = self.procs[pid]
             if info["start_time"] > self.procs.get(below, info)["start_time"]:
@@ -231,7 +254,10 @@ class Relation:
 
     def _leaders_and_group(self, t):
         """The session and group leaders a target did not leave, and its group's other live
-        members older than it that it did not start."""
+        members it did not start: older ones (a watchdog that ran `nohup server &`) and younger
+        ones (`server & watchdog &` from a script that has since exited: both left in its group).
+        A pipeline's reader is one too unless it is a helper (tee, cat): it ends on the server's
+        EOF, and one that lives on is named."""
         info = self.procs.get(t["pid"], t)
         for pid, words in ((info.get("sid"), "leader of its session"), (info.get("pgid"), "leader of its group")):
             if pid is not None and pid != t["pid"] and not self._skip(pid) and pid not in self.tree:
@@ -242,9 +268,9 @@ class Relation:
         first = min((self.procs[p]["start_time"] for p in self.mine if self.procs.get(p, {}).get("pgid") == pgid),
                     default=info["start_time"])
         for pid, other in self.procs.items():
-            if other.get("pgid") == pgid and other["start_time"] < first and not self._skip(pid) \
-                    and pid not in self.tree:
-                self._relate(pid, "in its process group, older than it", t["pid"])
+            if other.get("pgid") == pgid and not self._skip(pid) and pid not in self.tree:
+                self._relate(pid, "in its process group, %s it" % (
+                    "older than" if other["start_time"] < first else "started after"), t["pid"])
 
     def _relate(self, pid, words, target):
         """A leader or group member: related, but never the job's own to end (it was not walked
@@ -324,8 +350,10 @@ def _foreground(tpgid, since_ticks, procs_now):
 def interrupt_loop(link, since_ticks, send, wait_s=1.0):
     """Ctrl-C at the prompt of a terminal's shell whose foreground job was a target: while the
     shell is not back at its prompt and its foreground group is led by a child of it started
-    since the teardown began (`since_ticks`: a loop's backoff `sleep`, its next turn), `send`
-    (leader record, its pgid) is called once per such group, as typing Ctrl-C there would.
+    since the teardown began (`since_ticks`) that is a helper (a loop's backoff `sleep`, its next
+    turn's pause), `send` (leader record, its pgid) is called once per such group, as typing
+    Ctrl-C there would. Another program (`SERVER; python3 next_step.py` typed as a list) is the
+    person's next command, never interrupted: the shell is then busy with it, and named.
     Returns the shell's state at the end (terminal_state's words, without the second look)."""
     deadline, sent = time.monotonic() + wait_s, set()
     while True:
@@ -336,7 +364,8 @@ def interrupt_loop(link, since_ticks, send, wait_s=1.0):
             return "idle"
         leader = procfs.read_stat(st["tpgid"]) if st["tpgid"] > 0 else None
         if leader is not None and st["tpgid"] != st["pgid"] and leader["ppid"] == link["pid"] \
-                and leader["start_time"] >= since_ticks and st["tpgid"] not in sent:
+                and leader["start_time"] >= since_ticks and st["tpgid"] not in sent \
+                and role(dict(leader, pid=st["tpgid"], argv=[])) == "helper":
             sent.add(st["tpgid"])
             send(leader, st["tpgid"])
         if time.monotonic() >= deadline:

@@ -66,8 +66,11 @@ def uid_min(path=LOGIN_DEFS):
 
 def root_owned_exe(pid):
     """The real path of the program the process runs when that file is a regular file owned by
-    root and writable by root only; else None. stat() of /proc/PID/exe is the running file
-    itself, whatever was since renamed over its path."""
+    root and writable by root only, in directories that are too; else None. stat() of
+    /proc/PID/exe is the running file itself, whatever was since renamed over its path.
+    Why the directories: the name is what decides a role, and a user may give a root-owned
+    file a name of their own in a directory of theirs (`mount --bind /usr/bin/python3
+    ~/fake/tmux` in a user namespace: a watchdog that read as tmux)."""
     try:
         st = fdstat.stat_open_file("/proc/%d/exe" % pid)  # cached attributes: a program on a dead NFS server
         path = os.readlink("/proc/%d/exe" % pid)
@@ -75,7 +78,26 @@ def root_owned_exe(pid):
         return None
     if not stat.S_ISREG(st.st_mode) or st.st_uid != 0 or st.st_mode & 0o022:
         return None
-    return path
+    return path if _root_owned_dirs(pid, path) else None
+
+
+def _root_owned_dirs(pid, path):
+    """Is each directory above `path`, as the process sees it (its root and mounts, through
+    /proc/PID/root), root's, and writable by root only? A sticky one (/tmp) may be above the
+    program's own directory: no one else may rename or replace root's entry in it; not its
+    own directory, where anyone may add a name."""
+    where = "/proc/%d/root" % pid
+    parts = [""] + [p for p in os.path.dirname(path).split("/") if p]
+    for n, part in enumerate(parts):
+        where = where + "/" + part if part else where
+        try:
+            st = fdstat.stat_open_file(where)
+        except OSError:
+            return False
+        sticky_above = st.st_mode & stat.S_ISVTX and n < len(parts) - 1
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != 0 or (st.st_mode & 0o022 and not sticky_above):
+            return False
+    return True
 
 
 def _exe_unreadable(pid):
