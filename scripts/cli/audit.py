@@ -17,7 +17,7 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     """Show the local audit log: every signal, unit stop and pivot, with host, operator and result."""
     from scripts.config import cliargs
     from scripts.ops import audit_log
-    from scripts.views.render import Col, Command, safe, table, width
+    from scripts.views.render import Col, Command, note, safe, table, width
 
     n = cliargs.whole("lines", lines)
     recs, skipped = audit_log.read_counted()
@@ -30,14 +30,15 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
 
         print(textsafe.dumps(recs, sort_keys=True))  # one document; valid Unicode: a non-UTF-8 byte is U+EF80+
         return
-    print(f"audit log: {safe(audit_log.audit_path())}")
+    print(note(f"audit log: {audit_log.audit_path()}", "", "  "))  # a long path on a line of its own, whole
     short = width() < 70  # a narrow pane: the time without its year (14 columns, not 19)
     rows = [[_when(r.get("time", ""), short), r.get("alias", ""), r.get("pid", r.get("to", "")), r.get("operator", ""),
              r.get("signal") or r.get("event"), r.get("result") or r.get("verdict"),
              Command.of(r) if r.get("cmdline") else "-"] for r in recs]
     # time, host and pid identify a record and come first, never cut (a host cut to `san...`
-    # named none); the others give way, and on a narrow screen go under the row, command first
-    heads = ["time (UTC)", "host", "pid/to", Col("operator", "cut", 8), Col("action", "cut", 7),
+    # named none); the others give way, and on a narrow screen go under the row, command first;
+    # an action wraps (`systemctl stop` cut to `syste...` named no action)
+    heads = ["time (UTC)", "host", "pid/to", Col("operator", "cut", 8), Col("action", "wrap", 7),
              Col("result", "wrap", 10), Col("command", "command", 20)]
     print(table(heads, rows))
 

@@ -23,10 +23,10 @@ VERIFY_WAIT = num(defaults.VERIFY_WAIT_S)
 
 
 FLEET_HELP = """Over several hosts (`--host gpu[1-8]`, `gpu1,gpu2`): a summary first, one line per
-    host in the order given (`HOST  GPUs free/total  holders  verdict`, a host that did not
+    host in the order given (`HOST  GPUs free/total  holders  exit  verdict`, a host that did not
     answer as UNREACHABLE or TIMED OUT), then each host's details; --brief prints the summary
-    alone. The fleet's exit code is the highest of its hosts' codes (each is in its summary
-    line): e.g. 7 (a host timed out) over 6 over 3 (one unreachable) over 1 (one not free);
+    alone. The fleet's exit code is the highest of its hosts' codes (each in its summary
+    line's exit column, 0 too): e.g. 7 (a host timed out) over 6 over 3 (one unreachable) over 1 (one not free);
     0 only when every host gives 0."""
 BRIEF_HELP = "over several hosts (or one): print only the summary, a line per host"
 

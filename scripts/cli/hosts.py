@@ -55,12 +55,16 @@ def _longest_word(texts) -> int:
                        " 0: no limit of its own, the longest wait: 3600)", "fanout": READ_FANOUT_HELP})
 @guarded
 def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ_FANOUT)):
-    """Reach each host in one round trip: python version, pid, NVML / nvidia-smi / fuser there, and
-    whether the agent runs as root (`as root via sudo` with ALIAS_BECOME=sudo)."""
+    """Reach each host in one round trip: its python, pid, GPU tools and user.
+
+    Says the python version, the agent's pid, whether NVML, nvidia-smi and fuser are there,
+    and whether the agent runs as root (`as root via sudo` with ALIAS_BECOME=sudo). The
+    first line is a sentence of its own: `invoke --list` shows only that line."""
     from scripts.config import cliargs
     from scripts.ops import fleet
     from scripts.reach.transport import call_agent
     from scripts.views import ping as ping_view, status as status_view
+    from scripts.views.render import fit
 
     deadline = cliargs.seconds("timeout", timeout) if timeout else None
     if deadline == 0:  # 0 is no limit, as `run -T 0` (the agent's longest wait bounds it)
@@ -78,7 +82,7 @@ def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ
         become = out.host.route.become
         docs.append(dict(r.doc, host=r.host, wall_s=round(r.wall_s, 3), runs_as=ping_view.runs_as(r.result, become)))
         if not json:
-            print(status_view.ping_line(r.host, r.result, r.wall_s) + ping_view.ping_suffix(r.result, become))
+            print(fit(status_view.ping_line(r.host, r.result, r.wall_s) + ping_view.ping_suffix(r.result, become)))
     if json:
         print(dumps(docs))
     exit_worst(codes(outcomes))

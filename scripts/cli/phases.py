@@ -46,6 +46,7 @@ def start(c, host=defaults.HOST, phase="", json=False):
     from scripts.agent.wire import codes
     from scripts.ops import phase as phase_ops
     from scripts.views import phase as phase_view
+    from scripts.views.render import fit
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
@@ -56,7 +57,7 @@ def start(c, host=defaults.HOST, phase="", json=False):
     if r.code:
         raise Exit(f"gpu-pivot: {h.alias}: phase {ph.name}: {phase_view.start_line(r)}", code=codes.EXIT_NOT_FREE)
     if not json:
-        print(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}")
+        print(fit(f"{h.alias}: phase {ph.name} {phase_view.start_line(r)}"))
 
 
 @task(exit_codes=(("not-free", "the phase could not be stopped (it still runs)"), "unreachable", "timed-out"),
@@ -68,6 +69,7 @@ def stop(c, host=defaults.HOST, phase="", json=False):
     from scripts.agent.wire import codes
     from scripts.ops import audit_log, phase as phase_ops
     from scripts.views import phase as phase_view
+    from scripts.views.render import fit
 
     h = one_host(host)
     ph = phase_ops.phase_of(h, phase)
@@ -78,7 +80,7 @@ def stop(c, host=defaults.HOST, phase="", json=False):
     if json:
         _json(r)
     else:
-        print(f"{h.alias}: phase {ph.name}: {phase_view.stop_line(r)}")
+        print(fit(f"{h.alias}: phase {ph.name}: {phase_view.stop_line(r)}"))
     if r.code:
         raise Exit(code=codes.EXIT_NOT_FREE)
 
@@ -129,6 +131,7 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     from scripts.config.errors import ConfigError
     from scripts.ops import phase as phase_ops
     from scripts.views import phase as phase_view
+    from scripts.views.render import fit
 
     argv = cliargs.remainder()
     if not argv:
@@ -140,7 +143,7 @@ def lint_launch(c, host=defaults.HOST, gpus="", json=False):
     if json:
         _json(r)
     for line in [] if json else phase_view.lint_lines(r) or [phase_view.lint_ok(r)]:
-        print(f"{h.alias}: {line}")
+        print(fit(f"{h.alias}: {line}"))
     if r.code:
         raise Exit(code=r.code)
 
@@ -171,6 +174,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     from scripts.ops import phase as phase_ops
     from scripts.ops.pivot import Pivot, PivotOptions
     from scripts.views.pivot import WORDS
+    from scripts.views.render import fit
 
     h = one_host(host)
     with cliargs.named("--phase", "--to"):  # the pivot's flag for a phase
@@ -193,7 +197,11 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     opts = PivotOptions(teardown=td_req, drain_url=drain or None, no_drain=no_drain, dry_run=dry_run,
                         force=force, operator=operator(), ready_timeout=rt)
     with ctrl_c_continues([h], "the pivot stops here; a teardown already under way continues"):
-        run = Pivot(h, ph, opts, WORDS, out=(lambda line: None) if json else (lambda line: print(line, flush=True)))
+        # each line fitted to the screen here: the pivot (scripts/ops) says what, the view how wide
+        def say(line: str) -> None:
+            print(fit(line), flush=True)
+
+        run = Pivot(h, ph, opts, WORDS, out=(lambda line: None) if json else say)
         code = run.run()
     if json:
         from .common import dumps

@@ -35,7 +35,7 @@ def sandbox(c, action, json=False):
         return
     from scripts.config.errors import ConfigError
     from scripts.ops import sandbox as sandbox_host
-    from scripts.views.render import table
+    from scripts.views.render import fit, table
 
     actions = {"up": sandbox_host.up, "down": sandbox_host.down, "status": sandbox_host.status}
     if action not in actions:
@@ -44,14 +44,14 @@ def sandbox(c, action, json=False):
     if json:
         print(dumps(state))
         return
-    print(f"SANDBOX ({state['dir']}; device files {state['devices']})")
+    print(fit(f"SANDBOX ({state['dir']}; device files {state['devices']})"))
     rows = [[role, p["pid"], "alive" if p["alive"] else "gone"] for role, p in sorted(state["processes"].items())]
     if action == "down":
         unrecorded = [p for p in state.get("stopped_unrecorded", ()) if p not in {r[1] for r in rows}]
         print("stopped:" if rows else ("nothing recorded was running" if unrecorded else "nothing was running"))
         if unrecorded:
-            print(f"also stopped (this sandbox's processes its state no longer listed): pids {unrecorded}")
+            print(fit(f"also stopped (this sandbox's processes its state no longer listed): pids {unrecorded}"))
     print(table(["role", "pid", "now" if action != "down" else "before"], rows) if rows else "(no sandbox processes)")
     if action == "status" and state.get("unrecorded"):
-        print(f"NOT RECORDED: pids {state['unrecorded']} belong to this sandbox but its state no longer lists them "
-              "(directory removed by hand?): `invoke sandbox down` stops them")
+        print(fit(f"NOT RECORDED: pids {state['unrecorded']} belong to this sandbox but its state no longer lists "
+                  "them (directory removed by hand?): `invoke sandbox down` stops them"))

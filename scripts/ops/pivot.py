@@ -187,8 +187,8 @@ class Pivot:
 
     def step_teardown(self):
         alias = self.host.alias
-        def progress(p):
-            self.out("    " + self.words.teardown_progress(alias, p))
+        def progress(p):  # one line (the view wrapped it to the screen): the task's out fits it, indented
+            self.out("    " + " ".join(line.strip() for line in self.words.teardown_progress(alias, p).splitlines()))
 
         r = _attempt(lambda: call_teardown(self.host, self.opts.teardown, on_progress=progress))
         t: records.TeardownResult = r.result

@@ -20,7 +20,7 @@ import re
 
 from ..agent.wire import codes, defaults, records
 from .health import gpu_health
-from .render import Col, paint, record, shorten, table
+from .render import Col, paint, record, table
 from .status import failed, no_gpu_visible, scan_of
 
 _PER_GPU_FILE = re.compile(r"nvidia(\d+)")
@@ -105,22 +105,35 @@ def _unhealthy(scan: records.ScanResult, word: str) -> str:
     return f"{word}, GPU UNHEALTHY" if bad else word
 
 
-def summary(outcomes, verdict, max_used_mib: int = defaults.MAX_USED_MIB) -> str:
-    """The fleet's summary table: a row per host in the order given. `verdict(result)`: the
-    task's words for an answering host's result (status_verdict, verify_verdict); its exit
-    code is the call's (AgentResult.code), a failed host's the one its error gives."""
+def failure(out) -> tuple[int, str]:
+    """(exit code, words) of a host whose call failed (a fleet Outcome with an error): the code
+    its error gives (transport.exit_code_for, else not free), and `UNREACHABLE: why` without
+    the host's name (its row names it), cut only between words and only past 160 characters
+    (the whole error is on stderr): a port or a pid is never cut inside."""
+    import textwrap
+
     from ..reach.transport import exit_code_for
 
+    code = exit_code_for(out.error) or codes.EXIT_NOT_FREE
+    said = " ".join(str(out.error).split())
+    alias = out.host.alias
+    said = said[len(alias) + 2:] if said.startswith(f"{alias}: ") else said
+    return code, f"{failed(out.error).upper()}: {textwrap.shorten(said, 160, placeholder=' ...')}"
+
+
+def summary(outcomes, verdict, max_used_mib: int = defaults.MAX_USED_MIB) -> str:
+    """The fleet's summary table: a row per host in the order given, each with its exit code in
+    a column of its own, 0 included (a code shown on some rows only read as a code missing).
+    `verdict(result)`: the task's words for an answering host's result (status_verdict,
+    verify_verdict); its exit code is the call's (AgentResult.code), a failed host's the one
+    its error gives (failure)."""
     rows = []
     for out in outcomes:
         alias = out.host.alias
         if out.error is not None:
-            code = exit_code_for(out.error) or codes.EXIT_NOT_FREE
-            said = str(out.error)
-            said = said[len(alias) + 2:] if said.startswith(f"{alias}: ") else said  # the row names the host
-            rows.append([alias, "-", "-", f"{failed(out.error).upper()} (exit {code}): {shorten(said, 100)}"])
+            code, words = failure(out)
+            rows.append([alias, "-", "-", code, words])
             continue
-        result, code = out.value.result, out.value.code
-        rows.append([alias, gpus_free(result, max_used_mib), holders(result),
-                     verdict(result) + (f" (exit {code})" if code else "")])
-    return paint(table(["host", "GPUs free/total", "holders", Col("verdict", "wrap", 24)], rows))
+        result = out.value.result
+        rows.append([alias, gpus_free(result, max_used_mib), holders(result), out.value.code, verdict(result)])
+    return paint(table(["host", "GPUs free/total", "holders", "exit", Col("verdict", "wrap", 24)], rows))

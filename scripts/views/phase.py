@@ -41,9 +41,11 @@ def ready_line(x) -> str:
 
 
 def ready_progress(p: dict) -> str:
-    """A progress line of phase-ready (the fields of frame.parse_progress)."""
+    """A progress line of phase-ready (the fields of frame.parse_progress): the log's last line
+    after `| log: ` only where the log has one (an empty `log: ` read as a log cut off)."""
     p = shown(p)
-    return f"waiting {p['elapsed_s']:.0f}s: {p['detail']} | log: {shorten(p.get('last_log') or '', 70)}"
+    last = " ".join(str(p.get("last_log") or "").split())
+    return f"waiting {p['elapsed_s']:.0f}s: {p['detail']}" + (f" | log: {shorten(last, 70)}" if last else "")
 
 
 def log_tail(x) -> str:

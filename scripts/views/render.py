@@ -440,6 +440,23 @@ def note(text: str, indent: str = "  ", hang: str = "    ") -> str:
                            break_long_words=False)) or indent
 
 
+def fit(text: str, hang: str = "    ") -> str:
+    """Each line of `text` (already safe: this escapes nothing) that is wider than width()
+    wrapped between words, its later lines indented by its own indent plus `hang`; a line
+    that fits, a table's included, is kept as it is. Why: a line that runs past the screen
+    is cut or folded by the terminal mid-number (a pid, a port), and a word is never cut
+    here: a path or a number longer than the screen stays whole on a line of its own."""
+    room, out = max(20, width()), []
+    for line in text.split("\n"):
+        if visible_len(line) <= room:
+            out.append(line)
+            continue
+        lead = line[:len(line) - len(line.lstrip())]
+        out.extend(wrap(line.lstrip(), room, initial_indent=lead, subsequent_indent=lead + hang,
+                        break_long_words=False) or [line])
+    return "\n".join(out)
+
+
 def shorten(text: str, width: int = 60) -> str:
     text = safe(" ".join(str(text).split()))
     return text if len(text) <= width else text[: width - 3] + "..."

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from ..agent.wire import codes, records
 from . import health as health_view
 from .render import Col, Command, Progress, command, note, paint, record, shorten, shown, table
-from .status import failed, header, still_holding, where, writing_line
+from .status import header, still_holding, where, writing_line
 
 if TYPE_CHECKING:
     from ..agent.wire.rows import GpuRow
@@ -51,7 +51,8 @@ def plan_tables(x) -> str:
                           Col("stopped by", "wrap", 10), COMMAND], rows, "  ",
                          details=["why: " + t["reason"] for t in plan.targets]))
     else:
-        out.append("Targets: none (nothing matches the target patterns and no unprotected process holds a GPU)")
+        out.append(note("Targets: none (nothing matches the target patterns and no unprotected process holds a GPU)",
+                        "", "  "))
     if plan.protected:
         rows = [[p["pid"], "PROTECTED", Command.of(p)] for p in plan.protected]
         out.append("Protected, never signalled\n" + table(["pid", "protected", COMMAND], rows, "  ",
@@ -64,13 +65,13 @@ def plan_tables(x) -> str:
     out.extend(note(writing_line(w["pid"], w["files"])) for w in plan.writing)
     for u in plan.units:
         how = f"pct exec {u['ctid']} -- systemctl" if u.get("ctid") else "systemctl"  # a unit inside an LXC CT
-        out.append(f"  unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}"
-                   + (f" ({u['pending']})" if u.get("pending") else ""))
+        out.append(note(f"unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}"
+                        + (f" ({u['pending']})" if u.get("pending") else "")))
     for c in plan.containers:
         name = f"{c['name']} ({c['id'][:12]})" if c.get("name") else c["id"][:12]
-        out.append(f"  container {name} will be stopped with docker stop"
-                   + (" (its restart policy set to no first)" if c.get("disable") else "")
-                   + (f" ({c['pending']})" if c.get("pending") else ""))
+        out.append(note(f"container {name} will be stopped with docker stop"
+                        + (" (its restart policy set to no first)" if c.get("disable") else "")
+                        + (f" ({c['pending']})" if c.get("pending") else "")))
     out.extend(manager_lines(plan.managers))
     out.extend(starter_lines(plan.starters))
     out.extend(note(f"UNSEEN pid {u['pid']}: {u['why']}; what started it cannot be seen from here, so the "
@@ -109,7 +110,7 @@ def manager_lines(stops: list) -> list[str]:
         what = f"{m['kind']} {m.get('name') or '(name unreadable)'}"
         pids = ", ".join(map(str, m.get("pids") or []))
         if m.get("run"):
-            out.append(f"  {what} (pid {pids}) will be stopped with {m.get('command')}")
+            out.append(note(f"{what} (pid {pids}) will be stopped with {m.get('command')}"))
         else:
             run = (f"`{m['first']}` first, then `{m['command']}`" if m.get("first") else f"`{m['command']}`") \
                 if m.get("command") else "its manager's own stop"
@@ -265,8 +266,10 @@ def host_line(outcome) -> str:
     """One line per host as it finishes, for a fleet teardown (outcome: a fleet.Outcome)."""
     alias = outcome.host.alias
     if outcome.error is not None:
-        return f"{alias}: {failed(outcome.error).upper()}: {shorten(str(outcome.error), 80)}"
-    return paint(f"{alias}: {brief(outcome.value, outcome.value.wall_s)}")
+        from .fleet import failure
+
+        return note(f"{alias}: {failure(outcome)[1]}", "", "    ")  # wrapped between words: a port stays whole
+    return paint(note(f"{alias}: {brief(outcome.value, outcome.value.wall_s)}", "", "    "))
 
 
 def verdict_lines(alias: str, x, code: int | None = None) -> list:
@@ -343,17 +346,21 @@ def report(alias: str, result, sandbox: bool = False) -> str:
 
 
 def summary(outcomes) -> str:
-    """The table after a fleet teardown: one row per host, in the order given."""
+    """The table after a fleet teardown: one row per host, in the order given, each with its
+    exit code in a column of its own (0 included), as the status and verify fleet summaries."""
+    from .fleet import failure
+
     rows = []
     for out in outcomes:
         if out.error is not None:
-            rows.append([out.host.alias, "-", "-", "-", "-", f"{failed(out.error)}: {out.error}"])
+            code, words = failure(out)
+            rows.append([out.host.alias, "-", "-", "-", "-", code, words])
             continue
         t: records.TeardownResult = record(out.value)
         result = "locked" if t.locked else ("not started" if t.state_error else _word(t))
         plan = t.plan or records.Plan(targets=[], protected=[])
         rows.append([out.host.alias, (t.freed_mib if t.freed_mib is not None else "unknown") if t.ran else "-",
                      len(plan.targets), len(plan.protected),
-                     f"{out.value.wall_s:.2f}s", result])
-    return paint("Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall",
+                     f"{out.value.wall_s:.2f}s", out.value.code, result])
+    return paint("Summary\n" + table(["host", "freed MiB", "targets", "protected kept", "wall", "exit",
                                        Col("result", "wrap", 20)], rows, "  "))

@@ -58,7 +58,7 @@ def test_every_tasks_help_fits_80_columns_without_cutting_a_word():
         out = help_of(name)
         assert out.returncode == 0 and not too_wide(out.stdout.decode()), (name, too_wide(out.stdout.decode()))
     wide = invoke("status", "-h", env=columns(200)).stdout.decode()
-    assert "(`HOST  GPUs free/total  holders  verdict`" in " ".join(wide.split("\n"))  # spacing kept
+    assert "(`HOST  GPUs free/total  holders  exit  verdict`" in " ".join(wide.split("\n"))  # spacing kept
 
 
 def test_a_paragraph_that_fits_keeps_its_lines():

@@ -18,7 +18,9 @@ from tests.support.procs import alive
 
 
 def out_text(res):
-    return res.stdout.decode() + res.stderr.decode()
+    """stdout and stderr, each line's words joined by one space: a pivot's line is wrapped to
+    the screen between words, and the words are what a test reads."""
+    return " ".join((res.stdout.decode() + "\n" + res.stderr.decode()).split())
 
 
 @pytest.fixture

@@ -53,7 +53,8 @@ def test_a_fleet_names_the_refused_login_in_its_summary_and_json(sshd, hosts_env
     text = res.stdout.decode()
     assert res.returncode == codes.EXIT_UNREACHABLE, text + res.stderr.decode()
     row = next(line for line in text.splitlines() if line.startswith("gpu7 "))
-    assert "LOGIN REFUSED (exit 3): login refused: 127.0.0.1 answered" in row, text
+    assert row.split()[3:7] == ["3", "LOGIN", "REFUSED:", "login"], row  # its exit column, then its verdict
+    assert "LOGIN REFUSED: login refused: 127.0.0.1 answered" in row, text
     assert "UNREACHABLE" not in row, row
     doc = json.loads(invoke("status", "--host", "gpu1,gpu7", "--json").stdout)
     assert doc["gpu7"]["exit_code"] == codes.EXIT_UNREACHABLE

@@ -53,7 +53,8 @@ def test_a_cuda_server_under_supervisord_is_freed_for_good(tmp_path, hosts_env):
         wait_for(lambda: pid in compute_pids(), "NVML lists the server", timeout=30)
         hosts_env(f"LOCAL_PYTHON={sys.executable}\nLOCAL_TARGETS='cuda_server\\.py'\nLOCAL_SCOPE={token}\n")
         plan = invoke("plan", "--host", "local", timeout=120)
-        assert f"will be stopped with supervisorctl -c {sd.conf} stop infer:vllm" in plan.stdout.decode(), plan.stdout
+        shown = " ".join(plan.stdout.decode().split())  # the line is wrapped to the screen between words
+        assert f"will be stopped with supervisorctl -c {sd.conf} stop infer:vllm" in shown, plan.stdout
         ran = invoke("teardown", "--host", "local", "--yes", "--grace", "5", timeout=180)
         out = ran.stdout.decode() + ran.stderr.decode()
         assert ran.returncode == 0 and "FREED" in out, out

@@ -1,9 +1,9 @@
 """A fleet at a glance, and a host that shows no GPU.
 
 `status` and `verify` over several hosts print a summary first, one line per host in the
-order given (`HOST  GPUs free/total  holders  verdict`), then each host's details; `--brief`
-prints the summary alone; `--json` is every host's document as before. The fleet here is
-real: n1 (a server tree and a protected holder) and n4 (a device glob that matches nothing)
+order given (`HOST  GPUs free/total  holders  exit  verdict`: every row its exit code), then
+each host's details; `--brief` prints the summary alone; `--json` is every host's document
+as before. The fleet here is real: n1 (a server tree and a protected holder) and n4 (a device glob that matches nothing)
 are aliases of this machine, n2 is this machine again through the loopback sshd, n3 is an
 ssh destination nobody answers. `run` over a fleet leads each stderr line with its host and
 gives an unreachable host a section of its own. `status` on a host that shows no GPU says
@@ -25,7 +25,7 @@ from tests.support.fleet_faults import Tarpit
 from tests.support.procs import ProcessSet
 
 UNREACHABLE = "N3_SSH=nobody@127.0.0.1\nN3_SSH_OPTS='-p 1 -o ConnectTimeout=3 -o ControlPath=none'\n"
-HEADER = ["host", "GPUs free/total", "holders", "verdict"]
+HEADER = ["host", "GPUs free/total", "holders", "exit", "verdict"]
 
 
 def _keys(alias: str, keys: dict) -> str:
@@ -57,26 +57,26 @@ def fleet(sshd, hosts_env):
 
 
 def _summary(text: str) -> dict:
-    """{host: its summary row's cells} from the table at the top of `text` (a wrapped verdict's
-    later lines joined to its row), in the order printed: a dict keeps it."""
+    """{host: its summary row's cells, the exit code an int} from the table at the top of
+    `text` (cells cut where the rule's dashes are; a wrapped verdict's later lines joined to
+    its row), in the order printed: a dict keeps it."""
+    import re
+
     lines = text.splitlines()
-    assert lines[0].split(None, 1)[0] == "host" and " ".join(lines[0].split()) == " ".join(HEADER), text
+    assert " ".join(lines[0].split()) == " ".join(HEADER), text
+    spans = [(m.start(), m.end()) for m in re.finditer(r"-+", lines[1])]
+    spans[-1] = (spans[-1][0], None)  # the verdict runs to the end of its line
     rows: dict = {}
+    row: list = []
     for line in lines[2:]:
         if not line.strip() or line.startswith("== "):
             break
-        if line[0] != " ":
-            host, gpus, rest = line.split(None, 2)
-            rows[host] = [gpus, rest]
+        cells = [" ".join(line[a:b].split()) for a, b in spans]
+        if cells[0]:
+            row = rows[cells[0]] = cells[1:]
         else:
-            rows[host][-1] += " " + line.strip()
-    return {h: [gpus] + _split_holders(rest) for h, (gpus, rest) in rows.items()}
-
-
-def _split_holders(rest: str) -> list:
-    """'3 (+1 protected)  NOT FREE' -> ['3 (+1 protected)', 'NOT FREE'] (columns are 2+ spaces apart)."""
-    holders, verdict = rest.split("  ", 1)
-    return [holders.strip(), " ".join(verdict.split())]
+            row[-1] += " " + cells[-1]  # the verdict of the row above, wrapped
+    return {h: [c[0], c[1], int(c[2]), c[3]] for h, c in rows.items()}
 
 
 def test_status_over_a_fleet_puts_one_line_per_host_first(fleet):
@@ -85,15 +85,15 @@ def test_status_over_a_fleet_puts_one_line_per_host_first(fleet):
     assert out.returncode == 7, text + out.stderr.decode()  # the highest: n5 timed out (7) over n3 (3), n4 (1)
     rows = _summary(text)
     assert list(rows) == ["n1", "n2", "n3", "n4", "n5"], text
-    assert rows["n5"][:2] == ["-", "-"] and rows["n5"][2].startswith("TIMED OUT (exit 7): "), text
-    assert rows["n1"] == ["0/2", "3 (+1 protected)", "NOT FREE"], text
-    assert rows["n2"] == ["2/2", "0", "FREE"], text
-    assert rows["n3"][:2] == ["-", "-"] and rows["n3"][2].startswith("UNREACHABLE (exit 3): host unreachable"), text
-    assert rows["n4"] == ["0/0", "0", "NO GPU VISIBLE (exit 1)"], text
+    assert rows["n5"][:3] == ["-", "-", 7] and rows["n5"][3].startswith("TIMED OUT: "), text
+    assert rows["n1"] == ["0/2", "3 (+1 protected)", 0, "NOT FREE"], text  # status: not free is no failure
+    assert rows["n2"] == ["2/2", "0", 0, "FREE"], text
+    assert rows["n3"][:3] == ["-", "-", 3] and rows["n3"][3].startswith("UNREACHABLE: host unreachable"), text
+    assert rows["n4"] == ["0/0", "0", 1, "NO GPU VISIBLE"], text
     # then the details, in the same order, after the summary
     headers = [line.split()[1] for line in text.splitlines() if line.startswith("== ")]
     assert headers == ["n1", "n2", "n4"], text
-    assert text.index("== n1") > text.index("NO GPU VISIBLE (exit 1)")
+    assert text.index("== n1") > text.index("NO GPU VISIBLE")
     assert str(fleet["server"]) in text.split("== n2")[0].split("== n1")[1]
     assert "gpu-pivot: n3: host unreachable" in out.stderr.decode()
 
@@ -104,8 +104,8 @@ def test_brief_is_the_summary_alone_and_json_is_unchanged(fleet):
     assert out.returncode == 3, text + out.stderr.decode()
     rows = _summary(text)
     assert list(rows) == ["n1", "n2", "n3", "n4"], text
-    assert rows["n1"] == ["0/2", "3 (+1 protected)", "NOT FREE (exit 1)"], text
-    assert rows["n2"] == ["2/2", "0", "FREE"], text
+    assert rows["n1"] == ["0/2", "3 (+1 protected)", 1, "NOT FREE"], text
+    assert rows["n2"] == ["2/2", "0", 0, "FREE"], text
     assert "== " not in text and "Still holding" not in text
     out = invoke("verify", "--host", "n[1-4]", "--json")
     doc = json.loads(out.stdout)
@@ -124,7 +124,7 @@ def test_one_host_keeps_its_view(fleet):
     assert out.returncode == 0, text
     assert text.startswith("== n1 ") and "GPUs free/total" not in text
     out = invoke("status", "--host", "n1", "--brief")  # --brief: the one line, under its header
-    assert _summary(out.stdout.decode()) == {"n1": ["0/2", "3 (+1 protected)", "NOT FREE"]}
+    assert _summary(out.stdout.decode()) == {"n1": ["0/2", "3 (+1 protected)", 0, "NOT FREE"]}
 
 
 def test_a_host_that_shows_no_gpu_says_so_as_verify_does(fleet):

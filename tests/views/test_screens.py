@@ -284,3 +284,38 @@ def test_health_reasons_are_wrapped_never_cut_at_any_width(monkeypatch):
         assert all(len(line) <= int(columns) for line in text.splitlines()), text
         assert "".join("; ".join(reasons).split()) in "".join(text.split()), text  # whole, maybe wrapped
         assert "..." not in text
+
+
+def test_a_plans_manager_unit_and_empty_target_lines_fit_80_columns(monkeypatch):
+    """The lines under a plan's tables (a supervisord program stopped through supervisorctl, a
+    unit inside a CT, a container, no target at all) wrap between words at 80 columns: the
+    supervisorctl line was 117 columns and "Targets: none (...)" 92, folded by the terminal."""
+    from scripts.agent.wire import records
+    from scripts.views.teardown import plan_tables
+
+    monkeypatch.setenv("COLUMNS", "80")
+    conf = "/etc/supervisor/conf.d/inference-cluster-prod.conf"
+    plan = records.Plan(targets=[], protected=[], managers=[
+        {"kind": "supervisord", "name": "infer:vllm-llama3-70b-instruct", "pids": [481516, 481517], "run": True,
+         "command": f"supervisorctl -c {conf} stop infer:vllm-llama3-70b-instruct", "why": "it runs only targets"}],
+        units=[{"unit": "vllm-llama3-70b-instruct-tp8.service", "ctid": "129", "pids": [4242], "disable": True,
+                "pending": "a restart systemd scheduled runs a target"}],
+        containers=[{"id": "0123456789abcdef0123", "name": "vllm-llama3-70b-instruct", "pids": [77], "disable": True}])
+    text = plan_tables(plan)
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+    flat = " ".join(text.split())
+    for whole in (f"(pid 481516, 481517) will be stopped with supervisorctl -c {conf} stop "
+                  "infer:vllm-llama3-70b-instruct", "Targets: none (nothing matches the target patterns and no "
+                  "unprotected process holds a GPU)", "with pct exec 129 -- systemctl and disabled",
+                  "vllm-llama3-70b-instruct (0123456789ab) will be stopped with docker stop (its restart policy"):
+        assert whole in flat, text
+
+
+def test_a_ready_progress_line_names_the_log_only_when_it_has_a_line():
+    from scripts.views.phase import ready_progress
+
+    waiting = {"elapsed_s": 12.0, "detail": "http://127.0.0.1:30000/health: connection refused"}
+    assert ready_progress(dict(waiting, last_log=None)) == (
+        "waiting 12s: http://127.0.0.1:30000/health: connection refused")  # no empty `log: `
+    assert ready_progress(dict(waiting, last_log="  ")).endswith("connection refused")
+    assert ready_progress(dict(waiting, last_log="Loading weights 3/8")).endswith("| log: Loading weights 3/8")
