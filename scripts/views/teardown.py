@@ -18,7 +18,7 @@ from .render import Col, Command, Progress, command, note, paint, record, shorte
 from .status import header, still_holding, where, writing_line
 
 if TYPE_CHECKING:
-    from ..agent.wire.rows import GpuRow
+    from ..agent.wire.rows import GpuRow, PlanRow
 
 
 def mib_words(mib: int | None, about: str = "") -> str:
@@ -26,7 +26,7 @@ def mib_words(mib: int | None, about: str = "") -> str:
     return "an unknown amount" if mib is None else f"{about}{mib} MiB"
 
 
-def _mib(row: dict) -> str:
+def _mib(row: PlanRow) -> str:
     """A process's GPU MiB: its sum, "unknown" where it holds a GPU whose share was not read
     (no NVML), "-" where it holds none."""
     gpu_mib = row.get("gpu_mib") or {}
