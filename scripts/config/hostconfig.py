@@ -269,14 +269,15 @@ _KEY_FIRST = re.compile(r"([A-Z][A-Z0-9_]*)[=: ]")
 
 @contextmanager
 def _at_line(path: Path, lines: dict):
-    """A value's error (`GPU1_SSH='-x': ...`) led by FILE:LINE of its key, as a syntax error
-    is: one bad value blocks every host, so the operator must find it at once."""
+    """A value's error (`GPU1_SSH='-x': ...`) ends with FILE:LINE of its key, as a syntax error
+    names it: one bad value blocks every host, so the operator must find it at once. At the end,
+    so the line still starts with the key and value (what scripts and people grep for)."""
     try:
         yield
     except ConfigError as exc:
         key = _KEY_FIRST.match(str(exc))
-        if key and key.group(1) in lines and not str(exc).startswith(str(path)):
-            raise ConfigError(f"{path}:{lines[key.group(1)]}: {exc}") from None
+        if key and key.group(1) in lines and str(path) not in str(exc):
+            raise ConfigError(f"{exc} (at {path}:{lines[key.group(1)]})") from None
         raise
 
 

@@ -403,12 +403,12 @@ def test_a_missing_hosts_env_is_named_with_where_it_was_looked_for(tmp_path):
 
 
 def test_a_bad_value_in_hosts_env_names_its_file_and_line(hosts_env):
-    """One bad value blocks every host, so it is led by FILE:LINE, as a syntax error is."""
+    """One bad value blocks every host, so it names FILE:LINE, as a syntax error does."""
     path = hosts_env("# gpu hosts\nGPU1_SSH=root@10.0.0.1\nGPU2_SSH=-oProxyCommand=x\n")
     res = invoke("hosts")
     assert res.returncode == codes.EXIT_USAGE, text_of(res)
     assert res.stderr.decode().splitlines() == [
-        f"gpu-pivot: {path}:3: GPU2_SSH='-oProxyCommand=x': an ssh destination may not start with '-'"]
+        f"gpu-pivot: GPU2_SSH='-oProxyCommand=x': an ssh destination may not start with '-' (at {path}:3)"]
 
 
 def test_the_tasks_run_from_any_folder_and_another_projects_tasks_stay_its_own(tmp_path):

@@ -90,7 +90,7 @@ def test_cli_bad_file_one_line_exit2_no_ssh(hosts_env, ssh_spy, task):
     out = invoke(*args, env=env)
     assert out.returncode == 2
     lines = out.stderr.decode().strip().splitlines()
-    assert lines == ["gpu-pivot: GPU1_CTID='abc': a Proxmox container id is a number of 100 or more"]
+    assert lines == [f"gpu-pivot: GPU1_CTID='abc': a Proxmox container id is a number of 100 or more (at {path}:2)"]
     assert not marker.exists()
 
 
@@ -306,10 +306,10 @@ def test_cli_ctid_without_equals_is_exit2_and_never_reaches_ssh(hosts_env, ssh_s
 def test_cli_unclosed_quote_and_proxycommand(hosts_env, ssh_spy):
     path, line = _cli(hosts_env, ssh_spy, "GPU1_SSH=root@10.0.0.1\nGPU1_CTID='129\n", "ping", "--host", "gpu1")
     assert line == f"gpu-pivot: {path}:2: GPU1_CTID: unclosed ' quote: \"'129\""
-    _, line = _cli(hosts_env, ssh_spy, "GPU1_SSH=root@10.0.0.1\nGPU1_SSH_OPTS='-oProxyCommand=touch /tmp/pwned'\n",
-                   "ping", "--host", "gpu1")
+    path, line = _cli(hosts_env, ssh_spy, "GPU1_SSH=root@10.0.0.1\nGPU1_SSH_OPTS='-oProxyCommand=touch /tmp/pwned'\n",
+                      "ping", "--host", "gpu1")
     assert line == ("gpu-pivot: GPU1_SSH_OPTS='-oProxyCommand=touch /tmp/pwned': ProxyCommand runs a local command; "
-                    "hosts.env may come from a shared repo — put it in ~/.ssh/config")
+                    f"hosts.env may come from a shared repo — put it in ~/.ssh/config (at {path}:2)")
 
 
 @pytest.mark.parametrize("key,value", [("TARGETS", ""), ("PROTECT", ""), ("TARGETS", ".*")])
