@@ -139,8 +139,9 @@ class Relation:
     signal. `chain`: the agent and its ancestors, never related. `mine`: the targets' pids,
     `tree`: every pid a target started (its descendants: targets or helpers of theirs)."""
 
-    def __init__(self, targets, procs, chain, tree=frozenset()):
+    def __init__(self, targets, procs, chain, tree=frozenset(), pipes=None):
         self.procs, self.chain = procs, set(chain) | {os.getpid()}
+        self.pipes = pipes or {}  # pid -> its pipe ends, read before the early SIGTERM (early.Batch)
         self.mine = {t["pid"] for t in targets}
         self.tree = set(tree) | self.mine
         self.links: dict = {}
@@ -256,8 +257,8 @@ class Relation:
         """The session and group leaders a target did not leave, and its group's other live
         members it did not start: older ones (a watchdog that ran `nohup server &`) and younger
         ones (`server & watchdog &` from a script that has since exited: both left in its group).
-        A pipeline's reader is one too unless it is a helper (tee, cat): it ends on the server's
-        EOF, and one that lives on is named."""
+        Not a member of the target's own pipeline (a pipe of a target's stdin, stdout or stderr
+        on its stdin or stdout: `server | sh -c 'cat > log'`): it ends on the server's EOF."""
         info = self.procs.get(t["pid"], t)
         for pid, words in ((info.get("sid"), "leader of its session"), (info.get("pgid"), "leader of its group")):
             if pid is not None and pid != t["pid"] and not self._skip(pid) and pid not in self.tree:
@@ -267,8 +268,13 @@ class Relation:
             return
         first = min((self.procs[p]["start_time"] for p in self.mine if self.procs.get(p, {}).get("pgid") == pgid),
                     default=info["start_time"])
+        piped = None
         for pid, other in self.procs.items():
             if other.get("pgid") == pgid and not self._skip(pid) and pid not in self.tree:
+                if piped is None:
+                    piped = _pipes_of([p for p in self.mine if self.procs.get(p, {}).get("pgid") == pgid], self.pipes)
+                if pipe_ends(pid, (0, 1)) & piped:
+                    continue  # the other end of a target's pipeline (`server | tee`, `producer | server`)
                 self._relate(pid, "in its process group, %s it" % (
                     "older than" if other["start_time"] < first else "started after"), t["pid"])
 
@@ -283,6 +289,26 @@ class Relation:
         what = self.role_of(pid)
         if what not in ("infra", "manager", "helper", "gone"):
             self._add(pid, "%s (%s)" % (words, what), "watch" if what == "terminal" else "freeze", target)
+
+
+def pipe_ends(pid, fds):
+    """The pipes (their "pipe:[inode]" names) on these fds of a process: readlink only, which no
+    filesystem answers (a pipe lives in the kernel)."""
+    out = set()
+    for fd in fds:
+        try:
+            name = os.readlink("/proc/%d/fd/%d" % (pid, fd))
+        except OSError:
+            continue
+        if name.startswith("pipe:"):
+            out.add(name)
+    return out
+
+
+def _pipes_of(pids, known):
+    """The pipes on the targets' stdin, stdout and stderr (`known`: read before a target's
+    SIGTERM, whose exit closes them): a pipeline member shares one."""
+    return set().union(*[known[pid] if pid in known else pipe_ends(pid, (0, 1, 2)) for pid in pids]) if pids else set()
 
 
 def line_editing(pid):

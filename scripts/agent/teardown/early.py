@@ -171,12 +171,15 @@ class Batch:
     def __init__(self, args, approved, send):
         self.args, self.approved, self.send = args, approved, send
         self.rows: list = []
+        self.pipes: dict = {}  # pid -> the pipes on its stdin/stdout/stderr, read before its SIGTERM
         self.error = None
 
     def __call__(self, records, table=()):
         try:
             self.rows = pick(records, self.args, self.approved, table)
             if self.rows:
+                # a dying target closes its fds: the plan tells its pipeline's other end by them
+                self.pipes = {r["pid"]: relation.pipe_ends(r["pid"], (0, 1, 2)) for r in self.rows}
                 self.send(self.rows)
         except Exception as exc:  # the full plan still runs: this batch only saves time
             self.error = "the early SIGTERM batch failed (%s: %s); the plan's batch sent the rest" % (

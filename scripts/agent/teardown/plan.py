@@ -196,10 +196,11 @@ def add_pending(built, found, args):
     return added
 
 
-def build(doc, args, with_pending=True):
+def build(doc, args, with_pending=True, pipes=None):
     """The plan from a scan (scan.Scan: the document and its process table), with the pending
     restarts (pending.py) queried on a thread meanwhile; a teardown adds those itself, after
-    its plan's batch went out (with_pending False)."""
+    its plan's batch went out (with_pending False). `pipes`: early.Batch's, read before its
+    SIGTERM."""
     pending_restarts = pending_query(args) if with_pending else None
     procs, chain = doc.procs, doc.chain | {os.getpid()}
     holders = {h["pid"]: h for h in doc["holders"]}
@@ -227,7 +228,7 @@ def build(doc, args, with_pending=True):
         _row(procscan.detail(procs[pid], [], now_ticks=now), why) for pid, why in others.items()]
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
     related = relation.Relation([procs[pid] for pid in picked.reasons], procs, chain,
-                                tree=set(picked.reasons) | set(filters))
+                                tree=set(picked.reasons) | set(filters), pipes=pipes)
     starters = {}
     for link in related.links.values():
         pid = link["pid"]

@@ -275,7 +275,7 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got, free
     `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
     doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
     query = plan.pending_query(args)  # after the early signals; its commands never hold the plan's batch
-    the_plan = got["plan"] = early.merge(plan.build(doc, args, with_pending=False), batch.rows)
+    the_plan = got["plan"] = early.merge(plan.build(doc, args, with_pending=False, pipes=batch.pipes), batch.rows)
     approved = batch.approved  # the operator's --approved (None: all of the plan)
     planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
     unapproved = [t for t in the_plan["targets"] if t not in planned]
