@@ -95,9 +95,12 @@ def _inside() -> None:
 
 
 def _init(cmd: list[str]) -> None:
-    """PID 1: start the command, reap everything, pass signals on, exit with its status."""
+    """PID 1: start the command, reap everything, pass signals on, exit with its status. The
+    worker leads a session of its own, as a login does on a host: a session left outside the
+    namespace reads as 0, which the agent takes for "started from outside" (never FREED)."""
     worker = os.fork()
     if worker == 0:
+        os.setsid()
         os.execvp(cmd[0], cmd)
     for sig in SIGNALS:
         signal.signal(sig, lambda s, _f: os.kill(worker, s))

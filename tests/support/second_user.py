@@ -52,6 +52,9 @@ class SecondUser:
         return subprocess.run(self.argv(argv), env=env or self.env(), cwd=self.home, **kw)
 
     def popen(self, argv: list, env: dict | None = None, **kw) -> subprocess.Popen:
+        """argv as this user, in a session of its own as their login would start it (not in
+        the test's process group, which would relate it to whatever else the test started)."""
+        kw.setdefault("start_new_session", True)
         proc = subprocess.Popen(self.argv(argv), env=env or self.env(), cwd=self.home, **kw)
         self.procs.append(proc)
         return proc

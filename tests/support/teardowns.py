@@ -49,10 +49,12 @@ def assert_outcome(roles):
 
 
 SERVER = """\
-import os, sys, time
+import os, signal, sys, time
 args = sys.argv[1:]
 def opt(name):
     return args[args.index(name) + 1] if name in args else None
+if "--term-exit" in args:  # a real server's shutdown: SIGTERM ends it with exit 0
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
 if opt("--hold"):
     fd = os.open(opt("--hold"), os.O_RDWR)
 if "--child" in args and os.fork() == 0:

@@ -204,17 +204,18 @@ class Relation:
         out: list = []
         below, pid = t["pid"], t["ppid"]
         sid = self.procs.get(t["pid"], t).get("sid")
+        if pid == 1 and not sid and t["pid"] != 1:
+            # its session reads 0: it was started from outside this PID namespace and left to PID 1
+            # (`pct exec CT -- bash -c 'SERVER &'`), or PID 1 started it and its session is outside
+            # too (`unshare --fork`): what started it cannot be told, so it is unseen either way
+            self.unseen[t["pid"]] = ("PID %d's session is outside this PID namespace (it was started from there, "
+                                     "or by PID 1 whose session is there too)" % t["pid"])
         if pid == 1 and 1 in self.procs and sid == self.procs[1]["sid"] \
                 and self.role_of(1) in ("shell", "launcher", "starter", "unknown"):
             # a container's or namespace's PID 1 that runs code (a shell loop, a Python entrypoint)
             # and started it (its session still PID 1's: an orphan left to PID 1 by a double fork or
             # setsid has its own): related, never signalled
             return [(1, self.role_of(1))]
-        if pid == 1 and not sid and t["pid"] != 1:
-            # its session reads 0: it was started from outside this PID namespace and left to PID 1
-            # (`pct exec CT -- bash -c 'SERVER &'`): what started it cannot be seen
-            self.unseen[t["pid"]] = ("PID %d's session is outside this PID namespace (it was started from there "
-                                     "and left to PID 1)" % t["pid"])
         while not self._skip(pid) and pid not in {p for p, _ in out} and pid not in self.tree:
             info = self.procs[pid]
             if info["start_time"] > self.procs.get(below, info)["start_time"]:
@@ -273,7 +274,7 @@ class Relation:
             if other.get("pgid") == pgid and not self._skip(pid) and pid not in self.tree:
                 if piped is None:
                     piped = _pipes_of([p for p in self.mine if self.procs.get(p, {}).get("pgid") == pgid], self.pipes)
-                if pipe_ends(pid, (0, 1)) & piped:
+                if pipe_ends(pid, (0,)) & piped[1] or pipe_ends(pid, (1,)) & piped[0]:
                     continue  # the other end of a target's pipeline (`server | tee`, `producer | server`)
                 self._relate(pid, "in its process group, %s it" % (
                     "older than" if other["start_time"] < first else "started after"), t["pid"])
@@ -306,9 +307,21 @@ def pipe_ends(pid, fds):
 
 
 def _pipes_of(pids, known):
-    """The pipes on the targets' stdin, stdout and stderr (`known`: read before a target's
-    SIGTERM, whose exit closes them): a pipeline member shares one."""
-    return set().union(*[known[pid] if pid in known else pipe_ends(pid, (0, 1, 2)) for pid in pids]) if pids else set()
+    """(pipes on the targets' stdin, pipes on their stdout or stderr); `known`: {pid: (in, out)}
+    read before a target's SIGTERM, whose exit closes them. A pipeline's reader has a target's
+    output pipe on its stdin, its writer a target's input pipe on its stdout (a pipe both
+    merely inherited on stdout, as from a terminal's logger, joins nothing)."""
+    ins, outs = set(), set()
+    for pid in pids:
+        i, o = known[pid] if pid in known else target_pipes(pid)
+        ins |= i
+        outs |= o
+    return ins, outs
+
+
+def target_pipes(pid):
+    """(pipes on its stdin, pipes on its stdout or stderr)."""
+    return pipe_ends(pid, (0,)), pipe_ends(pid, (1, 2))
 
 
 def line_editing(pid):
@@ -341,6 +354,31 @@ def line_editing(pid):
         os.close(fd)
 
 
+# the system calls a line editor waits in (read, select, poll and their p- forms), by machine
+_INPUT_WAITS = {"x86_64": {0, 7, 23, 270, 271}, "aarch64": {63, 72, 73}}
+
+
+def waiting_for_input(pid):
+    """Is the shell blocked in a read, select or poll (its line editor waiting for a key), False
+    when it is in another call or running (between two commands of a list typed at the prompt:
+    bash puts back the terminal mode its editor had, so the mode alone read "at its prompt"),
+    None when it cannot be told (no rights to /proc/PID/syscall, another machine's numbers)."""
+    try:
+        with open("/proc/%d/syscall" % pid) as f:
+            first = f.read().split(" ", 1)[0].strip()
+    except OSError:
+        return None
+    waits = _INPUT_WAITS.get(os.uname().machine)
+    if waits is None or first in ("", "-1"):
+        return None if waits is None else False
+    if first == "running":
+        return False
+    try:
+        return int(first) in waits
+    except ValueError:
+        return None
+
+
 def terminal_state(link, since_ticks, procs_now):
     """"gone", "idle" (at its prompt: its terminal's foreground group is its own and a line
     editor reads it, seen twice IDLE_SAMPLE_GAP_S apart), "busy" (its foreground job is one
@@ -358,7 +396,7 @@ def terminal_state(link, since_ticks, procs_now):
             return "unknown"
         tpgid = stat["tpgid"]
         if tpgid == stat["pgid"]:
-            editing = line_editing(link["pid"])
+            editing = line_editing(link["pid"]) and waiting_for_input(link["pid"]) is not False
             looks.append("idle" if editing else ("unknown" if editing is None else "running"))
         else:
             looks.append(_foreground(tpgid, since_ticks, procs_now))

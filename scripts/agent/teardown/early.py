@@ -179,7 +179,7 @@ class Batch:
             self.rows = pick(records, self.args, self.approved, table)
             if self.rows:
                 # a dying target closes its fds: the plan tells its pipeline's other end by them
-                self.pipes = {r["pid"]: relation.pipe_ends(r["pid"], (0, 1, 2)) for r in self.rows}
+                self.pipes = {r["pid"]: relation.target_pipes(r["pid"]) for r in self.rows}
                 self.send(self.rows)
         except Exception as exc:  # the full plan still runs: this batch only saves time
             self.error = "the early SIGTERM batch failed (%s: %s); the plan's batch sent the rest" % (

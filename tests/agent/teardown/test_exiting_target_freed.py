@@ -34,7 +34,7 @@ def test_a_target_in_its_exit_that_nvml_lists_nowhere_is_freed_and_named(hung_fu
     script = ps.base / "stuck_exit_server.py"
     script.write_text(STUCK_IN_EXIT)
     target = subprocess.Popen([sys.executable, str(script), str(mnt / "f"), str(ps.devdir / "nvidia0"), "-"],
-                              stdout=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, text=True, start_new_session=True)
     started.append(target)
     assert target.stdout.readline().split() == ["holding", "3", "4"]
     start = procfs.start_time(target.pid)

@@ -392,7 +392,7 @@ def test_a_namespace_whose_pid_1_is_the_restart_loop_is_never_freed_and_pid_1_ne
     wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
     code, doc = _agent_in(inner, ps)
     assert code == 11, doc.get("problems")
-    [named] = doc["starters_alive"]
+    [named] = [s for s in doc["starters_alive"] if s["role"] != "unseen"]  # its session reads 0 here: unseen too
     assert named["pid"] == 1 and "PID 1 is never signalled" in named["include"], named
     assert all(a["pid"] != 1 for a in doc["actions"]) and alive(inner)
     assert "double fork" not in " ".join(doc["problems"])
@@ -559,3 +559,131 @@ def test_a_terminal_mode_is_never_read_by_reopening_a_file_on_fd_0(ps):
         proc = subprocess.Popen(["sleep", "30"], stdin=stdin)
     ps.adopt(proc.pid)
     assert relation.line_editing(proc.pid) is None
+
+
+# -- found by the second red team ------------------------------------------------------------
+
+NS = pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare") or not shutil.which("nsenter"),
+                        reason="needs root, unshare and nsenter for a PID namespace")
+REAPER = ("import os, time\nwhile True:\n    try:\n        os.wait()\n    except ChildProcessError:\n"
+          "        time.sleep(0.2)")
+
+
+def _namespace(ps, *argv):
+    """A PID namespace whose PID 1 runs argv; returns PID 1's pid as this test sees it."""
+    box = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", *argv], start_new_session=True,
+                           env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
+    ps.adopt(box.pid)
+    inner = wait_for(lambda: children(box.pid), "the namespace's PID 1")[0]
+    ps.adopt(inner)
+    return inner
+
+
+@NS
+def test_a_server_started_in_the_background_from_outside_the_namespace_is_unseen(ps):
+    """`pct exec CT -- bash -c 'SERVER &'` from a loop on the node: inside, the server is left to
+    PID 1 and its session reads 0 (it is outside). What started it cannot be seen: exit 11, and
+    the loop outside does bring it back."""
+    ready = ps.base / "srv.ready"
+    inner = _namespace(ps, sys.executable, "-c", REAPER)
+    launch = f"rm -f {ready}; {server_cmd(ps, ready)} &"
+    loop = shell(ps, f"while true; do [ -s {ready} ] && kill -0 $(cat {ready}) 2>/dev/null || "
+                     f"nsenter -t {inner} -p -m bash -c '{launch}'; sleep {PAUSE}; done")
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
+    code, doc = _agent_in(inner, ps)
+    assert code == 11, (doc["verdict"], doc["problems"])
+    [unseen] = [s for s in doc["starters_alive"] if s["role"] == "unseen"]  # PID 1 (a reaper) may be named too
+    assert "session is outside this PID namespace" in unseen["why"], unseen
+    assert alive(loop) and all(a["pid"] != 1 for a in doc["actions"])
+
+
+@NS
+def test_a_containers_python_entrypoint_that_restarts_the_server_is_pid_1_and_named(ps):
+    """A container whose PID 1 is a Python entrypoint: `Popen(server); wait; sleep; again`. PID 1
+    runs code and started the server: related, never signalled, exit 11 naming it."""
+    ready = ps.base / "srv.ready"
+    entry = ("import subprocess, sys, time\nwhile True:\n    subprocess.Popen(sys.argv[1:]).wait()\n"
+             f"    time.sleep({PAUSE})")
+    inner = _namespace(ps, sys.executable, "-c", entry, *server_argv(ps, ready))
+    wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
+    code, doc = _agent_in(inner, ps)
+    assert code == 11, (doc["verdict"], doc["problems"])
+    assert [s["pid"] for s in doc["starters_alive"] if s["role"] != "unseen"] == [1], doc["starters_alive"]
+    assert all(a["pid"] != 1 for a in doc["actions"]) and alive(inner)
+
+
+def test_a_watchdog_started_after_the_server_in_its_group_is_frozen_and_named(ps):
+    """`setsid bash -c 'SERVER & watchdog & exit 0'`: the script is gone and both are left in
+    its group, the watchdog younger than the server. It is related by the group: frozen during
+    the stop, thawed, named (exit 11); it was FREED, and the server back 5 s later."""
+    ready = ps.base / "srv.ready"
+    wd = ps.base / "wd.py"
+    wd.write_text("import os, subprocess, sys, time\nwhile True:\n    time.sleep(0.5)\n"
+                  f"    if not os.path.exists({str(ready)!r}):\n        time.sleep({PAUSE})\n"
+                  "        subprocess.Popen(sys.argv[1:])\n")
+    argv = " ".join(server_argv(ps, ready))
+    script = shell(ps, f"PYTHONPATH={server_pkg(ps)} {argv} & sleep 0.3; {sys.executable} {wd} {argv} & exit 0")
+    server = ready_pid(ready)
+    ps.adopt(server)
+    watchdog = wait_for(lambda: [p for p in _group_of(server) if _cmdline(p).startswith(f"{sys.executable}\0{wd}")],
+                        "the watchdog")[0]
+    ps.adopt(watchdog)
+    wait_for(lambda: not alive(script), "the script's exit: both left in its group")
+    result = teardown(ps)
+    named = assert_named_and_thawed(result, watchdog)
+    assert "started after it" in named["why"], named
+
+
+def _group_of(pid):
+    pgid = os.getpgid(pid)
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == pgid]
+
+
+def _cmdline(pid):
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _pgid(pid):
+    try:
+        return os.getpgid(pid)
+    except OSError:
+        return None
+
+
+def test_someone_elses_shell_binary_at_a_prompt_is_a_terminal_never_signalled(ps, tmp_path):
+    """A zsh or bash of one's own (linuxbrew, nix, ~/.local: not root's) at a tmux prompt ran the
+    server: it is a terminal, idle at its prompt after the stop, never signalled. It was taken
+    for a starter: frozen, exit 11, and with --stop-starters SIGKILLed with its session."""
+    own = ps.base / "home-bin"
+    own.mkdir()
+    shutil.copy2(shutil.which("bash"), own / "bash")
+    os.chown(own / "bash", 65534, 65534)  # nobody's file: not a root-owned program
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"{own}/bash --norc --noprofile -i")
+    ready = ps.base / "srv.ready"
+    subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps, "--stop-starters")
+    assert result.code == 0, result.doc["problems"]
+    assert alive(pane) and signals_to(result.doc, pane) == []
+
+
+def test_the_next_command_of_a_typed_list_is_never_interrupted(ps, tmp_path):
+    """`SERVER; python3 next_step.py` typed at a prompt: after the server, the shell runs the
+    person's next command, which is no loop's pause: it is never sent Ctrl-C, and runs to its
+    end; the shell is busy with something new meanwhile, so the verdict names it (exit 11)."""
+    rc = ps.base / "rc"
+    rc.write_text("PS1='$ '\n")
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash --norc --noprofile --rcfile {rc} -i")
+    ready, after = ps.base / "srv.ready", ps.base / "after"
+    step = f"{sys.executable} -c 'import time; time.sleep(12); open(\"{after}\", \"w\").write(\"done\")'"
+    subprocess.run(["tmux", "-S", str(sock), "send-keys", f"{server_cmd(ps, ready, '--term-exit')}; {step}", "Enter"],
+                   check=True)
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
+    assert not any(a["signal"].startswith("SIGINT") for a in result.doc["actions"]), result.doc["actions"]
+    assert result.code == 11 and [s["pid"] for s in result.doc["starters_alive"]] == [pane], result.doc["problems"]
+    wait_for(lambda: after.exists(), "the next command, run to its end", timeout=30)
+    assert alive(pane)
