@@ -142,6 +142,7 @@ class Relation:
     def __init__(self, targets, procs, chain, tree=frozenset(), pipes=None):
         self.procs, self.chain = procs, set(chain) | {os.getpid()}
         self.pipes = pipes or {}  # pid -> its pipe ends, read before the early SIGTERM (early.Batch)
+        self._piped = None  # the targets' (input, output) pipes, read once when first asked
         self.mine = {t["pid"] for t in targets}
         self.tree = set(tree) | self.mine
         self.links: dict = {}
@@ -245,14 +246,22 @@ class Relation:
 
     def _shared(self, pid, below):
         """Does this link run anything but the job: a live child that is not the link below,
-        a target, a process a target started or another link of a walk, nor a helper (sleep,
-        tee)?"""
+        a target, a process a target started or another link of a walk, a helper (sleep, tee),
+        nor the other end of a target's pipeline (`SRV | grep -v DEBUG > log`: it ends on EOF)?"""
         for child in self._kids.get(pid, ()):
-            if child == below or child in self.tree or child in self.job or procfs.finished(self.procs[child]):
-                continue
-            if self.role_of(child) not in ("helper", "gone"):
+            if child == below or child in self.tree or child in self.job or procfs.finished(self.procs[child]) \
+                    or not procfs.same_process(child, self.procs[child]["start_time"]):
+                continue  # gone since the scan (a pipeline's grep that read the early SIGTERM's EOF)
+            if self.role_of(child) not in ("helper", "gone") and not self._in_pipeline(child):
                 return True
         return False
+
+    def _in_pipeline(self, pid):
+        """Is this process the other end of a target's pipeline (a target's output pipe on its
+        stdin, or its stdout on a target's input pipe)?"""
+        if self._piped is None:
+            self._piped = _pipes_of(sorted(self.mine), self.pipes)
+        return bool(pipe_ends(pid, (0,)) & self._piped[1] or pipe_ends(pid, (1,)) & self._piped[0])
 
     def _leaders_and_group(self, t):
         """The session and group leaders a target did not leave, and its group's other live
@@ -269,15 +278,13 @@ class Relation:
             return
         first = min((self.procs[p]["start_time"] for p in self.mine if self.procs.get(p, {}).get("pgid") == pgid),
                     default=info["start_time"])
-        piped = None
         for pid, other in self.procs.items():
             if other.get("pgid") == pgid and not self._skip(pid) and pid not in self.tree:
-                if piped is None:
-                    piped = _pipes_of([p for p in self.mine if self.procs.get(p, {}).get("pgid") == pgid], self.pipes)
-                if pipe_ends(pid, (0,)) & piped[1] or pipe_ends(pid, (1,)) & piped[0]:
+                if self._in_pipeline(pid):
                     continue  # the other end of a target's pipeline (`server | tee`, `producer | server`)
                 self._relate(pid, "in its process group, %s it" % (
-                    "older than" if other["start_time"] < first else "started after"), t["pid"])
+                    "older than" if other["start_time"] < first else
+                    "started with" if other["start_time"] == first else "started after"), t["pid"])
 
     def _relate(self, pid, words, target):
         """A leader or group member: related, but never the job's own to end (it was not walked

@@ -23,6 +23,7 @@ class Freezer:
         self.audit = audit
         self.frozen: dict = {}  # (pid, start) -> row, frozen and not yet thawed or ended
         self.stopped_before: set = set()  # (pid, start) found stopped already: never continued by the thaw
+        self.programs: dict = {}  # (pid, start) -> where its argv began when frozen (an exec moves it)
         self.errors: list = []
 
     def freeze(self, rows):
@@ -36,6 +37,8 @@ class Freezer:
             if stat is not None and stat["start_time"] == r["start_time"] and stat["state"] in ("T", "t"):
                 self.stopped_before.add((r["pid"], r["start_time"]))
                 new.remove(r)
+            elif stat is not None:
+                self.programs[(r["pid"], r["start_time"])] = stat["arg_start"]
         if not new:
             return
         for r in new:
@@ -79,6 +82,7 @@ class Freezer:
             while alive and time.monotonic() < deadline:
                 waiter.wait(alive, deadline - time.monotonic())
                 alive = self._alive(rows)
+            alive = self._same_program(alive)
             if alive:
                 self._send(alive, signal.SIGKILL, "SIGKILL")
                 deadline = time.monotonic() + 2.0
@@ -89,6 +93,20 @@ class Freezer:
             waiter.close()
         self._forget(rows)
         return alive
+
+    def _same_program(self, rows):
+        """The rows still running the program they were frozen in; one that exec'd another since
+        (`bash -c 'SRV; exec bash'` became someone's interactive shell, which ignores SIGTERM) is
+        not what the plan listed: never SIGKILLed, logged, and named by the verdict if it lives."""
+        out = []
+        for r in rows:
+            stat = procfs.read_stat(r["pid"])
+            was = self.programs.get((r["pid"], r["start_time"]))
+            if stat is not None and was and stat["arg_start"] and stat["arg_start"] != was:
+                self.audit.log(r, "no SIGKILL", "it runs another program since it was frozen (exec): left as it is")
+                continue
+            out.append(r)
+        return out
 
     def interrupt(self, terminals, since_ticks):
         """Ctrl-C (relation.interrupt_loop) at each terminal's prompt whose foreground job was a

@@ -136,7 +136,13 @@ class Lineage:
             if not procfs.same_process(*k):
                 continue
             why = None
-            if s["fate"] == "stop":
+            now = procscan.basic(k[0]) if s["fate"] == "stop" else None
+            if now is not None and relation.role(now) == "terminal":  # exec'd someone's shell (`...; exec bash`)
+                s = dict(s, role="terminal")
+                if relation.terminal_state(s, since_ticks, procs_now) not in ("running", "unknown"):
+                    continue
+                why = "became an interactive shell that runs something new in its terminal: it may start the server"
+            elif s["fate"] == "stop":
                 why = "is one of the job's own launchers, and could not be ended"
             elif s["fate"] == "freeze":
                 why = ("is %s, related to target(s) %s (%s): it may start one again; it was frozen during the stop "

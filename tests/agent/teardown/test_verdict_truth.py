@@ -687,3 +687,31 @@ def test_the_next_command_of_a_typed_list_is_never_interrupted(ps, tmp_path):
     assert result.code == 11 and [s["pid"] for s in result.doc["starters_alive"]] == [pane], result.doc["problems"]
     wait_for(lambda: after.exists(), "the next command, run to its end", timeout=30)
     assert alive(pane)
+
+
+def test_a_script_that_pipes_the_server_into_a_filter_ends_with_it_freed(ps):
+    """`SRV 2>&1 | grep -v DEBUG > log` in a launch script: grep is the other end of the
+    server's pipeline (it ends on EOF), not other work of the script's: the script is the job's
+    own, ended with the server, FREED (it was named, exit 11)."""
+    ready = ps.base / "srv.ready"
+    script = shell(ps, f"{server_cmd(ps, ready)} 2>&1 | grep -v DEBUG > {ps.base}/log; sleep {PAUSE}; "
+                       f"{server_cmd(ps, ready)}")
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
+    assert result.code == 0, result.doc["problems"]
+    assert not alive(script)
+
+
+def test_a_launch_shell_that_became_someones_prompt_is_never_killed(ps, tmp_path):
+    """`tmux new -d "SRV; exec bash"` keeps a pane open: the launch shell is the job's own, but
+    once the server is gone it has exec'd an interactive bash (same pid), which ignores SIGTERM.
+    It runs another program than the one frozen: never SIGKILLed (the pane and its session
+    vanished)."""
+    ready = ps.base / "srv.ready"
+    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash -c '{server_cmd(ps, ready)}; exec bash --norc -i'")
+    ps.adopt(ready_pid(ready))
+    result = teardown(ps)
+    assert "SIGKILL" not in signals_to(result.doc, pane), result.doc["actions"]
+    assert result.code == 0, result.doc["problems"]  # a prompt now, idle: nothing that could start it
+    time.sleep(0.5)
+    assert alive(pane) and alive(tmux_server)
