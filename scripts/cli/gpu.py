@@ -31,9 +31,10 @@ FLEET_HELP = """Over several hosts (`--host gpu[1-8]`, `gpu1,gpu2`): a summary f
 BRIEF_HELP = "over several hosts (or one): print only the summary, a line per host"
 
 
-def _show(outcomes, json: bool, brief: bool, summary: str, *views) -> None:
+def _show(outcomes, json: bool, brief: bool, summary: str, *views, host_views=None) -> None:
     """The fleet's summary (over several hosts, or --brief), then each answering host's views
-    (or all documents as JSON), then exit with the highest host's code."""
+    (or all documents as JSON), then exit with the highest host's code. `host_views(host)`: the
+    views of one host, in place of `views`, where a view reads its hosts.env keys too."""
     from .jsonout import docs
 
     if json:
@@ -43,7 +44,7 @@ def _show(outcomes, json: bool, brief: bool, summary: str, *views) -> None:
             print(summary, flush=True)
         for out in outcomes if not brief else ():
             if out.error is None:
-                print_views(out.host, out.value.result, *views)
+                print_views(out.host, out.value.result, *(host_views(out.host) if host_views else views))
     exit_worst(codes(outcomes, agent_code=True))
 
 
@@ -99,8 +100,9 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
     width = fanout_width(fanout)
     outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, "scan")), width)
     summary = "" if json else fleet_view.summary(outcomes, fleet_view.status_verdict)
-    _show(outcomes, json, brief, summary, status_view.visible, status_view.gpu_table, health_view.health,
-          health_view.mig, status_view.holder_table, health_view.mps, status_view.last_teardown)
+    _show(outcomes, json, brief, summary, host_views=lambda h: (
+        status_view.visible, status_view.gpu_table, status_view.settings_of(h), health_view.health, health_view.mig,
+        status_view.holder_table, health_view.mps, status_view.last_teardown))
 
 
 @task(exit_codes=(("ok", "every GPU free, verified"), "not-free", "unreachable", "uninspected", "timed-out",

@@ -13,7 +13,7 @@ from ..agent.wire import records
 from .render import Col, Command, age, note, paint, record, shorten, table, width
 
 if TYPE_CHECKING:
-    from ..agent.wire.rows import ProcessRow
+    from ..agent.wire.rows import GpuSettings, ProcessRow
 
 
 def scan_of(x) -> records.ScanResult:
@@ -60,6 +60,71 @@ def gpu_table(x) -> str:
     return note(f"GPU memory (source: {scan.gpu_source}; MiB, used excludes reserved; compute processes as "
                 "pid(MiB))", indent="", hang="  ") + "\n" + \
         table(["gpu", Col("name", "cut", 8), "used", "reserved", "total", Col("processes", "wrap", 12)], rows, "  ")
+
+
+# a GPU setting's words in status: (its name in a drift line, its unit)
+SETTING_WORDS = {"persistence": ("persistence", ""), "compute_mode": ("compute mode", ""),
+                 "graphics_clock_mhz": ("graphics application clock", " MHz"),
+                 "memory_clock_mhz": ("memory application clock", " MHz"), "power_limit_w": ("power limit", " W"),
+                 "mig": ("MIG", "")}
+
+
+def _setting(st: GpuSettings, name: str) -> str:
+    """One setting as read: its value, "n/a" where NVML does not support it, "?" where its call
+    failed. Never 0 for a value not known."""
+    value = st.get(name)
+    if value is not None:
+        return f"{value}"
+    return "n/a" if name in (st.get("not_supported") or []) or name not in (st.get("unread") or {}) else "?"
+
+
+def _drift(st: GpuSettings, baseline: dict) -> list:
+    """`power limit 500 W (baseline 700 W)` for each setting of `baseline` the GPU differs from,
+    or could not be read for (a baseline not confirmed is not called met)."""
+    out = []
+    for name, want in baseline.items():
+        words, unit = SETTING_WORDS.get(name, (name, ""))
+        got = st.get(name)
+        if got is None:
+            out.append(f"{words} {_setting(st, name)} (baseline {want}{unit}: not confirmed)")
+        elif got != want:
+            out.append(f"{words} {got}{unit} (baseline {want}{unit})")
+    return out
+
+
+def _pair(a: str, b: str) -> str:
+    return "n/a" if a == b == "n/a" else f"{a}/{b}"
+
+
+def settings(x, baseline: dict | None = None, key: str = "ALIAS_GPU_BASELINE") -> str:
+    """Each GPU's settings as NVML read them (persistence, compute mode, application clocks,
+    power limit and its default, MIG), a `*` on each that differs from `baseline` (hosts.env
+    `key`), and one line per GPU naming what differs; nothing from a source that reads none."""
+    scan = scan_of(x)
+    gpus = [g for g in scan.gpus if g.get("settings")]
+    if not gpus:
+        return ""
+    baseline = baseline or {}
+    rows, lines = [], []
+    for g in gpus:
+        st = g["settings"]
+        drift = _drift(st, baseline)
+        off = {n for n in baseline if st.get(n) != baseline[n]}
+        cell = {n: _setting(st, n) + ("*" if n in off else "") for n in SETTING_WORDS}
+        rows.append([g["index"], cell["persistence"], cell["compute_mode"],
+                     _pair(cell["graphics_clock_mhz"], cell["memory_clock_mhz"]),
+                     _pair(cell["power_limit_w"], _setting(st, "power_default_w")), cell["mig"]])
+        if drift:
+            lines.append(note(f"GPU {g['index']} differs from {key}: " + "; ".join(drift)))
+    title = "GPU settings (app clocks graphics/memory MHz; power limit/default W; n/a: not supported"
+    title += f"; *: differs from {key})" if baseline else ")"
+    return "\n".join([note(title, indent="", hang="  "),
+                      table(["gpu", "persistence", "compute", "app clocks", "power", "MIG"], rows, "  "), *lines])
+
+
+def settings_of(host):
+    """The settings view for one host (a hostconfig.Host): its hosts.env baseline, named by its key."""
+    return lambda x: settings(x, host.gpu_baseline, f"{host.alias.upper()}_GPU_BASELINE")
 
 
 def where(h: ProcessRow) -> str:

@@ -5,7 +5,7 @@ import stat
 
 import pytest
 
-from scripts.config.hostconfig import ConfigError, load_hosts, select_hosts
+from scripts.config.hostconfig import ConfigError, build_host, load_hosts, select_hosts
 from tests.conftest import invoke
 
 BAD = [
@@ -332,3 +332,13 @@ def test_match_help_states_the_rule():
     out = invoke("plan", "--help")
     text = b" ".join(out.stdout.split()).decode()
     assert "PROGRAMS" in text and "never an argument of another program" in text and "empty string" in text
+
+
+def test_gpu_baseline_is_read_and_checked():
+    host = build_host("gpu1", {"SSH": "root@192.0.2.1", "GPU_BASELINE": '{"persistence": "on", "power_limit_w": 700}'},
+                      "test")
+    assert host.gpu_baseline == {"persistence": "on", "power_limit_w": 700}
+    assert build_host("gpu1", {"SSH": "root@192.0.2.1"}, "test").gpu_baseline == {}
+    for bad in ('{"mig": true}', '{"graphics_clock_mhz": -1}', '{"power_limit_w": NaN}', "[]", "{}"):
+        with pytest.raises(ConfigError, match=r"^GPU1_GPU_BASELINE="):
+            build_host("gpu1", {"SSH": "root@192.0.2.1", "GPU_BASELINE": bad}, "test")

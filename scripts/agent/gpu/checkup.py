@@ -9,7 +9,7 @@ import os
 
 from ..state import lastrun
 from ..wire import defaults
-from . import gpuinfo, health, mig, mps, xid
+from . import gpuinfo, health, mig, mps, settings, xid
 
 
 def annotate(doc, source, since_us=None, stuck=(), watch=None):
@@ -31,6 +31,17 @@ def annotate(doc, source, since_us=None, stuck=(), watch=None):
     doc["mps"] = _nvml_bounded(source, lambda: mps.describe(procs, doc["gpus"], source), None, "NVML MPS queries")
     if getattr(source, "hung", False) and doc["mps"] is None:
         doc["mps"] = mps.describe(procs, doc["gpus"], None)  # /proc alone: no NVML call
+    return doc
+
+
+def annotate_settings(doc, source):
+    """Add `settings` (settings.py: persistence, compute mode, clocks, power limit, MIG) to every
+    GPU row: status's pass, after annotate (bounded like it, and skipped once the driver hung)."""
+    source = source.opened()[0] if hasattr(type(source), "opened") else source
+    found = _nvml_bounded(source, lambda: settings.read_all(source), {}, "NVML settings queries")
+    for index, s in found.items():
+        if index < len(doc["gpus"]):
+            doc["gpus"][index]["settings"] = s
     return doc
 
 

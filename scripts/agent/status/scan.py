@@ -190,5 +190,6 @@ def run(args):
         full = collect(args, source)
         full["gpu_source_tried"] = tried or full["gpu_source_tried"]
         checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
+        checkup.annotate_settings(full, source)
     code = codes.EXIT_UNINSPECTED if full["denied"] or full["proc_hidden"] else codes.EXIT_OK
     return code, records.written(records.ScanResult, full, code=code, last_teardown=lastrun.load_summary())

@@ -97,6 +97,20 @@ class Mig(TypedDict, total=False):
     note: str
 
 
+class GpuSettings(TypedDict, total=False):
+    """GpuRow.settings (agent/gpu/settings.py): what the GPU runs with, read through NVML; None
+    where NVML does not support the field (named in not_supported) or its call failed (unread)."""
+    persistence: str | None  # "on", "off"
+    compute_mode: str | None  # "default", "exclusive_process", "prohibited", ...
+    graphics_clock_mhz: int | None  # application clocks
+    memory_clock_mhz: int | None
+    power_limit_w: float | None
+    power_default_w: float | None
+    mig: str | None  # "on", "off": the current MIG mode
+    not_supported: list[str]
+    unread: dict[str, str]
+
+
 class _Gpu(TypedDict):
     index: int
     name: str
@@ -113,6 +127,7 @@ class GpuRow(_Gpu, total=False):
     memory_call: str
     health: Health  # where assessed (views/health.py gpu_health reads it)
     mig: Mig  # where read
+    settings: GpuSettings  # status only (agent/gpu/settings.py)
 
 
 class ForeignPid(TypedDict):

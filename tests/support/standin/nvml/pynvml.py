@@ -13,8 +13,11 @@ Recording: {"gpus": [{"uuid", "name", "bus", "used", "reserved", "total", "proce
 "mps_processes": [pid], "recovery_action": 0, "remapped_rows": [corr, unc, pending, failure],
 "retired_pending": "not supported" | 0 | 1, "mig_mode": [current, pending], "mig_devices":
 [{"gi", "ci", "uuid", "used", "total"}], "display_active": 0, "display_mode": 0, "nvlink": [peer bus, ...],
-"xid_events": [xid, ...], "fail": ["nvmlDeviceGetMemoryInfo", ...]}], "hang": "nvmlDeviceGetRemappedRows"
-(that call never returns)}. A GPU's "fail" names calls that raise NVMLError (999, Unknown Error)
+"xid_events": [xid, ...], "persistence": 1, "compute_mode": 0, "app_clocks": [graphics, memory],
+"power_limit_mw": 700000, "power_default_mw": 700000, "fail": ["nvmlDeviceGetMemoryInfo", ...]}],
+"hang": "nvmlDeviceGetRemappedRows" (that call never returns)}. A setting given as "not supported"
+(or left out) raises NVMLError_NotSupported, as a GPU without that feature does. A GPU's
+"fail" names calls that raise NVMLError (999, Unknown Error)
 for that GPU only: one bad field of one GPU.
 """
 import json
@@ -35,10 +38,24 @@ RELEASE = threading.Event()  # set() lets a hung call return (tests end their th
 
 
 class NVMLError(Exception):
+    def __new__(cls, value):  # as pynvml: NVMLError(3) is an NVMLError_NotSupported
+        sub = _SUBCLASSES.get(value, cls) if cls is NVMLError else cls
+        return Exception.__new__(sub)
+
     def __init__(self, value):
         self.value = value
         super().__init__({3: "Not Supported", 6: "Not Found", 10: "Timeout", 999: "Unknown Error"}.get(
             value, "NVML error %d" % value))
+
+
+class NVMLError_NotSupported(NVMLError):  # noqa: N801 (pynvml's name)
+    pass
+
+
+_SUBCLASSES = {NVML_ERROR_NOT_SUPPORTED: NVMLError_NotSupported}
+NVML_CLOCK_GRAPHICS = 0
+NVML_CLOCK_SM = 1
+NVML_CLOCK_MEM = 2
 
 
 def load(recording):
@@ -217,3 +234,32 @@ def nvmlEventSetWait_v2(evset, timeout_ms):
 
 def nvmlEventSetFree(evset):
     pass
+
+
+def _setting(h, key, call):
+    _maybe_fail(h, call)
+    value = _gpu(h).get(key, "not supported")
+    if value == "not supported":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    return value
+
+
+def nvmlDeviceGetPersistenceMode(h):
+    return _setting(h, "persistence", "nvmlDeviceGetPersistenceMode")
+
+
+def nvmlDeviceGetComputeMode(h):
+    return _setting(h, "compute_mode", "nvmlDeviceGetComputeMode")
+
+
+def nvmlDeviceGetApplicationsClock(h, clock_type):
+    clocks = _setting(h, "app_clocks", "nvmlDeviceGetApplicationsClock")
+    return clocks[{NVML_CLOCK_GRAPHICS: 0, NVML_CLOCK_MEM: 1}[clock_type]]
+
+
+def nvmlDeviceGetPowerManagementLimit(h):
+    return _setting(h, "power_limit_mw", "nvmlDeviceGetPowerManagementLimit")
+
+
+def nvmlDeviceGetPowerManagementDefaultLimit(h):
+    return _setting(h, "power_default_mw", "nvmlDeviceGetPowerManagementDefaultLimit")

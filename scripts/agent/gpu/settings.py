@@ -1,0 +1,67 @@
+"""The settings a GPU runs with, as NVML reads them: persistence mode, compute mode, application
+clocks, power limit (current and default) and MIG mode. Read only: nothing here sets one.
+
+Why: a GPU left in exclusive-process compute mode, with a lowered power limit or pinned
+application clocks by the last job starts the next one wrong, silently; `status` shows each
+GPU's settings and marks where they differ from the host's baseline (hosts.env
+ALIAS_GPU_BASELINE, compared on the local side: views/status.py).
+
+Each field is asked on its own: one the GPU or driver does not support (NVML_ERROR_NOT_SUPPORTED)
+is None and named in `not_supported`; one whose call fails otherwise is None and named, with
+the error, in `unread`. None is never a value: it reads "n/a" or "?", never 0.
+"""
+
+NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
+COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
+FIELDS = ("persistence", "compute_mode", "graphics_clock_mhz", "memory_clock_mhz", "power_limit_w",
+          "power_default_w", "mig")
+
+
+def _on_off(value):
+    return "on" if int(value) == 1 else "off"
+
+
+def _watts(milliwatts):
+    mw = int(milliwatts)
+    return mw // 1000 if mw % 1000 == 0 else round(mw / 1000.0, 1)
+
+
+def read(nv, handle):
+    """{field: value or None, not_supported: [field], unread: {field: error}} of one GPU."""
+    graphics = getattr(nv, "NVML_CLOCK_GRAPHICS", 0)
+    memory = getattr(nv, "NVML_CLOCK_MEM", 2)
+    calls = (
+        ("persistence", lambda: _on_off(nv.nvmlDeviceGetPersistenceMode(handle))),
+        ("compute_mode", lambda: _compute_mode(nv.nvmlDeviceGetComputeMode(handle))),
+        ("graphics_clock_mhz", lambda: int(nv.nvmlDeviceGetApplicationsClock(handle, graphics))),
+        ("memory_clock_mhz", lambda: int(nv.nvmlDeviceGetApplicationsClock(handle, memory))),
+        ("power_limit_w", lambda: _watts(nv.nvmlDeviceGetPowerManagementLimit(handle))),
+        ("power_default_w", lambda: _watts(nv.nvmlDeviceGetPowerManagementDefaultLimit(handle))),
+        ("mig", lambda: _on_off(nv.nvmlDeviceGetMigMode(handle)[0])),
+    )
+    out: dict = {}
+    not_supported: list = []
+    unread: dict = {}
+    for field, call in calls:
+        try:
+            out[field] = call()
+        except Exception as exc:
+            out[field] = None
+            if getattr(exc, "value", None) == NOT_SUPPORTED:
+                not_supported.append(field)
+            else:
+                unread[field] = str(exc) or type(exc).__name__
+    out["not_supported"] = not_supported
+    out["unread"] = unread
+    return out
+
+
+def _compute_mode(value):
+    return COMPUTE_MODES.get(int(value), "mode %d" % int(value))
+
+
+def read_all(source):
+    """{gpu index: settings} through an open NVML reader; {} for other sources."""
+    if getattr(source, "name", None) != "nvml":
+        return {}
+    return {index: read(source.nvml, h) for index, h in enumerate(source.handles)}
