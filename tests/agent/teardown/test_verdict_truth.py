@@ -591,8 +591,9 @@ def test_a_server_started_in_the_background_from_outside_the_namespace_is_unseen
                      f"nsenter -t {inner} -p -m bash -c '{launch}'; sleep {PAUSE}; done")
     wait_for(lambda: ready.exists() and ready.read_text().strip(), "the server")
     code, doc = _agent_in(inner, ps)
-    assert code == 11, (doc["verdict"], doc["problems"])
-    [unseen] = [s for s in doc["starters_alive"] if s["role"] == "unseen"]  # PID 1 (a reaper) may be named too
+    # never FREED: 11 (unseen), or 1 where the loop outside happened to bring it back within the window
+    assert code in (11, 1), (doc["verdict"], doc["problems"])
+    [unseen] = doc["plan"]["unseen"]
     assert "session is outside this PID namespace" in unseen["why"], unseen
     assert alive(loop) and all(a["pid"] != 1 for a in doc["actions"])
 
