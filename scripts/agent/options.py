@@ -33,10 +33,10 @@ SELECTION = ("protect", "target", "match", "fake_gpus", "scope", "scope_uid")
 THRESHOLD = ("max_used_mib",)
 SPEC = ("spec",)
 PLAN = ("only_matching", "stop_starters", "all_users", "disable")
-TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle")
+TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm")
 OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes")  # one subcommand's each
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
-                      "disable", "follow", "yes"))
+                      "disable", "follow", "yes", "keep_shm"))
 FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
 
@@ -78,6 +78,7 @@ class Options:
     mps: str | None
     settle: float
     settle_auto: bool
+    keep_shm: bool  # keep the shared memory the targets left (teardown/shm.py)
     # one subcommand's own
     wait: float
     argv: str | None

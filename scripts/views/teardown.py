@@ -63,6 +63,8 @@ def plan_tables(x) -> str:
                    + table(["pid", "GPU MiB", COMMAND], rows, "  ",
                            details=["why: " + (p.get("reason") or "-") for p in plan.left_alone]))
     out.extend(note(writing_line(w["pid"], w["files"])) for w in plan.writing)
+    out.extend(note(f"shared memory pid {r['pid']} may leave: {shm_what(r)}, removed once FREED unless another "
+                    "process holds it (--keep-shm keeps it)") for r in plan.shm)
     for u in plan.units:
         how = f"pct exec {u['ctid']} -- systemctl" if u.get("ctid") else "systemctl"  # a unit inside an LXC CT
         out.append(note(f"unit {u['unit']} will be stopped with {how}{' and disabled' if u['disable'] else ''}"
@@ -82,6 +84,12 @@ def plan_tables(x) -> str:
                          + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else "")))
     out.extend(note(f"rule: {r}") for r in plan.rules)
     return paint("\n".join(out))
+
+
+def shm_what(r) -> str:
+    """A shared memory leftover in words: its file or System V segment, and its bytes."""
+    what = r.get("path") if r.get("kind") == "file" else f"System V segment {r.get('shmid')}"
+    return f"{what} ({r.get('bytes', 0)} bytes, of pid {r.get('pid')})"
 
 
 FATE_WORDS = {
@@ -303,6 +311,9 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     for c in t.concurrent_teardowns:
         lines.append(f"  NOTE another user's teardown ran beside this one: pid {c['pid']} ({c['user']}): "
                      f"{command(c, 60)}")
+    for left in t.shm_removed:  # the shared memory the targets left (agent/teardown/shm.py)
+        lines.append(f"  {'REMOVED' if left.get('removed') else 'KEPT'} {shm_what(left)}"
+                     f"{'' if left.get('removed') else ': ' + str(left.get('why'))}")
     for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
     lines.append(f"{alias}: {_verdict(t)} {_timing(t)} (freed {mib_words(t.freed_mib)}, "

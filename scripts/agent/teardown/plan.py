@@ -25,7 +25,7 @@ import os
 from ..procs import cgroup, managers, procfs, procscan, program, relation, rules, wrappers
 from ..status import scan
 from ..wire import codes, records
-from . import pending, units
+from . import pending, shm, units
 
 UNIT_NEVER_STOPPED = ("ssh.service", "sshd.service", "docker.service", "containerd.service", "init.scope")
 
@@ -251,6 +251,8 @@ def build(doc, args, with_pending=True, pipes=None):
     built = _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters, starters)
     built["unseen"] = [{"pid": pid, "start_time": procs[pid]["start_time"], "cmdline": procs[pid].get("cmdline", ""),
                         "why": why} for pid, why in sorted(related.unseen.items())]
+    if not getattr(args, "keep_shm", False):  # read before the plan's signals: gone after them (shm.py)
+        built["shm"], built["shm_owners"] = shm.gather(built["targets"])
     if pending_restarts is not None:
         add_pending(built, pending_restarts.get(), args)
     return built

@@ -37,7 +37,7 @@ from ..state import lastrun
 from ..state.auditlog import Audit
 from ..status import scan
 from ..wire import codes, defaults, records
-from . import early, forkwatch, hostlock, plan, units
+from . import early, forkwatch, hostlock, plan, shm, units
 from .freeze import Freezer
 from .targets import Targets
 
@@ -70,6 +70,9 @@ def add_arguments(parser):
                         help="seconds the GPUs must stay free after the targets are gone, to catch a respawn "
                              "(default %g, and none when nothing that could restart a target survives: settle.py; "
                              "given, the whole window is always watched)" % SETTLE_S)
+    parser.add_argument("--keep-shm", action="store_true",
+                        help="keep the /dev/shm files and System V segments the stopped targets left (by default "
+                             "those no live process holds are removed once the GPUs are FREED: shm.py)")
 
 
 def parse_approved(text):
@@ -336,9 +339,18 @@ def _early_batch(args, approved, audit, timings, started, source, freezer):
     since = procfs.read_stat(os.getpid())["start_time"]
     targets = Targets([], audit, None, chain=early.own_chain(), protect=args.protect, since_ticks=since,
                       scope_uid=args.scope_uid)
+    held: dict = {"shm": ([], [])}  # what the early batch's targets hold in /dev/shm, read before their signal
     return targets, early.Batch(args, approved, lambda rows: _send_early(targets, rows, timings, started, source,
-                                                                         lambda: freezer.freeze(
-                                                                             early.starters(rows, args, approved))))
+                                                                         lambda: _before_early(args, held, freezer,
+                                                                                               rows, approved))), held
+
+
+def _before_early(args, held, freezer, rows, approved):
+    """Before the early batch's signal: freeze what could start them again (freeze.py), and
+    read what they hold in /dev/shm (shm.py: nothing says it once they are gone)."""
+    freezer.freeze(early.starters(rows, args, approved))
+    if not args.keep_shm:
+        held["shm"] = shm.gather(rows)
 
 
 def _send_early(targets, rows, timings, started, source, freeze_first):
@@ -407,7 +419,7 @@ def execute(args, operator, started, source):
         approved, audit = parse_approved(args.approved), Audit(operator)
         # every fork from here on is queued for the watch: the early batch's too
         freezer, watch = Freezer(audit), _subscribe_watch()
-        targets, batch = _early_batch(args, approved, audit, timings, started, source, freezer)
+        targets, batch, held = _early_batch(args, approved, audit, timings, started, source, freezer)
         got: dict = {}  # what _plan_batch has made so far (the plan, once built)
         try:
             doc, the_plan, planned, unapproved, by_pid, stops = _plan_batch(args, source, targets, batch, watch,
@@ -461,6 +473,7 @@ def execute(args, operator, started, source):
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
                       ignored=result["ignored"], settle_ended=result["settle_ended"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
+                      shm_removed=_remove_shm(args, code, the_plan, held["shm"], targets, audit),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"],
                                                   hostlock.concurrent_teardowns(after.procs)))
         ended = scan.public(after)  # the scan's document as it ended, before the health pass adds to it
@@ -482,6 +495,19 @@ def execute(args, operator, started, source):
             targets.close()
         if watch is not None:
             watch.close()
+
+
+def _remove_shm(args, code, the_plan, early_held, targets, audit):
+    """FREED: the shared memory the targets left (shm.py), the early batch's and the plan's,
+    removed and logged; [] with --keep-shm or another verdict (a live target may still use it)."""
+    if args.keep_shm or code != codes.EXIT_OK:
+        return []
+    stopped = {(t["pid"], t["start_time"]) for t in targets.items + targets.added}  # signalled: not unapproved ones
+    files = [r for r in shm.merge(early_held[0], the_plan.get("shm", []))
+             if r["kind"] == "file" and (r["pid"], r["start_time"]) in stopped]
+    owners = [o for o in shm.merge(early_held[1], the_plan.get("shm_owners", []))
+              if (o["pid"], o["start_time"]) in stopped]
+    return shm.remove(files, owners, audit)  # segments: read again now (their last user is the target's exit)
 
 
 def _stop_and_watch(args, targets, source, started, timings, units_stop, freezer, planned_doc, modules):

@@ -37,7 +37,7 @@ SUBCOMMANDS = {
     "verify": ("--max-used-mib", "--wait"),
     "plan": ("--only-matching", "--stop-starters", "--all-users", "--disable"),
     "teardown": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--max-used-mib", "--grace",
-                 "--timeout", "--wait-lock", "--operator", "--approved", "--settle", "--mps"),
+                 "--timeout", "--wait-lock", "--operator", "--approved", "--settle", "--mps", "--keep-shm"),
     "phase-start": (SPEC_FLAG,),
     "phase-ready": (SPEC_FLAG, "--wait"),
     "phase-stop": (SPEC_FLAG, "--operator"),

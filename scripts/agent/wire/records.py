@@ -1,5 +1,4 @@
-"""Every agent result as a typed record, one per subcommand: the agent writes it (written),
-the local side reads it (read).
+"""Every agent result as a typed record, one per subcommand: the agent writes it (written), the local side reads it.
 
 Every result is one JSON object with "command" and "exit_code" (or codes.USAGE_ERROR or
 codes.AGENT_ERROR). A field without a default is required (a result without it is a ContractError
@@ -130,6 +129,7 @@ class Plan(Record):
     starters: list[rows.PlanRow] = []  # related to a target (agent/procs/relation.py): fate stop, freeze or watch
     gone: list[rows.PlanRow] = []  # targets (and wrappers) that exited before the plan was made: not signalled
     writing: list[rows.Writing] = []
+    shm: list[rows.ShmLeftover] = []  # /dev/shm files and SysV segments the targets may leave (teardown/shm.py)
     unseen: list[rows.Unseen] = []  # targets whose parent is outside the agent's sight: never FREED
     scope: rows.Scope = {}
     rules: list[str] = []
@@ -149,7 +149,6 @@ class PlanResult(Record):
 
 class TeardownResult(Record):
     """Not started (state_error: nothing signalled), locked (error says by whom), or run."""
-
     code: int
     hostname: str | None = None
     locked: bool = False
@@ -177,6 +176,7 @@ class TeardownResult(Record):
     stuck: list[rows.Stuck] = []
     concurrent_teardowns: list[rows.ProcessRow] = []  # other users' teardowns: {pid, user, cmdline}
     record_errors: list[str] = []
+    shm_removed: list[rows.ShmLeftover] = []  # after FREED: each leftover, removed or kept, with its bytes
     mps: rows.Mps | None = None  # MPS as seen at the end (after: its GPU rows carry health)
     mps_quit: list[rows.MpsQuit] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
     # The scan it ended on, as the document carries it (a scan's keys; its GPU rows are `after`):

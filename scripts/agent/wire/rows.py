@@ -273,6 +273,19 @@ class Writing(TypedDict):
     files: list[str]
 
 
+class ShmLeftover(TypedDict, total=False):
+    """Plan.shm, TeardownResult.shm_removed: a /dev/shm file (kind "file", path) or a System V
+    segment (kind "sysv", shmid) a stopped target may leave (agent/teardown/shm.py)."""
+    kind: str
+    path: str
+    shmid: int
+    bytes: int
+    pid: int
+    uid: int
+    removed: bool
+    why: str
+
+
 class Unseen(TypedDict):
     """Plan.unseen: a target whose starter cannot be seen from the agent (agent/procs/relation.py)."""
     pid: int
