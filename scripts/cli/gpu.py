@@ -178,6 +178,7 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
     dry_run="show the plan and signal nothing",
     yes="do not ask before signalling (required when not on a terminal)",
     fanout=f"hosts torn down at once (default {defaults.FANOUT})",
+    keep_shm=td.KEEP_SHM_HELP,
     mps="CUDA MPS: 'protect' (default) keeps the MPS control daemon and its server; 'quit' sends `quit` through"
         " its control pipe once the targets are gone and waits for the server to exit",
 ))
@@ -185,7 +186,7 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
 def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=False, grace=td.GRACE,
              timeout=td.TIMEOUT, wait_lock=td.WAIT_LOCK, max_used_mib=td.MAX_USED_MIB, dry_run=False, yes=False,
              json=False, fanout=str(defaults.FANOUT), settle=td.SETTLE, mps="protect", stop_starters=False,
-             stop_supervisors=False, all_users=False):
+             stop_supervisors=False, all_users=False, keep_shm=False):
     """Free every GPU of the host(s) and prove it, harming nothing else.
 
     Order: lock the host; plan (targets + their trees and process groups, orphans
@@ -204,7 +205,7 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
 
     hosts = hosts_of(host)
     req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
-                     stop_starters or stop_supervisors, mps, all_users)
+                     stop_starters or stop_supervisors, mps, all_users, keep_shm)
     width = fanout_width(fanout)
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json,

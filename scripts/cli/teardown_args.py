@@ -40,6 +40,9 @@ TEARDOWN_HELP = dict(
            " whole window is always watched)",
 )
 
+KEEP_SHM_HELP = ("keep what the stopped targets left in /dev/shm and System V shared memory (by default, once"
+                 " FREED, what no live process holds, of the target's uid, made after it started, is removed)")
+
 # Every exit code a teardown can give, by its name in codes.EXIT_CODES (`teardown --help` lists
 # them with the table's meanings): not 5, a pivot's gate, and not 141, Invoke's own output's.
 TEARDOWN_EXITS = (("ok", "every GPU free, verified, and nothing related that could start a target lives"),
@@ -53,7 +56,8 @@ WAIT_LOCK, MAX_USED_MIB = num(defaults.WAIT_LOCK_S), str(defaults.MAX_USED_MIB)
 
 
 def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout=TIMEOUT, wait_lock=WAIT_LOCK,
-            max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_starters=False, mps="protect", all_users=False):
+            max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_starters=False, mps="protect", all_users=False,
+            keep_shm=False):
     """The teardown the task flags ask for (transport.TeardownRequest), each flag checked
     (ConfigError names it). Used by `invoke teardown`, `invoke plan` (its selection) and the
     teardown step of `invoke pivot`."""
@@ -67,7 +71,7 @@ def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout
         grace=cliargs.seconds("grace", grace), timeout=cliargs.seconds("timeout", timeout),
         wait_lock=cliargs.seconds("wait-lock", wait_lock), max_used_mib=cliargs.whole("max-used-mib", max_used_mib),
         operator=operator(), settle=cliargs.seconds("settle", settle) if settle != SETTLE else None,
-        mps_quit=mps == "quit")
+        mps_quit=mps == "quit", keep_shm=bool(keep_shm))
     if mps not in ("protect", "quit"):  # 'protect' is the agent's default
         raise ConfigError(f"--mps {show(mps)}: expected 'protect' or 'quit'")
     return req

@@ -107,6 +107,7 @@ class TeardownRequest:
     stop_starters: bool = False
     all_users: bool = False
     mps_quit: bool = False
+    keep_shm: bool = False  # keep what the targets left in /dev/shm and System V shared memory
     approved: str | None = None  # "pid:start,...": only these are signalled
 
     def selection(self) -> list:
@@ -125,6 +126,7 @@ class TeardownRequest:
         args += [] if self.operator is None else ["--operator", self.operator]
         args += [] if self.settle is None else ["--settle", self.settle]
         args += ["--mps", "quit"] if self.mps_quit else []
+        args += ["--keep-shm"] if self.keep_shm else []
         return args + ([] if self.approved is None else ["--approved", self.approved])
 
     def deadline_s(self) -> float:

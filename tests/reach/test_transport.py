@@ -171,3 +171,13 @@ def test_the_wait_for_a_command_works_with_fds_numbered_past_fd_setsize(tmp_path
     finally:
         for fd in held:
             os.close(fd)
+
+
+def test_keep_shm_reaches_the_agent_from_the_task():
+    """`invoke teardown --keep-shm` asks the agent to keep the targets' shared-memory leftovers."""
+    from scripts.cli import teardown_args as td
+    from scripts.reach.transport import TeardownRequest
+
+    assert "--keep-shm" in TeardownRequest(keep_shm=True).argv()
+    assert "--keep-shm" not in TeardownRequest().argv()
+    assert "--keep-shm" in td.request(keep_shm=True).argv()
