@@ -62,14 +62,18 @@ def test_the_first_screen_holds_every_action_line_and_the_host_once():
     assert explained > max(pasted) and "pkill" not in "\n".join(lines[:explained])
 
 
+def _ssh_on_path(bin_dir: Path, script: str) -> dict:
+    """The environment with `script` as the `ssh` found first on PATH (in `bin_dir`)."""
+    bin_dir.mkdir()
+    shim = bin_dir / "ssh"
+    shim.write_text(script)
+    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
+    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+
+
 def _stub_ssh(tmp_path: Path) -> dict:
     """An `ssh` that records its arguments and its stdin, and exits 0: what a line hands ssh."""
-    bin_dir = tmp_path / "stub"
-    bin_dir.mkdir()
-    stub = bin_dir / "ssh"
-    stub.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" >{tmp_path}/argv\ncat >{tmp_path}/stdin\n')
-    stub.chmod(stub.stat().st_mode | stat.S_IXUSR)
-    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    return _ssh_on_path(tmp_path / "stub", f'#!/bin/sh\nprintf "%s\\0" "$@" >{tmp_path}/argv\ncat >{tmp_path}/stdin\n')
 
 
 @pytest.mark.parametrize("settings,host", [(runbook.SET_DIRECT, runbook.DIRECT),
@@ -103,12 +107,8 @@ def sandbox():
 @pytest.fixture
 def loopback_ssh(tmp_path, sshd):
     """The environment the lines run in: `ssh` adds only the loopback server's options."""
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    shim = bin_dir / "ssh"
-    shim.write_text(f'#!/bin/sh\nexec {shlex.quote(shutil.which("ssh") or "ssh")} {sshd.ssh_opts} "$@"\n')
-    shim.chmod(shim.stat().st_mode | stat.S_IXUSR)
-    return dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}")
+    return _ssh_on_path(tmp_path / "bin",
+                        f'#!/bin/sh\nexec {shlex.quote(shutil.which("ssh") or "ssh")} {sshd.ssh_opts} "$@"\n')
 
 
 def paste(env: dict, dest: str, prefix: str, block: str, timeout: int = 120) -> subprocess.CompletedProcess:

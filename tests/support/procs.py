@@ -152,6 +152,29 @@ def children(pid: int) -> list:
         return []
 
 
+def process_group(pid: int) -> list:
+    """The pids of pid's process group, as /proc lists them now."""
+    pgid = os.getpgid(pid)
+    out = []
+    for name in os.listdir("/proc"):
+        if name.isdigit():
+            try:
+                if os.getpgid(int(name)) == pgid:
+                    out.append(int(name))
+            except OSError:
+                pass
+    return out
+
+
+def cmdline(pid: int) -> str:
+    """pid's argv joined by spaces ("" once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
 class Bystanders:
     """`with Bystanders(n):` n idle `sleep` processes under one shell of their own session, the
     many processes of a busy host (DataLoader workers, Ray, containers), ended on exit by

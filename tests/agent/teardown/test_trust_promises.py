@@ -23,7 +23,7 @@ from scripts.reach.transport import call_agent
 from tests.conftest import invoke
 from tests.support import scenario
 from tests.support.paths import REPO
-from tests.support.procs import alive, children, wait_for
+from tests.support.procs import alive, children, cmdline, process_group, wait_for
 
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root (mount namespaces, capabilities, users)")
 
@@ -151,9 +151,9 @@ def test_pipeline_sibling_is_not_a_target_nor_adopted(ps, tmp_path):
     wait_for((tmp_path / "srv.ready").exists, "server ready")
     reader = int((tmp_path / "reader.pid").read_text())
     ps.adopt(reader)
-    server = next(p for p in _pgroup(reader) if p != reader and "sglang.launch_server" in _cmd(p))
+    server = next(p for p in process_group(reader) if p != reader and "sglang.launch_server" in cmdline(p))
     ps.adopt(server)
-    ps.pids.extend(_pgroup(reader))
+    ps.pids.extend(process_group(reader))
     h = host(ps, TARGETS=r"sglang\.launch_server")
     plan = call_agent(h, "plan").doc["plan"]
     planned = {t["pid"] for t in plan["targets"]}
@@ -165,27 +165,6 @@ def test_pipeline_sibling_is_not_a_target_nor_adopted(ps, tmp_path):
     assert not alive(server) and alive(reader)
     signalled = {a["pid"] for a in result.doc["actions"]}
     assert reader not in signalled and not (signalled & set(later)), result.doc["actions"]
-
-
-def _pgroup(pid):
-    pgid = os.getpgid(pid)
-    out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                if os.getpgid(int(name)) == pgid:
-                    out.append(int(name))
-            except OSError:
-                pass
-    return out
-
-
-def _cmd(pid):
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 def test_escape_sequences_in_titles_are_shown_escaped(ps, hosts_env):

@@ -29,7 +29,7 @@ import pytest
 
 from scripts.reach.bundle import agent_payload
 from scripts.reach.transport import call_agent
-from tests.support.procs import alive, children, state, tmux_pane, wait_for
+from tests.support.procs import alive, children, cmdline, process_group, state, tmux_pane, wait_for
 from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell
 
 TARGETS = r"xsrv\.launch_server"
@@ -62,6 +62,14 @@ def assert_named_and_thawed(result, starter):
     assert signals_to(doc, starter) == ["SIGSTOP", "SIGCONT"], doc["actions"]
     assert alive(starter) and state(starter) not in ("T", "t")
     return doc["starters_alive"][0]
+
+
+def prompt(ps, tmp_path):
+    """A person's interactive bash in a tmux pane: (socket, tmux server, pane). Its rc file lies
+    in the test's dir, so the pane's command line (and a subshell's) carries the test's scope."""
+    rc = ps.base / "rc"
+    rc.write_text("PS1='$ '\n")
+    return tmux_pane(ps, tmp_path, f"bash --norc --noprofile --rcfile {rc} -i")
 
 
 def run_hint(hint):
@@ -356,9 +364,7 @@ def test_a_loop_typed_at_a_prompt_gets_ctrl_c_in_its_backoff_and_the_shell_lives
     """`while true; do SERVER; sleep 5; done` typed at a tmux prompt: the shell is never
     signalled; the loop's backoff `sleep` (its foreground job) gets SIGINT, as Ctrl-C would send,
     bash ends the loop and is back at its prompt: FREED, and nothing comes back."""
-    rc = ps.base / "rc"  # the pane's command line carries the test's scope
-    rc.write_text("PS1='$ '\n")
-    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash --norc --noprofile --rcfile {rc} -i")
+    sock, tmux_server, pane = prompt(ps, tmp_path)
     ready = ps.base / "srv.ready"
     subprocess.run(["tmux", "-S", str(sock), "send-keys",
                     f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep {PAUSE}; done", "Enter"],
@@ -478,9 +484,7 @@ def test_a_loop_typed_at_a_prompt_in_the_background_is_code_not_a_terminal(ps, t
     """`while true; do SERVER; sleep 5; done &` at a prompt: the loop is a subshell with the
     interactive shell's argv, but it never exec'd (PF_FORKNOEXEC): it runs code, the job's own,
     and is ended; the prompt's shell is never signalled. It was FREED with the loop alive."""
-    rc = ps.base / "rc"  # the pane's command line (and its subshell's) carries the test's scope
-    rc.write_text("PS1='$ '\n")
-    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash --norc --noprofile --rcfile {rc} -i")
+    sock, tmux_server, pane = prompt(ps, tmp_path)
     ready = ps.base / "srv.ready"
     subprocess.run(["tmux", "-S", str(sock), "send-keys",
                     f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep {PAUSE}; done &", "Enter"],
@@ -626,32 +630,13 @@ def test_a_watchdog_started_after_the_server_in_its_group_is_frozen_and_named(ps
     script = shell(ps, f"PYTHONPATH={server_pkg(ps)} {argv} & sleep 0.3; {sys.executable} {wd} {argv} & exit 0")
     server = ready_pid(ready)
     ps.adopt(server)
-    watchdog = wait_for(lambda: [p for p in _group_of(server) if _cmdline(p).startswith(f"{sys.executable}\0{wd}")],
+    watchdog = wait_for(lambda: [p for p in process_group(server) if cmdline(p).startswith(f"{sys.executable} {wd}")],
                         "the watchdog")[0]
     ps.adopt(watchdog)
     wait_for(lambda: not alive(script), "the script's exit: both left in its group")
     result = teardown(ps)
     named = assert_named_and_thawed(result, watchdog)
     assert "started after it" in named["why"], named
-
-
-def _group_of(pid):
-    pgid = os.getpgid(pid)
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and _pgid(int(p)) == pgid]
-
-
-def _cmdline(pid):
-    try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
-    except OSError:
-        return ""
-
-
-def _pgid(pid):
-    try:
-        return os.getpgid(pid)
-    except OSError:
-        return None
 
 
 def test_someone_elses_shell_binary_at_a_prompt_is_a_terminal_never_signalled(ps, tmp_path):
@@ -675,9 +660,7 @@ def test_the_next_command_of_a_typed_list_is_never_interrupted(ps, tmp_path):
     """`SERVER; python3 next_step.py` typed at a prompt: after the server, the shell runs the
     person's next command, which is no loop's pause: it is never sent Ctrl-C, and runs to its
     end; the shell is busy with something new meanwhile, so the verdict names it (exit 11)."""
-    rc = ps.base / "rc"
-    rc.write_text("PS1='$ '\n")
-    sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"bash --norc --noprofile --rcfile {rc} -i")
+    sock, tmux_server, pane = prompt(ps, tmp_path)
     ready, after = ps.base / "srv.ready", ps.base / "after"
     step = f"{sys.executable} -c 'import time; time.sleep(12); open(\"{after}\", \"w\").write(\"done\")'"
     subprocess.run(["tmux", "-S", str(sock), "send-keys", f"{server_cmd(ps, ready, '--term-exit')}; {step}", "Enter"],
