@@ -39,6 +39,7 @@ class Words:
     drain_line: Callable[..., str]
     teardown_progress: Callable[[str, dict], str]  # (alias, progress fields)
     teardown_brief: Callable[..., str]
+    shm_lines: Callable[..., list]  # the shared memory the stopped targets left: removed or kept
     gate_lines: Callable[..., list]
     deploy_line: Callable[..., str]
     lint_lines: Callable[..., list]
@@ -195,6 +196,8 @@ class Pivot:
         self.say("teardown", self.words.teardown_brief(t), r.code)
         if not t.ran:  # locked by another teardown, or the host's state dir refused: nothing signalled
             return self.finish(r.code, "locked" if t.locked else "teardown not started: nothing started")
+        for line in self.words.shm_lines(t):
+            self.out("    " + self.words.safe(line))
         if t.actions:
             audit_log.append(alias, t.actions)
         if r.code:

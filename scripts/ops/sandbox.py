@@ -39,6 +39,7 @@ from ..config.sandbox import (
     sandbox_host,
     server_argv,
 )
+from . import sandbox_shm
 from .sandbox_fs import read_json, subdir, touch, write, write_json, write_script
 from .sandbox_procs import SandboxStartError, free_port, member_env, members, start_detached
 
@@ -120,6 +121,9 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
                          "--speculative-draft-model-path", str(base / "fake-eagle3-draft"))
     if ignore_term:
         server.append("--ignore-term")
+    staged = sandbox_shm.stage_weights(base)  # weights staged before the server: the teardown keeps them
+    if staged:
+        server += ["--staged", staged, "--shm-tag", sandbox_shm.tag(base)]
     pids = {}
     for role, argv, exe, role_env in (
             ("server", server, None, env),
@@ -194,6 +198,7 @@ def down() -> dict:
         (base / "state.json").unlink()  # unlink never follows a link
     except FileNotFoundError:
         pass
+    state["shm_removed"] = sandbox_shm.remove_ours(base)
     return state
 
 

@@ -13,7 +13,9 @@ HTTP (server, --http-port P): /health is 200 once loaded (--load-s) and when
 counting down from --inflight; POST /generate answers one request.
 Options: --devdir DIR (where the fake device files are), --gpu N, --tp N,
 --ignore-term (ignore SIGTERM, like a wedged server), --ready FILE (touched when holding),
---memdir DIR --mib N (workers declare fake GPU memory for the sandbox's GPU source).
+--memdir DIR --mib N (workers declare fake GPU memory for the sandbox's GPU source),
+--shm-tag T (workers make and map /dev/shm/T-nccl-<pid>, as NCCL does), --staged FILE
+(server maps a file staged in /dev/shm before it started).
 Names: started as sys.executable with argv[0] set to a name (`nvidia-persistenced`, `nvitop`,
 `torchrun`, `sglang::scheduler_TP0`), a role also writes that name to /proc/self/comm, so
 both read like the real program's; nothing is run through a symlink named like it.
@@ -71,6 +73,26 @@ def declare_memory(memdir, gpu, mib, suffix=""):
     write_new(path, '{"gpu": %d, "mib": %d, "start_time": %d}' % (gpu, mib, start))
 
 
+def map_shm(path, create):
+    """Map a /dev/shm file and keep it mapped (the mapping lives as long as the process):
+    created fresh (O_EXCL, 0600, 1 MiB) like an NCCL segment, or one staged before."""
+    import mmap
+
+    flags = os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC | (os.O_CREAT | os.O_EXCL if create else 0)
+    fd = os.open(path, flags, 0o600)
+    try:
+        if create:
+            os.ftruncate(fd, 1 << 20)
+        MAPS.append(mmap.mmap(fd, 0))
+        if create:
+            MAPS[-1][:] = b"\x01" * len(MAPS[-1])  # written, so its pages are really used
+    finally:
+        os.close(fd)
+
+
+MAPS: list = []  # the mappings a role keeps for its lifetime
+
+
 def spawn_worker(args, i):
     gpu = args.gpu + i
     argv = ["sglang::scheduler_TP%d" % i, HERE, "worker", "--devdir", args.devdir, "--gpu", str(gpu)]
@@ -78,6 +100,8 @@ def spawn_worker(args, i):
         argv += ["--memdir", args.memdir, "--mib", str(args.mib)]
     if args.ignore_term_workers:
         argv.append("--ignore-term")
+    if args.shm_tag:
+        argv += ["--shm-tag", args.shm_tag]
     if args.ready:
         argv += ["--ready", "%s.w%d" % (args.ready, i)]
     return subprocess.Popen(argv, executable=sys.executable)
@@ -150,6 +174,39 @@ def serve_http(args):
     threading.Thread(target=progress, daemon=True).start()
 
 
+def take_role(args):
+    """Hold what the role holds and start its children: (held files, worker processes)."""
+    held: list = []
+    workers: list = []
+    if args.role == "server":
+        held = hold(gpu_files(args.devdir, args.gpu))
+        if args.staged:
+            map_shm(args.staged, create=False)
+        workers = [spawn_worker(args, i) for i in range(args.tp)]
+        if args.helpers:
+            workers.append(subprocess.Popen(["sleep", "3601"]))
+            mid = subprocess.Popen(["sh", "-c", "sleep 3602 & echo $! > \"$0\"", args.ready + ".grandchild"])
+            mid.wait()
+    elif args.role == "worker":
+        held = hold(gpu_files(args.devdir, args.gpu))
+        if args.shm_tag:
+            try:
+                map_shm("/dev/shm/%s-nccl-%d" % (args.shm_tag, os.getpid()), create=True)
+            except OSError:  # the name taken by another user, or no room: the worker runs without one
+                pass
+        if args.memdir:
+            declare_memory(args.memdir, args.gpu, args.mib)
+    elif args.role == "job":
+        for g in range(args.gpus):
+            held += hold(gpu_files(args.devdir, g))
+        if args.memdir:
+            for g in range(args.gpus):
+                declare_memory(args.memdir, g, args.mib, suffix="-%d" % g)
+    elif args.role == "hold":
+        held = hold(sorted(glob.glob(os.path.join(args.devdir, "nvidia*"))))
+    return held, workers
+
+
 def main(argv=None):
     name_self()
     p = argparse.ArgumentParser()
@@ -166,6 +223,8 @@ def main(argv=None):
     p.add_argument("--load-s", type=float, default=0.0)
     p.add_argument("--code-dir", default="")
     p.add_argument("--inflight", type=int, default=0)
+    p.add_argument("--shm-tag", default="", help="worker: make and map /dev/shm/TAG-nccl-<pid>")
+    p.add_argument("--staged", default="", help="server: map this file staged in /dev/shm before it started")
     p.add_argument("--gpus", type=int, default=2, help="job: how many GPUs it holds")
     p.add_argument("--helpers", action="store_true",
                    help="server: also start a child that holds no GPU (a tokenizer) and a double-forked "
@@ -173,27 +232,7 @@ def main(argv=None):
     args, _unknown = p.parse_known_args(argv)  # servers get real-looking flags we ignore
     if args.ignore_term:
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    held = []
-    workers = []
-    if args.role == "server":
-        held = hold(gpu_files(args.devdir, args.gpu))
-        workers = [spawn_worker(args, i) for i in range(args.tp)]
-        if args.helpers:
-            workers.append(subprocess.Popen(["sleep", "3601"]))
-            mid = subprocess.Popen(["sh", "-c", "sleep 3602 & echo $! > \"$0\"", args.ready + ".grandchild"])
-            mid.wait()
-    elif args.role == "worker":
-        held = hold(gpu_files(args.devdir, args.gpu))
-        if args.memdir:
-            declare_memory(args.memdir, args.gpu, args.mib)
-    elif args.role == "job":
-        for g in range(args.gpus):
-            held += hold(gpu_files(args.devdir, g))
-        if args.memdir:
-            for g in range(args.gpus):
-                declare_memory(args.memdir, g, args.mib, suffix="-%d" % g)
-    elif args.role == "hold":
-        held = hold(sorted(glob.glob(os.path.join(args.devdir, "nvidia*"))))
+    held, workers = take_role(args)
     if args.http_port:
         serve_http(args)
     if args.ready and args.role == "server":

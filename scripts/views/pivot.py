@@ -24,6 +24,7 @@ WORDS = Words(
     drain_line=phase_view.drain_line,
     teardown_progress=teardown_view.progress_line,
     teardown_brief=teardown_view.brief,
+    shm_lines=teardown_view.shm_lines,
     gate_lines=phase_view.gate_lines,
     deploy_line=phase_view.deploy_line,
     lint_lines=phase_view.lint_lines,

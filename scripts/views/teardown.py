@@ -89,7 +89,18 @@ def plan_tables(x) -> str:
 def shm_what(r) -> str:
     """A shared memory leftover in words: its file or System V segment, and its bytes."""
     what = r.get("path") if r.get("kind") == "file" else f"System V segment {r.get('shmid')}"
-    return f"{what} ({r.get('bytes', 0)} bytes, of pid {r.get('pid')})"
+    return f"{what} ({size_words(r.get('bytes', 0))}, of pid {r.get('pid')})"
+
+
+def size_words(n) -> str:
+    """Bytes as a person reads them: '512 bytes', '4.0 KiB', '1.0 MiB', '2.5 GiB'."""
+    if n < 1024:
+        return f"{n} bytes"
+    for unit in ("KiB", "MiB", "GiB"):
+        n /= 1024.0
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"
+    return f"{n:.1f} GiB"  # not reached: GiB ends the loop
 
 
 FATE_WORDS = {
@@ -270,6 +281,13 @@ def brief(x, wall_s: float | None = None) -> str:
             f"{len(t.plan.protected)} protected kept, {wall:.2f}s")
 
 
+def shm_lines(x) -> list:
+    """'REMOVED /dev/shm/nccl-1 (1.0 MiB, of pid 7)' or 'KEPT ...: why', one per shared-memory
+    leftover the stopped targets left (agent/teardown/shm.py)."""
+    return [f"{'REMOVED' if left.get('removed') else 'KEPT'} {shm_what(left)}"
+            f"{'' if left.get('removed') else ': ' + str(left.get('why'))}" for left in record(x).shm_removed]
+
+
 def host_line(outcome) -> str:
     """One line per host as it finishes, for a fleet teardown (outcome: a fleet.Outcome)."""
     alias = outcome.host.alias
@@ -311,9 +329,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
     for c in t.concurrent_teardowns:
         lines.append(f"  NOTE another user's teardown ran beside this one: pid {c['pid']} ({c['user']}): "
                      f"{command(c, 60)}")
-    for left in t.shm_removed:  # the shared memory the targets left (agent/teardown/shm.py)
-        lines.append(f"  {'REMOVED' if left.get('removed') else 'KEPT'} {shm_what(left)}"
-                     f"{'' if left.get('removed') else ': ' + str(left.get('why'))}")
+    lines.extend("  " + line for line in shm_lines(t))
     for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
     lines.append(f"{alias}: {_verdict(t)} {_timing(t)} (freed {mib_words(t.freed_mib)}, "

@@ -38,6 +38,7 @@ def test_sandbox_three_pivots_end_to_end(sandbox):
     assert "drain: drained in" in text
     assert "3/3 preparation job(s) exited 0" in text
     assert not alive(up["processes"]["server"]["pid"])  # the EAGLE3 server was torn down
+    _shm_left_removed_staged_kept(text)
     assert alive(up["processes"]["persistenced"]["pid"]) and alive(up["processes"]["monitor"]["pid"])
     with urllib.request.urlopen(f"http://127.0.0.1:{up['ports']['datagen']}/health", timeout=5) as r:
         assert r.status == 200
@@ -53,6 +54,39 @@ def test_sandbox_three_pivots_end_to_end(sandbox):
     assert '"dynamic_spec": true' in config.read_text()
     audit = json.loads(invoke("audit", "--json", "--lines", "200").stdout)
     assert [r["to"] for r in audit if r.get("event") == "pivot"][-3:] == ["datagen", "train", "deploy"]
+
+
+def _shm_left_removed_staged_kept(text):
+    """Each worker's NCCL-like /dev/shm segment is REMOVED once FREED, with its size; the
+    weights staged in /dev/shm before the server started, and mapped by it, stay."""
+    from scripts.ops import sandbox_shm
+
+    tag = sandbox_shm.tag(Path(os.environ["GPU_PIVOT_SANDBOX_DIR"]))
+    removed = re.findall(r"REMOVED /dev/shm/%s-nccl-\d+ \(1\.0 MiB, of pid \d+\)" % tag, text)
+    assert len(removed) == 2, text
+    assert os.path.getsize(f"/dev/shm/{tag}-weights") == sandbox_shm.STAGED_BYTES
+    assert not [n for n in os.listdir("/dev/shm") if n.startswith(tag + "-nccl-")]
+
+
+def test_sandbox_down_removes_its_shared_memory_only(sandbox, tmp_path):
+    """`sandbox down` unlinks this sandbox's tagged files, never another name or a link."""
+    from scripts.ops import sandbox_shm
+
+    tag = sandbox_shm.tag(Path(os.environ["GPU_PIVOT_SANDBOX_DIR"]))
+    other = Path("/dev/shm") / f"{tag}x-not-ours"
+    other.write_bytes(b"x")
+    victim = tmp_path / "victim"
+    victim.write_bytes(b"keep")
+    link = Path("/dev/shm") / f"{tag}-link"
+    link.symlink_to(victim)
+    try:
+        assert os.path.exists(f"/dev/shm/{tag}-weights")
+        assert invoke("sandbox", "down").returncode == 0
+        assert not [n for n in os.listdir("/dev/shm") if n.startswith(tag + "-") and n != link.name]
+        assert other.read_bytes() == b"x" and victim.read_bytes() == b"keep" and link.is_symlink()
+    finally:
+        other.unlink()
+        link.unlink()
 
 
 def test_dry_run_runs_nothing(sandbox):
