@@ -133,13 +133,15 @@ class Waiter:
         """True once the stop is decided (self.result holds its outcome)."""
         waited = time.monotonic() - self.t0
         alive = [p for p in self.procs if procfs.same_process(p["pid"], p["start_time"])]
+        idle = False  # asked before the files are looked at: what the job wrote before it went idle is seen
+        if self.stop.get("idle") and time.monotonic() >= self.next_idle:
+            self.next_idle = time.monotonic() + IDLE_EVERY_S
+            idle = _idle(self.stop["idle"], self.stop["deadline_s"] - waited)
         path = self._checkpoint()
         if path:
             return self._done("checkpoint", path, waited)
-        if self.stop.get("idle") and time.monotonic() >= self.next_idle:
-            self.next_idle = time.monotonic() + IDLE_EVERY_S
-            if _idle(self.stop["idle"], self.stop["deadline_s"] - waited):
-                return self._done("idle", None, waited)
+        if idle:
+            return self._done("idle", None, waited)
         if not alive:
             return self._done("job exited", None, waited)
         if waited >= self.stop["deadline_s"]:
