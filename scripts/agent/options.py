@@ -32,7 +32,7 @@ COMMON = ("command", "marker", "json", "progress", "devices", "fake_devices", "r
 SELECTION = ("protect", "target", "match", "fake_gpus", "scope", "scope_uid")
 THRESHOLD = ("max_used_mib",)
 SPEC = ("spec",)
-PLAN = ("only_matching", "stop_starters", "all_users", "disable")
+PLAN = ("only_matching", "stop_starters", "all_users", "disable", "checkpoint_stop")
 TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm")
 OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes")  # one subcommand's each
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
@@ -70,6 +70,7 @@ class Options:
     stop_starters: bool
     all_users: bool
     disable: bool
+    checkpoint_stop: list[str] | None  # running phases' checkpoint stops (teardown/checkpoint.py)
     grace: float
     timeout: float
     wait_lock: float

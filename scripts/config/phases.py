@@ -12,14 +12,17 @@ import re
 import shlex
 from dataclasses import asdict, dataclass
 
+from ..agent.procs import procfs
 from ..agent.wire import defaults
 from .errors import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
-                "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT")
+                "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT",
+                "STOP_SIGNAL", "STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE")
 _PHASE_KEY = re.compile(r"^(?P<alias>[A-Z][A-Z0-9_]*?)_PHASE_(?P<phase>[A-Z][A-Z0-9]*)_(?P<field>%s)$"
                         % "|".join(PHASE_FIELDS))
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+CHECKPOINT_DEADLINE_S = 600.0  # a checkpoint stop's wait when STOP_DEADLINE is not given
 _URL = re.compile(r"^https?://[^\s'\"`$;|&<>]+$")
 
 
@@ -46,6 +49,10 @@ class Phase:
     smoke_body: str | None = None
     lint: bool = True
     stop_timeout: float = defaults.STOP_TIMEOUT_S
+    stop_signal: str | None = None      # a checkpoint stop: this signal first (agent teardown/checkpoint.py),
+    stop_checkpoint: str | None = None  # then a wait for a new closed file matching this glob,
+    stop_idle: str | None = None        # or for this shell condition to exit 0,
+    stop_deadline: float = CHECKPOINT_DEADLINE_S  # at most this long; then TERM -> KILL
 
     @property
     def is_server(self) -> bool:
@@ -54,6 +61,13 @@ class Phase:
     @property
     def is_deploy(self) -> bool:
         return bool(self.patch or self.copy)
+
+    def checkpoint_stop(self) -> dict | None:
+        """The stop a teardown of this host runs first while this phase runs (None: none declared)."""
+        if not self.stop_signal:
+            return None
+        return {"phase": self.name, "signal": self.stop_signal, "checkpoint": self.stop_checkpoint,
+                "idle": self.stop_idle, "deadline_s": self.stop_deadline}
 
     def spec(self) -> dict:
         """What the agent needs to start, check and stop it (JSON-able)."""
@@ -173,6 +187,31 @@ def _lint(alias, name, value):
     return value == "on"
 
 
+def _signal(alias, name, value):
+    if procfs.signal_number(value) is None:
+        _fail(alias, name, "STOP_SIGNAL", value, "not a signal name (e.g. USR1, SIGUSR2, INT)")
+    return value
+
+
+def _checkpoint_stop(alias, name, keys, kw):
+    """A stop's fields go together: CHECKPOINT, IDLE, DEADLINE need SIGNAL, which needs one of
+    CHECKPOINT or IDLE to wait for; the deadline fits the longest wait (MAX_WAIT_S)."""
+    for fld in ("STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE"):
+        if fld in keys and "STOP_SIGNAL" not in keys:
+            _fail(alias, name, fld, keys[fld], "needs STOP_SIGNAL (the signal that asks the job to checkpoint)")
+    if "STOP_SIGNAL" in keys and not (kw.get("stop_checkpoint") or kw.get("stop_idle")):
+        _fail(alias, name, "STOP_SIGNAL", keys["STOP_SIGNAL"],
+              "needs STOP_CHECKPOINT (a glob) or STOP_IDLE (a shell condition) to wait for")
+    if kw.get("stop_deadline", 0) > defaults.MAX_WAIT_S:
+        _fail(alias, name, "STOP_DEADLINE", keys["STOP_DEADLINE"], f"at most {defaults.MAX_WAIT_S} seconds")
+
+
+def _idle(alias, name, value):
+    if not value.strip() or "\0" in value:
+        _fail(alias, name, "STOP_IDLE", value, "must be a shell condition (exit 0: idle)")
+    return value
+
+
 def _abs_of(fld):
     return lambda alias, name, value: _abs(alias, name, fld, value)
 
@@ -187,7 +226,8 @@ _FIELDS = {
     "READY": _url("READY"), "DRAIN_METRICS": _url("DRAIN_METRICS"), "SMOKE_URL": _url("SMOKE_URL"),
     "READY_TIMEOUT": _seconds_of("READY_TIMEOUT"), "DRAIN_TIMEOUT": _seconds_of("DRAIN_TIMEOUT"),
     "STOP_TIMEOUT": _seconds_of("STOP_TIMEOUT"), "GATES": _gates, "PREP": _prep, "COPY": _copy,
-    "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint,
+    "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint, "STOP_SIGNAL": _signal,
+    "STOP_CHECKPOINT": _abs_of("STOP_CHECKPOINT"), "STOP_IDLE": _idle, "STOP_DEADLINE": _seconds_of("STOP_DEADLINE"),
 }
 
 
@@ -197,6 +237,7 @@ def build_phase(alias: str, name: str, keys: dict) -> Phase:
     for fld, check in _FIELDS.items():
         if fld in keys:
             kw[fld.lower()] = check(alias, name, keys[fld])
+    _checkpoint_stop(alias, name, keys, kw)
     if "PATCH" in kw and not kw.get("dir"):
         _fail(alias, name, "PATCH", keys["PATCH"], "a patch needs the phase's DIR (patch -p1 runs there)")
     return Phase(**kw)

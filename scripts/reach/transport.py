@@ -66,11 +66,26 @@ def _tail(text: str, lines: int = 5) -> str:
 
 
 def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
-    """The agent's argv on the host (call.agent_argv) with what the host config selects."""
+    """The agent's argv on the host (call.agent_argv) with what the host config selects: for a
+    plan or a teardown, also each phase's checkpoint stop (checkpoint_stops)."""
+    if subcommand in ("plan", "teardown") and not any(str(a).startswith("--checkpoint-stop") for a in args):
+        args = list(args) + ["--checkpoint-stop=" + frame.encode_spec(s) for s in checkpoint_stops(host)]
     return call.agent_argv(host.python, subcommand, nonce, host.devices, progress=progress, run_dir=host.run_dir,
                                fake_devices=host.fake_devices, targets=host.targets, protect=host.protect,
                                fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid, args=args,
                                stream=True)  # stdin: bundle.agent_stream()
+
+
+def checkpoint_stops(host) -> list:
+    """The checkpoint stops the host's phases declare (STOP_SIGNAL...): every teardown of the host
+    runs the one of each phase running there first (agent teardown/checkpoint.py)."""
+    phases = getattr(host, "phases", None) or {}
+    return [s for s in (phases[name].checkpoint_stop() for name in sorted(phases)) if s]
+
+
+def checkpoint_wait_s(host) -> float:
+    """What a teardown's deadline grows by: the longest stop's deadline (they wait side by side)."""
+    return max([float(s["deadline_s"]) for s in checkpoint_stops(host)], default=0.0)
 
 
 # The deadline of one agent call: a floor for the round trip (ssh connect, the bundle, the
@@ -184,8 +199,9 @@ def deadline_for(subcommand: str, args=()) -> float:
     spec = _spec_of(args)
     if subcommand == "gates":
         waits += shared.GATE_TIMEOUT_S * len(spec.get("gates") or ())
-    elif subcommand == "phase-stop":
-        waits += 2 * float(spec.get("stop_timeout") or 0)
+    elif subcommand == "phase-stop":  # its checkpoint stop's wait, then TERM -> KILL
+        waits += 2 * float(spec.get("stop_timeout") or 0) + (float(spec.get("stop_deadline") or 0)
+                                                             if spec.get("stop_signal") else 0.0)
     elif subcommand == "smoke":
         waits += shared.SMOKE_TIMEOUT_S
     elif subcommand == "reset" and "--yes" in [str(a) for a in args]:
@@ -263,6 +279,7 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
     exit 2, nothing done)."""
     nonce = frame.new_nonce()
     deadline = deadline_s if deadline_s is not None else deadline_for(subcommand, args)
+    deadline += checkpoint_wait_s(host) if subcommand == "teardown" else 0.0  # a phase's stop comes first
     out_lines: list = []
 
     def on_line(raw: bytes) -> None:

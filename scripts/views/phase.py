@@ -30,7 +30,10 @@ def stop_line(x) -> str:
         return r.note
     if not r.stopped and not r.left:  # a second `stop`: say so, not "stopped []"
         return "nothing to stop: no process of the phase was running"
-    return f"stopped {r.stopped}" + (f", still alive {r.left}" if r.left else "") + (f"; {r.note}" if r.note else "")
+    from .teardown import checkpoint_result
+
+    return (f"stopped {r.stopped}" + (f", still alive {r.left}" if r.left else "") + (f"; {r.note}" if r.note else "")
+            + "".join(f"; {checkpoint_result(c)}" for c in r.checkpoint_stops))
 
 
 def ready_line(x) -> str:

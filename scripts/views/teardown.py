@@ -63,6 +63,7 @@ def plan_tables(x) -> str:
                    + table(["pid", "GPU MiB", COMMAND], rows, "  ",
                            details=["why: " + (p.get("reason") or "-") for p in plan.left_alone]))
     out.extend(note(writing_line(w["pid"], w["files"])) for w in plan.writing)
+    out.extend(note(checkpoint_plan_line(c)) for c in plan.checkpoint_stops)
     out.extend(note(f"shared memory pid {r['pid']} may leave: {shm_what(r)}, removed once FREED unless another "
                     "process holds it (--keep-shm keeps it)") for r in plan.shm)
     for u in plan.units:
@@ -84,6 +85,24 @@ def plan_tables(x) -> str:
                          + (f", owned by uid {scope['uid']}" if scope.get("uid") is not None else "")))
     out.extend(note(f"rule: {r}") for r in plan.rules)
     return paint("\n".join(out))
+
+
+def checkpoint_plan_line(c) -> str:
+    """A running phase's checkpoint stop as the plan shows it: signal, pids, what it waits for."""
+    pids = " ".join(map(str, c.get("pids") or []))
+    return (f"CHECKPOINT STOP phase {c.get('phase')}: SIG{str(c.get('signal')).upper().removeprefix('SIG')} to "
+            f"pid {pids} first, then wait up to {c.get('deadline_s'):g}s for {c.get('waits_for')}; then the "
+            "targets' SIGTERM, SIGKILL after grace")
+
+
+def checkpoint_result(c) -> str:
+    """A checkpoint stop's outcome: the file that arrived and when, or why none counted."""
+    head = f"phase {c.get('phase')}: SIG{str(c.get('signal')).upper().removeprefix('SIG')}"
+    if c.get("arrived"):
+        return f"{head}: checkpoint {c.get('checkpoint')} arrived after {c.get('waited_s')}s"
+    what = {"idle": "idle", "job exited": "the job exited"}.get(c.get("outcome", ""),
+                                                                 f"deadline {c.get('deadline_s'):g}s passed")
+    return f"{head}: no checkpoint ({what} after {c.get('waited_s')}s)" + (f": {c['note']}" if c.get("note") else "")
 
 
 def shm_what(r) -> str:
@@ -278,7 +297,8 @@ def brief(x, wall_s: float | None = None) -> str:
         return f"{_word(t)}: {t.error}"
     wall = t.wall_s if wall_s is None else wall_s
     return (f"{_word(t)} {mib_words(t.freed_mib)}, {len(t.plan.targets)} target(s) stopped, "
-            f"{len(t.plan.protected)} protected kept, {wall:.2f}s")
+            f"{len(t.plan.protected)} protected kept, {wall:.2f}s"
+            + "".join(f"; {checkpoint_result(c)}" for c in t.checkpoint_stops))
 
 
 def shm_lines(x) -> list:
@@ -330,6 +350,7 @@ def verdict_lines(alias: str, x, code: int | None = None) -> list:
         lines.append(f"  NOTE another user's teardown ran beside this one: pid {c['pid']} ({c['user']}): "
                      f"{command(c, 60)}")
     lines.extend("  " + line for line in shm_lines(t))
+    lines.extend(f"  CHECKPOINT {checkpoint_result(c)}" for c in t.checkpoint_stops)
     for e in t.record_errors:
         lines.append(f"  WARNING {e} (the teardown itself finished)")
     lines.append(f"{alias}: {_verdict(t)} {_timing(t)} (freed {mib_words(t.freed_mib)}, "

@@ -16,34 +16,16 @@ import subprocess
 import time
 import urllib.request
 
-from ..procs import cgroup, procfs, procscan
-from ..state import lastrun, statedir
+from ..procs import procfs, procscan
+from ..state import lastrun
 from ..state.auditlog import Audit
-from ..teardown import plan, run as teardown
+from ..state.phasestate import load_state, members, save_state, session_pids
+from ..teardown import checkpoint, plan, run as teardown
 from ..teardown.targets import Targets
 from ..wire import codes, defaults, frame, records
 
 WRAP = '"$@"; echo $? > "$GPU_PIVOT_EXIT_FILE"'
 LOG_TAIL = 15
-
-
-def state_path(name):
-    """phase-NAME.json in the checked run dir (a name with a path separator is refused)."""
-    if not name or "/" in name or "\0" in name or name in (".", ".."):
-        raise ValueError("phase name %r: not a plain name" % name)
-    return os.path.join(lastrun.run_dir(), "phase-%s.json" % name)
-
-
-def load_state(name):
-    try:
-        return statedir.read_json(state_path(name))
-    except (OSError, ValueError):
-        return None
-
-
-def save_state(state):
-    """Atomic, O_EXCL temp file, never through a link (statedir.write_json_atomic)."""
-    statedir.write_json_atomic(state_path(state["name"]), state)
 
 
 def unit_name(name):
@@ -191,20 +173,10 @@ def log_tail(state, lines=LOG_TAIL):
         return []
 
 
-def _session_pids(state):
-    """The processes of a phase: those in its unit's cgroup (systemd-run), or in the session
-    its leader made (setsid). Returns (pids, {pid: basic info})."""
-    procs = {pid: info for pid, info in ((p, procscan.basic(p)) for p in procscan.all_pids()) if info}
-    if state.get("unit"):
-        unit = state["unit"] + ".service"
-        return [p for p in procs if cgroup.read(p)["unit"] == unit], procs
-    return [p for p, info in procs.items() if info["sid"] == state["pid"]], procs
-
-
 def _holding(state, args):
     """Does any process of the phase (its unit, or its session) hold a GPU device?"""
     devset = args.device_set()
-    pids, procs = _session_pids(state)
+    pids, procs = session_pids(state)
     return any(procscan.held_devices(pid, devset, procs[pid]["threads"])[0] for pid in pids)
 
 
@@ -288,14 +260,16 @@ class Stop(SpecCommand):
 
     @staticmethod
     def act(spec, args):
+        stop = checkpoint.of_spec(spec)  # a bad one is bad input: exit 2 before anything
         state = load_state(spec["name"])
         if not state:
             return codes.EXIT_OK, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
         audit = Audit(args.operator or "gpu-pivot")
+        stops = checkpoint.run(args, audit, [stop]) if stop else []  # its signal and wait, before TERM
         targets, stopped, failed, notes = [], [], False, []
         leaders = list(state.get("prep", []))
         if state.get("unit"):
-            unit_procs = _members(state)
+            unit_procs = members(state)
             proc = subprocess.run(["systemctl", "stop", state["unit"]], capture_output=True, text=True)
             audit.log({"pid": None, "cmdline": state["unit"]}, "systemctl stop", "exit %d" % proc.returncode)
             stopped.append(state["unit"])
@@ -310,7 +284,7 @@ class Stop(SpecCommand):
             leaders.insert(0, state)
         for leader in leaders:  # the prep jobs run in sessions of their own, outside any unit
             if procfs.same_process(leader["pid"], leader["start_time"]):
-                targets += _members(leader)
+                targets += members(leader)
         tracked = Targets(targets, audit)
         tracked.signal(targets, signal.SIGTERM, "SIGTERM")
         limit = spec.get("stop_timeout", defaults.STOP_TIMEOUT_S)
@@ -320,13 +294,7 @@ class Stop(SpecCommand):
             alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
         code = codes.EXIT_OK if not alive and not failed else codes.EXIT_FAILED
         return code, {"stopped": stopped + [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
-                      "actions": audit.records, "note": "; ".join(notes) or None}
-
-
-def _members(state):
-    """The phase's (or a prep job's) live processes as signal targets (pid + start time)."""
-    pids, procs = _session_pids(state)
-    return [{"pid": p, "start_time": procs[p]["start_time"], "cmdline": procs[p]["cmdline"]} for p in pids]
+                      "actions": audit.records, "note": "; ".join(notes) or None, "checkpoint_stops": stops}
 
 
 class Logs(SpecCommand):

@@ -156,6 +156,16 @@ def signal_if_same(pid, start, sig):
             os.close(pidfd)
 
 
+def signal_number(name):
+    """The number of a signal named 'USR1' or 'SIGUSR1' (a phase's checkpoint stop); None for
+    anything else, and for KILL and STOP, which no job can catch."""
+    text = name.upper() if isinstance(name, str) else ""
+    sig = getattr(signal, text if text.startswith("SIG") else "SIG" + text, None)
+    if not isinstance(sig, signal.Signals) or "_" in text or sig in (signal.SIGKILL, signal.SIGSTOP):
+        return None
+    return int(sig)
+
+
 def uids(pid):
     """[real, effective, saved, fs] uid of a process (/proc/PID/status), or None. One reader for every
     "is every uid of it X" rule (protected names, the sandbox's members, Slurm job cgroups)."""

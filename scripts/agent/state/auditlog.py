@@ -32,10 +32,12 @@ class Audit:
         if line not in self.write_errors:
             self.write_errors.append(line)
 
-    def log(self, target, action, result):
+    def log(self, target, action, result, **extra):
+        """One record; `extra`: fields beside the usual ones (a checkpoint stop's path and seconds)."""
         rec = {"time": time.strftime(defaults.TIME_FORMAT), "host": self.host, "operator": self.operator,
                "pid": target.get("pid"), "start_time": target.get("start_time"), "cmdline": target.get("cmdline"),
                "signal": action, "result": result}
+        rec.update(extra)
         self.records.append(rec)
         if self.path is None:
             return rec

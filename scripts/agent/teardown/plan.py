@@ -43,6 +43,9 @@ def add_arguments(parser):
     parser.add_argument("--disable", action="store_true",
                         help="also disable what is stopped: `systemctl disable` a unit, "
                              "`docker update --restart=no` a container")
+    parser.add_argument("--checkpoint-stop", action="append", default=[], metavar="SPEC",
+                        help="a phase's checkpoint stop (base64 JSON: phase, signal, checkpoint, idle, deadline_s), "
+                             "run first while that phase runs (teardown/checkpoint.py; repeatable)")
 
 
 def on_path(program):
@@ -675,6 +678,10 @@ def _name_container(row, names):
 
 
 def run(args):
+    from . import checkpoint  # only here and in a teardown that declares a stop
+
+    stops = checkpoint.planned(args)  # a bad stop is bad input: exit 2 before the scan
     doc = scan.collect(args)
-    return codes.EXIT_OK, records.written(records.PlanResult, scan.public(doc), code=codes.EXIT_OK,
-                                          plan=build(doc, args))
+    built = build(doc, args)
+    built["checkpoint_stops"] = stops
+    return codes.EXIT_OK, records.written(records.PlanResult, scan.public(doc), code=codes.EXIT_OK, plan=built)

@@ -660,6 +660,33 @@ def _not_started(exc):
                                                    hostname=socket.gethostname())
 
 
+def _declared_stops(args):
+    """The running phases' checkpoint stops the call declares (checkpoint.py), checked; [] and
+    nothing imported without one."""
+    if not args.checkpoint_stop:
+        return []
+    from . import checkpoint
+
+    return checkpoint.declared(args)
+
+
+def _checkpoint_first(args, operator, stops):
+    """Lock held, before the scan: each running phase's signal and its wait for a checkpoint
+    (checkpoint.py). Returns (outcomes, their audit)."""
+    from . import checkpoint
+
+    audit = Audit(operator)
+    return checkpoint.run(args, audit, stops), audit
+
+
+def _with_checkpoint(out, outcomes, audit):
+    """The teardown's result with the checkpoint stops that came first: outcomes, audit records."""
+    out["checkpoint_stops"] = outcomes
+    out["actions"] = audit.records + list(out.get("actions") or [])
+    out["record_errors"] = list(out.get("record_errors") or []) + list(audit.write_errors)
+    return out
+
+
 def run(args):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # the ssh session may drop: finish anyway
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C on the operator's side: finish anyway
@@ -677,6 +704,7 @@ def run(args):
         if not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
             raise codes.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
                                                                                  defaults.MAX_WAIT_S))
+    stops = _declared_stops(args)  # a bad one is bad input: exit 2 before anything
     started = time.monotonic()
     source = gpuinfo.Opening(args.fake_gpus, args.devices, start=False)  # started after the signals
     try:
@@ -689,7 +717,11 @@ def run(args):
         except (hostlock.Locked, OSError) as exc:  # the lock file itself refused (a link, not ours): as a state dir
             return _not_started(exc)
         try:
-            return execute(args, operator, started, source)
+            if not stops:
+                return execute(args, operator, started, source)
+            first = _checkpoint_first(args, operator, stops)
+            code, out = execute(args, operator, time.monotonic(), source)  # its clocks start after the wait
+            return code, _with_checkpoint(out, *first)
         except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled
             return _not_started(exc)
         finally:

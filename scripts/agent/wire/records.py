@@ -43,12 +43,8 @@ def _fields(cls, code, doc, command, skip=()):
 
 
 class Record:
-    """A result record: its fields are the class's annotations, in order; a field without a
-    class-level default is required. Read-only once made; a list or dict default is copied.
-
-    Why not dataclasses: the agent and every `invoke` call import this module, and creating
-    fifteen dataclasses costs about 15 ms each time.
-    """
+    """A result record: its fields are the class's annotations, in order; one without a default is
+    required. Read-only; a list or dict default is copied. Not dataclasses: ~15 ms an import."""
 
     def __init__(self, **values):
         for name in self.field_names():
@@ -131,6 +127,7 @@ class Plan(Record):
     writing: list[rows.Writing] = []
     shm: list[rows.ShmLeftover] = []  # /dev/shm files and SysV segments the targets may leave (teardown/shm.py)
     unseen: list[rows.Unseen] = []  # targets whose parent is outside the agent's sight: never FREED
+    checkpoint_stops: list[rows.CheckpointStop] = []  # a running phase's stop, sent first (teardown/checkpoint.py)
     scope: rows.Scope = {}
     rules: list[str] = []
 
@@ -179,6 +176,7 @@ class TeardownResult(Record):
     shm_removed: list[rows.ShmLeftover] = []  # after FREED: each leftover, removed or kept, with its bytes
     mps: rows.Mps | None = None  # MPS as seen at the end (after: its GPU rows carry health)
     mps_quit: list[rows.MpsQuit] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
+    checkpoint_stops: list[rows.CheckpointStop] = []  # each running phase's checkpoint stop, before the plan
     # The scan it ended on, as the document carries it (a scan's keys; its GPU rows are `after`):
     holders: list[rows.Holder] = []
     denied: list[int] = []  # pids whose fds could not be read then: not free
@@ -212,6 +210,7 @@ class StopResult(Record):
     left: list[int] = []
     note: str | None = None
     actions: list[rows.Action] = []
+    checkpoint_stops: list[rows.CheckpointStop] = []
     code: int = EXIT_OK
 
 

@@ -1,10 +1,8 @@
 """The rows inside results (a GPU, a holder, a plan target, an action...), as TypedDicts.
 
-Why: mypy checks every key the local side reads (row["pid"]). Types only: imported under
-TYPE_CHECKING (records.py, the local side's views), never at run time, so the agent never
-pays for `typing`; rows stay the plain dicts json.loads makes. A key the agent may leave out
-is in a `total=False` class (Python 3.8 has no NotRequired); a class with required keys and
-optional ones is two, the second deriving from the first.
+Why: mypy checks every key the local side reads. Types only (under TYPE_CHECKING), never
+imported at run time; rows stay the plain dicts json.loads makes. A key the agent may leave
+out is in a `total=False` class (3.8 has no NotRequired); required and optional keys: two classes.
 """
 from __future__ import annotations
 
@@ -12,8 +10,7 @@ from typing import Any, TypedDict
 
 
 class Container(TypedDict, total=False):
-    """The container a process runs in (agent/procs/cgroup.py); an LXC one seen from its node
-    also carries the pid inside it and a label to show."""
+    """A process's container (agent/procs/cgroup.py); an LXC one seen from its node: pid inside, label."""
     kind: str  # "docker", "lxc", "kubernetes"
     id: str
     name: str | None  # docker's name, where the plan looked it up
@@ -58,8 +55,7 @@ class Holder(ProcessRow, total=False):
 
 
 class PlanRow(ProcessRow, total=False):
-    """Plan.targets, protected, left_alone and starters (agent/teardown/plan.py _row);
-    TeardownResult.adopted: a row and why it is one."""
+    """Plan.targets, protected, left_alone, starters (teardown/plan.py _row); TeardownResult.adopted."""
     reason: str
     via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
     hint: str  # starters: the command that stops exactly it
@@ -212,8 +208,7 @@ class Action(ProcessRow, total=False):
 
 
 class Respawn(ProcessRow, total=False):
-    """TeardownResult.appeared (a respawn: agent/teardown/settle.py) and ignored (seen in the settle
-    window, not a respawn)."""
+    """TeardownResult.appeared (a respawn: agent/teardown/settle.py) and ignored (not a respawn)."""
     why: str
     started_by: str
     include: str | None  # what to add to stop what restarts it
@@ -252,8 +247,7 @@ class PlanManagerRef(TypedDict):
 
 
 class PlanManager(TypedDict, total=False):
-    """Plan.managers: a manager's stop (agent/teardown/plan.py _stop_item): run by the
-    teardown (`run`) or named only, with why."""
+    """Plan.managers: a manager's stop (agent/teardown/plan.py _stop_item): `run`, or named only, with why."""
     kind: str
     name: str | None
     command: str | None
@@ -284,6 +278,20 @@ class ShmLeftover(TypedDict, total=False):
     uid: int
     removed: bool
     why: str
+
+
+class CheckpointStop(TypedDict, total=False):
+    """Plan's and TeardownResult/StopResult's checkpoint_stops (agent/teardown/checkpoint.py)."""
+    phase: str
+    signal: str
+    checkpoint: str | None  # the glob in a plan; the file that arrived in a result
+    deadline_s: float
+    pids: list[int]
+    waits_for: str
+    outcome: str  # "checkpoint", "idle", "job exited" or "deadline"; arrived: a checkpoint did
+    arrived: bool
+    waited_s: float
+    note: str | None  # why a new file did not count
 
 
 class Unseen(TypedDict):
