@@ -43,12 +43,9 @@ def _fields(cls, code, doc, command, skip=()):
 
 
 class Record:
-    """A result record: its fields are the class's annotations, in order; a field without a
-    class-level default is required. Read-only once made; a list or dict default is copied.
-
-    Why not dataclasses: the agent and every `invoke` call import this module, and creating
-    fifteen dataclasses costs about 15 ms each time.
-    """
+    """A result record: its fields are the class's annotations, in order; one without a class
+    default is required. Read-only; a list or dict default is copied. Not dataclasses: every
+    agent and `invoke` call imports this, and fifteen dataclasses cost about 15 ms."""
 
     def __init__(self, **values):
         for name in self.field_names():
@@ -263,6 +260,14 @@ class ResetResult(Record):
     output: str | None = None
     note: str | None = None
     hostname: str | None = None
+    quiesce: dict[str, Any] | None = None  # --quiesce: {daemons, persistence, steps, health} (teardown/quiesce.py)
+    code: int = EXIT_OK
+
+
+class SettingsResult(Record):
+    rows: list[rows.SettingRow]  # each GPU's each setting asked for (gpu/settings_write.py)
+    hostname: str | None = None
+    note: str | None = None
     code: int = EXIT_OK
 
 
@@ -277,7 +282,7 @@ RESULTS = {
     "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
     "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
     "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult,
-}
+    "gpu-settings": SettingsResult}
 
 
 def read_plan(doc, command="plan"):
@@ -314,12 +319,10 @@ def read(subcommand, code, doc):
 
 
 def written(cls, more=(), **fields):
-    """The document of a result the agent builds as record `cls`, the type the local side reads
-    it back as. The record is made first, of `fields` (each one it must name) and of the keys
-    of `more` that it names: a field it lacks, or a required one left out, fails in the agent
-    (TypeError), not as a ContractError on the operator's side. The document is `more` with
-    `fields` over it, `code` as "exit_code": the keys given and no others (a locked teardown
-    carries no plan), and those no record reads (timings, a person's summary) as they are."""
+    """The document of a result the agent builds as record `cls`. The record is made first, of
+    `fields` and the keys of `more` it names: a field it lacks, or a required one left out,
+    fails in the agent (TypeError), not as a ContractError on the operator's side. The document
+    is `more` with `fields` over it, `code` as "exit_code", extra keys (timings) as they are."""
     doc = dict(more)
     doc.update(fields)
     names = cls.field_names()

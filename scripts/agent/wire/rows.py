@@ -1,11 +1,8 @@
 """The rows inside results (a GPU, a holder, a plan target, an action...), as TypedDicts.
 
-Why: mypy checks every key the local side reads (row["pid"]). Types only: imported under
-TYPE_CHECKING (records.py, the local side's views), never at run time, so the agent never
-pays for `typing`; rows stay the plain dicts json.loads makes. A key the agent may leave out
-is in a `total=False` class (Python 3.8 has no NotRequired); a class with required keys and
-optional ones is two, the second deriving from the first.
-"""
+Why: mypy checks every key the local side reads. Types only, imported under TYPE_CHECKING:
+the agent never pays for `typing`. A key the agent may leave out is in a `total=False` class
+(Python 3.8 has no NotRequired); required and optional keys make two classes, one deriving."""
 from __future__ import annotations
 
 from typing import Any, TypedDict
@@ -327,6 +324,17 @@ class Check(TypedDict):
     check: str
     ok: bool
     detail: str
+
+
+class SettingRow(TypedDict, total=False):
+    """A GPU setting before and after a write (gpu/settings_write.py); result: set, already, FAILED."""
+    gpu: int
+    field: str
+    before: Any
+    want: Any
+    after: Any
+    result: str
+    error: str | None
 
 
 class Gate(TypedDict, total=False):
