@@ -13,10 +13,12 @@ import shlex
 from dataclasses import asdict, dataclass
 
 from ..agent.wire import defaults
+from . import gpu_settings
 from .errors import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
-                "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT")
+                "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT",
+                "GPU_SETTINGS")
 _PHASE_KEY = re.compile(r"^(?P<alias>[A-Z][A-Z0-9_]*?)_PHASE_(?P<phase>[A-Z][A-Z0-9]*)_(?P<field>%s)$"
                         % "|".join(PHASE_FIELDS))
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -46,6 +48,7 @@ class Phase:
     smoke_body: str | None = None
     lint: bool = True
     stop_timeout: float = defaults.STOP_TIMEOUT_S
+    gpu_settings: tuple = ()     # (("power_limit_w", 500), ...): set before it starts (config/gpu_settings.py)
 
     @property
     def is_server(self) -> bool:
@@ -173,6 +176,10 @@ def _lint(alias, name, value):
     return value == "on"
 
 
+def _gpu_settings(alias, name, value):
+    return tuple(sorted(gpu_settings.parse(f"{alias.upper()}_PHASE_{name.upper()}_GPU_SETTINGS", value).items()))
+
+
 def _abs_of(fld):
     return lambda alias, name, value: _abs(alias, name, fld, value)
 
@@ -187,7 +194,7 @@ _FIELDS = {
     "READY": _url("READY"), "DRAIN_METRICS": _url("DRAIN_METRICS"), "SMOKE_URL": _url("SMOKE_URL"),
     "READY_TIMEOUT": _seconds_of("READY_TIMEOUT"), "DRAIN_TIMEOUT": _seconds_of("DRAIN_TIMEOUT"),
     "STOP_TIMEOUT": _seconds_of("STOP_TIMEOUT"), "GATES": _gates, "PREP": _prep, "COPY": _copy,
-    "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint,
+    "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint, "GPU_SETTINGS": _gpu_settings,
 }
 
 

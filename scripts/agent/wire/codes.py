@@ -26,7 +26,7 @@ EXIT_CODES = (
     (EXIT_USAGE, "usage", "bad input: one line names the bad value; nothing ran"),
     (EXIT_UNREACHABLE, "unreachable", "host unreachable or login refused, agent failed there, or state dir unusable"),
     (EXIT_LOCKED, "locked", "another teardown holds the host's lock"),
-    (EXIT_GATE, "gate-failed", "a pivot's drain, a gate or the launch lint blocked it: nothing started"),
+    (EXIT_GATE, "gate-failed", "a pivot's drain, gate, launch lint or GPU setting blocked it: nothing started"),
     (EXIT_UNINSPECTED, "uninspected", "not every process could be inspected (run as root): never called free"),
     (EXIT_TIMED_OUT, "timed-out", "the host did not answer in time (ssh connect or keep-alive timeout, or the "
                                   "call's --timeout); other hosts of a fleet still finish"),

@@ -268,6 +268,7 @@ def nvmlDeviceGetPowerManagementDefaultLimit(h):
 # -- set calls: each one logged (a JSON line per call, with its thread and its start and end on
 # the monotonic clock) to the recording's "calls_log", after sleeping "set_delay_s": a test
 # asserts the exact calls and values, and that calls on different GPUs overlapped in time.
+# With "write_back": true the recording file is rewritten, so the next agent reads the new value.
 _LOG_LOCK = threading.Lock()
 
 
@@ -286,6 +287,9 @@ def _set(h, call, args, key, value):
                            "end": time.monotonic(), "thread": threading.get_ident()})
         with _LOG_LOCK, open(_rec["calls_log"], "a") as f:
             f.write(line + "\n")
+    if not failed and _rec.get("write_back") and os.environ.get("GPU_PIVOT_NVML_RECORDING"):
+        with _LOG_LOCK, open(os.environ["GPU_PIVOT_NVML_RECORDING"], "w") as f:  # the next process reads it
+            json.dump(_rec, f)
     if failed:
         raise NVMLError(NVML_ERROR_UNKNOWN)
 
