@@ -6,7 +6,7 @@ from ..agent.wire import records
 from .status import SETTING_WORDS
 
 
-def _value(row: dict, key: str) -> str:
+def _value(row, key: str) -> str:
     unit = SETTING_WORDS.get(row.get("field", ""), ("", ""))[1]
     return "?" if row.get(key) is None else f"{row[key]}{unit}"
 

@@ -63,6 +63,15 @@ def test_the_baseline_is_put_back_then_the_phases_settings_set_and_each_change_a
             (0, "compute_mode", "exclusive_process", "default"), (1, "compute_mode", "exclusive_process", "default"),
             (0, "power_limit_w", 450, 700), (1, "power_limit_w", 450, 700),
             (0, "power_limit_w", 700, 500), (1, "power_limit_w", 700, 500)}
+        status = " ".join(invoke("status", "--host", "local", env=env).stdout.decode().split())
+        assert "*: differs from LOCAL_GPU_BASELINE and phase train's GPU_SETTINGS (the last pivot's)" in status
+        assert "differs from LOCAL_GPU_BASELINE and phase train's GPU_SETTINGS (the last pivot's):" not in status
+        rec = json.loads((tmp_path / "rec.json").read_text())
+        rec["gpus"][1]["power_limit_mw"] = 700000  # someone set the baseline's limit while the phase runs
+        (tmp_path / "rec.json").write_text(json.dumps(rec))
+        status = " ".join(invoke("status", "--host", "local", env=env).stdout.decode().split())
+        assert "GPU 1 differs from LOCAL_GPU_BASELINE and phase train's GPU_SETTINGS (the last pivot's): power " \
+               "limit 700 W (phase train 500 W)" in status
     finally:
         invoke("stop", "--host", "local", "--phase", "train")
 

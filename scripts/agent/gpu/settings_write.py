@@ -17,7 +17,7 @@ CLOCKS = ("graphics_clock_mhz", "memory_clock_mhz")
 
 def _calls(nv, handle, want, now):
     """[(fields, NVML call name, args)] for what `want` asks that `now` does not read."""
-    out = []
+    out: list = []
     if "persistence" in want and want["persistence"] != now.get("persistence"):
         out.append((("persistence",), "nvmlDeviceSetPersistenceMode", (FEATURE[want["persistence"]],)))
     if "compute_mode" in want and want["compute_mode"] != now.get("compute_mode"):
