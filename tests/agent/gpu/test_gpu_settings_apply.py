@@ -100,3 +100,25 @@ def test_mig_is_compared_never_set_and_a_bad_value_is_refused_before_any_write(t
         code, doc = agent("gpu-settings", "--settings", bad, recording=rec, tmp=tmp_path)
         assert code == codes.EXIT_USAGE and word in doc[codes.USAGE_ERROR], doc
     assert not log.exists()
+
+
+def test_the_stand_ins_set_calls_take_what_nvidia_ml_pys_take():
+    """The calls asserted above are the real package's: same names, same arguments in order."""
+    import importlib.util
+    import inspect
+
+    import pynvml as real
+
+    from tests.support.gpu_standins import STANDIN
+
+    spec = importlib.util.spec_from_file_location("standin_pynvml_signatures", STANDIN / "pynvml.py")
+    standin = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(standin)
+    assert not getattr(real, "STANDIN", False), "the real nvidia-ml-py is not the one imported here"
+    for name in ("nvmlDeviceSetPersistenceMode", "nvmlDeviceSetComputeMode", "nvmlDeviceSetApplicationsClocks",
+                 "nvmlDeviceSetPowerManagementLimit"):
+        assert len(inspect.signature(getattr(real, name)).parameters) == \
+               len(inspect.signature(getattr(standin, name)).parameters), name
+    assert list(inspect.signature(real.nvmlDeviceSetApplicationsClocks).parameters)[1:] == \
+           ["maxMemClockMHz", "maxGraphicsClockMHz"]  # memory first, as settings_write passes them
+    assert real.NVML_COMPUTEMODE_EXCLUSIVE_PROCESS == 3 and real.NVML_FEATURE_ENABLED == 1
