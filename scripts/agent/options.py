@@ -34,9 +34,10 @@ THRESHOLD = ("max_used_mib",)
 SPEC = ("spec",)
 PLAN = ("only_matching", "stop_starters", "all_users", "disable", "checkpoint_stop")
 TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm")
-OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes")  # one subcommand's each
+# one subcommand's each
+OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes", "quiesce", "settings")
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
-                      "disable", "follow", "yes", "keep_shm"))
+                      "disable", "follow", "yes", "keep_shm", "quiesce"))
 FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
 
@@ -90,6 +91,8 @@ class Options:
     follow: bool
     gpu: str | None
     yes: bool
+    quiesce: bool  # reset: stop the daemons that block it, put them back after (teardown/quiesce.py)
+    settings: str | None  # gpu-settings: the settings to set, a JSON object (gpu/settings_cmd.py)
 
     def __init__(self, **values):
         for name in FIELDS:

@@ -92,7 +92,7 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
 
     {fleet}
     """
-    from scripts.ops import fleet
+    from scripts.ops import fleet, gpu_settings
     from scripts.reach.transport import call_agent
     from scripts.views import fleet as fleet_view, health as health_view, status as status_view
 
@@ -101,8 +101,8 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
     outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, "scan")), width)
     summary = "" if json else fleet_view.summary(outcomes, fleet_view.status_verdict)
     _show(outcomes, json, brief, summary, host_views=lambda h: (
-        status_view.visible, status_view.gpu_table, status_view.settings_of(h), health_view.health, health_view.mig,
-        status_view.holder_table, health_view.mps, status_view.last_teardown))
+        status_view.visible, status_view.gpu_table, status_view.settings_of(h, gpu_settings.last_pivot_phase(h)),
+        health_view.health, health_view.mig, status_view.holder_table, health_view.mps, status_view.last_teardown))
 
 
 @task(exit_codes=(("ok", "every GPU free, verified"), "not-free", "unreachable", "uninspected", "timed-out",

@@ -7,20 +7,30 @@ from . import jsonout
 from .common import HOST_HELP, dumps, exit_worst, guarded, one_host
 from .flags import task
 
+QUIESCE_S = 8 * 60  # up to four units stopped and started again, each systemctl call bounded to 60 s (quiesce.py)
 
-@task(exit_codes=(("not-free", "a precondition failed (nothing was run) or the reset failed"), "unreachable",
-                  "timed-out"),
+
+@task(exit_codes=(("not-free", "a precondition failed or a daemon runs outside systemd (nothing was run), the "
+                               "reset failed, or with --quiesce a daemon or setting was not put back (named)"),
+                  ("reboot-needed", "--quiesce: the reset failed with its blockers stopped; they were put back"),
+                  "unreachable", "timed-out"),
       help={"host": HOST_HELP + "; exactly one host", "gpu": "index of the GPU to reset (as nvidia-smi numbers it)",
             "yes": "run the reset (default: check every precondition and show the command, run nothing)",
+            "quiesce": "stop the daemons that block a reset (nvidia-persistenced, DCGM, dcgm-exporter, fabric "
+                       "manager) through systemctl and turn persistence mode off first; both are put back after, "
+                       "even when the reset fails. Never a default",
             "json": "print the result as JSON"})
 @guarded
-def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
+def reset(c, host=defaults.HOST, gpu="", yes=False, quiesce=False, json=False):
     """Reset one GPU (`nvidia-smi --gpu-reset -i N`) when a health verdict says "reset needed".
 
     Checks first, and shows each answer: no process holds the GPU (monitors included), no
     compute process on it, nvidia-persistenced handled, not a display GPU, no MIG instances,
     nothing running on its NVLink peers. A dry run unless --yes; a teardown never runs it.
-    Not free when a precondition failed (nothing run) or the reset failed.
+    With --quiesce, in order: names and stops the blocking daemons through systemd (one no
+    unit runs is named and the reset refused), turns persistence mode off, resets, starts
+    every daemon again and puts persistence back (also when the reset failed), reads the
+    GPU's health again. A reset that fails so ends in "reboot needed".
     """
     from scripts.agent.wire import defaults as shared
     from scripts.config import cliargs
@@ -31,9 +41,10 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, json=False):
     if gpu in ("", None):
         raise ConfigError("--gpu: required (the index of the GPU to reset, e.g. --gpu 0)")
     target = one_host(host)
-    args = ["--gpu", str(cliargs.whole("gpu", gpu))] + (["--yes"] if yes else [])
+    args = ["--gpu", str(cliargs.whole("gpu", gpu))] + (["--yes"] if yes else []) + (["--quiesce"] if quiesce else [])
     with jsonout.one_host(target.alias, json):
-        result = call_agent(target, "reset", args, deadline_s=BASE_DEADLINE_S + shared.RESET_TIMEOUT_S)  # may be slow
+        result = call_agent(target, "reset", args, deadline_s=BASE_DEADLINE_S + shared.RESET_TIMEOUT_S  # may be slow
+                            + (QUIESCE_S if quiesce else 0))
     if json:
         print(dumps({target.alias: result.doc}))
     else:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..agent.wire.defaults import DEVICE_GLOB
+from . import gpu_settings
 from .envfile import read_env_file
 from .errors import ConfigError, show
 from .patterncheck import check_pattern
@@ -32,7 +33,7 @@ HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
 # Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
 # alias "gpu1_ssh" + "OPTS".
 KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "BECOME", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT",
-                  "SCOPE_UID", "SCOPE", "GPU_BASELINE")
+                  "SCOPE_UID", "SCOPE", "GPU_BASELINE", "GPU_APPLY_SETTINGS")
 _BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 _SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
@@ -58,6 +59,7 @@ class Host:
     scope_uid: int | None = None  # targets must be owned by this uid (sandbox: its owner)
     run_dir: str | None = None    # where the agent keeps state on the host (default: /run/gpu-pivot)
     gpu_baseline: dict = field(default_factory=dict, compare=False, hash=False)  # GPU settings status expects
+    apply_settings: bool = False  # a pivot sets the baseline after its teardown and the phase's before its start
     source: str = "built-in"
     phases: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -173,41 +175,10 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
                               "reach the whole host; give the text the targets' command lines contain, or remove "
                               "the line")
     scope_uid = _uid(key("SCOPE_UID"), keys["SCOPE_UID"]) if "SCOPE_UID" in keys else None
-    baseline = _gpu_baseline(key("GPU_BASELINE"), keys["GPU_BASELINE"]) if "GPU_BASELINE" in keys else {}
+    baseline = gpu_settings.parse(key("GPU_BASELINE"), keys["GPU_BASELINE"]) if "GPU_BASELINE" in keys else {}
+    apply = _yes_no(key("GPU_APPLY_SETTINGS"), keys["GPU_APPLY_SETTINGS"]) if "GPU_APPLY_SETTINGS" in keys else False
     return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
-                scope_uid=scope_uid, source=source, phases=phases, gpu_baseline=baseline)
-
-
-# ALIAS_GPU_BASELINE's fields: {field: (the words it takes, or None: a positive number; its unit)}
-BASELINE_FIELDS: dict = {
-    "persistence": (("on", "off"), ""), "compute_mode": (("default", "exclusive_process", "prohibited"), ""),
-    "graphics_clock_mhz": (None, "MHz"), "memory_clock_mhz": (None, "MHz"), "power_limit_w": (None, "W"),
-    "mig": (("on", "off"), ""),
-}
-
-
-def _gpu_baseline(key: str, value: str) -> dict:
-    """The settings every GPU of the host should have, a JSON object of some of BASELINE_FIELDS:
-    `status` marks a GPU whose setting differs. Checked whole here: a typo in a field would
-    otherwise compare nothing, and every GPU would read as matching."""
-    import json
-
-    try:
-        doc = json.loads(value)
-    except ValueError:
-        doc = None
-    if not isinstance(doc, dict) or not doc:
-        raise ConfigError(f"{key}={show(value)}: not a JSON object of GPU settings, e.g. "
-                          '{"persistence": "on", "compute_mode": "default", "power_limit_w": 700}')
-    for name, want in doc.items():
-        if name not in BASELINE_FIELDS:
-            raise ConfigError(f"{key}={show(value)}: unknown setting {name!r} (known: {', '.join(BASELINE_FIELDS)})")
-        words, unit = BASELINE_FIELDS[name]
-        if words is not None and want not in words:
-            raise ConfigError(f"{key}={show(value)}: {name} must be {' or '.join(words)}, not {json.dumps(want)}")
-        if words is None and (isinstance(want, bool) or not isinstance(want, (int, float)) or not 0 < want < 1e6):
-            raise ConfigError(f"{key}={show(value)}: {name} must be a positive number ({unit}), not {json.dumps(want)}")
-    return doc
+                scope_uid=scope_uid, source=source, phases=phases, gpu_baseline=baseline, apply_settings=apply)
 
 
 def _phase_key(key: str):

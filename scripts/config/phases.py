@@ -14,11 +14,12 @@ from dataclasses import asdict, dataclass
 
 from ..agent.procs import procfs
 from ..agent.wire import defaults
+from . import gpu_settings
 from .errors import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
                 "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT",
-                "STOP_SIGNAL", "STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE")
+                "STOP_SIGNAL", "STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE", "GPU_SETTINGS")
 _PHASE_KEY = re.compile(r"^(?P<alias>[A-Z][A-Z0-9_]*?)_PHASE_(?P<phase>[A-Z][A-Z0-9]*)_(?P<field>%s)$"
                         % "|".join(PHASE_FIELDS))
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -53,6 +54,7 @@ class Phase:
     stop_checkpoint: str | None = None  # then a wait for a new closed file matching this glob,
     stop_idle: str | None = None        # or for this shell condition to exit 0,
     stop_deadline: float = CHECKPOINT_DEADLINE_S  # at most this long; then TERM -> KILL
+    gpu_settings: tuple = ()     # (("power_limit_w", 500), ...): set before it starts (config/gpu_settings.py)
 
     @property
     def is_server(self) -> bool:
@@ -210,6 +212,8 @@ def _idle(alias, name, value):
     if not value.strip() or "\0" in value:
         _fail(alias, name, "STOP_IDLE", value, "must be a shell condition (exit 0: idle)")
     return value
+def _gpu_settings(alias, name, value):
+    return tuple(sorted(gpu_settings.parse(f"{alias.upper()}_PHASE_{name.upper()}_GPU_SETTINGS", value).items()))
 
 
 def _abs_of(fld):
@@ -228,6 +232,7 @@ _FIELDS = {
     "STOP_TIMEOUT": _seconds_of("STOP_TIMEOUT"), "GATES": _gates, "PREP": _prep, "COPY": _copy,
     "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint, "STOP_SIGNAL": _signal,
     "STOP_CHECKPOINT": _abs_of("STOP_CHECKPOINT"), "STOP_IDLE": _idle, "STOP_DEADLINE": _seconds_of("STOP_DEADLINE"),
+    "GPU_SETTINGS": _gpu_settings,
 }
 
 

@@ -25,7 +25,7 @@ from ..agent.state import statedir
 from ..agent.wire import codes, defaults, records
 from ..reach.route import HostUnreachable
 from ..reach.transport import AgentError, TeardownRequest, call_teardown, exit_code_for
-from . import audit_log, phase as phase_ops
+from . import audit_log, gpu_settings, phase as phase_ops
 
 
 @dataclass(frozen=True)
@@ -51,6 +51,8 @@ class Words:
     prep_lines: Callable[..., list]
     stop_line: Callable[..., str]
     step_table: Callable[[list], str]  # the steps (step, result, exit, seconds) at the end
+    settings_line: Callable[..., str]  # a gpu-settings result in one line (views/gpu_settings.py)
+    settings_lines: Callable[..., list]  # each setting written or failed, with its values
 
 
 @dataclass
@@ -110,6 +112,7 @@ class Pivot:
                                                     f"{p.drain_timeout:g}s); stop if it cannot be read"))
         steps.append(("teardown", self.step_teardown,
                       "free the GPUs (plan, SIGTERM all targets, SIGKILL after grace, verify)"))
+        steps += self._settings_steps("baseline")
         if p.gates:
             steps.append(("gates", self.step_gates, "; ".join(phase_gate_texts(p))))
         if p.is_deploy:
@@ -117,6 +120,7 @@ class Pivot:
         if p.is_server and p.lint:
             steps.append(("lint", self.step_lint,
                           "check the launch command (EAGLE vs EAGLE3, TP vs GPUs, port, paths, GPUs free)"))
+        steps += self._settings_steps("settings")
         steps.append(("start", self.step_start, " ".join(p.argv) if not p.shell else p.argv[2]))
         if p.prep:
             steps.append(("prep", self.step_prep, f"{len(p.prep)} CPU-only preparation job(s), started with the phase"))
@@ -127,6 +131,33 @@ class Pivot:
             steps.append(("prep-report", self.step_prep_report,
                           "wait for each preparation job and report its exit code"))
         return steps
+
+    def _settings_steps(self, name: str) -> list:
+        """The baseline after the teardown, the phase's settings before its start: steps only
+        where hosts.env gives them, and run only where the host opts in (GPU_APPLY_SETTINGS)."""
+        up = self.host.alias.upper()
+        want = self.host.gpu_baseline if name == "baseline" else dict(self.phase.gpu_settings)
+        if not want:
+            return []
+        what = (f"{up}_GPU_BASELINE" if name == "baseline" else f"{up}_PHASE_{self.phase.name.upper()}_GPU_SETTINGS")
+        if not self.host.apply_settings:
+            return [(name, lambda: self.say(name, f"not set: {up}_GPU_APPLY_SETTINGS is not yes (status shows drift)"),
+                     f"not set: {up}_GPU_APPLY_SETTINGS is not yes; `invoke status` shows where GPUs differ")]
+        shown = ", ".join(f"{k} {v}" for k, v in sorted(want.items()))
+        return [(name, lambda: self.step_settings(name, want, what), f"set every GPU to {what} ({shown}), "
+                                                                     "all GPUs at once; each change audited")]
+
+    def step_settings(self, name: str, want: dict, what: str):
+        r = _attempt(lambda: gpu_settings.apply(self.host, want, self.opts.operator))
+        for line in self.words.settings_lines(r.result):
+            self.out("    " + line)
+        records = gpu_settings.audit_records(r.result, f"pivot to {self.phase.name}: {what}")
+        if records:
+            audit_log.append(self.host.alias, records)
+        self.say(name, self.words.settings_line(r.result), r.code)
+        if r.code:
+            return self.finish(codes.EXIT_GATE, f"GPU settings ({what}) not set: nothing started")
+        return None
 
     @property
     def ready_timeout(self) -> float:

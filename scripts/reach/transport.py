@@ -267,6 +267,9 @@ def call_agent(host, subcommand: Literal["deploy"], args=..., on_progress=...,
 def call_agent(host, subcommand: Literal["reset"], args=..., on_progress=...,
                deadline_s: float | None = ...) -> AgentResult[records.ResetResult]: ...
 @overload
+def call_agent(host, subcommand: Literal["gpu-settings"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[records.SettingsResult]: ...
+@overload
 def call_agent(host, subcommand: str, args=..., on_progress=...,
                deadline_s: float | None = ...) -> AgentResult[records.Record]: ...
 

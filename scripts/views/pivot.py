@@ -8,7 +8,7 @@ the same way.
 from __future__ import annotations
 
 from ..ops.pivot import Words
-from . import phase as phase_view, teardown as teardown_view
+from . import gpu_settings as settings_view, phase as phase_view, teardown as teardown_view
 from .render import Col, safe, table
 
 
@@ -36,4 +36,6 @@ WORDS = Words(
     prep_lines=phase_view.prep_lines,
     stop_line=phase_view.stop_line,
     step_table=step_table,
+    settings_line=settings_view.settings_line,
+    settings_lines=settings_view.settings_lines,
 )

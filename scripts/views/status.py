@@ -78,17 +78,18 @@ def _setting(st: GpuSettings, name: str) -> str:
     return "n/a" if name in (st.get("not_supported") or []) or name not in (st.get("unread") or {}) else "?"
 
 
-def _drift(st: GpuSettings, baseline: dict) -> list:
-    """`power limit 500 W (baseline 700 W)` for each setting of `baseline` the GPU differs from,
-    or could not be read for (a baseline not confirmed is not called met)."""
+def _drift(st: GpuSettings, expected: dict) -> list:
+    """`power limit 500 W (baseline 700 W)` for each setting of `expected` ({field: (value, whose:
+    "baseline" or "phase NAME")}) the GPU differs from, or could not be read for (a setting not
+    confirmed is not called met)."""
     out = []
-    for name, want in baseline.items():
+    for name, (want, whose) in expected.items():
         words, unit = SETTING_WORDS.get(name, (name, ""))
         got = st.get(name)
         if got is None:
-            out.append(f"{words} {_setting(st, name)} (baseline {want}{unit}: not confirmed)")
+            out.append(f"{words} {_setting(st, name)} ({whose} {want}{unit}: not confirmed)")
         elif got != want:
-            out.append(f"{words} {got}{unit} (baseline {want}{unit})")
+            out.append(f"{words} {got}{unit} ({whose} {want}{unit})")
     return out
 
 
@@ -96,35 +97,41 @@ def _pair(a: str, b: str) -> str:
     return "n/a" if a == b == "n/a" else f"{a}/{b}"
 
 
-def settings(x, baseline: dict | None = None, key: str = "ALIAS_GPU_BASELINE") -> str:
+def settings(x, baseline: dict | None = None, key: str = "ALIAS_GPU_BASELINE", phase=None) -> str:
     """Each GPU's settings as NVML read them (persistence, compute mode, application clocks,
-    power limit and its default, MIG), a `*` on each that differs from `baseline` (hosts.env
-    `key`), and one line per GPU naming what differs; nothing from a source that reads none."""
+    power limit and its default, MIG), a `*` on each that differs from what is expected, and one
+    line per GPU naming what differs. Expected: `baseline` (hosts.env `key`), with the settings
+    of `phase` (the phase the last pivot started, where known) over it. Nothing from a source
+    that reads none."""
     scan = scan_of(x)
     gpus = [g for g in scan.gpus if g.get("settings")]
     if not gpus:
         return ""
-    baseline = baseline or {}
+    own = dict(phase.gpu_settings) if phase is not None else {}
+    expected = {n: (v, "baseline") for n, v in (baseline or {}).items()}
+    expected.update({n: (v, f"phase {phase.name}") for n, v in own.items()})
+    against = key + (f" and phase {phase.name}'s GPU_SETTINGS (the last pivot's)" if own else "")
     rows, lines = [], []
     for g in gpus:
         st = g["settings"]
-        drift = _drift(st, baseline)
-        off = {n for n in baseline if st.get(n) != baseline[n]}
+        drift = _drift(st, expected)
+        off = {n for n in expected if st.get(n) != expected[n][0]}
         cell = {n: _setting(st, n) + ("*" if n in off else "") for n in SETTING_WORDS}
         rows.append([g["index"], cell["persistence"], cell["compute_mode"],
                      _pair(cell["graphics_clock_mhz"], cell["memory_clock_mhz"]),
                      _pair(cell["power_limit_w"], _setting(st, "power_default_w")), cell["mig"]])
         if drift:
-            lines.append(note(f"GPU {g['index']} differs from {key}: " + "; ".join(drift)))
+            lines.append(note(f"GPU {g['index']} differs from {against}: " + "; ".join(drift)))
     title = "GPU settings (app clocks graphics/memory MHz; power limit/default W; n/a: not supported"
-    title += f"; *: differs from {key})" if baseline else ")"
+    title += f"; *: differs from {against})" if expected else ")"
     return "\n".join([note(title, indent="", hang="  "),
                       table(["gpu", "persistence", "compute", "app clocks", "power", "MIG"], rows, "  "), *lines])
 
 
-def settings_of(host):
-    """The settings view for one host (a hostconfig.Host): its hosts.env baseline, named by its key."""
-    return lambda x: settings(x, host.gpu_baseline, f"{host.alias.upper()}_GPU_BASELINE")
+def settings_of(host, phase=None):
+    """The settings view for one host (a hostconfig.Host): its hosts.env baseline, named by its
+    key, and the settings of `phase` (the phase the last pivot started) over it."""
+    return lambda x: settings(x, host.gpu_baseline, f"{host.alias.upper()}_GPU_BASELINE", phase)
 
 
 def where(h: ProcessRow) -> str:

@@ -342,3 +342,23 @@ def test_gpu_baseline_is_read_and_checked():
     for bad in ('{"mig": true}', '{"graphics_clock_mhz": -1}', '{"power_limit_w": NaN}', "[]", "{}"):
         with pytest.raises(ConfigError, match=r"^GPU1_GPU_BASELINE="):
             build_host("gpu1", {"SSH": "root@192.0.2.1", "GPU_BASELINE": bad}, "test")
+
+
+def test_applying_gpu_settings_is_opt_in_and_a_phase_declares_its_own(hosts_env):
+    hosts_env("GPU1_SSH=root@192.0.2.1\nGPU1_PHASE_TRAIN_ARGV='[\"train\"]'\n"
+              "GPU1_PHASE_TRAIN_GPU_SETTINGS='{\"power_limit_w\": 500, \"compute_mode\": \"exclusive_process\"}'\n")
+    host = load_hosts()["gpu1"]
+    assert not host.apply_settings  # off unless the host says yes
+    assert dict(host.phases["train"].gpu_settings) == {"power_limit_w": 500, "compute_mode": "exclusive_process"}
+    hosts_env("GPU1_SSH=root@192.0.2.1\nGPU1_GPU_APPLY_SETTINGS=yes\n")
+    assert load_hosts()["gpu1"].apply_settings
+    for line, want in (("GPU1_GPU_APPLY_SETTINGS=maybe", "GPU1_GPU_APPLY_SETTINGS='maybe': must be yes or no"),
+                       ("GPU1_PHASE_TRAIN_ARGV='[\"t\"]'\nGPU1_PHASE_TRAIN_GPU_SETTINGS='{\"power_limit_w\": \"max\"}'",
+                        "GPU1_PHASE_TRAIN_GPU_SETTINGS="),
+                       ("GPU1_PHASE_TRAIN_ARGV='[\"t\"]'\nGPU1_PHASE_TRAIN_GPU_SETTINGS='{\"fan\": 1}'",
+                        "unknown setting 'fan'")):
+        hosts_env(f"GPU1_SSH=root@192.0.2.1\n{line}\n")
+        with pytest.raises(ConfigError, match=re.escape(want)):
+            load_hosts()
+    res = invoke("status", "--host", "gpu1")  # one line naming the key and value, exit 2, nothing run
+    assert res.returncode == 2 and b"unknown setting 'fan'" in res.stdout + res.stderr

@@ -172,6 +172,10 @@ SANDBOX_EXITS = {
         ({1}, "fake GPUs: no NVML, so the MIG precondition cannot be read and the reset is refused"),
     ("gpu-unusable-after-teardown.md", "invoke reset --host gpu1 --gpu 0 --yes"):
         ({1}, "the same refusal: nothing is reset"),
+    ("gpu-unusable-after-teardown.md", "invoke reset --host gpu1 --gpu 0 --quiesce"):
+        ({1}, "the same refusal: no daemon is stopped"),
+    ("gpu-unusable-after-teardown.md", "invoke reset --host gpu1 --gpu 0 --quiesce --yes"):
+        ({1}, "the same refusal, before any daemon is stopped: nothing is reset"),
     ("host-crash-recovery.md", "invoke run --host gpu1 -- systemctl is-enabled vllm.service"):
         ({1, 4, 127}, "the sandbox has no vllm.service (systemctl: no such unit, or no systemd)"),
     ("slurm-node-drained.md", "invoke undrain --host node[1-8]"):

@@ -38,6 +38,10 @@ class Audit:
                "pid": target.get("pid"), "start_time": target.get("start_time"), "cmdline": target.get("cmdline"),
                "signal": action, "result": result}
         rec.update(extra)
+        return self.record(rec)
+
+    def record(self, rec):
+        """Keep and append one record as it is (a GPU setting's change has no target)."""
         self.records.append(rec)
         if self.path is None:
             return rec

@@ -22,10 +22,11 @@ import os
 import shutil
 import subprocess
 
-from ..gpu import gpuinfo, health, mig, xid
+from ..gpu import checkup, gpuinfo, health, mig, xid
 from ..procs import rules
 from ..status import scan
 from ..wire import codes, defaults, records
+from . import quiesce
 
 RESET_TIMEOUT_S = defaults.RESET_TIMEOUT_S
 NVLINK_MAX_LINKS = 18
@@ -35,6 +36,9 @@ X_SERVERS = ("Xorg", "Xwayland", "X")
 def add_arguments(parser):
     parser.add_argument("--gpu", default=None, help="the GPU index to reset (as nvidia-smi and NVML number it)")
     parser.add_argument("--yes", action="store_true", help="run the reset (default: only check and show it)")
+    parser.add_argument("--quiesce", action="store_true",
+                        help="stop the daemons that block a reset through systemd and turn persistence off first; "
+                             "put both back after, even when the reset fails (quiesce.py)")
 
 
 def command(index):
@@ -66,15 +70,16 @@ def holders_on(doc, index):
     return out
 
 
-def checks(doc, source, index):
-    """The precondition checks, in order: [{check, ok, detail}]."""
+def checks(doc, source, index, stopping=()):
+    """The precondition checks, in order: [{check, ok, detail}]. `stopping`: the pids of the
+    daemons --quiesce stops first (they hold the GPU now, not at the reset)."""
     out = []
     denied, hidden = doc.get("denied") or [], doc.get("proc_hidden")
     out.append(_check("every process inspected", not denied and not hidden, "; ".join(
         ["%d process(es) could not be inspected (pids %s%s): one may hold the GPU unseen; run as root"
          % (len(denied), ", ".join(map(str, denied[:8])), ", ..." if len(denied) > 8 else "")] * bool(denied)
         + ([str(hidden)] if hidden else [])) or "every process's open files were read"))
-    holders = holders_on(doc, index)
+    holders = [h for h in holders_on(doc, index) if h["pid"] not in stopping]
     blocking = [h for h in holders if not _is_persistenced(h)]
     out.append(_check("no process holds the GPU", not blocking, "; ".join(
         "pid %s (%s)%s" % (h["pid"], h["cmdline"][:60], " [%s]" % h["protected"] if h["protected"] else "")
@@ -168,19 +173,25 @@ def run(args):
 def _reset(args):
     args.device_set()
     source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+    daemons, refused = [], []
     try:
         doc = scan.collect(args, source)
         index = _gpu_index(args.gpu, len(doc["gpus"]))
-        results = checks(doc, source, index)
+        if args.quiesce:
+            daemons, refused = quiesce.find(doc.procs)
+        results = checks(doc, source, index, {p for d in daemons for p in d["pids"]})
     finally:
         source.close()
     argv = command(index)
-    ready = all(c["ok"] for c in results)
+    ready = all(c["ok"] for c in results) and not refused
     out = {"hostname": doc["hostname"], "gpu": index, "checks": results, "command": argv, "ready": ready,
            "ran": False, "gpu_source": doc["gpu_source"], "gpu_source_tried": tried, "output": None,
-           "note": "dry run: nothing was reset (run with --yes)" if not args.yes else None}
+           "note": "dry run: nothing was reset (run with --yes)" if not args.yes else None,
+           "quiesce": {"daemons": daemons, "refused": refused, "steps": [], "persistence": []}
+           if args.quiesce else None}
     if not ready:
-        out["note"] = "refused: a precondition is not met; nothing was reset"
+        out["note"] = "refused: %s; nothing was stopped or reset" % (
+            "; ".join(refused) if refused else "a precondition is not met")
         return codes.EXIT_FAILED, out
     if not args.yes:
         return codes.EXIT_OK, out
@@ -190,12 +201,60 @@ def _reset(args):
     if not shutil.which(argv[0]):
         out["note"] = "refused: nvidia-smi is not on PATH"
         return codes.EXIT_FAILED, out
+    if args.quiesce:
+        return _quiesced(args, index, daemons, out)
+    code = _run_reset(argv, out)
+    out["note"] = "reset %s" % ("done" if code == codes.EXIT_OK else
+                                "FAILED (invoke reset --quiesce stops the daemons that may block it)")
+    return code, out
+
+
+def _run_reset(argv, out):
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=RESET_TIMEOUT_S)
         out.update(ran=True, output=(done.stdout + done.stderr).strip()[-2000:], reset_exit=done.returncode)
-        code = codes.EXIT_OK if done.returncode == 0 else codes.EXIT_FAILED
+        return codes.EXIT_OK if done.returncode == 0 else codes.EXIT_FAILED
     except subprocess.TimeoutExpired:
         out.update(ran=True, output="nvidia-smi --gpu-reset did not return within %g s" % RESET_TIMEOUT_S)
-        code = codes.EXIT_FAILED
-    out["note"] = "reset %s" % ("done" if code == codes.EXIT_OK else "FAILED")
+        return codes.EXIT_FAILED
+
+
+def _quiesced(args, index, daemons, out):
+    """The reset inside quiesce.around, then the GPU's health read again. A reset that ran and
+    failed with nothing blocking it is "reboot needed" (12); a daemon or setting not put back
+    is named and exits 1 (unless the reboot says more)."""
+    def reset():
+        code = _run_reset(out["command"], out)
+        return out["ran"], code == codes.EXIT_OK
+
+    done = quiesce.around(index, daemons, reset)
+    q = out["quiesce"]
+    q.update(steps=done["steps"], persistence=done["persistence"], daemons=done["daemons"])
+    q["health"] = _health_after(args, index)
+    failed = done["restore_failed"]
+    if done["ran"] and not done["ok"]:
+        code, note = codes.EXIT_REBOOT_NEEDED, "reset FAILED with its blockers stopped: reboot needed"
+    elif not done["ran"]:
+        code, note = codes.EXIT_FAILED, "not reset: a step before it failed (see the steps)"
+    else:
+        code, note = codes.EXIT_OK, "reset done"
+    if failed:
+        code = code if code == codes.EXIT_REBOOT_NEEDED else codes.EXIT_FAILED
+        note += "; NOT put back: " + "; ".join(failed)
+    else:
+        note += "; every daemon and setting put back"
+    out["note"] = note
     return code, out
+
+
+def _health_after(args, index):
+    """The GPU's health verdict, read again after the reset (a fresh scan and NVML handles)."""
+    source, _ = gpuinfo.open_source(args.fake_gpus, args.devices)
+    try:
+        doc = checkup.annotate(scan.collect(args, source), source)
+        gpu = next((g for g in doc["gpus"] if g["index"] == index), None)
+        return gpu.get("health") if gpu else {"verdict": "unknown", "reasons": ["GPU %d is not seen" % index]}
+    except Exception as exc:  # a GPU that fell off the bus: the verdict says so, the restore stands
+        return {"verdict": "unknown", "reasons": ["not read: %s: %s" % (type(exc).__name__, exc)]}
+    finally:
+        source.close()

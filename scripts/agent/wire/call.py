@@ -1,10 +1,8 @@
 """The agent's argv: how it is started (stdin, BOOT), the flags every subcommand and each
 one takes, which agent module runs each subcommand, and how to know an agent call in /proc.
 
-Why here: the local side builds the argv (agent_argv), the agent parses it (cli.py) and knows
-another agent by it (agent_call: never signalled), and the bundle ships per subcommand the
-modules named below; one definition keeps the three in step.
-"""
+Why here: the local side builds the argv, the agent parses it and knows another agent by it
+(agent_call: never signalled), the bundle ships the modules named below: one definition."""
 import os
 
 from .defaults import DEVICE_GLOB
@@ -12,12 +10,9 @@ from .frame import encode_spec
 
 STDIN = "-"  # the agent's source comes on stdin: `python3 - SUBCOMMAND ...`
 # The transport's form: `python3 -S -c BOOT - SUBCOMMAND ...`, stdin = the bundle zlib-compressed
-# (bundle.agent_stream). Why: Python reads a script from stdin at ~0.25 ms per KB, where raw
-# bytes cost nothing, and -S skips site (.pth files: 50-85 ms on a torch host) before the first
-# signal; the agent adds site only when it imports pynvml (gpuinfo.import_pynvml), after them.
-# The first statement drops '' (the working directory, which `-c` and `-` put first on sys.path):
-# the agent runs as root in whatever directory the operator stands in, and a zlib.py or json.py
-# another user left there must never be imported (tests/agent/test_agent_imports.py).
+# (bundle.agent_stream). Why: reading a script from stdin costs ~0.25 ms per KB, raw bytes nothing;
+# -S skips site (.pth files: 50-85 ms on a torch host; pynvml's import adds it later). BOOT first
+# drops '' (the working directory) from sys.path: a zlib.py another user left there is never run.
 BOOT = ("import sys;sys.path[:]=[p for p in sys.path if p];import zlib;"
         "_D=zlib.decompress(sys.stdin.buffer.read());exec(_D[:_D.index(bytes(1))])")
 STREAM_FLAGS = ("-S", "-c", BOOT)
@@ -48,7 +43,8 @@ SUBCOMMANDS = {
     "gates": (SPEC_FLAG,),
     "lint": ("--max-used-mib", "--argv", "--gpus"),
     "deploy": (SPEC_FLAG, "--action"),
-    "reset": ("--gpu", "--yes"),
+    "reset": ("--gpu", "--yes", "--quiesce"),
+    "gpu-settings": ("--settings", "--operator"),
 }
 
 
@@ -74,6 +70,7 @@ SUBCOMMAND_MODULES = {
     "lint": ("phases.lint", None),
     "deploy": ("phases.deploy", None),
     "reset": ("teardown.reset", None),
+    "gpu-settings": ("gpu.settings_cmd", None),
 }
 
 

@@ -13,6 +13,7 @@ EXIT_DECLINED = 8      # the operator answered no at the confirmation: nothing w
 EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or reboot (agent/gpu/health.py)
 EXIT_OUTPUT = 10       # stdout could not be written (disk full, I/O error): the task's own code is on stderr
 EXIT_STARTER_ALIVE = 11  # GPUs free now, a related starter lives (agent/procs/relation.py)
+EXIT_REBOOT_NEEDED = 12  # reset --quiesce: the reset failed with nothing blocking it (teardown/quiesce.py)
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, as a shell reports a program its reader left: Invoke's own output
 EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
@@ -25,12 +26,13 @@ EXIT_CODES = (
     (EXIT_USAGE, "usage", "bad input: one line names the bad value; nothing ran"),
     (EXIT_UNREACHABLE, "unreachable", "host unreachable or login refused, agent failed there, or state dir unusable"),
     (EXIT_LOCKED, "locked", "another teardown holds the host's lock"),
-    (EXIT_GATE, "gate-failed", "a pivot's drain, a gate or the launch lint blocked it: nothing started"),
+    (EXIT_GATE, "gate-failed", "a pivot's drain, gate, launch lint or GPU setting blocked it: nothing started"),
     (EXIT_UNINSPECTED, "uninspected", "not every process could be inspected (run as root): never called free"),
     (EXIT_TIMED_OUT, "timed-out", "the host did not answer in time (ssh connect or keep-alive timeout, or the "
                                   "call's --timeout); other hosts of a fleet still finish"),
     (EXIT_DECLINED, "declined", "the confirmation was answered no: nothing was signalled or started"),
     (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is drain, reset needed or reboot needed"),
+    (EXIT_REBOOT_NEEDED, "reboot-needed", "reset --quiesce: the reset failed with its blockers stopped: reboot"),
     (EXIT_OUTPUT, "output-failed", "stdout could not be written (disk full, I/O error); the task ran to its end "
                                    "and its own exit code is named on stderr"),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),

@@ -1,6 +1,5 @@
 """How the agent's output is framed: the nonce, the marker lines around the result, the
-progress lines before it, and the phase spec as one argv word.
-"""
+progress lines before it, and the phase spec as one argv word."""
 import binascii
 import json
 import os
@@ -12,9 +11,8 @@ def new_nonce():
 
 
 # -- the result's marker lines -------------------------------------------------------------------
-# Login shells print MOTDs and rc-file noise on stdout. The local side keeps only what lies
-# between `begin` and `end` lines carrying a nonce it chose, so noise (or a process printing
-# a fake marker) cannot be mistaken for the result.
+# Login shells print MOTDs and noise on stdout: the local side keeps only what lies between
+# `begin` and `end` lines carrying its nonce, so noise (or a fake marker) is never the result.
 
 MARKER_PREFIX = "=====gpu-pivot-result"
 

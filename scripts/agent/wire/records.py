@@ -262,6 +262,14 @@ class ResetResult(Record):
     output: str | None = None
     note: str | None = None
     hostname: str | None = None
+    quiesce: dict[str, Any] | None = None  # --quiesce: {daemons, persistence, steps, health} (teardown/quiesce.py)
+    code: int = EXIT_OK
+
+
+class SettingsResult(Record):
+    rows: list[rows.SettingRow]  # each GPU's each setting asked for (gpu/settings_write.py)
+    hostname: str | None = None
+    note: str | None = None
     code: int = EXIT_OK
 
 
@@ -276,7 +284,7 @@ RESULTS = {
     "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
     "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
     "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult,
-}
+    "gpu-settings": SettingsResult}
 
 
 def read_plan(doc, command="plan"):
@@ -313,12 +321,10 @@ def read(subcommand, code, doc):
 
 
 def written(cls, more=(), **fields):
-    """The document of a result the agent builds as record `cls`, the type the local side reads
-    it back as. The record is made first, of `fields` (each one it must name) and of the keys
-    of `more` that it names: a field it lacks, or a required one left out, fails in the agent
-    (TypeError), not as a ContractError on the operator's side. The document is `more` with
-    `fields` over it, `code` as "exit_code": the keys given and no others (a locked teardown
-    carries no plan), and those no record reads (timings, a person's summary) as they are."""
+    """The document of a result the agent builds as record `cls`. The record is made first, of
+    `fields` and the keys of `more` it names: a field it lacks, or a required one left out,
+    fails in the agent (TypeError), not as a ContractError on the operator's side. The document
+    is `more` with `fields` over it, `code` as "exit_code", extra keys (timings) as they are."""
     doc = dict(more)
     doc.update(fields)
     names = cls.field_names()

@@ -337,6 +337,17 @@ class Check(TypedDict):
     detail: str
 
 
+class SettingRow(TypedDict, total=False):
+    """A GPU setting before and after a write (gpu/settings_write.py); result: set, already, FAILED."""
+    gpu: int
+    field: str
+    before: Any
+    want: Any
+    after: Any
+    result: str
+    error: str | None
+
+
 class Gate(TypedDict, total=False):
     """GatesResult.gates: one gate and its answer."""
     gate: str

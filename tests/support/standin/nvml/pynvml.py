@@ -263,3 +263,48 @@ def nvmlDeviceGetPowerManagementLimit(h):
 
 def nvmlDeviceGetPowerManagementDefaultLimit(h):
     return _setting(h, "power_default_mw", "nvmlDeviceGetPowerManagementDefaultLimit")
+
+
+# -- set calls: each one logged (a JSON line per call, with its thread and its start and end on
+# the monotonic clock) to the recording's "calls_log", after sleeping "set_delay_s": a test
+# asserts the exact calls and values, and that calls on different GPUs overlapped in time.
+# With "write_back": true the recording file is rewritten, so the next agent reads the new value.
+_LOG_LOCK = threading.Lock()
+
+
+def _set(h, call, args, key, value):
+    import time
+
+    started = time.monotonic()
+    time.sleep(float(_rec.get("set_delay_s", 0)))
+    failed = call in _gpu(h).get("fail", ())
+    if not failed and _gpu(h).get(key, "not supported") == "not supported":  # no such feature
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    if not failed:
+        _gpu(h)[key] = value
+    if _rec.get("calls_log"):
+        line = json.dumps({"call": call, "gpu": h.index, "args": list(args), "start": started,
+                           "end": time.monotonic(), "thread": threading.get_ident()})
+        with _LOG_LOCK, open(_rec["calls_log"], "a") as f:
+            f.write(line + "\n")
+    if not failed and _rec.get("write_back") and os.environ.get("GPU_PIVOT_NVML_RECORDING"):
+        with _LOG_LOCK, open(os.environ["GPU_PIVOT_NVML_RECORDING"], "w") as f:  # the next process reads it
+            json.dump(_rec, f)
+    if failed:
+        raise NVMLError(NVML_ERROR_UNKNOWN)
+
+
+def nvmlDeviceSetPersistenceMode(h, mode):
+    _set(h, "nvmlDeviceSetPersistenceMode", [mode], "persistence", mode)
+
+
+def nvmlDeviceSetComputeMode(h, mode):
+    _set(h, "nvmlDeviceSetComputeMode", [mode], "compute_mode", mode)
+
+
+def nvmlDeviceSetApplicationsClocks(h, mem_mhz, graphics_mhz):
+    _set(h, "nvmlDeviceSetApplicationsClocks", [mem_mhz, graphics_mhz], "app_clocks", [graphics_mhz, mem_mhz])
+
+
+def nvmlDeviceSetPowerManagementLimit(h, limit_mw):
+    _set(h, "nvmlDeviceSetPowerManagementLimit", [limit_mw], "power_limit_mw", limit_mw)
