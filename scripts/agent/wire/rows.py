@@ -1,9 +1,7 @@
 """The rows inside results (a GPU, a holder, a plan target, an action...), as TypedDicts.
 
-Why: mypy checks every key the local side reads. Types only (under TYPE_CHECKING), never
-imported at run time; rows stay the plain dicts json.loads makes. A key the agent may leave
-out is in a `total=False` class (3.8 has no NotRequired); required and optional keys: two classes.
-"""
+Why: mypy checks every key the local side reads. Types only (under TYPE_CHECKING); rows stay
+plain dicts. An optional key is in a `total=False` class (3.8 has no NotRequired)."""
 from __future__ import annotations
 
 from typing import Any, TypedDict
@@ -24,9 +22,8 @@ class _Pid(TypedDict):
 
 
 class ProcessRow(_Pid, total=False):
-    """A process, as every kind of row names one (holders, plan rows, still holding, stuck,
-    respawns, ...): each kind carries some of these (agent/procs/procscan.py detail, plan._row).
-    What render.Command.of, render.command and status_view.where read."""
+    """A process as every kind of row names one (procscan.py detail, plan._row): what
+    render.Command.of, render.command and status_view.where read."""
     start_time: int  # clock ticks since boot: with pid, which process it is
     ppid: int
     pgid: int
@@ -94,8 +91,7 @@ class Mig(TypedDict, total=False):
 
 
 class GpuSettings(TypedDict, total=False):
-    """GpuRow.settings (agent/gpu/settings.py): what the GPU runs with, read through NVML; None
-    where NVML does not support the field (named in not_supported) or its call failed (unread)."""
+    """GpuRow.settings (agent/gpu/settings.py); None: not supported (not_supported) or unread."""
     persistence: str | None  # "on", "off"
     compute_mode: str | None  # "default", "exclusive_process", "prohibited", ...
     graphics_clock_mhz: int | None  # application clocks
@@ -162,12 +158,8 @@ class MpsClient(TypedDict, total=False):
     via: str
 
 
-class MpsServer(TypedDict, total=False):
-    pid: int
-    uid: int | None
-    start_time: int
+class MpsServer(MpsControl, total=False):  # and a control daemon's pid, uid, start_time, pipe_dir
     control: int | None
-    pipe_dir: str | None
     gpus: dict[str, int | None]  # GPU index -> MiB
     clients: list[MpsClient]
 
@@ -190,15 +182,13 @@ class MpsQuit(TypedDict, total=False):
 
 
 class StillHolding(ProcessRow, total=False):
-    """VerifyResult and TeardownResult.still_holding (agent/teardown/verify.py): what holds a GPU;
-    gpu None: a holder of a device file with no memory on any GPU."""
+    """still_holding (agent/teardown/verify.py); gpu None: a device file held, no memory used."""
     gpu: int | None
     used_mib: int | None
 
 
 class Action(ProcessRow, total=False):
-    """TeardownResult.actions, StopResult.actions: one audit record (agent/state/auditlog.py):
-    a signal sent, a unit or container stopped; signal_failures: one that failed."""
+    """actions (and signal_failures): one audit record (agent/state/auditlog.py)."""
     time: str
     host: str
     operator: str
@@ -268,8 +258,7 @@ class Writing(TypedDict):
 
 
 class ShmLeftover(TypedDict, total=False):
-    """Plan.shm, TeardownResult.shm_removed: a /dev/shm file (kind "file", path) or a System V
-    segment (kind "sysv", shmid) a stopped target may leave (agent/teardown/shm.py)."""
+    """Plan.shm, TeardownResult.shm_removed: a /dev/shm file or System V segment (teardown/shm.py)."""
     kind: str
     path: str
     shmid: int
