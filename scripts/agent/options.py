@@ -34,9 +34,10 @@ THRESHOLD = ("max_used_mib",)
 SPEC = ("spec",)
 PLAN = ("only_matching", "stop_starters", "all_users", "disable")
 TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm")
-OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes")  # one subcommand's each
+# one subcommand's each
+OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes", "probe", "probe_mib")
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
-                      "disable", "follow", "yes", "keep_shm"))
+                      "disable", "follow", "yes", "keep_shm", "probe"))
 FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
 
@@ -89,6 +90,8 @@ class Options:
     follow: bool
     gpu: str | None
     yes: bool
+    probe: bool  # verify: the CUDA probe on each GPU (gpu/probe.py)
+    probe_mib: int | None
 
     def __init__(self, **values):
         for name in FIELDS:
@@ -141,6 +144,8 @@ def check_values(opts):
     for flag, value in (("max-used-mib", opts.max_used_mib), ("scope-uid", opts.scope_uid)):
         if value is not None and value < 0:
             raise UsageError("--%s %r: must be 0 or more" % (flag, value))
+    if opts.probe_mib is not None and not 1 <= opts.probe_mib <= defaults.MAX_PROBE_MIB:
+        raise UsageError("--probe-mib %r: MiB from 1 to %d" % (opts.probe_mib, defaults.MAX_PROBE_MIB))
     for flag, value in (("run-dir", opts.run_dir), ("devices", opts.devices)):
         if value is not None and not value.startswith("/"):
             raise UsageError("--%s %r: must be an absolute path" % (flag, value))

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..agent.wire.defaults import DEVICE_GLOB
+from ..agent.wire.defaults import DEVICE_GLOB, MAX_PROBE_MIB, PROBE_MIB
 from .envfile import read_env_file
 from .errors import ConfigError, show
 from .patterncheck import check_pattern
@@ -32,7 +32,7 @@ HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
 # Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
 # alias "gpu1_ssh" + "OPTS".
 KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "BECOME", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT",
-                  "SCOPE_UID", "SCOPE", "GPU_BASELINE")
+                  "SCOPE_UID", "SCOPE", "GPU_BASELINE", "PROBE_MIB")
 _BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 _SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
@@ -58,6 +58,7 @@ class Host:
     scope_uid: int | None = None  # targets must be owned by this uid (sandbox: its owner)
     run_dir: str | None = None    # where the agent keeps state on the host (default: /run/gpu-pivot)
     gpu_baseline: dict = field(default_factory=dict, compare=False, hash=False)  # GPU settings status expects
+    probe_mib: int = PROBE_MIB    # the CUDA probe's test buffer (verify --probe, a pivot's probe step)
     source: str = "built-in"
     phases: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -174,8 +175,17 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
                               "the line")
     scope_uid = _uid(key("SCOPE_UID"), keys["SCOPE_UID"]) if "SCOPE_UID" in keys else None
     baseline = _gpu_baseline(key("GPU_BASELINE"), keys["GPU_BASELINE"]) if "GPU_BASELINE" in keys else {}
+    probe_mib = _probe_mib(key("PROBE_MIB"), keys["PROBE_MIB"]) if "PROBE_MIB" in keys else PROBE_MIB
     return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
-                scope_uid=scope_uid, source=source, phases=phases, gpu_baseline=baseline)
+                scope_uid=scope_uid, source=source, phases=phases, gpu_baseline=baseline, probe_mib=probe_mib)
+
+
+def _probe_mib(key: str, value: str) -> int:
+    """The CUDA probe's test buffer in MiB: a whole number from 1 to MAX_PROBE_MIB."""
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PROBE_MIB:
+        raise ConfigError(f"{key}={show(value)}: the probe's test buffer is a whole number of MiB from 1 to "
+                          f"{MAX_PROBE_MIB}")
+    return int(value)
 
 
 # ALIAS_GPU_BASELINE's fields: {field: (the words it takes, or None: a positive number; its unit)}

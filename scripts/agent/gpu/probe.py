@@ -18,12 +18,13 @@ import threading
 import time
 
 from ..procs import procfs
+from ..wire import defaults
 
 LIBCUDA = "libcuda.so.1"
-DEADLINE_S = 60.0  # cuInit on 8 GPUs takes seconds; a call past this is stuck in the driver
+DEADLINE_S = defaults.PROBE_DEADLINE_S  # cuInit on 8 GPUs takes seconds; past this a call is stuck
 RELEASE_S = 2.0    # how long NVML may still list the child after it exited (driver cleanup)
-OK, FAILED, HUNG, HIDDEN, NOT_RUN = "ok", "failed", "hung", "hidden", "not run"
-SANDBOX_WORDS = "SANDBOX stand-in: no CUDA here; a real host opens a context and touches %d MiB"
+OK, FAILED, HUNG, HIDDEN, NOT_RUN, STAND_IN = "ok", "failed", "hung", "hidden", "not run", "stand-in"
+SANDBOX_WORDS = "SANDBOX stand-in, no CUDA here: a real host gets a context + %d MiB on each GPU"
 
 
 def uuid_text(raw):
@@ -160,7 +161,7 @@ def _fork(path, uuids, size):
 def _read(pid, rfd, deadline_s):
     """Every line the child wrote, until it closed the pipe or the deadline passed; (lines, hung)."""
     end = time.monotonic() + deadline_s
-    buf, lines = b"", []
+    buf, lines = b"", []  # type: bytes, list
     try:
         while True:
             left = end - time.monotonic()
@@ -214,7 +215,7 @@ def run(gpus, size_mib, source=None, deadline_s=None):
     size = int(size_mib) * 1024 * 1024
     if getattr(source, "name", None) == "sandbox (fake GPUs)":
         return {"stand_in": SANDBOX_WORDS % size_mib, "size_mib": size_mib, "seconds": 0.0,
-                "gpus": {str(g["index"]): {"state": OK, "seconds": 0.0} for g in gpus}}
+                "gpus": {str(g["index"]): {"state": STAND_IN} for g in gpus}}
     deadline_s = DEADLINE_S if deadline_s is None else deadline_s
     uuids = [g.get("uuid") for g in gpus if g.get("uuid")]
     t0 = time.monotonic()
@@ -237,6 +238,7 @@ def _per_gpu(gpus, lines, hung, out):
     res = {}
     for g in gpus:
         uuid = g.get("uuid")
+        r: dict
         if "load_error" in head:
             r = {"state": NOT_RUN, "error": "libcuda not loadable: %s" % head["load_error"]}
         elif "init_error" in head:

@@ -34,7 +34,7 @@ SPEC_FLAG = "--spec"
 SUBCOMMANDS = {
     "ping": (),
     "scan": (),
-    "verify": ("--max-used-mib", "--wait"),
+    "verify": ("--max-used-mib", "--wait", "--probe", "--probe-mib"),
     "plan": ("--only-matching", "--stop-starters", "--all-users", "--disable"),
     "teardown": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--max-used-mib", "--grace",
                  "--timeout", "--wait-lock", "--operator", "--approved", "--settle", "--mps", "--keep-shm"),
