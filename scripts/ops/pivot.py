@@ -203,7 +203,8 @@ class Pivot:
         if r.code:
             for problem in t.problems:
                 self.out("    " + self.words.safe(problem))
-            return self.finish(r.code, "GPUs not free: nothing started")
+            return self.finish(r.code, "a GPU is not usable (health): nothing started" if r.code == codes.EXIT_UNHEALTHY
+                               else "GPUs not free: nothing started")
         return None
 
     def step_probe(self):
