@@ -269,7 +269,8 @@ class _Findings:
             self.notes[i].append("not read: fabric state: %s" % fab["error"])
             return
         self.fabric[i] = fab
-        self.read[i].append("fabric %s" % fabric.words(fab))
+        if fab["state"] != fabric.NOT_SUPPORTED:  # no fabric is no answer about this GPU's health
+            self.read[i].append("fabric %s" % fabric.words(fab))
         why = fabric.finding(fab)
         if why:
             self.per[i].append((NOT_READY, why))

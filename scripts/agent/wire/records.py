@@ -115,7 +115,7 @@ class VerifyResult(Record):
     problems: list[str]
     still_holding: list[rows.StillHolding] = []
     waited_s: float = 0.0
-    probe: rows.Probe | None = None  # verify --probe (agent/gpu/probe.py); per GPU in gpus[].probe
+    probe: dict | None = None  # verify --probe (agent/gpu/probe.py); per GPU in gpus[].probe
     code: int = EXIT_OK
 
 

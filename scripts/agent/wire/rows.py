@@ -81,34 +81,9 @@ class Health(TypedDict):
     reasons: list[str]
 
 
-class Fabric(TypedDict):
-    state: str  # completed, in progress, not started, not supported
+class Fabric(TypedDict):  # agent/gpu/fabric.py: state completed, in progress, not started, not supported
+    state: str
     status: str | None  # NVML's words where the registration did not succeed
-    call: str
-
-
-class ProbeGpu(TypedDict, total=False):
-    state: str  # ok, failed, hung, hidden, not run (agent/gpu/probe.py)
-    seconds: float
-    error: str
-    call: str
-    code: int
-    cuda_ordinal: int
-
-
-class Probe(TypedDict, total=False):
-    gpus: dict[str, ProbeGpu]
-    size_mib: int
-    seconds: float
-    init_s: float
-    released_s: float | None
-    cuda_visible_devices: str | None
-    stand_in: str  # the sandbox: what a real host would do
-    skipped: str
-    load_error: str
-    init_error: str
-    pid: int
-    deadline_s: float
 
 
 class MigInstance(TypedDict, total=False):
@@ -157,7 +132,7 @@ class GpuRow(_Gpu, total=False):
     memory_call: str
     health: Health  # where assessed (views/health.py gpu_health reads it)
     fabric: Fabric  # where NVML reports one (agent/gpu/fabric.py)
-    probe: ProbeGpu  # verify --probe (agent/gpu/probe.py)
+    probe: dict  # verify --probe (agent/gpu/probe.py): state (ok, failed, hung, hidden...), seconds, error
     mig: Mig  # where read
     settings: GpuSettings  # status only (agent/gpu/settings.py)
 

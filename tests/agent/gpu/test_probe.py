@@ -82,7 +82,7 @@ def test_a_failed_probe_exits_9_with_cudas_error_and_nvmls_reason(lib, ps, tmp_p
     assert bad["verdict"] == "reset needed"
     why = " ".join(bad["reasons"])
     assert "CUDA probe failed: cuMemAlloc_v2: CUDA_ERROR_ECC_UNCORRECTABLE (214)" in why
-    assert "NVML read: recovery action 0" in why and "fabric not supported" in why
+    assert "NVML read: recovery action 0" in why and doc["gpus"][1]["fabric"]["state"] == "not supported"
     assert any("GPU 1: RESET NEEDED" in p for p in doc["problems"])
 
 
