@@ -35,9 +35,10 @@ SPEC = ("spec",)
 PLAN = ("only_matching", "stop_starters", "all_users", "disable", "checkpoint_stop")
 TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm")
 # one subcommand's each
-OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes", "quiesce", "settings")
+OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes", "quiesce", "settings", "probe",
+       "probe_mib")
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
-                      "disable", "follow", "yes", "keep_shm", "quiesce"))
+                      "disable", "follow", "yes", "keep_shm", "quiesce", "probe"))
 FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
 
@@ -93,6 +94,8 @@ class Options:
     yes: bool
     quiesce: bool  # reset: stop the daemons that block it, put them back after (teardown/quiesce.py)
     settings: str | None  # gpu-settings: the settings to set, a JSON object (gpu/settings_cmd.py)
+    probe: bool  # verify: the CUDA probe on each GPU (gpu/probe.py)
+    probe_mib: int | None
 
     def __init__(self, **values):
         for name in FIELDS:
@@ -145,6 +148,8 @@ def check_values(opts):
     for flag, value in (("max-used-mib", opts.max_used_mib), ("scope-uid", opts.scope_uid)):
         if value is not None and value < 0:
             raise UsageError("--%s %r: must be 0 or more" % (flag, value))
+    if opts.probe_mib is not None and not 1 <= opts.probe_mib <= defaults.MAX_PROBE_MIB:
+        raise UsageError("--probe-mib %r: MiB from 1 to %d" % (opts.probe_mib, defaults.MAX_PROBE_MIB))
     for flag, value in (("run-dir", opts.run_dir), ("devices", opts.devices)):
         if value is not None and not value.startswith("/"):
             raise UsageError("--%s %r: must be an absolute path" % (flag, value))

@@ -84,11 +84,12 @@ def _no_gpu_is_not_free(r):
 def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.READ_FANOUT)):
     """Show who holds each GPU: per-GPU memory table and holder table (protected ones marked).
 
-    Also each GPU's health verdict (ok / reset needed / reboot needed / drain / unknown, with
-    its reasons), its MIG mode and instances, and any CUDA MPS server with the clients it
-    serves. No GPU visible (no device file matches the host's glob and no GPU memory source)
-    is not free, as verify says; a process whose open files this user cannot read may hold
-    a GPU unseen (uninspected: run as root).
+    Also each GPU's health verdict (ok / not ready / reset needed / reboot needed /
+    drain / unknown, with its reasons), its NVLink fabric state where NVML has one,
+    its MIG mode and instances, and any CUDA MPS server with the clients it serves.
+    No GPU visible (no device file matches the host's glob and no GPU memory source)
+    is not free, as verify says; a process whose open files this user cannot read may
+    hold a GPU unseen (uninspected: run as root).
 
     {fleet}
     """
@@ -102,25 +103,30 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
     summary = "" if json else fleet_view.summary(outcomes, fleet_view.status_verdict)
     _show(outcomes, json, brief, summary, host_views=lambda h: (
         status_view.visible, status_view.gpu_table, status_view.settings_of(h, gpu_settings.last_pivot_phase(h)),
-        health_view.health, health_view.mig, status_view.holder_table, health_view.mps, status_view.last_teardown))
+        health_view.fabric, health_view.health, health_view.mig, status_view.holder_table, health_view.mps,
+        status_view.last_teardown))
 
 
 @task(exit_codes=(("ok", "every GPU free, verified"), "not-free", "unreachable", "uninspected", "timed-out",
                   "unhealthy"),
       help={"host": HOST_HELP, "wait": "wait up to this many seconds until free",
+            "probe": "once free, prove each GPU usable: a CUDA context, a test buffer (the host's PROBE_MIB, "
+                     "default 64 MiB) allocated, touched and freed; a failure is unhealthy",
             "max_used_mib": td.TEARDOWN_HELP["max_used_mib"],
             "json": "print the result as JSON", "brief": BRIEF_HELP, "fanout": READ_FANOUT_HELP})
 @guarded
 @_fleet_doc
 def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB, json=False, brief=False,
-           fanout=str(defaults.READ_FANOUT)):
+           fanout=str(defaults.READ_FANOUT), probe=False):
     """Prove every GPU free (no compute process, 0 MiB used, no unprotected holder), or say what holds it.
 
     Not free too when no GPU is visible at all. Uninspected when the only obstacle is
     processes this user could not inspect (run as root: a holder among them would be unseen,
     so FREE is never said). Unhealthy when free but a GPU's health verdict is drain, reset
     needed or reboot needed ("unknown" never changes the code); every GPU's verdict is printed
-    with its reasons (JSON: gpus[].health).
+    with its reasons (JSON: gpus[].health). With --probe, once free, each GPU
+    also gets a CUDA context and a test buffer (found by UUID; timed); a failed,
+    hung or fabric-blocked probe is unhealthy too (JSON: gpus[].probe).
 
     {fleet}
     """
@@ -131,22 +137,23 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     from scripts.views.render import Progress
 
     wait_s = cliargs.seconds("wait", wait)
-    req = VerifyRequest(wait=wait_s, max_used_mib=cliargs.whole("max-used-mib", max_used_mib))
+    mib = cliargs.whole("max-used-mib", max_used_mib)
     _brief_or_json(brief, json)
     width = fanout_width(fanout)
     targets = hosts_of(host)
     shown = Progress(live=len(targets) == 1)
 
     def one(h):
+        req = VerifyRequest(wait=wait_s, max_used_mib=mib, probe_mib=h.probe_mib if probe else None)
         quiet = json or brief or not wait_s  # --brief: the summary alone, no progress lines before it
         on_progress = None if quiet else lambda p: shown.update(status_view.verify_progress(h.alias, p))
         return call_agent(h, "verify", req.argv(), on_progress=on_progress, deadline_s=req.deadline_s())
 
     outcomes = fleet.each_host(targets, one, width)
     shown.done()
-    summary = "" if json else fleet_view.summary(outcomes, fleet_view.verify_verdict, req.max_used_mib)
-    _show(outcomes, json, brief, summary, status_view.gpu_table, status_view.verdict, health_view.health,
-          health_view.mps, status_view.still_holding)
+    summary = "" if json else fleet_view.summary(outcomes, fleet_view.verify_verdict, mib)
+    _show(outcomes, json, brief, summary, status_view.gpu_table, status_view.verdict, health_view.fabric,
+          health_view.probe, health_view.health, health_view.mps, status_view.still_holding)
 
 
 @task(iterable=["match"], exit_codes=(("ok", "the plan was made; nothing was signalled"), "unreachable", "timed-out"),

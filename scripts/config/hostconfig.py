@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..agent.wire.defaults import DEVICE_GLOB
+from ..agent.wire.defaults import DEVICE_GLOB, MAX_PROBE_MIB, PROBE_MIB
 from . import gpu_settings
 from .envfile import read_env_file
 from .errors import ConfigError, show
@@ -33,7 +33,7 @@ HOSTS_FILE_ENV = "GPU_PIVOT_HOSTS_FILE"
 # Per-host keys: ALIAS_<SUFFIX>. Longest suffixes first so GPU1_SSH_OPTS is not read as
 # alias "gpu1_ssh" + "OPTS".
 KNOWN_SUFFIXES = ("SSH_OPTS", "SSH", "BECOME", "CTID", "PYTHON", "FAKE_DEVICES", "DEVICES", "TARGETS", "PROTECT",
-                  "SCOPE_UID", "SCOPE", "GPU_BASELINE", "GPU_APPLY_SETTINGS")
+                  "SCOPE_UID", "SCOPE", "GPU_BASELINE", "GPU_APPLY_SETTINGS", "PROBE_MIB")
 _BOOL = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
 
 _SSH_DEST = re.compile(r"^[A-Za-z0-9_.][A-Za-z0-9_.@:%\[\]-]*$")
@@ -60,6 +60,7 @@ class Host:
     run_dir: str | None = None    # where the agent keeps state on the host (default: /run/gpu-pivot)
     gpu_baseline: dict = field(default_factory=dict, compare=False, hash=False)  # GPU settings status expects
     apply_settings: bool = False  # a pivot sets the baseline after its teardown and the phase's before its start
+    probe_mib: int = PROBE_MIB    # the CUDA probe's test buffer (verify --probe, a pivot's probe step)
     source: str = "built-in"
     phases: dict = field(default_factory=dict, compare=False, hash=False)
 
@@ -177,8 +178,18 @@ def build_host(alias: str, keys: dict, source: str) -> Host:
     scope_uid = _uid(key("SCOPE_UID"), keys["SCOPE_UID"]) if "SCOPE_UID" in keys else None
     baseline = gpu_settings.parse(key("GPU_BASELINE"), keys["GPU_BASELINE"]) if "GPU_BASELINE" in keys else {}
     apply = _yes_no(key("GPU_APPLY_SETTINGS"), keys["GPU_APPLY_SETTINGS"]) if "GPU_APPLY_SETTINGS" in keys else False
+    probe_mib = _probe_mib(key("PROBE_MIB"), keys["PROBE_MIB"]) if "PROBE_MIB" in keys else PROBE_MIB
     return Host(alias, Route(tuple(hops)), python, devices, targets, protect, fake_devices=fake, scope=scope,
-                scope_uid=scope_uid, source=source, phases=phases, gpu_baseline=baseline, apply_settings=apply)
+                scope_uid=scope_uid, source=source, phases=phases, gpu_baseline=baseline, apply_settings=apply,
+                probe_mib=probe_mib)
+
+
+def _probe_mib(key: str, value: str) -> int:
+    """The CUDA probe's test buffer in MiB: a whole number from 1 to MAX_PROBE_MIB."""
+    if not (value.isascii() and value.isdigit()) or not 1 <= int(value) <= MAX_PROBE_MIB:
+        raise ConfigError(f"{key}={show(value)}: the probe's test buffer is a whole number of MiB from 1 to "
+                          f"{MAX_PROBE_MIB}")
+    return int(value)
 
 
 def _phase_key(key: str):

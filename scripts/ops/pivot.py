@@ -24,7 +24,7 @@ from typing import TypeVar
 from ..agent.state import statedir
 from ..agent.wire import codes, defaults, records
 from ..reach.route import HostUnreachable
-from ..reach.transport import AgentError, TeardownRequest, call_teardown, exit_code_for
+from ..reach.transport import AgentError, TeardownRequest, VerifyRequest, call_agent, call_teardown, exit_code_for
 from . import audit_log, gpu_settings, phase as phase_ops
 
 
@@ -40,6 +40,7 @@ class Words:
     teardown_progress: Callable[[str, dict], str]  # (alias, progress fields)
     teardown_brief: Callable[..., str]
     shm_lines: Callable[..., list]  # the shared memory the stopped targets left: removed or kept
+    probe_line: Callable[..., str]  # the probe step's verify result (records.VerifyResult) in one line
     gate_lines: Callable[..., list]
     deploy_line: Callable[..., str]
     lint_lines: Callable[..., list]
@@ -113,6 +114,8 @@ class Pivot:
         steps.append(("teardown", self.step_teardown,
                       "free the GPUs (plan, SIGTERM all targets, SIGKILL after grace, verify)"))
         steps += self._settings_steps("baseline")
+        steps.append(("probe", self.step_probe, f"prove each GPU usable: a CUDA context, {self.host.probe_mib} MiB "
+                                                "allocated, touched, freed; NVLink fabric completed"))
         if p.gates:
             steps.append(("gates", self.step_gates, "; ".join(phase_gate_texts(p))))
         if p.is_deploy:
@@ -234,7 +237,20 @@ class Pivot:
         if r.code:
             for problem in t.problems:
                 self.out("    " + self.words.safe(problem))
-            return self.finish(r.code, "GPUs not free: nothing started")
+            return self.finish(r.code, "a GPU is not usable (health): nothing started" if r.code == codes.EXIT_UNHEALTHY
+                               else "GPUs not free: nothing started")
+        return None
+
+    def step_probe(self):
+        """verify --probe right after the teardown: a GPU that reads empty but cannot start CUDA
+        (or whose fabric is not ready) stops the pivot here, before anything is started."""
+        req = VerifyRequest(wait=0.0, max_used_mib=self.opts.teardown.max_used_mib, probe_mib=self.host.probe_mib)
+        r = _attempt(lambda: call_agent(self.host, "verify", req.argv(), deadline_s=req.deadline_s()))
+        self.say("probe", self.words.probe_line(r.result), r.code)
+        if r.code:
+            for problem in r.result.problems:
+                self.out("    " + self.words.safe(problem))
+            return self.finish(r.code, "a GPU is not usable: nothing started")
         return None
 
     def step_gates(self):

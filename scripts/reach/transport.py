@@ -159,12 +159,14 @@ class VerifyRequest:
 
     wait: float = defaults.VERIFY_WAIT_S  # poll this long for free GPUs (0: look once)
     max_used_mib: int = defaults.MAX_USED_MIB
+    probe_mib: int | None = None  # verify --probe with a test buffer of this size (agent/gpu/probe.py)
 
     def argv(self) -> list:
-        return ["--wait", self.wait, "--max-used-mib", self.max_used_mib]
+        probe = [] if self.probe_mib is None else ["--probe", "--probe-mib", self.probe_mib]
+        return ["--wait", self.wait, "--max-used-mib", self.max_used_mib, *probe]
 
     def deadline_s(self) -> float:
-        return BASE_DEADLINE_S + self.wait
+        return BASE_DEADLINE_S + self.wait + (0 if self.probe_mib is None else shared.PROBE_DEADLINE_S)
 
 
 def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult[records.TeardownResult]:

@@ -101,7 +101,7 @@ def verify_verdict(x) -> str:
 
 
 def _unhealthy(scan: records.ScanResult, word: str) -> str:
-    bad = [g for g in scan.gpus if gpu_health(g)["verdict"] in ("drain", "reset needed", "reboot needed")]
+    bad = [g for g in scan.gpus if gpu_health(g)["verdict"] in ("not ready", "drain", "reset needed", "reboot needed")]
     return f"{word}, GPU UNHEALTHY" if bad else word
 
 

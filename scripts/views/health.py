@@ -18,7 +18,8 @@ if TYPE_CHECKING:
 
 RUNBOOK = "runbooks/gpu-unusable-after-teardown.md"
 NEXT = {"reset needed": "invoke reset --host {alias} --gpu {gpu}", "reboot needed": "reboot the node",
-        "drain": "drain peer-to-peer (NVLink) traffic, then look again"}
+        "drain": "drain peer-to-peer (NVLink) traffic, then look again",
+        "not ready": "wait for the NVLink fabric (nvidia-fabricmanager), then invoke verify --probe"}
 
 
 def gpu_health(row: GpuRow) -> Health:
@@ -52,6 +53,69 @@ def health(x, alias: str = "HOST") -> str:
     if steps:
         out += "\n" + "\n".join(steps) + f"\n  see {RUNBOOK}"
     return out
+
+
+def fabric(x) -> str:
+    """Each GPU's NVLink fabric state where NVML read one; one line when none has a fabric."""
+    read = [g for g in _gpus(x) if g.get("fabric")]
+    if not read:
+        return ""
+    states = {g["fabric"]["state"] for g in read}
+    if states == {"not supported"}:
+        return "NVLink fabric: not supported on these GPUs (no fabric to wait for)"
+    lines = []
+    for g in read:
+        f = g["fabric"]
+        lines.append(f"  GPU {g['index']}: {f['state']}" + (f" ({f['status']})" if f.get("status") else "")
+                     + ("" if f["state"] in ("completed", "not supported") else ": BLOCKS the next phase"))
+    return "NVLink fabric\n" + "\n".join(lines)
+
+
+def probe(x) -> str:
+    """verify --probe: per GPU, the CUDA probe's result and time; the sandbox's stand-in says so."""
+    x = record(x)
+    p = getattr(x, "probe", None)
+    if not p:
+        return ""
+    if p.get("skipped"):
+        return f"CUDA probe: {p['skipped']}"
+    head = f"CUDA probe ({p.get('size_mib')} MiB per GPU, {p.get('seconds', 0):.2f}s in all)"
+    if p.get("stand_in"):
+        head = f"CUDA probe: {p['stand_in']}"
+    rows = []
+    for g in getattr(x, "scan", x).gpus:
+        r = g.get("probe") or {}
+        if not r:
+            continue
+        took = f"{r['seconds']:.3f}" if r.get("seconds") is not None else "-"
+        rows.append([g["index"], r.get("cuda_ordinal", "-"), r.get("state", "?").upper() if r.get("state") != "ok"
+                     else "ok", took, r.get("error") or "-"])
+    hidden = p.get("cuda_visible_devices")
+    tail = f"\n  CUDA_VISIBLE_DEVICES={hidden} on the host: GPUs it hides are not probed" if hidden is not None else ""
+    return head + "\n" + table(["gpu", "cuda", "probe", "seconds", Col("error", "wrap", 20)], rows, "  ") + tail
+
+
+def probe_line(v) -> str:
+    """A pivot's probe step in one line: how many GPUs proved usable and the slowest, or the
+    first that did not (with its error), or that the GPUs were not free."""
+    p = v.probe or {}
+    gpus = [(g["index"], g.get("probe") or {}) for g in v.scan.gpus]
+    if p.get("skipped") or not v.free:
+        return "not probed: the GPUs are not free"
+    if p.get("stand_in"):
+        return p["stand_in"]
+    bad = [(i, r) for i, r in gpus if r.get("state") != "ok"]
+    unwell = [(g["index"], gpu_health(g)["verdict"]) for g in v.scan.gpus
+              if gpu_health(g)["verdict"] not in ("ok", "unknown")]
+    if bad:
+        i, r = bad[0]
+        return f"GPU {i} {r.get('state', '?').upper()}: {r.get('error') or '-'}" + (
+            f" (+{len(bad) - 1} more)" if len(bad) > 1 else "")
+    if unwell:
+        return f"probe ok, but GPU {unwell[0][0]} is {unwell[0][1].upper()}"
+    slowest = max((r.get("seconds") or 0.0 for _, r in gpus), default=0.0)
+    return f"{len(gpus)}/{len(gpus)} GPU(s) usable ({p.get('size_mib')} MiB each; slowest {slowest:.2f}s, " \
+           f"{p.get('seconds', 0):.2f}s in all)"
 
 
 def mig(x) -> str:

@@ -8,7 +8,7 @@ the same way.
 from __future__ import annotations
 
 from ..ops.pivot import Words
-from . import gpu_settings as settings_view, phase as phase_view, teardown as teardown_view
+from . import gpu_settings as settings_view, health as health_view, phase as phase_view, teardown as teardown_view
 from .render import Col, safe, table
 
 
@@ -25,6 +25,7 @@ WORDS = Words(
     teardown_progress=teardown_view.progress_line,
     teardown_brief=teardown_view.brief,
     shm_lines=teardown_view.shm_lines,
+    probe_line=health_view.probe_line,
     gate_lines=phase_view.gate_lines,
     deploy_line=phase_view.deploy_line,
     lint_lines=phase_view.lint_lines,

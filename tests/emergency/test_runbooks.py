@@ -168,6 +168,12 @@ SANDBOX_EXITS = {
         ({127}, "no nvidia-smi on a machine without an NVIDIA driver: `run` exits 127 as a shell would"),
     ("gpu-unusable-after-teardown.md", "invoke run --host gpu1 -- dmesg --level=err,warn"):
         ({0, 1}, "a container may not be allowed to read the kernel log"),
+    ("gpu-unusable-after-teardown.md", "invoke run --host gpu1 -- nvidia-smi -q -d FABRIC"):
+        ({127}, "no nvidia-smi on a machine without an NVIDIA driver: `run` exits 127 as a shell would"),
+    ("gpu-unusable-after-teardown.md", "invoke run --host gpu1 -- systemctl status nvidia-fabricmanager"):
+        ({1, 3, 4, 127}, "no fabric manager unit here (systemctl: no such unit, or no systemd)"),
+    ("gpu-unusable-after-teardown.md", "invoke run --host gpu1 -- systemctl start nvidia-fabricmanager"):
+        ({1, 5, 127}, "no fabric manager unit here (systemctl: no such unit, or no systemd)"),
     ("gpu-unusable-after-teardown.md", "invoke reset --host gpu1 --gpu 0"):
         ({1}, "fake GPUs: no NVML, so the MIG precondition cannot be read and the reset is refused"),
     ("gpu-unusable-after-teardown.md", "invoke reset --host gpu1 --gpu 0 --yes"):

@@ -93,7 +93,7 @@ def test_dry_run_runs_nothing(sandbox):
     before = json.loads(invoke("sandbox", "status", "--json").stdout)
     res = invoke("pivot", "--host", "sandbox", "--to", "deploy", "--dry-run")
     assert res.returncode == 0
-    assert b"--dry-run: nothing was run" in res.stdout and b"[6/6] smoke" in res.stdout
+    assert b"--dry-run: nothing was run" in res.stdout and b"[7/7] smoke" in res.stdout and b"[2/7] probe" in res.stdout
     after = json.loads(invoke("sandbox", "status", "--json").stdout)
     assert before["alive"] == after["alive"]
 

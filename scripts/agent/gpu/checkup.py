@@ -12,13 +12,13 @@ from ..wire import defaults
 from . import gpuinfo, health, mig, mps, settings, xid
 
 
-def annotate(doc, source, since_us=None, stuck=(), watch=None):
+def annotate(doc, source, since_us=None, stuck=(), watch=None, probe=None):
     """Add health and mig to every GPU row and mps to the document (a scan.collect result).
 
     A hang is itself a verdict: once a driver call has not returned (source.hung, set by
     health.assess), the MIG and MPS queries are not made - each would wait on the same stuck
     driver - and those made are bounded like the health calls."""
-    health.assess(doc["gpus"], source, since_us=since_us, stuck=stuck, watch=watch)
+    health.assess(doc["gpus"], source, since_us=since_us, stuck=stuck, watch=watch, probe=probe)
     source = source.opened()[0] if hasattr(type(source), "opened") else source
     migs = _nvml_bounded(source, lambda: mig.read_all(source), {}, "NVML MIG queries")
     for index, m in migs.items():
@@ -95,9 +95,10 @@ def mps_problems(doc, problems):
     return out
 
 
-def verify_result(doc, source, free, problems, code):
-    """verify's health pass: (code, problems) with the verdict applied (health.exit_code)."""
-    annotate(doc, source, since_us=last_teardown_since_us())
+def verify_result(doc, source, free, problems, code, probe=None):
+    """verify's health pass: (code, problems) with the verdict applied (health.exit_code);
+    `probe`: verify --probe's result, whose failures are health findings."""
+    annotate(doc, source, since_us=last_teardown_since_us(), probe=probe)
     return health.exit_code(code, doc["gpus"]), mps_problems(doc, problems) + health.summary(doc["gpus"])
 
 

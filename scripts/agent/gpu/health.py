@@ -6,6 +6,7 @@ holder stuck in the driver is not fixed by killing processes; the operator must 
 
   ok             nothing read says otherwise: a new job can start
   unknown        nothing could be read (no NVML, a fake GPU), or an Xid this tool cannot place
+  not ready      the NVLink fabric has not completed (fabric.py), or the CUDA probe got 802
   drain          quiesce peer-to-peer traffic (NVLink) first, then look again / reset
   reset needed   `invoke reset --host H --gpu N` (nvidia-smi --gpu-reset) once nothing holds it
   reboot needed  the node: the GPU fell off the bus, the driver does not answer, or a holder
@@ -16,12 +17,14 @@ driver is wedged, "reboot needed"): NVML's recovery action (field 230,
 NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; NVIDIA's "Error Recovery and Response Flags",
 https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html),
 remapped rows pending or failed (nvmlDeviceGetRemappedRows), retired pages pending (older
-GPUs), Xid events since the teardown started (xid.py), and the teardown's stuck holders.
+GPUs), the fabric state (fabric.py), Xid events since the teardown started (xid.py), the
+teardown's stuck holders, and the CUDA probe where one ran (probe.py: a failed probe is
+"reset needed", 802 "not ready", a hung one "reboot needed").
 Where NVML is missing, `nvidia-smi --query-gpu` gives the remapped rows.
 
 How the verdict changes the exit code (codes.EXIT_UNHEALTHY, 9): a verify or teardown
-that would exit 0 (free) exits 9 when some GPU is "drain", "reset needed" or "reboot
-needed"; "unknown" never changes the code (a host without NVML can still be freed); a
+that would exit 0 (free) exits 9 when some GPU is "not ready", "drain", "reset needed"
+or "reboot needed"; "unknown" never changes the code (a host without NVML can still be freed); a
 result that is not free keeps its own code (1, 6), the verdict printed beside it.
 """
 import os
@@ -29,11 +32,12 @@ import subprocess
 import threading
 
 from ..wire import codes
-from . import gpuinfo, xid
+from . import fabric, gpuinfo, probe as cuda_probe, xid
 
 OK, UNKNOWN, DRAIN, RESET, REBOOT = xid.OK, xid.UNKNOWN, xid.DRAIN, xid.RESET, xid.REBOOT
-ORDER = (OK, UNKNOWN, DRAIN, RESET, REBOOT)  # worst last
-UNHEALTHY = (DRAIN, RESET, REBOOT)
+NOT_READY = "not ready"
+ORDER = (OK, UNKNOWN, NOT_READY, DRAIN, RESET, REBOOT)  # worst last
+UNHEALTHY = (NOT_READY, DRAIN, RESET, REBOOT)
 CALL_TIMEOUT_S = 8.0
 
 RECOVERY_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
@@ -122,6 +126,14 @@ def nvml_checks(nv, handle):
         except Exception as exc2:
             unread.append("retired pages: %s" % _err(exc2))
     return findings, read, unread
+
+
+def _fabric_of(nv, handle):
+    """fabric.read's answer, or {"error": why} (one failing field never fails the others)."""
+    try:
+        return fabric.read(nv, handle)
+    except Exception as exc:
+        return {"error": _err(exc)}
 
 
 def _err(exc):
@@ -221,6 +233,7 @@ class _Findings:
         self.per: dict = {i: [] for i in indices}
         self.read: dict = {i: [] for i in indices}
         self.notes: dict = {i: [] for i in indices}
+        self.fabric: dict = {}
         self.bus_to_index: dict = {}
 
     def nvml(self, gpus, source, timeout_s):
@@ -236,6 +249,7 @@ class _Findings:
             try:
                 self.bus_to_index[bounded(lambda h=h: xid._bus_id(nv, h), timeout_s, "nvmlDeviceGetPciInfo")] = i
                 f, r, u = bounded(lambda h=h: nvml_checks(nv, h), timeout_s, "NVML health queries")
+                fab = bounded(lambda h=h: _fabric_of(nv, h), timeout_s, "nvmlDeviceGetGpuFabricInfoV")
             except Hung as exc:
                 hung, exc.gpu = exc, i
                 source.hung = True  # gpuinfo skips nvmlShutdown: it would wait on the stuck call
@@ -248,6 +262,28 @@ class _Findings:
             self.per[i] += f
             self.read[i] += r
             self.notes[i] += ["not read: " + x for x in u]
+            self._fabric(i, fab)
+
+    def _fabric(self, i, fab):
+        if "error" in fab:
+            self.notes[i].append("not read: fabric state: %s" % fab["error"])
+            return
+        self.fabric[i] = fab
+        if fab["state"] != fabric.NOT_SUPPORTED:  # no fabric is no answer about this GPU's health
+            self.read[i].append("fabric %s" % fabric.words(fab))
+        why = fabric.finding(fab)
+        if why:
+            self.per[i].append((NOT_READY, why))
+
+    def probe(self, result):
+        """The CUDA probe's findings (probe.py), each with what NVML read about the GPU."""
+        for i in self.indices:
+            r = ((result or {}).get("gpus") or {}).get(str(i)) or {}
+            v = {cuda_probe.FAILED: NOT_READY if r.get("code") == 802 else RESET,
+                 cuda_probe.HUNG: REBOOT}.get(r.get("state") or "")
+            if v is not None:
+                nvml = "; NVML read: %s" % ", ".join(self.read[i]) if self.read[i] else ""
+                self.per[i].append((v, "CUDA probe %s: %s%s" % (r["state"], r.get("error"), nvml)))
 
     def smi(self, timeout_s):
         """The same from nvidia-smi's CSV, where there is no NVML."""
@@ -289,12 +325,13 @@ class _Findings:
         return elsewhere
 
 
-def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, kmsg="/dev/kmsg"):
+def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, kmsg="/dev/kmsg", probe=None):  # noqa: PLR0913
     """Set g['health'] = {verdict, reasons, read} on every GPU row; returns the rows.
 
     since_us: Xids logged from then (kernel-log clock, xid.now_us()) count; None: no window
     (verify and status without a teardown: the kernel log is not consulted). watch: an
-    xid.NvmlWatch started with the teardown (its events are used instead of the log)."""
+    xid.NvmlWatch started with the teardown (its events are used instead of the log). probe:
+    a probe.run result; each GPU row gets its part (g['probe']) and g['fabric'] where read."""
     source = source.opened()[0] if hasattr(type(source), "opened") else source  # a gpuinfo.Opening: the source
     timeout_s = CALL_TIMEOUT_S if timeout_s is None else timeout_s
     found = _Findings([g["index"] for g in gpus])
@@ -312,8 +349,13 @@ def assess(gpus, source, since_us=None, stuck=(), watch=None, timeout_s=None, km
     elsewhere = found.xids(name, since_us, watch, kmsg)
     for i, f in stuck_findings(stuck, found.indices).items():
         found.per[i] += f
+    found.probe(probe)
     for g in gpus:
         i = g["index"]
+        if i in found.fabric:
+            g["fabric"] = found.fabric[i]
+        if probe is not None:
+            g["probe"] = (probe.get("gpus") or {}).get(str(i))
         h = verdict(found.per[i], answered[i])
         h["reasons"] += (found.notes[i] if h["verdict"] == UNKNOWN else []) + elsewhere
         h["read"] = found.read[i]

@@ -16,6 +16,9 @@ PROC = "/proc"
 # the agent's program, so a pattern naming it names them; never a target while this agent is
 # their parent (rules.protect_reason).
 OWN_WORKERS: set = set()
+# The CUDA probe's child while it runs (gpu/probe.py): its short-lived context is the agent's
+# own, never a holder or a compute process of a scan made meanwhile (status/scan.py).
+OWN_PROBES: set = set()
 READ_CHUNK = 1 << 16
 
 

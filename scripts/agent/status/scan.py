@@ -7,7 +7,7 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import procscan, rules
+from ..procs import procfs, procscan, rules
 from ..wire import codes
 
 
@@ -59,6 +59,7 @@ def collect(args, source=None, confirm=False, early=None, known=None):
     procs = snap["procs"]
     chain = procscan.self_chain(procs)
     me = os.getpid()
+    _without_own_probe(gpus, procs, me)
     gpu_mib: dict = {}
     foreign = []
     for g in gpus:
@@ -67,7 +68,8 @@ def collect(args, source=None, confirm=False, early=None, known=None):
                 gpu_mib.setdefault(p["pid"], {})[str(g["index"])] = p["used_mib"]
             else:  # NVML reports host PIDs; inside a container they are not in our /proc
                 foreign.append({"pid": p["pid"], "gpu": g["index"], "used_mib": p["used_mib"]})
-    holder_pids = (set(snap["holders"]) | set(gpu_mib)) - {me}  # our own NVML handle is not a holder
+    holder_pids = (set(snap["holders"]) | set(gpu_mib)) - {me} - own_probes(procs, me)  # our own NVML handle,
+    # our own CUDA probe's short-lived context: neither is a holder
     if known:
         _reread(procs, holder_pids, known, mark)
     now = procfs_now_ticks()
@@ -111,6 +113,23 @@ def collect(args, source=None, confirm=False, early=None, known=None):
         "proc_scan_ms": round((procs_done - started) * 1000, 2),
         "gpu_read_ms": round((gpus_done - procs_done) * 1000, 2),
     }, procs, chain)
+
+
+def own_probes(procs, me):
+    """The CUDA probe's child of this agent while it runs (procfs.OWN_PROBES, parent checked:
+    a reaped pid is anyone's)."""
+    return {p for p in procfs.OWN_PROBES if (procs.get(p) or {}).get("ppid") == me}
+
+
+def _without_own_probe(gpus, procs, me):
+    """NVML's rows without this agent's own CUDA probe: its compute process and its memory."""
+    own = own_probes(procs, me)
+    for g in gpus if own else ():
+        mine = [p for p in g["processes"] if p["pid"] in own]
+        g["processes"] = [p for p in g["processes"] if p["pid"] not in own]
+        for p in mine:
+            if g["used_mib"] is not None and p["used_mib"] is not None:
+                g["used_mib"] = max(0, g["used_mib"] - p["used_mib"])
 
 
 def _reread(procs, pids, known, mark):

@@ -11,7 +11,7 @@ exactly what still holds each GPU.
 """
 import time
 
-from ..gpu import checkup, gpuinfo, mps
+from ..gpu import checkup, gpuinfo, mps, probe
 from ..procs import procfs, program
 from ..status import scan
 from ..wire import codes, defaults, records
@@ -23,6 +23,9 @@ POLL_S = 0.05
 def add_arguments(parser):
     parser.add_argument("--wait", type=float, default=defaults.VERIFY_WAIT_S,
                         help="poll up to this many seconds for the GPUs to be free")
+    parser.add_argument("--probe", action="store_true",
+                        help="once free, open a CUDA context on each GPU and allocate and touch a test buffer")
+    parser.add_argument("--probe-mib", type=int, default=defaults.PROBE_MIB, help="the probe's test buffer in MiB")
 
 
 def evaluate(doc, max_used_mib):
@@ -180,8 +183,20 @@ def run(args):
     with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
         free, doc, problems, waited = wait_free(args, args.wait, on_poll=_progress(args), source=source)
         doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
-        code, problems = checkup.verify_result(doc, source, free, problems, exit_code(doc, free, args.max_used_mib))
+        tried_probe = _probe(args, free, doc, source)
+        code, problems = checkup.verify_result(doc, source, free, problems, exit_code(doc, free, args.max_used_mib),
+                                               probe=tried_probe)
     return code, records.written(records.VerifyResult, dict(scan.public(doc), max_used_mib=args.max_used_mib,
                                                             uninspected=len(doc.get("denied") or [])),
                                  code=code, free=free, problems=problems, waited_s=round(waited, 3),
-                                 still_holding=[] if free else still_holding(doc))
+                                 still_holding=[] if free else still_holding(doc), probe=tried_probe)
+
+
+def _probe(args, free, doc, source):
+    """With --probe, the CUDA probe's result (gpu/probe.py) once every GPU is free; on GPUs that
+    are not free it is not run (a context there would join another's work): it says so."""
+    if not args.probe:
+        return None
+    if not free:
+        return {"skipped": "the GPUs are not free: not probed", "gpus": {}}
+    return probe.run(doc["gpus"], args.probe_mib, source=source)

@@ -29,7 +29,7 @@ SPEC_FLAG = "--spec"
 SUBCOMMANDS = {
     "ping": (),
     "scan": (),
-    "verify": ("--max-used-mib", "--wait"),
+    "verify": ("--max-used-mib", "--wait", "--probe", "--probe-mib"),
     "plan": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--checkpoint-stop"),
     "teardown": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--checkpoint-stop",
                  "--max-used-mib", "--grace", "--timeout", "--wait-lock", "--operator", "--approved", "--settle",

@@ -31,7 +31,7 @@ EXIT_CODES = (
     (EXIT_TIMED_OUT, "timed-out", "the host did not answer in time (ssh connect or keep-alive timeout, or the "
                                   "call's --timeout); other hosts of a fleet still finish"),
     (EXIT_DECLINED, "declined", "the confirmation was answered no: nothing was signalled or started"),
-    (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is drain, reset needed or reboot needed"),
+    (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is not ready, drain, reset or reboot needed"),
     (EXIT_REBOOT_NEEDED, "reboot-needed", "reset --quiesce: the reset failed with its blockers stopped: reboot"),
     (EXIT_OUTPUT, "output-failed", "stdout could not be written (disk full, I/O error); the task ran to its end "
                                    "and its own exit code is named on stderr"),

@@ -111,6 +111,7 @@ class VerifyResult(Record):
     problems: list[str]
     still_holding: list[rows.StillHolding] = []
     waited_s: float = 0.0
+    probe: dict | None = None  # verify --probe (agent/gpu/probe.py); per GPU in gpus[].probe
     code: int = EXIT_OK
 
 

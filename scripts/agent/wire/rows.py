@@ -74,6 +74,11 @@ class Health(TypedDict):
     reasons: list[str]
 
 
+class Fabric(TypedDict):  # agent/gpu/fabric.py: state completed, in progress, not started, not supported
+    state: str
+    status: str | None  # NVML's words where the registration did not succeed
+
+
 class MigInstance(TypedDict, total=False):
     index: int
     gpu_instance: int | None
@@ -118,6 +123,8 @@ class GpuRow(_Gpu, total=False):
     unread: Any
     memory_call: str
     health: Health  # where assessed (views/health.py gpu_health reads it)
+    fabric: Fabric  # where NVML reports one (agent/gpu/fabric.py)
+    probe: dict  # verify --probe (agent/gpu/probe.py): state (ok, failed, hung, hidden...), seconds, error
     mig: Mig  # where read
     settings: GpuSettings  # status only (agent/gpu/settings.py)
 

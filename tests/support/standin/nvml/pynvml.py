@@ -14,7 +14,8 @@ Recording: {"gpus": [{"uuid", "name", "bus", "used", "reserved", "total", "proce
 "retired_pending": "not supported" | 0 | 1, "mig_mode": [current, pending], "mig_devices":
 [{"gi", "ci", "uuid", "used", "total"}], "display_active": 0, "display_mode": 0, "nvlink": [peer bus, ...],
 "xid_events": [xid, ...], "persistence": 1, "compute_mode": 0, "app_clocks": [graphics, memory],
-"power_limit_mw": 700000, "power_default_mw": 700000, "fail": ["nvmlDeviceGetMemoryInfo", ...]}],
+"power_limit_mw": 700000, "power_default_mw": 700000, "fabric": [state, status],
+"fail": ["nvmlDeviceGetMemoryInfo", ...]}],
 "hang": "nvmlDeviceGetRemappedRows" (that call never returns)}. A setting given as "not supported"
 (or left out) raises NVMLError_NotSupported, as a GPU without that feature does. A GPU's
 "fail" names calls that raise NVMLError (999, Unknown Error)
@@ -308,3 +309,24 @@ def nvmlDeviceSetApplicationsClocks(h, mem_mhz, graphics_mhz):
 
 def nvmlDeviceSetPowerManagementLimit(h, limit_mw):
     _set(h, "nvmlDeviceSetPowerManagementLimit", [limit_mw], "power_limit_mw", limit_mw)
+class c_nvmlGpuFabricInfo_t:  # noqa: N801 (pynvml's name)
+    def __init__(self):
+        self.state, self.status = 0, 0
+
+
+c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_t
+
+
+def nvmlDeviceGetGpuFabricInfoV(h, info):
+    """A recording's "fabric": [state, status] (NVML_GPU_FABRIC_STATE_*: 0 not supported, 1 not
+    started, 2 in progress, 3 completed); left out: NVML_ERROR_NOT_SUPPORTED, as pre-Hopper GPUs."""
+    _maybe_fail(h, "nvmlDeviceGetGpuFabricInfoV")
+    fab = _gpu(h).get("fabric", "not supported")
+    if fab == "not supported":
+        raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
+    info.state, info.status = fab
+    return NVML_SUCCESS
+
+
+def nvmlErrorString(code):
+    return {0: "Success", 3: "Not Supported", 999: "Unknown Error"}.get(code, "NVML error %d" % code)
