@@ -33,10 +33,12 @@ SELECTION = ("protect", "target", "match", "fake_gpus", "scope", "scope_uid")
 THRESHOLD = ("max_used_mib",)
 SPEC = ("spec",)
 PLAN = ("only_matching", "stop_starters", "all_users", "disable")
-TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm")
-OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes")  # one subcommand's each
+TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm", "hold_s",
+            "hold_phase", "hold_token")
+OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes", "token",  # one subcommand's each
+       "intruders")
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
-                      "disable", "follow", "yes", "keep_shm"))
+                      "disable", "follow", "yes", "keep_shm", "intruders"))
 FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
 
@@ -79,6 +81,9 @@ class Options:
     settle: float
     settle_auto: bool
     keep_shm: bool  # keep the shared memory the targets left (teardown/shm.py)
+    hold_s: float | None  # once FREED, the lock stays a pivot's this long at most (teardown/hold.py)
+    hold_phase: str | None
+    hold_token: str | None
     # one subcommand's own
     wait: float
     argv: str | None
@@ -89,6 +94,8 @@ class Options:
     follow: bool
     gpu: str | None
     yes: bool
+    token: str | None  # release: the hold's token
+    intruders: bool  # phase-ready: name a process outside the phase that opens a GPU
 
     def __init__(self, **values):
         for name in FIELDS:

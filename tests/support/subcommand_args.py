@@ -12,4 +12,5 @@ REQUIRED = {
     "deploy": ["--spec", frame.encode_spec({"name": "x"}), "--action", "apply"],
     "drain": ["--url", "http://127.0.0.1:9/metrics"],
     "lint": ["--argv", "[]"],
+    "release": ["--token", "0123456789abcdef"],
 }

@@ -26,7 +26,7 @@ STREAM_FLAGS = ("-S", "-c", BOOT)
 COMMON_FLAGS = ("--marker", "--json", "--progress", "--devices", "--fake-devices", "--run-dir")
 # What the host's configuration selects (targets, protect list, scope); only SELECTING take them.
 SELECTION_FLAGS = ("--protect", "--target", "--match", "--fake-gpus", "--scope", "--scope-uid")
-SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset")
+SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset", "phase-ready")
 SPEC_FLAG = "--spec"
 
 # Each subcommand and its own flags (beyond COMMON_FLAGS, and SELECTION_FLAGS for SELECTING).
@@ -37,9 +37,10 @@ SUBCOMMANDS = {
     "verify": ("--max-used-mib", "--wait"),
     "plan": ("--only-matching", "--stop-starters", "--all-users", "--disable"),
     "teardown": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--max-used-mib", "--grace",
-                 "--timeout", "--wait-lock", "--operator", "--approved", "--settle", "--mps", "--keep-shm"),
+                 "--timeout", "--wait-lock", "--operator", "--approved", "--settle", "--mps", "--keep-shm",
+                 "--hold-s", "--hold-phase", "--hold-token"),
     "phase-start": (SPEC_FLAG,),
-    "phase-ready": (SPEC_FLAG, "--wait"),
+    "phase-ready": (SPEC_FLAG, "--wait", "--intruders"),
     "phase-stop": (SPEC_FLAG, "--operator"),
     "phase-logs": (SPEC_FLAG, "--lines", "--follow"),
     "smoke": (SPEC_FLAG,),
@@ -48,6 +49,7 @@ SUBCOMMANDS = {
     "lint": ("--max-used-mib", "--argv", "--gpus"),
     "deploy": (SPEC_FLAG, "--action"),
     "reset": ("--gpu", "--yes"),
+    "release": ("--token",),
 }
 
 
@@ -73,6 +75,7 @@ SUBCOMMAND_MODULES = {
     "lint": ("phases.lint", None),
     "deploy": ("phases.deploy", None),
     "reset": ("teardown.reset", None),
+    "release": ("teardown.hold", None),
 }
 
 

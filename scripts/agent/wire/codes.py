@@ -13,6 +13,7 @@ EXIT_DECLINED = 8      # the operator answered no at the confirmation: nothing w
 EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or reboot (agent/gpu/health.py)
 EXIT_OUTPUT = 10       # stdout could not be written (disk full, I/O error): the task's own code is on stderr
 EXIT_STARTER_ALIVE = 11  # GPUs free now, a related starter lives (agent/procs/relation.py)
+EXIT_INTRUDER = 13     # a pivot: a process outside the new phase opened a GPU after the teardown (named)
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, as a shell reports a program its reader left: Invoke's own output
 EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
@@ -31,6 +32,8 @@ EXIT_CODES = (
                                   "call's --timeout); other hosts of a fleet still finish"),
     (EXIT_DECLINED, "declined", "the confirmation was answered no: nothing was signalled or started"),
     (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is drain, reset needed or reboot needed"),
+    (EXIT_INTRUDER, "intruder", "pivot: a process outside the new phase opened a GPU between the teardown and "
+                                "ready (named; nothing signalled)"),
     (EXIT_OUTPUT, "output-failed", "stdout could not be written (disk full, I/O error); the task ran to its end "
                                    "and its own exit code is named on stderr"),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),

@@ -179,6 +179,7 @@ class TeardownResult(Record):
     shm_removed: list[rows.ShmLeftover] = []  # after FREED: each leftover, removed or kept, with its bytes
     mps: rows.Mps | None = None  # MPS as seen at the end (after: its GPU rows carry health)
     mps_quit: list[rows.MpsQuit] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
+    hold: rows.LockHold | None = None  # --hold-s: the lock's text once its holder owns it (teardown/hold.py)
     # The scan it ended on, as the document carries it (a scan's keys; its GPU rows are `after`):
     holders: list[rows.Holder] = []
     denied: list[int] = []  # pids whose fds could not be read then: not free
@@ -204,6 +205,7 @@ class ReadyResult(Record):
     log_tail: list[str] = []
     prep: list[rows.Prep] = []
     error: str | None = None
+    intruders: list[rows.ProcessRow] = []  # --intruders: outside the phase, holding a GPU (phases/intruders.py)
     code: int = EXIT_OK
 
 
@@ -266,6 +268,15 @@ class ResetResult(Record):
     code: int = EXIT_OK
 
 
+class ReleaseResult(Record):  # a pivot's hold ended, or was not held (ended), or is not ours
+    released: bool
+    held: bool = False
+    held_s: float | None = None
+    note: str | None = None
+    error: str | None = None
+    code: int = EXIT_OK
+
+
 class LintResult(Record):
     findings: list[rows.Finding]  # [{check, message}]
     gpus_visible: int
@@ -277,6 +288,7 @@ RESULTS = {
     "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
     "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
     "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult,
+    "release": ReleaseResult,
 }
 
 
