@@ -86,31 +86,36 @@ def _holder_alive(holder):
     return bool(info) and is_holder(info["argv"]) and set(procfs.uids(pid) or [-1]) == {os.geteuid()}
 
 
+def _result(code, more=(), **fields):
+    return code, records.written(records.ReleaseResult, more, code=code, **fields)
+
+
 def run(args):
     check_token(args.token, "--token")
-    fd = hostlock.open_lock()
+    try:
+        fd = hostlock.open_lock()
+    except OSError as exc:  # StateDirError too: a link, not ours, not private; nothing is signalled
+        return _result(codes.EXIT_UNREACHABLE, released=False, error=str(exc))
     try:
         if hostlock.try_flock(fd):  # nobody holds it: the holder ended (deadline, killed) already
             if (hostlock.read_text(fd) or {}).get("token") == args.token:
                 hostlock.write_text(fd, None)
-            return codes.EXIT_OK, records.written(records.ReleaseResult, released=False, held=False,
-                                                  note="the lock was not held: its holder had ended")
+            return _result(codes.EXIT_OK, released=False, held=False, note="the lock was not held: its holder had ended")
         holder = hostlock.read_text(fd) or {}
         if holder.get("token") != args.token:
-            return codes.EXIT_LOCKED, records.written(records.ReleaseResult, {"holder": holder}, released=False,
-                                                      held=True, error=str(hostlock.Locked(holder)))
+            return _result(codes.EXIT_LOCKED, {"holder": holder}, released=False, held=True,
+                           error=str(hostlock.Locked(holder)))
         if _holder_alive(holder):
             procfs.signal_if_same(holder["pid"], holder["start_time"], signal.SIGTERM)
         deadline = time.monotonic() + RELEASE_WAIT_S
         while not hostlock.try_flock(fd):
             if time.monotonic() > deadline:
                 error = "the lock's holder (pid %s) did not let go within %gs" % (holder.get("pid"), RELEASE_WAIT_S)
-                return codes.EXIT_FAILED, records.written(records.ReleaseResult, released=False, held=True,
-                                                          error=error)
+                return _result(codes.EXIT_FAILED, released=False, held=True, error=error)
             time.sleep(POLL_S)
         hostlock.write_text(fd, None)
         since = holder.get("since")
         held_s = round(time.time() - since, 2) if isinstance(since, (int, float)) else None
-        return codes.EXIT_OK, records.written(records.ReleaseResult, released=True, held=True, held_s=held_s)
+        return _result(codes.EXIT_OK, released=True, held=True, held_s=held_s)
     finally:
         os.close(fd)  # drops the flock we took to see it free
