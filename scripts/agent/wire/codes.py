@@ -32,10 +32,10 @@ EXIT_CODES = (
                                   "call's --timeout); other hosts of a fleet still finish"),
     (EXIT_DECLINED, "declined", "the confirmation was answered no: nothing was signalled or started"),
     (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is drain, reset needed or reboot needed"),
-    (EXIT_INTRUDER, "intruder", "pivot: a process outside the new phase opened a GPU between the teardown and "
-                                "ready (named; nothing signalled)"),
     (EXIT_OUTPUT, "output-failed", "stdout could not be written (disk full, I/O error); the task ran to its end "
                                    "and its own exit code is named on stderr"),
+    (EXIT_INTRUDER, "intruder", "pivot: a process outside the new phase opened a GPU between the teardown and "
+                                "ready (named; nothing signalled)"),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),
     (EXIT_CLOSED_PIPE, "closed-pipe", "the reader closed the pipe of Invoke's own --list, --help or --version"),
 )
