@@ -72,7 +72,8 @@ def test_the_lock_is_held_from_the_teardown_until_ready_and_the_phases_child_is_
 def test_a_process_outside_the_phase_that_opens_a_gpu_before_ready_is_named_exit_13(ps, hosts_env):
     pidfile = ps.base / "intruder.pid"
     intruder = _holder(ps, str(ps.devdir / "nvidia1"), str(pidfile))
-    gate = f"setsid {intruder} </dev/null >/dev/null 2>&1 &\nwhile [ ! -s {shlex.quote(str(pidfile))} ]; do sleep 0.05; done"
+    gate = (f"setsid {intruder} </dev/null >/dev/null 2>&1 &\n"
+            f"while [ ! -s {shlex.quote(str(pidfile))} ]; do sleep 0.05; done")
     local_env(ps, hosts_env, {"job": _phase(ps, gate)})
     res = invoke("pivot", "--host", "local", "--to", "job", "--yes")
     text = out_text(res)

@@ -37,7 +37,7 @@ def holder_argv(fd, seconds):
 
 
 def is_holder(argv):
-    """Is this argv a lock holder's, as holder_argv makes it (the interpreter aside)?"""
+    """Is this argv a lock holder's, exactly as holder_argv makes it (the interpreter aside)?"""
     return list(argv[1:5]) == ["-S", "-c", HOLDER_SRC, HOLDER_NAME] and len(argv) == 7
 
 
@@ -100,7 +100,8 @@ def run(args):
         if hostlock.try_flock(fd):  # nobody holds it: the holder ended (deadline, killed) already
             if (hostlock.read_text(fd) or {}).get("token") == args.token:
                 hostlock.write_text(fd, None)
-            return _result(codes.EXIT_OK, released=False, held=False, note="the lock was not held: its holder had ended")
+            return _result(codes.EXIT_OK, released=False, held=False,
+                           note="the lock was not held: its holder had ended")
         holder = hostlock.read_text(fd) or {}
         if holder.get("token") != args.token:
             return _result(codes.EXIT_LOCKED, {"holder": holder}, released=False, held=True,

@@ -23,52 +23,24 @@ import os
 import socket
 import time
 
-from ..procs import procfs, procscan, textsafe
-from ..state import statedir
+from ..procs import procfs, procscan
+from ..state import lockpeek, statedir
 from ..wire import call
 
-LOCK_NAME = "gpu-pivot.lock"
+LOCK_NAME = lockpeek.LOCK_NAME
 POLL_S = 0.05
 MAX_HOLD_S = 2 * 3600  # a pivot's hold (hold.py) ends by itself after at most this
-HOLDER_MARK = "gpu-pivot-lock-holder"  # hold.HOLDER_NAME: root's holder, seen by a user's teardown
+HOLDER_MARK = lockpeek.HOLDER_MARK
 
 
 class Locked(RuntimeError):
     def __init__(self, holder):
         self.holder = holder
-        by = "a pivot" if _is_hold(holder) else "another teardown"
+        by = "a pivot" if lockpeek.is_hold(holder) else "another teardown"
         super().__init__("host is locked by %s: %s" % (by, describe(holder)))
 
 
-def _is_hold(holder):
-    return isinstance(holder, dict) and holder.get("hold") == "pivot"
-
-
-def describe(holder):
-    """Who holds the lock, in words. The lock file's text is advisory: the flock is the lock,
-    and whatever the file holds (another user's LOGNAME with escape sequences, a JSON list, a
-    `since` of "yesterday" or 1e300) must still end in LOCKED and exit 4, never in a crash.
-    Each field is shown escaped (textsafe.printable) and cut."""
-    if not isinstance(holder, dict) or not holder:
-        return "unknown holder"
-    if _is_hold(holder):  # a pivot's holder (hold.py): between its teardown and its phase ready
-        return "pivot waiting for ready since %s (holder pid %s, %s, %s, target phase %s; held at most until %s)" % (
-            _since(holder.get("since")), _field(holder.get("pid")), _field(holder.get("user")),
-            _field(holder.get("operator")), _field(holder.get("phase")), _since(holder.get("until")))
-    return "%s (agent pid %s on %s) since %s" % (_field(holder.get("operator")), _field(holder.get("pid")),
-                                                _field(holder.get("host")), _since(holder.get("since")))
-
-
-def _field(value, limit=80):
-    return textsafe.printable(value)[:limit]
-
-
-def _since(value):
-    """A lock's `since` (epoch seconds) as local time; its text, escaped, when it is not one."""
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
-    except (TypeError, ValueError, OverflowError, OSError):
-        return "an unreadable time (%s)" % _field(value, 40)
+describe = lockpeek.describe  # who holds it, in words: `status` says it the same way
 
 
 def lock_path():
@@ -134,7 +106,7 @@ def _root_holder():
         if not info or procfs.finished(info):
             continue
         argv = info["argv"]
-        held = argv[4:5] == [HOLDER_MARK] and argv[1:3] == ["-S", "-c"]
+        held = lockpeek.is_holder(argv)
         if (held or is_teardown_agent(argv)) and _euid(pid) == 0:
             return {"operator": "root's pivot, waiting for its phase to be ready" if held else "root's teardown",
                     "pid": pid, "host": socket.gethostname(), "since": _started_at(info),

@@ -12,12 +12,9 @@ from .frame import encode_spec
 
 STDIN = "-"  # the agent's source comes on stdin: `python3 - SUBCOMMAND ...`
 # The transport's form: `python3 -S -c BOOT - SUBCOMMAND ...`, stdin = the bundle zlib-compressed
-# (bundle.agent_stream). Why: Python reads a script from stdin at ~0.25 ms per KB, where raw
-# bytes cost nothing, and -S skips site (.pth files: 50-85 ms on a torch host) before the first
-# signal; the agent adds site only when it imports pynvml (gpuinfo.import_pynvml), after them.
-# The first statement drops '' (the working directory, which `-c` and `-` put first on sys.path):
-# the agent runs as root in whatever directory the operator stands in, and a zlib.py or json.py
-# another user left there must never be imported (tests/agent/test_agent_imports.py).
+# (bundle.agent_stream): raw bytes cost nothing to read, and -S skips site (.pth files: 50-85 ms
+# on a torch host) before the first signal. BOOT first drops '' (the working directory) from
+# sys.path: a zlib.py another user left there must never be imported (test_agent_imports.py).
 BOOT = ("import sys;sys.path[:]=[p for p in sys.path if p];import zlib;"
         "_D=zlib.decompress(sys.stdin.buffer.read());exec(_D[:_D.index(bytes(1))])")
 STREAM_FLAGS = ("-S", "-c", BOOT)
@@ -53,12 +50,9 @@ SUBCOMMANDS = {
 }
 
 
-# Which agent module runs each subcommand: (the module, dotted within the agent; the class in
-# it that runs the subcommand, or None for the module itself); each has add_arguments(parser)
-# and run(args). Names, not imports: the agent's command line (cli.py) imports only the one
-# asked for (a teardown, timed to FREED, does not pay for ping's socket or the phases'
-# urllib), and the bundle (scripts/reach/bundle.py) ships only the modules that subcommand
-# can import (a status or a verify carries no teardown or phase code).
+# Which agent module runs each subcommand: (module, the class in it or None), each with
+# add_arguments(parser) and run(args). Names, not imports: cli.py imports only the one asked
+# for, and the bundle (reach/bundle.py) ships only the modules that subcommand can import.
 SUBCOMMAND_MODULES = {
     "ping": ("status.ping", None),
     "scan": ("status.scan", None),

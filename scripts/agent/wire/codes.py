@@ -34,8 +34,7 @@ EXIT_CODES = (
     (EXIT_UNHEALTHY, "unhealthy", "free, but a GPU's health verdict is drain, reset needed or reboot needed"),
     (EXIT_OUTPUT, "output-failed", "stdout could not be written (disk full, I/O error); the task ran to its end "
                                    "and its own exit code is named on stderr"),
-    (EXIT_INTRUDER, "intruder", "pivot: a process outside the new phase opened a GPU between the teardown and "
-                                "ready (named; nothing signalled)"),
+    (EXIT_INTRUDER, "intruder", "pivot: a process outside the new phase opened a GPU before it was ready (named)"),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),
     (EXIT_CLOSED_PIPE, "closed-pipe", "the reader closed the pipe of Invoke's own --list, --help or --version"),
 )
@@ -60,5 +59,4 @@ AGENT_ERROR = "agent_error"  # {"agent_error": "IndexError: ... at program.py:72
 
 
 class UsageError(ValueError):
-    """Bad input to the agent: one line naming the value ({USAGE_ERROR: TEXT}), exit 2, nothing
-    done. Here, with the code it maps to, for every subcommand to raise (agent/cli.py catches it)."""
+    """Bad input to the agent: one line naming the value ({USAGE_ERROR: TEXT}), exit 2, nothing done (cli.py)."""

@@ -11,10 +11,8 @@ def new_nonce():
     return binascii.hexlify(os.urandom(8)).decode()
 
 
-# -- the result's marker lines -------------------------------------------------------------------
-# Login shells print MOTDs and rc-file noise on stdout. The local side keeps only what lies
-# between `begin` and `end` lines carrying a nonce it chose, so noise (or a process printing
-# a fake marker) cannot be mistaken for the result.
+# -- the result's marker lines: only what lies between `begin` and `end` lines carrying the
+# local side's nonce is the result, so a MOTD, rc-file noise or a fake marker is never taken for it.
 
 MARKER_PREFIX = "=====gpu-pivot-result"
 

@@ -1,10 +1,7 @@
 """Every agent result as a typed record, one per subcommand: the agent writes it (written), the local side reads it.
-
 Every result is one JSON object with "command" and "exit_code" (or codes.USAGE_ERROR or
 codes.AGENT_ERROR). A field without a default is required (a result without it is a ContractError
-naming the key), the others take their default when the key is absent or null: a key the agent
-renames fails here, not as a KeyError in a view. Rows stay the JSON's dicts; rows.py types them.
-"""
+naming the key), the others default when the key is absent or null. Rows.py types the rows."""
 from __future__ import annotations
 
 from .codes import EXIT_OK
@@ -45,10 +42,7 @@ def _fields(cls, code, doc, command, skip=()):
 class Record:
     """A result record: its fields are the class's annotations, in order; a field without a
     class-level default is required. Read-only once made; a list or dict default is copied.
-
-    Why not dataclasses: the agent and every `invoke` call import this module, and creating
-    fifteen dataclasses costs about 15 ms each time.
-    """
+    Not dataclasses: creating fifteen costs every agent and `invoke` call about 15 ms."""
 
     def __init__(self, **values):
         for name in self.field_names():
@@ -105,6 +99,7 @@ class ScanResult(Record):
     proc_hidden: str | None = None  # why /proc hides processes from this user (hidepid), if it does
     foreign_gpu_pids: list[rows.ForeignPid] = []
     last_teardown: rows.LastTeardown | None = None
+    lock: str | None = None  # the host lock's holder in words while it is held (state/lockpeek.py)
     mps: rows.Mps | None = None
     code: int = EXIT_OK
 
@@ -272,7 +267,7 @@ class ReleaseResult(Record):  # a pivot's hold ended, or was not held (ended), o
     released: bool
     held: bool = False
     held_s: float | None = None
-    note: str | None = None
+    note: str | None = None  # not held: why
     error: str | None = None
     code: int = EXIT_OK
 
@@ -287,8 +282,7 @@ RESULTS = {
     "ping": PingResult, "scan": ScanResult, "verify": VerifyResult, "plan": PlanResult,
     "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
     "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
-    "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult,
-    "release": ReleaseResult,
+    "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult, "release": ReleaseResult,
 }
 
 
@@ -326,12 +320,10 @@ def read(subcommand, code, doc):
 
 
 def written(cls, more=(), **fields):
-    """The document of a result the agent builds as record `cls`, the type the local side reads
-    it back as. The record is made first, of `fields` (each one it must name) and of the keys
-    of `more` that it names: a field it lacks, or a required one left out, fails in the agent
-    (TypeError), not as a ContractError on the operator's side. The document is `more` with
-    `fields` over it, `code` as "exit_code": the keys given and no others (a locked teardown
-    carries no plan), and those no record reads (timings, a person's summary) as they are."""
+    """The document of a result the agent builds as record `cls` (the type the local side reads):
+    the record is made first of `fields` and the keys of `more` it names, so a field it lacks
+    fails in the agent (TypeError), not on the operator's side. The document: `more` with
+    `fields` over it, `code` as "exit_code"; keys no record reads (timings) kept as they are."""
     doc = dict(more)
     doc.update(fields)
     names = cls.field_names()

@@ -17,8 +17,9 @@ from scripts.agent.procs import procscan
 from scripts.agent.teardown import hold, hostlock
 from scripts.emergency import shell_teardown
 from scripts.reach.transport import TeardownRequest, call_agent, call_teardown
+from tests.conftest import invoke
 from tests.support.procs import alive, wait_for
-from tests.support.teardowns import host
+from tests.support.teardowns import env_file, host
 
 TOKEN = "00112233aabbccdd"
 
@@ -68,6 +69,15 @@ def test_the_holder_keeps_the_lock_across_calls_and_release_ends_it(ps):
     again = _teardown(ps)
     assert again.code == 0 and not again.result.locked
     call_agent(host(ps), "release", ["--token", TOKEN])
+
+
+def test_status_shows_the_holds_text_while_it_is_held(ps, hosts_env):
+    env_file(ps, hosts_env)
+    _held(ps)
+    shown = " ".join(invoke("status", "--host", "local").stdout.decode().split())
+    assert "Host lock: held by pivot waiting for ready since" in shown and "target phase train" in shown
+    assert call_agent(host(ps), "release", ["--token", TOKEN]).result.released
+    assert "Host lock" not in invoke("status", "--host", "local").stdout.decode()
 
 
 def test_the_holders_own_deadline_ends_it(ps):
