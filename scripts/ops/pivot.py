@@ -290,7 +290,7 @@ class Pivot:
         intruders = r.result.intruders
         self.say("ready", self.words.ready_line(r), codes.EXIT_INTRUDER if intruders and not r.code else r.code)
         for line in self.words.intruder_lines(intruders):
-            self.out("    " + line)
+            self.out("    " + self.words.safe(line))  # host text in it: escaped
         if intruders:
             self.record["intruders"] = intruders
         if r.code == 0 and intruders:
