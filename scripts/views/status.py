@@ -189,7 +189,8 @@ def _notes(scan: records.ScanResult) -> list:
 def last_teardown(x) -> str:
     """The last teardown's line, and the host lock's holder while it is held (a pivot's)."""
     scan = scan_of(x)
-    lock = note(f"Host lock: held by {scan.lock}", indent="", hang="  ") if scan.lock else ""
+    held = getattr(scan, "lock", None)  # a scan's; a view given only the last teardown has none
+    lock = note(f"Host lock: held by {held}", indent="", hang="  ") if held else ""
     last = scan.last_teardown
     if not last:
         return lock
