@@ -33,12 +33,13 @@ SELECTION = ("protect", "target", "match", "fake_gpus", "scope", "scope_uid")
 THRESHOLD = ("max_used_mib",)
 SPEC = ("spec",)
 PLAN = ("only_matching", "stop_starters", "all_users", "disable", "checkpoint_stop")
-TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm")
+TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm", "hold_s",
+            "hold_phase", "hold_token")
 # one subcommand's each
 OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes", "quiesce", "settings", "probe",
-       "probe_mib")
+       "probe_mib", "token", "intruders")
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
-                      "disable", "follow", "yes", "keep_shm", "quiesce", "probe"))
+                      "disable", "follow", "yes", "keep_shm", "quiesce", "probe", "intruders"))
 FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
 
 
@@ -82,6 +83,9 @@ class Options:
     settle: float
     settle_auto: bool
     keep_shm: bool  # keep the shared memory the targets left (teardown/shm.py)
+    hold_s: float | None  # once FREED, the lock stays a pivot's this long at most (teardown/hold.py)
+    hold_phase: str | None
+    hold_token: str | None
     # one subcommand's own
     wait: float
     argv: str | None
@@ -96,6 +100,8 @@ class Options:
     settings: str | None  # gpu-settings: the settings to set, a JSON object (gpu/settings_cmd.py)
     probe: bool  # verify: the CUDA probe on each GPU (gpu/probe.py)
     probe_mib: int | None
+    token: str | None  # release: the hold's token
+    intruders: bool  # phase-ready: name a process outside the phase that opens a GPU
 
     def __init__(self, **values):
         for name in FIELDS:

@@ -14,7 +14,8 @@ PIVOT_EXITS = (("ok", "the next phase started and is ready"),
                ("starter-alive", "the teardown left a related starter alive: nothing started"),
                ("not-free", "not free after the teardown, or the phase did not start or get ready (rolled back "
                             "where a deploy says so)"),
-               "unreachable", "locked", "gate-failed", "uninspected", "timed-out", "declined", "unhealthy")
+               "unreachable", "locked", "gate-failed", "uninspected", "timed-out", "declined", "unhealthy",
+               ("intruder", "a process outside the new phase opened a GPU between the teardown and ready (named)"))
 JSON_HELP = "print the host's answer as JSON, {alias: document}, as status and teardown do"
 
 

@@ -32,8 +32,10 @@ def start(host, phase) -> AgentResult[records.StartResult]:
     return call_agent(host, "phase-start", spec_args(phase))
 
 
-def ready(host, phase, wait_s: float, on_progress=None) -> AgentResult[records.ReadyResult]:
-    return call_agent(host, "phase-ready", spec_args(phase) + ["--wait", wait_s], on_progress=on_progress)
+def ready(host, phase, wait_s: float, on_progress=None, intruders=False) -> AgentResult[records.ReadyResult]:
+    """`intruders`: also name a process outside the phase that holds a GPU meanwhile (a pivot's)."""
+    return call_agent(host, "phase-ready", spec_args(phase) + ["--wait", wait_s] + ["--intruders"] * intruders,
+                      on_progress=on_progress)
 
 
 def stop(host, phase, operator: str) -> AgentResult[records.StopResult]:

@@ -16,6 +16,8 @@ result are the views' (Words, made by scripts/views/pivot.py).
 """
 from __future__ import annotations
 
+import dataclasses
+import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +56,9 @@ class Words:
     step_table: Callable[[list], str]  # the steps (step, result, exit, seconds) at the end
     settings_line: Callable[..., str]  # a gpu-settings result in one line (views/gpu_settings.py)
     settings_lines: Callable[..., list]  # each setting written or failed, with its values
+    hold_line: Callable[..., str]  # the lock kept from the teardown until ready (the hold's text)
+    release_line: Callable[..., str]  # the release of that lock
+    intruder_lines: Callable[[list], list]  # processes outside the new phase that opened a GPU
 
 
 @dataclass
@@ -76,6 +81,8 @@ class StepFailed(Exception):
 
 
 T = TypeVar("T")
+HOLD_MARGIN_S = 300.0  # beyond the ready timeout: the gates, the start and the calls between them
+MAX_HOLD_S = 7200.0  # the agent's limit (hostlock.MAX_HOLD_S)
 
 
 def _attempt(fn: Callable[[], T]) -> T:
@@ -96,6 +103,8 @@ class Pivot:
         self.step_started = self.started
         self.record: dict = {"event": "pivot", "host": host.alias, "to": phase.name, "operator": opts.operator,
                              "steps": []}
+        self.hold_token = secrets.token_hex(8)
+        self.held = False  # the host's lock stays ours from the teardown until ready (agent teardown/hold.py)
 
     @property
     def drain_url(self) -> str | None:
@@ -179,6 +188,7 @@ class Pivot:
         self.step_started = now
 
     def finish(self, code: int, verdict: str) -> int:
+        self.release_hold()
         self.record.update(exit_code=code, verdict=verdict, wall_s=round(time.monotonic() - self.started, 2),
                            time=time.strftime(defaults.TIME_FORMAT))
         try:
@@ -197,16 +207,41 @@ class Pivot:
                 self.out(f"[{i}/{len(self.steps)}] {name}: {what}")
             self.out("--dry-run: nothing was run")
             return codes.EXIT_OK
-        for name, step, _ in self.steps:
-            self.step_started = time.monotonic()
-            try:
-                code = step()
-            except StepFailed as exc:
-                self.say(name, f"ERROR: {exc}", exc.code)
-                return self.finish(exc.code, f"{name} failed: {_what_ran(name)}")
-            if code is not None:
-                return code
-        return self.finish(codes.EXIT_OK, "done")
+        try:
+            for name, step, _ in self.steps:
+                self.step_started = time.monotonic()
+                try:
+                    code = step()
+                except StepFailed as exc:
+                    self.say(name, f"ERROR: {exc}", exc.code)
+                    return self.finish(exc.code, f"{name} failed: {_what_ran(name)}")
+                if code is not None:
+                    return code
+            return self.finish(codes.EXIT_OK, "done")
+        finally:  # Ctrl-C or a bug: the lock is not left held until the holder's deadline
+            self.release_hold()
+
+    # -- the host's lock, kept from the teardown until the new phase is ready ---------------
+    def hold_seconds(self) -> float:
+        """How long the holder may keep the lock if this pivot never releases it: the ready
+        timeout and a margin, and a deploy's rollback (its stop and a second ready) on top."""
+        extra = self.phase.stop_timeout + self.ready_timeout if self.phase.is_deploy else 0.0
+        return min(MAX_HOLD_S, self.ready_timeout + HOLD_MARGIN_S + extra)
+
+    def release_hold(self) -> None:
+        """End the holder (`release`), once; recorded as the step "lock". A failure is said, and
+        the holder's own deadline still ends it."""
+        if not self.held:
+            return
+        self.held = False
+        self.step_started = time.monotonic()
+        try:
+            r = _attempt(lambda: call_agent(self.host, "release", ["--token", self.hold_token]))
+        except StepFailed as exc:
+            self.say("lock", f"NOT released: {exc} (its holder ends by itself at its deadline)", exc.code,
+                     numbered=False)
+            return
+        self.say("lock", self.words.release_line(r), r.code, numbered=False)
 
     def step_drain(self):
         if self.opts.no_drain:
@@ -225,9 +260,13 @@ class Pivot:
         def progress(p):  # one line (the view wrapped it to the screen): the task's out fits it, indented
             self.out("    " + " ".join(line.strip() for line in self.words.teardown_progress(alias, p).splitlines()))
 
-        r = _attempt(lambda: call_teardown(self.host, self.opts.teardown, on_progress=progress))
+        request = dataclasses.replace(self.opts.teardown, hold=(self.hold_seconds(), self.phase.name, self.hold_token))
+        r = _attempt(lambda: call_teardown(self.host, request, on_progress=progress))
         t: records.TeardownResult = r.result
+        self.held = t.hold is not None
         self.say("teardown", self.words.teardown_brief(t), r.code)
+        if t.hold is not None:
+            self.out("    " + self.words.hold_line(t.hold))
         if not t.ran:  # locked by another teardown, or the host's state dir refused: nothing signalled
             return self.finish(r.code, "locked" if t.locked else "teardown not started: nothing started")
         for line in self.words.shm_lines(t):
@@ -297,13 +336,26 @@ class Pivot:
 
     def step_ready(self):
         r = _attempt(lambda: phase_ops.ready(self.host, self.phase, self.ready_timeout,
-                                             on_progress=self._ready_progress))
-        self.say("ready", self.words.ready_line(r), r.code)
+                                             on_progress=self._ready_progress, intruders=True))
+        intruders = r.result.intruders
+        self.say("ready", self.words.ready_line(r), codes.EXIT_INTRUDER if intruders and not r.code else r.code)
+        for line in self.words.intruder_lines(intruders):
+            self.out("    " + self.words.safe(line))  # host text in it: escaped
+        if intruders:
+            self.record["intruders"] = intruders
+        if r.code == 0 and intruders:
+            return self.finish(codes.EXIT_INTRUDER, "ready, but a process outside the phase opened a GPU "
+                                                    "after the teardown (named above): not the phase's")
         if r.code == 0:
+            if not self.phase.smoke_url:
+                self.release_hold()
             return None
         self.out("    " + self.words.log_tail(r).replace("\n", "\n    "))
         if self.phase.is_deploy:
             return self.rollback("the new server did not become ready")
+        if intruders:
+            return self.finish(codes.EXIT_INTRUDER, "not ready, and a process outside the phase opened a GPU "
+                                                    "after the teardown (named above)")
         return self.finish(codes.EXIT_FAILED, "not ready")
 
     def _ready_progress(self, p: dict) -> None:
@@ -313,6 +365,7 @@ class Pivot:
         r = _attempt(lambda: phase_ops.smoke(self.host, self.phase))
         self.say("smoke", self.words.smoke_line(r), r.code)
         if r.code == 0:
+            self.release_hold()
             return None
         if self.phase.is_deploy:
             return self.rollback("the smoke request failed")

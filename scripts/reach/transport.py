@@ -124,6 +124,7 @@ class TeardownRequest:
     mps_quit: bool = False
     keep_shm: bool = False  # keep what the targets left in /dev/shm and System V shared memory
     approved: str | None = None  # "pid:start,...": only these are signalled
+    hold: tuple | None = None  # (seconds, phase, token): once FREED the lock stays a pivot's (agent hold.py)
 
     def selection(self) -> list:
         """The flags that choose targets (plan takes the same)."""
@@ -142,6 +143,8 @@ class TeardownRequest:
         args += [] if self.settle is None else ["--settle", self.settle]
         args += ["--mps", "quit"] if self.mps_quit else []
         args += ["--keep-shm"] if self.keep_shm else []
+        if self.hold is not None:
+            args += ["--hold-s", self.hold[0], "--hold-phase", self.hold[1], "--hold-token", self.hold[2]]
         return args + ([] if self.approved is None else ["--approved", self.approved])
 
     def deadline_s(self) -> float:
@@ -271,6 +274,9 @@ def call_agent(host, subcommand: Literal["reset"], args=..., on_progress=...,
 @overload
 def call_agent(host, subcommand: Literal["gpu-settings"], args=..., on_progress=...,
                deadline_s: float | None = ...) -> AgentResult[records.SettingsResult]: ...
+@overload
+def call_agent(host, subcommand: Literal["release"], args=..., on_progress=...,
+               deadline_s: float | None = ...) -> AgentResult[records.ReleaseResult]: ...
 @overload
 def call_agent(host, subcommand: str, args=..., on_progress=...,
                deadline_s: float | None = ...) -> AgentResult[records.Record]: ...

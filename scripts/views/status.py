@@ -194,9 +194,17 @@ def _notes(scan: records.ScanResult) -> list:
 
 
 def last_teardown(x) -> str:
-    last = scan_of(x).last_teardown
+    """The last teardown's line, and the host lock's holder while it is held (a pivot's)."""
+    scan = scan_of(x)
+    held = getattr(scan, "lock", None)  # a scan's; a view given only the last teardown has none
+    lock = note(f"Host lock: held by {held}", indent="", hang="  ") if held else ""
+    last = scan.last_teardown
     if not last:
-        return ""
+        return lock
+    return "\n".join(line for line in (lock, _last_teardown(last)) if line)
+
+
+def _last_teardown(last) -> str:
     by = f" by {last['operator']}" if last.get("operator") else ""
     if last.get("state") == "running":  # no exit code yet: "exit None" read like a result
         return note(f"Last teardown on this host: running{by} since {last.get('started')} (its result shows here "

@@ -211,6 +211,9 @@ def test_pivot_passes_the_teardown_flags_as_teardown_does(spied_local):
     assert _flag_values(by_pivot) == expected
     assert _flag_values(by_teardown) == expected
     drop_marker = lambda argv: [a for i, a in enumerate(argv) if "--marker" not in argv[i - 1:i + 1]]  # noqa: E731
+    hold = by_pivot.index("--hold-s")  # the pivot's own: its lock kept until the phase is ready
+    assert by_pivot[hold::2][:3] == ["--hold-s", "--hold-phase", "--hold-token"] and by_pivot[hold + 3] == "x"
+    by_pivot = by_pivot[:hold] + by_pivot[hold + 6:]
     assert drop_marker(by_pivot) == drop_marker(by_teardown)  # one builder: the same argv, flag for flag
     assert json.loads(Path(lastrun.last_path()).read_text())["settle_s"] == 0.25  # the agent used it
 

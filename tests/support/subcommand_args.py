@@ -13,4 +13,5 @@ REQUIRED = {
     "drain": ["--url", "http://127.0.0.1:9/metrics"],
     "lint": ["--argv", "[]"],
     "gpu-settings": ["--settings", '{"power_limit_w": 700}'],
+    "release": ["--token", "0123456789abcdef"],
 }

@@ -224,6 +224,8 @@ class Ready(SpecCommand):
     @staticmethod
     def add_arguments(parser):
         parser.add_argument("--wait", type=float, default=0.0)
+        parser.add_argument("--intruders", action="store_true",
+                            help="name any process outside the phase that holds a GPU meanwhile (a pivot's)")
 
     @staticmethod
     def act(spec, args):
@@ -232,9 +234,16 @@ class Ready(SpecCommand):
             return codes.EXIT_FAILED, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
         started = time.monotonic()
         last = -10.0
+        intruders: dict = {}
+        looked = None
         while True:
             ready, dead, detail = check(spec, state, args)
             waited = time.monotonic() - started
+            if args.intruders and (ready or dead or looked is None or waited - looked >= 1.0):
+                looked = waited
+                from .intruders import find  # a pivot's ready only: the scan's modules
+
+                intruders.update(((i["pid"], i["start_time"]), i) for i in find(args, state))
             if ready or dead or waited >= args.wait:
                 break
             if waited - last >= 2.0:
@@ -246,7 +255,7 @@ class Ready(SpecCommand):
         code = codes.EXIT_OK if ready else codes.EXIT_FAILED
         return code, {"ready": ready, "dead": dead, "detail": detail, "waited_s": round(waited, 2),
                                      "log_tail": [] if ready else log_tail(state), "prep": prep_report(state),
-                                     "state": state}
+                                     "state": state, "intruders": list(intruders.values())}
 
 
 class Stop(SpecCommand):

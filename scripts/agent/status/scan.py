@@ -202,7 +202,7 @@ def public(doc):
 
 def run(args):
     from ..gpu import checkup
-    from ..state import lastrun
+    from ..state import lastrun, lockpeek
     from ..wire import records
 
     with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
@@ -211,4 +211,5 @@ def run(args):
         checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
         checkup.annotate_settings(full, source)
     code = codes.EXIT_UNINSPECTED if full["denied"] or full["proc_hidden"] else codes.EXIT_OK
-    return code, records.written(records.ScanResult, full, code=code, last_teardown=lastrun.load_summary())
+    return code, records.written(records.ScanResult, full, code=code, last_teardown=lastrun.load_summary(),
+                                 lock=lockpeek.peek())

@@ -23,41 +23,24 @@ import os
 import socket
 import time
 
-from ..procs import procfs, procscan, textsafe
-from ..state import statedir
+from ..procs import procfs, procscan
+from ..state import lockpeek, statedir
 from ..wire import call
 
-LOCK_NAME = "gpu-pivot.lock"
+LOCK_NAME = lockpeek.LOCK_NAME
 POLL_S = 0.05
+MAX_HOLD_S = 2 * 3600  # a pivot's hold (hold.py) ends by itself after at most this
+HOLDER_MARK = lockpeek.HOLDER_MARK
 
 
 class Locked(RuntimeError):
     def __init__(self, holder):
         self.holder = holder
-        super().__init__("host is locked by another teardown: %s" % describe(holder))
+        by = "a pivot" if lockpeek.is_hold(holder) else "another teardown"
+        super().__init__("host is locked by %s: %s" % (by, describe(holder)))
 
 
-def describe(holder):
-    """Who holds the lock, in words. The lock file's text is advisory: the flock is the lock,
-    and whatever the file holds (another user's LOGNAME with escape sequences, a JSON list, a
-    `since` of "yesterday" or 1e300) must still end in LOCKED and exit 4, never in a crash.
-    Each field is shown escaped (textsafe.printable) and cut."""
-    if not isinstance(holder, dict) or not holder:
-        return "unknown holder"
-    return "%s (agent pid %s on %s) since %s" % (_field(holder.get("operator")), _field(holder.get("pid")),
-                                                _field(holder.get("host")), _since(holder.get("since")))
-
-
-def _field(value, limit=80):
-    return textsafe.printable(value)[:limit]
-
-
-def _since(value):
-    """A lock's `since` (epoch seconds) as local time; its text, escaped, when it is not one."""
-    try:
-        return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(value)))
-    except (TypeError, ValueError, OverflowError, OSError):
-        return "an unreadable time (%s)" % _field(value, 40)
+describe = lockpeek.describe  # who holds it, in words: `status` says it the same way
 
 
 def lock_path():
@@ -114,15 +97,25 @@ def concurrent_teardowns(procs=None):
 
 
 def _root_holder():
-    """root's running teardown agent as a lock holder, or None (always None for root)."""
+    """root's running teardown agent, or root's pivot lock holder (hold.py), as a lock holder,
+    or None (always None for root). One pass over /proc for both."""
     if os.geteuid() == 0:
         return None
-    for a in teardown_agents():
-        if a["uid"] == 0:
-            since = time.time() - procscan.uptime_s() + a["start_time"] / float(procscan.clock_ticks())
-            return {"operator": "root's teardown", "pid": a["pid"], "host": socket.gethostname(), "since": since,
-                    "cmdline": a["cmdline"]}
+    for pid in procscan.all_pids():
+        info = procscan.basic(pid)
+        if not info or procfs.finished(info):
+            continue
+        argv = info["argv"]
+        held = lockpeek.is_holder(argv)
+        if (held or is_teardown_agent(argv)) and _euid(pid) == 0:
+            return {"operator": "root's pivot, waiting for its phase to be ready" if held else "root's teardown",
+                    "pid": pid, "host": socket.gethostname(), "since": _started_at(info),
+                    "cmdline": HOLDER_MARK if held else info["cmdline"]}
     return None
+
+
+def _started_at(info):
+    return time.time() - procscan.uptime_s() + info["start_time"] / float(procscan.clock_ticks())
 
 
 # -- the lock -----------------------------------------------------------------------
@@ -138,14 +131,22 @@ def _try_flock(fd):
         return False
 
 
+try_flock = _try_flock
+
+
+def open_lock(path=None):
+    """The lock file, opened (not locked). Raises StateDirError when the directory or the file
+    is refused (a symlink, not ours, not a regular file)."""
+    return statedir.open_private(path or lock_path(), os.O_RDWR | os.O_CREAT)
+
+
 def acquire(operator, wait_s=0.0, path=None):
     """Take the lock or raise Locked. Returns the open fd (keep it open while working).
 
     Raises StateDirError when the directory or the lock file is refused (a symlink,
     not ours, not a regular file).
     """
-    path = path or lock_path()
-    fd = statedir.open_private(path, os.O_RDWR | os.O_CREAT)
+    fd = open_lock(path)
     try:
         deadline = time.monotonic() + wait_s
         while True:
@@ -160,13 +161,18 @@ def acquire(operator, wait_s=0.0, path=None):
             if time.monotonic() >= deadline:
                 raise Locked(holder)
             time.sleep(POLL_S)
-        me = {"operator": operator, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()}
-        os.ftruncate(fd, 0)  # we hold the flock: the text is ours to replace
-        os.pwrite(fd, json.dumps(me).encode(), 0)
+        write_text(fd, {"operator": operator, "pid": os.getpid(), "host": socket.gethostname(), "since": time.time()})
     except BaseException:
         os.close(fd)
         raise
     return fd
+
+
+def write_text(fd, holder):
+    """Replace the lock's text (only while holding the flock); None empties it."""
+    os.ftruncate(fd, 0)
+    if holder is not None:
+        os.pwrite(fd, json.dumps(holder).encode(), 0)
 
 
 def _read(fd):
@@ -176,6 +182,9 @@ def _read(fd):
     except (ValueError, RecursionError, OSError):
         return None
     return holder if isinstance(holder, dict) else None
+
+
+read_text = _read
 
 
 def release(fd):

@@ -37,7 +37,7 @@ from ..state import lastrun
 from ..state.auditlog import Audit
 from ..status import scan
 from ..wire import codes, defaults, records
-from . import early, forkwatch, hostlock, plan, shm, units
+from . import early, forkwatch, hold, hostlock, plan, shm, units
 from .freeze import Freezer
 from .targets import Targets
 
@@ -73,6 +73,11 @@ def add_arguments(parser):
     parser.add_argument("--keep-shm", action="store_true",
                         help="keep the /dev/shm files and System V segments the stopped targets left (by default "
                              "those no live process holds are removed once the GPUs are FREED: shm.py)")
+    parser.add_argument("--hold-s", type=float, default=None, metavar="SECONDS",
+                        help="once FREED, keep the host's lock for a pivot: a detached holder owns it until "
+                             "`release --token` or these seconds pass (hold.py); with --hold-phase, --hold-token")
+    parser.add_argument("--hold-phase", default=None, help="the phase the pivot starts next (the lock's text)")
+    parser.add_argument("--hold-token", default=None, help="hex the pivot's `release` call names the hold by")
 
 
 def parse_approved(text):
@@ -699,6 +704,7 @@ def run(args):
         operator = "%s@%s" % (getpass.getuser(), socket.gethostname())
     args.device_set()  # a bad device glob is bad input: exit 2 before anything
     parse_approved(args.approved)
+    hold.check_hold_flags(args)
     for flag in ("grace", "timeout", "settle", "wait_lock"):
         value = getattr(args, flag)
         if not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
@@ -717,14 +723,18 @@ def run(args):
         except (hostlock.Locked, OSError) as exc:  # the lock file itself refused (a link, not ours): as a state dir
             return _not_started(exc)
         try:
-            if not stops:
-                return execute(args, operator, started, source)
-            first = _checkpoint_first(args, operator, stops)
-            code, out = execute(args, operator, time.monotonic(), source)  # its clocks start after the wait
-            return code, _with_checkpoint(out, *first)
+            first = _checkpoint_first(args, operator, stops) if stops else None
+            code, doc = execute(args, operator, time.monotonic() if stops else started, source)  # after the wait
+            if first is not None:
+                doc = _with_checkpoint(doc, *first)
+            if code == codes.EXIT_OK and args.hold_s:  # FREED: the lock stays the pivot's until its phase is ready
+                doc["hold"] = hold.hand_over(fd, args, operator)
+                fd = None
+            return code, doc
         except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled
             return _not_started(exc)
         finally:
-            hostlock.release(fd)
+            if fd is not None:
+                hostlock.release(fd)
     finally:
         source.close()

@@ -21,7 +21,7 @@ STREAM_FLAGS = ("-S", "-c", BOOT)
 COMMON_FLAGS = ("--marker", "--json", "--progress", "--devices", "--fake-devices", "--run-dir")
 # What the host's configuration selects (targets, protect list, scope); only SELECTING take them.
 SELECTION_FLAGS = ("--protect", "--target", "--match", "--fake-gpus", "--scope", "--scope-uid")
-SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset")
+SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset", "phase-ready")
 SPEC_FLAG = "--spec"
 
 # Each subcommand and its own flags (beyond COMMON_FLAGS, and SELECTION_FLAGS for SELECTING).
@@ -33,9 +33,9 @@ SUBCOMMANDS = {
     "plan": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--checkpoint-stop"),
     "teardown": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--checkpoint-stop",
                  "--max-used-mib", "--grace", "--timeout", "--wait-lock", "--operator", "--approved", "--settle",
-                 "--mps", "--keep-shm"),
+                 "--mps", "--keep-shm", "--hold-s", "--hold-phase", "--hold-token"),
     "phase-start": (SPEC_FLAG,),
-    "phase-ready": (SPEC_FLAG, "--wait"),
+    "phase-ready": (SPEC_FLAG, "--wait", "--intruders"),
     "phase-stop": (SPEC_FLAG, "--operator"),
     "phase-logs": (SPEC_FLAG, "--lines", "--follow"),
     "smoke": (SPEC_FLAG,),
@@ -45,15 +45,13 @@ SUBCOMMANDS = {
     "deploy": (SPEC_FLAG, "--action"),
     "reset": ("--gpu", "--yes", "--quiesce"),
     "gpu-settings": ("--settings", "--operator"),
+    "release": ("--token",),
 }
 
 
-# Which agent module runs each subcommand: (the module, dotted within the agent; the class in
-# it that runs the subcommand, or None for the module itself); each has add_arguments(parser)
-# and run(args). Names, not imports: the agent's command line (cli.py) imports only the one
-# asked for (a teardown, timed to FREED, does not pay for ping's socket or the phases'
-# urllib), and the bundle (scripts/reach/bundle.py) ships only the modules that subcommand
-# can import (a status or a verify carries no teardown or phase code).
+# Which agent module runs each subcommand: (module, the class in it or None), each with
+# add_arguments(parser) and run(args). Names, not imports: cli.py imports only the one asked
+# for, and the bundle (reach/bundle.py) ships only the modules that subcommand can import.
 SUBCOMMAND_MODULES = {
     "ping": ("status.ping", None),
     "scan": ("status.scan", None),
@@ -71,6 +69,7 @@ SUBCOMMAND_MODULES = {
     "deploy": ("phases.deploy", None),
     "reset": ("teardown.reset", None),
     "gpu-settings": ("gpu.settings_cmd", None),
+    "release": ("teardown.hold", None),
 }
 
 

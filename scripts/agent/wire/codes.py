@@ -14,6 +14,7 @@ EXIT_UNHEALTHY = 9     # free, but a GPU's health verdict says drain, reset or r
 EXIT_OUTPUT = 10       # stdout could not be written (disk full, I/O error): the task's own code is on stderr
 EXIT_STARTER_ALIVE = 11  # GPUs free now, a related starter lives (agent/procs/relation.py)
 EXIT_REBOOT_NEEDED = 12  # reset --quiesce: the reset failed with nothing blocking it (teardown/quiesce.py)
+EXIT_INTRUDER = 13     # a pivot: a process outside the new phase opened a GPU after the teardown (named)
 EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, as a shell reports a program its reader left: Invoke's own output
 EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
@@ -35,6 +36,7 @@ EXIT_CODES = (
     (EXIT_REBOOT_NEEDED, "reboot-needed", "reset --quiesce: the reset failed with its blockers stopped: reboot"),
     (EXIT_OUTPUT, "output-failed", "stdout could not be written (disk full, I/O error); the task ran to its end "
                                    "and its own exit code is named on stderr"),
+    (EXIT_INTRUDER, "intruder", "pivot: a process outside the new phase opened a GPU before it was ready (named)"),
     (EXIT_INTERRUPTED, "interrupted", "Ctrl-C on the local side; the host side continues"),
     (EXIT_CLOSED_PIPE, "closed-pipe", "the reader closed the pipe of Invoke's own --list, --help or --version"),
 )
@@ -59,5 +61,4 @@ AGENT_ERROR = "agent_error"  # {"agent_error": "IndexError: ... at program.py:72
 
 
 class UsageError(ValueError):
-    """Bad input to the agent: one line naming the value ({USAGE_ERROR: TEXT}), exit 2, nothing
-    done. Here, with the code it maps to, for every subcommand to raise (agent/cli.py catches it)."""
+    """Bad input to the agent: one line naming the value ({USAGE_ERROR: TEXT}), exit 2, nothing done (cli.py)."""

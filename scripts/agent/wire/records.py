@@ -1,10 +1,7 @@
 """Every agent result as a typed record, one per subcommand: the agent writes it (written), the local side reads it.
-
 Every result is one JSON object with "command" and "exit_code" (or codes.USAGE_ERROR or
 codes.AGENT_ERROR). A field without a default is required (a result without it is a ContractError
-naming the key), the others take their default when the key is absent or null: a key the agent
-renames fails here, not as a KeyError in a view. Rows stay the JSON's dicts; rows.py types them.
-"""
+naming the key), the others default when the key is absent or null. Rows.py types the rows."""
 from __future__ import annotations
 
 from .codes import EXIT_OK
@@ -101,6 +98,7 @@ class ScanResult(Record):
     proc_hidden: str | None = None  # why /proc hides processes from this user (hidepid), if it does
     foreign_gpu_pids: list[rows.ForeignPid] = []
     last_teardown: rows.LastTeardown | None = None
+    lock: str | None = None  # the host lock's holder in words while it is held (state/lockpeek.py)
     mps: rows.Mps | None = None
     code: int = EXIT_OK
 
@@ -178,6 +176,7 @@ class TeardownResult(Record):
     mps: rows.Mps | None = None  # MPS as seen at the end (after: its GPU rows carry health)
     mps_quit: list[rows.MpsQuit] = []  # --mps quit: [{control, pipe_dir, sent, servers_gone, waited_s, error}]
     checkpoint_stops: list[rows.CheckpointStop] = []  # each running phase's checkpoint stop, before the plan
+    hold: rows.LockHold | None = None  # --hold-s: the lock's text once its holder owns it (teardown/hold.py)
     # The scan it ended on, as the document carries it (a scan's keys; its GPU rows are `after`):
     holders: list[rows.Holder] = []
     denied: list[int] = []  # pids whose fds could not be read then: not free
@@ -203,6 +202,7 @@ class ReadyResult(Record):
     log_tail: list[str] = []
     prep: list[rows.Prep] = []
     error: str | None = None
+    intruders: list[rows.ProcessRow] = []  # --intruders: outside the phase, holding a GPU (phases/intruders.py)
     code: int = EXIT_OK
 
 
@@ -274,6 +274,15 @@ class SettingsResult(Record):
     code: int = EXIT_OK
 
 
+class ReleaseResult(Record):  # a pivot's hold ended, or was not held (ended), or is not ours
+    released: bool
+    held: bool = False
+    held_s: float | None = None
+    note: str | None = None  # not held: why
+    error: str | None = None
+    code: int = EXIT_OK
+
+
 class LintResult(Record):
     findings: list[rows.Finding]  # [{check, message}]
     gpus_visible: int
@@ -285,7 +294,7 @@ RESULTS = {
     "teardown": TeardownResult, "phase-start": StartResult, "phase-ready": ReadyResult,
     "phase-stop": StopResult, "phase-logs": LogsResult, "smoke": SmokeResult, "drain": DrainResult,
     "gates": GatesResult, "lint": LintResult, "deploy": DeployResult, "reset": ResetResult,
-    "gpu-settings": SettingsResult}
+    "gpu-settings": SettingsResult, "release": ReleaseResult}
 
 
 def read_plan(doc, command="plan"):

@@ -188,6 +188,14 @@ class MpsQuit(TypedDict, total=False):
     error: str | None
 
 
+class LockHold(TypedDict, total=False):
+    """TeardownResult.hold: the lock's text once a pivot's holder owns it (teardown/hold.py)."""
+    phase: str
+    pid: int  # the holder's
+    since: float  # epoch seconds
+    until: float  # the holder's own deadline
+
+
 class StillHolding(ProcessRow, total=False):
     """still_holding (agent/teardown/verify.py); gpu None: a device file held, no memory used."""
     gpu: int | None
