@@ -1,7 +1,5 @@
-"""Every agent result as a typed record, one per subcommand: the agent writes it (written), the local side reads it.
-Every result is one JSON object with "command" and "exit_code" (or codes.USAGE_ERROR or
-codes.AGENT_ERROR). A field without a default is required (a result without it is a ContractError
-naming the key), the others default when the key is absent or null. Rows.py types the rows."""
+"""Every agent result as a typed record, one per subcommand (JSON with "command" and "exit_code"): the
+agent writes it, the local side reads it; a missing required field is a ContractError naming it."""
 from __future__ import annotations
 
 from .codes import EXIT_OK

@@ -6,6 +6,21 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from .gpu_rows import (  # noqa: F401 (re-exported: rows.GpuRow and its parts)
+    Fabric,
+    GpuProcess,
+    GpuRow,
+    GpuSettings,
+    Health,
+    Mig,
+    MigInstance,
+    Mps,
+    MpsClient,
+    MpsControl,
+    MpsQuit,
+    MpsServer,
+)
+
 
 class Container(TypedDict, total=False):
     """A process's container (agent/procs/cgroup.py); an LXC one seen from its node: pid inside, label."""
@@ -63,72 +78,6 @@ class PlanRow(ProcessRow, total=False):
     wraps: list[int]  # starters, and wrappers stopped as targets: the pids of the targets it is related to
 
 
-class GpuProcess(TypedDict):
-    """GpuRow.processes: a compute process the GPU source lists."""
-    pid: int
-    used_mib: int | None
-
-
-class Health(TypedDict):
-    verdict: str  # agent/gpu/health.py ORDER
-    reasons: list[str]
-
-
-class Fabric(TypedDict):  # agent/gpu/fabric.py: state completed, in progress, not started, not supported
-    state: str
-    status: str | None  # NVML's words where the registration did not succeed
-
-
-class MigInstance(TypedDict, total=False):
-    index: int
-    gpu_instance: int | None
-    compute_instance: int | None
-    uuid: str | None
-    used_mib: int | None
-    total_mib: int | None
-
-
-class Mig(TypedDict, total=False):
-    current: str
-    pending: str | None
-    instances: list[MigInstance]
-    note: str
-
-
-class GpuSettings(TypedDict, total=False):
-    """GpuRow.settings (agent/gpu/settings.py); None: not supported (not_supported) or unread."""
-    persistence: str | None  # "on", "off"
-    compute_mode: str | None  # "default", "exclusive_process", "prohibited", ...
-    graphics_clock_mhz: int | None  # application clocks
-    memory_clock_mhz: int | None
-    power_limit_w: float | None
-    power_default_w: float | None
-    mig: str | None  # "on", "off": the current MIG mode
-    not_supported: list[str]
-    unread: dict[str, str]
-
-
-class _Gpu(TypedDict):
-    index: int
-    name: str
-    used_mib: int | None
-    reserved_mib: int | None
-    total_mib: int | None
-    processes: list[GpuProcess]
-
-
-class GpuRow(_Gpu, total=False):
-    """ScanResult.gpus, TeardownResult.before and after: one GPU as the source read it."""
-    uuid: str
-    unread: Any
-    memory_call: str
-    health: Health  # where assessed (views/health.py gpu_health reads it)
-    fabric: Fabric  # where NVML reports one (agent/gpu/fabric.py)
-    probe: dict  # verify --probe (agent/gpu/probe.py): state (ok, failed, hung, hidden...), seconds, error
-    mig: Mig  # where read
-    settings: GpuSettings  # status only (agent/gpu/settings.py)
-
-
 class ForeignPid(TypedDict):
     """ScanResult.foreign_gpu_pids: a pid the GPU source lists that /proc here does not show."""
     pid: int
@@ -148,44 +97,6 @@ class LastTeardown(TypedDict, total=False):
     freed_mib: int | None
     wall_s: float | None
     state: str | None  # "running", "finished"
-
-
-class MpsControl(TypedDict, total=False):
-    pid: int
-    uid: int | None
-    start_time: int
-    pipe_dir: str | None
-    cmdline: str | None
-
-
-class MpsClient(TypedDict, total=False):
-    pid: int
-    gpu: int
-    cmdline: str
-    via: str
-
-
-class MpsServer(MpsControl, total=False):  # and a control daemon's pid, uid, start_time, pipe_dir
-    control: int | None
-    gpus: dict[str, int | None]  # GPU index -> MiB
-    clients: list[MpsClient]
-
-
-class Mps(TypedDict, total=False):
-    """ScanResult.mps, TeardownResult.mps: MPS daemons (agent/gpu/mps.py describe)."""
-    controls: list[MpsControl]
-    servers: list[MpsServer]
-
-
-class MpsQuit(TypedDict, total=False):
-    """TeardownResult.mps_quit: one control daemon told `quit` (agent/gpu/mps.py quit_daemon)."""
-    control: int
-    pipe_dir: str | None
-    sent: bool
-    output: str
-    servers_gone: bool
-    waited_s: float
-    error: str | None
 
 
 class LockHold(TypedDict, total=False):
