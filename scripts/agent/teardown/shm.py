@@ -36,6 +36,14 @@ def _start_wall(start_ticks):
     return boot + start_ticks / float(os.sysconf("SC_CLK_TCK"))
 
 
+def _start_margin():
+    """Seconds after a target's recorded start before a change counts as its own: /proc gives
+    the start in whole clock ticks (truncated) and boot time is derived, so weights staged a
+    few ms before the server started would read as changed after it. Two ticks and 50 ms: an
+    NCCL segment is made seconds after its rank starts."""
+    return 2.0 / os.sysconf("SC_CLK_TCK") + 0.05
+
+
 def _held_by(pid):
     """{(dev, inode): path} of the /dev/shm files process `pid` has open or mapped."""
     out = {}
@@ -76,7 +84,7 @@ def candidates(targets):
         return out
     for t in targets:
         uid = t["uid"]
-        since = _start_wall(t["start_time"])
+        since = _start_wall(t["start_time"]) + _start_margin()  # the start time is whole clock ticks
         for (fdev, ino), path in sorted(_held_by(t["pid"]).items()):
             row = _file_row(path, fdev, ino, uid, since, dev)
             if row is not None and (fdev, ino) not in seen:

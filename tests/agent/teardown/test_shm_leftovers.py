@@ -124,6 +124,21 @@ def test_a_killed_targets_shm_files_and_segment_are_removed_with_their_bytes_and
     assert any(a["signal"].startswith("remove " + leftover) and a["result"] == "removed" for a in doc["actions"])
 
 
+def test_weights_staged_the_moment_before_the_server_starts_stay(ps, shm):
+    """A launch script that copies weights into /dev/shm and starts the server at once: the
+    server's start reads in whole clock ticks, so a file written a few ms before it must not
+    pass for one it made. Three servers, each started right after its file was written."""
+    staged = [shm.path("weights-%d" % i) for i in range(3)]
+    for path in staged:
+        with open(path, "wb") as f:
+            f.write(b"w" * 8192)
+        shm.server(open_=[path])
+    result = teardown(ps)
+    assert result.code == 0, (result.doc["verdict"], result.doc["problems"])
+    assert all(os.path.exists(p) for p in staged), result.doc["shm_removed"]
+    assert not [r for r in result.doc["shm_removed"] if r.get("path") in staged]
+
+
 def test_a_target_of_the_early_batch_is_read_before_its_signal(ps, shm):
     """A target a pattern names gets SIGTERM before the plan reads fds (early.py): what it
     holds is read just before that signal, and removed all the same."""
