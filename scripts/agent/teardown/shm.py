@@ -38,10 +38,10 @@ def _start_wall(start_ticks):
 
 def _start_margin():
     """Seconds after a target's recorded start before a change counts as its own: /proc gives
-    the start in whole clock ticks (truncated) and boot time is derived, so weights staged a
-    few ms before the server started would read as changed after it. Two ticks and 50 ms: an
-    NCCL segment is made seconds after its rank starts."""
-    return 2.0 / os.sysconf("SC_CLK_TCK") + 0.05
+    the start truncated to a clock tick, so a file written in the same tick just before the
+    process began (weights staged by the launch script) would read as changed after it. One
+    tick, and 5 ms for the coarse clock file times are stamped with."""
+    return 1.0 / os.sysconf("SC_CLK_TCK") + 0.005
 
 
 def _held_by(pid):
