@@ -11,7 +11,6 @@ uid and argv, and waits until the flock is free. A teardown meanwhile gets exit 
 """
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -44,6 +43,7 @@ def is_holder(argv):
 def hand_over(fd, args, operator):
     """Start the holder on the locked `fd`, write the lock's text, close our copy: the flock
     stays with the holder. Returns the text (a dict), which the teardown's result carries."""
+    import subprocess  # here: after FREED; the path to a teardown's first signal does not load it
     proc = subprocess.Popen(holder_argv(fd, args.hold_s), pass_fds=(fd,), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
     now = time.time()
