@@ -272,7 +272,7 @@ def before_after(x) -> str:
 
 def actions(x) -> str:
     t: records.TeardownResult = record(x)
-    recs = t.actions
+    recs = [r for r in t.actions if not r.get("shm")]  # shared memory removed: its own REMOVED lines
     if not recs:
         return ""
     rows = [[r["signal"], r["pid"], r["result"], Command.of(r)] for r in recs]

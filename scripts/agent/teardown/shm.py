@@ -230,5 +230,5 @@ def remove(files, targets, audit):
     for r in out:
         what = r["path"] if r["kind"] == "file" else "System V segment %d" % r["shmid"]
         audit.log({"pid": r["pid"], "start_time": r.get("start_time")}, "remove %s (%d bytes)" % (what, r["bytes"]),
-                  "removed" if r["removed"] else "kept: " + r["why"])
+                  "removed" if r["removed"] else "kept: " + r["why"], shm=r["kind"])
     return out

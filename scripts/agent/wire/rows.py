@@ -121,6 +121,7 @@ class Action(ProcessRow, total=False):
     signal: str  # "SIGTERM", "SIGKILL", "systemctl stop UNIT", ...
     result: str  # "sent", "gone", or why not
     comes_back: str  # a unit or container that starts again by itself (agent/teardown/units.py)
+    shm: str  # "file" or "sysv": shared memory removed or kept (agent/teardown/shm.py)
 
 
 class Respawn(ProcessRow, total=False):
