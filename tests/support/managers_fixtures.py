@@ -352,6 +352,13 @@ class CgroupLayout:
 
     def place(self, pid: int, layout: str) -> None:
         """Move pid into `layout` (`kubepods.slice/.../cri-containerd-ID.scope`) in every hierarchy."""
+        for d in self.prepare(layout):
+            (d / "cgroup.procs").write_text(str(pid))
+
+    def prepare(self, layout: str) -> list[Path]:
+        """Make `layout` in every hierarchy, ready for tasks; its directories (a process in a
+        PID namespace of its own moves itself: its cgroup.procs takes that namespace's pids)."""
+        dirs = []
         for root in self.roots:
             d = root / layout
             d.mkdir(parents=True, exist_ok=True)
@@ -360,7 +367,8 @@ class CgroupLayout:
                     f = root / part / knob
                     if f.exists() and not f.read_text().strip():
                         f.write_text((f.parent.parent / knob).read_text())
-            (d / "cgroup.procs").write_text(str(pid))
+            dirs.append(d)
+        return dirs
 
     def down(self) -> None:
         problems = cgroups.kill_and_remove(self.roots)

@@ -12,6 +12,7 @@ import subprocess
 
 from ..gpu import gpuinfo, settings, settings_write
 from ..procs import cgroup, rules
+from . import plan
 
 # (what it is, the names its process goes by, the units that run it where none is seen running)
 DAEMONS = (
@@ -33,14 +34,18 @@ def _active(unit):
 def find(procs):
     """([daemon: {name, unit, pids}], [refusal line]) of the daemons that block a reset: their
     running processes, by name, with the unit that runs each; a unit of DAEMONS active with
-    no process seen. A daemon process outside a systemd service is a refusal, never stopped."""
+    no process seen. A daemon process outside a system service (a user's manager's unit is
+    not one: its name may be any system unit's) is a refusal, never stopped; a process whose
+    name a user could have given it (rules.trusted_names) is no daemon."""
     found, refused = [], []
     for what, names, units in DAEMONS:
-        pids = sorted(p for p, rec in procs.items() if rules.names_of(rec) & set(names) and rec.get("state") != "Z")
+        pids = sorted(p for p, rec in procs.items() if rules.names_of(rec) & set(names) and rec.get("state") != "Z"
+                      and rules.trusted_names(rec))
         by_unit: dict = {}
         for pid in pids:
             cg = cgroup.read(pid)
-            unit = cg["unit"] if (cg["unit"] or "").endswith(".service") and not cg["container"] else None
+            unit = plan.stoppable_unit(cg["unit"]) if not cg["container"] and "/user@" not in (cg["path"] or "") \
+                else None
             if unit is None:
                 where = (" in %s container %s" % (cg["container"]["kind"], cg["container"].get("id", "?"))
                          if cg["container"] else "")

@@ -49,16 +49,18 @@ def host(tmp_path):
                GPU_PIVOT_STANDIN_UNITS=str(units), GPU_PIVOT_NVML_RECORDING=str(rec),
                PYTHONPATH=os.pathsep.join([str(STANDIN / "nvml"), os.environ.get("PYTHONPATH", "")]))
 
-    def run(*args, reset_exit=0, daemon=None, **extra):
+    def run(*args, reset_exit=0, daemon=None, cgroups=(), **extra):
         """(exit, document, calls); `daemon`: a program started first in the namespace, whose
-        pid inside it and whether it outlived the agent are in run.daemon."""
+        pid inside it and whether it outlived the agent are in run.daemon; `cgroups`: the
+        cgroup directories it moves into first."""
         rec.write_text(json.dumps({"gpus": [dict(GPU)], "calls_log": str(log)}))
         agent_argv = [sys.executable, str(AGENT), "reset", "--json", "--gpu", "0", f"--devices={tmp_path}/dev/nvidia*",
                       "--fake-devices", *args]
         script = " ".join(map(shlex.quote, agent_argv)) + f" > {tmp_path}/out.json; echo $? > {tmp_path}/rc"
         if daemon:
+            move = "".join(f"echo $! > {shlex.quote(str(d))}/cgroup.procs; " for d in cgroups)
             script = (f"{shlex.quote(daemon)} -c 'import time; time.sleep(120)' & echo $! > {tmp_path}/daemon; "
-                      f"{script}; kill -0 $(cat {tmp_path}/daemon) && touch {tmp_path}/daemon-alive")
+                      f"{move}{script}; kill -0 $(cat {tmp_path}/daemon) && touch {tmp_path}/daemon-alive")
         subprocess.run([sys.executable, str(PIDNS), "--", "/bin/sh", "-c", script], check=True, timeout=120,
                        env=dict(env, GPU_PIVOT_STANDIN_RESET_EXIT=str(reset_exit), **extra), cwd=REPO)
         calls = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
@@ -132,3 +134,16 @@ def test_a_daemon_outside_systemd_is_named_and_refused_never_signalled(host, tmp
     assert code == codes.EXIT_FAILED and not doc["ran"] and not calls
     assert f"nv-hostengine (DCGM) (pid {pid}) is not run by a systemd service" in doc["note"]
     assert "nothing was stopped or reset" in doc["note"]
+
+
+def test_a_daemon_in_a_users_own_unit_is_refused_and_no_system_unit_of_that_name_is_stopped(host, tmp_path, layout):
+    """A process of a daemon's name in a unit of a user's manager (systemd-run --user
+    --unit=ssh): its unit's name is not the system manager's; `systemctl stop ssh.service`
+    would stop the host's sshd."""
+    exe = mps_program(tmp_path, "nv-hostengine")
+    user_unit = layout.prepare("user.slice/user-1000.slice/user@1000.service/app.slice/ssh.service")
+    code, doc, calls = host("--yes", "--quiesce", daemon=exe, cgroups=user_unit)
+    assert not any("ssh.service" in c for c in calls), calls
+    pid, alive = host.daemon
+    assert alive and code == codes.EXIT_FAILED and not doc["ran"]
+    assert f"nv-hostengine (DCGM) (pid {pid}) is not run by a systemd service" in doc["note"]

@@ -27,6 +27,7 @@ import ctypes, json, mmap, os, sys, time
 spec = json.load(open(sys.argv[1]))
 ready = sys.argv[sys.argv.index("--ready") + 1]
 keep = [os.open(spec["device"], os.O_RDWR)]  # a GPU of the test's fake devices: a target
+time.sleep(0.2)  # a rank makes its segments after it starts (shm.py: a margin after the start)
 for path in spec["create"]:  # created now, open and mapped: a leftover once it is killed
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, b"x" * (1 << 20))
@@ -115,7 +116,7 @@ def test_a_killed_targets_shm_files_and_segment_are_removed_with_their_bytes_and
     result = teardown(ps)
     doc = result.doc
     assert result.code == 0, (doc["verdict"], doc["problems"])
-    assert not os.path.exists(leftover)
+    assert not os.path.exists(leftover), (doc["shm_removed"], doc.get("problems"), doc.get("warnings"))
     assert shmid not in segment_ids()
     assert os.path.exists(staged)
     assert left(doc, leftover)["removed"] and left(doc, leftover)["bytes"] == 1 << 20
@@ -195,3 +196,20 @@ def test_keep_shm_keeps_everything(ps, shm):
     assert result.code == 0, result.doc["problems"]
     assert os.path.exists(leftover) and shm.shmids[0] in segment_ids()
     assert result.doc["shm_removed"] == []
+
+
+def test_a_dataset_staged_before_the_server_and_refreshed_since_by_another_process_stays(ps, shm):
+    """Made before the server started, so not its leftover, though a feeder (here, the test,
+    not a target) appended to it after the server started and has closed it since: a change
+    time is not a creation time."""
+    staged = shm.path("dataset")
+    with open(staged, "wb") as f:
+        f.write(b"d" * 8192)
+    time.sleep(0.1)
+    shm.server(open_=[staged])
+    time.sleep(0.1)
+    with open(staged, "ab") as f:  # the feeder's next batch
+        f.write(b"d" * 4096)
+    result = teardown(ps)
+    assert result.code == 0, (result.doc["verdict"], result.doc["problems"])
+    assert os.path.exists(staged), result.doc["shm_removed"]
