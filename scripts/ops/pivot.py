@@ -261,6 +261,7 @@ class Pivot:
             self.out("    " + " ".join(line.strip() for line in self.words.teardown_progress(alias, p).splitlines()))
 
         request = dataclasses.replace(self.opts.teardown, hold=(self.hold_seconds(), self.phase.name, self.hold_token))
+        self.held = True  # until the answer says otherwise: a call cut off after its holder started is released too
         r = _attempt(lambda: call_teardown(self.host, request, on_progress=progress))
         t: records.TeardownResult = r.result
         self.held = t.hold is not None

@@ -92,3 +92,35 @@ def test_a_process_outside_the_phase_that_opens_a_gpu_before_ready_is_named_exit
 def test_pivot_help_lists_exit_13():
     res = invoke("pivot", "--help")
     assert re.search(r"\n +13 +a process outside the new phase opened a GPU", res.stdout.decode())
+
+
+def test_a_teardown_call_cut_off_after_its_holder_started_is_still_released(monkeypatch):
+    """The answer never came (ssh dropped, the deadline passed) but the agent may have handed
+    the lock to its holder already: the pivot still sends `release` with its token, so the
+    host is not locked until the holder's own deadline."""
+    from types import SimpleNamespace
+
+    from scripts.config.phases import build_phase
+    from scripts.ops import pivot as pivot_ops
+    from scripts.reach.route import HostTimedOut
+    from scripts.views.pivot import WORDS
+
+    calls: list = []
+
+    def cut_off(host, request, on_progress=None):
+        calls.append(("teardown", request.hold[2]))
+        raise HostTimedOut("gpu9: no answer within 30s")
+
+    def agent(host, subcommand, args=(), **_kw):
+        calls.append((subcommand, list(args)))
+        raise HostTimedOut("gpu9: no answer within 30s")
+
+    monkeypatch.setattr(pivot_ops, "call_teardown", cut_off)
+    monkeypatch.setattr(pivot_ops, "call_agent", agent)
+    host = SimpleNamespace(alias="gpu9", probe_mib=64, apply_settings=False, gpu_baseline={})
+    phase = build_phase("gpu9", "train", {"CMD": "true"})
+    lines: list = []
+    code = pivot_ops.Pivot(host, phase, pivot_ops.PivotOptions(), WORDS, out=lines.append).run()
+    token = calls[0][1]
+    assert code == 7 and ("release", ["--token", token]) in calls, (code, calls)
+    assert any("lock: NOT released" in line for line in lines), lines
