@@ -19,7 +19,7 @@ from .errors import ConfigError
 
 PHASE_FIELDS = ("READY_TIMEOUT", "READY", "ARGV", "CMD", "DIR", "ENV", "GPUS", "LOG", "GATES", "PREP",
                 "DRAIN_METRICS", "DRAIN_TIMEOUT", "PATCH", "COPY", "SMOKE_URL", "SMOKE_BODY", "LINT", "STOP_TIMEOUT",
-                "STOP_SIGNAL", "STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE", "GPU_SETTINGS")
+                "STOP_SIGNAL", "STOP_SIGNAL_TO", "STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE", "GPU_SETTINGS")
 _PHASE_KEY = re.compile(r"^(?P<alias>[A-Z][A-Z0-9_]*?)_PHASE_(?P<phase>[A-Z][A-Z0-9]*)_(?P<field>%s)$"
                         % "|".join(PHASE_FIELDS))
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -51,6 +51,7 @@ class Phase:
     lint: bool = True
     stop_timeout: float = defaults.STOP_TIMEOUT_S
     stop_signal: str | None = None      # a checkpoint stop: this signal first (agent teardown/checkpoint.py),
+    stop_signal_to: str = "top"         # to what the launch command started ("top"), or every process ("all"),
     stop_checkpoint: str | None = None  # then a wait for a new closed file matching this glob,
     stop_idle: str | None = None        # or for this shell condition to exit 0,
     stop_deadline: float = CHECKPOINT_DEADLINE_S  # at most this long; then TERM -> KILL
@@ -68,8 +69,8 @@ class Phase:
         """The stop a teardown of this host runs first while this phase runs (None: none declared)."""
         if not self.stop_signal:
             return None
-        return {"phase": self.name, "signal": self.stop_signal, "checkpoint": self.stop_checkpoint,
-                "idle": self.stop_idle, "deadline_s": self.stop_deadline}
+        return {"phase": self.name, "signal": self.stop_signal, "to": self.stop_signal_to,
+                "checkpoint": self.stop_checkpoint, "idle": self.stop_idle, "deadline_s": self.stop_deadline}
 
     def spec(self) -> dict:
         """What the agent needs to start, check and stop it (JSON-able)."""
@@ -198,7 +199,7 @@ def _signal(alias, name, value):
 def _checkpoint_stop(alias, name, keys, kw):
     """A stop's fields go together: CHECKPOINT, IDLE, DEADLINE need SIGNAL, which needs one of
     CHECKPOINT or IDLE to wait for; the deadline fits the longest wait (MAX_WAIT_S)."""
-    for fld in ("STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE"):
+    for fld in ("STOP_SIGNAL_TO", "STOP_CHECKPOINT", "STOP_IDLE", "STOP_DEADLINE"):
         if fld in keys and "STOP_SIGNAL" not in keys:
             _fail(alias, name, fld, keys[fld], "needs STOP_SIGNAL (the signal that asks the job to checkpoint)")
     if "STOP_SIGNAL" in keys and not (kw.get("stop_checkpoint") or kw.get("stop_idle")):
@@ -206,6 +207,14 @@ def _checkpoint_stop(alias, name, keys, kw):
               "needs STOP_CHECKPOINT (a glob) or STOP_IDLE (a shell condition) to wait for")
     if kw.get("stop_deadline", 0) > defaults.MAX_WAIT_S:
         _fail(alias, name, "STOP_DEADLINE", keys["STOP_DEADLINE"], f"at most {defaults.MAX_WAIT_S} seconds")
+
+
+def _signal_to(alias, name, value):
+    """top: only what the launch command started (a DataLoader worker or any child without a
+    handler would die of the signal); all: every process of the phase (ranks that each save)."""
+    if value not in ("top", "all"):
+        _fail(alias, name, "STOP_SIGNAL_TO", value, "must be top (what the launch command started) or all")
+    return value
 
 
 def _idle(alias, name, value):
@@ -230,7 +239,7 @@ _FIELDS = {
     "READY": _url("READY"), "DRAIN_METRICS": _url("DRAIN_METRICS"), "SMOKE_URL": _url("SMOKE_URL"),
     "READY_TIMEOUT": _seconds_of("READY_TIMEOUT"), "DRAIN_TIMEOUT": _seconds_of("DRAIN_TIMEOUT"),
     "STOP_TIMEOUT": _seconds_of("STOP_TIMEOUT"), "GATES": _gates, "PREP": _prep, "COPY": _copy,
-    "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint, "STOP_SIGNAL": _signal,
+    "SMOKE_BODY": lambda alias, name, value: value, "LINT": _lint, "STOP_SIGNAL": _signal, "STOP_SIGNAL_TO": _signal_to,
     "STOP_CHECKPOINT": _abs_of("STOP_CHECKPOINT"), "STOP_IDLE": _idle, "STOP_DEADLINE": _seconds_of("STOP_DEADLINE"),
     "GPU_SETTINGS": _gpu_settings,
 }

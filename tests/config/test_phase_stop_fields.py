@@ -20,6 +20,7 @@ GOOD = {"CMD": "python3 train.py", "STOP_SIGNAL": "USR1", "STOP_CHECKPOINT": "/d
 @pytest.mark.parametrize("keys,msg", [
     ({"STOP_SIGNAL": "USR9"}, "STOP_SIGNAL='USR9': not a signal name"),
     ({"STOP_SIGNAL": "KILL"}, "STOP_SIGNAL='KILL': not a signal name"),
+    ({"STOP_SIGNAL_TO": "leader"}, "STOP_SIGNAL_TO='leader': must be top (what the launch command started) or all"),
     ({"STOP_CHECKPOINT": "ckpt/*.pt"}, "STOP_CHECKPOINT='ckpt/*.pt': must be an absolute path"),
     ({"STOP_DEADLINE": "soon"}, "STOP_DEADLINE='soon': must be a positive number of seconds"),
     ({"STOP_DEADLINE": "99999"}, "STOP_DEADLINE='99999': at most 3600 seconds"),
@@ -45,7 +46,8 @@ def test_every_teardown_and_plan_carries_the_stops_and_waits_for_them():
     serve = build_phase("gpu1", "serve", {"CMD": "serve"})
     host = dataclasses.replace(build_host("gpu1", {}, "test"), phases={"train": train, "serve": serve})
     assert train.stop_deadline == 600 and serve.checkpoint_stop() is None
-    stop = {"phase": "train", "signal": "USR1", "checkpoint": "/data/ckpt/step-*.pt", "idle": None, "deadline_s": 600.0}
+    stop = {"phase": "train", "signal": "USR1", "to": "top", "checkpoint": "/data/ckpt/step-*.pt", "idle": None,
+            "deadline_s": 600.0}
     assert transport.checkpoint_stops(host) == [stop]
     for sub in ("plan", "teardown"):
         argv = transport.agent_argv(host, sub, [], "ab12", False)

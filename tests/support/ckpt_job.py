@@ -9,6 +9,12 @@ import json, os, signal, sys, time
 spec = json.load(open(sys.argv[1]))
 log = open(spec["log"], "a", buffering=1)
 gpu = os.open(spec["device"], os.O_RDWR)  # holds a (fake) GPU: a target of the teardown
+if spec.get("child"):  # a worker with no handler for the stop's signal, as a DataLoader worker
+    import subprocess
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", sys.argv[1]])  # in scope
+    with open(spec["child"] + ".tmp", "w") as f:
+        f.write(str(worker.pid))
+    os.rename(spec["child"] + ".tmp", spec["child"])
 asked, open_ckpt = [], []
 signal.signal(signal.SIGUSR1, lambda *_: asked.append(1))
 def on_term(*_):

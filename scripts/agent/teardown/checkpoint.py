@@ -38,7 +38,8 @@ def of_spec(spec):
     without STOP_SIGNAL."""
     if not spec.get("stop_signal"):
         return None
-    stop = {"phase": spec.get("name"), "signal": spec["stop_signal"], "checkpoint": spec.get("stop_checkpoint"),
+    stop = {"phase": spec.get("name"), "signal": spec["stop_signal"], "to": spec.get("stop_signal_to", "top"),
+            "checkpoint": spec.get("stop_checkpoint"),
             "idle": spec.get("stop_idle"), "deadline_s": spec.get("stop_deadline")}
     bad = _bad_field(stop)
     if bad:
@@ -65,6 +66,8 @@ def _bad_field(stop):
         return "phase %r: not a plain name" % (phase,)
     if procfs.signal_number(stop.get("signal")) is None:
         return "signal %r: not a signal a job can catch" % (stop.get("signal"),)
+    if stop.get("to", "top") not in ("top", "all"):
+        return "to %r: top or all" % (stop.get("to"),)
     if stop.get("checkpoint") is not None and not str(stop["checkpoint"]).startswith("/"):
         return "checkpoint %r: must be an absolute glob" % (stop["checkpoint"],)
     if not (stop.get("checkpoint") or stop.get("idle")):
@@ -88,6 +91,9 @@ def _processes(stop, args):
     if not state:
         return None
     procs = phasestate.own_processes(state)
+    if stop.get("to", "top") == "top":  # what the launch command started: a process whose parent is not the job's
+        own = {p["pid"] for p in procs}
+        procs = [p for p in procs if (procfs.read_stat(p["pid"]) or {}).get("ppid") not in own]
     scope, scope_uid = getattr(args, "scope", None), getattr(args, "scope_uid", None)
     approved = _approved(getattr(args, "approved", None))
     return [p for p in procs if (scope is None or scope in p["cmdline"])

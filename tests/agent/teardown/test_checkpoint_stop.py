@@ -34,7 +34,7 @@ from tests.support.teardowns import host as scoped_host
 class Job:
     """The test's training job as phase `train` of a host scoped to the ProcessSet."""
 
-    def __init__(self, ps, mode, deadline="60", idle=True, uid=None):
+    def __init__(self, ps, mode, deadline="60", idle=True, uid=None, to=None, child=False):
         self.ps = ps
         self.ckdir = ps.base / "ckpt"
         self.ckdir.mkdir(exist_ok=True)
@@ -46,11 +46,14 @@ class Job:
         spec.write_text(json.dumps({"log": str(self.log), "device": str(ps.devdir / "nvidia0"), "mode": mode,
                                     "ready": str(ps.base / "ckjob.ready"), "ckpt": str(self.ckpt),
                                     "done": str(self.done), "go": str(self.go), "uid": uid,
-                                    "elsewhere": str(ps.base / "elsewhere.pt")}))
+                                    "elsewhere": str(ps.base / "elsewhere.pt"),
+                                    "child": str(ps.base / "ckjob.child") if child else None}))
         keys = {"ARGV": json.dumps([sys.executable, str(script), str(spec)]), "READY": "alive",
                 "STOP_SIGNAL": "USR1", "STOP_CHECKPOINT": f"{self.ckdir}/step-*.pt", "STOP_DEADLINE": deadline}
         if idle:
             keys["STOP_IDLE"] = f"test -e {self.done}"
+        if to:
+            keys["STOP_SIGNAL_TO"] = to
         self.phase = build_phase("local", "train", keys)
         self.host = dataclasses.replace(scoped_host(ps, TARGETS=r"ckjob\.py"), phases={"train": self.phase})
 
@@ -62,6 +65,10 @@ class Job:
         self.pid = int(wait_for(lambda: (self.ps.base / "ckjob.ready").exists()
                                 and (self.ps.base / "ckjob.ready").read_text(), "the job is ready"))
         self.ps.adopt(self.pid)
+        child = self.ps.base / "ckjob.child"
+        if json.loads((self.ps.base / "ckjob.json").read_text())["child"]:
+            self.child = int(wait_for(lambda: child.exists() and child.read_text(), "the job's worker"))
+            self.ps.adopt(self.child)
         return self
 
     def teardown(self, *extra, on_progress=None):
@@ -182,3 +189,16 @@ def test_a_bad_stop_is_refused_before_anything(ps):
     with pytest.raises(ConfigError, match="signal 'KILL': not a signal a job can catch"):
         call_agent(job.host, "teardown", ["--checkpoint-stop=" + bad])
     assert job.lines() == [] and alive(job.pid)
+
+
+@pytest.mark.parametrize("to", [None, "all"])
+def test_the_signal_goes_to_what_the_launch_command_started_unless_all_is_declared(ps, to):
+    """A worker with no handler for SIGUSR1 (a DataLoader worker) dies of it and takes the
+    step down before the checkpoint: by default only the job's top process gets the signal,
+    and its worker the usual SIGTERM after; STOP_SIGNAL_TO=all signals every process."""
+    job = Job(ps, "quick", to=to, child=True).start()
+    r = job.teardown()
+    assert r.code == 0, r.doc
+    assert _stop(r)["arrived"] and _signals(r, job.pid)[0] == "SIGUSR1"
+    assert ("SIGUSR1" in _signals(r, job.child)) == (to == "all"), _signals(r, job.child)
+    assert not alive(job.child)
