@@ -33,7 +33,7 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     print(note(f"audit log: {audit_log.audit_path()}", "", "  "))  # a long path on a line of its own, whole
     short = width() < 70  # a narrow pane: the time without its year (14 columns, not 19)
     rows = [[_when(r.get("time", ""), short), r.get("alias", ""), r.get("pid", r.get("to", "")), r.get("operator", ""),
-             r.get("signal") or r.get("event"), r.get("result") or r.get("verdict"),
+             r.get("signal") or _setting(r) or r.get("event"), r.get("result") or r.get("verdict"),
              Command.of(r) if r.get("cmdline") else "-"] for r in recs]
     # time, host and pid identify a record and come first, never cut (a host cut to `san...`
     # named none); the others give way, and on a narrow screen go under the row, command first;
@@ -41,6 +41,13 @@ def audit(c, lines=str(defaults.AUDIT_LINES), json=False):
     heads = ["time (UTC)", "host", "pid/to", Col("operator", "cut", 8), Col("action", "wrap", 7),
              Col("result", "wrap", 10), Col("command", "command", 20)]
     print(table(heads, rows))
+
+
+def _setting(r) -> str | None:
+    """A GPU setting's change as its action: 'GPU 0 power_limit_w 450 -> 700' (event gpu-setting)."""
+    if r.get("event") != "gpu-setting":
+        return None
+    return f"GPU {r.get('gpu')} {r.get('field')} {r.get('before')} -> {r.get('after')}"
 
 
 def _when(stamp, short: bool = False) -> str:

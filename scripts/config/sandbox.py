@@ -131,6 +131,14 @@ def ports(base: Path | None) -> tuple:
     return SERVER_PORT, DATAGEN_PORT
 
 
+# The sandbox's GPU settings (its fake GPUs keep them in DIR/gpu-settings.json): the host's
+# baseline a pivot restores after its teardown, the training phase's own set before it starts,
+# and what `sandbox up` leaves as the last job's drift, so a pivot has something to restore.
+BASELINE = {"persistence": "on", "compute_mode": "default", "power_limit_w": 700}
+TRAIN_SETTINGS = {"compute_mode": "exclusive_process", "power_limit_w": 600}
+LEFT_BY_LAST_JOB = {"compute_mode": 3, "power_limit_mw": 450000}  # NVML's numbers: exclusive process, 450 W
+
+
 def sandbox_phases(base: Path, port_pair: tuple | None = None) -> dict:
     """The three pivots gpu-pivot was built for, on the sandbox, in the same schema as hosts.env phases."""
     from .phases import build_phase  # only when the sandbox is the host: a status elsewhere needs no phase
@@ -152,6 +160,7 @@ def sandbox_phases(base: Path, port_pair: tuple | None = None) -> dict:
             "ARGV": json.dumps([str(base / "bin" / "torchrun"), str(ROLES), "job", "--devdir", str(base / "dev"),
                                 "--memdir", str(base / "gpumem"), "--mib", "60000", "--gpus", str(GPUS)]),
             "READY": "holding", "READY_TIMEOUT": "30",
+            "GPU_SETTINGS": json.dumps(TRAIN_SETTINGS),  # set before it starts, on the sandbox's settings file
             "GATES": json.dumps([{"glob": str(base / "hidden_states" / "*.pt"), "min": HIDDEN_STATES},
                                  f"test -s {shlex.quote(str(base / 'hidden_states' / 'data_config.json'))}"]),
         },
@@ -178,4 +187,5 @@ def sandbox_host() -> Host:
         recorded = None
     return Host("sandbox", Route(()), devices=f"{base}/dev/nvidia*", sandbox=True, fake_gpus=str(base / "gpumem"),
                 fake_devices=True, scope=f"{base}{os.sep}", scope_uid=os.geteuid(),
-                run_dir=str(base / "run"), phases=sandbox_phases(base, recorded))
+                run_dir=str(base / "run"), phases=sandbox_phases(base, recorded), gpu_baseline=dict(BASELINE),
+                apply_settings=True)

@@ -28,6 +28,7 @@ from ..agent.procs import procfs
 from ..config.sandbox import (
     GPUS,
     HIDDEN_STATES,
+    LEFT_BY_LAST_JOB,
     PORTS_FILE,
     ROLES,
     StateDirError,
@@ -121,6 +122,7 @@ def start_processes(base: Path, ignore_term: bool = False) -> dict:
                          "--speculative-draft-model-path", str(base / "fake-eagle3-draft"))
     if ignore_term:
         server.append("--ignore-term")
+    write_json(base / "gpu-settings.json", {str(i): LEFT_BY_LAST_JOB for i in range(GPUS)})  # the last job's drift
     staged = sandbox_shm.stage_weights(base)  # weights staged before the server: the teardown keeps them
     if staged:
         server += ["--staged", staged, "--shm-tag", sandbox_shm.tag(base)]

@@ -99,7 +99,8 @@ def test_every_task_on_the_sandbox_and_a_fleet_fits_80_columns(hosts_env):
                      # for real: the fleet's teardown stops the sandbox's server, then the pivots and phases
                      ["teardown", "--yes", "--grace", "2", *fleet], ["pivot", "--yes", *one, "--to", "train"],
                      ["stop", *one, "--phase", "train"], ["start", *one, "--phase", "datagen"],
-                     ["logs", *one, "--phase", "datagen"], ["stop", *one, "--phase", "datagen"], ["audit"]):
+                     ["logs", *one, "--phase", "datagen"], ["stop", *one, "--phase", "datagen"],
+                     ["audit", "--lines", "200"]):  # every record: the pivot's GPU settings are 8 of them
             _run(shown, *args)
         pasted = _run(shown, "oneliner", *one, "--", "true")
         assert pasted.strip(), shown["oneliner --host sandbox -- true"]  # it printed its line (not read: see above)
@@ -117,10 +118,11 @@ def test_every_task_on_the_sandbox_and_a_fleet_fits_80_columns(hosts_env):
     # wrapped, never cut: the port and the unit stop are whole, on a line each
     for key in ("status --host sandbox,far", "teardown --yes --grace 2 --host sandbox,far"):
         assert f" port {port}:" in " ".join(shown[key][1].split()), shown[key][1]
-    audit = shown["audit (again)"][1]
+    audit = shown["audit --lines 200"][1]
     words = audit.split()  # the action wrapped in its column: its words whole, none cut to `syste...`
     assert "systemctl" in words and "vllm-inference.service" in words and "syste..." not in audit, audit
     assert audit.count(" SIGTERM ") >= 3, audit  # the fleet's teardown and the pivots were recorded
+    assert "GPU 0 power_limit_w 450" in audit and "-> 700" in audit, audit  # the baseline put back (wrapped)
 
 
 def test_every_row_of_a_fleet_summary_has_its_exit_code(hosts_env):

@@ -39,6 +39,7 @@ def test_sandbox_three_pivots_end_to_end(sandbox):
     assert "3/3 preparation job(s) exited 0" in text
     assert not alive(up["processes"]["server"]["pid"])  # the EAGLE3 server was torn down
     _shm_left_removed_staged_kept(text)
+    assert "GPU 0 power limit: 450 W -> 700 W" in text and "baseline: 4 set" in text  # the last job's drift undone
     assert alive(up["processes"]["persistenced"]["pid"]) and alive(up["processes"]["monitor"]["pid"])
     with urllib.request.urlopen(f"http://127.0.0.1:{up['ports']['datagen']}/health", timeout=5) as r:
         assert r.status == 200
@@ -46,10 +47,12 @@ def test_sandbox_three_pivots_end_to_end(sandbox):
     text = out_text(res)
     assert res.returncode == 0, text
     assert "at least 8 files match" in text and "ready after" in text
+    assert "GPU 1 compute mode: default -> exclusive_process" in text and "settings: 4 set" in text  # the phase's
     res = invoke("pivot", "--host", "sandbox", "--to", "deploy", "--yes")
     text = out_text(res)
     assert res.returncode == 0, text
     assert "smoke: HTTP 200" in text
+    assert "GPU 0 power limit: 600 W -> 700 W" in text  # training's settings put back to the baseline
     config = Path(os.environ["GPU_PIVOT_SANDBOX_DIR"]) / "server-code" / "server_config.json"
     assert '"dynamic_spec": true' in config.read_text()
     audit = json.loads(invoke("audit", "--json", "--lines", "200").stdout)
@@ -93,7 +96,8 @@ def test_dry_run_runs_nothing(sandbox):
     before = json.loads(invoke("sandbox", "status", "--json").stdout)
     res = invoke("pivot", "--host", "sandbox", "--to", "deploy", "--dry-run")
     assert res.returncode == 0
-    assert b"--dry-run: nothing was run" in res.stdout and b"[7/7] smoke" in res.stdout and b"[2/7] probe" in res.stdout
+    assert b"--dry-run: nothing was run" in res.stdout and b"[8/8] smoke" in res.stdout and b"[3/8] probe" in res.stdout
+    assert b"[2/8] baseline" in res.stdout  # the sandbox opts in to GPU settings: its baseline comes back first
     after = json.loads(invoke("sandbox", "status", "--json").stdout)
     assert before["alive"] == after["alive"]
 

@@ -60,6 +60,7 @@ class NvmlSource:
         self.nvml = pynvml
         pynvml.nvmlInit()
         self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+        self.settings_nv, self.settings_handles = pynvml, self.handles  # what reads and sets GPU settings
         self._names: dict = {}  # index -> (uuid, name): fixed for the life of the handle, read once
         self._v2 = True         # False once the driver refused the v2 memory call
 
@@ -193,6 +194,15 @@ class SandboxSource:
     def __init__(self, memdir, devices_glob):
         self.memdir = memdir
         self.count = len([p for p in glob.glob(devices_glob) if os.path.basename(p)[6:].isdigit()])
+        self.settings_handles = list(range(self.count))
+
+    @property
+    def settings_nv(self):
+        """The sandbox's GPU settings, kept in a file beside its memory dir (sandbox_settings.py)."""
+        from .sandbox_settings import SandboxSettings
+
+        path = os.path.join(os.path.dirname(os.path.abspath(self.memdir)), "gpu-settings.json")
+        return SandboxSettings(path, self.count)
 
     def read(self):
         gpus = [{"index": i, "uuid": "SANDBOX-GPU-%d" % i, "name": "SANDBOX fake GPU", "used_mib": 0,

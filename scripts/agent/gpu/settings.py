@@ -61,7 +61,8 @@ def _compute_mode(value):
 
 
 def read_all(source):
-    """{gpu index: settings} through an open NVML reader; {} for other sources."""
-    if getattr(source, "name", None) != "nvml":
+    """{gpu index: settings} through the source's settings reader; {} for sources without one."""
+    nv = getattr(source, "settings_nv", None)  # NVML, or the sandbox's file; none for nvidia-smi
+    if nv is None:
         return {}
-    return {index: read(source.nvml, h) for index, h in enumerate(source.handles)}
+    return {index: read(nv, h) for index, h in enumerate(source.settings_handles)}

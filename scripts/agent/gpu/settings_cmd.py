@@ -43,9 +43,9 @@ def wanted(text):
 
 def run(args):
     want = wanted(args.settings)
-    source, tried = gpuinfo.open_source(None, args.devices)
+    source, tried = gpuinfo.open_source(getattr(args, "fake_gpus", None), args.devices)
     try:
-        if getattr(source, "name", None) != "nvml":
+        if getattr(source, "settings_nv", None) is None:
             out = {"rows": [], "note": "not set: GPU settings are set through NVML, and this host has none (%s)"
                    % "; ".join(tried or [getattr(source, "name", "none")])}
             return codes.EXIT_FAILED, records.written(records.SettingsResult, out, code=codes.EXIT_FAILED,

@@ -61,10 +61,10 @@ def apply(source, want, gpus=None):
     """[row] for every GPU (or those in `gpus`) of an open NVML source, set to `want` ({field:
     value}, hostconfig's checked shape): {gpu, field, before, want, after, result: "set",
     "already" or "FAILED", call, error}. The GPUs are written at the same time."""
-    nv = source.nvml
-    indices = [i for i in range(len(source.handles)) if gpus is None or i in gpus]
+    nv, handles = source.settings_nv, source.settings_handles
+    indices = [i for i in range(len(handles)) if gpus is None or i in gpus]
     out: dict = {}
-    threads = [threading.Thread(target=_guarded, args=(nv, i, source.handles[i], want, out), daemon=True)
+    threads = [threading.Thread(target=_guarded, args=(nv, i, handles[i], want, out), daemon=True)
                for i in indices]
     for t in threads:
         t.start()

@@ -21,7 +21,7 @@ STREAM_FLAGS = ("-S", "-c", BOOT)
 COMMON_FLAGS = ("--marker", "--json", "--progress", "--devices", "--fake-devices", "--run-dir")
 # What the host's configuration selects (targets, protect list, scope); only SELECTING take them.
 SELECTION_FLAGS = ("--protect", "--target", "--match", "--fake-gpus", "--scope", "--scope-uid")
-SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset", "phase-ready")
+SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset", "phase-ready", "gpu-settings")
 SPEC_FLAG = "--spec"
 
 # Each subcommand and its own flags (beyond COMMON_FLAGS, and SELECTION_FLAGS for SELECTING).

@@ -56,6 +56,7 @@ def nvml(recording):
     source = type("Src", (), {})()
     source.name, source.nvml = "nvml", mod
     source.handles = [mod.nvmlDeviceGetHandleByIndex(i) for i in range(mod.nvmlDeviceGetCount())]
+    source.settings_nv, source.settings_handles = mod, source.handles  # as NvmlSource reads settings
     return mod, source
 
 

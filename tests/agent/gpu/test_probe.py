@@ -178,7 +178,8 @@ def test_the_pivot_lists_the_probe_step_after_the_teardown():
 
     host = load()["sandbox"]
     steps = [name for name, _, _ in Pivot(host, host.phases["train"], PivotOptions(), WORDS, out=lambda _: None).steps]
-    assert steps[:2] == ["teardown", "probe"]
+    assert steps[:3] == ["teardown", "baseline", "probe"]  # the probe sees the GPUs as the baseline set them
+    assert steps.index("probe") < steps.index("settings") < steps.index("start")
 
 
 @pytest.mark.parametrize("value", ["0", "abc", "65537", "-1", "1.5"])
