@@ -14,13 +14,15 @@ COMPLETED, NOT_SUPPORTED = "completed", "not supported"
 def read(nv, handle):
     """{state, status, call} of one GPU (status: None, or NVML's words for a registration that
     did not succeed); raises what NVML raises, except "not supported"."""
+    from ctypes import byref  # nvidia-ml-py hands the argument to NVML as it is: a pointer, never the struct
+
     try:
         try:
             info, call = nv.c_nvmlGpuFabricInfoV_t(), "nvmlDeviceGetGpuFabricInfoV"
-            nv.nvmlDeviceGetGpuFabricInfoV(handle, info)
+            nv.nvmlDeviceGetGpuFabricInfoV(handle, byref(info))
         except AttributeError:  # an older nvidia-ml-py: the first form
             info, call = nv.c_nvmlGpuFabricInfo_t(), "nvmlDeviceGetGpuFabricInfo"
-            nv.nvmlDeviceGetGpuFabricInfo(handle, info)
+            nv.nvmlDeviceGetGpuFabricInfo(handle, byref(info))
     except nv.NVMLError as exc:
         if getattr(exc, "value", None) in (3, 13):  # NOT_SUPPORTED, FUNCTION_NOT_FOUND
             return {"state": NOT_SUPPORTED, "status": None, "call": "nvmlDeviceGetGpuFabricInfoV"}

@@ -21,6 +21,7 @@ Recording: {"gpus": [{"uuid", "name", "bus", "used", "reserved", "total", "proce
 "fail" names calls that raise NVMLError (999, Unknown Error)
 for that GPU only: one bad field of one GPU.
 """
+import ctypes
 import json
 import os
 import threading
@@ -309,17 +310,24 @@ def nvmlDeviceSetApplicationsClocks(h, mem_mhz, graphics_mhz):
 
 def nvmlDeviceSetPowerManagementLimit(h, limit_mw):
     _set(h, "nvmlDeviceSetPowerManagementLimit", [limit_mw], "power_limit_mw", limit_mw)
-class c_nvmlGpuFabricInfo_t:  # noqa: N801 (pynvml's name)
-    def __init__(self):
-        self.state, self.status = 0, 0
+
+
+class c_nvmlGpuFabricInfo_t(ctypes.Structure):  # noqa: N801 (pynvml's name and layout, v2)
+    _fields_ = [("version", ctypes.c_uint), ("clusterUuid", ctypes.c_uint8 * 16), ("status", ctypes.c_uint),
+                ("cliqueId", ctypes.c_uint32), ("state", ctypes.c_uint8), ("healthMask", ctypes.c_uint32)]
 
 
 c_nvmlGpuFabricInfoV_t = c_nvmlGpuFabricInfo_t
 
 
-def nvmlDeviceGetGpuFabricInfoV(h, info):
+def nvmlDeviceGetGpuFabricInfoV(h, pointer):
     """A recording's "fabric": [state, status] (NVML_GPU_FABRIC_STATE_*: 0 not supported, 1 not
-    started, 2 in progress, 3 completed); left out: NVML_ERROR_NOT_SUPPORTED, as pre-Hopper GPUs."""
+    started, 2 in progress, 3 completed); left out: NVML_ERROR_NOT_SUPPORTED, as pre-Hopper GPUs.
+    As the real binding, it hands its argument to NVML as a pointer: the struct itself (not
+    byref) made the real agent die of SIGSEGV on an H100, so here it is refused."""
+    if type(pointer).__name__ != "CArgObject" or not isinstance(pointer._obj, c_nvmlGpuFabricInfo_t):
+        raise TypeError("nvmlDeviceGetGpuFabricInfoV needs byref(c_nvmlGpuFabricInfoV_t()): NVML writes through it")
+    info = pointer._obj
     _maybe_fail(h, "nvmlDeviceGetGpuFabricInfoV")
     fab = _gpu(h).get("fabric", "not supported")
     if fab == "not supported":
