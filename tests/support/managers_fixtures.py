@@ -245,6 +245,42 @@ class PodmanError(Exception):
     """podman cannot run a container here: the message is its error."""
 
 
+class NoRuntime(PodmanError):
+    """No OCI runtime runs a container on this host: the message names each one's error."""
+
+
+def runtime_candidates(cgroup_fs: str | None = None) -> tuple[str, ...]:
+    """The runtimes to try, best first for this host's cgroups: crun refuses a cgroup-v1 or
+    hybrid host ("cgroups in hybrid mode not supported"), where runc works."""
+    if cgroup_fs is None:
+        cgroup_fs = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True,
+                                   text=True).stdout.strip()
+    return ("crun", "runc") if cgroup_fs == "cgroup2fs" else ("runc", "crun")
+
+
+_PICKED: dict[tuple[str, ...], str | NoRuntime] = {}
+
+
+def pick_runtime(pm: Podman, candidates: tuple[str, ...]) -> str:
+    """The first of `candidates` that runs a trivial container here, tried once per test
+    process; NoRuntime, with each one's error, when none does."""
+    if candidates not in _PICKED:
+        errors = []
+        for runtime in candidates:
+            out = pm.podman("run", "--rm", "--runtime", runtime, *pm.run_options, pm.IMAGE, "/bin/true")
+            if out.returncode == 0:
+                _PICKED[candidates] = runtime
+                break
+            said = (out.stderr.strip() or out.stdout.strip() or f"exit {out.returncode}").splitlines()[-1]
+            errors.append(f"{runtime}: {said}")
+        else:
+            _PICKED[candidates] = NoRuntime("no OCI runtime runs a container here (" + "; ".join(errors) + ")")
+    picked = _PICKED[candidates]
+    if isinstance(picked, NoRuntime):
+        raise picked
+    return picked
+
+
 MACHINE_PATHS = ("/var/lib/containers", "/run/containers", "/etc/containers/networks")
 
 
@@ -258,7 +294,7 @@ class Podman:
 
     IMAGE = "localhost/gpu-pivot-test/busybox:1"
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, runtimes: tuple[str, ...] | None = None):
         self.dir = Path(base) / "podman"
         for sub in ("root", "tmp", "net", "tmpdir"):
             (self.dir / sub).mkdir(parents=True)
@@ -267,6 +303,9 @@ class Podman:
                         "--tmpdir", str(self.dir / "tmp"), "--cgroup-manager", "cgroupfs",
                         "--network-config-dir", str(self.dir / "net"), "--events-backend", "none"]
         self.cgroup_parent = f"/{cgroups.PREFIX}{cgroups.owner_tag()}-podman-{os.getpid()}-{time.monotonic_ns()}"
+        # a nofile limit above the host's makes runc refuse to start the container
+        self.run_options = ["--network", "none", "--cgroup-parent", self.cgroup_parent,
+                            "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
         self.names: list = []
         self.seen: set = set()
         # podman (4.3) writes these machine-wide whatever its options say (the image import's blob
@@ -282,6 +321,11 @@ class Podman:
         out = self.podman("import", str(tarball), self.IMAGE)
         if out.returncode != 0:
             raise PodmanError(out.stderr.strip() or out.stdout.strip())
+        try:
+            self.runtime = pick_runtime(self, runtimes or runtime_candidates())
+        except NoRuntime:
+            self.down()
+            raise
 
     def podman(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         env = dict(os.environ, TMPDIR=str(self.dir / "tmpdir"))
@@ -291,9 +335,8 @@ class Podman:
     def run(self, name: str, argv: list[str], shared: Path, restart: str = "always") -> str:
         """`podman run -d --restart=RESTART` of `argv` in a container named `name`; its id."""
         mounts = ["-v", "/usr:/usr:ro", "-v", f"{REPO / 'scripts'}:{REPO / 'scripts'}:ro", "-v", f"{shared}:{shared}"]
-        out = self.podman("run", "-d", "--name", name, "--network", "none", f"--restart={restart}",
-                          "--cgroup-parent", self.cgroup_parent, "--ulimit", "nofile=1024:1024",
-                          "--ulimit", "nproc=4096:4096", *mounts, self.IMAGE, *argv)
+        out = self.podman("run", "--runtime", self.runtime, "-d", "--name", name, f"--restart={restart}",
+                          *self.run_options, *mounts, self.IMAGE, *argv)
         if out.returncode != 0:
             raise PodmanError(out.stderr.strip() or out.stdout.strip())
         self.names.append(name)
@@ -332,11 +375,14 @@ class Podman:
 
 
 def podman_usable(base: Path) -> tuple[Podman | None, str]:
-    """(a Podman, "") or (None, why not: podman's own error)."""
+    """(a Podman, "") or (None, why not: podman's own error). NoRuntime passes through: the
+    caller skips, as no container can run on this host."""
     if not shutil.which("podman"):
         return None, "podman is not installed"
     try:
         return Podman(base), ""
+    except NoRuntime:
+        raise
     except (PodmanError, subprocess.SubprocessError, OSError) as exc:
         return None, str(exc)
 
