@@ -368,7 +368,8 @@ class Podman:
             d = Path(mount) / self.cgroup_parent.lstrip("/")
             if d.exists():
                 cgroups.kill_and_remove([d])
-        subprocess.run(["umount", "-R", str(self.runroot)], capture_output=True)  # overlay mounts podman left, if any
+        for mount in (self.runroot, self.dir / "root" / "overlay"):  # overlay mounts podman left, if any
+            subprocess.run(["umount", "-R", str(mount)], capture_output=True)
         shutil.rmtree(self.runroot, ignore_errors=True)
         for path in self.made:
             shutil.rmtree(path, ignore_errors=True)
