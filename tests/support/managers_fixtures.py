@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.agent.procs import procfs
+from scripts.agent.procs import procfs, textsafe
 from scripts.config.sandbox import ROLES
 from tests.support.paths import REPO
 from tests.support.procs import alive, children, wait_for
@@ -239,6 +239,25 @@ class ServiceScan:
 class Runit(ServiceScan):
     def __init__(self, base: Path, services: dict):
         super().__init__(base, services, "runit")
+
+
+STOP_TIMEOUT_S = 60  # supervisorctl and podman stop wait out the program's own stop timeout (10 s by default)
+
+
+def run_stop(manager: dict, timeout: float = STOP_TIMEOUT_S, force: bool = False) -> tuple[bool, str]:
+    """Run a manager's stop command (its argv, no shell) as the teardown's plan would. Returns
+    (ok, what it said: its last line). Only a `stops_by_default` manager unless `force`: a
+    Kubernetes pod, a CRI container, Ray or an untrusted daemon is named, never stopped."""
+    argv = manager.get("stop_argv")
+    if not argv or not (force or manager.get("stops_by_default")):
+        raise ValueError("not a stop the teardown runs: %s" % manager.get("stop_command"))
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout, cwd="/")  # supervisorctl looks for a config in its directory
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, "%s: %s" % (argv[0], exc)
+    lines = textsafe.decode(done.stdout).strip().splitlines()
+    return done.returncode == 0, textsafe.printable(lines[-1] if lines else "exit %d" % done.returncode)
 
 
 class PodmanError(Exception):
