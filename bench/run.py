@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from scripts.ops.floor import release_floor  # noqa: E402
+from bench.floor import release_floor  # noqa: E402
 from scripts.reach import ssh  # noqa: E402
 from scripts.views.render import table  # noqa: E402
 from tests.support import scenario  # noqa: E402

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import re
+from collections import Counter
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -281,3 +282,41 @@ def test_the_readmes_architecture_is_the_folder_map():
             if not path.exists():
                 missing.append(f"{name} (looked at {path.relative_to(REPO)})")
     assert checked > 15 and not missing, missing
+
+
+# -- one of each: one proof wrapper, one ssh-option reader, nothing in scripts/ only tests use ----
+
+def _sources(under: str = "scripts") -> dict:
+    return {p: p.read_text() for p in sorted((REPO / under).rglob("*.py")) if "__pycache__" not in p.parts}
+
+
+def test_the_proof_line_is_written_by_route_marked_alone():
+    """Every command over ssh goes behind route.marked's proof line (an operator's `run` too):
+    a second wrapper would be a second place to get the 255 rule wrong. runner.py reads it."""
+    writers = {p.name for p, text in _sources().items() if '"%s\\\\n" "$1" >&2' in text}
+    callers = {p.name for p, text in _sources().items() if re.search(r"\bran_line\(", text)}
+    assert writers == {"route.py"}, writers
+    assert callers <= {"route.py", "runner.py"}, callers
+
+
+def test_ssh_options_are_read_only_by_config_sshopts():
+    """The local side reads a host's ssh options only through config/sshopts.options (as ssh's
+    getopt reads them: `-p2222`, `-vp 22`): a token compared with a one-letter flag is a parser
+    of its own. The agent's readers of a process's argv (`python -m`) are not ssh's."""
+    own = re.compile(r"""(?:==|\bin)\s*\(?\s*["']-[A-Za-z]["']""")
+    found = [f"{p.relative_to(REPO)}:{n}" for p, text in _sources().items() if "agent" not in p.parts
+             for n, line in enumerate(text.splitlines(), 1) if own.search(line)]
+    assert not found, found
+
+
+def test_scripts_defines_nothing_that_only_tests_or_benchmarks_use():
+    """A public function or class of scripts/ that nothing on the product's side names (scripts/,
+    tasks.py, ansible/) but a test or a benchmark does belongs in tests/support/ or bench/."""
+    product = {**_sources(), REPO / "tasks.py": (REPO / "tasks.py").read_text(), **_sources("ansible")}
+    named = Counter(re.findall(r"\w+", "\n".join(product.values())))
+    users = set(re.findall(r"\w+", "\n".join([*_sources("tests").values(), *_sources("bench").values()])))
+    only_tests = [f"{path.relative_to(REPO)}: {node.name}" for path in _sources()
+                  for node in ast.parse(product[path]).body
+                  if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
+                  and named[node.name] <= 1 and node.name in users]
+    assert not only_tests, only_tests

@@ -12,7 +12,6 @@ regexes as POSIX EREs, ere.py), so the pasted line and the agent pick the same p
 from __future__ import annotations
 
 import math
-import re
 from pathlib import Path
 
 from ..agent.procs import policy, program
@@ -20,7 +19,6 @@ from ..agent.wire import defaults
 from . import ere
 
 SCRIPT = Path(__file__).resolve().parent / "teardown.sh"
-BEGIN, END = "==gpu-pivot-oneliner begin==", "==gpu-pivot-oneliner end=="
 NAME = "gpu-pivot-teardown"  # the script's $0
 
 DEFAULT_TARGETS = policy.DEFAULT_TARGETS  # the agent's, when a host names none
@@ -106,46 +104,3 @@ def stdin_argv(host, grace_s: float = defaults.GRACE_S, settle_s: float = defaul
     Why: on the emergency page the script is a here-document below a one-line command, so every
     action's line fits the first screen; in the argv it made the teardown line 400 lines long."""
     return ["sh", "-c", FROM_STDIN, *argv(host, grace_s, settle_s)[3:]]
-
-
-LISTS = ("holders", "protected", "outside-scope", "sigTERM", "sigKILL", "remaining", "protected-mapped")
-_ITEM = re.compile(r"(\d+) \(([^()\s]*)\)")
-_DECISION = re.compile(r"^(TERM|keep|leave) (\d+) \(([^()\s]*)\): (.*)$")
-
-
-def parse_report(text: str) -> dict:
-    """{'holders': [pids], 'protected': [...], 'outside-scope': [...], 'sigTERM': [...], 'sigKILL': [...],
-    'remaining': [...], 'protected-mapped': [...], 'verdict': 'free'|'not-free'|'NO GPU VISIBLE',
-    'no-gpu-visible': why (only then), 'names': {pid: name},
-    'decisions': {pid: (verb, why and command line)}, 'waiting': [lines]} from the script's output
-    (noise around it ignored)."""
-    lines = text.splitlines()
-    # the markers as whole lines: a command line shown in the report may hold their text
-    if BEGIN not in lines or END not in lines[lines.index(BEGIN):]:
-        raise ValueError("no gpu-pivot one-liner report in the output")
-    begin = lines.index(BEGIN)
-    body = lines[begin + 1:lines.index(END, begin)]
-    out: dict = {"names": {}, "decisions": {}, "waiting": []}
-    for line in body:
-        decision = _DECISION.match(line)
-        if decision:
-            verb, pid, name, why = decision.groups()
-            out["decisions"][int(pid)] = (verb, why)
-            out["names"][int(pid)] = name
-            continue
-        key, _, rest = line.partition(":")
-        if key.startswith("waiting"):
-            out["waiting"].append(line)
-        elif key in ("verdict", "not-root", "restarters"):
-            out[key] = rest.strip()
-        elif key == "NO GPU VISIBLE":
-            out["no-gpu-visible"] = rest.strip()
-        elif key == "gpus-with-memory-used":
-            out[key] = int(rest.strip())
-        elif key in LISTS:
-            items = _ITEM.findall(rest)
-            if rest.strip() != "none" and len(items) != len(rest.split()) // 2:
-                raise ValueError(f"unexpected text in the report's {key} line: {rest.strip()!r}")
-            out[key] = [int(pid) for pid, _ in items]
-            out["names"].update((int(pid), name) for pid, name in items)
-    return out

@@ -17,6 +17,7 @@ from ..config import cliargs
 from ..config.errors import ConfigError
 from ..config.patterncheck import check_pattern
 from ..config.route import PctHop
+from ..config.sshopts import options
 
 STATES = ("free", "verified")
 DEFAULTS = {"state": "free", "devices": defaults.DEVICE_GLOB, "fake_devices": False, "targets": [], "match": [],
@@ -182,20 +183,20 @@ def inventory(hosts: dict) -> dict:
 
 
 def _ssh_vars(opts: list) -> dict:
-    """-p and -i become ansible_port and the key file; the rest (-o ...) goes to every ssh,
-    sftp and scp Ansible runs (ssh's -p is sftp's -P, so it cannot go there as it is)."""
+    """-p and the first -i become ansible_port and the key file; the rest (-o ...) goes to
+    every ssh, sftp and scp Ansible runs (ssh's -p is sftp's -P, so it cannot go there as it
+    is). Read as ssh reads them (sshopts.options: `-p2222`, `-vp 22`)."""
     out: dict = {}
-    rest = []
-    i = 0
-    while i < len(opts):
-        tok = opts[i]
-        if tok in ("-p", "-i") and i + 1 < len(opts):
-            out["ansible_port" if tok == "-p" else "ansible_ssh_private_key_file"] = (
-                int(opts[i + 1]) if tok == "-p" else opts[i + 1])
-            i += 2
-            continue
-        rest.append(tok)
-        i += 1
+    rest: list = []
+    for c, arg in options(opts):
+        if c == "p" and arg:
+            out["ansible_port"] = int(arg)
+        elif c == "i" and arg and "ansible_ssh_private_key_file" not in out:
+            out["ansible_ssh_private_key_file"] = arg
+        elif not c:  # not an option (hosts.env refuses these: check_ssh_opts)
+            rest.append(arg)
+        else:  # a flag, or an option and its value, each word on its own
+            rest += [f"-{c}", arg] if arg else [f"-{c}"]
     if rest:
         import shlex
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from ..agent.wire import frame
 from . import runner
-from .route import ran_line
+from .route import marked
 
 RUN_DEADLINE_S = 600.0  # `invoke run` default --timeout: operator commands may be long, never endless
 NOT_FOUND, NOT_EXECUTABLE = 127, 126  # what a shell exits with, so `local` agrees with ssh hosts
@@ -39,7 +39,7 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
     how = runner.How(stdin=subprocess.DEVNULL if capture else None, capture=capture, echo_stderr=not capture,
                      deadline_s=deadline_s if deadline_s > 0 else None)
     try:
-        done = runner.run(host.route, _marked(host, argv, nonce), nonce, how)
+        done = runner.run(host.route, marked(host.route, argv, nonce, host.alias), nonce, how)
     except runner.NotStarted as exc:  # only on this machine (no hops): ssh itself is always there
         return _not_started(host, argv, exc.error, capture)
     if done.cut_off or done.code is None:
@@ -52,24 +52,6 @@ def run_on(host, argv: list, capture: bool, deadline_s: float = RUN_DEADLINE_S) 
 
 
 SIGNALLED = 128  # a command killed by signal N exits 128+N, as a shell reports it
-# The far side's wrapper: the proof line (route.marked), then the command as a child of sh,
-# not exec'd. Why not exec: ssh reports a command killed by a signal as 255 (it has no exit
-# status), the same as its own failure; sh's wait turns that death into 128+N. Why check
-# the command first: sh's own "exec: X: not found" names no host; this line does, like
-# `local` (_not_started).
-_WRAPPER = (
-    'printf "%s\\n" "$1" >&2; alias=$2; shift 2; '
-    'case "$1" in */*) [ -f "$1" ] && [ -x "$1" ] ;; *) command -v "$1" >/dev/null 2>&1 ;; esac || { '
-    'if [ -e "$1" ]; then printf "gpu-pivot: %s: %s: not executable\\n" "$alias" "$1" >&2; exit 126; fi; '
-    'printf "gpu-pivot: %s: %s: command not found\\n" "$alias" "$1" >&2; exit 127; }; '
-    '"$@"')
-
-
-def _marked(host, argv: list, nonce: str) -> list:
-    """argv behind the proof line over ssh (see _WRAPPER); argv itself with no ssh hop."""
-    if host.route.ssh is None:
-        return list(argv)
-    return ["sh", "-c", _WRAPPER, "gpu-pivot", ran_line(nonce), host.alias, *argv]
 
 
 def _not_started(host, argv: list, exc: OSError, capture: bool) -> Ran:

@@ -56,19 +56,33 @@ def one_liner(route: Route, argv: list) -> str:
     return shlex.join(wrap(route, argv, for_paste=True))
 
 
-def marked(route: Route, argv: list, nonce: str) -> list:
-    """`argv` behind a line on stderr that proves the far side ran (ran_line(nonce)), then exec.
+_PROOF = 'printf "%s\\n" "$1" >&2; '  # the proof line, first: ran_line(nonce), the script's $1
+# An operator's command (`alias`): a child of sh, not exec'd, as ssh reports a command killed
+# by a signal as 255, the same as its own failure, and sh's wait turns that death into 128+N;
+# a missing or non-executable command is one line naming the host (sh's own names none).
+_OPERATOR = (
+    _PROOF + 'alias=$2; shift 2; '
+    'case "$1" in */*) [ -f "$1" ] && [ -x "$1" ] ;; *) command -v "$1" >/dev/null 2>&1 ;; esac || { '
+    'if [ -e "$1" ]; then printf "gpu-pivot: %s: %s: not executable\\n" "$alias" "$1" >&2; exit 126; fi; '
+    'printf "gpu-pivot: %s: %s: command not found\\n" "$alias" "$1" >&2; exit 127; }; '
+    '"$@"')
+
+
+def marked(route: Route, argv: list, nonce: str, alias: str | None = None) -> list:
+    """`argv` behind a line on stderr that proves the far side ran (ran_line(nonce)), then exec;
+    with `alias`, an operator's command run as sh's child (_OPERATOR). The one proof wrapper.
 
     Why: ssh exits 255 both when it fails and when the remote command exits 255, and
     asking the ControlMaster socket (`ssh -O check`) cannot tell them apart when there is
     no socket (ControlPath=none: the check itself exits 255). A line printed by `sh` on
-    the host before it execs the command can only come from the far side. The process
-    that runs is still exactly argv (exec); on this machine (no ssh) nothing is added.
-    Behind a sudo hop the line comes from root's side of sudo, so it also proves sudo ran
-    the command (become_failure)."""
+    the host before the command can only come from the far side; on this machine (no ssh)
+    nothing is added. Behind a sudo hop the line comes from root's side of sudo, so it
+    also proves sudo ran the command (become_failure)."""
     if route.ssh is None:
         return list(argv)
-    return ["sh", "-c", 'printf "%s\\n" "$1" >&2; shift; exec "$@"', "gpu-pivot", ran_line(nonce), *argv]
+    if alias is not None:
+        return ["sh", "-c", _OPERATOR, "gpu-pivot", ran_line(nonce), alias, *argv]
+    return ["sh", "-c", _PROOF + 'shift; exec "$@"', "gpu-pivot", ran_line(nonce), *argv]
 
 
 def ssh_failed(route: Route, returncode: int, ran: bool, stderr: str = "") -> bool:

@@ -22,6 +22,7 @@ import pytest
 from scripts.emergency import runbook, shell_teardown
 from scripts.reach.route import wrap
 from tests.conftest import REPO, invoke
+from tests.support.parsers import oneliner_report
 from tests.support.procs import alive
 
 PAGE = REPO / "runbooks" / "emergency-one-liners.md"
@@ -163,7 +164,7 @@ def test_every_line_as_printed_on_the_sandbox_through_ssh_and_pct(sandbox, sshd,
     before = pct_log(sshd)
     out = paste(loopback_ssh, sshd.dest(), pct, on_devices(teardown, glob, base))
     assert pct_log(sshd)[len(before):] == "129\n"
-    report = shell_teardown.parse_report(out.stdout)
+    report = oneliner_report.parse_report(out.stdout)
     assert out.returncode == 0, out.stdout + out.stderr
     assert report["verdict"] == "free" and report["remaining"] == []
     assert set(report["sigTERM"]) == {procs["server"], procs["worker0"], procs["worker1"]}
@@ -189,7 +190,7 @@ def test_no_device_file_says_no_gpu_visible_and_exits_1(tmp_path, sshd, loopback
     scope = f"gp-no-gpu-{uuid.uuid4().hex}"  # in no process's command line: nothing is signalled
     teardown = page_actions()[-1]
     out = paste(loopback_ssh, sshd.dest(), prefix, on_devices(teardown, glob, scope))
-    report = shell_teardown.parse_report(out.stdout)
+    report = oneliner_report.parse_report(out.stdout)
     assert out.returncode == 1, out.stdout + out.stderr
     assert (f"NO GPU VISIBLE: no device file matches {glob} and no GPU memory source (nvidia-smi: {gpu_source})"
             in out.stdout.splitlines()), out.stdout

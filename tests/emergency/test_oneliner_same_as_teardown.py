@@ -19,6 +19,7 @@ import pytest
 from scripts.config.sandbox import ROLES
 from scripts.emergency import shell_teardown
 from tests.conftest import invoke
+from tests.support.parsers import oneliner_report
 from tests.support.procs import ProcessSet, alive, wait_for
 
 
@@ -213,7 +214,7 @@ def test_the_line_and_invoke_teardown_leave_the_same_survivors(tmp_path, hosts_e
         if how == "invoke teardown":
             continue
         text = out.stdout.decode()
-        report = shell_teardown.parse_report(text)
+        report = oneliner_report.parse_report(text)
         assert "@@" not in text and report["sigTERM"], (how, text)
         if world is protect_world:
             kept = [why for verb, why in report["decisions"].values() if verb == "keep"]
@@ -273,7 +274,7 @@ def test_a_scope_uid_keeps_both_to_that_users_processes(second_user, shared_ps):
             assert argv[-6] == str(second_user.uid)  # the SCOPE_UID parameter
             ran = subprocess.run(argv, capture_output=True, text=True, timeout=120)
             codes[how] = ran.returncode
-            report = shell_teardown.parse_report(ran.stdout)
+            report = oneliner_report.parse_report(ran.stdout)
             assert report["outside-scope"] == [roles["root_holder"]], ran.stdout
             assert "owned by uid %d" % second_user.uid in ran.stdout
         survivors[how] = {role for role, pid in roles.items() if alive(pid)}
@@ -307,7 +308,7 @@ def test_another_persons_idle_target_program_is_left_by_both(second_user, shared
         codes[how] = ran.returncode
         survivors[how] = {role for role, pid in roles.items() if alive(pid)}
         if how == "pasted line":
-            report = shell_teardown.parse_report(ran.stdout.decode())
+            report = oneliner_report.parse_report(ran.stdout.decode())
             verb, why = report["decisions"][roles["user_idle"]]
             assert verb == "leave" and f"another person's (uid {second_user.uid})" in why, why
         ProcessSet._kill(roles.values())

@@ -9,6 +9,7 @@ import pytest
 from scripts.emergency import shell_teardown
 from tests.conftest import invoke
 from tests.support import scenario
+from tests.support.parsers import oneliner_report
 from tests.support.procs import alive, children, wait_for
 
 
@@ -27,7 +28,7 @@ def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
     assert line.startswith("ssh ") and "pct exec 129 -- sh -c" in line
     assert "pkill" not in line and "fuser -k" not in line and "killall" not in line
     ran = subprocess.run(["bash", "-c", line], capture_output=True, text=True, timeout=60)
-    report = shell_teardown.parse_report(ran.stdout)
+    report = oneliner_report.parse_report(ran.stdout)
     assert ran.returncode == 0, ran.stdout + ran.stderr
     gpu_targets = {roles[r] for r in ("server", "worker0", "worker1", "stubborn", "stubborn_worker", "orphan",
                                       "renamed")}
@@ -59,7 +60,7 @@ def test_oneliner_through_ssh_and_pct(ps, sshd, hosts_env):
 
 def test_report_parser_rejects_missing_report():
     with pytest.raises(ValueError, match="no gpu-pivot one-liner report"):
-        shell_teardown.parse_report("Welcome!\n")
+        oneliner_report.parse_report("Welcome!\n")
 
 
 def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):
@@ -72,7 +73,7 @@ def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):
         os.chmod(base, 0o755)
         open(os.path.join(base, "nvidia0"), "w").close()
         ran = second_user.run(script_argv(f"{base}/nvidia*", scope=base), text=True)
-        report = shell_teardown.parse_report(ran.stdout)
+        report = oneliner_report.parse_report(ran.stdout)
         assert ran.returncode == 1 and report["verdict"] == "not-free"
         assert "run as root" in report["not-root"]
     finally:
@@ -224,7 +225,7 @@ def test_protected_names_trusted_only_from_system_uids_and_root_programs(second_
     finally:
         subprocess.run(["rm", "-rf", base])
     roles = res["roles"]
-    first = shell_teardown.parse_report(res["first"]["stdout"])
+    first = oneliner_report.parse_report(res["first"]["stdout"])
     stopped = {"user_argv0_xorg", "user_nvitop_script", "root_nvitop_script", "root_comm_space", "root_comm_star",
                "root_user_owned_exe", "root_group_writable_exe"}
     assert res["first"]["rc"] == 0, res["first"]
@@ -233,7 +234,7 @@ def test_protected_names_trusted_only_from_system_uids_and_root_programs(second_
     assert set(first["sigTERM"]) == {roles[r] for r in stopped}
     assert first["remaining"] == [] and first["protected-mapped"] == [] and first["verdict"] == "free"
     assert res["first_alive"] == {r: r == "root_xorg" for r in roles if r != "root_persistenced_mapped"}
-    second = shell_teardown.parse_report(res["second"]["stdout"])
+    second = oneliner_report.parse_report(res["second"]["stdout"])
     assert res["second"]["rc"] == 1, res["second"]
     assert set(second["protected"]) == {roles["root_xorg"], roles["root_persistenced_mapped"]}
     assert second["sigTERM"] == [] and second["remaining"] == []
@@ -279,7 +280,7 @@ def test_a_settle_of_0_still_looks_once_after_the_kill(ps):
     """SETTLE 0 means no wait, never no look: a holder back by then keeps the verdict not-free."""
     dev, _ = _respawning_holder(ps)
     ran = _run(dev, "1", "0")
-    report = shell_teardown.parse_report(ran.stdout)
+    report = oneliner_report.parse_report(ran.stdout)
     assert ran.returncode == 1 and report["verdict"] == "not-free" and report["remaining"], ran.stdout
 
 
@@ -302,7 +303,7 @@ def test_a_program_targets_names_is_never_the_lines_own_ancestor(ps):
                              "sh", "-c", shell_teardown.script_text(), shell_teardown.NAME, *params],
                             executable=sys.executable, capture_output=True, text=True, timeout=60)
     runner_pid = int(runner.stdout.split()[1])
-    report = shell_teardown.parse_report(runner.stdout)
+    report = oneliner_report.parse_report(runner.stdout)
     assert runner.returncode == 0 and report["sigTERM"] == [other], runner.stdout
     assert runner_pid not in report["decisions"] and runner_pid not in report["names"]
     assert not alive(other)
@@ -329,8 +330,8 @@ def test_a_holders_name_and_command_line_cannot_forge_report_lines(ps):
     stubborn = ps.role("worker", "--gpu", "1", "--ignore-term")
     ran = subprocess.run(script_argv(ps.glob, "1", "0", scope=str(ps.base)), capture_output=True, text=True,
                          timeout=60)
-    report = shell_teardown.parse_report(ran.stdout)
-    assert "\x1b" not in ran.stdout and ran.stdout.splitlines().count(shell_teardown.END) == 1
+    report = oneliner_report.parse_report(ran.stdout)
+    assert "\x1b" not in ran.stdout and ran.stdout.splitlines().count(oneliner_report.END) == 1
     assert set(report["sigTERM"]) == {proc.pid, stubborn}
     assert report["sigKILL"] == [stubborn] and report["verdict"] == "free", ran.stdout
     assert report["names"][proc.pid] == "??1???verdict"  # one word: no space, parenthesis or line break

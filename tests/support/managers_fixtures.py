@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from scripts.agent.procs import procfs
+from scripts.agent.procs import procfs, textsafe
 from scripts.config.sandbox import ROLES
 from tests.support.paths import REPO
 from tests.support.procs import alive, children, wait_for
@@ -241,8 +241,63 @@ class Runit(ServiceScan):
         super().__init__(base, services, "runit")
 
 
+STOP_TIMEOUT_S = 60  # supervisorctl and podman stop wait out the program's own stop timeout (10 s by default)
+
+
+def run_stop(manager: dict, timeout: float = STOP_TIMEOUT_S, force: bool = False) -> tuple[bool, str]:
+    """Run a manager's stop command (its argv, no shell) as the teardown's plan would. Returns
+    (ok, what it said: its last line). Only a `stops_by_default` manager unless `force`: a
+    Kubernetes pod, a CRI container, Ray or an untrusted daemon is named, never stopped."""
+    argv = manager.get("stop_argv")
+    if not argv or not (force or manager.get("stops_by_default")):
+        raise ValueError("not a stop the teardown runs: %s" % manager.get("stop_command"))
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              timeout=timeout, cwd="/")  # supervisorctl looks for a config in its directory
+    except (OSError, subprocess.SubprocessError) as exc:
+        return False, "%s: %s" % (argv[0], exc)
+    lines = textsafe.decode(done.stdout).strip().splitlines()
+    return done.returncode == 0, textsafe.printable(lines[-1] if lines else "exit %d" % done.returncode)
+
+
 class PodmanError(Exception):
     """podman cannot run a container here: the message is its error."""
+
+
+class NoRuntime(PodmanError):
+    """No OCI runtime runs a container on this host: the message names each one's error."""
+
+
+def runtime_candidates(cgroup_fs: str | None = None) -> tuple[str, ...]:
+    """The runtimes to try, best first for this host's cgroups: crun refuses a cgroup-v1 or
+    hybrid host ("cgroups in hybrid mode not supported"), where runc works."""
+    if cgroup_fs is None:
+        cgroup_fs = subprocess.run(["stat", "-fc", "%T", "/sys/fs/cgroup"], capture_output=True,
+                                   text=True).stdout.strip()
+    return ("crun", "runc") if cgroup_fs == "cgroup2fs" else ("runc", "crun")
+
+
+_PICKED: dict[tuple[str, ...], str | NoRuntime] = {}
+
+
+def pick_runtime(pm: Podman, candidates: tuple[str, ...]) -> str:
+    """The first of `candidates` that runs a trivial container here, tried once per test
+    process; NoRuntime, with each one's error, when none does."""
+    if candidates not in _PICKED:
+        errors = []
+        for runtime in candidates:
+            out = pm.podman("run", "--rm", "--runtime", runtime, *pm.run_options, pm.IMAGE, "/bin/true")
+            if out.returncode == 0:
+                _PICKED[candidates] = runtime
+                break
+            said = (out.stderr.strip() or out.stdout.strip() or f"exit {out.returncode}").splitlines()[-1]
+            errors.append(f"{runtime}: {said}")
+        else:
+            _PICKED[candidates] = NoRuntime("no OCI runtime runs a container here (" + "; ".join(errors) + ")")
+    picked = _PICKED[candidates]
+    if isinstance(picked, NoRuntime):
+        raise picked
+    return picked
 
 
 MACHINE_PATHS = ("/var/lib/containers", "/run/containers", "/etc/containers/networks")
@@ -258,7 +313,7 @@ class Podman:
 
     IMAGE = "localhost/gpu-pivot-test/busybox:1"
 
-    def __init__(self, base: Path):
+    def __init__(self, base: Path, runtimes: tuple[str, ...] | None = None):
         self.dir = Path(base) / "podman"
         for sub in ("root", "tmp", "net", "tmpdir"):
             (self.dir / sub).mkdir(parents=True)
@@ -267,6 +322,9 @@ class Podman:
                         "--tmpdir", str(self.dir / "tmp"), "--cgroup-manager", "cgroupfs",
                         "--network-config-dir", str(self.dir / "net"), "--events-backend", "none"]
         self.cgroup_parent = f"/{cgroups.PREFIX}{cgroups.owner_tag()}-podman-{os.getpid()}-{time.monotonic_ns()}"
+        # a nofile limit above the host's makes runc refuse to start the container
+        self.run_options = ["--network", "none", "--cgroup-parent", self.cgroup_parent,
+                            "--ulimit", "nofile=1024:1024", "--ulimit", "nproc=4096:4096"]
         self.names: list = []
         self.seen: set = set()
         # podman (4.3) writes these machine-wide whatever its options say (the image import's blob
@@ -282,6 +340,11 @@ class Podman:
         out = self.podman("import", str(tarball), self.IMAGE)
         if out.returncode != 0:
             raise PodmanError(out.stderr.strip() or out.stdout.strip())
+        try:
+            self.runtime = pick_runtime(self, runtimes or runtime_candidates())
+        except NoRuntime:
+            self.down()
+            raise
 
     def podman(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
         env = dict(os.environ, TMPDIR=str(self.dir / "tmpdir"))
@@ -291,9 +354,8 @@ class Podman:
     def run(self, name: str, argv: list[str], shared: Path, restart: str = "always") -> str:
         """`podman run -d --restart=RESTART` of `argv` in a container named `name`; its id."""
         mounts = ["-v", "/usr:/usr:ro", "-v", f"{REPO / 'scripts'}:{REPO / 'scripts'}:ro", "-v", f"{shared}:{shared}"]
-        out = self.podman("run", "-d", "--name", name, "--network", "none", f"--restart={restart}",
-                          "--cgroup-parent", self.cgroup_parent, "--ulimit", "nofile=1024:1024",
-                          "--ulimit", "nproc=4096:4096", *mounts, self.IMAGE, *argv)
+        out = self.podman("run", "--runtime", self.runtime, "-d", "--name", name, f"--restart={restart}",
+                          *self.run_options, *mounts, self.IMAGE, *argv)
         if out.returncode != 0:
             raise PodmanError(out.stderr.strip() or out.stdout.strip())
         self.names.append(name)
@@ -325,18 +387,22 @@ class Podman:
             d = Path(mount) / self.cgroup_parent.lstrip("/")
             if d.exists():
                 cgroups.kill_and_remove([d])
-        subprocess.run(["umount", "-R", str(self.runroot)], capture_output=True)  # overlay mounts podman left, if any
+        for mount in (self.runroot, self.dir / "root" / "overlay"):  # overlay mounts podman left, if any
+            subprocess.run(["umount", "-R", str(mount)], capture_output=True)
         shutil.rmtree(self.runroot, ignore_errors=True)
         for path in self.made:
             shutil.rmtree(path, ignore_errors=True)
 
 
 def podman_usable(base: Path) -> tuple[Podman | None, str]:
-    """(a Podman, "") or (None, why not: podman's own error)."""
+    """(a Podman, "") or (None, why not: podman's own error). NoRuntime passes through: the
+    caller skips, as no container can run on this host."""
     if not shutil.which("podman"):
         return None, "podman is not installed"
     try:
         return Podman(base), ""
+    except NoRuntime:
+        raise
     except (PodmanError, subprocess.SubprocessError, OSError) as exc:
         return None, str(exc)
 

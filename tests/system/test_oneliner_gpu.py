@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts.emergency import shell_teardown
 from tests.conftest import invoke
 from tests.support.gpu_support import CUDA_HOLD, gpu_count
+from tests.support.parsers import oneliner_report
 from tests.support.procs import alive, wait_for
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
@@ -44,7 +44,7 @@ def test_the_line_keeps_a_protected_cuda_context_as_invoke_teardown_does(tmp_pat
                 line = invoke("oneliner", "--host", "local", "--action", "teardown", "--grace", "5")
                 assert line.returncode == 0, line.stderr
                 ran = subprocess.run(["bash", "-c", line.stdout.decode().strip()], capture_output=True, timeout=180)
-                report = shell_teardown.parse_report(ran.stdout.decode())
+                report = oneliner_report.parse_report(ran.stdout.decode())
                 keep = procs["keep"].pid
                 assert report["protected"] == [keep] and report["protected-mapped"] == [keep], report
                 assert report["decisions"][keep][0] == "keep" and "PROTECT" in report["decisions"][keep][1]

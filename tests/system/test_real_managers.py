@@ -19,7 +19,7 @@ import pytest
 from scripts.agent.procs import managers
 from scripts.agent.status import scan
 from tests.conftest import need_tools
-from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv
+from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv, run_stop
 from tests.support.procs import alive, wait_for
 from tests.support.scans import holders_by_pid, scan_args
 
@@ -102,7 +102,7 @@ def test_root_supervisord_with_a_config_another_user_can_change_is_named_not_run
                                                                 True)
         assert m["stops_by_default"] is False and "not a file only root can change" in m["note"]
         with pytest.raises(ValueError):
-            managers.run_stop(m)
+            run_stop(m)
     finally:
         os.chown(sd.dir, 0, 0)
         sd.down()
@@ -157,7 +157,7 @@ def test_supervised_service_is_named_and_its_down_command_stops_it_for_good(ps, 
         assert managers.is_manager_daemon(procs[supervisor]) and managers.is_manager_daemon(procs[scanner.pid])
         assert managers.managed_pids(m, procs) == {pid}
 
-        ok, said = managers.run_stop(m)  # its argv, as the teardown runs it
+        ok, said = run_stop(m)  # its argv, as the teardown runs it
         assert ok, said
         time.sleep(AFTER_STOP_S)
         assert scanner.status("vllm") == "down"

@@ -40,11 +40,6 @@ _RUNTIMES = _OTHER_RUNTIMES + (("docker", _DOCKER[0]),)  # which runtime made a 
 # Outside a pod, the first that matches: docker (as it always was), then LXC, whose node sees
 # what runs inside a CT below its cgroup (podman in a CT is the CT's: `pct` reaches it), then the others
 _CONTAINERS = tuple(("docker", p) for p in _DOCKER) + tuple(("lxc", p) for p in _LXC) + _OTHER_RUNTIMES
-# A runtime's monitor process (conmon): a manager daemon of the container, not in it
-_MONITORS = (
-    ("podman", re.compile(r"/libpod-conmon-(%s)\.scope(?:/|$)" % _HEX64)),
-    ("crio", re.compile(r"/crio-conmon-(%s)\.scope(?:/|$)" % _HEX64)),
-)
 # A pod's cgroup: `kubepods-<qos>-pod<UID>.slice` (systemd driver, the UID's dashes escaped as
 # `_`) or `pod<UID>` (cgroupfs driver). A static pod's UID is a 32-digit hash without dashes.
 _POD = re.compile(r"/(?:kubepods-(?:[a-z]+-)?)?pod([0-9a-f][0-9a-f_-]{30,35}[0-9a-f])(?:\.slice)?(?:/|$)")
@@ -92,14 +87,6 @@ def _match(path, table):
         if m:
             return {"kind": kind, "id": m.group(1)}
     return None
-
-
-def monitor_of(path):
-    """{'kind', 'id'} when the cgroup path is a container monitor's (podman's or CRI-O's conmon,
-    `libpod-conmon-ID.scope`, `crio-conmon-ID.scope`): a manager of container ID, not one of its
-    processes (counted in the container, conmon would keep it from ever holding only
-    targets). None otherwise."""
-    return _match(path or "", _MONITORS)
 
 
 def _kubernetes(path):

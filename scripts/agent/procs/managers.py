@@ -142,27 +142,6 @@ def managed_pids(manager, procs):
     return out
 
 
-STOP_TIMEOUT_S = 60  # supervisorctl and podman stop wait out the program's own stop timeout (10 s by default)
-
-
-def run_stop(manager, timeout=STOP_TIMEOUT_S, force=False):
-    """Run the manager's stop command (its argv, no shell). Returns (ok, what it said: its last
-    line). Only a `stops_by_default` manager unless `force` (the operator's explicit word): a
-    Kubernetes pod, a CRI container, Ray or an untrusted daemon is named, never stopped."""
-    import subprocess
-
-    argv = manager.get("stop_argv")
-    if not argv or not (force or manager.get("stops_by_default")):
-        raise ValueError("not a stop the teardown runs: %s" % manager.get("stop_command"))
-    try:
-        done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                              timeout=timeout, cwd="/")  # supervisorctl looks for a config in its directory
-    except (OSError, subprocess.SubprocessError) as exc:
-        return False, "%s: %s" % (argv[0], exc)
-    lines = textsafe.decode(done.stdout).strip().splitlines()
-    return done.returncode == 0, textsafe.printable(lines[-1] if lines else "exit %d" % done.returncode)
-
-
 def managing_daemon(record, procs):
     """(the manager daemon that runs this process, the process it runs on the way here) or
     (None, None). Walked up through parents: past wrappers and launchers, and past a process

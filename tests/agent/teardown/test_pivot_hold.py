@@ -18,6 +18,7 @@ from scripts.agent.teardown import hold, hostlock
 from scripts.emergency import shell_teardown
 from scripts.reach.transport import TeardownRequest, call_agent, call_teardown
 from tests.conftest import invoke
+from tests.support.parsers import oneliner_report
 from tests.support.procs import alive, wait_for
 from tests.support.teardowns import env_file, host
 
@@ -106,7 +107,7 @@ def test_the_emergency_teardown_runs_while_a_pivot_holds_the_lock(ps):
     params = shell_teardown.positional(ps.glob, 0, 0, scope=str(ps.base))
     ran = subprocess.run(["sh", "-c", shell_teardown.script_text(), shell_teardown.NAME, *params[:-2], "1", "1"],
                          capture_output=True, text=True, timeout=120)
-    report = shell_teardown.parse_report(ran.stdout)
+    report = oneliner_report.parse_report(ran.stdout)
     assert ran.returncode == 0 and report["verdict"] == "free", ran.stdout + ran.stderr
     assert not alive(job) and alive(holder)  # the emergency path went through; the hold stands
     assert call_agent(host(ps), "release", ["--token", TOKEN]).result.released

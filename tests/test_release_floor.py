@@ -4,7 +4,7 @@ from tests.conftest import FIXTURES
 
 
 def test_release_floor_fixture():
-    from scripts.ops.floor import release_floor
+    from bench.floor import release_floor
 
     floor = release_floor(FIXTURES / "release-floor.json")
     assert floor == {"min_s": 0.2595, "max_s": 0.3661, "median_s": 0.33050000000000002, "runs": 4}
