@@ -125,7 +125,7 @@ def settings(x, baseline: dict | None = None, key: str = "ALIAS_GPU_BASELINE", p
     title = "GPU settings (app clocks graphics/memory MHz; power limit/default W; n/a: not supported"
     title += f"; *: differs from {against})" if expected else ")"
     return "\n".join([note(title, indent="", hang="  "),
-                      table(["gpu", "persistence", "compute", "app clocks", "power", "MIG"], rows, "  "), *lines])
+                      table(["gpu", "persist", "compute", "app clocks", "power", "MIG"], rows, "  "), *lines])
 
 
 def settings_of(host, phase=None):

@@ -33,7 +33,7 @@ def status(tmp_path, gpus, baseline=None):
 def settings_rows(text):
     """{gpu: cells} of the GPU settings table."""
     lines = text.splitlines()
-    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["gpu", "persistence"])
+    at = next(i for i, line in enumerate(lines) if line.split()[:2] == ["gpu", "persist"])
     rows = {}
     for line in lines[at + 2:]:
         cells = line.split()
