@@ -203,6 +203,15 @@ def test_no_import_circle():
         " <-> ".join(c) for c in circles)
 
 
+def test_views_import_neither_reach_nor_operations():
+    """A view renders what it is given and runs nothing: it reads a fleet outcome's Failure and
+    the records, never an error's type or an operation (the task hands the pivot its words)."""
+    g = graph()
+    bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if folder_of(a) == "views" and not is_agent(a)
+           for b in sorted(bs) if not is_agent(b) and folder_of(b) in ("reach", "ops", "engines", "emergency")]
+    assert not bad, "\n  ".join(["a view may not import what reaches a host or runs an operation:", *bad])
+
+
 def test_the_agent_imports_nothing_of_the_local_side():
     g = graph()
     bad = [f"{a} imports {b}" for a, bs in sorted(g.items()) if is_agent(a) for b in sorted(bs)

@@ -137,7 +137,7 @@ def run(c, host=defaults.HOST, timeout="600"):
             from scripts.views.status import failed
 
             code = code_for(out.error) or 1
-            print(f"===== {alias}: {failed(out.error)} (exit {code}) =====", flush=True)  # a section of its own
+            print(f"===== {alias}: {failed(out.failure)} (exit {code}) =====", flush=True)  # a section of its own
             print(f"gpu-pivot: {out.error}", file=sys.stderr, flush=True)
             results.append(code)
     exit_worst(results)

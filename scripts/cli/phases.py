@@ -170,11 +170,11 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     import re
 
     from scripts.agent.wire import codes
+    from scripts.cli.pivot_words import WORDS
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError, show
     from scripts.ops import phase as phase_ops
     from scripts.ops.pivot import Pivot, PivotOptions
-    from scripts.views.pivot import WORDS
     from scripts.views.render import fit
 
     h = one_host(host)

@@ -12,7 +12,7 @@ its teardown (unless --no-drain). The pivot ends with a table of its steps (step
 exit, seconds), and the same list is the `--json` document and the audit record.
 
 Its exit codes are the task's (`invoke pivot --help` lists them). The words of each step's
-result are the views' (Words, made by scripts/views/pivot.py).
+result are the views' (Words, made by scripts/cli/pivot_words.py).
 """
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ from . import audit_log, gpu_settings, phase as phase_ops
 
 @dataclass(frozen=True)
 class Words:
-    """What a pivot says about each step's result: the views' words (scripts/views/pivot.py
+    """What a pivot says about each step's result: the views' words (scripts/cli/pivot_words.py
     makes them), passed in by the task. Why passed in: the pivot runs the steps and the views,
     above it, render their results; it never imports them."""
 

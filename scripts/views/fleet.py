@@ -106,19 +106,17 @@ def _unhealthy(scan: records.ScanResult, word: str) -> str:
 
 
 def failure(out) -> tuple[int, str]:
-    """(exit code, words) of a host whose call failed (a fleet Outcome with an error): the code
-    its error gives (transport.exit_code_for, else not free), and `UNREACHABLE: why` without
-    the host's name (its row names it), cut only between words and only past 160 characters
-    (the whole error is on stderr): a port or a pid is never cut inside."""
+    """(exit code, words) of a host whose call failed (a fleet Outcome with a Failure): the code
+    its failure gives, else not free, and `UNREACHABLE: why` without the host's name (its row
+    names it), cut only between words and only past 160 characters (the whole error is on
+    stderr): a port or a pid is never cut inside."""
     import textwrap
 
-    from ..reach.transport import exit_code_for
-
-    code = exit_code_for(out.error) or codes.EXIT_NOT_FREE
-    said = " ".join(str(out.error).split())
+    code = out.failure.code or codes.EXIT_NOT_FREE
+    said = " ".join(out.failure.said.split())
     alias = out.host.alias
     said = said[len(alias) + 2:] if said.startswith(f"{alias}: ") else said
-    return code, f"{failed(out.error).upper()}: {textwrap.shorten(said, 160, placeholder=' ...')}"
+    return code, f"{failed(out.failure).upper()}: {textwrap.shorten(said, 160, placeholder=' ...')}"
 
 
 def summary(outcomes, verdict, max_used_mib: int = defaults.MAX_USED_MIB) -> str:
@@ -126,11 +124,11 @@ def summary(outcomes, verdict, max_used_mib: int = defaults.MAX_USED_MIB) -> str
     a column of its own, 0 included (a code shown on some rows only read as a code missing).
     `verdict(result)`: the task's words for an answering host's result (status_verdict,
     verify_verdict); its exit code is the call's (AgentResult.code), a failed host's the one
-    its error gives (failure)."""
+    its failure gives (failure)."""
     rows = []
     for out in outcomes:
         alias = out.host.alias
-        if out.error is not None:
+        if out.failure is not None:
             code, words = failure(out)
             rows.append([alias, "-", "-", code, words])
             continue

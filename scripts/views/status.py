@@ -269,11 +269,8 @@ def ping_line(alias: str, x, wall_s: float) -> str:
             f"fuser={yes(p.fuser)} devices={len(p.devices)} ({wall_s * 1000:.0f} ms)")
 
 
-def failed(error) -> str:
-    """What a host's failed call was: 'timed out' (no answer in time, exit 7), 'login refused'
-    (the host answered and refused the user or key: never called unreachable) or 'unreachable'."""
-    from ..reach.route import HostTimedOut, LoginRefused
-
-    if isinstance(error, LoginRefused):
-        return "login refused"
-    return "timed out" if isinstance(error, HostTimedOut) else "unreachable"
+def failed(failure) -> str:
+    """What a host's failed call was (a fleet Failure: ops/fleet.py reads its kind): 'timed out'
+    (no answer in time, exit 7), 'login refused' (the host answered and refused the user or
+    key: never called unreachable) or 'unreachable' (every other kind)."""
+    return failure.kind if failure.kind in ("timed out", "login refused") else "unreachable"

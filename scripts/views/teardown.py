@@ -311,7 +311,7 @@ def shm_lines(x) -> list:
 def host_line(outcome) -> str:
     """One line per host as it finishes, for a fleet teardown (outcome: a fleet.Outcome)."""
     alias = outcome.host.alias
-    if outcome.error is not None:
+    if outcome.failure is not None:
         from .fleet import failure
 
         return note(f"{alias}: {failure(outcome)[1]}", "", "    ")  # wrapped between words: a port stays whole
@@ -400,7 +400,7 @@ def summary(outcomes) -> str:
 
     rows = []
     for out in outcomes:
-        if out.error is not None:
+        if out.failure is not None:
             code, words = failure(out)
             rows.append([out.host.alias, "-", "-", "-", "-", code, words])
             continue

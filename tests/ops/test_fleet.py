@@ -36,3 +36,54 @@ def test_fleet_teardown_with_an_unreachable_host(two_hosts, sshd, hosts_env):
     for r in roles:
         assert not alive(r["server"]) and not alive(r["orphan"])
         assert alive(r["persistenced"]) and alive(r["monitor"]) and alive(r["unrelated"])
+
+
+def test_each_failed_host_carries_its_kind_and_exit_code(sshd, hosts_env, tmp_path):
+    """The fleet reads what each failure was from reach's errors, so a view need not: real
+    calls through the loopback sshd: a closed port, a tarpit, a key the sshd never authorized,
+    a host key nobody knows, an agent that gives no document; the answering host has none."""
+    from scripts.agent.wire import codes
+    from scripts.config import hosts
+    from scripts.ops.fleet import each_host
+    from scripts.reach.transport import call_agent
+    from tests.support.fleet_faults import Tarpit
+    from tests.support.loopback_sshd import _keygen
+
+    stranger = tmp_path / "stranger"
+    _keygen(stranger)
+    (tmp_path / "known_hosts").write_text("")
+    tarpit = Tarpit()
+    refused = sshd.ssh_opts.replace(str(sshd.client_key), str(stranger))
+    opts = "-o ControlPath=none -o StrictHostKeyChecking=yes"
+    hosts_env(sshd.hosts_env("ok", extra={"DEVICES": "/proc/gpu-pivot-none/nvidia*", "FAKE_DEVICES": "yes"})
+              + f"SHUT_SSH=nobody@127.0.0.1\nSHUT_SSH_OPTS='-p 1 -o ConnectTimeout=3 {opts}'\n"
+              + f"SLOW_SSH={sshd.dest()}\nSLOW_SSH_OPTS='-p {tarpit.port} -o ConnectTimeout=2 {opts} "
+                f"-o UserKnownHostsFile={sshd.known_hosts}'\n"
+              + f"REFUSED_SSH={sshd.dest()}\nREFUSED_SSH_OPTS='{refused}'\n"
+              + f"UNKNOWN_SSH={sshd.dest()}\nUNKNOWN_SSH_OPTS='-p {sshd.port} -i {sshd.client_key} {opts} "
+                f"-o UserKnownHostsFile={tmp_path / 'known_hosts'}'\n"
+              + "MUTE_PYTHON=/bin/true\n")
+    try:
+        outcomes = each_host(hosts.select("ok,shut,slow,refused,unknown,mute"), lambda h: call_agent(h, "ping"), 6)
+    finally:
+        tarpit.close()
+    got = {o.host.alias: o.failure and (o.failure.kind, o.failure.code) for o in outcomes}
+    assert got == {"ok": None, "shut": ("unreachable", codes.EXIT_UNREACHABLE),
+                   "slow": ("timed out", codes.EXIT_TIMED_OUT),
+                   "refused": ("login refused", codes.EXIT_UNREACHABLE),
+                   "unknown": ("host key", codes.EXIT_UNREACHABLE),
+                   "mute": ("agent error", codes.EXIT_UNREACHABLE)}, [o.failure for o in outcomes]
+    assert all(o.failure is None or o.failure.said == str(o.error) for o in outcomes)
+
+
+def test_a_failure_no_code_documents_is_an_error_without_a_code():
+    """A bug in the function a host runs is kept as that host's outcome, with no exit code: the
+    task lets it end in a traceback instead of calling the host unreachable."""
+    from scripts.ops.fleet import each_host
+
+    def broken(host):
+        raise ValueError(f"bug on {host}")
+
+    outcomes = each_host(["a", "b"], broken, 2)
+    assert [(o.failure.kind, o.failure.code, o.failure.said) for o in outcomes] == [
+        ("error", None, "bug on a"), ("error", None, "bug on b")]

@@ -100,10 +100,10 @@ def test_a_teardown_call_cut_off_after_its_holder_started_is_still_released(monk
     host is not locked until the holder's own deadline."""
     from types import SimpleNamespace
 
+    from scripts.cli.pivot_words import WORDS
     from scripts.config.phases import build_phase
     from scripts.ops import pivot as pivot_ops
     from scripts.reach.route import HostTimedOut
-    from scripts.views.pivot import WORDS
 
     calls: list = []
 

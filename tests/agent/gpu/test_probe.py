@@ -173,8 +173,8 @@ def test_the_probes_own_context_is_never_a_holder(in_process, ps, tmp_path):
 
 
 def test_the_pivot_lists_the_probe_step_after_the_teardown():
+    from scripts.cli.pivot_words import WORDS
     from scripts.config.hosts import load
-    from scripts.views.pivot import WORDS
 
     host = load()["sandbox"]
     steps = [name for name, _, _ in Pivot(host, host.phases["train"], PivotOptions(), WORDS, out=lambda _: None).steps]
