@@ -5,9 +5,6 @@ warning: `GPU1_CTID 129` (no `=`) would vanish and commands go to the Proxmox no
 instead of the container, and an unclosed quote swallows the lines after it. Here such a line
 stops everything with `FILE:LINE: ...` (exit 2) before any host is contacted.
 
-The accepted syntax is a strict subset of dotenv's, and an accepted file yields the same
-values dotenv would give (tests compare the two):
-
 The whole account: docs/design-notes.md (scripts/config/envfile.py)."""
 from __future__ import annotations
 

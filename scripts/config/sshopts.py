@@ -5,10 +5,6 @@ on the operator's machine (often as root). `-o ProxyCommand=...` in a committed 
 run whatever its author wrote, on every `invoke ping`. Options that execute or load
 something locally belong in ~/.ssh/config, which only its owner writes.
 
-The options are read the way ssh reads its argv (getopt: `-o X`, `-oX`, flags clustered in
-front as in `-vo X`) and an `-o` argument the way ssh reads a config line (keyword ends at
-whitespace or `=`, case-insensitive, may be quoted). Refused:
-
 The whole account: docs/design-notes.md (scripts/config/sshopts.py)."""
 from __future__ import annotations
 

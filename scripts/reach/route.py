@@ -1,9 +1,9 @@
 """How an argv reaches a process on a host, through ssh, sudo and `pct exec`, exactly, and
 what it means when it did not.
 
-Why: quoting by hand through three shells (`ssh ... 'pct exec 129 -- bash -c
-"... awk \\"{print \\\\\\$2}\\" ..."'`) breaks on the first odd argument. Here a command stays a list of arguments until
-the one hop that re-parses a string:
+Why: quoting by hand through three shells (ssh, then `pct exec`, then `bash -c`) breaks on
+the first odd argument; here a command stays a list of arguments until the one hop that
+re-parses a string, and is quoted once for it.
 
 The whole account: docs/design-notes.md (scripts/reach/route.py)."""
 from __future__ import annotations

@@ -1,9 +1,5 @@
 """Is each GPU usable after its memory is freed? One verdict per GPU, with its reasons.
 
-Why: a GPU with a pending recovery action, rows waiting to be remapped, a fatal Xid, or a
-holder stuck in the driver is not fixed by killing processes; the operator must be told
-"reset it" or "reboot the node", not "free". Verdicts, worst last:
-
 The whole account: docs/design-notes.md (scripts/agent/gpu/health.py)."""
 import os
 import subprocess

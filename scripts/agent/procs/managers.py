@@ -1,12 +1,5 @@
 """Which manager runs a process, and the exact command that stops it through that manager.
 
-Why: a server is rarely run bare. supervisord (`autorestart=true`), runit's runsv, s6 and
-daemontools' supervise start it again the moment it exits; podman's `--restart=always`
-does; a Kubernetes pod's kubelet does, whatever is killed or stopped under it; a raylet
-starts Ray's workers again. Signalling the server leaves the manager to restart it, and a
-generic "stop what PID 1631 runs" leaves the operator to work out which tool and which
-name. So each process is attributed to the manager that restarts it, with:
-
 The whole account: docs/design-notes.md (scripts/agent/procs/managers.py)."""
 import os
 import re

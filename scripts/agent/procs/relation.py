@@ -7,8 +7,6 @@ another shape (a compiled watchdog, `python3 -m pkg.watchdog`, a node timer). Wh
 shows does not depend on the shape: who is whose parent, who leads a target's session and
 group, and what a process's executable is.
 
-Related to a target (links()):
-
 The whole account: docs/design-notes.md (scripts/agent/procs/relation.py)."""
 import os
 import stat

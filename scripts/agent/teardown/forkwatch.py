@@ -8,9 +8,6 @@ teardown that only walks /proc never signals it. The kernel's process-events con
 reports every fork as it happens, with the forking process, so the chain is kept even when
 the middle link lives for a microsecond.
 
-Two sources, one view:
-- "connector": netlink NETLINK_CONNECTOR, group CN_IDX_PROC.
-
 The whole account: docs/design-notes.md (scripts/agent/teardown/forkwatch.py)."""
 import errno
 import os
