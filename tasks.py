@@ -1,20 +1,15 @@
 """gpu-pivot tasks: free the GPUs of a host, prove it, start the next phase.
 
 The tasks live in scripts/cli/, a few per module; this file only names them, all at the
-root of the namespace (`invoke teardown`, `invoke lint-launch`). Each task checks its flags,
-calls scripts/ and prints through the views; it imports what it uses when it runs, so
-`invoke --list` and `invoke --help TASK` stay fast.
+root of the namespace. Each task imports what it uses when it runs, so `invoke --list` and
+`invoke --help TASK` stay fast.
 
 Exit codes: one table, scripts/agent/wire/codes.py EXIT_CODES; `invoke TASK --help` lists
-the ones that task can give, with their meanings from it (each task names them:
-`@task(exit_codes=...)`), and README.md's "Exit codes" explains them. A command line Invoke's
-parser cannot read (unknown task or flag, a flag missing its value) is bad input, with one
-line on stderr, a typo's nearest task or flag included ("did you mean teardown?"), before any
-task runs (scripts/cli/parse_errors.py; the core flags' own by output_guard). One task per
-command line: a second one is refused as bad input before the first runs
-(scripts/cli/executor.py, named by invoke.json beside this file).
-Hosts come from $GPU_PIVOT_HOSTS_FILE, else hosts.env beside this file, else ./hosts.env
-(see hosts.env.example); `local` and `sandbox` are built in.
+the ones that task can give (`@task(exit_codes=...)`); docs/verdicts-and-exit-codes.md
+explains them. A command line Invoke's parser cannot read is bad input, one line with the
+nearest name ("did you mean teardown?"), before any task runs (scripts/cli/parse_errors.py).
+One task per command line (scripts/cli/executor.py, named by invoke.json beside this file).
+Hosts: $GPU_PIVOT_HOSTS_FILE, else hosts.env beside this file, else ./hosts.env.
 """
 import os
 

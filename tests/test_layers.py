@@ -269,17 +269,16 @@ def test_the_checker_sees_late_imports_circles_and_folders():
     assert layer_of("scripts.agent.wire") == 0 and layer_of("scripts.views.render") == 3
 
 
-def test_the_readmes_architecture_is_the_folder_map():
-    """The README's Architecture section is how a newcomer finds where a behaviour lives: a row
-    for every folder of scripts/ (and scripts/agent/), and every file it names exists there."""
-    text = (REPO / "README.md").read_text()
-    section = text[text.index("## Architecture"):text.index("## Tests and benchmarks")]
+def test_the_architecture_doc_is_the_folder_map():
+    """docs/architecture.md is how a newcomer finds where a behaviour lives: a row for every
+    folder of scripts/ (and scripts/agent/), and every file it names exists there."""
+    section = (REPO / "docs" / "architecture.md").read_text()
     scripts = REPO / "scripts"
     row = r"^\| \d+ \| `(scripts/[a-z_/]+/)` \|"  # | layer | folder | what it holds |
     rows = set(re.findall(row, section, flags=re.M))
     folders = {f"{p.relative_to(REPO)}/" for p in [*scripts.iterdir(), *(scripts / "agent").iterdir()]
                if p.is_dir() and p.name != "__pycache__" and any(p.glob("*.py"))}
-    assert folders <= rows, f"folders without a row in the README's Architecture: {sorted(folders - rows)}"
+    assert folders <= rows, f"folders without a row in docs/architecture.md: {sorted(folders - rows)}"
     missing, checked = [], 0
     for line in section.splitlines():
         folder = re.match(row, line)

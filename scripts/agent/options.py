@@ -10,12 +10,8 @@ subcommand runs them. A Namespace takes any attribute, so a typo reads as "absen
 module could park its own state on it; this record has a slot per flag and nothing else, a
 flag the subcommand's parser lacks reads None (False for a switch), and mypy knows each
 field's type. Tests make one the same way (Options(**fields) or cli.parse(argv)).
-A plain class with __slots__: the agent's start is timed, and a dataclass costs milliseconds.
 
-Patterns are checked here too, not only on the local side: the agent is also run by
-itself (an epilog, a test, a pasted command), and a pattern that matches the empty string
-(`''`, `.*`, `x*`) would name every process.
-"""
+The whole account: docs/design-notes.md (scripts/agent/options.py)."""
 from __future__ import annotations
 
 import re

@@ -62,7 +62,7 @@ def guarded(fn):
     """Turn the errors users cause or meet into one line and the documented exit code.
 
     Ctrl-C outside a teardown (which has its own handler, ctrl_c_continues) is one line and
-    exit 130: Invoke alone would print a bare ^C and exit 1, which README defines as
+    exit 130: Invoke alone would print a bare ^C and exit 1, which the exit-code table defines as
     "done but not free". A reader that closes stdout early does not stop the task
     (output_guard.guard_stdout). With --json, each of those errors is also a JSON document on stdout
     (json_error)."""

@@ -2,19 +2,14 @@
 own output (`--list`, `--help`, `--version`, `TASK --help`) and for every task's.
 
 Why: `invoke --list | head -c 10` printed a BrokenPipeError traceback and exited 1, and
-`invoke --list > /dev/full` an OSError traceback and exit 1, which README defines as "done
+`invoke --list > /dev/full` an OSError traceback and exit 1, which the exit-code table defines as "done
 but not free". On Invoke's own paths, outside every task, a closed pipe now ends the program
 quietly with 141 (128 + SIGPIPE, what a shell reports for a program its reader left), and a
 full disk or an I/O error on stdout with one line on stderr and exit 10 (codes.EXIT_OUTPUT).
 A task (guard_stdout, from scripts/cli/common.guarded) runs on to its end instead: a teardown
 must not stop between freeing the GPUs and saying so.
 
-How it is reached: tasks.py installs it when Invoke loads the tasks (--list, --help, TASK
---help). `--version` is answered before tasks.py is read, so `make setup` also puts a .pth
-file in the venv (PTH_NAME, written by write_pth) that runs this file at interpreter start;
-it installs itself only in an `invoke` (or `inv`) process. Standard library only, and
-nothing else of the project: it runs before anything else is imported.
-"""
+The whole account: docs/design-notes.md (scripts/cli/output_guard.py)."""
 import atexit
 import errno
 import os

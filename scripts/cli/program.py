@@ -9,13 +9,7 @@
    Why at print time: loading the tasks (`invoke --list`) imports nothing of the agent.
    The docstring is fitted to the screen too (80 columns: Invoke prints it as written).
 
-How: tasks.py is loaded by Invoke's Program while it runs (after the core flags, before the
-tasks' own are parsed and any help is printed), so install() gives the Program running now
-this subclass, for the steps still ahead of it.
-
-3. `gpu-pivot TASK` works from any folder (tasks.main, the console script of `pip install .`),
-   and so does the venv's `invoke TASK` (output_guard.find_tasks_from_anywhere).
-"""
+The whole account: docs/design-notes.md (scripts/cli/program.py)."""
 from __future__ import annotations
 
 import inspect

@@ -5,18 +5,7 @@ warning: `GPU1_CTID 129` (no `=`) would vanish and commands go to the Proxmox no
 instead of the container, and an unclosed quote swallows the lines after it. Here such a line
 stops everything with `FILE:LINE: ...` (exit 2) before any host is contacted.
 
-The accepted syntax is a strict subset of dotenv's, and an accepted file yields the same
-values dotenv would give (tests compare the two):
-  KEY=value            unquoted: ends at the line end or at whitespace + `#` (a comment)
-  KEY='value'          single quotes: only \\ and \' are escapes
-  KEY="value"          double quotes: \\ \' \" \a \b \f \n \r \t \v are escapes
-  export KEY=value     `export ` is allowed (so the file can also be sourced by a shell)
-  # comment, blank lines; spaces around `=`; a comment after a closing quote.
-Refused: a line without `=`; a key outside [A-Z0-9_]; an unclosed quote or text after the
-closing quote; a value spanning lines; a value (after unquoting: "\n" counts) with a control
-or line-separator character; a value over 4 KiB; a control character anywhere in the file
-(a carriage return could hide a line on a terminal); the same key twice; non-UTF-8 text.
-"""
+The whole account: docs/design-notes.md (scripts/config/envfile.py)."""
 from __future__ import annotations
 
 import os

@@ -6,16 +6,9 @@ stops its processes is scripts/ops/sandbox.py, above this.
 
 Its directory: a path such as /tmp/gpu-pivot-sandbox-UID is one any local user can create
 first, and a squatted directory makes root signal a PID from a planted state.json, write
-through a planted symlink and execute a planted binary. So the directory is in the user's
-private runtime dir (root: /run/gpu-pivot/sandbox; others: $XDG_RUNTIME_DIR/gpu-pivot/sandbox,
-else $XDG_STATE_HOME/gpu-pivot/sandbox), created 0700 or checked like every gpu-pivot state
-directory (scripts/agent/state/statedir.py): not a symlink, owned by us, not writable by group
-or others; a directory that fails is refused with one line naming it, never reused.
-$GPU_PIVOT_SANDBOX_DIR overrides the location: it must be absolute (a relative one is refused,
-exit 2: it would make the sandbox inside whatever directory a task runs from) and is checked the
-same way, and so is the directory it sits in (its owner could otherwise swap ours for theirs
-after the check). How the sandbox writes there: scripts/ops/sandbox_fs.py.
-"""
+through a planted symlink and execute a planted binary.
+
+The whole account: docs/design-notes.md (scripts/config/sandbox.py)."""
 from __future__ import annotations
 
 import json

@@ -5,23 +5,7 @@ on the operator's machine (often as root). `-o ProxyCommand=...` in a committed 
 run whatever its author wrote, on every `invoke ping`. Options that execute or load
 something locally belong in ~/.ssh/config, which only its owner writes.
 
-The options are read the way ssh reads its argv (getopt: `-o X`, `-oX`, flags clustered in
-front as in `-vo X`) and an `-o` argument the way ssh reads a config line (keyword ends at
-whitespace or `=`, case-insensitive, may be quoted). Refused:
-  -o ProxyCommand, LocalCommand, PermitLocalCommand, KnownHostsCommand   run a command
-  -o XAuthLocation                                  the program run for X11 forwarding
-  -o PKCS11Provider / SmartcardDevice, SecurityKeyProvider, -I   load a shared library
-  -o Match (its `exec` runs a command), Host, Include, and -F     read or select other config
-  positional words and `--`: SSH_OPTS holds options only; the destination is ALIAS_SSH
-  -o StrictHostKeyChecking other than yes, UpdateHostKeys other than no (ssh would write the
-      known-hosts file: UserKnownHostsFile is then read-only and allowed)
-  -E (log file), -S / -o ControlPath (except `none`), -M, -o IdentityAgent,
-  -L / -D / LocalForward / DynamicForward / StreamLocalBindUnlink, -f, -N, RemoteCommand:
-      write, bind or trust a local path, or change what gpu-pivot runs
-  -q, -y, -o LogLevel QUIET/FATAL: silence ssh's own messages (gpu-pivot reads them from its
-      -E file to tell a dead host from a remote command that exits 255)
-ProxyJump is allowed (ssh builds that connection itself).
-"""
+The whole account: docs/design-notes.md (scripts/config/sshopts.py)."""
 from __future__ import annotations
 
 import re

@@ -11,12 +11,7 @@ So only Slurm's own layouts count, anchored at the hierarchy's root:
   must all be U: a process of another user in a job's cgroup is not that job's.
 - cgroup v2: `/system.slice/[<node>_]slurmstepd.scope/job_<N>/...` in the unified tree.
 
-and the job's directory and every directory above it, up to the mounted hierarchy, must be
-root's and writable by no one else (Slurm gives the user its step directory, never the
-job's), so no user can have made or filled it. A process whose cgroup lines name a job
-anywhere else, or name two different jobs, is nobody's job: it is not excused. With
-proctrack/linuxproc there are no such cgroups, and nothing is ever excused.
-"""
+The whole account: docs/design-notes.md (scripts/engines/slurm_cgroup.py)."""
 from __future__ import annotations
 
 import os

@@ -10,34 +10,7 @@ user's other job) is ever a target: only holders of the job's GPUs are. The agen
 first and only its targets on the job's GPUs are approved for the `teardown`: on a GPU node
 NVML also lists the same user's processes on the node's other GPUs (another of its jobs).
 
-Why job by job, not only user by user: with shared GPUs (gres/shard, gres/mps,
-OverSubscribe) the same user's NEXT job may be running on the finished job's GPU. A process
-in another job's cgroup, as Slurm's cgroup plugins make it (root-owned, in Slurm's own
-layout: slurm_cgroup says why a `job_<N>` folder alone proves nothing), is that job's: it is
-never approved as a target, and it does not count against this job's GPUs (other_job).
-With proctrack/linuxproc there are no such cgroups, and no holder is excused.
-
-Why no protection by name for the job's user: whatever a leftover of the job's user calls
-itself (`exec -a Xorg`, a command line that matches the host's PROTECT), the job is over and
-the process holds the job's GPU. So the scoped epilog call carries no PROTECT patterns (they
-could only ever spare the job's user's processes: nothing else is in scope), and SLURM_JOB_UID=0
-is refused: root's processes are the node's, never a job's leftovers.
-
-Why bounded: Slurm waits for the epilog with the node half-released; the whole run, the
-drain calls included, stays inside BUDGET_S (a run over 10 s is a bug): the agent gets
-AGENT_S (grace + kill wait + settle) and is cut off at its end (a cut-off run drains the
-node, naming the timeout), and the two Slurm calls that set the reason share what is left.
-
-Why `scontrol` for the reason, and only for it: a non-zero exit already makes Slurm drain
-the node, but with the reason "Epilog error" (or "Prolog error"), which tells the admin
-nothing about which process, which GPU, or whether waiting helps. The epilog sets its own
-reason (`sinfo` to read the current one, `scontrol update` to set it) just before it exits
-non-zero; Slurm then keeps it. Nothing else of Slurm is called.
-
-Configuration (optional): an env file at $GPU_PIVOT_SLURM_CONF or /etc/gpu-pivot/slurm.env
-with the host keys of hosts.env, without an alias (DEVICES, FAKE_DEVICES, PROTECT: the prolog's only), plus
-RUN_DIR, GRACE, TIMEOUT, SETTLE (seconds) and MAX_USED_MIB.
-"""
+The whole account: docs/design-notes.md (scripts/engines/slurm_job.py)."""
 from __future__ import annotations
 
 import dataclasses

@@ -9,14 +9,8 @@ resumed that was drained for a reason that is not about leftover GPU processes (
 
 Why only on exit 0: `verify` reads "free" also when a GPU has no process left but needs a
 reset or the node a reboot (exit 9, REBOOT NEEDED); a node resumed then fails its next job.
-Why the state is read again right before the resume: the verify takes seconds over ssh, and
-a person may drain the node meanwhile for another reason ("bad DIMM"); that drain is theirs
-to lift. The second read narrows the window to the two Slurm calls, never a verify long.
 
-Slurm is asked through its own client commands on this machine (`sinfo`, `scontrol`; a
-login or controller node has them, with SLURM_CONF as usual); a node's gpu-pivot host alias
-is its Slurm node name.
-"""
+The whole account: docs/design-notes.md (scripts/engines/undrain.py)."""
 from __future__ import annotations
 
 import subprocess

@@ -8,13 +8,7 @@ Nothing here touches /dev: the device files are plain files in the sandbox direc
 
 The host the tasks reach it as, and its directory, are configuration (scripts/config/sandbox.py).
 
-Safety: the directory is private and checked (scripts/config/sandbox.py); nothing is
-executed or written through a link in it (daemons are started as sys.executable with
-argv[0] set to their name, and sandbox_roles.py writes its own comm); and the host is
-scoped: the agent targets only processes that match a target pattern AND have the
-sandbox directory in their command line AND are owned by this user, so a real
-`python3 -m sglang.launch_server` elsewhere on the machine is never planned.
-"""
+The whole account: docs/design-notes.md (scripts/ops/sandbox.py)."""
 from __future__ import annotations
 
 import os

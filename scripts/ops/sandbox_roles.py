@@ -11,18 +11,8 @@ Roles (argv[1]):
 HTTP (server, --http-port P): /health is 200 once loaded (--load-s) and when
 --code-dir's server_config.json says healthy; /metrics reports sglang:num_running_reqs
 counting down from --inflight; POST /generate answers one request.
-Options: --devdir DIR (where the fake device files are), --gpu N, --tp N,
---ignore-term (ignore SIGTERM, like a wedged server), --ready FILE (touched when holding),
---memdir DIR --mib N (workers declare fake GPU memory for the sandbox's GPU source),
---shm-tag T (workers make and map /dev/shm/T-nccl-<pid>, as NCCL does), --staged FILE
-(server maps a file staged in /dev/shm before it started).
-Names: started as sys.executable with argv[0] set to a name (`nvidia-persistenced`, `nvitop`,
-`torchrun`, `sglang::scheduler_TP0`), a role also writes that name to /proc/self/comm, so
-both read like the real program's; nothing is run through a symlink named like it.
-Files it writes (--ready, --memdir) are made O_EXCL|O_NOFOLLOW and renamed into place:
-a link planted there is replaced, never written through.
-Standard library only; a sandbox stand-in, never shipped to a GPU host.
-"""
+
+The whole account: docs/design-notes.md (scripts/ops/sandbox_roles.py)."""
 import argparse
 import glob
 import os

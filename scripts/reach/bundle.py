@@ -9,20 +9,7 @@ sends it, and the sources themselves are unchanged, so a traceback on the host s
 names the right file and line. A module is compiled on the host when it is first
 imported, so a subcommand pays only for the modules it uses (cli.py imports them late).
 
-Only what the call imports ships: the modules reachable by relative import (function-level
-imports included; `from ..procs import procfs` ships the package `procs` too) from
-agent/cli.py and from the one module that runs the call's subcommand (agent/wire/call.py
-names it; cli.py imports it by that name), not every file in scripts/agent: a status or a
-verify carries no teardown or phase code, and a module the agent no longer uses stops
-costing bytes on every call. Without a subcommand (the Ansible payload, which runs any) the
-bundle carries every subcommand's modules.
-
-Why it is cheap to build: it is built on every `invoke` call before the agent can start,
-so it is on the path from Enter to FREED. Imports are found with one regular expression
-per file (an ast walk of every module cost ~60 ms), compression is zlib level 6 (level 9:
-twice the time, the same size within 1%), and base64 is C code where base85 is Python on
-both sides.
-"""
+The whole account: docs/design-notes.md (scripts/reach/bundle.py)."""
 from __future__ import annotations
 
 import base64

@@ -1,21 +1,11 @@
 """How an argv reaches a process on a host, through ssh, sudo and `pct exec`, exactly, and
 what it means when it did not.
 
-Why: quoting by hand through three shells (`ssh ... 'pct exec 129 -- bash -c
-"... awk \\"{print \\\\\\$2}\\" ..."'`) breaks on the first odd argument. Here a command stays a list of arguments until
-the one hop that re-parses a string:
+Why: quoting by hand through three shells (ssh, then `pct exec`, then `bash -c`) breaks on
+the first odd argument; here a command stays a list of arguments until the one hop that
+re-parses a string, and is quoted once for it.
 
-- ssh joins its command words with spaces and the remote login shell re-parses them,
-  so the inner argv becomes ONE `shlex.join` string (one quoting for that shell layer;
-  the ssh command line itself is scripts/reach/ssh.py's);
-- `pct exec CTID -- argv` execs argv as given (lxc-attach), so no quoting at all;
-- `sudo -n -- argv` execs argv as given;
-- `bash -c SCRIPT` takes SCRIPT as one argument: it is just an element of argv here.
-
-`wrap()` gives an argv to run from Python; `one_liner()` gives the same thing as one
-line for a terminal (the terminal's shell is one more layer: one more shlex.join). The route
-itself (its hops) is configuration: scripts/config/route.py.
-"""
+The whole account: docs/design-notes.md (scripts/reach/route.py)."""
 from __future__ import annotations
 
 import shlex

@@ -10,11 +10,7 @@ an option set or a host no longer used; a master outlives its last call by Contr
 (ssh.CONTROL_PERSIST_S, minutes), never by days. The pile only grows when a log is created,
 so that is when it is pruned: a call to a known host pays nothing.
 
-Why so careful: only names this code gives (16 hex digits + ".log") that are regular files
-owned by us, looked at without following a link (lstat through the directory's own fd) and
-removed by name in that directory (unlink never follows a link). A link, a directory, a
-file of another user, or any other name is left alone, whatever its age.
-"""
+The whole account: docs/design-notes.md (scripts/reach/ssh_logs.py)."""
 from __future__ import annotations
 
 import os

@@ -252,21 +252,21 @@ def test_completion_works_when_invoke_is_typed_by_path():
     assert "--host" in out.stdout.split(), out
 
 
-# -- what README promises ---------------------------------------------------------------------
+# -- what the docs promise ---------------------------------------------------------------------
 
 def test_invokes_own_parse_errors_are_documented():
     out = invoke("teardown", "--hots", "sandbox")
     assert out.returncode == 2 and b"has no flag '--hots' (did you mean --host?)" in out.stderr
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "verdicts-and-exit-codes.md").read_text()
     tasks_doc = (REPO / "tasks.py").read_text()
     assert "did you mean" in readme and "did you mean" in tasks_doc
     assert "128+N" in readme and "128+N" in invoke("run", "-h").stdout.decode()  # a command's own code, as run says
 
 
-def test_readme_says_when_a_frozen_host_is_noticed():
+def test_the_docs_say_when_a_frozen_host_is_noticed():
     from scripts.reach import ssh
 
-    readme = " ".join((REPO / "README.md").read_text().split())
+    readme = " ".join((REPO / "docs" / "hosts-env.md").read_text().split())
     total = ssh.ALIVE_INTERVAL_S * (ssh.ALIVE_COUNT + 1)
     assert f"within about {total} s" in readme
     assert f"{ssh.ALIVE_INTERVAL_S} × ({ssh.ALIVE_COUNT} + 1)" in readme

@@ -441,11 +441,12 @@ def test_hosts_file_lookup_order(tmp_path, monkeypatch):
 
 
 def test_new_exit_codes_are_documented():
-    """In README's words, and in the --help of a task that gives them, from the one table."""
-    readme = " ".join((REPO / "README.md").read_text().split())
+    """In the docs' words, and in the --help of a task that gives them, from the one table."""
+    readme = " ".join((REPO / "docs" / "verdicts-and-exit-codes.md").read_text().split())
     shown = " ".join(invoke("pivot", "-h").stdout.decode().split())
     for code, name in ((codes.EXIT_TIMED_OUT, "timed out"), (codes.EXIT_DECLINED, "answered no")):
         assert f"{code} the" in readme and name in readme
         meaning = next(words for number, _, words in codes.EXIT_CODES if number == code)
         assert f"{code} {meaning}" in shown
-    assert "--no-drain" in readme and "GPU_PIVOT_HOSTS_FILE`, else `hosts.env`" in readme
+    assert "--no-drain" in (REPO / "docs" / "pivots.md").read_text()
+    assert "GPU_PIVOT_HOSTS_FILE`, else `hosts.env`" in (REPO / "docs" / "hosts-env.md").read_text()

@@ -206,10 +206,10 @@ def test_without_json_errors_stay_off_stdout():
 
 def test_invokes_own_parser_errors_are_the_documented_exception():
     """Invoke reads the command line before any task runs: its errors are bad input (exit 2)
-    but no task's, so stdout stays empty even with --json. README says so; this pins it."""
+    but no task's, so stdout stays empty even with --json. docs/tasks.md says so; this pins it."""
     res = invoke("status", "--json", "--hots", "x")
     assert res.returncode == 2 and res.stdout == b"" and b"has no flag '--hots'" in res.stderr
-    readme = (REPO / "README.md").read_text()
+    readme = (REPO / "docs" / "tasks.md").read_text()
     assert "The one exception is Invoke's own" in readme and "did you mean" in readme
 
 

@@ -1,5 +1,5 @@
 """hosts.env.example is a valid configuration, one host per route the incidents took, at
-addresses no host answers; and README's examples name only hosts and phases it defines."""
+addresses no host answers; and the examples of README and docs/ name only hosts and phases it defines."""
 import ipaddress
 import re
 import shlex
@@ -33,8 +33,8 @@ def test_example_addresses_reach_nobody():
 
 
 def readme_commands() -> list:
-    """Every `invoke ...` / `make ...` command README shows, in code spans or blocks."""
-    text = (REPO / "README.md").read_text()
+    """Every `invoke ...` / `make ...` command README and docs/ show, in code spans or blocks."""
+    text = "\n".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
     spans = re.findall(r"`([^`\n]+)`", text) + [line for block in re.findall(r"```sh\n(.*?)```", text, re.S)
                                                   for line in block.splitlines()]
     return [s.split(" #", 1)[0].split(" -- ", 1)[0].strip() for s in spans if s.startswith(("invoke ", "make "))]
@@ -59,9 +59,9 @@ def test_readme_examples_name_hosts_and_phases_the_example_defines():
         if host is None or not re.fullmatch(r"[a-z][a-z0-9_]*", host):
             continue  # a node set or list is an example of syntax, not of a host
         checked += 1
-        assert host in hosts or host in BUILT_IN, f"README: {command!r} names host {host!r}, not in the example"
+        assert host in hosts or host in BUILT_IN, f"docs: {command!r} names host {host!r}, not in the example"
         if phase is not None and host not in BUILT_IN:
-            assert phase in hosts[host].phases, f"README: {command!r}: {host} has no phase {phase!r} in the example"
+            assert phase in hosts[host].phases, f"docs: {command!r}: {host} has no phase {phase!r} in the example"
     assert checked >= 10
     make_hosts = {c.split("HOST=")[1].split()[0] for c in readme_commands() if c.startswith("make pivot-")
                   and "HOST=" in c}

@@ -1,32 +1,6 @@
 """Is each GPU usable after its memory is freed? One verdict per GPU, with its reasons.
 
-Why: a GPU with a pending recovery action, rows waiting to be remapped, a fatal Xid, or a
-holder stuck in the driver is not fixed by killing processes; the operator must be told
-"reset it" or "reboot the node", not "free". Verdicts, worst last:
-
-  ok             nothing read says otherwise: a new job can start
-  unknown        nothing could be read (no NVML, a fake GPU), or an Xid this tool cannot place
-  not ready      the NVLink fabric has not completed (fabric.py), or the CUDA probe got 802
-  drain          quiesce peer-to-peer traffic (NVLink) first, then look again / reset
-  reset needed   `invoke reset --host H --gpu N` (nvidia-smi --gpu-reset) once nothing holds it
-  reboot needed  the node: the GPU fell off the bus, the driver does not answer, or a holder
-                 is stuck in the driver (state D) and outlived SIGKILL, so no reset can run
-
-Sources, each read with a deadline (a call that does not return is itself the answer: the
-driver is wedged, "reboot needed"): NVML's recovery action (field 230,
-NVML_FI_DEV_GET_GPU_RECOVERY_ACTION; NVIDIA's "Error Recovery and Response Flags",
-https://docs.nvidia.com/deploy/a100-gpu-mem-error-mgmt/error-recovery-and-response-flags.html),
-remapped rows pending or failed (nvmlDeviceGetRemappedRows), retired pages pending (older
-GPUs), the fabric state (fabric.py), Xid events since the teardown started (xid.py), the
-teardown's stuck holders, and the CUDA probe where one ran (probe.py: a failed probe is
-"reset needed", 802 "not ready", a hung one "reboot needed").
-Where NVML is missing, `nvidia-smi --query-gpu` gives the remapped rows.
-
-How the verdict changes the exit code (codes.EXIT_UNHEALTHY, 9): a verify or teardown
-that would exit 0 (free) exits 9 when some GPU is "not ready", "drain", "reset needed"
-or "reboot needed"; "unknown" never changes the code (a host without NVML can still be freed); a
-result that is not free keeps its own code (1, 6), the verdict printed beside it.
-"""
+The whole account: docs/design-notes.md (scripts/agent/gpu/health.py)."""
 import os
 import subprocess
 import threading

@@ -10,20 +10,7 @@ and its clients (or none); verify names memory held by a server without clients 
 and `teardown --mps quit` sends `quit` through the daemon's control pipe, as the daemon's
 own user, and waits for its server to go.
 
-The pipe directory is the daemon's CUDA_MPS_PIPE_DIRECTORY (from /proc/PID/environ), else
-MPS's default /tmp/nvidia-mps. Since /tmp is anyone's, the directory and its `control`
-pipe are used only if they belong to the daemon's user (or root) and are not links.
-Clients come from NVML's MPS process list (nvmlDeviceGetMPSComputeRunningProcesses) where
-the driver has it, and the other compute processes on the server's GPU (each says which).
-
-The daemon and the server are known by the program they run - the real path of their
-executable, a root-owned file (rules.root_owned_exe) - never by argv[0] or comm, which any
-user sets: a look-alike would otherwise be exempted by verify or cost every quit its wait.
-`quit` runs the MPS client found on PATH, else the daemon's own verified executable, never
-/proc/PID/exe; all quits share one deadline (defaults.MPS_QUIT_TIMEOUT_S, which the caller's
-deadline counts); a daemon whose server still serves a process outside the plan is left
-running (checkup.mps_quit).
-"""
+The whole account: docs/design-notes.md (scripts/agent/gpu/mps.py)."""
 import os
 import shutil
 import stat

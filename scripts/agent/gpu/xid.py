@@ -9,27 +9,9 @@ the GPU's health verdict (health.py).
 The kernel-log line, as NVIDIA's Xid documentation shows it ("Working with Xid Errors",
 https://docs.nvidia.com/deploy/xid-errors/ : `NVRM: Xid (PCI:0000:03:00): 14, Channel
 00000001`; older drivers print `NVRM: Xid (0000:03:00): ...`; current ones add
-`pid=..., name=...` before the message, e.g. `NVRM: Xid (PCI:0000:10:1c): 63, pid=1896,
-Row Remapper: New row marked for remapping, reset gpu to activate.`). It is read from
-/dev/kmsg (each record carries microseconds since boot, so "since the teardown started" is
-exact), else from `dmesg --kernel` (bounded by a timeout).
+`pid=..., name=...` before the message, e.g.
 
-Only the kernel's own records count, and only when the record's text STARTS with `NVRM: Xid`:
-any local user can put text into the kernel log (a write to /dev/kmsg is logged with the
-user facility; an overlay mount's error message quotes the user's option string), and an
-Xid 79 read out of such text would mark every GPU "reboot needed" and drain the node. The
-driver prints its Xid line at the start of a record with facility 0 (kernel), which no
-unprivileged user can forge.
-
-RESOLUTION: the "Resolution Bucket (Immediate Action)" column of NVIDIA's Xid catalog for
-Ampere and newer GPUs (https://docs.nvidia.com/deploy/xid-errors/analyzing-xid-catalog.html),
-and the GPU Debug Guidelines (https://docs.nvidia.com/deploy/gpu-debug-guidelines/), reduced
-to this tool's verdicts: RESTART_APP / IGNORE -> "ok" (the application's fault or
-informational: the GPU itself needs nothing), RESET_GPU -> "reset needed", RESTART_BM (reboot
-the bare-metal node) -> "reboot needed", the NVLink and P2P drain workflows -> "drain".
-Xid 154 names its recovery action in the message (NVML_FI_DEV_GET_GPU_RECOVERY_ACTION's
-values, RECOVERY_ACTIONS below). An Xid not in this table is "unknown": look it up.
-"""
+The whole account: docs/design-notes.md (scripts/agent/gpu/xid.py)."""
 import os
 import re
 import subprocess

@@ -6,15 +6,7 @@ must be stopped with `systemctl stop UNIT`; one inside docker with `docker stop`
 killed or stopped under it). Works on cgroup v2 (`0::/path`) and v1 (`N:controller:/path`, the
 name=systemd or pids line).
 
-A container is told by the scope or directory its runtime makes, with the systemd cgroup
-driver or the cgroupfs one: docker `docker-ID.scope` / `/docker/ID`, podman
-`libpod-ID.scope` / `libpod-ID` (conmon, its monitor, in `libpod-conmon-ID.scope` or
-`.../conmon`), containerd's CRI plugin `cri-containerd-ID.scope`, CRI-O `crio-ID.scope`
-(`crio-conmon-ID.scope`), nerdctl `nerdctl-ID.scope`. Anything under `kubepods` is a
-Kubernetes pod's, whichever runtime made its scope: the pod UID is read from its `pod<UID>`
-element (systemd escapes the UID's dashes as underscores: `kubepods-besteffort-pod1f2e_...
-.slice`; the cgroupfs driver keeps them), and the record says which runtime runs it.
-"""
+The whole account: docs/design-notes.md (scripts/agent/procs/cgroup.py)."""
 import re
 
 from . import textsafe

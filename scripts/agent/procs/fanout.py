@@ -7,17 +7,7 @@ and seconds before the first SIGTERM. The reads are independent system calls, so
 split across forked workers (the standard library only: the agent runs on any Python >= 3.8,
 and multiprocessing's start-up would cost more than it saves).
 
-Each worker sends its share back in pieces through a pipe, each piece a frame of marshal data
-(dicts, lists, tuples, sets, str, int, None: what a scan record is made of), and this process
-loads the pieces as they come, while the workers still read /proc: loading 20,000 records
-takes this process about as long as a worker takes to read its share, so it must not wait
-for the end to start. A worker that fails, or cannot be started, costs only speed: the pieces
-it did not send are run here, so the answer is the same as a one-core scan's.
-
-A worker runs nothing but `func` and leaves through os._exit: no atexit handler, no buffered
-output of the agent's is flushed twice, and nothing of the GPU source (NVML, opened on a
-thread of the agent) is touched in it.
-"""
+The whole account: docs/design-notes.md (scripts/agent/procs/fanout.py)."""
 import fcntl
 import marshal
 import os
@@ -60,12 +50,9 @@ def map_stream(func, listing, size=None, piece=PIECE, first=None, on_first=None,
     then one more each `per_worker` items: as many as `size(count)` says and never more,
     workers_for by default, found as the count grows), and the items are handed out in
     blocks of `block`, each to the worker that has the fewest so far, through a pipe, while
-    the listing goes on. A worker runs
-    `first` on each block as it comes (its answer: the list of those answers, sent once its
-    input ends), then func on each piece of its share. `on_first` gets every block's answer, in
-    one list, once all are in. Fewer than 2 x `per_worker` items: everything is run here, as a
-    one-core scan. A worker that fails, or cannot be started or handed a block, costs only
-    speed: what it did not send is run here."""
+    the listing goes on.
+
+    The whole account: docs/design-notes.md (scripts/agent/procs/fanout.py: `map_stream`)."""
     listed: list = []
     workers: list = []  # [_Streamed]
     here: list = []  # items no worker could take: run here

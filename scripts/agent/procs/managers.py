@@ -1,29 +1,6 @@
 """Which manager runs a process, and the exact command that stops it through that manager.
 
-Why: a server is rarely run bare. supervisord (`autorestart=true`), runit's runsv, s6 and
-daemontools' supervise start it again the moment it exits; podman's `--restart=always`
-does; a Kubernetes pod's kubelet does, whatever is killed or stopped under it; a raylet
-starts Ray's workers again. Signalling the server leaves the manager to restart it, and a
-generic "stop what PID 1631 runs" leaves the operator to work out which tool and which
-name. So each process is attributed to the manager that restarts it, with:
-
-    {kind, name, stop_command, stops_by_default, note, pid, main_pid, trusted, ...}
-
-`stop_command` is a shell command an operator can paste (every name in it quoted);
-`stops_by_default` says whether a teardown may run it by itself: never for a Kubernetes pod,
-a CRI container or Ray (the kubelet, the CRI's owner or the Ray cluster decides), and only
-where the manager's daemon is `trusted` (rules.trusted_names: root's or a system account's,
-running a root-owned program: a user can name a process `supervisord` or `runsv`, and can
-write any environment into the processes they own, so a manager a user runs is named, with
-its command, and is not run by the teardown on their word). `main_pid` is the process the
-manager runs (its direct child on the way to this one): the teardown stops through the
-manager only when that process's tree holds targets and their wrappers alone.
-
-What is read: /proc only (argv, environ, cwd's link text, cgroup), and for a Kubernetes pod
-the kubelet's own pod directory (root's) for the pod's name and namespace. A manager's
-configuration file is only named in the command, never opened. Units (systemd), docker and
-LXC containers are plan.py's (owner_key): manager_of returns None for them.
-"""
+The whole account: docs/design-notes.md (scripts/agent/procs/managers.py)."""
 import os
 import re
 import shlex

@@ -8,15 +8,7 @@ kernel lists /proc's root in pid order from where the directory was seeked to (f
 proc_pid_readdir: position = pid + an offset), so the pids can be split in ranges that W
 processes list at once: 16 workers list 20,000 pids in 5.6 ms (bench/listing_probe.py).
 
-Which pids a shard holds: the pid space in CHUNK-wide chunks, chunk j to shard j mod N (a
-dense band of pids, what a busy host has, is spread over every shard; the workers take shards
-from a queue, fanout.map_shards), read through getdents64 asking for a little less than the
-chunk holds at the density seen so far (a read past a chunk's end is work another shard does
-again), jumping over empty space.
-The offset is read from the kernel's own answers (a pid's d_off is where the next pid
-begins), and checked by seeking to a pid and reading it back: a kernel that seeks otherwise
-makes `open_lister` answer None, and the scan lists /proc as before (never a pid missed).
-"""
+The whole account: docs/design-notes.md (scripts/agent/procs/pidrange.py)."""
 import ctypes
 import os
 import struct

@@ -387,14 +387,8 @@ def snapshot(devset, proc=PROC, fds=True, mark=None, early=None, known=None):
     `fds` False: the records only, no fd table or maps read (scan.collect's confirm=True).
     `mark(info)`: its answer is kept in each record as info["mark"], worked out where the
     record is read (in the workers: the plan's target patterns, tried on every process).
-    `early(records, kin)`: called with the records `mark` answered (a true mark, read whole) and
-    every process's parent and start time (a Kin), as soon as every worker has read its share's
-    records (lean ones: basic(lean=True)) and before the fd tables and maps are read (the
-    teardown's first SIGTERM batch: agent/teardown/early.py).
-    `known`: {pid: record} of an earlier snapshot (the plan's, for the scans that confirm FREED):
-    a process it has that is still the same (_same_as_known) costs one read, its stat, and its
-    record is that one, neither read again nor sent back by a worker.
-    """
+
+    The whole account: docs/design-notes.md (scripts/agent/procs/procscan.py: `snapshot`)."""
     keys = devset.inode_keys()
     paths = devset.paths
     if not fds:

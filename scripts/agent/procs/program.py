@@ -7,18 +7,9 @@ pane's job under it). A process is identified instead by the names of the progra
 
 - its executable: argv[0]'s basename and path, and its comm (for a `#!` script the kernel
   sets comm to the script's file name, e.g. `torchrun`);
-- for an interpreter (python, perl, node, bash, ...): the module it runs (`-m
-  sglang.launch_server`, also each dotted parent: `sglang`) or the script (`/x/launch_server.py`,
-  `launch_server.py`, `launch_server`) - and then NOT the interpreter's own name, so a
-  pattern `python3` cannot name every Python program on the host;
-- the title a server gives its processes (setproctitle): `sglang::scheduler_TP0`,
-  `VLLM::EngineCore` (argv[0] taken whole);
-- `program subcommand` (`vllm serve`, `sglang serve`) when the first argument is a plain
-  word: used only by patterns that contain a space.
+- for an interpreter (python, perl, node, bash, ...
 
-A pattern (a regex) must match one of these names completely (re.fullmatch), never a
-piece of an argument. Patterns that match the empty string are refused by the callers.
-"""
+The whole account: docs/design-notes.md (scripts/agent/procs/program.py)."""
 import os
 import re
 

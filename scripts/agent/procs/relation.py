@@ -7,43 +7,7 @@ another shape (a compiled watchdog, `python3 -m pkg.watchdog`, a node timer). Wh
 shows does not depend on the shape: who is whose parent, who leads a target's session and
 group, and what a process's executable is.
 
-Related to a target (links()):
-- its ancestors, from its parent up to the first inert one: through launchers and shells
-  running code, past a starter (a Python launcher, a notebook kernel), ending at an
-  interactive shell (its terminal's shell started the shell, not the server), infrastructure
-  (init, sshd, tmux, a container's shim), a manager's daemon (managers.py stops through it),
-  PID 1 or the agent's own chain; PID 1 itself where it runs code (a shell loop, a Python
-  entrypoint), is the target's parent, and the target is still in its session (a container's
-  `bash -c 'while ...'`; an orphan left to PID 1 has a session of its own): related, never
-  signalled;
-- the leaders of the session and process group it did not leave, and the other live members
-  of its process group that it did not start, older or younger (`nohup server & nohup
-  watchdog &` from a script that has exited); a helper among them (tee, a pipeline's cat) is not;
-- where its chain leaves what the agent sees (a parent or session outside its PID namespace,
-  a parent /proc does not list): unseen, never FREED.
-A process related to no target is never named and never signalled.
-
-What a related process is (role()), by its executable, which must be a root-owned file in a
-root-owned directory: a name or argv a process chose decides nothing.
-- launcher: sudo (and its monitor), timeout, flock, nice, taskset, setsid, env...;
-- shell: a shell running a script or -c code (a restart loop, a launch script);
-- terminal: an interactive shell (someone's prompt);
-- infra / helper: starts nothing by itself (sshd, tmux, a shim; sleep, tail, tee);
-- manager: a manager's daemon (supervisord, runsv...): managers.py names its stop;
-- starter: anything else (python, node, a compiled program): it may start the server again.
-
-The job's own (fate "stop"): the links of a target's ancestor chain, up to the first shared
-one, that are launchers or shells; a link with another child of its own (not a target, not
-the job's, not a helper) is shared: related (frozen) but not ended, and the walk ends there. Those are frozen
-before the targets are signalled and ended after. Every other related process but a terminal
-(fate "freeze") is frozen during the stop and thawed after it; alive at the verdict, it makes
-it the middle one (GPUs free now, a starter lives). A terminal (fate "watch") is never
-signalled: it is inert when idle at its prompt or busy with a foreground job of its own that
-predates the teardown (terminal_state). Where a target was its terminal's foreground job (a
-server run at the prompt, perhaps in a loop typed there), the shell's next foreground job, if
-it starts one, gets Ctrl-C (SIGINT to its group, as a person would type it: interrupt_loop):
-bash ends a loop whose command died of SIGINT and is back at its prompt.
-"""
+The whole account: docs/design-notes.md (scripts/agent/procs/relation.py)."""
 import os
 import stat
 import termios

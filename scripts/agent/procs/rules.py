@@ -8,13 +8,9 @@ patterns name programs the same way (program.match).
 
 Why names are not enough: any user can call a process `Xorg`, `nvidia-cuda-mps-server` or
 shape its argv like an agent call (`exec -a Xorg`), and a protected name is never
-signalled - a job's leftover would dodge the teardown and keep the GPU. So a name protects
-only a process that a user could not have made (trusted_names): every uid it runs as (real,
-effective, saved, fs) is root or a system account (below login.defs' UID_MIN) and its
-executable is a root-owned file only root can change. The sandbox (--fake-devices, set by
-cli.py through trust_own_names) also trusts the names of processes running wholly as the
-agent's own uid: its stand-ins are the test user's programs, and it acts on nothing else.
-"""
+signalled - a job's leftover would dodge the teardown and keep the GPU.
+
+The whole account: docs/design-notes.md (scripts/agent/procs/rules.py)."""
 import os
 import re
 import stat

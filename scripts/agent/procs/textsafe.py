@@ -8,19 +8,7 @@ whoever read the LOCKED line. The agent and the local side escape with this one
 function, so there is one rule to read and test. Standard library only, Python 3.8: it
 ships in the agent bundle, and the local side imports it from here too.
 
-For people, printable(): control characters (C0 with tab and newline, DEL, C1), bidi
-overrides and isolates, line and paragraph separators and zero-width marks become
-\\xNN / \\uNNNN, so a host string is always one visible line and can neither move the
-cursor nor reorder what follows it.
-
-For JSON, clean(): bytes that are not UTF-8 (a file name or argv in Latin-1, random bytes)
-must survive, and JSON must stay valid Unicode. Python reads such a byte as a lone
-surrogate (U+DC80..U+DCFF, its "surrogateescape"), which strict JSON parsers reject. Here
-byte 0xNN becomes the private-use character U+EF00+NN instead (U+EF80..U+EFFF: the
-mapping MirBSD's OPTU-8 uses), which is valid Unicode and maps back to the very byte:
-decode a value, and encode it back with encode(). printable() shows such a character as
-the byte it stands for (\\xNN). Any other lone surrogate (not from a byte) becomes U+FFFD.
-"""
+The whole account: docs/design-notes.md (scripts/agent/procs/textsafe.py)."""
 import json
 import re
 

@@ -8,13 +8,9 @@ restarts it: systemd's Restart=always, docker's restart policy, the loop. So a w
   interactive shell (a tmux pane's or a login shell: someone's terminal), or
 - an init: docker-init, tini, dumb-init, catatonit,
 and it wraps targets when every child it has is a target, another such wrapper, or a log
-filter fed by the server's output (`... | tee server.log`: it ends at the server's EOF). A unit
-or container that holds only targets, wrappers and their log filters is stopped through its
-manager (plan.py). A
-wrapper outside any unit or container is a free-standing supervisor: the plan names it, and
-`--stop-starters` makes it a target too (it is never signalled otherwise: a shell loop is
-someone's process, and the flag is how the operator says it may go).
-"""
+filter fed by the server's output (`... | tee server.log`: it ends at the server's EOF).
+
+The whole account: docs/design-notes.md (scripts/agent/procs/wrappers.py)."""
 import os
 
 from . import procfs, shellcode

@@ -6,17 +6,7 @@ process's open files and maps, which only finds holders no pattern names (an orp
 worker, a renamed one). The server and its workers are named by the patterns; making them
 wait for the rest of the scan put the first signal at 0.2 s and "free at" at 1.6x the floor.
 
-Which processes: exactly those plan.build makes targets because a pattern names them or a
-process it names started them, but another person's (plan.another_persons: the plan keeps
-those that hold no GPU) (its tree: a server's spawned workers, which carry no name of
-their own; in the scope, not protected, not this agent's chain, running, the scope's uid,
-approved when a plan was shown), through plan's own _Picked, and only where the plan can do
-nothing but signal them: a process in a service unit or a container is left to the full
-plan, which may stop its unit or container through its manager instead (a direct SIGTERM
-there races the stop and Restart=always brings it back). Everything else the plan finds
-(what they left in their session or group, holders no pattern names, supervisors) gets its
-SIGTERM when the scan is complete (teardown.execute), and the plan records both batches.
-"""
+The whole account: docs/design-notes.md (scripts/agent/teardown/early.py)."""
 import os
 
 from ..procs import managers, procfs, procscan, relation, rules

@@ -8,42 +8,7 @@ teardown that only walks /proc never signals it. The kernel's process-events con
 reports every fork as it happens, with the forking process, so the chain is kept even when
 the middle link lives for a microsecond.
 
-Two sources, one view:
-- "connector": netlink NETLINK_CONNECTOR, group CN_IDX_PROC. It needs CAP_NET_ADMIN in the
-  initial user namespace and reports PIDs as the initial PID namespace numbers them, so it
-  is wrong inside a container or `unshare --pid`. It is used only after a self-test at
-  start proves that the PIDs it reports are ours (a thread of our own, created for the
-  test, must be reported with our pid and its tid within 200 ms). Fork events are chained
-  transitively from the roots, in the order the kernel sent them: a parent already gone when
-  its stat is read still chains the forks it made before its exit event (on a busy machine a
-  middle link forks the holder and exits before the agent runs again). After the
-  self-test the kernel is asked to queue process forks and exits only (_filter): the threads
-  a server makes and ends no longer fill the buffer. If it overflows all the same (ENOBUFS),
-  `lost` is set (events were dropped: the caller can say so) and a /proc walk fills the gap.
-- "proc" (fallback, and the gap filler): a /proc walk. Descendants by the ppid tree, plus
-  every process in a session whose leader is a tracked process: a session's members all
-  descend, by fork, from its leader (setsid is the only way in, and it starts a new one),
-  and the kernel does not reuse the leader's pid while the session has members, so this
-  catches a double fork without setsid even after the leader died. A double fork that
-  also calls setsid is invisible in this mode; `kin()` says what /proc still allows.
-
-A process is identified by (pid, start time) as in procfs.py: a pid is reused after its
-process dies, and a watch that lasts seconds must not adopt a stranger that got a dead
-descendant's pid.
-
-    w = ForkWatch.start([(pid, start_time), ...])   # never raises
-    w.mode                                          # "connector" or "proc"; w.note says why
-    new = w.poll()         # [(pid, start_time, parent_pid)] learned since the last poll
-    w.lineage(pid)         # [parent, grandparent, ..., root] as the watch saw them
-    w.kin(pid)             # how an unknown process is tied by session / process group, or None
-    w.fileno()             # the connector's socket to select/poll on (None in the proc view)
-    w.close()
-
-Cost: poll() when nothing forks is one non-blocking recv (connector) or one read of
-/proc/loadavg's last-pid field (proc; a listdir of /proc when it moved, and a full re-read
-of every /proc/PID/stat once a second bounds what pid reuse between two polls could
-hide). No threads are left running.
-"""
+The whole account: docs/design-notes.md (scripts/agent/teardown/forkwatch.py)."""
 import errno
 import os
 import select

@@ -10,12 +10,7 @@ by anyone, and a symlink there would make root truncate the file it points to). 
 created 0600, never truncated on open, checked to be a regular file we own; who holds
 it is written only once the flock is held.
 
-Why the /proc look: each user's lock is in that user's own directory, so a lock alone
-cannot keep an unprivileged teardown from running beside root's. The rule (README, "One
-teardown at a time"): an agent that is not root refuses (Locked, exit 4) while it can
-see root's gpu-pivot teardown agent running; root's teardown is never blocked by another
-user and reports their running teardown agents (concurrent_teardowns()) in its result.
-"""
+The whole account: docs/design-notes.md (scripts/agent/teardown/hostlock.py)."""
 import errno
 import fcntl
 import json

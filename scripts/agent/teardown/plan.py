@@ -8,18 +8,8 @@ shared process group proves nothing, since a shell puts pipeline siblings such a
 log` in the server's group; but every member of a SESSION a target leads was started by
 it, e.g. a double-forked helper), then every other
 non-protected holder of a GPU device (orphans reparented to PID 1, renamed titles).
-`--only-matching` leaves the other holders alone and reports them; `--scope TEXT` /
-`--scope-uid UID` narrow every target to processes with TEXT in their command line / owned
-by UID (the sandbox and the tests use them to touch only what they started). Never above a
-target: the shell, multiplexer or terminal that contains a server is not signalled.
-Protected processes are never signalled, even inside a target's tree. A process that
-matches no pattern and holds no GPU is never touched. Units and containers are stopped
-through their manager; so is a program of another manager that restarts it (supervisord,
-runit, s6, daemontools, podman: procs/managers.py) when that manager runs targets and their
-wrappers only. Where it runs anything else, or must not be run by the teardown (a Kubernetes
-pod, a CRI container, Ray, a manager a user runs), the target is named with the command that
-stops it and is NOT signalled: the manager would only start it again.
-"""
+
+The whole account: docs/design-notes.md (scripts/agent/teardown/plan.py)."""
 import os
 
 from ..procs import cgroup, managers, procfs, procscan, program, relation, rules, wrappers

@@ -9,15 +9,7 @@ listed with its answer, a dry run is the default (`--yes` runs it), and the comm
 shown either way. A teardown never resets a GPU on its own: its health verdict says when
 one is needed, and a person runs this.
 
-Checks: the GPU exists; every process could be inspected (a process whose open files this
-agent cannot read, or a /proc that hides others' processes, may hold the GPU unseen: the
-check refuses, as verify refuses to call the GPU free); no process holds it (any holder, protected or not, except this
-agent: a monitor's handle also blocks a reset); no MIG instance; not a display GPU (NVML
-display mode/active, or an X server holding it); nvidia-persistenced (it keeps the device
-open; current drivers release it for the reset, so it is reported and, where it still
-blocks, the resolution says to stop it around the reset); no compute process on an NVLink
-peer.
-"""
+The whole account: docs/design-notes.md (scripts/agent/teardown/reset.py)."""
 import os
 import shutil
 import subprocess

@@ -9,22 +9,8 @@ instead of a fixed sleep or a 50 ms tick. SIGKILL only what still runs its own c
 the grace period: a target in its exit (procfs.exiting) needs none and its grace is not
 waited out; its exit itself is then waited for on the pidfds (no signal speeds it, and free
 needs it), and the settle window's NVML read and holder scan say when the GPUs are free.
-Nothing that can wait runs before the signals: NVML opens on a thread right after the
-first SIGTERM batch (while the driver releases the targets' memory, 0.3 s and more), and so are
-the "running" record, the audit lines, the look for other users' teardowns and even the
-imports of what only runs later (health, settle window, verdict: tests/agent/teardown/test_path_to_first_signal.py).
-Signals go through a pidfd, or after a pid + start-time check, so a reused pid is never hit,
-and only to processes the plan listed (and the operator approved, when a plan was shown
-first) and, as the plan states, the processes those fork meanwhile (targets.py). Free must
-then hold for a settle window (settle.py) so a supervisor's respawn is caught, not blessed;
-"free at" is reported (and streamed as a progress line) apart from it.
 
-The state directory is checked before anything is signalled (unusable: exit 3, nothing
-sent); a write that fails DURING a teardown does not stop it (the processes matter more than
-the log): it is reported in `record_errors`. The agent ignores SIGHUP and SIGINT and
-survives a dropped connection or a Ctrl-C on the operator's side: it finishes and keeps the
-result in last.json on the host, which `invoke status` shows.
-"""
+The whole account: docs/design-notes.md (scripts/agent/teardown/run.py)."""
 import importlib.util
 import os
 import signal

@@ -6,44 +6,7 @@ Restart=always unit we could not stop through systemd) restarts the server 0.1 s
 last target exits, and a check made at that instant says "FREED" while the GPU is being
 taken again. So the GPUs are watched for a window (default 2 s) after they first read free.
 
-What counts as a respawn: a process started during the teardown that
-  (a) is a target by a target pattern, has a CUDA context (scan.context_source), or runs the
-      same program as a target that a pattern named or that held a GPU (program.identity: the
-      module, script, executable or title; never a shared interpreter name such as `python3`,
-      a package, or a helper of a target's tree such as `sleep`), and
-  (b) was started by something that survives from the original targets' ancestry (their
-      parents up to the session leader, through launchers such as sudo and its monitor: a
-      shell loop, a wrapper, a terminal's shell; never PID 1 or this agent's own chain), or by
-      the manager of a target's unit or container (a process that turns up in that unit or
-      container).
-It is reported with what started it and what would stop it (`systemctl stop UNIT`,
-`docker stop NAME`, --stop-starters), never signalled (it was not in the plan).
-
-A starter that has not restarted yet: a process related to the targets (relation.py: an
-ancestor, a leader, a member of a target's group) that the teardown did not end, alive when
-the verdict is due, makes the verdict the middle one (every GPU free now, exit 11) however long
-the window was, named with the command that stops exactly it: its next turn may come after
-any window. Related or not is a kernel fact (parentage, session, group, executable), never
-the text of its code. Nothing else restarts the window or changes the verdict: a monitor's
-poll (nvidia-smi holds device files and no context), a passing NVML query, an unrelated new
-job that is gone by the verdict. Those are listed in `ignored`, with why. A process that
-still holds a GPU with a context when the window ends keeps the GPU from being free, whoever
-started it: the verdict waits for it (up to --timeout) and says so.
-
-"Free at" (the first moment every GPU read free) and "settled at" are reported apart, and
-`on_free` is called at free-at so the operator sees it then: once, and again only after the
-verdict changed (a respawn seen, then free once more).
-
-Until free-at, the driver is what is waited on. Free needs every GPU to read free AND list no
-compute process, no holder in the /proc scan, AND every target (adopted ones included) to
-have exited: the compute process list clears only with the exit, and a process stuck in its
-exit can still have a GPU open after its fd table is detached, where no scan sees it. The
-teardown waits for that exit on the pidfds before this window starts; a target that has still
-not exited when the window runs out makes the verdict "not free", with why. The source's quick
-read (NVML memory and compute processes, gpuinfo.until_reads_free) is polled every 2 ms and
-the full scan (/proc holders: tens of ms on a busy host) runs when it reads free, or every
-FAST_WAIT_MAX_S regardless.
-"""
+The whole account: docs/design-notes.md (scripts/agent/teardown/settle.py)."""
 import os
 import time
 

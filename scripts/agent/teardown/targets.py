@@ -10,16 +10,8 @@ chain and the sessions targets lead, at each poll.
 
 Every signal is sent by (pid, start time) through a pidfd (procfs.signal_if_same); one
 that fails (permission denied) is never counted as sent, and makes the teardown not free.
-A batch is sent first and written to the audit log after, so no log write sits between
-two targets' signals. A stopped target (state T) gets SIGCONT after SIGTERM, or it could
-never act on it.
 
-Waiting for exits (wait()): a pidfd turns readable the moment its process has exited
-(all threads gone, zombie or reaped), so the wait wakes at the exit instead of at the next
-50 ms tick, and a zombie that PID 1 reaps 1-2 s late counts as gone (`kill -0` would still
-succeed on it; procfs.finished says the same). Where pidfds are missing (Python < 3.9,
-kernel < 5.3) it sleeps FALLBACK_POLL_S between /proc checks instead.
-"""
+The whole account: docs/design-notes.md (scripts/agent/teardown/targets.py)."""
 import os
 import select
 import signal

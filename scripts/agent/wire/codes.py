@@ -1,4 +1,4 @@
-"""How a call ended: the exit codes both sides and the README follow, and the keys a result
+"""How a call ended: the exit codes both sides and the docs follow, and the keys a result
 carries instead of a record when the agent did not run its subcommand."""
 
 EXIT_OK = 0
@@ -19,7 +19,7 @@ EXIT_INTERRUPTED = 130
 EXIT_CLOSED_PIPE = 141  # 128 + SIGPIPE, as a shell reports a program its reader left: Invoke's own output
 EXIT_FAILED = EXIT_NOT_FREE  # the same 1, for subcommands not about free GPUs: not started, not ready, not stopped
 
-# (code, name, meaning): the one table the README, the task docstrings and both sides follow.
+# (code, name, meaning): the one table the docs, the task docstrings and both sides follow.
 EXIT_CODES = (
     (EXIT_OK, "ok", "done"),
     (EXIT_STARTER_ALIVE, "starter-alive", "teardown: GPUs free now, but a related starter lives (named): not yet free"),
