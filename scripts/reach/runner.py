@@ -259,7 +259,10 @@ class _Follower:
         pos = 0
         while True:
             finished = self.done.is_set()
-            chunk = os.pread(self.err.fileno(), 65536, pos)
+            try:
+                chunk = os.pread(self.err.fileno(), 65536, pos)
+            except (OSError, ValueError):  # the file closed under it (Ctrl-C ends the call): nothing more to read
+                return
             if chunk:
                 pos += len(chunk)
                 *lines, self.partial = (self.partial + chunk).split(b"\n")

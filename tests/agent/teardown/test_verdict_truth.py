@@ -511,6 +511,14 @@ def test_a_shell_upgraded_on_disk_is_still_a_shell_and_its_prompt_never_signalle
     bindir.mkdir(mode=0o755)
     shutil.copy2(shutil.which("bash"), bindir / "bash")
     sock, tmux_server, pane = tmux_pane(ps, tmp_path, f"{bindir}/bash --norc --noprofile -i")
+
+    def running_the_copy():  # tmux starts the pane through sh -c: the copy is exec'd a moment later
+        try:
+            return os.readlink(f"/proc/{pane}/exe") == str(bindir / "bash")
+        except OSError:
+            return False
+
+    wait_for(running_the_copy, "the pane's bash")
     (bindir / "bash").unlink()
     ready = ps.base / "srv.ready"
     subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
