@@ -21,6 +21,7 @@ import time
 from ..procs import procfs
 from ..state import phasestate
 from ..wire import codes, defaults, frame
+from . import targets
 
 POLL_S = 0.1  # between looks at the glob and the job's open files
 IDLE_EVERY_S = 0.5  # between runs of the idle condition
@@ -127,7 +128,7 @@ class Waiter:
         self.uids = {(procfs.uids(p["pid"]) or [None])[0] for p in procs} - {None}
         self.before = _snapshot(stop.get("checkpoint"))
         self.since_ns = time.clock_gettime_ns(REALTIME_COARSE) if hasattr(time, "clock_gettime_ns") else 0
-        self.sent = [(p, _send(p, procfs.signal_number(stop["signal"]))) for p in procs]
+        self.sent = [(p, targets.send(p, procfs.signal_number(stop["signal"]))) for p in procs]
         self.t0 = time.monotonic()
         self.next_idle = self.t0
         self.note = None
@@ -216,15 +217,6 @@ def run(args, audit, stops=None):
         if pending:
             time.sleep(POLL_S)
     return [w.result for w in waiters]
-
-
-def _send(p, sig):
-    try:
-        return procfs.signal_if_same(p["pid"], p["start_time"], sig)
-    except PermissionError:
-        return "permission denied"
-    except OSError as exc:
-        return "error: %s" % exc
 
 
 def _ident(st):

@@ -94,18 +94,9 @@ class Targets:
         self.keys.update(key(t) for t in new)
         return new
 
-    @staticmethod
-    def _send(t, sig):
-        try:
-            return procfs.signal_if_same(t["pid"], t["start_time"], sig)
-        except PermissionError:
-            return "permission denied"
-        except OSError as exc:
-            return "error: %s" % exc
-
     def signal(self, targets, sig, name):
         sent_at = time.monotonic()
-        results = [(t, self._send(t, sig)) for t in targets]  # all at once; the log after
+        results = [(t, send(t, sig)) for t in targets]  # all at once; the log after
         for t, result in results:
             self.audit.log(t, name, result)
             if result not in ("sent", "gone", "reused"):
@@ -208,3 +199,14 @@ class Targets:
         if late:
             self.signal(late, signal.SIGKILL, "SIGKILL")
         return late
+
+
+def send(row, sig):
+    """Signal the process a row names (pid + start time): 'sent', 'gone', 'reused', or why
+    not in words ('permission denied', 'error: ...'), never an exception."""
+    try:
+        return procfs.signal_if_same(row["pid"], row["start_time"], sig)
+    except PermissionError:
+        return "permission denied"
+    except OSError as exc:
+        return "error: %s" % exc
