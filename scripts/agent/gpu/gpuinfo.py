@@ -195,14 +195,10 @@ class SandboxSource:
         self.memdir = memdir
         self.count = len([p for p in glob.glob(devices_glob) if os.path.basename(p)[6:].isdigit()])
         self.settings_handles = list(range(self.count))
+        from .sandbox_settings import SandboxSettings  # the sandbox's GPU settings: a file beside its memory dir
 
-    @property
-    def settings_nv(self):
-        """The sandbox's GPU settings, kept in a file beside its memory dir (sandbox_settings.py)."""
-        from .sandbox_settings import SandboxSettings
-
-        path = os.path.join(os.path.dirname(os.path.abspath(self.memdir)), "gpu-settings.json")
-        return SandboxSettings(path, self.count)
+        self.settings_nv = SandboxSettings(os.path.join(os.path.dirname(os.path.abspath(memdir)), "gpu-settings.json"),
+                                           self.count)  # one object: its lock serialises the threads' writes
 
     def read(self):
         gpus = [{"index": i, "uuid": "SANDBOX-GPU-%d" % i, "name": "SANDBOX fake GPU", "used_mib": 0,
