@@ -27,8 +27,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts.agent import cli  # noqa: E402
+from scripts.agent.holders import scan  # noqa: E402
 from scripts.agent.procs import fanout, procfs, procscan  # noqa: E402
-from scripts.agent.status import scan  # noqa: E402
 from scripts.agent.teardown import early, plan, run as teardown  # noqa: E402
 from scripts.agent.teardown.targets import Targets  # noqa: E402
 from tests.support.procs import Bystanders  # noqa: E402

@@ -31,7 +31,9 @@ TOP = "(top)"  # the modules directly in scripts/agent/: the agent's command lin
 AGENT_LAYERS = (
     ("the wire", ("wire",)),
     ("/proc primitives", ("procs",)),
+    ("policy: what a process is and may be done to it", ("policy",)),
     ("the GPUs and the host's state", ("gpu", "state")),
+    ("who holds each GPU: the scan engine", ("holders",)),
     ("subcommands", ("status", "teardown", "phases")),
     ("the agent's command line", (TOP,)),
 )
@@ -48,8 +50,8 @@ LOCAL_LAYERS = (
 SHARED = {
     "scripts.agent.procs.procfs": "a process by pid + start time, signalled only if still that one",
     "scripts.agent.state.statedir": "private state directories and files, checked the same way",
-    "scripts.agent.procs.policy": "the built-in selection the emergency one-liner is generated from",
-    "scripts.agent.procs.program": "what program a process runs: the views name it, the one-liner reads scripts so",
+    "scripts.agent.policy.builtin": "the built-in selection the emergency one-liner is generated from",
+    "scripts.agent.policy.program": "what program a process runs: the views name it, the one-liner reads scripts so",
     "scripts.agent.procs.textsafe": "host text escaped for a terminal and kept byte-exact in JSON: one rule to test",
 }
 TOOLING = {"scripts.pins"}  # makes the requirements files: imports nothing of the project

@@ -15,7 +15,8 @@ import os
 import sys
 
 from . import options
-from .procs import devices, rules, textsafe
+from .policy import rules
+from .procs import devices, textsafe
 from .state import frozen, lastrun
 from .wire import call, codes, frame
 
@@ -105,7 +106,7 @@ def human(doc):
 
 def failure(exc):
     """One line naming an exception and where it was raised, for the operator to report:
-    `IndexError: list index out of range (agent/procs/program.py:72 in names)`: the last frame
+    `IndexError: list index out of range (agent/policy/program.py:72 in names)`: the last frame
     outside the standard library (json's decoder is where a bad document was noticed, the
     agent's frame above it who passed it), an agent module with its folder (two are run.py). The traceback goes to
     stderr too. Why: a bare traceback reaches the operator as "the agent gave no result",

@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 import sys
 
-from .procs import devices, program
+from .policy import program
+from .procs import devices
 from .wire import defaults, frame
 from .wire.call import SELECTING, SPEC_FLAG, SUBCOMMANDS
 from .wire.codes import UsageError

@@ -14,24 +14,24 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..agent.procs import policy, program
+from ..agent.policy import builtin, program
 from ..agent.wire import defaults
 from . import ere
 
 SCRIPT = Path(__file__).resolve().parent / "teardown.sh"
 NAME = "gpu-pivot-teardown"  # the script's $0
 
-DEFAULT_TARGETS = policy.DEFAULT_TARGETS  # the agent's, when a host names none
+DEFAULT_TARGETS = builtin.DEFAULT_TARGETS  # the agent's, when a host names none
 
 
 def protected_case() -> str:
     """The shell `case` pattern of protected names, from the agent's one protect list."""
-    names = sorted(policy.PROTECTED_NAMES)
-    return "|".join(names + ["*" + s for s in policy.PROTECTED_SUFFIXES] + ["sshd*"])
+    names = sorted(builtin.PROTECTED_NAMES)
+    return "|".join(names + ["*" + s for s in builtin.PROTECTED_SUFFIXES] + ["sshd*"])
 
 
 def interpreters_line() -> str:
-    """The script's interpreter regex (an ERE for awk), from the agent's (procs/program.py)."""
+    """The script's interpreter regex (an ERE for awk), from the agent's (policy/program.py)."""
     return f"interp='{program.INTERPRETERS.pattern}'"
 
 

@@ -70,7 +70,7 @@ parent() { statf "$1" 2; }
 anc=" "
 p=$$
 while [ -n "$p" ] && [ "$p" -gt 1 ]; do anc="$anc$p "; p=$(parent "$p"); done
-# A person's first uid (login.defs UID_MIN, 1000 where it says none), as scripts/agent/procs/rules.py uid_min.
+# A person's first uid (login.defs UID_MIN, 1000 where it says none), as scripts/agent/policy/rules.py uid_min.
 uid_min=$(awk '$1 == "UID_MIN" && $2 ~ /^[0-9]+$/ { v = $2 } END { print v }' /etc/login.defs 2>/dev/null)
 case "$uid_min" in '' | *[!0-9]*) uid_min=1000 ;; esac
 # May this process's names protect it? As rules.trusted_names: every uid (real, effective, saved,
@@ -111,7 +111,7 @@ name_of() { c=$(comm_of "$1"); printf '%s\n' "$c" | tr '\n' '?' | sed 's/?$//; s
 shown() { printf '%s\n' "$1" | sed 's/[^ -~]/?/g' | cut -c1-100; }
 protected_name() {
     case "$1" in
-        # protected names: generated from scripts/agent/procs/policy.py PROTECTED_NAMES (a test keeps them equal)
+        # protected names: generated from scripts/agent/policy/builtin.py PROTECTED_NAMES (a test keeps them equal)
         Xorg|Xwayland|dcgm-exporter|gpustat|lxc-attach|lxc-monitord|lxc-start|nv-fabricmanager|nv-hostengine|nvidia-cuda-mps-control|nvidia-cuda-mps-server|nvidia-dcgm|nvidia-fabricmanager|nvidia-persiste|nvidia-persistenced|nvidia-smi|nvitop|nvtop|pct|sshd|systemd|*-exporter|*_exporter|sshd*) return 0 ;;
     esac
     return 1
@@ -188,7 +188,7 @@ listing() {
     ) | tr '\000' '\001'
 }
 # One line per name a process's program goes by: PID TAB START TAB KIND TAB NAME, KIND s for a
-# name with a space (`program subcommand`), else w. As scripts/agent/procs/program.py names().
+# name with a space (`program subcommand`), else w. As scripts/agent/policy/program.py names().
 # And one line per process with its parent: PID TAB START TAB P TAB PPID.
 # shellcheck disable=SC2016 # an awk program: its $ are awk's
 names_awk='
@@ -282,7 +282,7 @@ END {
         names(val[pid SUBSEP "cmdline"], val[pid SUBSEP "comm"])
     }
 }'
-# interpreters: generated from scripts/agent/procs/program.py INTERPRETERS (a test keeps them equal)
+# interpreters: generated from scripts/agent/policy/program.py INTERPRETERS (a test keeps them equal)
 interp='^(python[0-9.]*m?|pypy[0-9.]*|perl[0-9.]*|ruby[0-9.]*|node|nodejs|bash|sh|dash|zsh|ksh)$'
 # PID TAB START TAB NAME of each process whose program a TARGETS alternative names whole (grep -x):
 # single names only by TARGETS, `program subcommand` names only by TARGETS_SPACED.

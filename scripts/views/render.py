@@ -16,7 +16,8 @@ import sys
 import textwrap
 from typing import TYPE_CHECKING
 
-from ..agent.procs import program, textsafe
+from ..agent.policy import program
+from ..agent.procs import textsafe
 from ..agent.wire import records
 
 if TYPE_CHECKING:

@@ -130,7 +130,7 @@ FATE_WORDS = {
 
 
 def starter_lines(starters: list) -> list[str]:
-    """Each process related to a target (agent/procs/relation.py) and what the teardown does to it."""
+    """Each process related to a target (agent/policy/relation.py) and what the teardown does to it."""
     out = []
     for s in starters:
         what = FATE_WORDS.get(s.get("fate", ""), "{hint}").format(hint=s.get("hint"))

@@ -22,7 +22,8 @@ import pytest
 
 from scripts.agent import cli
 from scripts.agent.gpu import gpuinfo
-from scripts.agent.procs import procscan, program
+from scripts.agent.policy import program
+from scripts.agent.procs import procscan
 from scripts.agent.teardown import verify
 from scripts.agent.wire import codes, frame
 from scripts.config.hostconfig import build_host

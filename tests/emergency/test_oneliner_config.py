@@ -17,7 +17,7 @@ import subprocess
 
 import pytest
 
-from scripts.agent.procs import program, rules
+from scripts.agent.policy import program, rules
 from scripts.agent.wire import defaults
 from scripts.emergency import ere, shell_teardown
 from tests.conftest import invoke

@@ -83,7 +83,7 @@ def test_oneliner_as_another_user_never_says_free(second_user, tmp_path):
 def test_shell_protect_list_is_the_agents():
     """One protect list: the script's own copy equals what is generated from the contract,
     and the generated one-liner protects every name the agent protects (run in sh)."""
-    from scripts.agent.procs import rules
+    from scripts.agent.policy import rules
 
     text = shell_teardown.SCRIPT.read_text()
     assert f"        {shell_teardown.protected_case()}) return 0 ;;" in text.splitlines()

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import HealthCheck, assume, example, given, settings, strategies as st
 
-from scripts.agent.procs import procfs, procscan, program, rules, textsafe
+from scripts.agent.policy import program, rules
+from scripts.agent.procs import procfs, procscan, textsafe
 from scripts.agent.state import lastrun, statedir
 from scripts.agent.teardown import hostlock
 from scripts.agent.wire import records

@@ -16,8 +16,8 @@ import time
 
 import pytest
 
-from scripts.agent.procs import managers
-from scripts.agent.status import scan
+from scripts.agent.holders import scan
+from scripts.agent.policy import managers
 from tests.conftest import need_tools
 from tests.support.managers_fixtures import RayShaped, ServiceScan, Supervisord, holder_argv, run_stop
 from tests.support.procs import alive, wait_for

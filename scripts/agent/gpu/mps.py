@@ -5,7 +5,7 @@ one `nvidia-cuda-mps-server` process, which NVML lists as a compute process (66 
 H200 with one torch client) and which stays after its clients exit, until the control
 daemon is told `quit`. Treated as an ordinary holder, it would be killed under a live
 control daemon, or `verify` would wait forever on "an unknown holder". So: the control
-daemon and the server are protected (policy.PROTECTED_NAMES); status shows each server
+daemon and the server are protected (builtin.PROTECTED_NAMES); status shows each server
 and its clients (or none); verify names memory held by a server without clients as that;
 and `teardown --mps quit` sends `quit` through the daemon's control pipe, as the daemon's
 own user, and waits for its server to go.
@@ -17,7 +17,7 @@ import stat
 import subprocess
 import time
 
-from ..procs import rules
+from ..policy import rules
 from ..wire import defaults
 
 CONTROL = "nvidia-cuda-mps-control"

@@ -8,8 +8,9 @@ persistenced, the agent: scan.collect's `protected`, which also sets aside a dev
 with no CUDA context), and not a gpu-pivot agent or its child (another call's probe). Nothing
 is signalled: the pivot names them (exit 13).
 """
-from ..procs import cgroup, procscan, rules
-from ..status import scan
+from ..holders import scan
+from ..policy import rules
+from ..procs import cgroup, procscan
 from ..wire import call
 
 

@@ -11,7 +11,7 @@ import json
 import os
 import socket
 
-from ..status import scan
+from ..holders import scan
 from ..teardown import verify
 from ..wire import codes, records
 

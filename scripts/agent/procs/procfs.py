@@ -17,7 +17,7 @@ PROC = "/proc"
 # their parent (rules.protect_reason).
 OWN_WORKERS: set = set()
 # The CUDA probe's child while it runs (gpu/probe.py): its short-lived context is the agent's
-# own, never a holder or a compute process of a scan made meanwhile (status/scan.py).
+# own, never a holder or a compute process of a scan made meanwhile (holders/scan.py).
 OWN_PROBES: set = set()
 READ_CHUNK = 1 << 16
 

@@ -9,8 +9,9 @@ wait for the rest of the scan put the first signal at 0.2 s and "free at" at 1.6
 The whole account: docs/design-notes.md (scripts/agent/teardown/early.py)."""
 import os
 
-from ..procs import managers, procfs, procscan, relation, rules
-from ..status import scan
+from ..holders import scan
+from ..policy import managers, relation, rules
+from ..procs import procfs, procscan
 from . import plan
 
 

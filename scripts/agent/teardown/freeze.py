@@ -13,7 +13,8 @@ import os
 import signal
 import time
 
-from ..procs import procfs, relation
+from ..policy import relation
+from ..procs import procfs
 from ..state import frozen as ledger
 from .targets import ExitWaiter
 

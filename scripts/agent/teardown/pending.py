@@ -17,7 +17,7 @@ import re
 import shlex
 import threading
 
-from ..procs.policy import LAUNCHERS, SHELLS
+from ..policy.builtin import LAUNCHERS, SHELLS
 
 QUERY_TIMEOUT_S = 3  # a manager that does not answer in this long is named by none of its pending restarts
 _ARGV = re.compile(r"argv\[\]=(.*?) ;")

@@ -12,8 +12,9 @@ non-protected holder of a GPU device (orphans reparented to PID 1, renamed title
 The whole account: docs/design-notes.md (scripts/agent/teardown/plan.py)."""
 import os
 
-from ..procs import cgroup, managers, procfs, procscan, program, relation, rules, wrappers
-from ..status import scan
+from ..holders import scan
+from ..policy import managers, program, relation, rules, wrappers
+from ..procs import cgroup, procfs, procscan
 from ..wire import codes, records
 from . import pending, shm, units
 
@@ -472,7 +473,7 @@ def _via_unit_or_container(t, whole, units, containers, have):
         t["via"] = "signal"
 
 
-# containers a manager (procs/managers.py) stops: only one that holds targets and their wrappers alone
+# containers a manager (policy/managers.py) stops: only one that holds targets and their wrappers alone
 MANAGED_CONTAINERS = ("podman", "cri-containerd", "crio", "nerdctl", "kubernetes")
 
 

@@ -11,7 +11,8 @@ left on is "In use by another client" (NVSentinel #1690). Order as NVSentinel #1
 import subprocess
 
 from ..gpu import gpuinfo, settings, settings_write
-from ..procs import cgroup, rules
+from ..policy import rules
+from ..procs import cgroup
 from . import plan
 
 # (what it is, the names its process goes by, the units that run it where none is seen running)

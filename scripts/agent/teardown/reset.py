@@ -15,8 +15,8 @@ import shutil
 import subprocess
 
 from ..gpu import checkup, gpuinfo, health, mig, xid
-from ..procs import rules
-from ..status import scan
+from ..holders import scan
+from ..policy import rules
 from ..wire import codes, defaults, records
 from . import quiesce
 

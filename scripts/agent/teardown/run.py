@@ -18,10 +18,10 @@ import socket
 import time
 
 from ..gpu import gpuinfo
+from ..holders import scan
 from ..procs import procfs
 from ..state import lastrun
 from ..state.auditlog import Audit
-from ..status import scan
 from ..wire import codes, defaults, records
 from . import early, forkwatch, hold, hostlock, plan, shm, units
 from .freeze import Freezer

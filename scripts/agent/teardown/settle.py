@@ -11,8 +11,9 @@ import os
 import time
 
 from ..gpu import gpuinfo
-from ..procs import cgroup, managers, procfs, procscan, program, relation, rules, wrappers
-from ..status import scan
+from ..holders import scan
+from ..policy import managers, program, relation, rules, wrappers
+from ..procs import cgroup, procfs, procscan
 from . import plan, verify
 
 PROGRESS_EVERY_S = 0.5

@@ -17,7 +17,8 @@ import select
 import signal
 import time
 
-from ..procs import procfs, procscan, rules
+from ..policy import rules
+from ..procs import procfs, procscan
 
 STOPPED = ("T", "t")
 FALLBACK_POLL_S = 0.005  # without pidfds: a few /proc/PID/stat reads per tick

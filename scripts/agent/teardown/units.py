@@ -11,7 +11,7 @@ next boot, and a stopped `--restart=always` container when the docker daemon res
 
 Items are the plan's rows: units {unit, pids, disable, ctid (a unit inside an LXC
 container) or None}, containers {id, pids, disable}, and the stops of other managers
-(procs/managers.py: supervisorctl, sv down, podman stop...) {kind, name, command, argv, pids,
+(policy/managers.py: supervisorctl, sv down, podman stop...) {kind, name, command, argv, pids,
 comes_back, run}, which say themselves how they are run and whether the program comes back.
 """
 

@@ -12,8 +12,9 @@ exactly what still holds each GPU.
 import time
 
 from ..gpu import checkup, gpuinfo, mps, probe
-from ..procs import procfs, program
-from ..status import scan
+from ..holders import scan
+from ..policy import program
+from ..procs import procfs
 from ..wire import codes, defaults, records
 from . import targets
 

@@ -119,7 +119,7 @@ class Plan(Record):
     units: list[rows.Unit] = []
     containers: list[rows.PlanContainer] = []
     managers: list[rows.PlanManager] = []  # other managers' stops: supervisorctl, sv down, podman stop; or named only
-    starters: list[rows.PlanRow] = []  # related to a target (agent/procs/relation.py): fate stop, freeze or watch
+    starters: list[rows.PlanRow] = []  # related to a target (agent/policy/relation.py): fate stop, freeze or watch
     gone: list[rows.PlanRow] = []  # targets (and wrappers) that exited before the plan was made: not signalled
     writing: list[rows.Writing] = []
     shm: list[rows.ShmLeftover] = []  # /dev/shm files and SysV segments the targets may leave (teardown/shm.py)

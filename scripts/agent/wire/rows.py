@@ -72,7 +72,7 @@ class PlanRow(ProcessRow, total=False):
     via: str  # targets: "signal", "systemctl stop UNIT", "docker stop ID", ...
     hint: str  # starters: the command that stops exactly it
     fate: str  # starters: "stop" (frozen, ended after the targets), "freeze" (frozen, thawed), "watch" (a terminal)
-    role: str  # starters: launcher, shell, terminal or starter (agent/procs/relation.py)
+    role: str  # starters: launcher, shell, terminal or starter (agent/policy/relation.py)
     foreground: bool  # a terminal's shell whose foreground job was a target: Ctrl-C for a loop typed there
     manager: PlanManagerRef  # the manager that runs and restarts it (supervisord, runit, podman, a pod...)
     wraps: list[int]  # starters, and wrappers stopped as targets: the pids of the targets it is related to
@@ -211,7 +211,7 @@ class CheckpointStop(TypedDict, total=False):
 
 
 class Unseen(TypedDict):
-    """Plan.unseen: a target whose starter cannot be seen from the agent (agent/procs/relation.py)."""
+    """Plan.unseen: a target whose starter cannot be seen from the agent (agent/policy/relation.py)."""
     pid: int
     start_time: int
     cmdline: str

@@ -26,7 +26,8 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.gpu import checkup, health, mig, mps, xid
-from scripts.agent.procs import procscan, rules
+from scripts.agent.policy import rules
+from scripts.agent.procs import procscan
 from scripts.agent.wire import codes, records
 from scripts.views import health as health_view, reset as reset_view, teardown as teardown_view
 from tests.support.gpu_standins import CLIENT, HOLD, STANDIN, agent, mps_program

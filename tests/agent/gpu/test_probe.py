@@ -18,7 +18,7 @@ import pytest
 
 from scripts.agent import cli
 from scripts.agent.gpu import health, probe
-from scripts.agent.status import scan
+from scripts.agent.holders import scan
 from scripts.agent.wire import codes
 from scripts.ops.pivot import Pivot, PivotOptions
 from scripts.views import health as health_view

@@ -30,8 +30,9 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.gpu import checkup, health, mps, xid
-from scripts.agent.procs import procscan, rules
-from scripts.agent.status.scan import Scan
+from scripts.agent.holders.scan import Scan
+from scripts.agent.policy import rules
+from scripts.agent.procs import procscan
 from scripts.agent.teardown import reset
 from scripts.agent.wire import call as wire_call, codes, defaults
 from scripts.reach import transport
@@ -347,8 +348,8 @@ def test_a_mig_call_that_hangs_is_bounded_too(monkeypatch):
 def test_reset_refuses_when_a_process_could_not_be_inspected(second_user, open_dir):
     """A real scan, with what an unprivileged agent reports about a process whose fds it cannot
     read (the second user's job): the reset's checks fail on it, and on a hidden /proc."""
+    from scripts.agent.holders import scan
     from scripts.agent.options import Options
-    from scripts.agent.status import scan
 
     pid = user_holder(second_user, "python3", open_dir / "nvidia0")
     holding(pid, open_dir / "nvidia0")

@@ -19,9 +19,9 @@ import sys
 
 import pytest
 
+from scripts.agent.holders import scan
 from scripts.agent.procs import procfs
 from scripts.agent.procs.devices import DeviceError, DeviceSet
-from scripts.agent.status import scan
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.support.procs import alive, state, wait_for

@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from scripts.agent.holders import scan
 from scripts.agent.procs import cgroup
-from scripts.agent.status import scan
 from scripts.agent.teardown import verify
 from tests.support.parsers import fuser as fuser_parse
 from tests.support.procs import alive, state, wait_for

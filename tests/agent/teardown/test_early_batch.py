@@ -16,8 +16,9 @@ import pytest
 
 from scripts.agent import cli
 from scripts.agent.gpu import gpuinfo
-from scripts.agent.procs import cgroup, procscan, rules
-from scripts.agent.status import scan
+from scripts.agent.holders import scan
+from scripts.agent.policy import rules
+from scripts.agent.procs import cgroup, procscan
 from scripts.agent.teardown import early, plan, run as teardown
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent

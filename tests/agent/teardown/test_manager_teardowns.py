@@ -22,8 +22,8 @@ import time
 
 import pytest
 
+from scripts.agent.holders import scan
 from scripts.agent.options import Options
-from scripts.agent.status import scan
 from scripts.agent.teardown import plan as plan_module, settle
 from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables

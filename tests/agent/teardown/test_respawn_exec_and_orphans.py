@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent.status.scan import Scan
+from scripts.agent.holders.scan import Scan
 from scripts.reach.transport import call_agent
 from tests.support.procs import alive, wait_for
 from tests.support.teardowns import host

@@ -120,7 +120,7 @@ def test_a_wrapper_that_would_outlive_its_server_ends_with_it_and_no_window_is_w
 def test_a_device_handle_without_a_context_is_not_a_holder_where_a_process_list_says_so(lists, tmp_path):
     """nvidia-smi, DCGM and exporters open and map the device files and have no context: where
     NVML or nvidia-smi lists the GPU's processes, one not listed is not in the way."""
-    from scripts.agent.status import scan
+    from scripts.agent.holders import scan
     from scripts.agent.teardown import verify
 
     os.mknod(tmp_path / "n0", 0o600 | 0o020000, os.makedev(1, 3))  # a character device, as a real node is
@@ -171,8 +171,8 @@ def test_the_confirming_scan_reads_fd_tables_only_where_a_context_could_be(ps):
     """Once NVML lists no process and no memory is used, no process has a CUDA context: the
     scan that confirms FREED reads the process records (what a respawn is told by), not every
     fd table and mapping again. Where a process is listed, or memory is used, it reads them."""
+    from scripts.agent.holders import scan
     from scripts.agent.options import Options
-    from scripts.agent.status import scan
 
     holder = ps.role("worker", "--gpu", "0")  # holds a device file (a monitor-like handle, here)
     args = Options(devices=ps.glob, fake_devices=True, protect=[], fake_gpus=None, max_used_mib=0)

@@ -3,7 +3,7 @@ processes relate to it and what the kernel shows, never from the text of their c
 
 Each world is real processes (bash loops, sudo, timeout, flock, tmux, a compiled watchdog, a
 node timer), each teardown scoped to the test's own temp dir, so it can match nothing the
-test did not start. The rules (agent/procs/relation.py):
+test did not start. The rules (agent/policy/relation.py):
 - the job's own launchers and shell loops above a target are frozen before its SIGTERM and
   ended after it: FREED, exit 0, and nothing comes back, whatever the loop's pause;
 - any other related starter (a Python, node or compiled watchdog, a launcher that loops over
@@ -563,7 +563,7 @@ def test_a_watchdog_script_named_like_a_manager_daemon_is_no_manager(ps):
 def test_a_terminal_mode_is_never_read_by_reopening_a_file_on_fd_0(ps):
     """Only a terminal device node that is the very file on fd 0 is opened: fd 0 on a regular
     file (or a FUSE mount that stopped answering) gives no answer, without asking its filesystem."""
-    from scripts.agent.procs import relation
+    from scripts.agent.policy import relation
 
     feed = ps.base / "feed"
     feed.write_text("")

@@ -17,7 +17,7 @@ import sys
 import pytest
 
 from scripts.agent import cli
-from scripts.agent.procs import rules
+from scripts.agent.policy import rules
 from scripts.agent.teardown import hostlock
 from scripts.agent.wire import call, codes as wire_codes, frame, records
 from scripts.config.hostconfig import build_host
@@ -255,12 +255,12 @@ def test_the_bundle_finds_every_form_of_relative_import():
     """A module the agent imports but the bundle misses breaks on the host only: each form of
     `from . import` counts, with comments inside a parenthesised list, after `;` or `:`, in a
     subpackage (`..`), and the packages above a module ship with it."""
-    source = ("from ..procs import (\n    procfs,  # the primitives\n    rules,\n)\n"
+    source = ("from ..procs import (\n    procfs,  # the primitives\n    procscan,\n)\n"
               "if True: from ..gpu import mig\n"
               "x = 1; from . import plan\n"
               "def f():\n    from ..state.lastrun import read  # noqa\n")
     found = bundle.imported_modules("teardown.run", source)
-    assert {"procs", "procs.procfs", "procs.rules", "gpu", "gpu.mig", "teardown.plan", "state",
+    assert {"procs", "procs.procfs", "procs.procscan", "gpu", "gpu.mig", "teardown.plan", "state",
             "state.lastrun"} <= found
     assert "teardown.read" not in found and "state.lastrun.read" not in found
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from scripts.agent.procs import program
+from scripts.agent.policy import program
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.support import scenario

@@ -8,7 +8,7 @@ and `bash loop.sh` run code, `bash < loop.sh` or `curl ... | bash` read a script
 import os
 import re
 
-from .policy import SHELLS as SHELL_NAMES
+from .builtin import SHELLS as SHELL_NAMES
 
 SHELLS = re.compile(r"^-?(%s)$" % "|".join(SHELL_NAMES))
 _SHELL_OPT_WITH_VALUE = ("--rcfile", "--init-file", "-O", "+O", "-o", "+o")

@@ -7,14 +7,15 @@ another shape (a compiled watchdog, `python3 -m pkg.watchdog`, a node timer). Wh
 shows does not depend on the shape: who is whose parent, who leads a target's session and
 group, and what a process's executable is.
 
-The whole account: docs/design-notes.md (scripts/agent/procs/relation.py)."""
+The whole account: docs/design-notes.md (scripts/agent/policy/relation.py)."""
 import os
 import stat
 import termios
 import time
 
-from . import fdstat, managers, procfs, rules, shellcode
-from .policy import HELPERS, INFRA, LAUNCHERS, SHELLS
+from ..procs import fdstat, procfs
+from . import managers, rules, shellcode
+from .builtin import HELPERS, INFRA, LAUNCHERS, SHELLS
 
 FATES = ("stop", "freeze", "watch")
 IDLE_SAMPLE_GAP_S = 0.02  # two looks at a terminal this far apart: a dying job's group lingers a few ms

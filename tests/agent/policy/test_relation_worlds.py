@@ -1,4 +1,4 @@
-"""The restart rule (scripts/agent/procs/relation.py) over random process worlds (hypothesis).
+"""The restart rule (scripts/agent/policy/relation.py) over random process worlds (hypothesis).
 
 Each world is a process table as the scan reads it: PID 1, a tmux server whose panes are
 interactive shells, the server (`python3 -m xsrv.launch_server`, with a worker and a fork of
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from scripts.agent.procs import relation
+from scripts.agent.policy import relation
 
 SERVER = ["python3", "-m", "xsrv.launch_server", "--port", "30000"]
 LAUNCHERS = {

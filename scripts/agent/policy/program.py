@@ -9,7 +9,7 @@ pane's job under it). A process is identified instead by the names of the progra
   sets comm to the script's file name, e.g. `torchrun`);
 - for an interpreter (python, perl, node, bash, ...
 
-The whole account: docs/design-notes.md (scripts/agent/procs/program.py)."""
+The whole account: docs/design-notes.md (scripts/agent/policy/program.py)."""
 import os
 import re
 

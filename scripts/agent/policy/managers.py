@@ -1,12 +1,13 @@
 """Which manager runs a process, and the exact command that stops it through that manager.
 
-The whole account: docs/design-notes.md (scripts/agent/procs/managers.py)."""
+The whole account: docs/design-notes.md (scripts/agent/policy/managers.py)."""
 import os
 import re
 import shlex
 import stat
 
-from . import cgroup, procfs, program, rules, textsafe, wrappers
+from ..procs import cgroup, procfs, textsafe
+from . import program, rules, wrappers
 
 # The daemons of the managers: never a target's wrapper or supervisor to signal. By name only
 # (see is_manager_daemon): a GPU holder is a target whatever it is called.

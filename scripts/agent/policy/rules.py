@@ -10,14 +10,15 @@ Why names are not enough: any user can call a process `Xorg`, `nvidia-cuda-mps-s
 shape its argv like an agent call (`exec -a Xorg`), and a protected name is never
 signalled - a job's leftover would dodge the teardown and keep the GPU.
 
-The whole account: docs/design-notes.md (scripts/agent/procs/rules.py)."""
+The whole account: docs/design-notes.md (scripts/agent/policy/rules.py)."""
 import os
 import re
 import stat
 
+from ..procs import fdstat, procfs
 from ..wire import call
-from . import fdstat, procfs, program
-from .policy import DEFAULT_TARGETS, PROTECTED_NAMES, PROTECTED_SUFFIXES
+from . import program
+from .builtin import DEFAULT_TARGETS, PROTECTED_NAMES, PROTECTED_SUFFIXES
 
 _EXPORTER = re.compile(r"(%s)$" % "|".join(re.escape(x) for x in PROTECTED_SUFFIXES))
 

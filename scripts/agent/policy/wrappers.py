@@ -10,11 +10,12 @@ restarts it: systemd's Restart=always, docker's restart policy, the loop. So a w
 and it wraps targets when every child it has is a target, another such wrapper, or a log
 filter fed by the server's output (`... | tee server.log`: it ends at the server's EOF).
 
-The whole account: docs/design-notes.md (scripts/agent/procs/wrappers.py)."""
+The whole account: docs/design-notes.md (scripts/agent/policy/wrappers.py)."""
 import os
 
-from . import procfs, shellcode
-from .policy import INITS, LAUNCHERS, LOG_FILTERS, TIMERS
+from ..procs import procfs
+from . import shellcode
+from .builtin import INITS, LAUNCHERS, LOG_FILTERS, TIMERS
 
 
 def kind(info):

@@ -1,4 +1,4 @@
-"""Which manager runs a process (procs/managers.py) and which container its cgroup names
+"""Which manager runs a process (policy/managers.py) and which container its cgroup names
 (procs/cgroup.py): the path parser on the layouts each runtime writes, a holder moved into a
 REAL Kubernetes or CRI cgroup layout (made under this test's own cgroup), the ancestry rules
 on scan-shaped records, and a second user who names their process `supervisord`.
@@ -13,8 +13,9 @@ import sys
 
 import pytest
 
-from scripts.agent.procs import cgroup, managers
-from scripts.agent.status import scan
+from scripts.agent.holders import scan
+from scripts.agent.policy import managers
+from scripts.agent.procs import cgroup
 from tests.support.managers_fixtures import CID, ESCAPED, UID, run_stop
 from tests.support.procs import wait_for
 from tests.support.scans import holders_by_pid, scan_args

@@ -1,10 +1,11 @@
-"""What a related process is (scripts/agent/procs/relation.py): its role by its executable and
-the shell's form, from one list of shells (procs/policy.py) for every reader."""
+"""What a related process is (scripts/agent/policy/relation.py): its role by its executable and
+the shell's form, from one list of shells (policy/builtin.py) for every reader."""
 from __future__ import annotations
 
 import subprocess
 
-from scripts.agent.procs import procscan, relation, shellcode
+from scripts.agent.policy import relation, shellcode
+from scripts.agent.procs import procscan
 from tests.support.procs import wait_for
 
 
@@ -33,7 +34,8 @@ def test_the_stop_of_a_manager_another_user_runs_is_printed_to_run_as_that_user(
     """A second user's process calling itself supervisord, with root's config path in its argv:
     every word of the stop is theirs, so it is printed to run as them (`runuser -u USER --`):
     run literally by root it reaches only what that user's own daemon controls."""
-    from scripts.agent.procs import managers, procfs
+    from scripts.agent.policy import managers
+    from scripts.agent.procs import procfs
 
     daemon = second_user.popen(["sleep", "30"])
     try:
