@@ -62,7 +62,7 @@ def one(args, steps=None) -> dict:
     early batch is picked (agent/teardown/early.py) but not sent: `early_batch_at` is when it would go."""
     out = {}
     tr = time.monotonic()
-    procscan.snapshot(args.device_set(), fds=False, mark=scan._target_mark(args))
+    procscan.snapshot(args.device_set(), fds=False, mark=scan._target_mark(args.selection))
     out["records_only_scan"] = time.monotonic() - tr  # not part of the total: what a scan without fds costs
     t0 = time.monotonic()
     watch = teardown._subscribe_watch()
@@ -72,17 +72,17 @@ def one(args, steps=None) -> dict:
     seen = {}
 
     def batch(records, table=()):
-        seen["rows"] = early.pick(records, args, None, table)
+        seen["rows"] = early.pick(records, args.selection, None, table)
         seen["at"] = time.monotonic()
 
-    doc = scan.collect(args, scan.gpuinfo.NoSource(), early=batch)
+    doc = scan.collect(args.selection, scan.gpuinfo.NoSource(), early=batch)
     t2 = time.monotonic()
     out["early_batch_at"] = seen["at"] - t0
     if steps is not None:
         out.update({"step_" + k: v for k, v in steps.pieces(t0).items()})
     out["proc_scan"] = doc["proc_scan_ms"] / 1000
     out["rest_of_collect"] = (t2 - t1) - out["proc_scan"]
-    the_plan = early.merge(plan.build(doc, args), seen["rows"])
+    the_plan = early.merge(plan.build(doc, args.selection), seen["rows"])
     t3 = time.monotonic()
     out["plan_build"] = t3 - t2
     planned = the_plan["targets"]

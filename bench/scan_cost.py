@@ -47,7 +47,7 @@ def measure(reps, devices, fake=False):
             t0 = time.monotonic()
             subprocess.run(["fuser", *paths], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             fuser.append((time.monotonic() - t0) * 1000)
-        doc = scan.collect(ns)
+        doc = scan.collect(ns.selection)
         holder.append(doc["proc_scan_ms"])
         whole.append(doc["scan_ms"])
         count, source = doc["processes_scanned"], doc["gpu_source"]

@@ -17,7 +17,8 @@ from __future__ import annotations
 import re
 import sys
 
-from .policy import program
+from .policy import program, selection
+from .policy.selection import Selection
 from .procs import devices
 from .wire import defaults, frame
 from .wire.call import SELECTING, SPEC_FLAG, SUBCOMMANDS
@@ -45,7 +46,7 @@ class Options:
     (SETTLE_S) where --settle was not given, and then `settle_auto` (the window may be cut short
     when nothing that could restart a target survives: settle.py)."""
 
-    __slots__ = FIELDS + ("settle_auto", "_device_set")
+    __slots__ = FIELDS + ("settle_auto", "_gpus")
 
     # common
     command: str | None
@@ -112,19 +113,30 @@ class Options:
         self.settle_auto = self.settle is None
         if self.settle is None:
             self.settle = defaults.SETTLE_S
-        self._device_set = None
+        self._gpus = None
 
     @classmethod
     def of(cls, namespace):
         """The options argparse parsed (its Namespace), as this record."""
         return cls(**vars(namespace))
 
+    @property
+    def gpu_source(self):
+        """Where this run reads its GPUs (devices.GpuSource), made once: its DeviceSet is found once."""
+        if self._gpus is None:
+            self._gpus = devices.GpuSource(self.devices, self.fake_devices, self.fake_gpus)
+        return self._gpus
+
+    @property
+    def selection(self):
+        """What this run selects (policy/selection.py): what the scan, the plan and the settle
+        window read, handed down in place of this record."""
+        return Selection(self.gpu_source, **{name: getattr(self, name) for name in selection.FLAGS})
+
     def device_set(self):
         """The host's GPU devices (devices.DeviceSet), found once per agent run. Raises
         devices.DeviceError for a glob that names anything but GPU devices."""
-        if self._device_set is None:
-            self._device_set = devices.DeviceSet(self.devices, fake=bool(self.fake_devices))
-        return self._device_set
+        return self.gpu_source.device_set()
 
     def emit_progress(self, **fields):
         """One progress line when the caller asked for them; never fails on a closed pipe."""

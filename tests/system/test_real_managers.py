@@ -28,7 +28,7 @@ AFTER_STOP_S = 5  # how long after the stop the manager is asked again: long pas
 
 def _scan_holder(ps, pid):
     """The scan's record of holder `pid` and the process table, as plan.py has them."""
-    doc = scan.collect(scan_args(ps))
+    doc = scan.collect(scan_args(ps).selection)
     holders = holders_by_pid(doc)
     assert pid in holders, f"PID {pid} is not seen holding {ps.glob}"
     return holders[pid], doc.procs
@@ -117,7 +117,7 @@ def test_supervisord_program_behind_a_shell_wrapper_is_the_programs(ps, tmp_path
     try:
         shell = sd.program_pid("vllm")
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
-        doc = scan.collect(scan_args(ps))
+        doc = scan.collect(scan_args(ps).selection)
         holder = next(h for h in doc["holders"] if h["ppid"] == shell)
         m = managers.manager_of(holder, doc.procs)
         assert (m["kind"], m["name"], m["main_pid"], m["pid"]) == ("supervisord", "vllm", shell, sd.pid)
@@ -127,7 +127,7 @@ def test_supervisord_program_behind_a_shell_wrapper_is_the_programs(ps, tmp_path
 
 
 def _holds_now(ps, pid):
-    return pid in holders_by_pid(scan.collect(scan_args(ps)))
+    return pid in holders_by_pid(scan.collect(scan_args(ps).selection))
 
 
 SERVICE_TOOLS = {"runit": ("runsvdir", "runsv", "sv"), "s6": ("s6-svscan", "s6-supervise", "s6-svc", "s6-svstat"),
@@ -170,7 +170,7 @@ def test_supervised_service_is_named_and_its_down_command_stops_it_for_good(ps, 
         wait_for(lambda: scanner.supervisor_pid("vllm") != supervisor, f"the scanner starts a new {kind} supervisor",
                  timeout=30)
         time.sleep(AFTER_STOP_S)
-        assert scanner.status("vllm") == "down" and not holders_by_pid(scan.collect(scan_args(ps)))
+        assert scanner.status("vllm") == "down" and not holders_by_pid(scan.collect(scan_args(ps).selection))
     finally:
         scanner.down()
 
@@ -206,7 +206,7 @@ def test_podman_container_is_named_and_podman_stop_stops_it_for_good(ps, tmp_pat
 def test_ray_workers_are_named_with_ray_stop_and_nothing_of_rays_is_run(ps):
     ray = RayShaped(ps, workers=2)
     workers = ray.worker_pids()
-    doc = scan.collect(scan_args(ps))
+    doc = scan.collect(scan_args(ps).selection)
     holders = holders_by_pid(doc)
     assert set(workers) <= set(holders)
     for pid in workers:

@@ -112,7 +112,7 @@ def teardown_start(source):
     return {"since_us": xid.now_us(), "watch": watch, "pid": os.getpid()}
 
 
-def mps_quit(args, audit, source=None, rescan=None):
+def mps_quit(sel, audit, source=None, rescan=None):
     """`teardown --mps quit`, once the targets (the clients) are gone: every control daemon on
     the host is told `quit`, and its server waited for, all within defaults.MPS_QUIT_TIMEOUT_S.
     Read from a fresh scan: a server may have started (for a client) since the plan's scan. A
@@ -129,7 +129,7 @@ def mps_quit(args, audit, source=None, rescan=None):
     info = _nvml_bounded(live, lambda: mps.describe(procs, doc["gpus"], live), None, "NVML MPS queries") \
         if live is not None else None
     info = info or mps.describe(procs, doc["gpus"], None) or {"controls": [], "servers": []}
-    scope, uid = args.scope, args.scope_uid
+    scope, uid = sel.scope, sel.scope_uid
     info["controls"] = [c for c in info["controls"] if (uid is None or c["uid"] == uid) and (
         not scope or scope in (c["pipe_dir"] or "") or scope in (c["cmdline"] or ""))]
     return mps.quit_all(info, audit, skip=served_outside(info, doc))

@@ -315,13 +315,13 @@ def total_used_mib(gpus):
 
 
 @contextlib.contextmanager
-def reader(args, source=None):
+def reader(gpus, source=None):
     """Yield (source, why better sources were not used): the caller's open reader when it
     polls with one, else a fresh one that is closed on the way out."""
     if source is not None:
         yield source, []
         return
-    source, tried = open_source(args.fake_gpus, args.devices)
+    source, tried = open_source(gpus.fake_gpus, gpus.devices)
     try:
         yield source, tried
     finally:

@@ -27,7 +27,7 @@ class Scan(dict):
         self.chain = chain
 
 
-def collect(args, source=None, confirm=False, early=None, known=None):
+def collect(sel, source=None, confirm=False, early=None, known=None):
     """One scan (a Scan: the document, and the process table beside it). `source` (an open
     GPU reader) is reused by callers that poll. `early`: called
     with the records a target pattern names once every record is read (procscan.snapshot).
@@ -42,15 +42,15 @@ def collect(args, source=None, confirm=False, early=None, known=None):
     started = time.monotonic()
     gpus = None
     if confirm or early is not None:  # with an early batch: before it goes out, not while the targets release
-        with gpuinfo.reader(args, source) as (source, tried):
+        with gpuinfo.reader(sel.gpus, source) as (source, tried):
             gpus = source.read()
     idle = confirm and gpus is not None and context_source(source.name, []) and not any(
-        g["processes"] or g["used_mib"] is None or g["used_mib"] > args.max_used_mib or g.get("unread") for g in gpus)
-    mark = _target_mark(args)
-    snap = procscan.snapshot(args.device_set(), fds=not idle, mark=mark, early=early, known=known)
+        g["processes"] or g["used_mib"] is None or g["used_mib"] > sel.max_used_mib or g.get("unread") for g in gpus)
+    mark = _target_mark(sel)
+    snap = procscan.snapshot(sel.gpus.device_set(), fds=not idle, mark=mark, early=early, known=known)
     procs_done = time.monotonic()
     if gpus is None or (confirm and not idle):  # read (again) after the processes: what they hold now
-        with gpuinfo.reader(args, source) as (source, tried):
+        with gpuinfo.reader(sel.gpus, source) as (source, tried):
             gpus = source.read()
     gpus_done = time.monotonic()
     procs = snap["procs"]
@@ -75,7 +75,7 @@ def collect(args, source=None, confirm=False, early=None, known=None):
     for pid in sorted(holder_pids):
         rec = procscan.detail(procs[pid], snap["holders"].get(pid, []), now_ticks=now, mapped=snap["mapped"].get(pid))
         rec["gpu_mib"] = gpu_mib.get(pid, {})
-        rec["protected"] = rules.protect_reason(rec, chain, args.protect) or _no_context(rec, lists)
+        rec["protected"] = rules.protect_reason(rec, chain, sel.protect) or _no_context(rec, lists)
         holders.append(rec)
     related = _related(procs, holder_pids, chain | {me})
     # An unreadable process might be a holder we cannot see: it blocks FREE (exit 6). Only
@@ -87,11 +87,11 @@ def collect(args, source=None, confirm=False, early=None, known=None):
     denied: list = []
     denied_protected: list = []
     for pid in snap["denied"]:
-        spared = pid == 1 or (vouched and rules.protect_reason(procs[pid], chain, args.protect))
+        spared = pid == 1 or (vouched and rules.protect_reason(procs[pid], chain, sel.protect))
         (denied_protected if spared else denied).append(pid)
     return Scan({
         "hostname": os.uname().nodename,  # gethostname()'s answer, without importing socket (~3 ms a call)
-        "devices_glob": args.devices,
+        "devices_glob": sel.gpus.devices,
         "devices": snap["devices"],
         "gpu_source": source.name,
         "gpu_source_tried": tried,
@@ -139,13 +139,13 @@ def _reread(procs, pids, known, mark):
             procs[pid] = procscan.record_of(pid, mark) or procs[pid]
 
 
-def _target_mark(args):
+def _target_mark(sel):
     """The target patterns tried on each process where its record is read (in the scan's
     workers, on a big host: 20,000 pattern matches before the first signal are ~60 ms on one
-    core); plan.build takes the answer from the record. None where args name no patterns."""
-    if args.match is None:
+    core); plan.build takes the answer from the record. None where the selection names no patterns."""
+    if sel.match is None:
         return None
-    patterns = rules.patterns_of(args)
+    patterns = rules.patterns_of(sel)
     return lambda info: rules.target_reason(info, patterns)
 
 

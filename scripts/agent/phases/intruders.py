@@ -44,9 +44,9 @@ def _agents(procs):
     return out
 
 
-def find(args, state):
+def find(sel, state):
     """The GPU holders now that are none of the phase's, protected, or an agent's: rows."""
-    found = scan.collect(args)
+    found = scan.collect(sel)
     procs = found.procs
     ours = phase_pids(state, procs) | _agents(procs)
     return [{"pid": h["pid"], "start_time": h["start_time"], "user": h.get("user"), "cmdline": h["cmdline"],

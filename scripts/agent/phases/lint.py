@@ -115,7 +115,7 @@ def findings(argv, gpus_visible, gpus_env, free_problems):
 
 def run(args):
     argv = json.loads(args.argv)
-    doc = scan.collect(args)
+    doc = scan.collect(args.selection)
     free, problems = verify.evaluate(doc, args.max_used_mib)
     visible = len(doc["gpus"]) or len([d for d in doc["devices"] if os.path.basename(d)[6:].isdigit()])
     found = findings(argv, visible, args.gpus, [] if free else problems)

@@ -243,7 +243,7 @@ class Ready(SpecCommand):
                 looked = waited
                 from .intruders import find  # a pivot's ready only: the scan's modules
 
-                intruders.update(((i["pid"], i["start_time"]), i) for i in find(args, state))
+                intruders.update(((i["pid"], i["start_time"]), i) for i in find(args.selection, state))
             if ready or dead or waited >= args.wait:
                 break
             if waited - last >= 2.0:

@@ -157,9 +157,9 @@ def protect_reason(proc, self_chain, extra_protect=()):
     return None
 
 
-def patterns_of(args):
+def patterns_of(sel):
     """The target patterns of a run: the host's TARGETS (or the defaults) and every --match."""
-    return list(args.target or DEFAULT_TARGETS) + list(args.match or ())
+    return list(sel.target or DEFAULT_TARGETS) + list(sel.match or ())
 
 
 def target_reason(proc, patterns):

@@ -13,6 +13,8 @@ Fake devices (the sandbox, tests) are plain files, recognised by (st_dev, st_ino
 allowed only where the caller says so (`--fake-devices`); elsewhere a glob that names
 anything but NVIDIA character devices (`/dev/*` reaching `/dev/loop0`) is refused.
 """
+from __future__ import annotations
+
 import glob
 import os
 import stat
@@ -24,6 +26,34 @@ PROC = "/proc"
 
 class DeviceError(ValueError):
     """The device glob names something that is not a GPU device: one line for the user."""
+
+
+class GpuSource:
+    """Where one run reads its GPUs: the device glob (`devices`; plain files allowed with
+    `fake_devices`) and, in the sandbox, the fake GPU memory's directory (`fake_gpus`). Frozen,
+    with the DeviceSet found once per run (device_set)."""
+
+    __slots__ = ("devices", "fake_devices", "fake_gpus", "_found")
+
+    devices: str
+    fake_devices: bool
+    fake_gpus: str | None
+    _found: list
+
+    def __init__(self, devices=defaults.DEVICE_GLOB, fake_devices=False, fake_gpus=None):
+        for name, value in (("devices", devices), ("fake_devices", bool(fake_devices)), ("fake_gpus", fake_gpus),
+                            ("_found", [])):
+            object.__setattr__(self, name, value)
+
+    def __setattr__(self, name, value):
+        raise AttributeError("GpuSource is frozen: %s" % name)
+
+    def device_set(self):
+        """The host's GPU devices (DeviceSet), found on first use. Raises DeviceError for a
+        glob that names anything but GPU devices."""
+        if not self._found:
+            self._found.append(DeviceSet(self.devices, fake=self.fake_devices))
+        return self._found[0]
 
 
 def nvidia_majors(proc=PROC):

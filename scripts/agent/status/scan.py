@@ -15,8 +15,8 @@ def add_arguments(parser):
 
 
 def run(args):
-    with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
-        full = collect(args, source)
+    with gpuinfo.reader(args.gpu_source) as (source, tried):  # kept open for the health pass (checkup.py)
+        full = collect(args.selection, source)
         full["gpu_source_tried"] = tried or full["gpu_source_tried"]
         checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
         checkup.annotate_settings(full, source)

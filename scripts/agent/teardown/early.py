@@ -75,16 +75,16 @@ class _Kids:
         return [pid for pid, _ in pairs] or default
 
 
-def pick(records, args, approved, table=()):
+def pick(records, sel, approved, table=()):
     """Plan rows (via "signal") for what plan.build makes targets by a pattern - the marked
     `records` and their trees (`table`: every process's parent and start time, a procscan.Kin
     or (pid, ppid, start_time) rows) - and could only signal; sorted by pid."""
     kin = table if isinstance(table, procscan.Kin) else procscan.Kin.of_rows(table)
     procs = _OnDemand(records)
-    picked = plan._Picked(procs, own_chain() | {os.getpid()}, args)
+    picked = plan._Picked(procs, own_chain() | {os.getpid()}, sel)
     # another person's copy is the full plan's to judge: only it knows whether its tree holds a GPU
     matched = [r["pid"] for r in sorted(records, key=lambda r: r["pid"])
-               if r.get("mark") and plan.in_scope(r, args) and not plan.another_persons(r, args)
+               if r.get("mark") and plan.in_scope(r, sel) and not plan.another_persons(r, sel)
                and picked.add(r["pid"], r["mark"])]
     picked.trees(matched, _Kids(kin, procs))
     now = scan.procfs_now_ticks()
@@ -126,7 +126,7 @@ def _under_manager(pid, seen):
     return answer
 
 
-def starters(rows, args, approved):
+def starters(rows, sel, approved):
     """The early batch's related starters to freeze before its SIGTERM (relation.py): the
     ancestors of its targets, read from /proc now, in the scope, not protected, not another
     person's nor a manager's daemon, approved where a plan was shown. The full plan decides
@@ -146,8 +146,8 @@ def starters(rows, args, approved):
     out = []
     for link in relation.Relation(rows, table, chain).links.values():
         info = table[link["pid"]]
-        if link["fate"] == "watch" or rules.protect_reason(info, chain, args.protect) \
-                or not plan.in_scope(info, args) or plan.another_persons(info, args):
+        if link["fate"] == "watch" or rules.protect_reason(info, chain, sel.protect) \
+                or not plan.in_scope(info, sel) or plan.another_persons(info, sel):
             continue
         if approved is None or (link["pid"], link["start_time"]) in approved:
             out.append(link)
@@ -159,15 +159,15 @@ class Batch:
     Never raises into the scan: an error is kept (`error`) and the rest of the teardown goes on
     with the full plan; what was sent before it is in `rows`."""
 
-    def __init__(self, args, approved, send):
-        self.args, self.approved, self.send = args, approved, send
+    def __init__(self, sel, approved, send):
+        self.sel, self.approved, self.send = sel, approved, send
         self.rows: list = []
         self.pipes: dict = {}  # pid -> the pipes on its stdin/stdout/stderr, read before its SIGTERM
         self.error = None
 
     def __call__(self, records, table=()):
         try:
-            self.rows = pick(records, self.args, self.approved, table)
+            self.rows = pick(records, self.sel, self.approved, table)
             if self.rows:
                 # a dying target closes its fds: the plan tells its pipeline's other end by them
                 self.pipes = {r["pid"]: relation.target_pipes(r["pid"]) for r in self.rows}
@@ -191,9 +191,9 @@ def merge(the_plan, rows):
     return the_plan
 
 
-def as_plan(rows, args):
+def as_plan(rows, sel):
     """A plan of the early batch alone, shaped as plan.build's (when the full scan failed after
     the batch went out: teardown.unverified records what was signalled)."""
     return {"targets": rows, "protected": [], "left_alone": [], "starters": [], "units": [], "containers": [],
-            "patterns": plan.patterns_of(args), "scope": {"text": args.scope, "uid": args.scope_uid},
+            "patterns": plan.patterns_of(sel), "scope": {"text": sel.scope, "uid": sel.scope_uid},
             "rules": list(plan.RULES), "will_free_mib": 0, "writing": []}

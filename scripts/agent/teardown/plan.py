@@ -99,15 +99,15 @@ def owner_key(info):
     return unit
 
 
-def patterns_of(args):
-    return rules.patterns_of(args)
+def patterns_of(sel):
+    return rules.patterns_of(sel)
 
 
-def in_scope(info, args):
+def in_scope(info, sel):
     """Does --scope / --scope-uid allow this process to be a target?"""
-    if args.scope_uid is not None and info.get("uid") != args.scope_uid:
+    if sel.scope_uid is not None and info.get("uid") != sel.scope_uid:
         return False
-    return not args.scope or args.scope in (info.get("cmdline") or "")
+    return not sel.scope or sel.scope in (info.get("cmdline") or "")
 
 
 RULES = (
@@ -124,15 +124,15 @@ RULES = (
 class _Picked:
     """The targets of a plan as they are found: {pid: why}, and who is protected (asked once)."""
 
-    def __init__(self, procs, chain, args):
-        self.procs, self.chain, self.args = procs, chain, args
+    def __init__(self, procs, chain, sel):
+        self.procs, self.chain, self.sel = procs, chain, sel
         self.reasons: dict = {}
         self.protected: dict = {}
         self.left: set = set()  # another person's idle copies: never made targets
 
     def protect(self, pid):
         if pid not in self.protected:
-            self.protected[pid] = rules.protect_reason(self.procs[pid], self.chain, self.args.protect)
+            self.protected[pid] = rules.protect_reason(self.procs[pid], self.chain, self.sel.protect)
         return self.protected[pid]
 
     def add(self, pid, why):
@@ -141,7 +141,7 @@ class _Picked:
         if pid in self.reasons or pid in self.left or pid not in procs or self.protect(pid) \
                 or procfs.finished(procs[pid]):
             return False
-        if self.args.scope_uid is not None and procs[pid]["uid"] != self.args.scope_uid:
+        if self.sel.scope_uid is not None and procs[pid]["uid"] != self.sel.scope_uid:
             return False
         self.reasons[pid] = why
         return True
@@ -168,46 +168,46 @@ class _Picked:
                         stack.append(child)
 
 
-def pending_query(args):
+def pending_query(sel):
     """The pending restarts' query (pending.py), started now: a unit or container whose command
     the target patterns and scope pick, with a restart scheduled and no process yet."""
-    patterns = patterns_of(args)
-    return pending.Query(lambda info: in_scope(info, args) and rules.target_reason(info, patterns),
+    patterns = patterns_of(sel)
+    return pending.Query(lambda info: in_scope(info, sel) and rules.target_reason(info, patterns),
                          systemd_running, lambda: on_path("docker"))
 
 
-def add_pending(built, found, args):
+def add_pending(built, found, sel):
     """The pending units and containers, to be stopped through their managers like the others;
     returns {units, containers} of those added."""
     have = {u["unit"] for u in built["units"] if not u.get("ctid")}
-    added = {"units": [{"unit": u["unit"], "ctid": None, "pids": [], "disable": bool(args.disable),
+    added = {"units": [{"unit": u["unit"], "ctid": None, "pids": [], "disable": bool(sel.disable),
                         "pending": u["why"]} for u in found["units"] if u["unit"] not in have]}
     have = {c["id"] for c in built["containers"]}
-    added["containers"] = [{"id": c["id"], "name": c["name"], "pids": [], "disable": bool(args.disable),
+    added["containers"] = [{"id": c["id"], "name": c["name"], "pids": [], "disable": bool(sel.disable),
                             "pending": c["why"]} for c in found["containers"] if c["id"] not in have]
     built["units"] += added["units"]
     built["containers"] += added["containers"]
     return added
 
 
-def build(doc, args, with_pending=True, pipes=None):
+def build(doc, sel, with_pending=True, pipes=None, keep_shm=False):
     """The plan from a scan (scan.Scan: the document and its process table), with the pending
     restarts (pending.py) queried on a thread meanwhile; a teardown adds those itself, after
     its plan's batch went out (with_pending False). `pipes`: early.Batch's, read before its
     SIGTERM."""
-    pending_restarts = pending_query(args) if with_pending else None
+    pending_restarts = pending_query(sel) if with_pending else None
     procs, chain = doc.procs, doc.chain | {os.getpid()}
     holders = {h["pid"]: h for h in doc["holders"]}
-    patterns = patterns_of(args)
+    patterns = patterns_of(sel)
     kids = procscan.children_map(procs)
-    picked = _Picked(procs, chain, args)
+    picked = _Picked(procs, chain, sel)
     matched = []
     others: dict = {}  # pid -> why it is left (another person's idle copy)
     for pid, info in procs.items():
         why = info["mark"] if "mark" in info else rules.target_reason(info, patterns)  # scan.collect tried them
-        if not why or not in_scope(info, args):
+        if not why or not in_scope(info, sel):
             continue
-        whose = _someone_elses_idle(info, procs, kids, holders, args)
+        whose = _someone_elses_idle(info, procs, kids, holders, sel)
         if whose:
             others[pid] = whose
             picked.left.add(pid)  # nor taken into a target's tree, group or session
@@ -218,7 +218,7 @@ def build(doc, args, with_pending=True, pipes=None):
     for pid, why in _left_in_group(picked.reasons, procs):
         picked.add(pid, why)
     now = scan.procfs_now_ticks()
-    left_alone = _other_holders(holders, picked, args) + [
+    left_alone = _other_holders(holders, picked, sel) + [
         _row(procscan.detail(procs[pid], [], now_ticks=now), why) for pid, why in others.items()]
     wrapped, filters = wrappers.find(picked.reasons, procs, kids, never=chain)
     related = relation.Relation([procs[pid] for pid in picked.reasons], procs, chain,
@@ -229,26 +229,26 @@ def build(doc, args, with_pending=True, pipes=None):
         if picked.protect(pid):  # related all the same, and never signalled: named while it lives
             link = dict(link, fate="watch", foreground=False, relation="%s, protected: %s" % (
                 link["relation"], picked.protect(pid)))
-        elif link["fate"] == "freeze" and args.stop_starters and link["role"] != "terminal":
+        elif link["fate"] == "freeze" and sel.stop_starters and link["role"] != "terminal":
             link = dict(link, fate="stop", relation=link["relation"] + ", stopped too (--stop-starters)")
-        if not in_scope(procs[pid], args) or another_persons(procs[pid], args):
+        if not in_scope(procs[pid], sel) or another_persons(procs[pid], sel):
             link = dict(link, fate="watch", foreground=False,
                         relation=link["relation"] + ("" if link["role"] == "terminal" else
                                                      ", outside the scope: never signalled"))
         starters[pid] = link
     wrapped = {pid: sorted(set(pids) & set(picked.reasons)) for pid, pids in wrapped.items()
-               if pid not in starters and not picked.protect(pid) and in_scope(procs[pid], args)
+               if pid not in starters and not picked.protect(pid) and in_scope(procs[pid], sel)
                and not managers.is_manager_daemon(procs[pid])}  # an init (tini) whose container is stopped
     for pid, link in starters.items():
         if link["fate"] == "stop":
             wrapped[pid] = sorted(set(link["of"]))
-    built = _assemble(doc, picked.reasons, holders, procs, left_alone, args, wrapped, filters, starters)
+    built = _assemble(doc, picked.reasons, holders, procs, left_alone, sel, wrapped, filters, starters)
     built["unseen"] = [{"pid": pid, "start_time": procs[pid]["start_time"], "cmdline": procs[pid].get("cmdline", ""),
                         "why": why} for pid, why in sorted(related.unseen.items())]
-    if not getattr(args, "keep_shm", False):  # read before the plan's signals: gone after them (shm.py)
+    if not keep_shm:  # read before the plan's signals: gone after them (shm.py)
         built["shm"], built["shm_owners"] = shm.gather(built["targets"])
     if pending_restarts is not None:
-        add_pending(built, pending_restarts.get(), args)
+        add_pending(built, pending_restarts.get(), sel)
     return built
 
 
@@ -259,19 +259,19 @@ def operator_uid():
     return int(uid) if uid.isdigit() else os.getuid()
 
 
-def another_persons(info, args):
+def another_persons(info, sel):
     """Is this process another person's: a uid of UID_MIN or more that is not the operator's,
     where neither --all-users nor --scope-uid (which names whose processes are meant) is given?"""
     uid = info.get("uid")
-    return not (args.all_users or args.scope_uid is not None or uid is None
+    return not (sel.all_users or sel.scope_uid is not None or uid is None
                 or uid < rules.uid_min() or uid == operator_uid())
 
 
-def _someone_elses_idle(info, procs, kids, holders, args):
+def _someone_elses_idle(info, procs, kids, holders, sel):
     """Why a target program is left, or None: it is another person's (another_persons) and
     neither it nor anything it started holds a GPU of this host (a client, a copy waiting for
     its turn). Freeing the GPUs needs none of that; --all-users takes it."""
-    if not another_persons(info, args):
+    if not another_persons(info, sel):
         return None
     tree = procscan.descendants(info["pid"], kids) | {info["pid"]}
     if any(_holds_a_gpu(holders[pid]) for pid in tree & set(holders)):
@@ -299,16 +299,16 @@ def _holds_a_gpu(holder):
                                                for d in holder.get("devices") or [])
 
 
-def _other_holders(holders, picked, args):
+def _other_holders(holders, picked, sel):
     """Every other unprotected GPU holder is a target (orphans, renamed workers), unless
     --only-matching or the scope keeps it out: those are returned, to be reported."""
     left_alone = []
     for pid, h in holders.items():
         if pid in picked.reasons or h["protected"]:
             continue
-        if args.only_matching:
+        if sel.only_matching:
             left_alone.append(_row(h, "holds a GPU but matches no target pattern (--only-matching)"))
-        elif not in_scope(h, args):
+        elif not in_scope(h, sel):
             left_alone.append(_row(h, "holds a GPU but is outside the scope (--scope/--scope-uid)"))
         else:
             picked.add(pid, "holds a GPU (orphan of PID 1)" if h["ppid"] == 1 else "holds a GPU")
@@ -376,7 +376,7 @@ def _row(info, why):
     return out
 
 
-def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters, starters):
+def _assemble(doc, reasons, holders, procs, left_alone, sel, wrapped, filters, starters):
     now = scan.procfs_now_ticks()
 
     gone: list = []
@@ -430,13 +430,13 @@ def _assemble(doc, reasons, holders, procs, left_alone, args, wrapped, filters, 
         "protected": protected,
         "left_alone": left_alone + named,
         "starters": sorted(starter_rows, key=lambda t: t["pid"]),
-        "units": [{"unit": u, "ctid": ct, "pids": p, "disable": bool(args.disable)}
+        "units": [{"unit": u, "ctid": ct, "pids": p, "disable": bool(sel.disable)}
                   for (u, ct), p in sorted(units.items(), key=lambda kv: (kv[0][0], kv[0][1] or ""))],
-        "containers": [{"id": c, "name": names.get(c), "pids": p, "disable": bool(args.disable)}
+        "containers": [{"id": c, "name": names.get(c), "pids": p, "disable": bool(sel.disable)}
                        for c, p in sorted(containers.items())],
         "managers": stops,
-        "patterns": patterns_of(args),
-        "scope": {"text": args.scope, "uid": args.scope_uid},
+        "patterns": patterns_of(sel),
+        "scope": {"text": sel.scope, "uid": sel.scope_uid},
         "rules": list(RULES),
         "will_free_mib": _will_free(targets),
         "writing": [{"pid": t["pid"], "files": t["write_files"]} for t in targets if t["write_files"]],
@@ -672,7 +672,7 @@ def run(args):
     from . import checkpoint  # only here and in a teardown that declares a stop
 
     stops = checkpoint.planned(args)  # a bad stop is bad input: exit 2 before the scan
-    doc = scan.collect(args)
-    built = build(doc, args)
+    doc = scan.collect(args.selection)
+    built = build(doc, args.selection)
     built["checkpoint_stops"] = stops
     return codes.EXIT_OK, records.written(records.PlanResult, scan.public(doc), code=codes.EXIT_OK, plan=built)

@@ -158,18 +158,18 @@ def _nvlink_check(nv, handles, index, doc):
 
 
 def run(args):
-    code, out = _reset(args)
+    code, out = _reset(args.selection, args.gpu, args.quiesce, args.yes)
     return code, records.written(records.ResetResult, out, code=code)
 
 
-def _reset(args):
-    args.device_set()
-    source, tried = gpuinfo.open_source(args.fake_gpus, args.devices)
+def _reset(sel, gpu, quiesce, yes):
+    sel.gpus.device_set()
+    source, tried = gpuinfo.open_source(sel.gpus.fake_gpus, sel.gpus.devices)
     daemons, refused = [], []
     try:
-        doc = scan.collect(args, source)
-        index = _gpu_index(args.gpu, len(doc["gpus"]))
-        if args.quiesce:
+        doc = scan.collect(sel, source)
+        index = _gpu_index(gpu, len(doc["gpus"]))
+        if quiesce:
             daemons, refused = quiesce.find(doc.procs)
         results = checks(doc, source, index, {p for d in daemons for p in d["pids"]})
     finally:
@@ -178,14 +178,14 @@ def _reset(args):
     ready = all(c["ok"] for c in results) and not refused
     out = {"hostname": doc["hostname"], "gpu": index, "checks": results, "command": argv, "ready": ready,
            "ran": False, "gpu_source": doc["gpu_source"], "gpu_source_tried": tried, "output": None,
-           "note": "dry run: nothing was reset (run with --yes)" if not args.yes else None,
+           "note": "dry run: nothing was reset (run with --yes)" if not yes else None,
            "quiesce": {"daemons": daemons, "refused": refused, "steps": [], "persistence": []}
-           if args.quiesce else None}
+           if quiesce else None}
     if not ready:
         out["note"] = "refused: %s; nothing was stopped or reset" % (
             "; ".join(refused) if refused else "a precondition is not met")
         return codes.EXIT_FAILED, out
-    if not args.yes:
+    if not yes:
         return codes.EXIT_OK, out
     if os.geteuid() != 0:
         out["note"] = "refused: a GPU reset needs root"
@@ -193,8 +193,8 @@ def _reset(args):
     if not shutil.which(argv[0]):
         out["note"] = "refused: nvidia-smi is not on PATH"
         return codes.EXIT_FAILED, out
-    if args.quiesce:
-        return _quiesced(args, index, daemons, out)
+    if quiesce:
+        return _quiesced(sel, index, daemons, out)
     code = _run_reset(argv, out)
     out["note"] = "reset %s" % ("done" if code == codes.EXIT_OK else
                                 "FAILED (invoke reset --quiesce stops the daemons that may block it)")
@@ -211,7 +211,7 @@ def _run_reset(argv, out):
         return codes.EXIT_FAILED
 
 
-def _quiesced(args, index, daemons, out):
+def _quiesced(sel, index, daemons, out):
     """The reset inside quiesce.around, then the GPU's health read again. A reset that ran and
     failed with nothing blocking it is "reboot needed" (12); a daemon or setting not put back
     is named and exits 1 (unless the reboot says more)."""
@@ -222,7 +222,7 @@ def _quiesced(args, index, daemons, out):
     done = quiesce.around(index, daemons, reset)
     q = out["quiesce"]
     q.update(steps=done["steps"], persistence=done["persistence"], daemons=done["daemons"])
-    q["health"] = _health_after(args, index)
+    q["health"] = _health_after(sel, index)
     failed = done["restore_failed"]
     if done["ran"] and not done["ok"]:
         code, note = codes.EXIT_REBOOT_NEEDED, "reset FAILED with its blockers stopped: reboot needed"
@@ -239,11 +239,11 @@ def _quiesced(args, index, daemons, out):
     return code, out
 
 
-def _health_after(args, index):
+def _health_after(sel, index):
     """The GPU's health verdict, read again after the reset (a fresh scan and NVML handles)."""
-    source, _ = gpuinfo.open_source(args.fake_gpus, args.devices)
+    source, _ = gpuinfo.open_source(sel.gpus.fake_gpus, sel.gpus.devices)
     try:
-        doc = checkup.annotate(scan.collect(args, source), source)
+        doc = checkup.annotate(scan.collect(sel, source), source)
         gpu = next((g for g in doc["gpus"] if g["index"] == index), None)
         return gpu.get("health") if gpu else {"verdict": "unknown", "reasons": ["GPU %d is not seen" % index]}
     except Exception as exc:  # a GPU that fell off the bus: the verdict says so, the restore stands

@@ -267,9 +267,10 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got, free
     """The scan (its early batch sent from inside it), the plan, the fork watch's roots, and the
     plan's batch (_send_plan). Returns (doc, plan, planned, unapproved, {pid: target}, stops);
     `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
-    doc = scan.collect(args, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
-    query = plan.pending_query(args)  # after the early signals; its commands never hold the plan's batch
-    the_plan = got["plan"] = early.merge(plan.build(doc, args, with_pending=False, pipes=batch.pipes), batch.rows)
+    doc = scan.collect(args.selection, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
+    query = plan.pending_query(args.selection)  # after the early signals; its commands never hold the plan's batch
+    the_plan = got["plan"] = early.merge(plan.build(doc, args.selection, with_pending=False, pipes=batch.pipes,
+                                                          keep_shm=args.keep_shm), batch.rows)
     approved = batch.approved  # the operator's --approved (None: all of the plan)
     planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
     unapproved = [t for t in the_plan["targets"] if t not in planned]
@@ -299,7 +300,7 @@ def _stop_pending(the_plan, query, args, approved, audit):
     answers (after the plan's batch went out: a hung systemctl delays no signal): each added to
     the plan and stopped through its manager; with --approved named instead (exit 11), as no
     process the operator approved."""
-    added = plan.add_pending(the_plan, query.get(), args)
+    added = plan.add_pending(the_plan, query.get(), args.selection)
     if approved is not None:  # only those the operator saw in the plan (unit=NAME, container=ID)
         ok = {key: [u for u in added[key] if (key[:-1], u.get("unit") or u.get("id")) in approved]
               for key in ("units", "containers")}
@@ -331,7 +332,8 @@ def _early_batch(args, approved, audit, timings, started, source, freezer):
     targets = Targets([], audit, None, chain=early.own_chain(), protect=args.protect, since_ticks=since,
                       scope_uid=args.scope_uid)
     held: dict = {"shm": ([], [])}  # what the early batch's targets hold in /dev/shm, read before their signal
-    return targets, early.Batch(args, approved, lambda rows: _send_early(targets, rows, timings, started, source,
+    sel = args.selection
+    return targets, early.Batch(sel, approved, lambda rows: _send_early(targets, rows, timings, started, source,
                                                                          lambda: _before_early(args, held, freezer,
                                                                                                rows, approved))), held
 
@@ -339,7 +341,7 @@ def _early_batch(args, approved, audit, timings, started, source, freezer):
 def _before_early(args, held, freezer, rows, approved):
     """Before the early batch's signal: freeze what could start them again (freeze.py), and
     read what they hold in /dev/shm (shm.py: nothing says it once they are gone)."""
-    freezer.freeze(early.starters(rows, args, approved))
+    freezer.freeze(early.starters(rows, args.selection, approved))
     if not args.keep_shm:
         held["shm"] = shm.gather(rows)
 
@@ -419,7 +421,7 @@ def execute(args, operator, started, source):
             if not batch.rows and not targets.term_at:
                 raise  # nothing was signalled: the error is the answer, as before any signal
             # signals went out (the early batch, maybe more): see them through and record them
-            record.update(plan=got.get("plan") or early.as_plan(batch.rows, args), before=[], unapproved=[])
+            record.update(plan=got.get("plan") or early.as_plan(batch.rows, args.selection), before=[], unapproved=[])
             return unverified(args, targets, started, record, recorder, audit, timings, {}, exc)
         watch = targets.watch
         recorder.errors.extend([batch.error] if batch.error else [])
@@ -515,7 +517,8 @@ def _stop_and_watch(args, targets, source, started, timings, units_stop, freezer
     unended = freezer.end([s for s in the_plan["starters"] if s["fate"] == "stop"], args.grace)
     freezer.interrupt([s for s in the_plan["starters"] if s.get("foreground")], targets.since_ticks)
     # clients gone: the MPS daemon next
-    mps_quit = (checkup.mps_quit(args, audit, source, rescan=lambda: scan.collect(args, source))
+    mps_quit = (checkup.mps_quit(args.selection, audit, source,
+                                 rescan=lambda: scan.collect(args.selection, source))
                 if args.mps == "quit" else [])
     result = _watch_window(args, source, targets, started, doc, the_plan, planned, settle,
                            timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
@@ -596,8 +599,9 @@ def _watch_window(args, source, targets, started, doc, the_plan, planned, settle
                              starters=the_plan["starters"], patterns=the_plan["patterns"],
                              stops=the_plan.get("managers", []), unseen=the_plan.get("unseen", []))
     before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
-    return settle.watch(args, source, targets, started, before, on_poll=on_poll, on_free=on_free,
-                        timeout_s=timeout_s, lineage=lineage)
+    window = settle.Window(args.settle, args.settle_auto, args.grace, timeout_s)
+    return settle.watch(args.selection, window, source, targets, started, before, on_poll=on_poll, on_free=on_free,
+                        lineage=lineage)
 
 
 def unverified(args, targets, started, record, recorder, audit, timings, doc, exc):

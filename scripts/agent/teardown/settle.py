@@ -7,6 +7,7 @@ last target exits, and a check made at that instant says "FREED" while the GPU i
 taken again. So the GPUs are watched for a window (default 2 s) after they first read free.
 
 The whole account: docs/design-notes.md (scripts/agent/teardown/settle.py)."""
+import collections
 import os
 import time
 
@@ -246,7 +247,7 @@ def _starter(info, procs, since_ticks):
     return info
 
 
-def _classify(doc, targets, args, patterns, lineage, known):
+def _classify(doc, targets, sel, patterns, lineage, known):
     """({key: respawn record}, {key: ignored record}) for processes started during the
     teardown that are not ours: few, usually none."""
     procs = doc.procs
@@ -257,7 +258,7 @@ def _classify(doc, targets, args, patterns, lineage, known):
         k = (pid, info["start_time"])
         if info["start_time"] < targets.since_ticks or k in known or k in targets.keys or procfs.finished(info):
             continue
-        if not plan.in_scope(info, args) or rules.protect_reason(info, doc.chain, args.protect):
+        if not plan.in_scope(info, sel) or rules.protect_reason(info, doc.chain, sel.protect):
             continue
         what = _what(info, patterns, lineage, pid in context)
         if not what:
@@ -272,7 +273,7 @@ def _classify(doc, targets, args, patterns, lineage, known):
             continue
         started_by, hint = by
         respawns[k] = _respawn(info, what, doc["holders"], pid in context, started_by, hint)
-    for k, what, before in _exec_in_place(procs, args, patterns, lineage, known, doc.chain, context):
+    for k, what, before in _exec_in_place(procs, sel, patterns, lineage, known, doc.chain, context):
         info = procs[k[0]]
         respawns[k] = _respawn(info, what, doc["holders"], k[0] in context,
                                "itself: it ran `%s` and exec'd a target program in place (bash runs a -c "
@@ -299,7 +300,7 @@ def _respawn(info, what, holders, context, started_by, hint):
                    % (what, "holding a GPU" if held or context else "not holding a GPU yet", started_by)}
 
 
-def _exec_in_place(procs, args, patterns, lineage, known, chain, context):
+def _exec_in_place(procs, sel, patterns, lineage, known, chain, context):
     """[((pid, start), why, the command line it ran)] of the surviving starters (and their
     other descendants) that exec'd a target program: a process keeps its pid and start time
     across exec, so `bash -c "SERVER; SERVER"` becomes the second server in place, and a
@@ -311,7 +312,7 @@ def _exec_in_place(procs, args, patterns, lineage, known, chain, context):
         info, then = procs.get(k[0]), lineage.procs.get(k[0], {})
         if (info is None or info["start_time"] != k[1] or info["cmdline"] == cmdline or k in known
                 or info.get("arg_start") == then.get("arg_start") or procfs.finished(info)
-                or not plan.in_scope(info, args) or rules.protect_reason(info, chain, args.protect)):
+                or not plan.in_scope(info, sel) or rules.protect_reason(info, chain, sel.protect)):
             continue
         what = _what(info, patterns, lineage, k[0] in context)
         if what:
@@ -362,13 +363,19 @@ def _ignored(info, why):
     return {"pid": info["pid"], "cmdline": info["cmdline"][:200], "why": why}
 
 
+# The settle window's flags: `seconds` (--settle, or the default), `auto` (no --settle given:
+# the window may end at once), `grace` (SIGTERM to SIGKILL), `timeout` (the teardown's).
+Window = collections.namedtuple("Window", "seconds auto grace timeout")
+
+
 class _Seen:
     """What one settle window has seen: the respawns, the processes it set aside, and the
     first free stretch's steps (for the teardown's timings)."""
 
-    def __init__(self, args, targets, lineage, before):
-        self.args, self.targets, self.lineage, self.before = args, targets, lineage, set(before)
-        self.patterns = plan.patterns_of(args)
+    def __init__(self, sel, window, targets, lineage, before):
+        self.sel, self.window_flags, self.targets = sel, window, targets
+        self.lineage, self.before = lineage, set(before)
+        self.patterns = plan.patterns_of(sel)
         self.known = reusable_records(lineage, targets.since_ticks)
         self.respawned: dict = {}
         self.ignored: dict = {}
@@ -379,13 +386,13 @@ class _Seen:
     def look(self, source):
         """One scan: adopt what targets forked, SIGKILL what outlived its grace, classify what
         started meanwhile, and evaluate. Returns (doc, free, problems, new respawns)."""
-        args, targets = self.args, self.targets
-        doc = scan.collect(args, source, confirm=True, known=self.known)
+        sel, targets, grace = self.sel, self.targets, self.window_flags.grace
+        doc = scan.collect(sel, source, confirm=True, known=self.known)
         self.scans += 1
         targets.adopt_new(doc.procs)
-        targets.escalate(min(args.grace, 2.0))
-        targets.escalate(args.grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
-        new, seen = _classify(doc, targets, args, self.patterns, self.lineage, set(self.respawned) | self.before)
+        targets.escalate(min(grace, 2.0))
+        targets.escalate(grace, among=targets.items)  # one that runs after all (wait_gone's exit wait)
+        new, seen = _classify(doc, targets, sel, self.patterns, self.lineage, set(self.respawned) | self.before)
         self.respawned.update(new)
         for k, rec in seen.items():  # looked at again each scan: a process set aside may turn out a respawn
             if k in self.ignored or len(self.ignored) < IGNORED_KEPT:
@@ -394,7 +401,7 @@ class _Seen:
             self.ignored.pop(k, None)
         if new:
             self.first_respawn = self.first_respawn or time.monotonic()
-        free, problems = verify.evaluate(doc, args.max_used_mib)
+        free, problems = verify.evaluate(doc, sel.max_used_mib)
         if targets.failed:
             free = False
             problems = problems + ["could not signal pid %s (%s: %s); it was not stopped"
@@ -407,10 +414,10 @@ class _Seen:
         process started during the teardown was left to PID 1 (a target that forked and
         exited, the child in a session of its own: where no fork event ties it to the
         target, only the window shows what it starts)."""
-        if self.args.settle_auto and not self.respawned and not any(self.lineage.surviving()) \
+        if self.window_flags.auto and not self.respawned and not any(self.lineage.surviving()) \
                 and not self._orphans(doc.procs):
             return 0.0, "nothing left that could restart a target"
-        return self.args.settle, None
+        return self.window_flags.seconds, None
 
     def _orphans(self, procs):
         """Processes started during the teardown whose parent is PID 1 (or none), not ours,
@@ -423,7 +430,7 @@ class _Seen:
             return []
         return [info for info in procs.values() if info["start_time"] >= since and info["ppid"] in (0, 1)
                 and (info["pid"], info["start_time"]) not in targets.keys and not procfs.finished(info)
-                and plan.in_scope(info, self.args)]
+                and plan.in_scope(info, self.sel)]
 
     def only_left(self, doc):
         """Is all that keeps the GPUs from free what the plan left alone (--only-matching, out of
@@ -467,24 +474,24 @@ def _pending(targets, doc):
               "why": "exiting, holds no GPU memory"} for t in aside])
 
 
-def watch(args, source, targets, started, before=(), on_poll=None, on_free=None, timeout_s=None, lineage=None):
-    """Poll until the GPUs have read free for the window (args.settle seconds; none when
-    args.settle_auto and nothing that could restart a target survives), or timeout_s
-    (default args.timeout) passes, or a respawn has been seen for a whole window. Free also
-    needs every target, adopted ones included, to have exited (see the module's docstring).
+def watch(sel, window_flags, source, targets, started, before=(), on_poll=None, on_free=None, lineage=None):
+    """Poll until the GPUs have read free for the window (`window_flags`, a Window: its seconds;
+    none when it is auto and nothing that could restart a target survives), or its timeout
+    passes, or a respawn has been seen for a whole window. Free also needs every target,
+    adopted ones included, to have exited (see the module's docstring).
     `before`: (pid, start) of the holders the plan already saw (left alone or out of scope).
     `lineage`: a Lineage (what could restart the targets). `on_free(free_at_s, window_s)` is
     called when the GPUs first read free, and again only after a respawn broke that."""
     t0 = time.monotonic()
-    timeout = args.timeout if timeout_s is None else timeout_s
-    seen = _Seen(args, targets, lineage or Lineage(scan.Scan({}, {}, set()), []), before)
+    timeout = window_flags.timeout
+    seen = _Seen(sel, window_flags, targets, lineage or Lineage(scan.Scan({}, {}, set()), []), before)
     free_at, announced, last_progress = None, False, 0.0
     stable = None  # ("free" or "left", since when): the state whose window is being watched
-    window, ended_early = args.settle, None
+    window, ended_early = window_flags.seconds, None
     exiting: list = []
     while True:
         if free_at is None and not targets.alive(targets.items + targets.added):
-            gpuinfo.until_reads_free(source, args.max_used_mib,
+            gpuinfo.until_reads_free(source, sel.max_used_mib,
                                      min(FAST_WAIT_MAX_S, max(0.0, t0 + timeout - time.monotonic())))
         scanned_at = time.monotonic()
         doc, free, problems, new = seen.look(source)
@@ -512,7 +519,7 @@ def watch(args, source, targets, started, before=(), on_poll=None, on_free=None,
         # short, a respawn at 1 s of a 5 s window would go unseen)
         if now - t0 >= timeout and (stable is None or not state):
             break
-        if seen.first_respawn and not pending and now - seen.first_respawn >= args.settle:
+        if seen.first_respawn and not pending and now - seen.first_respawn >= window_flags.seconds:
             free = False
             break
         if on_poll and now - last_progress >= PROGRESS_EVERY_S:  # a line a second is news; 20 are noise

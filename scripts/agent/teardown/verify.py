@@ -111,7 +111,7 @@ def still_holding(doc):
 RESCAN_EVERY_S = 0.5  # while a holder is still alive: a fresh scan (and a progress line) this often
 
 
-def wait_free(args, wait_s, on_poll=None, source=None):
+def wait_free(sel, wait_s, on_poll=None, source=None):
     """Scan until free or wait_s passes; returns (free, doc, problems, waited_s).
 
     Why not a scan per 50 ms poll: a scan reads every fd of every process (tens of ms on a
@@ -123,19 +123,19 @@ def wait_free(args, wait_s, on_poll=None, source=None):
     """
     started = time.monotonic()
     exits = targets.ExitWaiter()
-    with gpuinfo.reader(args, source) as (source, tried):
+    with gpuinfo.reader(sel.gpus, source) as (source, tried):
         try:
             while True:
                 scanned_at = time.monotonic()
-                doc = scan.collect(args, source)
+                doc = scan.collect(sel, source)
                 doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
-                free, problems = evaluate(doc, args.max_used_mib)
+                free, problems = evaluate(doc, sel.max_used_mib)
                 waited = time.monotonic() - started
                 if free or waited >= wait_s:
                     return free, doc, problems, waited
                 if on_poll:
                     on_poll(doc, problems, waited)
-                _until_rescan(doc, source, exits, args.max_used_mib, scanned_at,
+                _until_rescan(doc, source, exits, sel.max_used_mib, scanned_at,
                               min(started + wait_s, scanned_at + RESCAN_EVERY_S))
         finally:
             exits.close()
@@ -163,7 +163,7 @@ def _until_rescan(doc, source, exits, max_used_mib, scanned_at, until):
 PROGRESS_EVERY_S = 0.5  # a line a second or two is news; one per 50 ms poll is noise
 
 
-def _progress(args):
+def _progress(emit, wait_s):
     """on_poll for wait_free: with --progress, what --wait is waiting for (the holders that are
     not protected, GPU memory still used, the first problems) at most twice a second."""
     last = [-PROGRESS_EVERY_S]
@@ -174,17 +174,18 @@ def _progress(args):
         last[0] = waited
         holders = [{"pid": h["pid"], "argv": (h.get("argv") or [])[:12], "cmdline": h["cmdline"][:200]}
                    for h in doc["holders"] if not h["protected"]][:8]
-        args.emit_progress(phase="verify-wait", elapsed_s=round(waited, 2), wait_s=args.wait, holders=holders,
-                           mib_left=gpuinfo.total_used_mib(doc["gpus"]), problems=problems[:3])
+        emit(phase="verify-wait", elapsed_s=round(waited, 2), wait_s=wait_s, holders=holders,
+             mib_left=gpuinfo.total_used_mib(doc["gpus"]), problems=problems[:3])
 
     return on_poll
 
 
 def run(args):
-    with gpuinfo.reader(args) as (source, tried):  # kept open for the health pass (checkup.py)
-        free, doc, problems, waited = wait_free(args, args.wait, on_poll=_progress(args), source=source)
+    with gpuinfo.reader(args.gpu_source) as (source, tried):  # kept open for the health pass (checkup.py)
+        on_poll = _progress(args.emit_progress, args.wait)
+        free, doc, problems, waited = wait_free(args.selection, args.wait, on_poll=on_poll, source=source)
         doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
-        tried_probe = _probe(args, free, doc, source)
+        tried_probe = _probe(args.probe, args.probe_mib, free, doc, source)
         code, problems = checkup.verify_result(doc, source, free, problems, exit_code(doc, free, args.max_used_mib),
                                                probe=tried_probe)
     return code, records.written(records.VerifyResult, dict(scan.public(doc), max_used_mib=args.max_used_mib,
@@ -193,11 +194,11 @@ def run(args):
                                  still_holding=[] if free else still_holding(doc), probe=tried_probe)
 
 
-def _probe(args, free, doc, source):
+def _probe(wanted, probe_mib, free, doc, source):
     """With --probe, the CUDA probe's result (gpu/probe.py) once every GPU is free; on GPUs that
     are not free it is not run (a context there would join another's work): it says so."""
-    if not args.probe:
+    if not wanted:
         return None
     if not free:
         return {"skipped": "the GPUs are not free: not probed", "gpus": {}}
-    return probe.run(doc["gpus"], args.probe_mib, source=source)
+    return probe.run(doc["gpus"], probe_mib, source=source)

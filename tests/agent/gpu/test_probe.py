@@ -160,7 +160,7 @@ def test_the_probes_own_context_is_never_a_holder(in_process, ps, tmp_path):
         wait_for((tmp_path / "other").exists, "the other process holding the device")
         child = next(iter(probe.procfs.OWN_PROBES))
         assert os.path.exists("/proc/%d" % child)
-        doc = scan.collect(cli.parse(["scan", "--devices=" + ps.glob, "--fake-devices"]))
+        doc = scan.collect(cli.parse(["scan", "--devices=" + ps.glob, "--fake-devices"]).selection)
         pids = {h["pid"] for h in doc["holders"]}
         assert other.pid in pids  # the same device held by any other process is a holder
         assert child not in pids

@@ -357,7 +357,7 @@ def test_reset_refuses_when_a_process_could_not_be_inspected(second_user, open_d
                    scope=None, scope_uid=None)
     src = types.SimpleNamespace(name="sandbox (fake GPUs)", read=lambda: [{"index": 0, "processes": []}],
                                 close=lambda: None)
-    doc = scan.collect(args, src)
+    doc = scan.collect(args.selection, src)
     doc["holders"] = [h for h in doc["holders"] if h["pid"] != pid]  # unseen: its fds were not readable
     doc["denied"] = [pid]
     checks = {c["check"]: c for c in reset.checks(doc, src, 0)}

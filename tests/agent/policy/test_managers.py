@@ -91,7 +91,7 @@ def _holder(ps, env):
 
 
 def _managed(ps, pid):
-    doc = scan.collect(scan_args(ps))
+    doc = scan.collect(scan_args(ps).selection)
     holder = holders_by_pid(doc)[pid]
     return holder, managers.manager_of(holder, doc.procs)
 
@@ -250,7 +250,7 @@ def test_a_users_process_named_supervisord_is_named_never_obeyed(second_user, sh
         return h["ppid"] == proc.pid and "import sys, time" in (h.get("cmdline") or "")
 
     def settled():  # a scan where the job, past its exec in every record of it, holds beside its parent
-        d = scan.collect(scan_args(shared_ps))
+        d = scan.collect(scan_args(shared_ps).selection)
         job = next((h for h in d["holders"] if is_job(h)), None)
         if job is None or proc.pid not in holders_by_pid(d) or not is_job(d.procs.get(job["pid"], {})):
             return None
@@ -288,7 +288,7 @@ def test_a_users_real_supervisord_is_named_but_not_run_by_the_teardown(second_us
     sd = second_user.popen(["/usr/bin/supervisord", "-n", "-c", str(conf)], stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL)
     shared_ps.adopt(sd.pid)
-    doc = wait_for(lambda: (d := scan.collect(scan_args(shared_ps))) and any(
+    doc = wait_for(lambda: (d := scan.collect(scan_args(shared_ps).selection)) and any(
         h["ppid"] == sd.pid for h in d["holders"]) and d, "the user's program holds", timeout=20)
     holder = next(h for h in doc["holders"] if h["ppid"] == sd.pid)
     shared_ps.adopt(holder["pid"])
@@ -338,7 +338,7 @@ def _kubelet(ps, path, run=subprocess.Popen):
 
 
 def _first(ps, pid):
-    doc = scan.collect(scan_args(ps))
+    doc = scan.collect(scan_args(ps).selection)
     return managers.manager_of(holders_by_pid(doc)[pid], doc.procs)["first"]
 
 

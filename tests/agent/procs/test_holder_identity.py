@@ -157,7 +157,7 @@ def test_reader_of_an_unrelated_device_is_not_a_holder(ps):
     another driver is never a GPU holder, even inside the glob's directory."""
     reader = holder(ps, "plain", "/dev/null")
     args = scan_args(ps)
-    doc = scan.collect(args)
+    doc = scan.collect(args.selection)
     assert reader not in {h["pid"] for h in doc["holders"]}
 
 

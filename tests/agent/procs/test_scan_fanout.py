@@ -242,7 +242,7 @@ def test_a_holder_gone_before_the_plan_is_not_a_target_signalled_outside_its_con
         doc = Scan({"holders": holders}, records, set())
         args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
                        only_matching=False, stop_starters=False, disable=False)
-        built = plan.build(doc, args)
+        built = plan.build(doc, args.selection)
         assert [(t["pid"], t["via"]) for t in built["targets"]] == [(live.pid, "signal")], built["targets"]
     finally:
         live.kill()
@@ -357,7 +357,7 @@ def test_a_target_gone_before_the_plan_still_leaves_what_started_it_watched(tmp_
         doc = Scan({"holders": [held]}, records, set())
         args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
                        only_matching=False, stop_starters=False, disable=False)
-        built = plan.build(doc, args)
+        built = plan.build(doc, args.selection)
         assert built["targets"] == [] and [g["pid"] for g in built["gone"]] == [child]
         lineage = settle.Lineage(doc, built["targets"] + built["gone"], starters=built["starters"])
         assert (starter.pid, records[starter.pid]["start_time"]) in lineage.starters

@@ -40,7 +40,7 @@ def test_scan_finds_tree_orphan_stopped_zombie_renamed(ps, tmp_path):
     wait_for(lambda: _holds(renamed.pid, "nvidia1"), "renamed holder")
     real_orphan = _orphan(ps, tmp_path)
 
-    doc = scan.collect(scan_args(ps))
+    doc = scan.collect(scan_args(ps).selection)
     by_pid = holders_by_pid(doc)
     assert set(by_pid) >= {server, *workers, holder, zparent.pid, renamed.pid, real_orphan}
     assert all(by_pid[w]["ppid"] == server and by_pid[w]["pgid"] == server for w in workers)
@@ -86,7 +86,7 @@ def test_scan_agrees_with_real_fuser(ps):
     devices = sorted(str(p) for p in ps.devdir.iterdir())
     out = subprocess.run(["fuser", "-v", *devices], capture_output=True, text=True)
     parsed = fuser_parse.verbose(out.stdout, out.stderr)
-    doc = scan.collect(scan_args(ps))
+    doc = scan.collect(scan_args(ps).selection)
     assert set(parsed["holders"]) == set(holders_by_pid(doc)) == {server, *workers, monitor}
     for pid, files in parsed["holders"].items():
         assert sorted(files) == holders_by_pid(doc)[pid]["devices"]
@@ -96,7 +96,7 @@ def test_protected_marked_and_verify(ps):
     server, workers = ps.server()
     persist = ps.role("hold", title="nvidia-persistenced")
     monitor = ps.role("hold", title="nvitop")
-    doc = scan.collect(scan_args(ps))
+    doc = scan.collect(scan_args(ps).selection)
     by_pid = holders_by_pid(doc)
     assert "persistence" in by_pid[persist]["protected"]
     assert "monitor" in by_pid[monitor]["protected"]
@@ -105,7 +105,7 @@ def test_protected_marked_and_verify(ps):
     assert not free and any(f"pid {server}" in p for p in problems)
     for pid in [server, *workers]:
         os.kill(pid, signal.SIGKILL)
-    free, doc, problems, waited = verify.wait_free(scan_args(ps), 5.0)
+    free, doc, problems, waited = verify.wait_free(scan_args(ps).selection, 5.0)
     assert free, problems
     assert [g["used_mib"] for g in doc["gpus"]] == [0, 0]
     assert alive(persist) and alive(monitor)
@@ -113,7 +113,7 @@ def test_protected_marked_and_verify(ps):
 
 def test_verify_wait_times_out_and_lists_holders(ps):
     server, workers = ps.server(tp=1)
-    free, doc, problems, waited = verify.wait_free(scan_args(ps), 0.3)
+    free, doc, problems, waited = verify.wait_free(scan_args(ps).selection, 0.3)
     assert not free and waited >= 0.3
     rows = verify.still_holding(doc)
     assert {r["pid"] for r in rows} == {server, workers[0]}
@@ -122,7 +122,7 @@ def test_verify_wait_times_out_and_lists_holders(ps):
 
 def test_user_protect_pattern(ps):
     pid = ps.role("hold", "--job", "my-metrics-agent")
-    doc = scan.collect(scan_args(ps, protect=[r"my-metrics-agent"]))
+    doc = scan.collect(scan_args(ps, protect=[r"my-metrics-agent"]).selection)
     assert "host protect pattern" in holders_by_pid(doc)[pid]["protected"]
 
 
@@ -158,7 +158,7 @@ def test_cgroup_examples(name):
 def test_a_scan_keeps_its_process_table_beside_the_document(ps):
     """The plan, the settle window and MPS read the table; the JSON never carries it."""
     holder = ps.role("worker", "--gpu", "0")
-    found = scan.collect(scan_args(ps))
+    found = scan.collect(scan_args(ps).selection)
     assert holder in found.procs and os.getppid() in found.chain  # the agent's ancestry: never a target
     assert holder in {h["pid"] for h in found["holders"]}
     assert not [k for k in json.loads(json.dumps(found, default=str)) if k.startswith("_")]

@@ -71,7 +71,7 @@ def _args(ps, *extra):
 
 
 def _marked(args, pids):
-    mark = scan._target_mark(args)
+    mark = scan._target_mark(args.selection)
     out = []
     for pid in pids:
         info = procscan.basic(pid)
@@ -95,7 +95,7 @@ def test_a_process_in_a_service_unit_or_a_container_is_left_to_the_full_plan(ps,
         return cg
 
     monkeypatch.setattr(cgroup, "read", read)
-    rows = early.pick(_marked(args, [plain, in_unit, in_container]), args, None)
+    rows = early.pick(_marked(args, [plain, in_unit, in_container]), args.selection, None)
     assert [r["pid"] for r in rows] == [plain]
     assert rows[0]["via"] == "signal"
 
@@ -107,21 +107,21 @@ def test_the_early_batch_takes_what_the_plan_takes_by_pattern_and_nothing_else(p
     args = _args(ps)
     records = _marked(args, [named, protected, os.getpid()])
     records[2]["mark"] = "pretend a pattern named the agent's own chain"
-    rows = early.pick(records, args, None)
+    rows = early.pick(records, args.selection, None)
     assert [r["pid"] for r in rows] == [named]
     out_of_scope = _args(ps, "--scope", "no-such-scope-text")
-    assert early.pick(_marked(out_of_scope, [named]), out_of_scope, None) == []
+    assert early.pick(_marked(out_of_scope, [named]), out_of_scope.selection, None) == []
 
 
 def test_the_plan_states_every_early_target_even_one_gone_before_the_full_scan(ps):
     args = _args(ps)
     worker = ps.role("worker", "--gpu", "0")
-    rows = early.pick(_marked(args, [worker]), args, None)
+    rows = early.pick(_marked(args, [worker]), args.selection, None)
     merged = early.merge({"targets": []}, rows)
     assert [t["pid"] for t in merged["targets"]] == [worker]
     again = early.merge({"targets": list(rows)}, rows)
     assert len(again["targets"]) == 1
-    assert early.as_plan(rows, args)["rules"] == list(plan.RULES)
+    assert early.as_plan(rows, args.selection)["rules"] == list(plan.RULES)
 
 
 STANDIN = REPO / "tests" / "support" / "standin" / "nvml"  # NVML stand-in replaying a recording (no GPU here)
@@ -199,7 +199,7 @@ def test_with_an_early_batch_the_gpus_are_read_before_it_goes_out(ps):
             os.kill(pid, signal.SIGKILL)
         wait_for(lambda: not any(alive(p) for p in tree), "the tree gone")
 
-    doc = scan.collect(args, source, early=end_the_tree)
+    doc = scan.collect(args.selection, source, early=end_the_tree)
     assert sum(g["used_mib"] for g in doc["gpus"]) == held
 
 
@@ -224,11 +224,11 @@ def test_a_reused_pid_never_hands_over_a_tree(ps):
     assert older_start <= target_start
     try:
         table = [(target, 1, target_start), (older, target, older_start)]  # the stale row
-        rows = early.pick(_marked(args, [target]), args, None, table)
+        rows = early.pick(_marked(args, [target]), args.selection, None, table)
         assert [r["pid"] for r in rows] == [target], rows
         procs = {p: procscan.basic(p) for p in (target, older)}
         procs[older]["ppid"] = target  # as a torn full scan would read it
-        picked = plan._Picked(procs, set(), args)
+        picked = plan._Picked(procs, set(), args.selection)
         picked.add(target, "target pattern")
         picked.trees([target], {target: [older]})
         if older_start < target_start:  # the same clock tick: only the parent check above can tell
@@ -246,7 +246,7 @@ def test_a_child_that_moved_to_another_parent_is_not_in_the_tree(ps):
     later, later_start = _detached(ps, "sleep", "120")
     try:
         table = [(target, 1, target_start), (later, target, later_start)]
-        rows = early.pick(_marked(args, [target]), args, None, table)
+        rows = early.pick(_marked(args, [target]), args.selection, None, table)
         assert [r["pid"] for r in rows] == [target], rows
     finally:
         os.kill(later, signal.SIGKILL)
@@ -263,10 +263,10 @@ def test_the_agents_own_scan_workers_are_never_targets(ps, monkeypatch):
     records = _marked(args, [worker])
     assert records[0]["mark"], records  # a pattern names it
     records[0]["ppid"] = os.getpid()  # as the agent's own fork reads
-    assert [r["pid"] for r in early.pick(records, args, None)] == [worker]  # a child of ours, no worker
+    assert [r["pid"] for r in early.pick(records, args.selection, None)] == [worker]  # a child of ours, no worker
     monkeypatch.setattr(procfs, "OWN_WORKERS", {worker})
     assert rules.protect_reason(records[0], set()) == "this gpu-pivot agent's scan worker"
-    assert early.pick(records, args, None) == []
+    assert early.pick(records, args.selection, None) == []
     records[0]["ppid"] = 1  # the same pid under another parent: a reused pid, anyone's
     assert rules.protect_reason(records[0], set()) is None
 

@@ -248,7 +248,7 @@ def test_a_starter_that_is_a_managers_daemon_is_named_with_its_stop_never_as_a_d
         sd.program_pid("vllm")
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
         stops = plan(ps)["managers"]
-        doc = scan.collect(scan_args(ps))
+        doc = scan.collect(scan_args(ps).selection)
         daemon = doc.procs[sd.pid]
         with_stop = settle.Lineage(doc, [], stops=stops).hint(daemon)
         assert with_stop.startswith(f"supervisorctl -c {sd.conf} stop vllm (supervisord vllm; PID {sd.pid} is its "
@@ -298,7 +298,7 @@ def test_a_stop_whose_tool_is_not_on_path_is_named_not_run(ps, tmp_path, supervi
     try:
         pid = sd.program_pid("vllm")
         wait_for(lambda: (tmp_path / "ready").exists(), "the holder holds its devices")
-        doc = scan.collect(scan_args(ps))
+        doc = scan.collect(scan_args(ps).selection)
         args = Options(target=None, match=[], protect=[], scope=str(ps.base), scope_uid=None,
                        only_matching=False, stop_starters=False, disable=False, all_users=False)
         monkeypatch.setattr(plan_module, "on_path", lambda tool: tool != "supervisorctl")

@@ -239,7 +239,7 @@ if "lineage" in os.environ.get("WHAT", ""):
 else:
     args = Options(target=None, match=[], protect=[], scope=None, scope_uid=None,
                    only_matching=False, stop_starters=False, disable=False)
-    plan.build(doc, args)
+    plan.build(doc, args.selection)
 print("done")
 """
 

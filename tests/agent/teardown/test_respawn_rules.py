@@ -177,14 +177,14 @@ def test_the_confirming_scan_reads_fd_tables_only_where_a_context_could_be(ps):
     holder = ps.role("worker", "--gpu", "0")  # holds a device file (a monitor-like handle, here)
     args = Options(devices=ps.glob, fake_devices=True, protect=[], fake_gpus=None, max_used_mib=0)
     idle = [{"index": 0, "used_mib": 0, "processes": []}]
-    doc = scan.collect(args, _ListingSource(idle), confirm=True)
+    doc = scan.collect(args.selection, _ListingSource(idle), confirm=True)
     assert doc["holders_read"] is False and holder in doc.procs and doc["holders"] == []
     busy = [{"index": 0, "used_mib": 300, "processes": [{"pid": holder, "used_mib": 300}]}]
-    doc = scan.collect(args, _ListingSource(busy), confirm=True)
+    doc = scan.collect(args.selection, _ListingSource(busy), confirm=True)
     assert doc["holders_read"] is True and [h["pid"] for h in doc["holders"]] == [holder]
     used = [{"index": 0, "used_mib": 300, "processes": []}]  # memory without a listed process: look at everything
-    assert scan.collect(args, _ListingSource(used), confirm=True)["holders_read"] is True
-    assert scan.collect(args, _ListingSource(idle))["holders_read"] is True  # only the confirming scan is light
+    assert scan.collect(args.selection, _ListingSource(used), confirm=True)["holders_read"] is True
+    assert scan.collect(args.selection, _ListingSource(idle))["holders_read"] is True  # only the confirming one: light
 
 
 SLOW_SERVER = """\

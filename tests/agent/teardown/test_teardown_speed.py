@@ -151,7 +151,7 @@ def test_verify_wait_waits_for_the_holder_to_end_and_then_is_free(ps):
         procfs.signal_if_same(holder, procfs.start_time(holder), 15)
 
     threading.Thread(target=end_holder_soon, daemon=True).start()
-    free, doc, problems, waited = verify.wait_free(args, args.wait)
+    free, doc, problems, waited = verify.wait_free(args.selection, args.wait)
     assert free, problems
     assert waited >= 0.7, waited  # it waited for the holder's end (how soon after: make bench)
 
