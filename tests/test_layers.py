@@ -330,3 +330,85 @@ def test_scripts_defines_nothing_that_only_tests_or_benchmarks_use():
                   if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
                   and named[node.name] <= 1 and node.name in users]
     assert not only_tests, only_tests
+
+
+# -- the options record at the agent's entry points only ------------------------------------------
+
+# Entry points: the command line and the options themselves, and each subcommand's run and
+# add_arguments (a module's, or the class's SUBCOMMAND_MODULES names, with its bases').
+OPTIONS_TAKERS = {"scripts.agent.cli", "scripts.agent.options"}
+ENTRY_NAMES = {"run", "add_arguments"}
+# Still to be given the few values they read: this list only shrinks (the test fails on a name
+# here that no longer takes the record, as on a new taker).
+NOT_YET = {
+    "scripts.agent.phases.drain:_drain",
+    "scripts.agent.phases.run:SpecCommand.act", "scripts.agent.phases.run:Start.act",
+    "scripts.agent.phases.run:Ready.act", "scripts.agent.phases.run:Stop.act",
+    "scripts.agent.phases.run:Logs.act", "scripts.agent.phases.run:Smoke.act",
+    "scripts.agent.phases.run:_holding", "scripts.agent.phases.run:check",
+    "scripts.agent.teardown.checkpoint:declared", "scripts.agent.teardown.checkpoint:_processes",
+    "scripts.agent.teardown.checkpoint:planned", "scripts.agent.teardown.checkpoint:run",
+    "scripts.agent.teardown.hold:hand_over", "scripts.agent.teardown.hold:check_hold_flags",
+    *(f"scripts.agent.teardown.run:{name}" for name in (
+        "wait_gone", "_plan_batch", "_stop_pending", "_early_batch", "_before_early", "execute", "_remove_shm",
+        "_stop_and_watch", "_verdict", "_until_exited", "_watch_window", "unverified", "_declared_stops",
+        "_checkpoint_first")),
+}
+
+
+def _takes_options(fn) -> bool:
+    """A parameter named as the record is (opts, options, args) or annotated Options; *args is not one."""
+    a = fn.args
+    params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+    return any(p.arg in ("opts", "options", "args")
+               or (p.annotation is not None and "Options" in ast.unparse(p.annotation)) for p in params)
+
+
+def _functions(tree):
+    """(qualified name, class name or None, function) for every function, methods as Class.name."""
+    def walk(node, prefix, cls):
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                yield prefix + child.name, cls, child
+                yield from walk(child, prefix + child.name + ".", None)
+            elif isinstance(child, ast.ClassDef):
+                yield from walk(child, prefix + child.name + ".", child.name)
+            else:
+                yield from walk(child, prefix, cls)
+    yield from walk(tree, "", None)
+
+
+def _entry_classes(name: str, tree) -> set:
+    """The classes of a module SUBCOMMAND_MODULES names, with the bases they inherit run from."""
+    from scripts.agent.wire.call import SUBCOMMAND_MODULES
+    named = {cls for module, cls in SUBCOMMAND_MODULES.values() if f"{AGENT}.{module}" == name and cls}
+    bases = {b.id for node in ast.walk(tree) if isinstance(node, ast.ClassDef) and node.name in named
+             for b in node.bases if isinstance(b, ast.Name)}
+    return named | bases
+
+
+def test_the_options_record_is_taken_only_by_entry_points():
+    """Below a subcommand's run(opts), functions take the few values they read or a small record
+    (policy/selection.py's Selection, a GpuSource, settle.Window), never the options record:
+    a module that takes it can read any flag, and what it depends on no longer shows."""
+    from scripts.agent.wire.call import SUBCOMMAND_MODULES
+    entry_modules = {f"{AGENT}.{module}" for module, _ in SUBCOMMAND_MODULES.values()}
+    found = set()
+    for name, path in source_files().items():
+        if not is_agent(name) or name in OPTIONS_TAKERS or name.startswith(WIRE):  # the wire: argv, not the record
+            continue
+        tree = ast.parse(path.read_text())
+        classes = _entry_classes(name, tree) if name in entry_modules else set()
+        for qual, cls, fn in _functions(tree):
+            entry = name in entry_modules and fn.name in ENTRY_NAMES and (qual == fn.name or cls in classes)
+            if not entry and _takes_options(fn):
+                found.add(f"{name}:{qual}")
+    assert not found - NOT_YET, "take the values, not the options record:\n  " + "\n  ".join(sorted(found - NOT_YET))
+    assert not NOT_YET - found, f"no longer take the record: strike them from NOT_YET: {sorted(NOT_YET - found)}"
+
+
+def test_the_options_check_sees_a_taker():
+    """The check itself: a parameter named or annotated as the record counts, *args does not."""
+    fns = {q: fn for q, _, fn in _functions(ast.parse(
+        "def a(opts): pass\ndef b(x: Options): pass\ndef c(*args): pass\nclass K:\n    def d(self, args): pass\n"))}
+    assert [q for q, fn in fns.items() if _takes_options(fn)] == ["a", "b", "K.d"]

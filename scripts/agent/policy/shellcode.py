@@ -14,19 +14,19 @@ SHELLS = re.compile(r"^-?(%s)$" % "|".join(SHELL_NAMES))
 _SHELL_OPT_WITH_VALUE = ("--rcfile", "--init-file", "-O", "+O", "-o", "+o")
 
 
-def shell_args(args):
+def shell_args(words):
     """(interactive, -c given, index of the first operand or None) of a shell's arguments: the
     operand is `-c`'s code or a script's path. `--rcfile FILE` and the other options that take a
     value are skipped with it (`bash --rcfile venv.rc -i` is a terminal)."""
     code = False
     i = 0
-    while i < len(args):
-        arg = args[i]
+    while i < len(words):
+        arg = words[i]
         if arg in _SHELL_OPT_WITH_VALUE:
             i += 2
             continue
         if arg == "--":
-            return False, code, i + 1 if i + 1 < len(args) else None
+            return False, code, i + 1 if i + 1 < len(words) else None
         if arg.startswith("--"):
             if arg == "--interactive":
                 return True, code, None
