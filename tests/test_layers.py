@@ -341,14 +341,12 @@ ENTRY_NAMES = {"run", "add_arguments"}
 # Still to be given the few values they read: this list only shrinks (the test fails on a name
 # here that no longer takes the record, as on a new taker).
 NOT_YET = {
-    "scripts.agent.phases.drain:_drain",
     "scripts.agent.phases.run:SpecCommand.act", "scripts.agent.phases.run:Start.act",
     "scripts.agent.phases.run:Ready.act", "scripts.agent.phases.run:Stop.act",
     "scripts.agent.phases.run:Logs.act", "scripts.agent.phases.run:Smoke.act",
     "scripts.agent.phases.run:_holding", "scripts.agent.phases.run:check",
     "scripts.agent.teardown.checkpoint:declared", "scripts.agent.teardown.checkpoint:_processes",
     "scripts.agent.teardown.checkpoint:planned", "scripts.agent.teardown.checkpoint:run",
-    "scripts.agent.teardown.hold:hand_over", "scripts.agent.teardown.hold:check_hold_flags",
     *(f"scripts.agent.teardown.run:{name}" for name in (
         "wait_gone", "_plan_batch", "_stop_pending", "_early_batch", "_before_early", "execute", "_remove_shm",
         "_stop_and_watch", "_verdict", "_until_exited", "_watch_window", "unverified", "_declared_stops",

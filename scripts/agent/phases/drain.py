@@ -50,30 +50,30 @@ def fetch(url, timeout=FETCH_TIMEOUT_S):
 
 
 def run(args):
-    code, doc = _drain(args)
+    code, doc = _drain(args.url, args.timeout, args.emit_progress)
     return code, records.written(records.DrainResult, doc, code=code)
 
 
-def _drain(args):
+def _drain(url, timeout, emit):
     started = time.monotonic()
     last = None
     while True:
         waited = time.monotonic() - started
         try:
-            count = running_requests(fetch(args.url, max(0.5, min(FETCH_TIMEOUT_S, args.timeout - waited))))
+            count = running_requests(fetch(url, max(0.5, min(FETCH_TIMEOUT_S, timeout - waited))))
         except Exception as exc:  # HTTP error, refused, time-out: nothing proves the server is idle
-            note = "could not read %s (%s): not drained" % (args.url, exc)
+            note = "could not read %s (%s): not drained" % (url, exc)
             return codes.EXIT_FAILED, {"drained": False, "note": note,
                                           "waited_s": round(time.monotonic() - started, 2)}
         waited = time.monotonic() - started
         if count is None:
-            note = "no in-flight request metric at %s (%s): not drained" % (args.url, " or ".join(METRICS))
+            note = "no in-flight request metric at %s (%s): not drained" % (url, " or ".join(METRICS))
             return codes.EXIT_FAILED, {"drained": False, "note": note, "waited_s": round(waited, 2)}
         if count == 0:
             return codes.EXIT_OK, {"drained": True, "running": 0, "waited_s": round(waited, 2)}
-        if waited >= args.timeout:
+        if waited >= timeout:
             return codes.EXIT_FAILED, {"drained": False, "running": count, "waited_s": round(waited, 2)}
         if count != last:
-            args.emit_progress(phase="drain", elapsed_s=round(waited, 1), running=count)
+            emit(phase="drain", elapsed_s=round(waited, 1), running=count)
             last = count
         time.sleep(1.0)

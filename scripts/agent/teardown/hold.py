@@ -40,32 +40,33 @@ def is_holder(argv):
     return list(argv[1:5]) == ["-S", "-c", HOLDER_SRC, HOLDER_NAME] and len(argv) == 7
 
 
-def hand_over(fd, args, operator):
+def hand_over(fd, hold_s, phase, token, operator):
     """Start the holder on the locked `fd`, write the lock's text, close our copy: the flock
     stays with the holder. Returns the text (a dict), which the teardown's result carries."""
     import subprocess  # here: after FREED; the path to a teardown's first signal does not load it
-    proc = subprocess.Popen(holder_argv(fd, args.hold_s), pass_fds=(fd,), stdin=subprocess.DEVNULL,
+    proc = subprocess.Popen(holder_argv(fd, hold_s), pass_fds=(fd,), stdin=subprocess.DEVNULL,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True, cwd="/")
     now = time.time()
-    text = {"hold": "pivot", "phase": args.hold_phase, "token": args.hold_token, "operator": operator,
+    text = {"hold": "pivot", "phase": phase, "token": token, "operator": operator,
             "pid": proc.pid, "start_time": procfs.start_time(proc.pid), "user": procscan.user_name(os.geteuid()),
-            "host": os.uname().nodename, "since": now, "until": now + args.hold_s}
+            "host": os.uname().nodename, "since": now, "until": now + hold_s}
     hostlock.write_text(fd, text)
     os.close(fd)
     return {k: v for k, v in text.items() if k != "token"}
 
 
-def check_hold_flags(args):
+def check_hold_flags(hold_s, phase, token):
     """--hold-s, --hold-phase and --hold-token come together; bad values: UsageError."""
-    given = [f for f in ("hold_s", "hold_phase", "hold_token") if getattr(args, f) is not None]
+    flags = {"hold_s": hold_s, "hold_phase": phase, "hold_token": token}
+    given = [f for f, value in flags.items() if value is not None]
     if given and len(given) < 3:
         raise codes.UsageError("--hold-s, --hold-phase and --hold-token go together (given: %s)"
                                % ", ".join("--" + f.replace("_", "-") for f in given))
-    if given and not 0 < args.hold_s <= hostlock.MAX_HOLD_S:
-        raise codes.UsageError("--hold-s %r: must be above 0 and at most %d seconds" % (args.hold_s,
+    if given and not 0 < hold_s <= hostlock.MAX_HOLD_S:
+        raise codes.UsageError("--hold-s %r: must be above 0 and at most %d seconds" % (hold_s,
                                                                                     hostlock.MAX_HOLD_S))
     if given:
-        check_token(args.hold_token, "--hold-token")
+        check_token(token, "--hold-token")
 
 
 def check_token(token, flag):

@@ -694,7 +694,7 @@ def run(args):
         operator = "%s@%s" % (getpass.getuser(), socket.gethostname())
     args.device_set()  # a bad device glob is bad input: exit 2 before anything
     parse_approved(args.approved)
-    hold.check_hold_flags(args)
+    hold.check_hold_flags(args.hold_s, args.hold_phase, args.hold_token)
     for flag in ("grace", "timeout", "settle", "wait_lock"):
         value = getattr(args, flag)
         if not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
@@ -718,7 +718,7 @@ def run(args):
             if first is not None:
                 doc = _with_checkpoint(doc, *first)
             if code == codes.EXIT_OK and args.hold_s:  # FREED: the lock stays the pivot's until its phase is ready
-                doc["hold"] = hold.hand_over(fd, args, operator)
+                doc["hold"] = hold.hand_over(fd, args.hold_s, args.hold_phase, args.hold_token, operator)
                 fd = None
             return code, doc
         except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled
