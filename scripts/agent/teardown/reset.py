@@ -162,14 +162,14 @@ def run(args):
     return code, records.written(records.ResetResult, out, code=code)
 
 
-def _reset(sel, gpu, quiesce, yes):
+def _reset(sel, gpu, stop_daemons, yes):
     sel.gpus.device_set()
     source, tried = gpuinfo.open_source(sel.gpus.fake_gpus, sel.gpus.devices)
     daemons, refused = [], []
     try:
         doc = scan.collect(sel, source)
         index = _gpu_index(gpu, len(doc["gpus"]))
-        if quiesce:
+        if stop_daemons:
             daemons, refused = quiesce.find(doc.procs)
         results = checks(doc, source, index, {p for d in daemons for p in d["pids"]})
     finally:
@@ -180,7 +180,7 @@ def _reset(sel, gpu, quiesce, yes):
            "ran": False, "gpu_source": doc["gpu_source"], "gpu_source_tried": tried, "output": None,
            "note": "dry run: nothing was reset (run with --yes)" if not yes else None,
            "quiesce": {"daemons": daemons, "refused": refused, "steps": [], "persistence": []}
-           if quiesce else None}
+           if stop_daemons else None}
     if not ready:
         out["note"] = "refused: %s; nothing was stopped or reset" % (
             "; ".join(refused) if refused else "a precondition is not met")
@@ -193,7 +193,7 @@ def _reset(sel, gpu, quiesce, yes):
     if not shutil.which(argv[0]):
         out["note"] = "refused: nvidia-smi is not on PATH"
         return codes.EXIT_FAILED, out
-    if quiesce:
+    if stop_daemons:
         return _quiesced(sel, index, daemons, out)
     code = _run_reset(argv, out)
     out["note"] = "reset %s" % ("done" if code == codes.EXIT_OK else
