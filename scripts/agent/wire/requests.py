@@ -245,9 +245,11 @@ class Lint(Request):
     flags = ("--max-used-mib", "--argv", "--gpus")
     command: str  # the launch command as JSON (a list of words)
     gpus: str | None = None
+    max_used_mib: int = shared.MAX_USED_MIB
 
     def argv(self) -> list:
-        return ["--argv", self.command] + ([] if self.gpus is None else ["--gpus", self.gpus])
+        gpus = [] if self.gpus is None else ["--gpus", self.gpus]
+        return ["--argv", self.command, "--max-used-mib", self.max_used_mib] + gpus
 
 
 class Deploy(_Phase):
