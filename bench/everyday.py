@@ -110,8 +110,9 @@ per = "subcommand" in bundle.agent_stream.__wrapped__.__code__.co_varnames
 stream = lambda: bundle.agent_stream(compiled=True, **({"subcommand": "scan"} if per else {}))
 stream(); mark()
 bundle.agent_stream.cache_clear()
-r = transport.call_agent(host, "scan"); mark()
-argv = transport.agent_argv(host, "scan", [], "0a" * 8, False)
+from scripts.agent.wire import requests
+r = transport.call_agent(host, requests.Scan()); mark()
+argv = transport.agent_argv(host, requests.Scan(), "0a" * 8, False)
 def agent(av, data):  # as runner.py starts it: the stream written on a thread, stdout read here
     import tempfile
     with tempfile.TemporaryFile() as err:
@@ -240,6 +241,7 @@ def verify_wait(work: Path, reps: int) -> dict:
     import dataclasses
     import select
 
+    from scripts.agent.wire import requests
     from scripts.config.hostconfig import build_host
     from scripts.reach import transport
     from tests.support import scenario
@@ -253,7 +255,7 @@ def verify_wait(work: Path, reps: int) -> dict:
             keys = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
             host = dataclasses.replace(build_host("local", keys, "bench"), fake_gpus=str(ps.memdir))
             nonce = frame.new_nonce()
-            argv = transport.agent_argv(host, "verify", ["--wait", "30"], nonce, True)
+            argv = transport.agent_argv(host, requests.Verify(wait=30), nonce, True)
             argv[0] = sys.executable
             proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             assert proc.stdin is not None and proc.stdout is not None

@@ -85,6 +85,7 @@ def floor(args):
 
 
 def teardown(args):
+    from scripts.agent.wire.requests import Teardown
     from scripts.config.hostconfig import build_host
     from scripts.reach.transport import call_agent
 
@@ -97,7 +98,7 @@ def teardown(args):
     watcher = threading.Thread(target=exit_watch, args=(proc, t0, out), daemon=True)
     poller.start()
     watcher.start()
-    result = call_agent(host, "teardown", ["--grace", "10", "--timeout", "60"], deadline_s=180)
+    result = call_agent(host, Teardown(grace=10, timeout=60), deadline_s=180)
     out["verdict_s"] = round(time.monotonic() - t0, 3)
     watcher.join(120)
     poller.join(120)

@@ -49,7 +49,8 @@ def sandbox_scan(work: Path, env: dict, cli_python: str) -> str:
     subprocess.run(invoke + ["sandbox", "up"], cwd=REPO, env=env, capture_output=True, check=True)
     probe = ("import json, sys; sys.path.insert(0, '.')\n"
              "from scripts.cli.common import hosts_of\nfrom scripts.reach.transport import call_agent\n"
-             "print(json.dumps(call_agent(hosts_of('sandbox')[0], 'scan').doc))")
+             "from scripts.agent.wire.requests import Scan\n"
+             "print(json.dumps(call_agent(hosts_of('sandbox')[0], Scan()).doc))")
     try:
         out = subprocess.run([cli_python, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True, check=True)
     finally:

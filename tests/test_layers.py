@@ -61,7 +61,10 @@ WIRE_MAX_LINES = 350  # each module of the wire
 # their readers, what the two sides must agree on. A ceiling so it cannot grow by accretion:
 # raised from 650 to 670 once, for issue 44's two new results (gpu-settings, release) and its
 # probe, checkpoint-stop and lock-hold fields, after the wire's docstrings had been trimmed for them.
-WIRE_RUNTIME_MAX_LINES = 670
+# Raised to 935 (by 265, less than requests.py's 300) for issue 45's typed requests: one per
+# subcommand with its flags, argv and deadline, moved out of reach/transport.py (-136 lines) and
+# the argv table of call.py (-27), which now derives from them.
+WIRE_RUNTIME_MAX_LINES = 935
 
 
 def module_name(path: Path) -> str:

@@ -21,24 +21,23 @@ from .policy import program, selection
 from .policy.selection import Selection
 from .procs import devices
 from .wire import defaults, frame
-from .wire.call import SELECTING, SPEC_FLAG, SUBCOMMANDS
+from .wire.call import COMMON_FLAGS, SELECTING, SELECTION_FLAGS, SPEC_FLAG, SUBCOMMANDS
 from .wire.codes import UsageError
 
-# Every flag of every subcommand, by concern. Not given: a switch is False, the device glob, the
-# threshold and the settle window are the parser's defaults, any other is None.
-COMMON = ("command", "marker", "json", "progress", "devices", "fake_devices", "run_dir")
-SELECTION = ("protect", "target", "match", "fake_gpus", "scope", "scope_uid")
-THRESHOLD = ("max_used_mib",)
-SPEC = ("spec",)
-PLAN = ("only_matching", "stop_starters", "all_users", "disable", "checkpoint_stop")
-TEARDOWN = ("grace", "timeout", "wait_lock", "operator", "approved", "mps", "settle", "keep_shm", "hold_s",
-            "hold_phase", "hold_token")
-# one subcommand's each
-OWN = ("wait", "argv", "gpus", "url", "action", "lines", "follow", "gpu", "yes", "quiesce", "settings", "probe",
-       "probe_mib", "token", "intruders")
+
+# Every flag of every subcommand, read off the wire's table (each request's flags). Not given: a
+# switch is False, the device glob, the threshold and the settle window are the parser's
+# defaults, any other is None.
+def _dests(flags):
+    return tuple(f[2:].replace("-", "_") for f in flags)
+
+
+COMMON = ("command",) + _dests(COMMON_FLAGS)
+SELECTION = _dests(SELECTION_FLAGS)
+OWN = tuple(sorted(set(_dests(f for flags in SUBCOMMANDS.values() for f in flags)) - set(SELECTION)))
 SWITCHES = frozenset(("json", "progress", "fake_devices", "only_matching", "stop_starters", "all_users",
                       "disable", "follow", "yes", "keep_shm", "quiesce", "probe", "intruders"))
-FIELDS = COMMON + SELECTION + THRESHOLD + SPEC + PLAN + TEARDOWN + OWN
+FIELDS = COMMON + SELECTION + OWN
 
 
 class Options:

@@ -93,13 +93,14 @@ def status(c, host=defaults.HOST, json=False, brief=False, fanout=str(defaults.R
 
     {fleet}
     """
+    from scripts.agent.wire.requests import Scan
     from scripts.ops import fleet, gpu_settings
     from scripts.reach.transport import call_agent
     from scripts.views import fleet as fleet_view, health as health_view, status as status_view
 
     _brief_or_json(brief, json)
     width = fanout_width(fanout)
-    outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, "scan")), width)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: _no_gpu_is_not_free(call_agent(h, Scan())), width)
     summary = "" if json else fleet_view.summary(outcomes, fleet_view.status_verdict)
     _show(outcomes, json, brief, summary, host_views=lambda h: (
         status_view.visible, status_view.gpu_table, status_view.settings_of(h, gpu_settings.last_pivot_phase(h)),
@@ -130,9 +131,10 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
 
     {fleet}
     """
+    from scripts.agent.wire.requests import Verify
     from scripts.config import cliargs
     from scripts.ops import fleet
-    from scripts.reach.transport import VerifyRequest, call_agent
+    from scripts.reach.transport import call_agent
     from scripts.views import fleet as fleet_view, health as health_view, status as status_view
     from scripts.views.render import Progress
 
@@ -144,10 +146,10 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
     shown = Progress(live=len(targets) == 1)
 
     def one(h):
-        req = VerifyRequest(wait=wait_s, max_used_mib=mib, probe_mib=h.probe_mib if probe else None)
+        req = Verify(wait=wait_s, max_used_mib=mib, probe_mib=h.probe_mib if probe else None)
         quiet = json or brief or not wait_s  # --brief: the summary alone, no progress lines before it
         on_progress = None if quiet else lambda p: shown.update(status_view.verify_progress(h.alias, p))
-        return call_agent(h, "verify", req.argv(), on_progress=on_progress, deadline_s=req.deadline_s())
+        return call_agent(h, req, on_progress=on_progress)
 
     outcomes = fleet.each_host(targets, one, width)
     shown.done()
@@ -166,9 +168,9 @@ def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, 
     from scripts.reach.transport import call_agent
     from scripts.views import status as status_view, teardown as teardown_view
 
-    args = td.selection(match, only_matching, disable, stop_starters or stop_supervisors, all_users)
+    req = td.selection(match, only_matching, disable, stop_starters or stop_supervisors, all_users)
     width = fanout_width(fanout)
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "plan", args), width)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, req), width)
     if json:
         from .jsonout import docs
 
@@ -207,7 +209,7 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     needed: `invoke reset`. Several hosts exit with the highest of their codes.
     """
     from scripts.ops import audit_log, fleet
-    from scripts.reach.transport import call_teardown
+    from scripts.reach.transport import call_agent
     from scripts.views import teardown as teardown_view
 
     hosts = hosts_of(host)
@@ -217,19 +219,19 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     if dry_run:
         return plan(c, host=host, match=match, only_matching=only_matching, disable=disable, json=json,
                     stop_starters=stop_starters or stop_supervisors, all_users=all_users)
-    approved = td.approve(hosts, req.selection(), yes, "the plan",
+    approved = td.approve(hosts, req.plan(), yes, "the plan",
                           td.declined_doc(hosts) if json else None)
     fleet_mode = len(hosts) > 1
 
     def one(h):
         shown = None if json or fleet_mode else teardown_view.TeardownProgress(h.alias, req.grace)
         try:
-            result = call_teardown(h, td.approved_for(req, approved, h.alias),
-                                   on_progress=None if shown is None else shown.update)
+            result = call_agent(h, td.approved_for(req, approved, h.alias),
+                                on_progress=None if shown is None else shown.update)
         finally:
             if shown is not None:
                 shown.done()
-        record = result.result  # a records.TeardownResult: call_teardown's type says so
+        record = result.result  # a records.TeardownResult: call_agent's type says so
         if record.actions:
             audit_log.append(h.alias, record.actions)
         return result

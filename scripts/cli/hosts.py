@@ -60,6 +60,7 @@ def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ
     Says the python version, the agent's pid, whether NVML, nvidia-smi and fuser are there,
     and whether the agent runs as root (`as root via sudo` with ALIAS_BECOME=sudo). The
     first line is a sentence of its own: `invoke --list` shows only that line."""
+    from scripts.agent.wire.requests import Ping
     from scripts.config import cliargs
     from scripts.ops import fleet
     from scripts.reach.transport import call_agent
@@ -70,7 +71,7 @@ def ping(c, host=defaults.HOST, json=False, timeout="", fanout=str(defaults.READ
     if deadline == 0:  # 0 is no limit, as `run -T 0` (the agent's longest wait bounds it)
         deadline = cliargs.MAX_SECONDS
     width = fanout_width(fanout)
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, "ping", deadline_s=deadline), width)
+    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, Ping(), deadline_s=deadline), width)
     from .jsonout import failed
 
     docs = []

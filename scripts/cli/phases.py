@@ -186,7 +186,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
         raise ConfigError(f"--drain {show(drain)} and --no-drain: pick one (drain first, or skip the drain)")
     td_req = td.request(match, only_matching, disable, grace, timeout, wait_lock, max_used_mib, settle,
                         stop_starters or stop_supervisors, all_users=all_users)
-    selection = td_req.selection()
+    selection = td_req.plan()
     rt = cliargs.seconds("ready-timeout", ready_timeout) if ready_timeout else None
     if not dry_run:
         declined = {"event": "pivot", "host": h.alias, "to": ph.name, "steps": [], "verdict": td.DECLINED,

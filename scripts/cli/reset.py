@@ -7,8 +7,6 @@ from . import jsonout
 from .common import HOST_HELP, dumps, exit_worst, guarded, one_host
 from .flags import task
 
-QUIESCE_S = 8 * 60  # up to four units stopped and started again, each systemctl call bounded to 60 s (quiesce.py)
-
 
 @task(exit_codes=(("not-free", "a precondition failed or a daemon runs outside systemd (nothing was run), the "
                                "reset failed, or with --quiesce a daemon or setting was not put back (named)"),
@@ -32,19 +30,18 @@ def reset(c, host=defaults.HOST, gpu="", yes=False, quiesce=False, json=False):
     every daemon again and puts persistence back (also when the reset failed), reads the
     GPU's health again. A reset that fails so ends in "reboot needed".
     """
-    from scripts.agent.wire import defaults as shared
+    from scripts.agent.wire.requests import Reset
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError
-    from scripts.reach.transport import BASE_DEADLINE_S, call_agent
+    from scripts.reach.transport import call_agent
     from scripts.views import reset as reset_view
 
     if gpu in ("", None):
         raise ConfigError("--gpu: required (the index of the GPU to reset, e.g. --gpu 0)")
     target = one_host(host)
-    args = ["--gpu", str(cliargs.whole("gpu", gpu))] + (["--yes"] if yes else []) + (["--quiesce"] if quiesce else [])
+    req = Reset(gpu=cliargs.whole("gpu", gpu), yes=bool(yes), quiesce=bool(quiesce))
     with jsonout.one_host(target.alias, json):
-        result = call_agent(target, "reset", args, deadline_s=BASE_DEADLINE_S + shared.RESET_TIMEOUT_S  # may be slow
-                            + (QUIESCE_S if quiesce else 0))
+        result = call_agent(target, req)  # its deadline: the reset's and the units' waits
     if json:
         print(dumps({target.alias: result.doc}))
     else:

@@ -19,6 +19,7 @@ def undrain(c, host="", force=False):
     "Prolog error" or "Kill task failed", are resumed unless --force. A node that stays drained
     is not free (what holds its GPUs is printed); one that could not be verified, unreachable.
     """
+    from scripts.agent.wire.requests import Verify
     from scripts.engines import undrain as logic
     from scripts.ops import fleet
     from scripts.reach.transport import call_agent
@@ -27,7 +28,7 @@ def undrain(c, host="", force=False):
         raise Exit("gpu-pivot: --host is required: the Slurm nodes to undrain, e.g. --host 'node[1-8]'", code=2)
     hosts = hosts_of(host)
     try:
-        results = logic.undrain(hosts, force, lambda h: call_agent(h, "verify"), fleet.each_host)
+        results = logic.undrain(hosts, force, lambda h: call_agent(h, Verify()), fleet.each_host)
     except logic.SlurmError as exc:
         from scripts.agent.wire import codes
 

@@ -58,14 +58,14 @@ WAIT_LOCK, MAX_USED_MIB = num(defaults.WAIT_LOCK_S), str(defaults.MAX_USED_MIB)
 def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout=TIMEOUT, wait_lock=WAIT_LOCK,
             max_used_mib=MAX_USED_MIB, settle=SETTLE, stop_starters=False, mps="protect", all_users=False,
             keep_shm=False):
-    """The teardown the task flags ask for (transport.TeardownRequest), each flag checked
+    """The teardown the task flags ask for (requests.Teardown), each flag checked
     (ConfigError names it). Used by `invoke teardown`, `invoke plan` (its selection) and the
     teardown step of `invoke pivot`."""
+    from scripts.agent.wire.requests import Teardown
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError, show
-    from scripts.reach.transport import TeardownRequest
 
-    req = TeardownRequest(
+    req = Teardown(
         match=tuple(cliargs.pattern("match", p) for p in match or []), only_matching=bool(only_matching),
         disable=bool(disable), stop_starters=bool(stop_starters), all_users=bool(all_users),
         grace=cliargs.seconds("grace", grace), timeout=cliargs.seconds("timeout", timeout),
@@ -77,13 +77,12 @@ def request(match=None, only_matching=False, disable=False, grace=GRACE, timeout
     return req
 
 
-def selection(match, only_matching: bool, disable: bool, stop_starters: bool = False,
-              all_users: bool = False) -> list:
-    """The agent flags that choose targets (plan and teardown take the same), checked."""
-    return request(match, only_matching, disable, stop_starters=stop_starters, all_users=all_users).selection()
+def selection(match, only_matching: bool, disable: bool, stop_starters: bool = False, all_users: bool = False):
+    """The plan (requests.Plan) of the targets the flags choose (a teardown takes the same), checked."""
+    return request(match, only_matching, disable, stop_starters=stop_starters, all_users=all_users).plan()
 
 
-def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | None = None) -> dict:
+def approve(hosts: list, selection, yes: bool, see: str, declined: dict | None = None) -> dict:
     """{alias: 'pid:start,...'} the person approved; {} with --yes (the agent then takes its
     own plan). Off a terminal without --yes nothing is signalled: `see` names what
     --dry-run shows instead ('the plan', 'the steps').
@@ -100,7 +99,7 @@ def approve(hosts: list, selection: list, yes: bool, see: str, declined: dict | 
     return confirm(hosts, selection, declined)
 
 
-def show_plans(hosts: list, selection: list, out=None, json: bool = False) -> dict:
+def show_plans(hosts: list, selection, out=None, json: bool = False) -> dict:
     """Print each host's teardown plan (what it would stop and keep, and why) to `out`
     (default stdout); returns {alias: 'pid:start,...'} of the targets shown. Used before the
     confirmation prompt and by `pivot --dry-run`, so what a person reads is what the teardown
@@ -112,7 +111,7 @@ def show_plans(hosts: list, selection: list, out=None, json: bool = False) -> di
 
     from .jsonout import failed
 
-    outcomes = fleet.each_host(hosts, lambda h: call_agent(h, "plan", selection))
+    outcomes = fleet.each_host(hosts, lambda h: call_agent(h, selection))
     errors = {o.host.alias: o.error for o in outcomes if o.error is not None}
     if errors:
         if json:
@@ -125,7 +124,7 @@ def show_plans(hosts: list, selection: list, out=None, json: bool = False) -> di
     return shown
 
 
-def confirm(hosts: list, selection: list, declined: dict | None = None) -> dict:
+def confirm(hosts: list, selection, declined: dict | None = None) -> dict:
     """Show each host's plan and ask once; returns {alias: 'pid:start,...'} that was approved,
     so the agent signals only those (a process that appeared since is reported, not hit).
     With `declined` (--json) the plans and the prompt go to stderr and a "no" prints it."""
@@ -157,6 +156,4 @@ def declined_doc(hosts: list) -> dict:
 
 def approved_for(req, approved: dict, alias: str):
     """`req` signalling only what the person approved on host `alias` (all of its plan with --yes)."""
-    import dataclasses
-
-    return dataclasses.replace(req, approved=approved[alias]) if alias in approved else req
+    return req.replace(approved=approved[alias]) if alias in approved else req

@@ -12,7 +12,7 @@ Check mode runs `plan` instead of `teardown` (nothing is signalled; the plan is 
 """
 from __future__ import annotations
 
-from ..agent.wire import call as wire_call, codes, defaults, frame, records
+from ..agent.wire import call as wire_call, codes, defaults, frame, records, requests
 from ..config import cliargs
 from ..config.errors import ConfigError
 from ..config.patterncheck import check_pattern
@@ -60,23 +60,20 @@ def _bool(key: str, value) -> bool:
 
 def agent_call(raw: dict, check_mode: bool) -> dict:
     """{subcommand, argv, nonce, deadline_s} for one task; ConfigError for a bad argument."""
-    from ..reach.transport import BASE_DEADLINE_S, TeardownRequest, VerifyRequest
-
     p = _params(raw)
     nonce = frame.new_nonce()
-    req = TeardownRequest(grace=p["grace"], timeout=p["timeout"], settle=p["settle"], max_used_mib=p["max_used_mib"],
-                          operator="ansible", match=tuple(p["match"]))
+    req: requests.Request = requests.Teardown(grace=p["grace"], timeout=p["timeout"], settle=p["settle"],
+                                              max_used_mib=p["max_used_mib"], operator="ansible",
+                                              match=tuple(p["match"]))
     if p["state"] == "verified":
-        verify = VerifyRequest(max_used_mib=p["max_used_mib"])
-        sub, args, deadline = "verify", verify.argv(), verify.deadline_s()
+        req = requests.Verify(max_used_mib=p["max_used_mib"])
     elif check_mode:
-        sub, args, deadline = "plan", req.selection(), BASE_DEADLINE_S  # a plan waits for nothing
-    else:
-        sub, args, deadline = "teardown", req.argv(), req.deadline_s()
-    argv = wire_call.agent_argv(p["python"] or "python3", sub, nonce, p["devices"], fake_devices=p["fake_devices"],
-                               targets=p["targets"], protect=p["protect"], scope=p["scope"],
-                               scope_uid=p["scope_uid"], args=args)
-    return {"subcommand": sub, "argv": argv, "nonce": nonce, "deadline_s": deadline, "state": p["state"]}
+        req = requests.Plan(match=tuple(p["match"]))  # nothing is signalled: the plan is the diff
+    argv = wire_call.agent_argv(p["python"] or "python3", req, nonce, p["devices"], fake_devices=p["fake_devices"],
+                                targets=p["targets"], protect=p["protect"], scope=p["scope"],
+                                scope_uid=p["scope_uid"])
+    return {"subcommand": req.name, "argv": argv, "nonce": nonce, "deadline_s": req.deadline_s(),
+            "state": p["state"]}
 
 
 def agent_source() -> str:

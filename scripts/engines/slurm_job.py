@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..agent.wire import codes, defaults, records
+from ..agent.wire import codes, defaults, records, requests
 from ..config.envfile import read_env_file
 from ..config.errors import ConfigError, show
 from ..config.hostconfig import Host, build_host
-from ..reach.transport import AgentError, TeardownRequest, VerifyRequest, call_agent, exit_code_for
+from ..reach.transport import AgentError, call_agent, exit_code_for
 from . import slurm_cgroup
 
 if TYPE_CHECKING:
@@ -322,18 +322,18 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
         return early
     try:
         host = _job_host(settings, job, view, scoped=True)
-        planned = call_agent(host, "plan", deadline_s=AGENT_S - (time.monotonic() - started))
+        planned = call_agent(host, requests.Plan(), deadline_s=AGENT_S - (time.monotonic() - started))
         if planned.code != codes.EXIT_OK:  # a plan has no problems to name, and a usage error is a ConfigError
             return planned.code, [f"the agent's plan exited {planned.code}"]
         # only what holds the job's GPUs (NVML also lists the same user's processes on the node's other
         # GPUs), and not what another job's cgroup holds (the same user's running job on a shared GPU)
         mine = [t for t in planned.result.plan.targets if on_job(t, job.gpus) and not other_job(t, job.id)]
-        req = TeardownRequest(grace=settings.grace, timeout=settings.timeout, settle=settings.settle,
-                              wait_lock=settings.wait_lock, max_used_mib=settings.max_used_mib,
-                              approved=",".join(f"{t['pid']}:{t['start_time']}" for t in mine),
-                              operator=f"slurm-epilog job {job.id} uid {job.uid}")
+        req = requests.Teardown(grace=settings.grace, timeout=settings.timeout, settle=settings.settle,
+                                wait_lock=settings.wait_lock, max_used_mib=settings.max_used_mib,
+                                approved=",".join(f"{t['pid']}:{t['start_time']}" for t in mine),
+                                operator=f"slurm-epilog job {job.id} uid {job.uid}")
         # the epilog's own budget, not the request's deadline: Slurm's wait for the epilog is the limit
-        res = call_agent(host, "teardown", req.argv(), deadline_s=AGENT_S - (time.monotonic() - started))
+        res = call_agent(host, req, deadline_s=AGENT_S - (time.monotonic() - started))
         r = res.result
         if r.locked:
             return res.code, [f"another teardown holds the node's lock: {r.error}"]
@@ -354,8 +354,8 @@ def prolog(job: Job, settings: Settings, started: float) -> tuple:
     if view is None:
         return early
     try:
-        req = VerifyRequest(wait=min(1.0, BUDGET_S / 4), max_used_mib=settings.max_used_mib)
-        res = call_agent(_job_host(settings, job, view, scoped=False), "verify", req.argv(),
+        req = requests.Verify(wait=min(1.0, BUDGET_S / 4), max_used_mib=settings.max_used_mib)
+        res = call_agent(_job_host(settings, job, view, scoped=False), req,
                          deadline_s=AGENT_S - (time.monotonic() - started))
         if res.code == codes.EXIT_OK or (res.code == codes.EXIT_NOT_FREE and not job_problems(
                 *_last_scan(res.result), job.gpus, settings.max_used_mib, job.id)):

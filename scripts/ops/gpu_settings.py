@@ -9,14 +9,14 @@ from __future__ import annotations
 import json
 import time
 
-from ..agent.wire import defaults, records
+from ..agent.wire import defaults, records, requests
 from ..reach.transport import AgentResult, call_agent
 from . import audit_log
 
 
 def apply(host, want: dict, operator: str) -> AgentResult[records.SettingsResult]:
     """Every GPU of `host` set to `want` ({field: value}, config/gpu_settings.py's shape)."""
-    return call_agent(host, "gpu-settings", ["--settings", json.dumps(want, sort_keys=True), "--operator", operator])
+    return call_agent(host, requests.GpuSettings(settings=json.dumps(want, sort_keys=True), operator=operator))
 
 
 def audit_records(r: records.SettingsResult, why: str) -> list:

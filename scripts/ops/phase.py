@@ -9,9 +9,9 @@ import json
 from collections.abc import Callable
 
 from ..agent.procs import textsafe
-from ..agent.wire import call, frame as wire_frame, records
+from ..agent.wire import frame as wire_frame, records, requests
 from ..config.errors import ConfigError, show
-from ..reach.transport import AgentResult, agent_argv, call_agent
+from ..reach.transport import AgentResult, call_agent
 
 
 def phase_of(host, name: str):
@@ -24,26 +24,22 @@ def phase_of(host, name: str):
     return host.phases[name]
 
 
-def spec_args(phase) -> list:
-    return call.spec_args(phase.spec())
-
-
 def start(host, phase) -> AgentResult[records.StartResult]:
-    return call_agent(host, "phase-start", spec_args(phase))
+    return call_agent(host, requests.PhaseStart(spec=phase.spec()))
 
 
 def ready(host, phase, wait_s: float, on_progress=None, intruders=False) -> AgentResult[records.ReadyResult]:
     """`intruders`: also name a process outside the phase that holds a GPU meanwhile (a pivot's)."""
-    return call_agent(host, "phase-ready", spec_args(phase) + ["--wait", wait_s] + ["--intruders"] * intruders,
+    return call_agent(host, requests.PhaseReady(spec=phase.spec(), wait=wait_s, intruders=bool(intruders)),
                       on_progress=on_progress)
 
 
 def stop(host, phase, operator: str) -> AgentResult[records.StopResult]:
-    return call_agent(host, "phase-stop", spec_args(phase) + ["--operator", operator])
+    return call_agent(host, requests.PhaseStop(spec=phase.spec(), operator=operator))
 
 
 def logs(host, phase, lines: int) -> AgentResult[records.LogsResult]:
-    return call_agent(host, "phase-logs", spec_args(phase) + ["--lines", lines])
+    return call_agent(host, requests.PhaseLogs(spec=phase.spec(), lines=lines))
 
 
 def follow_logs(host, phase, lines: int, on_log_line: Callable[[str], None]):
@@ -69,8 +65,8 @@ def follow_logs(host, phase, lines: int, on_log_line: Callable[[str], None]):
             return
         on_log_line(textsafe.decode(raw).rstrip("\n"))
 
-    argv = agent_argv(host, "phase-logs", spec_args(phase) + ["--lines", str(lines), "--follow"], nonce, False)
-    done = send_agent(host, argv, nonce, How(on_line=on_line, echo_stderr=True, stop_on_interrupt=True))
+    request = requests.PhaseLogs(spec=phase.spec(), lines=lines, follow=True)
+    done = send_agent(host, request, nonce, How(on_line=on_line, echo_stderr=True, stop_on_interrupt=True))
     assert done.code is not None  # no deadline: it exited
     failure = done.failure(host.route, host.alias)
     if frame:
@@ -82,21 +78,20 @@ def follow_logs(host, phase, lines: int, on_log_line: Callable[[str], None]):
 
 
 def drain(host, url: str, timeout_s: float, on_progress=None) -> AgentResult[records.DrainResult]:
-    return call_agent(host, "drain", ["--url", url, "--timeout", timeout_s], on_progress=on_progress)
+    return call_agent(host, requests.Drain(url=url, timeout=timeout_s), on_progress=on_progress)
 
 
 def gates(host, phase) -> AgentResult[records.GatesResult]:
-    return call_agent(host, "gates", spec_args(phase))
+    return call_agent(host, requests.Gates(spec=phase.spec()))
 
 
 def lint(host, argv: list, gpus: str | None) -> AgentResult[records.LintResult]:
-    extra = ["--gpus", gpus] if gpus else []
-    return call_agent(host, "lint", ["--argv", json.dumps(argv), *extra])
+    return call_agent(host, requests.Lint(command=json.dumps(argv), gpus=gpus or None))
 
 
 def deploy(host, phase, action: str) -> AgentResult[records.DeployResult]:
-    return call_agent(host, "deploy", spec_args(phase) + ["--action", action])
+    return call_agent(host, requests.Deploy(spec=phase.spec(), action=action))
 
 
 def smoke(host, phase) -> AgentResult[records.SmokeResult]:
-    return call_agent(host, "smoke", spec_args(phase))
+    return call_agent(host, requests.Smoke(spec=phase.spec()))

@@ -16,7 +16,6 @@ result are the views' (Words, made by scripts/cli/pivot_words.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import secrets
 import time
 from collections.abc import Callable
@@ -24,9 +23,9 @@ from dataclasses import dataclass, field
 from typing import TypeVar
 
 from ..agent.state import statedir
-from ..agent.wire import codes, defaults, records
+from ..agent.wire import codes, defaults, records, requests
 from ..reach.route import HostUnreachable
-from ..reach.transport import AgentError, TeardownRequest, VerifyRequest, call_agent, call_teardown, exit_code_for
+from ..reach.transport import AgentError, call_agent, exit_code_for
 from . import audit_log, gpu_settings, phase as phase_ops
 
 
@@ -63,7 +62,7 @@ class Words:
 
 @dataclass
 class PivotOptions:
-    teardown: TeardownRequest = field(default_factory=TeardownRequest)
+    teardown: requests.Teardown = field(default_factory=requests.Teardown)
     drain_url: str | None = None
     no_drain: bool = False
     dry_run: bool = False
@@ -236,7 +235,7 @@ class Pivot:
         self.held = False
         self.step_started = time.monotonic()
         try:
-            r = _attempt(lambda: call_agent(self.host, "release", ["--token", self.hold_token]))
+            r = _attempt(lambda: call_agent(self.host, requests.Release(token=self.hold_token)))
         except StepFailed as exc:
             self.say("lock", f"NOT released: {exc} (its holder ends by itself at its deadline)", exc.code,
                      numbered=False)
@@ -260,9 +259,9 @@ class Pivot:
         def progress(p):  # one line (the view wrapped it to the screen): the task's out fits it, indented
             self.out("    " + " ".join(line.strip() for line in self.words.teardown_progress(alias, p).splitlines()))
 
-        request = dataclasses.replace(self.opts.teardown, hold=(self.hold_seconds(), self.phase.name, self.hold_token))
+        request = self.opts.teardown.replace(hold=(self.hold_seconds(), self.phase.name, self.hold_token))
         self.held = True  # until the answer says otherwise: a call cut off after its holder started is released too
-        r = _attempt(lambda: call_teardown(self.host, request, on_progress=progress))
+        r = _attempt(lambda: call_agent(self.host, request, on_progress=progress))
         t: records.TeardownResult = r.result
         self.held = t.hold is not None
         self.say("teardown", self.words.teardown_brief(t), r.code)
@@ -284,8 +283,8 @@ class Pivot:
     def step_probe(self):
         """verify --probe right after the teardown: a GPU that reads empty but cannot start CUDA
         (or whose fabric is not ready) stops the pivot here, before anything is started."""
-        req = VerifyRequest(wait=0.0, max_used_mib=self.opts.teardown.max_used_mib, probe_mib=self.host.probe_mib)
-        r = _attempt(lambda: call_agent(self.host, "verify", req.argv(), deadline_s=req.deadline_s()))
+        req = requests.Verify(wait=0.0, max_used_mib=self.opts.teardown.max_used_mib, probe_mib=self.host.probe_mib)
+        r = _attempt(lambda: call_agent(self.host, req))
         self.say("probe", self.words.probe_line(r.result), r.code)
         if r.code:
             for problem in r.result.problems:

@@ -10,11 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 from dataclasses import dataclass
-from typing import Any, Generic, Literal, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 from ..agent.state import statedir
-from ..agent.wire import call, codes, defaults as shared, frame, records
-from ..config import defaults
+from ..agent.wire import call, codes, frame, records, requests
 from ..config.errors import ConfigError
 from . import runner
 from .bundle import agent_stream
@@ -26,6 +25,7 @@ class AgentError(RuntimeError):
 
 
 R = TypeVar("R", bound=records.Record)
+Q = TypeVar("Q", bound=requests.Request)
 
 
 @dataclass
@@ -34,7 +34,7 @@ class AgentResult(Generic[R]):
     same document read through the contract (`result`: records.TeardownResult for a
     teardown, and so on; the one place the local side reads the agent's keys). The record's
     type is the parameter: call_agent's overloads give AgentResult[records.TeardownResult]
-    for "teardown", and so on (records.RESULTS)."""
+    for a requests.Teardown, and so on (records.RESULTS)."""
 
     host: str
     code: int
@@ -65,232 +65,95 @@ def _tail(text: str, lines: int = 5) -> str:
     return " | ".join(kept) or "(nothing on stderr)"
 
 
-def agent_argv(host, subcommand: str, args, nonce: str, progress: bool) -> list:
-    """The agent's argv on the host (call.agent_argv) with what the host config selects: for a
-    plan or a teardown, also each phase's checkpoint stop (checkpoint_stops)."""
-    if subcommand in ("plan", "teardown") and not any(str(a).startswith("--checkpoint-stop") for a in args):
-        args = list(args) + ["--checkpoint-stop=" + frame.encode_spec(s) for s in checkpoint_stops(host)]
-    return call.agent_argv(host.python, subcommand, nonce, host.devices, progress=progress, run_dir=host.run_dir,
-                               fake_devices=host.fake_devices, targets=host.targets, protect=host.protect,
-                               fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid, args=args,
-                               stream=True)  # stdin: bundle.agent_stream()
+def agent_argv(host, request, nonce: str, progress: bool) -> list:
+    """The agent's argv on the host for `request` (call.agent_argv) with what the host config selects."""
+    return call.agent_argv(host.python, request, nonce, host.devices, progress=progress, run_dir=host.run_dir,
+                           fake_devices=host.fake_devices, targets=host.targets, protect=host.protect,
+                           fake_gpus=host.fake_gpus, scope=host.scope, scope_uid=host.scope_uid,
+                           stream=True)  # stdin: bundle.agent_stream()
 
 
-def checkpoint_stops(host) -> list:
+def checkpoint_stops(host) -> tuple:
     """The checkpoint stops the host's phases declare (STOP_SIGNAL...): every teardown of the host
     runs the one of each phase running there first (agent teardown/checkpoint.py)."""
     phases = getattr(host, "phases", None) or {}
-    return [s for s in (phases[name].checkpoint_stop() for name in sorted(phases)) if s]
+    return tuple(s for s in (phases[name].checkpoint_stop() for name in sorted(phases)) if s)
 
 
-def checkpoint_wait_s(host) -> float:
-    """What a teardown's deadline grows by: the longest stop's deadline (they wait side by side)."""
-    return max([float(s["deadline_s"]) for s in checkpoint_stops(host)], default=0.0)
+def for_host(host, request: Q) -> Q:
+    """`request` as `host` gets it: a plan or a teardown carries the host's checkpoint stops, so a
+    teardown's deadline includes them; any other request as it is."""
+    if isinstance(request, requests.Plan) and not request.checkpoint_stops:
+        return request.replace(checkpoint_stops=checkpoint_stops(host))
+    return request
 
 
-# The deadline of one agent call: a floor for the round trip (ssh connect, the bundle, the
-# scan) plus the waits the call's own flags ask for. Why computed from the flags: a teardown
-# with --grace 30 --settle 2 may rightly take a minute, a ping never; one fixed number would
-# either cut the teardown off or let a frozen host hold the ping for as long.
-BASE_DEADLINE_S = 60.0
-_WAIT_FLAGS = {  # flags whose seconds the call may spend waiting, by subcommand
-    "teardown": ("--grace", "--timeout", "--wait-lock", "--settle"),
-    "verify": ("--wait",),
-    "phase-ready": ("--wait",),
-    "drain": ("--timeout",),
-}
-
-
-@dataclass(frozen=True)
-class TeardownRequest:
-    """One teardown's flags as fields: the agent argv for `invoke teardown`, a pivot's teardown
-    step, the Slurm epilog and the Ansible module alike (argv), and its deadline read from the
-    fields (deadline_s). Values are already checked (cliargs, ansible_task._params).
-
-    None: the flag is not passed and the agent's own rule holds (settle: defaults.SETTLE_S, or
-    none when nothing can respawn; wait_lock: fail at once; operator: the agent's guess)."""
-
-    grace: float = defaults.GRACE_S
-    timeout: float = defaults.TIMEOUT_S
-    settle: float | None = None
-    wait_lock: float | None = None
-    max_used_mib: int = defaults.MAX_USED_MIB
-    operator: str | None = None
-    match: tuple = ()  # extra target patterns
-    only_matching: bool = False
-    disable: bool = False
-    stop_starters: bool = False
-    all_users: bool = False
-    mps_quit: bool = False
-    keep_shm: bool = False  # keep what the targets left in /dev/shm and System V shared memory
-    approved: str | None = None  # "pid:start,...": only these are signalled
-    hold: tuple | None = None  # (seconds, phase, token): once FREED the lock stays a pivot's (agent hold.py)
-
-    def selection(self) -> list:
-        """The flags that choose targets (plan takes the same)."""
-        args = ["--match=" + m for m in self.match]  # =: a pattern may start with "-"
-        args += ["--only-matching"] if self.only_matching else []
-        args += ["--disable"] if self.disable else []
-        args += ["--all-users"] if self.all_users else []
-        return args + (["--stop-starters"] if self.stop_starters else [])
-
-    def argv(self) -> list:
-        """The agent's `teardown` arguments."""
-        args = self.selection() + ["--grace", self.grace, "--timeout", self.timeout]
-        args += [] if self.wait_lock is None else ["--wait-lock", self.wait_lock]
-        args += ["--max-used-mib", self.max_used_mib]
-        args += [] if self.operator is None else ["--operator", self.operator]
-        args += [] if self.settle is None else ["--settle", self.settle]
-        args += ["--mps", "quit"] if self.mps_quit else []
-        args += ["--keep-shm"] if self.keep_shm else []
-        if self.hold is not None:
-            args += ["--hold-s", self.hold[0], "--hold-phase", self.hold[1], "--hold-token", self.hold[2]]
-        return args + ([] if self.approved is None else ["--approved", self.approved])
-
-    def deadline_s(self) -> float:
-        """BASE_DEADLINE_S plus every wait it asks for: grace, wait-lock, settle and its timeout
-        twice (a teardown that kills may spend it once for TERM and once for KILL), and the MPS
-        daemons' one shared quit limit (agent mps.py)."""
-        waits = self.grace + 2 * self.timeout + (self.wait_lock or 0.0) + (self.settle or 0.0)
-        return BASE_DEADLINE_S + waits + (shared.MPS_QUIT_TIMEOUT_S if self.mps_quit else 0.0)
-
-
-@dataclass(frozen=True)
-class VerifyRequest:
-    """One verify's flags as fields: the agent argv for `invoke verify`, the Slurm prolog and the
-    Ansible module's `state: verified` alike, its deadline read from the fields."""
-
-    wait: float = defaults.VERIFY_WAIT_S  # poll this long for free GPUs (0: look once)
-    max_used_mib: int = defaults.MAX_USED_MIB
-    probe_mib: int | None = None  # verify --probe with a test buffer of this size (agent/gpu/probe.py)
-
-    def argv(self) -> list:
-        probe = [] if self.probe_mib is None else ["--probe", "--probe-mib", self.probe_mib]
-        return ["--wait", self.wait, "--max-used-mib", self.max_used_mib, *probe]
-
-    def deadline_s(self) -> float:
-        return BASE_DEADLINE_S + self.wait + (0 if self.probe_mib is None else shared.PROBE_DEADLINE_S)
-
-
-def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult[records.TeardownResult]:
-    """One teardown on `host`, within the deadline its fields give."""
-    return call_agent(host, "teardown", request.argv(), on_progress=on_progress, deadline_s=request.deadline_s())
-
-
-def _flag_seconds(args, flag: str) -> float:
-    words = [str(a) for a in args]
-    for i, word in enumerate(words):
-        value = words[i + 1] if word == flag and i + 1 < len(words) else (
-            word.split("=", 1)[1] if word.startswith(flag + "=") else None)
-        if value is not None:
-            try:
-                return max(0.0, float(value))
-            except ValueError:
-                return 0.0
-    return 0.0
-
-
-def deadline_for(subcommand: str, args=()) -> float:
-    """Seconds one agent call may take before the host counts as timed out, read from its argv
-    words: BASE_DEADLINE_S plus every wait its flags ask for (a teardown: as
-    TeardownRequest.deadline_s, which the tasks, Slurm and Ansible use), plus the gates' and
-    the phase's own limits from its spec."""
-    waits = sum(_flag_seconds(args, f) for f in _WAIT_FLAGS.get(subcommand, ()))
-    if subcommand == "teardown":
-        waits += _flag_seconds(args, "--timeout")
-        words = [str(a) for a in args]
-        if "--mps=quit" in words or any(w == "--mps" and words[i + 1:i + 2] == ["quit"] for i, w in enumerate(words)):
-            waits += shared.MPS_QUIT_TIMEOUT_S  # every MPS daemon's quit, one shared limit (agent mps.py)
-    spec = _spec_of(args)
-    if subcommand == "gates":
-        waits += shared.GATE_TIMEOUT_S * len(spec.get("gates") or ())
-    elif subcommand == "phase-stop":  # its checkpoint stop's wait, then TERM -> KILL
-        waits += 2 * float(spec.get("stop_timeout") or 0) + (float(spec.get("stop_deadline") or 0)
-                                                             if spec.get("stop_signal") else 0.0)
-    elif subcommand == "smoke":
-        waits += shared.SMOKE_TIMEOUT_S
-    elif subcommand == "reset" and "--yes" in [str(a) for a in args]:
-        waits += shared.RESET_TIMEOUT_S  # nvidia-smi --gpu-reset is bounded by the agent itself
-    return BASE_DEADLINE_S + waits
-
-
-def _spec_of(args) -> dict:
-    words = [str(a) for a in args]
-    if call.SPEC_FLAG in words[:-1]:
-        try:
-            spec = frame.decode_spec(words[words.index(call.SPEC_FLAG) + 1])
-            return spec if isinstance(spec, dict) else {}
-        except ValueError:
-            return {}
-    return {}
-
-
-# The record each subcommand's call gives (records.RESULTS), for mypy: one overload per subcommand.
+# The record each request's call gives (records.RESULTS), for mypy: one overload per request class,
+# Teardown before Plan (a Teardown is a Plan: the same selection).
 @overload
-def call_agent(host, subcommand: Literal["ping"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.PingResult]: ...
+def call_agent(host, request: requests.Ping, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.PingResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["scan"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.ScanResult]: ...
+def call_agent(host, request: requests.Scan, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.ScanResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["verify"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.VerifyResult]: ...
+def call_agent(host, request: requests.Verify, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.VerifyResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["plan"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.PlanResult]: ...
+def call_agent(host, request: requests.Teardown, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.TeardownResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["teardown"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.TeardownResult]: ...
+def call_agent(host, request: requests.Plan, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.PlanResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["phase-start"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.StartResult]: ...
+def call_agent(host, request: requests.PhaseStart, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.StartResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["phase-ready"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.ReadyResult]: ...
+def call_agent(host, request: requests.PhaseReady, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.ReadyResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["phase-stop"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.StopResult]: ...
+def call_agent(host, request: requests.PhaseStop, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.StopResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["phase-logs"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.LogsResult]: ...
+def call_agent(host, request: requests.PhaseLogs, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.LogsResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["smoke"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.SmokeResult]: ...
+def call_agent(host, request: requests.Smoke, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.SmokeResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["drain"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.DrainResult]: ...
+def call_agent(host, request: requests.Drain, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.DrainResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["gates"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.GatesResult]: ...
+def call_agent(host, request: requests.Gates, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.GatesResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["lint"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.LintResult]: ...
+def call_agent(host, request: requests.Lint, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.LintResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["deploy"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.DeployResult]: ...
+def call_agent(host, request: requests.Deploy, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.DeployResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["reset"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.ResetResult]: ...
+def call_agent(host, request: requests.Reset, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.ResetResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["gpu-settings"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.SettingsResult]: ...
+def call_agent(host, request: requests.GpuSettings, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.SettingsResult]: ...
 @overload
-def call_agent(host, subcommand: Literal["release"], args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.ReleaseResult]: ...
-@overload
-def call_agent(host, subcommand: str, args=..., on_progress=...,
-               deadline_s: float | None = ...) -> AgentResult[records.Record]: ...
+def call_agent(host, request: requests.Release, on_progress=..., deadline_s: float | None = ...
+               ) -> AgentResult[records.ReleaseResult]: ...
 
 
-def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: float | None = None) -> AgentResult[Any]:
-    """Run one agent subcommand on `host` within `deadline_s` (default: deadline_for()).
+def call_agent(host, request: requests.Request, on_progress=None, deadline_s: float | None = None
+               ) -> AgentResult[Any]:
+    """Run one agent request on `host` (for_host) within its deadline (request.deadline_s());
+    `deadline_s`: a caller's own shorter budget instead (a ping's --timeout, a Slurm hook's).
 
     Raises HostUnreachable, HostTimedOut (ssh gave up waiting, or the deadline passed: the
     ssh process is killed), AgentError, or ConfigError (the agent refused a flag's value:
     exit 2, nothing done)."""
     nonce = frame.new_nonce()
-    deadline = deadline_s if deadline_s is not None else deadline_for(subcommand, args)
-    deadline += checkpoint_wait_s(host) if subcommand == "teardown" else 0.0  # a phase's stop comes first
+    request = for_host(host, request)
+    deadline = deadline_s if deadline_s is not None else request.deadline_s()
     out_lines: list = []
 
     def on_line(raw: bytes) -> None:
@@ -306,30 +169,31 @@ def call_agent(host, subcommand: str, args=(), on_progress=None, deadline_s: flo
 
     # On this machine (no hops) the agent gets its own session, as it would on a host behind
     # ssh: a Ctrl-C at the operator's terminal must not reach it mid-teardown.
-    done = send_agent(host, agent_argv(host, subcommand, args, nonce, on_progress is not None), nonce,
-                      runner.How(on_line=on_line, deadline_s=deadline, own_session=not host.route.hops))
+    done = send_agent(host, request, nonce, runner.How(on_line=on_line, deadline_s=deadline,
+                                                       own_session=not host.route.hops), on_progress is not None)
     if done.cut_off:
         raise done.timed_out(host.alias, deadline, local=not host.route.hops)
     assert done.code is not None  # not cut off: it exited
     doc = read_document(host.alias, "".join(out_lines), nonce, done.code, done.stderr, done.failure(host.route,
                                                                                                    host.alias))
     try:
-        result = records.read(subcommand, done.code, doc)
+        result = records.read(request.name, done.code, doc)
     except records.ContractError as exc:
         raise AgentError(f"{host.alias}: {exc} (exit {done.code})") from None
     return AgentResult(host.alias, done.code, doc, done.wall_s, result)
 
 
-def send_agent(host, argv: list, nonce: str, how: runner.How) -> runner.Finished:
-    """Run the agent's `argv` on host through the runner, the agent bundle on its stdin
-    (bundle.agent_stream of argv's subcommand, built on the feeding thread after the spawn:
-    its ~10 ms run while the agent's interpreter starts or ssh connects). AgentError when it could not start or
+def send_agent(host, request: requests.Request, nonce: str, how: runner.How, progress: bool = False
+               ) -> runner.Finished:
+    """Run the agent with `request` on host through the runner, the agent bundle on its stdin
+    (bundle.agent_stream of the request's subcommand, built on the feeding thread after the
+    spawn: its ~10 ms run while the agent's interpreter starts or ssh connects). AgentError when it could not start or
     its bundle could not be built (then it got an empty stdin and stopped before doing
     anything), or when the local ssh ControlPath directory was refused."""
     local = not host.route.hops
-    subcommand = argv[argv.index(call.STDIN) + 1]  # the bundle carries what this subcommand imports
+    argv = agent_argv(host, request, nonce, progress)
     how = dataclasses.replace(how, feed=lambda: agent_stream(compiled=local,  # compiled: this machine's bytecode
-                                                             subcommand=subcommand))
+                                                             subcommand=request.name))
     try:
         done = runner.run(host.route, marked(host.route, argv, nonce), nonce, how)
     except runner.NotStarted as exc:  # e.g. LOCAL_PYTHON names no program: the agent could not run (exit 3)

@@ -23,12 +23,12 @@ from pathlib import Path
 
 import pytest
 
-from scripts.agent.wire import codes
+from scripts.agent.wire import codes, requests
 from scripts.config.hostconfig import build_host
 from scripts.config.route import SshHop
 from scripts.reach.route import HostTimedOut, HostUnreachable
 from scripts.reach.ssh import machine_opts
-from scripts.reach.transport import AgentError, call_agent, deadline_for
+from scripts.reach.transport import AgentError, call_agent
 from tests.conftest import REPO, invoke
 from tests.support import fleet_faults
 from tests.support.procs import alive, wait_for
@@ -53,10 +53,10 @@ def test_ssh_gets_connect_and_keepalive_defaults_a_host_may_override():
 
 
 def test_teardown_deadline_covers_its_waits():
-    args = ["--grace", "30", "--timeout", "60", "--wait-lock", "5", "--settle", "2"]
-    assert deadline_for("teardown", args) >= 30 + 2 * 60 + 5 + 2 + 30
-    assert deadline_for("ping") < deadline_for("teardown", args)
-    assert deadline_for("phase-ready", ["--wait", "1800"]) > 1800
+    teardown = requests.Teardown(grace=30, timeout=60, wait_lock=5, settle=2)
+    assert teardown.deadline_s() >= 30 + 2 * 60 + 5 + 2 + 30
+    assert requests.Ping().deadline_s() < teardown.deadline_s()
+    assert requests.PhaseReady(spec={"name": "x"}, wait=1800).deadline_s() > 1800
 
 
 def test_tarpit_host_times_out_with_its_own_exit_code(sshd, hosts_env):
@@ -86,7 +86,7 @@ def test_sshd_stopped_mid_call_times_out(own_sshd, ps, how):
 
     def call():
         try:
-            call_agent(host, "verify", ["--wait", "30"], deadline_s=deadline if how == "deadline" else None,
+            call_agent(host, requests.Verify(wait=30), deadline_s=deadline if how == "deadline" else None,
                        on_progress=lambda fields: progressing.set())
         except Exception as exc:  # noqa: BLE001 (the test inspects it)
             caught["exc"] = exc
@@ -131,7 +131,7 @@ def test_remote_exit_255_is_not_unreachable_without_a_control_socket(sshd, hosts
     fail.write_text("#!/bin/sh\necho agent died >&2\nexit 255\n")
     fail.chmod(0o755)
     with pytest.raises(AgentError, match="exited 255.*agent died"):
-        call_agent(fleet_faults.gpu_host(sshd, opts="-o ControlPath=none", PYTHON=str(fail)), "ping")
+        call_agent(fleet_faults.gpu_host(sshd, opts="-o ControlPath=none", PYTHON=str(fail)), requests.Ping())
 
 
 def test_unreachable_is_still_unreachable_without_a_control_socket(sshd, hosts_env):
@@ -143,7 +143,7 @@ def test_unreachable_is_still_unreachable_without_a_control_socket(sshd, hosts_e
     assert "gpu1: host unreachable" in res.stderr.decode()
     with pytest.raises(HostUnreachable, match="host unreachable"):
         call_agent(build_host("gpu1", {"SSH": sshd.dest(), "SSH_OPTS": f"-p {free_port()} -o ControlPath=none"},
-                              "test"), "ping")
+                              "test"), requests.Ping())
 
 
 def test_missing_command_is_127_and_one_line(hosts_env):

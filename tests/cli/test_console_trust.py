@@ -22,7 +22,7 @@ import sys
 
 import pytest
 
-from scripts.agent.wire import codes
+from scripts.agent.wire import codes, requests
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.conftest import REPO, checkout_copy, invoke
@@ -106,7 +106,7 @@ def test_settle_window_is_watched_whole_even_past_timeout(ps):
     ps.server(tp=1)
     host = dataclasses.replace(build_host("local", dict(scenario.host_keys(ps), TARGETS=r"sglang\.launch_server"),
                                           "test"), fake_gpus=str(ps.memdir))
-    res = call_agent(host, "teardown", ["--grace", "2", "--timeout", "0.3", "--settle", "1.5"])
+    res = call_agent(host, requests.Teardown(grace=2, timeout=0.3, settle=1.5))
     doc = res.doc
     assert res.code == 0, doc.get("problems")
     assert doc["settled_at_s"] - doc["free_at_s"] >= 1.5, doc
@@ -192,13 +192,13 @@ def test_keepalive_loss_through_the_control_master_is_a_time_out(own_sshd, ps, m
     monkeypatch.setenv(ssh.CONTROL_DIR_ENV, str(cdir))
     host = fleet_faults.gpu_host(own_sshd, opts="-o ServerAliveInterval=1 -o ServerAliveCountMax=2",
                                  **fleet_faults.held_devices(ps))
-    call_agent(host, "ping")  # starts the master
+    call_agent(host, requests.Ping())  # starts the master
     caught: dict = {}
     progressing = threading.Event()
 
     def call():
         try:
-            call_agent(host, "verify", ["--wait", "20"], deadline_s=None, on_progress=lambda f: progressing.set())
+            call_agent(host, requests.Verify(wait=20), on_progress=lambda f: progressing.set())
         except Exception as exc:  # noqa: BLE001 (the test inspects it)
             caught["exc"] = exc
 

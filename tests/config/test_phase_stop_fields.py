@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from scripts.agent.wire import call, frame
+from scripts.agent.wire import frame, requests
 from scripts.config.errors import ConfigError
 from scripts.config.hostconfig import build_host
 from scripts.config.phases import build_phase
@@ -48,11 +48,13 @@ def test_every_teardown_and_plan_carries_the_stops_and_waits_for_them():
     assert train.stop_deadline == 600 and serve.checkpoint_stop() is None
     stop = {"phase": "train", "signal": "USR1", "to": "top", "checkpoint": "/data/ckpt/step-*.pt", "idle": None,
             "deadline_s": 600.0}
-    assert transport.checkpoint_stops(host) == [stop]
-    for sub in ("plan", "teardown"):
-        argv = transport.agent_argv(host, sub, [], "ab12", False)
+    assert transport.checkpoint_stops(host) == (stop,)
+    for request in (requests.Plan(), requests.Teardown()):
+        argv = transport.agent_argv(host, transport.for_host(host, request), "ab12", False)
         assert argv.count("--checkpoint-stop=" + frame.encode_spec(stop)) == 1
-    assert not any(a.startswith("--checkpoint-stop") for a in transport.agent_argv(host, "scan", [], "ab12", False))
-    assert transport.checkpoint_wait_s(host) == 600
-    plain = transport.deadline_for("phase-stop", call.spec_args(serve.spec()))
-    assert transport.deadline_for("phase-stop", call.spec_args(train.spec())) == plain + 600
+    scan = transport.agent_argv(host, transport.for_host(host, requests.Scan()), "ab12", False)
+    assert not any(a.startswith("--checkpoint-stop") for a in scan)
+    plain = requests.Teardown()
+    assert transport.for_host(host, plain).deadline_s() == plain.deadline_s() + 600
+    stop_plain = requests.PhaseStop(spec=serve.spec(), operator="me").deadline_s()
+    assert requests.PhaseStop(spec=train.spec(), operator="me").deadline_s() == stop_plain + 600

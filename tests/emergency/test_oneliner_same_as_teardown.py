@@ -259,6 +259,7 @@ def test_a_scope_uid_keeps_both_to_that_users_processes(second_user, shared_ps):
 
     if not os.access("/usr/bin/python3", os.X_OK):
         pytest.skip("no /usr/bin/python3 for the second user")
+    from scripts.agent.wire.requests import Teardown
     from scripts.config.hostconfig import build_host
     from scripts.reach.transport import call_agent
 
@@ -268,7 +269,7 @@ def test_a_scope_uid_keeps_both_to_that_users_processes(second_user, shared_ps):
     for how in ("agent", "line"):
         roles = _uid_world(second_user, shared_ps)
         if how == "agent":
-            codes[how] = call_agent(host, "teardown", ["--grace", "1", "--settle", "1", "--timeout", "20"]).code
+            codes[how] = call_agent(host, Teardown(grace=1, settle=1, timeout=20)).code
         else:
             argv = shell_teardown.argv(host, grace_s=1, settle_s=1)
             assert argv[-6] == str(second_user.uid)  # the SCOPE_UID parameter

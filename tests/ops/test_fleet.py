@@ -43,6 +43,7 @@ def test_each_failed_host_carries_its_kind_and_exit_code(sshd, hosts_env, tmp_pa
     calls through the loopback sshd: a closed port, a tarpit, a key the sshd never authorized,
     a host key nobody knows, an agent that gives no document; the answering host has none."""
     from scripts.agent.wire import codes
+    from scripts.agent.wire.requests import Ping
     from scripts.config import hosts
     from scripts.ops.fleet import each_host
     from scripts.reach.transport import call_agent
@@ -64,7 +65,7 @@ def test_each_failed_host_carries_its_kind_and_exit_code(sshd, hosts_env, tmp_pa
                 f"-o UserKnownHostsFile={tmp_path / 'known_hosts'}'\n"
               + "MUTE_PYTHON=/bin/true\n")
     try:
-        outcomes = each_host(hosts.select("ok,shut,slow,refused,unknown,mute"), lambda h: call_agent(h, "ping"), 6)
+        outcomes = each_host(hosts.select("ok,shut,slow,refused,unknown,mute"), lambda h: call_agent(h, Ping()), 6)
     finally:
         tarpit.close()
     got = {o.host.alias: o.failure and (o.failure.kind, o.failure.code) for o in outcomes}

@@ -19,7 +19,7 @@ import zlib
 import pytest
 
 from scripts.agent import cli
-from scripts.agent.wire import call, codes, frame
+from scripts.agent.wire import call, codes, frame, requests
 from scripts.config.hostconfig import build_host
 from scripts.reach import bundle, transport
 from tests.support import scenario
@@ -104,10 +104,11 @@ def test_each_subcommand_runs_from_its_own_bundle(name, ps):
     """The real run, on this test's own fake GPUs and holders (its temp dir the scope): the
     modules imported inside functions are there too. The teardown stops the test's server."""
     parent, workers = ps.server(tp=1)
-    own = {"teardown": ["--grace", "2", "--timeout", "5", "--settle", "0", "--operator", "test@bundle"],
-           "verify": ["--wait", "0"]}.get(name, [])
+    request = {"ping": requests.Ping(), "scan": requests.Scan(), "verify": requests.Verify(wait=0),
+               "plan": requests.Plan(), "teardown": requests.Teardown(grace=2, timeout=5, settle=0,
+                                                                      operator="test@bundle")}[name]
     nonce = frame.new_nonce()
-    argv = transport.agent_argv(_host(ps), name, own, nonce, False)
+    argv = transport.agent_argv(_host(ps), request, nonce, False)
     out = _run(argv[argv.index(call.STDIN) + 1:], bundle.agent_stream(compiled=True, subcommand=name), ps.base)
     doc = json.loads(frame.extract(out.stdout.decode(), nonce))
     assert codes.AGENT_ERROR not in doc, doc[codes.AGENT_ERROR]
@@ -130,7 +131,7 @@ def test_the_transport_sends_the_bundle_of_the_subcommand_it_runs(ps, monkeypatc
         return real(compiled=compiled, subcommand=subcommand)
 
     monkeypatch.setattr(transport, "agent_stream", spy)
-    result = transport.call_agent(_host(ps), "scan")
+    result = transport.call_agent(_host(ps), requests.Scan())
     assert result.code in (codes.EXIT_OK, codes.EXIT_NOT_FREE)
     assert asked == ["scan"]
 

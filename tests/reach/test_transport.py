@@ -6,6 +6,7 @@ import subprocess
 import pytest
 
 from scripts.agent.wire import defaults, frame
+from scripts.agent.wire.requests import Ping
 from scripts.config.hostconfig import build_host
 from scripts.reach import bundle
 from scripts.reach.route import HostUnreachable, wrap
@@ -36,7 +37,7 @@ def test_direct_run_prints_json():
 
 def test_ping_through_ssh_and_pct(sshd):
     for host in (host_for(sshd), host_for(sshd, "gpu2", CTID="129")):
-        result = call_agent(host, "ping")
+        result = call_agent(host, Ping())
         assert result.code == 0
         assert result.doc["command"] == "ping"
         assert result.doc["python"].startswith("3.")
@@ -45,30 +46,30 @@ def test_ping_through_ssh_and_pct(sshd):
 def test_motd_noise_and_fake_marker_ignored(noisy_sshd):
     probe = subprocess.run(wrap(host_for(noisy_sshd).route, ["true"]), capture_output=True)
     assert b"MOTD noise" in probe.stdout  # the noise is really there
-    result = call_agent(host_for(noisy_sshd), "ping")
+    result = call_agent(host_for(noisy_sshd), Ping())
     assert result.doc["command"] == "ping"
 
 
 def test_missing_markers(sshd):
     with pytest.raises(AgentError, match="no result marker.*exited 0"):
-        call_agent(host_for(sshd, PYTHON="/bin/true"), "ping")
+        call_agent(host_for(sshd, PYTHON="/bin/true"), Ping())
 
 
 def test_remote_nonzero_exit_without_result(sshd):
     with pytest.raises(AgentError, match="exited 127.*not-a-python"):
-        call_agent(host_for(sshd, PYTHON="not-a-python"), "ping")
+        call_agent(host_for(sshd, PYTHON="not-a-python"), Ping())
 
 
 def test_broken_json(sshd):
     with pytest.raises(AgentError, match="not valid JSON"):
-        call_agent(host_for(sshd, PYTHON=str(STANDIN / "bad-json-agent")), "ping")
+        call_agent(host_for(sshd, PYTHON=str(STANDIN / "bad-json-agent")), Ping())
 
 
 def test_ssh_255_is_host_unreachable(sshd):
     closed = free_port()
     host = build_host("gpu9", {"SSH": sshd.dest(), "SSH_OPTS": f"-p {closed} -o ConnectTimeout=3"}, "test")
     with pytest.raises(HostUnreachable, match="gpu9: host unreachable"):
-        call_agent(host, "ping")
+        call_agent(host, Ping())
 
 
 def test_cut_off_result_is_reported():
@@ -104,23 +105,24 @@ def test_control_master_reuses_one_connection(sshd, hosts_env, tmp_path, monkeyp
 
 
 def test_a_teardown_request_builds_one_argv_and_reads_its_deadline_from_its_fields():
-    """The CLI, a pivot, the Slurm epilog and the Ansible module send a TeardownRequest: its
-    argv is the agent's flags, and its deadline (from the fields) is what deadline_for reads
-    from those words."""
-    from scripts.reach.transport import TeardownRequest, deadline_for
+    """The CLI, a pivot, the Slurm epilog and the Ansible module send a requests.Teardown: its
+    argv is the agent's flags, and its deadline comes from the fields, its checkpoint stops'
+    included."""
+    from scripts.agent.wire.requests import Teardown
 
-    plain = TeardownRequest()
+    plain = Teardown()
     assert plain.argv() == ["--grace", plain.grace, "--timeout", plain.timeout, "--max-used-mib", 0]
-    full = TeardownRequest(grace=30, timeout=60, settle=2, wait_lock=5, max_used_mib=10, operator="me",
+    full = Teardown(grace=30, timeout=60, settle=2, wait_lock=5, max_used_mib=10, operator="me",
                            match=("-x", "vllm"), only_matching=True, disable=True, stop_starters=True,
                            mps_quit=True, approved="12:34")
     argv = full.argv()
     assert argv[:5] == ["--match=-x", "--match=vllm", "--only-matching", "--disable", "--stop-starters"]
-    assert full.selection() == argv[:5]
+    assert full.selection() == argv[:5] == full.plan().argv()
     assert argv[argv.index("--approved") + 1] == "12:34" and argv[argv.index("--mps") + 1] == "quit"
     assert full.deadline_s() == 60 + 30 + 2 * 60 + 5 + 2 + defaults.MPS_QUIT_TIMEOUT_S
-    for req in (plain, full, TeardownRequest(settle=0.5, wait_lock=1.5)):
-        assert req.deadline_s() == deadline_for("teardown", [str(a) for a in req.argv()])
+    stopped = full.replace(checkpoint_stops=({"phase": "train", "deadline_s": 600.0},))
+    assert stopped.deadline_s() == full.deadline_s() + 600 and stopped.plan().checkpoint_stops
+    assert full.approved == "12:34" and stopped != full  # replace: a changed copy, the original kept
 
 
 @pytest.mark.parametrize("pidfd", [True, False], ids=["pidfd", "popen-wait"])
@@ -175,9 +177,9 @@ def test_the_wait_for_a_command_works_with_fds_numbered_past_fd_setsize(tmp_path
 
 def test_keep_shm_reaches_the_agent_from_the_task():
     """`invoke teardown --keep-shm` asks the agent to keep the targets' shared-memory leftovers."""
+    from scripts.agent.wire.requests import Teardown
     from scripts.cli import teardown_args as td
-    from scripts.reach.transport import TeardownRequest
 
-    assert "--keep-shm" in TeardownRequest(keep_shm=True).argv()
-    assert "--keep-shm" not in TeardownRequest().argv()
+    assert "--keep-shm" in Teardown(keep_shm=True).argv()
+    assert "--keep-shm" not in Teardown().argv()
     assert "--keep-shm" in td.request(keep_shm=True).argv()

@@ -5,6 +5,7 @@ import os
 
 import pytest
 
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.conftest import invoke
@@ -26,7 +27,7 @@ def test_scan_and_verify_tell_the_truth(tmp_path):
     tree = GpuTree(tmp_path, token, children=3, gib=2)
     try:
         host = local_host(token)
-        doc = call_agent(host, "scan").doc
+        doc = call_agent(host, requests.Scan()).doc
         assert doc["gpu_source"] == "nvml"
         by_pid = {h["pid"]: h for h in doc["holders"]}
         for pid in tree.pids:
@@ -39,11 +40,11 @@ def test_scan_and_verify_tell_the_truth(tmp_path):
         assert doc["denied"] == [], "root inspects every process"
         agent_pids = {h["pid"] for h in doc["holders"] if "gpu-pivot agent" in (h["protected"] or "")}
         assert not agent_pids  # the agent's own NVML handle never counts as a holder
-        result = call_agent(host, "verify")
+        result = call_agent(host, requests.Verify())
         assert result.code == 1 and not result.doc["free"]
     finally:
         tree.kill()
-    result = call_agent(host, "verify", ["--wait", "10"])
+    result = call_agent(host, requests.Verify(wait=10))
     assert result.code == 0, result.doc["problems"]
     assert [g["used_mib"] for g in result.doc["gpus"]] == [0] * gpu_count()
     assert all(g["memory_call"] == "v2" for g in result.doc["gpus"])
@@ -105,7 +106,7 @@ def test_real_device_found_by_identity_under_another_name(tmp_path):
         deadline = time.monotonic() + 10
         while not ready.exists() and time.monotonic() < deadline:
             time.sleep(0.01)
-        doc = call_agent(local_host("no-such-scope"), "scan").doc
+        doc = call_agent(local_host("no-such-scope"), requests.Scan()).doc
         held = {h["pid"]: h for h in doc["holders"]}
         assert proc.pid in held, "a GPU node under another name is a holder"
         assert held[proc.pid]["devices"] == ["/dev/nvidia0"]
@@ -145,7 +146,7 @@ def test_a_server_unpinning_a_large_host_pool_is_freed_when_the_gpu_reads_free(t
         start = procfs.start_time(proc.pid)
         host = build_host("local", {"PYTHON": sys.executable, "TARGETS": r"gpu_pinned_server\.py", "SCOPE": token},
                           "test")
-        result = call_agent(host, "teardown", ["--grace", "10", "--timeout", "60"], deadline_s=180)
+        result = call_agent(host, requests.Teardown(grace=10, timeout=60), deadline_s=180)
         still_exiting = procfs.same_process(proc.pid, start)
         assert result.code == 0, result.doc["problems"]
         named = [e["pid"] for e in result.doc["exiting_without_gpu"]]

@@ -18,6 +18,7 @@ import pytest
 
 from scripts.agent.gpu import mps
 from scripts.agent.procs import procfs, procscan
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.support.gpu_support import GpuTree, gpu_count
@@ -41,7 +42,7 @@ def health_of(doc, key="gpus"):
 
 def test_verify_json_says_ok_per_gpu_with_the_nvml_answers_behind_it(tmp_path):
     host = local_host(f"gpupivot-health-{os.getpid()}")
-    result = call_agent(host, "verify", ["--wait", "10"])
+    result = call_agent(host, requests.Verify(wait=10))
     doc = result.doc
     show("verify --json: health per GPU", health_of(doc))
     assert doc["gpu_source"] == "nvml"
@@ -52,10 +53,10 @@ def test_verify_json_says_ok_per_gpu_with_the_nvml_answers_behind_it(tmp_path):
         assert "recovery action 0" in h["read"]
         assert any(r.startswith("remapped rows 0 correctable, 0 uncorrectable, pending False, failure False")
                    for r in h["read"]), h["read"]
-    reset = call_agent(host, "reset", ["--gpu", "0"])
+    reset = call_agent(host, requests.Reset(gpu=0))
     show("reset --gpu 0 (dry run): preconditions", reset.doc["checks"])
     assert reset.code == 0 and reset.doc["ready"] and not reset.doc["ran"], reset.doc["checks"]
-    scan = call_agent(host, "scan").doc
+    scan = call_agent(host, requests.Scan()).doc
     show("status: MIG per GPU", [{"gpu": g["index"], **g.get("mig", {})} for g in scan["gpus"]])
     assert all(g["mig"]["current"] in ("disabled", "enabled", "not supported") for g in scan["gpus"])
 
@@ -64,7 +65,7 @@ def test_teardown_ends_with_health_from_nvml_xid_events(tmp_path):
     token = f"gpupivot-health-{os.getpid()}-teardown"
     tree = GpuTree(tmp_path, token, children=1, gib=1)
     try:
-        result = call_agent(local_host(token), "teardown", ["--grace", "5", "--timeout", "30"])
+        result = call_agent(local_host(token), requests.Teardown(grace=5, timeout=30))
         doc = result.doc
         show("teardown: health per GPU (after)", health_of(doc, "after"))
         assert result.code == 0, doc["problems"]
@@ -132,7 +133,7 @@ def test_mps_server_with_a_live_client_then_none_then_mps_quit(tmp_path, mps_dae
     try:
         wait_for(lambda: ready.exists() or client.poll() is not None, "the torch client under MPS", timeout=300)
         assert client.poll() is None, "the MPS client failed"
-        doc = call_agent(host, "scan").doc
+        doc = call_agent(host, requests.Scan()).doc
         show("status with a live client: mps", doc.get("mps"))
         servers = doc["mps"]["servers"]
         assert len(servers) == 1 and servers[0]["control"] == daemon
@@ -143,22 +144,22 @@ def test_mps_server_with_a_live_client_then_none_then_mps_quit(tmp_path, mps_dae
         client.send_signal(signal.SIGKILL)
         client.wait(30)
     server, server_start = servers[0]["pid"], servers[0]["start_time"]
-    wait_for(lambda: client.pid not in [p["pid"] for g in call_agent(host, "scan").doc["gpus"]
+    wait_for(lambda: client.pid not in [p["pid"] for g in call_agent(host, requests.Scan()).doc["gpus"]
                                         for p in g["processes"]], "the client to leave NVML's list", timeout=30)
-    doc = call_agent(host, "scan").doc
+    doc = call_agent(host, requests.Scan()).doc
     show("status with no client: mps", doc.get("mps"))
     assert doc["mps"]["servers"][0]["clients"] == []
-    result = call_agent(host, "verify")
+    result = call_agent(host, requests.Verify())
     show("verify with an idle MPS server: problems", result.doc["problems"])
     assert result.code == 1 and any(f"MPS server pid {server} keeps" in p and "no client" in p
                                     for p in result.doc["problems"])
     assert not any(f"pid {daemon} " in p for p in result.doc["problems"]), "the daemon itself holds no memory"
-    result = call_agent(host, "teardown", ["--grace", "1", "--timeout", "2", "--settle", "0.5"])
+    result = call_agent(host, requests.Teardown(grace=1, timeout=2, settle=0.5))
     show("teardown (default: MPS protected): problems", result.doc["problems"])
     assert result.code == 1 and procfs.same_process(server, server_start), "protected by default"
     assert result.doc["mps_quit"] == []
     t0 = time.monotonic()
-    result = call_agent(host, "teardown", ["--grace", "1", "--timeout", "30", "--mps", "quit"])
+    result = call_agent(host, requests.Teardown(grace=1, timeout=30, mps_quit=True))
     show("teardown --mps quit: mps_quit, health", {"mps_quit": result.doc["mps_quit"],
                                                     "health": health_of(result.doc, "after"),
                                                     "wall_s": round(time.monotonic() - t0, 3)})

@@ -14,8 +14,9 @@ import sys
 import pytest
 
 from scripts.agent.gpu import gpuinfo, probe
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
-from scripts.reach.transport import VerifyRequest, call_agent
+from scripts.reach.transport import call_agent
 from tests.support.gpu_support import gpu_count
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(gpu_count() == 0, reason="no NVIDIA GPU visible through NVML")]
@@ -45,8 +46,8 @@ def test_the_probe_passes_on_every_gpu_matched_by_uuid_and_timed():
 
 def test_verify_probe_through_the_agent_exits_0_and_reads_the_fabric():
     host = build_host("local", {"PYTHON": sys.executable}, "test")
-    req = VerifyRequest(wait=10.0, probe_mib=64)
-    result = call_agent(host, "verify", req.argv(), deadline_s=req.deadline_s())
+    req = requests.Verify(wait=10.0, probe_mib=64)
+    result = call_agent(host, req)
     doc = result.doc
     show("verify --probe", {"exit": result.code, "probe": doc.get("probe"),
                             "gpus": [{k: g.get(k) for k in ("index", "uuid", "probe", "fabric", "health")}
@@ -58,5 +59,5 @@ def test_verify_probe_through_the_agent_exits_0_and_reads_the_fabric():
         assert g["fabric"]["state"] in ("completed", "not supported"), g["fabric"]
         assert g["probe"]["state"] in ("ok", "hidden"), g["probe"]
     # a scan right after the probe does not see its context
-    after = call_agent(host, "scan").doc
+    after = call_agent(host, requests.Scan()).doc
     assert not any(p["pid"] == doc["probe"]["pid"] for g in after["gpus"] for p in g["processes"])

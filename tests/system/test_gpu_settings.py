@@ -10,6 +10,7 @@ import sys
 
 import pytest
 
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.conftest import invoke
@@ -36,7 +37,7 @@ def _smi(text):
 
 
 def test_status_reads_every_gpus_settings_as_nvidia_smi_does(tmp_path):
-    doc = call_agent(build_host("local", {"PYTHON": sys.executable}, "test"), "scan").doc
+    doc = call_agent(build_host("local", {"PYTHON": sys.executable}, "test"), requests.Scan()).doc
     assert doc["gpu_source"] == "nvml"
     assert len(doc["gpus"]) == gpu_count()
     names = ("persistence", "compute_mode", "graphics_clock_mhz", "memory_clock_mhz", "power_limit_w",

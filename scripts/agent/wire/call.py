@@ -6,7 +6,7 @@ Why here: the local side builds the argv, the agent parses it and knows another 
 import os
 
 from .defaults import DEVICE_GLOB
-from .frame import encode_spec
+from .requests import REQUESTS, SPEC_FLAG  # noqa: F401 (SPEC_FLAG: the agent's options read it here)
 
 STDIN = "-"  # the agent's source comes on stdin: `python3 - SUBCOMMAND ...`
 # The transport's form: `python3 -S -c BOOT - SUBCOMMAND ...`, stdin = the bundle zlib-compressed
@@ -21,32 +21,10 @@ STREAM_FLAGS = ("-S", "-c", BOOT)
 COMMON_FLAGS = ("--marker", "--json", "--progress", "--devices", "--fake-devices", "--run-dir")
 # What the host's configuration selects (targets, protect list, scope); only SELECTING take them.
 SELECTION_FLAGS = ("--protect", "--target", "--match", "--fake-gpus", "--scope", "--scope-uid")
-SELECTING = ("scan", "verify", "plan", "teardown", "lint", "reset", "phase-ready", "gpu-settings")
-SPEC_FLAG = "--spec"
-
-# Each subcommand and its own flags (beyond COMMON_FLAGS, and SELECTION_FLAGS for SELECTING).
-# The agent's parser is built in this order; tests/agent/wire/test_wire.py checks it has exactly these.
-SUBCOMMANDS = {
-    "ping": (),
-    "scan": (),
-    "verify": ("--max-used-mib", "--wait", "--probe", "--probe-mib"),
-    "plan": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--checkpoint-stop"),
-    "teardown": ("--only-matching", "--stop-starters", "--all-users", "--disable", "--checkpoint-stop",
-                 "--max-used-mib", "--grace", "--timeout", "--wait-lock", "--operator", "--approved", "--settle",
-                 "--mps", "--keep-shm", "--hold-s", "--hold-phase", "--hold-token"),
-    "phase-start": (SPEC_FLAG,),
-    "phase-ready": (SPEC_FLAG, "--wait", "--intruders"),
-    "phase-stop": (SPEC_FLAG, "--operator"),
-    "phase-logs": (SPEC_FLAG, "--lines", "--follow"),
-    "smoke": (SPEC_FLAG,),
-    "drain": ("--url", "--timeout"),
-    "gates": (SPEC_FLAG,),
-    "lint": ("--max-used-mib", "--argv", "--gpus"),
-    "deploy": (SPEC_FLAG, "--action"),
-    "reset": ("--gpu", "--yes", "--quiesce"),
-    "gpu-settings": ("--settings", "--operator"),
-    "release": ("--token",),
-}
+# Each subcommand and its own flags (beyond COMMON_FLAGS, and SELECTION_FLAGS for SELECTING), read off
+# its request; the parser is built in this order (tests/agent/wire/test_wire.py: exactly these).
+SUBCOMMANDS = {r.name: r.flags for r in REQUESTS}
+SELECTING = tuple(r.name for r in REQUESTS if r.selecting)
 
 
 # Which agent module runs each subcommand: (module, the class in it or None), each with
@@ -73,21 +51,16 @@ SUBCOMMAND_MODULES = {
 }
 
 
-def spec_args(spec):
-    return [SPEC_FLAG, encode_spec(spec)]
-
-
-def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, run_dir=None,  # noqa: PLR0913
-               fake_devices=False, targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None, args=(),
+def agent_argv(python, request, nonce, devices=DEVICE_GLOB, progress=False, run_dir=None,  # noqa: PLR0913
+               fake_devices=False, targets=(), protect=(), fake_gpus=None, scope=None, scope_uid=None,
                stream=False):  # one keyword per hosts.env key and flag the agent takes
     """The agent's argv on the host: `PYTHON - SUBCOMMAND --devices GLOB --marker NONCE ...`,
     or with `stream` `PYTHON -S -c BOOT - SUBCOMMAND ...` (stdin: bundle.agent_stream()).
 
     The selection (targets, protect, fake_gpus, scope, scope_uid) goes only to the
-    subcommands that take it. `args` are the subcommand's own flags, as given.
+    subcommands that take it; the `request` (requests.py) gives the subcommand and its own flags.
     """
-    if subcommand not in SUBCOMMANDS:
-        raise ValueError("unknown agent subcommand %r" % subcommand)
+    subcommand = request.name
     # Values go as --flag=VALUE: a value that starts with '-' (a scope such as '--token', a
     # pattern such as '-serve') would otherwise be read by argparse as another flag.
     argv = [python] + list(STREAM_FLAGS if stream else ()) + [STDIN, subcommand, "--devices=" + devices, "--marker",
@@ -107,7 +80,7 @@ def agent_argv(python, subcommand, nonce, devices=DEVICE_GLOB, progress=False, r
             argv.append("--scope=" + scope)
         if scope_uid is not None:
             argv.append("--scope-uid=%d" % scope_uid)
-    return argv + [str(a) for a in args]
+    return argv + [str(a) for a in request.argv()]
 
 
 def agent_call(argv):

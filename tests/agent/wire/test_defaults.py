@@ -13,13 +13,11 @@ import yaml  # ansible-core's own dependency (requirements-dev.txt)
 
 from scripts.agent import options
 from scripts.agent.teardown import run as teardown, verify
-from scripts.agent.wire import call, defaults as shared, frame
+from scripts.agent.wire import defaults as shared, requests
 from scripts.config import defaults
 from scripts.config.phases import Phase
 from scripts.emergency import runbook, shell_teardown
 from scripts.engines import ansible_task, slurm_job
-from scripts.reach import transport
-from scripts.reach.transport import TeardownRequest, VerifyRequest
 from tests.support.paths import REPO
 
 
@@ -63,7 +61,7 @@ def test_the_free_threshold_has_one_definition():
     options.add_threshold(agent)
     module_doc = _module_options()
     assert {agent.get_default("max_used_mib"), defaults.MAX_USED_MIB, ansible_task.DEFAULTS["max_used_mib"],
-            slurm_job.Settings(host=None).max_used_mib, TeardownRequest().max_used_mib,
+            slurm_job.Settings(host=None).max_used_mib, requests.Teardown().max_used_mib,
             module_doc["max_used_mib"]["default"]} == {shared.MAX_USED_MIB}
 
 
@@ -85,15 +83,14 @@ def test_a_phases_limits_are_the_contracts():
     phase = Phase(name="p", argv=("true",))
     assert phase.stop_timeout == shared.STOP_TIMEOUT_S
     spec = {"gates": ["true", "true"], "stop_timeout": 7}
-    args = [call.SPEC_FLAG, frame.encode_spec(spec)]
-    base = transport.BASE_DEADLINE_S
-    assert transport.deadline_for("gates", args) == base + 2 * shared.GATE_TIMEOUT_S
-    assert transport.deadline_for("phase-stop", args) == base + 2 * 7
-    assert transport.deadline_for("smoke", args) == base + shared.SMOKE_TIMEOUT_S
+    base = requests.BASE_DEADLINE_S
+    assert requests.Gates(spec=spec).deadline_s() == base + 2 * shared.GATE_TIMEOUT_S
+    assert requests.PhaseStop(spec=spec, operator="me").deadline_s() == base + 2 * 7
+    assert requests.Smoke(spec=spec).deadline_s() == base + shared.SMOKE_TIMEOUT_S
 
 
 def test_a_verify_and_a_lock_wait_have_one_definition():
     verify_flags = argparse.ArgumentParser()
     verify.add_arguments(verify_flags)
-    assert verify_flags.get_default("wait") == defaults.VERIFY_WAIT_S == VerifyRequest().wait == shared.VERIFY_WAIT_S
+    assert verify_flags.get_default("wait") == defaults.VERIFY_WAIT_S == requests.Verify().wait == shared.VERIFY_WAIT_S
     assert _agent_defaults()["wait_lock"] == defaults.WAIT_LOCK_S == shared.WAIT_LOCK_S

@@ -16,10 +16,10 @@ import sys
 
 import pytest
 
-from scripts.agent import cli
+from scripts.agent import cli, options
 from scripts.agent.policy import rules
 from scripts.agent.teardown import hostlock
-from scripts.agent.wire import call, codes as wire_codes, frame, records
+from scripts.agent.wire import call, codes as wire_codes, frame, records, requests
 from scripts.config.hostconfig import build_host
 from scripts.ops.fleet import Outcome
 from scripts.reach import bundle
@@ -31,7 +31,7 @@ from scripts.views import (
     status as status_view,
     teardown as teardown_view,
 )
-from tests.support.subcommand_args import REQUIRED
+from tests.support.subcommand_args import FULL, REQUIRED
 
 # What each subcommand needs besides the argv the local side builds.
 
@@ -71,12 +71,21 @@ def test_removed_flags_are_gone():
         parsers["phase-start"].parse_args([*REQUIRED["phase-start"], "--no-systemd"])
 
 
+def test_each_request_is_one_subcommand_and_the_options_have_a_typed_field_per_flag():
+    assert [r.name for r in requests.REQUESTS] == list(call.SUBCOMMANDS) == list(FULL)
+    assert set(options.Options.__annotations__) == set(options.FIELDS) | {"settle_auto"}
+
+
 @pytest.mark.parametrize("subcommand", list(call.SUBCOMMANDS))
 def test_argv_built_by_the_local_side_is_parsed_and_recognised_by_the_agent(subcommand):
     nonce = frame.new_nonce()
-    argv = call.agent_argv("python3", subcommand, nonce, "/tmp/x/nvidia*", progress=True, run_dir="/tmp/r",
-                               fake_devices=True, targets=("a",), protect=("b",), fake_gpus="/tmp/g", scope="/tmp/x/",
-                               scope_uid=1000, args=REQUIRED.get(subcommand, []))
+    request = FULL[subcommand]
+    argv = call.agent_argv("python3", request, nonce, "/tmp/x/nvidia*", progress=True, run_dir="/tmp/r",
+                           fake_devices=True, targets=("a",), protect=("b",), fake_gpus="/tmp/g", scope="/tmp/x/",
+                           scope_uid=1000)
+    # the request sends each of its flags and no other (--match: the selection's, for plan and teardown)
+    sent = {str(w).split("=", 1)[0] for w in request.argv() if str(w).startswith("--")}
+    assert sent - {"--match"} == set(request.flags)
     args = cli.parse(argv[2:])  # every flag a field of the one Options record
     assert args.command == subcommand and args.marker == nonce and args.progress and args.fake_devices
     if subcommand in call.SELECTING:
@@ -118,7 +127,7 @@ def test_markers_progress_and_spec_round_trip():
     assert frame.parse_progress(frame.PROGRESS_PREFIX + "[1, 2]\n") is None
     spec = {"name": "train", "argv": ["sh", "-c", "echo 'a b' $HOME; `x`"], "env": {"K": "v=1"}}
     assert frame.decode_spec(frame.encode_spec(spec)) == spec
-    assert call.spec_args(spec) == ["--spec", frame.encode_spec(spec)]
+    assert requests.Smoke(spec=spec).argv() == ["--spec", frame.encode_spec(spec)]
     assert " " not in frame.encode_spec(spec)
 
 
@@ -176,23 +185,23 @@ def host(tmp_path):
 
 
 def test_real_results_read_through_the_contract_and_rendered(host):
-    ping = call_agent(host, "ping")
+    ping = call_agent(host, requests.Ping())
     assert isinstance(ping.result, records.PingResult) and ping.result.pid > 0
     assert "python 3." in status_view.ping_line("local", ping.result, ping.wall_s)
-    scan = call_agent(host, "scan")
+    scan = call_agent(host, requests.Scan())
     assert isinstance(scan.result, records.ScanResult) and scan.result.holders == []
     assert "no process" in status_view.holder_table(scan.result)
     assert status_view.holder_table(scan.doc) == status_view.holder_table(scan.result)  # a document reads the same
-    verify = call_agent(host, "verify")
+    verify = call_agent(host, requests.Verify())
     assert isinstance(verify.result, records.VerifyResult)
     assert status_view.verdict(verify.result).startswith("FREE" if verify.result.free else "NOT FREE")
-    plan = call_agent(host, "plan")
+    plan = call_agent(host, requests.Plan())
     assert isinstance(plan.result, records.PlanResult) and plan.result.plan.targets == []
     assert "problems" not in plan.doc  # a plan names none: the Slurm epilog reads none from it
     assert teardown_view.plan_tables(plan.result.plan).startswith("Targets: none")
     assert teardown_view.plan_tables(plan.doc["plan"]) == teardown_view.plan_tables(plan.result)
     seen = []
-    td = call_agent(host, "teardown", ["--grace", "1", "--timeout", "2", "--settle", "0.2"], on_progress=seen.append)
+    td = call_agent(host, requests.Teardown(grace=1, timeout=2, settle=0.2), on_progress=seen.append)
     t = td.result
     assert isinstance(t, records.TeardownResult) and t.ran and t.plan.targets == [] and t.actions == []
     text = teardown_view.report("local", td)
@@ -207,7 +216,7 @@ def test_locked_teardown_and_unreachable_host_rendered(host):
     os.makedirs(host.run_dir, mode=0o700)
     fd = hostlock.acquire("alice@ops", path=os.path.join(host.run_dir, hostlock.LOCK_NAME))
     try:
-        td = call_agent(host, "teardown", ["--grace", "1", "--timeout", "1"])
+        td = call_agent(host, requests.Teardown(grace=1, timeout=1))
     finally:
         hostlock.release(fd)
     assert td.code == wire_codes.EXIT_LOCKED and td.result.locked and "alice@ops" in td.result.error
@@ -232,7 +241,7 @@ def test_a_result_the_contract_does_not_know_is_an_agent_error(host, tmp_path):
                     "print('=====gpu-pivot-result %s end=====' % nonce)\n")
     fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
     with pytest.raises(AgentError, match="ping result has no 'hostname'"):
-        call_agent(dataclasses.replace(host, python=str(fake)), "ping")
+        call_agent(dataclasses.replace(host, python=str(fake)), requests.Ping())
 
 
 def test_the_bundle_carries_exactly_what_the_agent_imports():

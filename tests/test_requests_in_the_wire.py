@@ -1,0 +1,75 @@
+"""The agent's argv is built only from the wire's requests (scripts/agent/wire/requests.py).
+
+Why a test: a caller that passes a subcommand string or a list of flags builds a second copy of
+the argv, whose deadline and flags drift from the request's. Read from the source (ast), as
+tests/test_layers.py reads the imports: every call of the transport's entry points in the
+local side, and every string that is one of a request's flags."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from scripts.agent.wire import call, requests
+
+REPO = Path(__file__).resolve().parent.parent
+ENTRY_POINTS = {"call_agent", "agent_argv", "send_agent"}  # (host or python, request, ...)
+LITERALS = (ast.Constant, ast.List, ast.Tuple, ast.BinOp, ast.JoinedStr, ast.ListComp, ast.Starred)
+# Flags other programs of the local side take too, where they appear: the sandbox's fake servers'.
+OTHER_PROGRAMS = {"scripts/ops/sandbox_roles.py": {"--gpu", "--gpus"}, "scripts/config/sandbox.py": {"--gpus"}}
+REQUEST_FLAGS = {f for r in requests.REQUESTS for f in r.flags} | set(call.SELECTION_FLAGS)
+
+
+def local_sources() -> dict:
+    files = [REPO / "tasks.py", *sorted((REPO / "scripts").rglob("*.py"))]
+    paths = {str(p.relative_to(REPO)): p for p in files if "__pycache__" not in p.parts}
+    return {name: ast.parse(p.read_text()) for name, p in paths.items() if not name.startswith("scripts/agent/")}
+
+
+def entry_calls(tree) -> list:
+    return [n for n in ast.walk(tree) if isinstance(n, ast.Call)
+            and getattr(n.func, "id", getattr(n.func, "attr", None)) in ENTRY_POINTS]
+
+
+def bad_calls(sources: dict) -> list:
+    """Calls whose request is a literal (a subcommand string, a list of flags) or that pass args."""
+    bad = []
+    for path, tree in sources.items():
+        for node in entry_calls(tree):
+            args = node.args[1:]
+            if not args or isinstance(args[0], LITERALS) or any(isinstance(a, LITERALS[1:]) for a in args) or any(
+                    k.arg in ("args", "subcommand") for k in node.keywords):
+                bad.append(f"{path}:{node.lineno}: {ast.unparse(node)[:90]}")
+    return bad
+
+
+def flag_strings(sources: dict) -> list:
+    """Strings that are a request's flag (or start --flag=) outside the wire."""
+    bad = []
+    for path, tree in sources.items():
+        allowed = OTHER_PROGRAMS.get(path, set())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                flag = node.value.split("=", 1)[0]
+                if flag in REQUEST_FLAGS - allowed and (node.value == flag or node.value.startswith(flag + "=")):
+                    bad.append(f"{path}:{node.lineno}: {node.value!r}")
+    return bad
+
+
+def test_the_local_side_calls_the_agent_only_with_a_request():
+    sources = local_sources()
+    assert sum(len(entry_calls(t)) for t in sources.values()) > 20  # the checker sees the callers
+    bad = bad_calls(sources)
+    assert not bad, "pass a request of scripts/agent/wire/requests.py:\n  " + "\n  ".join(bad)
+
+
+def test_the_agents_flags_are_spelled_only_in_the_wire():
+    bad = flag_strings(local_sources())
+    assert not bad, "an agent flag outside scripts/agent/wire/requests.py:\n  " + "\n  ".join(bad)
+
+
+def test_the_checkers_see_what_they_forbid():
+    sources = {"x.py": ast.parse('call_agent(h, "teardown", ["--grace", 1])\nt.call_agent(h, "ping")\n'
+                                 'agent_argv(h, "scan", [], n, False)\nsend_agent(h, ["--spec", s], n, how)\n'
+                                 'call_agent(h, requests.Ping(), deadline_s=3)\nx = ["--wait=3"]\n')}
+    assert len(bad_calls(sources)) == 4
+    assert sorted(b.split(": ", 1)[1] for b in flag_strings(sources)) == ["'--grace'", "'--spec'", "'--wait=3'"]
