@@ -328,3 +328,35 @@ def test_scripts_defines_nothing_that_only_tests_or_benchmarks_use():
                   if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and not node.name.startswith("_")
                   and named[node.name] <= 1 and node.name in users]
     assert not only_tests, only_tests
+
+
+# -- a teardown reaches a host only through its operation ------------------------------------
+
+TEARDOWN_OP = "scripts/ops/teardown.py"
+SENDS_A_TEARDOWN = ("plan", "teardown")  # the plan is the teardown's first half: what it would signal
+
+
+def _teardown_calls(text: str) -> list:
+    """Lines of calls that send a host its teardown or plan: call_teardown(...), or
+    call_agent(host, "teardown" | "plan", ...)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        sub = node.args[1] if name == "call_agent" and len(node.args) > 1 else None
+        if name == "call_teardown" or (isinstance(sub, ast.Constant) and sub.value in SENDS_A_TEARDOWN):
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_teardown_operation_sends_a_teardown():
+    """tasks -> operations -> reach is the only path to a host's teardown: `invoke teardown`,
+    `invoke plan`, the pivot's step, the Slurm epilog and the Ansible module all go through
+    scripts/ops/teardown.py, so none can skip its approval or its audit record. The
+    transport's call_teardown (below it) is the primitive it calls."""
+    allowed = {TEARDOWN_OP, "scripts/reach/transport.py"}
+    found = [f"{p.relative_to(REPO)}:{n}" for p, text in _sources().items() if "agent" not in p.parts
+             and str(p.relative_to(REPO)) not in allowed for n in _teardown_calls(text)]
+    assert not found, "a teardown or plan sent outside " + TEARDOWN_OP + ":\n  " + "\n  ".join(found)
+    assert _teardown_calls('call_agent(h, "plan", args)\ncall_teardown(h, req)\ncall_agent(h, "scan")') == [1, 2]

@@ -60,7 +60,8 @@ def _bool(key: str, value) -> bool:
 
 def agent_call(raw: dict, check_mode: bool) -> dict:
     """{subcommand, argv, nonce, deadline_s} for one task; ConfigError for a bad argument."""
-    from ..reach.transport import BASE_DEADLINE_S, TeardownRequest, VerifyRequest
+    from ..ops import teardown as teardown_op
+    from ..reach.transport import TeardownRequest, VerifyRequest
 
     p = _params(raw)
     nonce = frame.new_nonce()
@@ -69,10 +70,8 @@ def agent_call(raw: dict, check_mode: bool) -> dict:
     if p["state"] == "verified":
         verify = VerifyRequest(max_used_mib=p["max_used_mib"])
         sub, args, deadline = "verify", verify.argv(), verify.deadline_s()
-    elif check_mode:
-        sub, args, deadline = "plan", req.selection(), BASE_DEADLINE_S  # a plan waits for nothing
-    else:
-        sub, args, deadline = "teardown", req.argv(), req.deadline_s()
+    else:  # the teardown, or in check mode its plan
+        sub, args, deadline = teardown_op.carried(req, check_mode)
     argv = wire_call.agent_argv(p["python"] or "python3", sub, nonce, p["devices"], fake_devices=p["fake_devices"],
                                targets=p["targets"], protect=p["protect"], scope=p["scope"],
                                scope_uid=p["scope_uid"], args=args)

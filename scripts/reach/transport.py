@@ -172,9 +172,11 @@ class VerifyRequest:
         return BASE_DEADLINE_S + self.wait + (0 if self.probe_mib is None else shared.PROBE_DEADLINE_S)
 
 
-def call_teardown(host, request: TeardownRequest, on_progress=None) -> AgentResult[records.TeardownResult]:
-    """One teardown on `host`, within the deadline its fields give."""
-    return call_agent(host, "teardown", request.argv(), on_progress=on_progress, deadline_s=request.deadline_s())
+def call_teardown(host, request: TeardownRequest, on_progress=None,
+                  deadline_s: float | None = None) -> AgentResult[records.TeardownResult]:
+    """One teardown on `host`, within the deadline its fields give (or the caller's budget)."""
+    return call_agent(host, "teardown", request.argv(), on_progress=on_progress,
+                      deadline_s=request.deadline_s() if deadline_s is None else deadline_s)
 
 
 def _flag_seconds(args, flag: str) -> float:

@@ -102,12 +102,12 @@ def test_a_teardown_call_cut_off_after_its_holder_started_is_still_released(monk
 
     from scripts.cli.pivot_words import WORDS
     from scripts.config.phases import build_phase
-    from scripts.ops import pivot as pivot_ops
+    from scripts.ops import pivot as pivot_ops, teardown as teardown_op
     from scripts.reach.route import HostTimedOut
 
     calls: list = []
 
-    def cut_off(host, request, on_progress=None):
+    def cut_off(host, request, on_progress=None, deadline_s=None):
         calls.append(("teardown", request.hold[2]))
         raise HostTimedOut("gpu9: no answer within 30s")
 
@@ -115,7 +115,7 @@ def test_a_teardown_call_cut_off_after_its_holder_started_is_still_released(monk
         calls.append((subcommand, list(args)))
         raise HostTimedOut("gpu9: no answer within 30s")
 
-    monkeypatch.setattr(pivot_ops, "call_teardown", cut_off)
+    monkeypatch.setattr(teardown_op, "call_teardown", cut_off)  # the pivot's step runs the operation
     monkeypatch.setattr(pivot_ops, "call_agent", agent)
     host = SimpleNamespace(alias="gpu9", probe_mib=64, apply_settings=False, gpu_baseline={})
     phase = build_phase("gpu9", "train", {"CMD": "true"})
