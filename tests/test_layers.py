@@ -413,3 +413,60 @@ def test_the_options_check_sees_a_taker():
     fns = {q: fn for q, _, fn in _functions(ast.parse(
         "def a(opts): pass\ndef b(x: Options): pass\ndef c(*args): pass\nclass K:\n    def d(self, args): pass\n"))}
     assert [q for q, fn in fns.items() if _takes_options(fn)] == ["a", "b", "K.d"]
+# -- a teardown reaches a host only through its operation ------------------------------------
+
+TEARDOWN_OP = "scripts/ops/teardown.py"
+TEARDOWN_BUILDERS = ("Plan", "Teardown", "plan")  # the plan is the teardown's first half: what it would signal
+
+
+def _names_a_teardown(expr, scope) -> bool:
+    """Whether a request expression is a plan or a teardown: built by requests.Plan/Teardown,
+    a request's .plan(), or a name assigned from one (or annotated so) in the same function."""
+    if isinstance(expr, ast.Call):
+        func = expr.func
+        return (func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")) in TEARDOWN_BUILDERS
+    if not isinstance(expr, ast.Name):
+        return False
+    for node in ast.walk(scope):
+        if isinstance(node, (ast.Assign, ast.AnnAssign)) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Name) and t.id == expr.id for t in targets) and \
+                    _names_a_teardown(node.value, scope):
+                return True
+        if isinstance(node, ast.arg) and node.arg == expr.id and node.annotation is not None:
+            if any(b in ast.unparse(node.annotation) for b in ("Plan", "Teardown")):
+                return True
+    return False
+
+
+def _teardown_calls(text: str) -> list:
+    """Lines of calls that send a host its teardown or plan: call_agent(host, R) where R is a
+    requests.Plan or requests.Teardown (see _names_a_teardown)."""
+    found = []
+    tree = ast.parse(text)
+    scopes = [n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))]
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Call):
+            continue
+        name = node.func.id if isinstance(node.func, ast.Name) else getattr(node.func, "attr", "")
+        request = node.args[1] if name == "call_agent" and len(node.args) > 1 else None
+        if request is None:
+            continue
+        around = [s for s in scopes if s.lineno <= node.lineno <= (s.end_lineno or s.lineno)]
+        if any(_names_a_teardown(request, s) for s in around or [tree]):
+            found.append(node.lineno)
+    return found
+
+
+def test_only_the_teardown_operation_sends_a_teardown():
+    """tasks -> operations -> reach is the only path to a host's teardown: `invoke teardown`,
+    `invoke plan`, the pivot's step, the Slurm epilog and the Ansible module all go through
+    scripts/ops/teardown.py, so none can skip its approval or its audit record. The
+    transport's call_agent (below it) is the primitive it calls."""
+    allowed = {TEARDOWN_OP, "scripts/reach/transport.py"}
+    found = [f"{p.relative_to(REPO)}:{n}" for p, text in _sources().items() if "agent" not in p.parts
+             and str(p.relative_to(REPO)) not in allowed for n in _teardown_calls(text)]
+    assert not found, "a teardown or plan sent outside " + TEARDOWN_OP + ":\n  " + "\n  ".join(found)
+    assert _teardown_calls("call_agent(h, requests.Plan())\ncall_agent(h, req.plan())\ncall_agent(h, requests.Scan())\n"
+                           "def f(h, r: requests.Teardown):\n    call_agent(h, r)\n"
+                           "def g(h):\n    q = requests.Teardown(grace=1)\n    call_agent(h, q)\n") == [1, 2, 5, 8]

@@ -164,13 +164,12 @@ def verify(c, host=defaults.HOST, wait=VERIFY_WAIT, max_used_mib=td.MAX_USED_MIB
 def plan(c, host=defaults.HOST, match=None, only_matching=False, disable=False, json=False, stop_starters=False,
          stop_supervisors=False, all_users=False, fanout=str(defaults.READ_FANOUT)):
     """Dry run: what a teardown would stop (targets, with why) and keep (protected), and the MiB it frees."""
-    from scripts.ops import fleet
-    from scripts.reach.transport import call_agent
+    from scripts.ops import teardown as teardown_op
     from scripts.views import status as status_view, teardown as teardown_view
 
     req = td.selection(match, only_matching, disable, stop_starters or stop_supervisors, all_users)
     width = fanout_width(fanout)
-    outcomes = fleet.each_host(hosts_of(host), lambda h: call_agent(h, req), width)
+    outcomes = teardown_op.plans(hosts_of(host), req, width)
     if json:
         from .jsonout import docs
 
@@ -208,8 +207,7 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     never a mere argument of another program. A GPU's health verdict of reset
     needed: `invoke reset`. Several hosts exit with the highest of their codes.
     """
-    from scripts.ops import audit_log, fleet
-    from scripts.reach.transport import call_agent
+    from scripts.ops import teardown as teardown_op
     from scripts.views import teardown as teardown_view
 
     hosts = hosts_of(host)
@@ -222,23 +220,12 @@ def teardown(c, host=defaults.HOST, match=None, only_matching=False, disable=Fal
     approved = td.approve(hosts, req.plan(), yes, "the plan",
                           td.declined_doc(hosts) if json else None)
     fleet_mode = len(hosts) > 1
-
-    def one(h):
-        shown = None if json or fleet_mode else teardown_view.TeardownProgress(h.alias, req.grace)
-        try:
-            result = call_agent(h, td.approved_for(req, approved, h.alias),
-                                on_progress=None if shown is None else shown.update)
-        finally:
-            if shown is not None:
-                shown.done()
-        record = result.result  # a records.TeardownResult: call_agent's type says so
-        if record.actions:
-            audit_log.append(h.alias, record.actions)
-        return result
-
+    quiet = json or fleet_mode
     done = (lambda out: print(teardown_view.host_line(out), flush=True)) if fleet_mode and not json else None
     with ctrl_c_continues(hosts, "the teardown continues"):
-        outcomes = fleet.each_host(hosts, one, width, on_done=done)
+        outcomes = teardown_op.on_hosts(
+            hosts, req, approved, width, on_done=done,
+            progress_for=lambda h: None if quiet else teardown_view.TeardownProgress(h.alias, req.grace))
     results = codes(outcomes, agent_code=True)
     if json:
         from .jsonout import docs

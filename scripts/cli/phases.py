@@ -173,7 +173,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
     from scripts.cli.pivot_words import WORDS
     from scripts.config import cliargs
     from scripts.config.errors import ConfigError, show
-    from scripts.ops import phase as phase_ops
+    from scripts.ops import phase as phase_ops, teardown as teardown_op
     from scripts.ops.pivot import Pivot, PivotOptions
     from scripts.views.render import fit
 
@@ -192,7 +192,7 @@ def pivot(c, host=defaults.HOST, to="", match=None, only_matching=False, disable
         declined = {"event": "pivot", "host": h.alias, "to": ph.name, "steps": [], "verdict": td.DECLINED,
                     "exit_code": codes.EXIT_DECLINED} if json else None
         approved = td.approve([h], selection, yes, "the steps", declined)
-        td_req = td.approved_for(td_req, approved, h.alias)
+        td_req = teardown_op.for_host(td_req, approved, h.alias)
     elif not json:  # what the teardown step would stop and keep, as `teardown --dry-run` shows it
         td.show_plans([h], selection)
     opts = PivotOptions(teardown=td_req, drain_url=drain or None, no_drain=no_drain, dry_run=dry_run,

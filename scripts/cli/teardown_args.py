@@ -1,5 +1,5 @@
-"""What `teardown` and `pivot` share: their teardown flags, the agent argv built from them,
-and the confirmation step.
+"""What `teardown` and `pivot` share: their teardown flags, the request built from them,
+and the confirmation step (the plans and approvals themselves: scripts/ops/teardown.py).
 
 Why one place: a pivot's teardown step must be the same teardown, asked about the same
 way, as `invoke teardown`; a second copy of the argv drops flags (--wait-lock,
@@ -105,22 +105,18 @@ def show_plans(hosts: list, selection, out=None, json: bool = False) -> dict:
     confirmation prompt and by `pivot --dry-run`, so what a person reads is what the teardown
     step would do. A host that cannot be planned stops it (with --json its failure is
     printed as the --json document first)."""
-    from scripts.ops import fleet
-    from scripts.reach.transport import call_agent
+    from scripts.ops import teardown as teardown_op
     from scripts.views import teardown as teardown_view
 
     from .jsonout import failed
 
-    outcomes = fleet.each_host(hosts, lambda h: call_agent(h, selection))
+    outcomes = teardown_op.plans(hosts, selection)
     errors = {o.host.alias: o.error for o in outcomes if o.error is not None}
-    if errors:
-        if json:
-            print(dumps({alias: failed(e) for alias, e in errors.items()}), flush=True)
-        raise next(iter(errors.values()))
-    shown = {}
+    if errors and json:
+        print(dumps({alias: failed(e) for alias, e in errors.items()}), flush=True)
+    shown = teardown_op.approvals(outcomes)  # raises the first host's error
     for o in outcomes:
         print_views(o.host, o.value.result, teardown_view.plan_tables, file=out)
-        shown[o.host.alias] = o.value.result.plan.approved()
     return shown
 
 
@@ -152,8 +148,3 @@ def declined_doc(hosts: list) -> dict:
     from scripts.agent.wire import codes
 
     return {h.alias: {"error": DECLINED, "exit_code": codes.EXIT_DECLINED} for h in hosts}
-
-
-def approved_for(req, approved: dict, alias: str):
-    """`req` signalling only what the person approved on host `alias` (all of its plan with --yes)."""
-    return req.replace(approved=approved[alias]) if alias in approved else req

@@ -60,15 +60,15 @@ def _bool(key: str, value) -> bool:
 
 def agent_call(raw: dict, check_mode: bool) -> dict:
     """{subcommand, argv, nonce, deadline_s} for one task; ConfigError for a bad argument."""
+    from ..ops import teardown as teardown_op
+
     p = _params(raw)
     nonce = frame.new_nonce()
-    req: requests.Request = requests.Teardown(grace=p["grace"], timeout=p["timeout"], settle=p["settle"],
-                                              max_used_mib=p["max_used_mib"], operator="ansible",
-                                              match=tuple(p["match"]))
-    if p["state"] == "verified":
-        req = requests.Verify(max_used_mib=p["max_used_mib"])
-    elif check_mode:
-        req = requests.Plan(match=tuple(p["match"]))  # nothing is signalled: the plan is the diff
+    teardown = requests.Teardown(grace=p["grace"], timeout=p["timeout"], settle=p["settle"],
+                                 max_used_mib=p["max_used_mib"], operator="ansible", match=tuple(p["match"]))
+    # verified: look; else the teardown, or in check mode its plan (nothing signalled: the plan is the diff)
+    req: requests.Request = (requests.Verify(max_used_mib=p["max_used_mib"]) if p["state"] == "verified"
+                             else teardown_op.carried(teardown, check_mode))
     argv = wire_call.agent_argv(p["python"] or "python3", req, nonce, p["devices"], fake_devices=p["fake_devices"],
                                 targets=p["targets"], protect=p["protect"], scope=p["scope"],
                                 scope_uid=p["scope_uid"])

@@ -29,6 +29,7 @@ from ..agent.wire import codes, defaults, records, requests
 from ..config.envfile import read_env_file
 from ..config.errors import ConfigError, show
 from ..config.hostconfig import Host, build_host
+from ..ops import teardown as teardown_op
 from ..reach.transport import AgentError, call_agent, exit_code_for
 from . import slurm_cgroup
 
@@ -322,7 +323,7 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
         return early
     try:
         host = _job_host(settings, job, view, scoped=True)
-        planned = call_agent(host, requests.Plan(), deadline_s=AGENT_S - (time.monotonic() - started))
+        planned = teardown_op.plan(host, deadline_s=AGENT_S - (time.monotonic() - started))
         if planned.code != codes.EXIT_OK:  # a plan has no problems to name, and a usage error is a ConfigError
             return planned.code, [f"the agent's plan exited {planned.code}"]
         # only what holds the job's GPUs (NVML also lists the same user's processes on the node's other
@@ -330,10 +331,11 @@ def epilog(job: Job, settings: Settings, started: float) -> tuple:
         mine = [t for t in planned.result.plan.targets if on_job(t, job.gpus) and not other_job(t, job.id)]
         req = requests.Teardown(grace=settings.grace, timeout=settings.timeout, settle=settings.settle,
                                 wait_lock=settings.wait_lock, max_used_mib=settings.max_used_mib,
-                                approved=",".join(f"{t['pid']}:{t['start_time']}" for t in mine),
+                                approved=teardown_op.only_these(mine),
                                 operator=f"slurm-epilog job {job.id} uid {job.uid}")
-        # the epilog's own budget, not the request's deadline: Slurm's wait for the epilog is the limit
-        res = call_agent(host, req, deadline_s=AGENT_S - (time.monotonic() - started))
+        # the epilog's own budget, not the request's deadline: Slurm's wait for the epilog is the limit;
+        # no local audit copy: on this node the agent's own record is the log, root's home gathers no fleet
+        res = teardown_op.on_host(host, req, deadline_s=AGENT_S - (time.monotonic() - started), audit=False)
         r = res.result
         if r.locked:
             return res.code, [f"another teardown holds the node's lock: {r.error}"]

@@ -26,7 +26,7 @@ from ..agent.state import statedir
 from ..agent.wire import codes, defaults, records, requests
 from ..reach.route import HostUnreachable
 from ..reach.transport import AgentError, call_agent, exit_code_for
-from . import audit_log, gpu_settings, phase as phase_ops
+from . import audit_log, gpu_settings, phase as phase_ops, teardown as teardown_op
 
 
 @dataclass(frozen=True)
@@ -261,7 +261,7 @@ class Pivot:
 
         request = self.opts.teardown.replace(hold=(self.hold_seconds(), self.phase.name, self.hold_token))
         self.held = True  # until the answer says otherwise: a call cut off after its holder started is released too
-        r = _attempt(lambda: call_agent(self.host, request, on_progress=progress))
+        r = _attempt(lambda: teardown_op.on_host(self.host, request, on_progress=progress))  # audited there
         t: records.TeardownResult = r.result
         self.held = t.hold is not None
         self.say("teardown", self.words.teardown_brief(t), r.code)
@@ -271,8 +271,6 @@ class Pivot:
             return self.finish(r.code, "locked" if t.locked else "teardown not started: nothing started")
         for line in self.words.shm_lines(t):
             self.out("    " + self.words.safe(line))
-        if t.actions:
-            audit_log.append(alias, t.actions)
         if r.code:
             for problem in t.problems:
                 self.out("    " + self.words.safe(problem))

@@ -102,7 +102,7 @@ def test_a_teardown_call_cut_off_after_its_holder_started_is_still_released(monk
 
     from scripts.cli.pivot_words import WORDS
     from scripts.config.phases import build_phase
-    from scripts.ops import pivot as pivot_ops
+    from scripts.ops import pivot as pivot_ops, teardown as teardown_op
     from scripts.reach.route import HostTimedOut
 
     calls: list = []
@@ -112,6 +112,7 @@ def test_a_teardown_call_cut_off_after_its_holder_started_is_still_released(monk
         raise HostTimedOut("gpu9: no answer within 30s")
 
     monkeypatch.setattr(pivot_ops, "call_agent", agent)
+    monkeypatch.setattr(teardown_op, "call_agent", agent)  # the pivot's step runs the operation
     host = SimpleNamespace(alias="gpu9", probe_mib=64, apply_settings=False, gpu_baseline={})
     phase = build_phase("gpu9", "train", {"CMD": "true"})
     lines: list = []
