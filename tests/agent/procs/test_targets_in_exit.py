@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 
 from scripts.agent.procs import devices, procfs, procscan
 from scripts.config.hostconfig import build_host
@@ -122,3 +123,22 @@ def test_a_scoped_relay_target_is_never_called_free_while_it_holds_the_gpu(ps):
         if alive:
             procfs.signal_if_same(p.pid, start, 9)
         p.wait(10)
+
+
+def test_ticks_now_splits_what_started_before_from_what_starts_after():
+    """A teardown adopts only what starts once it has begun (teardown/run.py): that moment is
+    read in /proc's own start_time unit, so an older process reads before it, a newer after."""
+    before = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.05)  # a few clock ticks apart: the two sides of the line are not the same tick
+        now = procfs.ticks_now()
+        time.sleep(0.05)
+        after = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert procfs.start_time(before.pid) < now <= procfs.start_time(after.pid)
+        finally:
+            after.kill()
+            after.wait()
+    finally:
+        before.kill()
+        before.wait()
