@@ -15,8 +15,8 @@ import sys
 from pathlib import Path
 
 from scripts.config.hostconfig import build_host
-from scripts.reach.transport import call_agent
 from tests.support import scenario
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, wait_for
 
 
@@ -102,4 +102,4 @@ def ready_pid(path: Path) -> int:
 
 
 def teardown(ps, *extra, **keys):
-    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])

@@ -8,6 +8,7 @@ check and the signal cannot race); elsewhere the start time is checked just befo
 """
 import os
 import signal
+import time
 
 from . import textsafe
 
@@ -79,6 +80,12 @@ def read_stat(pid, proc=PROC):
 def start_time(pid, proc=PROC):
     stat = read_stat(pid, proc)
     return stat["start_time"] if stat else None
+
+
+def ticks_now():
+    """Now in /proc's start_time unit (clock ticks since boot): a process whose start_time is
+    at least this started at or after now."""
+    return int(time.clock_gettime_ns(time.CLOCK_BOOTTIME) // (1_000_000_000 // os.sysconf("SC_CLK_TCK")))
 
 
 def finished(stat):

@@ -327,8 +327,9 @@ def _send_plan(targets, the_plan, planned, audit, timings, started):
 
 def _early_batch(args, approved, audit, timings, started, source, freezer):
     """(Targets, early.Batch): the targets as yet none, and the scan's callback that adds and
-    signals the early batch (agent/teardown/early.py). Only processes started after now are adopted."""
-    since = procfs.read_stat(os.getpid())["start_time"]
+    signals the early batch (agent/teardown/early.py). Only processes started after now are adopted
+    (now, not this process's start: a respawn is what starts once the teardown has begun)."""
+    since = procfs.ticks_now()
     targets = Targets([], audit, None, chain=early.own_chain(), protect=args.protect, since_ticks=since,
                       scope_uid=args.scope_uid)
     held: dict = {"shm": ([], [])}  # what the early batch's targets hold in /dev/shm, read before their signal

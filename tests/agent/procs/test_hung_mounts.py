@@ -14,6 +14,9 @@ The same mount makes a process that is stuck in its own exit (its close of the h
 waits on the server, uninterruptibly, with a fake GPU still open behind it): the teardown
 leaves a target in its exit to finish (no SIGKILL, no grace waited out) and still never
 calls the GPU free while the source counts its memory.
+Teardowns beside a hung mount run the agent as its own process (call_agent, its deadline): an
+agent that regressed would sit in D state, and in the test's own process it would hang the
+worker; the others run it in-process (tests/support/agent_inproc.py).
 """
 from __future__ import annotations
 
@@ -34,6 +37,7 @@ from scripts.reach import runner
 from scripts.reach.route import HostTimedOut
 from scripts.reach.transport import call_agent
 from tests.support import scenario
+from tests.support.agent_inproc import run_agent
 from tests.support.hung_mounts import STUCK_IN_EXIT, mounted
 from tests.support.paths import REPO, SUPPORT
 from tests.support.procs import alive
@@ -99,7 +103,7 @@ def test_a_root_teardown_beside_a_users_fuse_file_frees_and_is_not_exit_6(users_
     parent, workers = ps.server(tp=1)
     keys = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
-    result = call_agent(host, "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0.5"], deadline_s=40)
+    result = run_agent(host, "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0.5"])
     assert result.code == 0, (result.code, result.doc.get("problems"))  # not 6: every process was inspected
     assert not [p for p in [parent, *workers] if alive(p)] and alive(users_fuse_holder)
 

@@ -20,11 +20,12 @@ from __future__ import annotations
 import dataclasses
 import subprocess
 import sys
+import time
 
 from scripts.agent.procs import devices, procfs, procscan
 from scripts.config.hostconfig import build_host
-from scripts.reach.transport import call_agent
 from tests.support import scenario
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import state, wait_for
 
 # argv: DEVICE READY open|mapped. Holds DEVICE (mapped: only mapped, fd closed), ignores SIGTERM,
@@ -74,8 +75,8 @@ def test_a_process_running_on_in_a_relay_of_threads_is_never_in_its_exit(ps):
 
 def test_a_relay_that_ignores_sigterm_gets_sigkill_after_its_grace(ps):
     p = relay(ps)
-    result = call_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "4", "--settle",
-                                                                    "0.3"], deadline_s=60)
+    result = run_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "4", "--settle",
+                                                                    "0.3"])
     sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
     assert sent == ["SIGTERM", "SIGKILL"], (sent, result.doc.get("stuck"))
     p.wait(10)
@@ -84,7 +85,7 @@ def test_a_relay_that_ignores_sigterm_gets_sigkill_after_its_grace(ps):
 
 def test_a_gpu_mapped_by_a_live_thread_of_an_exited_leader_is_not_free(ps):
     p = relay(ps, "mapped")
-    doc = call_agent(host_for(ps, "nothing-here"), "verify").doc
+    doc = run_agent(host_for(ps, "nothing-here"), "verify").doc
     assert not doc["free"], f"verify called the GPUs free while pid {p.pid} maps {ps.devdir / 'nvidia0'}"
     assert p.pid in {h["pid"] for h in doc["holders"]} or p.pid in doc.get("denied", []), doc["holders"]
 
@@ -114,11 +115,30 @@ def test_a_scoped_relay_target_is_never_called_free_while_it_holds_the_gpu(ps):
     for attempt in range(4):
         p = relay(ps)
         start = procfs.start_time(p.pid)
-        result = call_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "3", "--settle",
-                                                                        "0.3"], deadline_s=60)
+        result = run_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "3", "--settle",
+                                                                        "0.3"])
         sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
         alive = procfs.same_process(p.pid, start)
         assert result.code != 0 or (not alive and sent == ["SIGTERM", "SIGKILL"]), (attempt, result.code, sent, alive)
         if alive:
             procfs.signal_if_same(p.pid, start, 9)
         p.wait(10)
+
+
+def test_ticks_now_splits_what_started_before_from_what_starts_after():
+    """A teardown adopts only what starts once it has begun (teardown/run.py): that moment is
+    read in /proc's own start_time unit, so an older process reads before it, a newer after."""
+    before = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        time.sleep(0.05)  # a few clock ticks apart: the two sides of the line are not the same tick
+        now = procfs.ticks_now()
+        time.sleep(0.05)
+        after = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert procfs.start_time(before.pid) < now <= procfs.start_time(after.pid)
+        finally:
+            after.kill()
+            after.wait()
+    finally:
+        before.kill()
+        before.wait()

@@ -24,8 +24,8 @@ from scripts.agent.wire import frame
 from scripts.config.errors import ConfigError
 from scripts.config.phases import build_phase
 from scripts.ops import phase as phase_ops
-from scripts.reach.transport import call_agent
 from scripts.views import phase as phase_view, teardown as teardown_view
+from tests.support.agent_inproc import run_agent
 from tests.support.ckpt_job import JOB
 from tests.support.procs import alive, wait_for
 from tests.support.teardowns import host as scoped_host
@@ -72,7 +72,7 @@ class Job:
         return self
 
     def teardown(self, *extra, on_progress=None):
-        return call_agent(self.host, "teardown", ["--grace", "1", "--timeout", "10", *extra], on_progress=on_progress)
+        return run_agent(self.host, "teardown", ["--grace", "1", "--timeout", "10", *extra], on_progress=on_progress)
 
     def lines(self):
         return self.log.read_text().splitlines() if self.log.exists() else []
@@ -170,7 +170,7 @@ def test_another_uids_file_and_a_link_do_not_count(ps, second_user):
 
 def test_plan_shows_the_stop_and_phase_stop_runs_it(ps):
     job = Job(ps, "quick").start()
-    plan = call_agent(job.host, "plan").result.plan
+    plan = run_agent(job.host, "plan").result.plan
     (row,) = plan.checkpoint_stops
     assert row["pids"] == [job.pid] and row["signal"] == "USR1" and row["deadline_s"] == 60
     text = " ".join(teardown_view.plan_tables(plan).split())
@@ -187,7 +187,7 @@ def test_a_bad_stop_is_refused_before_anything(ps):
     job = Job(ps, "quick").start()
     bad = frame.encode_spec({"phase": "train", "signal": "KILL", "checkpoint": "/x/*", "deadline_s": 5})
     with pytest.raises(ConfigError, match="signal 'KILL': not a signal a job can catch"):
-        call_agent(job.host, "teardown", ["--checkpoint-stop=" + bad])
+        run_agent(job.host, "teardown", ["--checkpoint-stop=" + bad])
     assert job.lines() == [] and alive(job.pid)
 
 

@@ -21,9 +21,9 @@ from scripts.agent.policy import rules
 from scripts.agent.procs import cgroup, procscan
 from scripts.agent.teardown import early, plan, run as teardown
 from scripts.config.hostconfig import build_host
-from scripts.reach.transport import call_agent
 from tests.conftest import REPO
 from tests.support import scenario
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, children, wait_for
 
 TARGETS = r"sandbox_roles\.py|sglang\.launch_server"
@@ -32,7 +32,7 @@ TARGETS = r"sandbox_roles\.py|sglang\.launch_server"
 def _teardown(ps, *extra):
     keys = dict(scenario.host_keys(ps), TARGETS=r"sglang\.launch_server")  # the orphan's sandbox_roles.py: not named
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
-    return call_agent(host, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.5", *extra])
+    return run_agent(host, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.5", *extra])
 
 
 def test_pattern_targets_go_first_and_the_orphan_holder_with_the_plan(ps):

@@ -12,6 +12,7 @@ stops answering, so its exit waits in that file's close (state D, every thread e
 its fd table detached) until the test ends the FUSE server. The GPU source is the stand-in
 NVML (tests/support/standin/nvml) replaying an H200 that reads 0 MiB and lists no process: what the
 real NVML says at that moment (the GPU test and bench/exiting_pinned.py measure it on an H200).
+The agent runs as its own process (call_agent): the stand-in is the pynvml its PYTHONPATH finds.
 """
 from __future__ import annotations
 

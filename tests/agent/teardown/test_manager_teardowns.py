@@ -25,9 +25,9 @@ import pytest
 from scripts.agent.holders import scan
 from scripts.agent.options import Options
 from scripts.agent.teardown import plan as plan_module, settle
-from scripts.reach.transport import call_agent
 from scripts.views.teardown import plan_tables
 from tests.conftest import need_tools
+from tests.support.agent_inproc import run_agent
 from tests.support.managers_fixtures import CID, ESCAPED, UID, RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.support.procs import alive, children, wait_for
 from tests.support.scans import scan_args
@@ -39,16 +39,16 @@ TARGETS = r"sandbox_roles\.py"
 
 
 def teardown(ps, *extra):
-    return call_agent(host(ps, TARGETS=TARGETS), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+    return run_agent(host(ps, TARGETS=TARGETS), "teardown", ["--grace", "2", "--timeout", "10", *extra])
 
 
 def plan(ps):
-    return call_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
+    return run_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
 
 
 def plan_view(ps) -> str:
     """`invoke plan`'s tables of this test's plan, as one line of words."""
-    return " ".join(plan_tables(call_agent(host(ps, TARGETS=TARGETS), "plan").doc).split())
+    return " ".join(plan_tables(run_agent(host(ps, TARGETS=TARGETS), "plan").doc).split())
 
 
 def signalled(doc) -> set:
@@ -62,7 +62,7 @@ def no_generic_hint(doc) -> None:
 
 
 def holders_now(ps) -> list:
-    doc = call_agent(host(ps, TARGETS=TARGETS), "scan").doc
+    doc = run_agent(host(ps, TARGETS=TARGETS), "scan").doc
     return [h["pid"] for h in doc["holders"] if not h["protected"]]
 
 

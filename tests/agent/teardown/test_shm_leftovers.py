@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from scripts.reach.transport import call_agent
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import wait_for
 from tests.support.teardowns import host
 
@@ -98,7 +98,7 @@ def segment_ids():
 
 
 def teardown(ps, *extra, **keys):
-    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
 
 
 def left(doc, what):
@@ -159,7 +159,7 @@ def test_plan_lists_the_candidates(ps, shm):
     time.sleep(0.1)
     leftover = shm.path("nccl-plan")
     shm.server(create=[leftover], open_=[staged], sysv=1)
-    listed = call_agent(host(ps), "plan", []).doc["plan"]["shm"]
+    listed = run_agent(host(ps), "plan", []).doc["plan"]["shm"]
     assert {r.get("path") for r in listed if r["kind"] == "file"} == {leftover}
     assert [r["shmid"] for r in listed if r["kind"] == "sysv"] == shm.shmids
     assert os.path.exists(leftover)

@@ -17,9 +17,10 @@ from scripts.agent.state import lastrun
 from scripts.agent.teardown import hostlock
 from scripts.reach.bundle import agent_stream
 from scripts.reach.route import wrap
-from scripts.reach.transport import agent_argv, call_agent
+from scripts.reach.transport import agent_argv
 from tests.conftest import invoke
 from tests.support import scenario
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, wait_for
 from tests.support.teardowns import assert_outcome, env_file, scenario_host as host
 
@@ -31,7 +32,7 @@ def pattern(ps):
 def test_full_scenario_frees_everything_and_harms_nothing(ps):
     roles = scenario.start(ps)
     started = time.monotonic()
-    result = call_agent(host(ps), "teardown", ["--grace", "1", "--timeout", "10"])
+    result = run_agent(host(ps), "teardown", ["--grace", "1", "--timeout", "10"])
     wall = time.monotonic() - started
     assert result.code == 0, result.doc.get("problems")
     assert_outcome(roles)
@@ -60,7 +61,7 @@ def test_full_scenario_frees_everything_and_harms_nothing(ps):
 
 def test_only_matching_leaves_other_holders_and_reports_not_free(ps):
     roles = scenario.start(ps, stubborn=False)
-    result = call_agent(host(ps), "teardown", ["--only-matching", "--grace", "1", "--timeout", "0.5"])
+    result = run_agent(host(ps), "teardown", ["--only-matching", "--grace", "1", "--timeout", "0.5"])
     assert result.code == 1
     left = {p["pid"] for p in result.doc["plan"]["left_alone"]}
     assert left == {roles["orphan"], roles["renamed"]}

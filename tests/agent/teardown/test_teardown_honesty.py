@@ -22,14 +22,14 @@ from pathlib import Path
 import pytest
 
 from scripts.reach.bundle import agent_payload
-from scripts.reach.transport import call_agent
 from tests.support import scenario
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, children, state, wait_for
 from tests.support.teardowns import host
 
 
 def teardown(ps, *extra, **keys):
-    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1", *extra])
+    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1", *extra])
 
 
 # -- another user -------------------------------------------------------------------------
@@ -135,7 +135,7 @@ def test_stopped_target_gets_sigcont_and_exits_within_grace(ps):
     server, workers = ps.server(tp=1)
     os.kill(server, signal.SIGSTOP)
     wait_for(lambda: state(server) == "T", "stopped")
-    result = call_agent(host(ps), "teardown", ["--grace", "8", "--timeout", "10", "--settle", "0.2"])
+    result = run_agent(host(ps), "teardown", ["--grace", "8", "--timeout", "10", "--settle", "0.2"])
     assert result.code == 0, result.doc["problems"]
     sigs = {(a["pid"], a["signal"]) for a in result.doc["actions"] if a["result"] == "sent"}
     assert (server, "SIGCONT") in sigs and (server, "SIGKILL") not in sigs

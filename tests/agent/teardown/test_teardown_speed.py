@@ -33,9 +33,9 @@ from scripts.agent.teardown import targets
 from scripts.agent.wire import call
 from scripts.config.hostconfig import build_host
 from scripts.reach import bundle
-from scripts.reach.transport import call_agent
 from tests.conftest import REPO
 from tests.support import scenario
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, wait_for
 
 HAS_PIDFD = hasattr(os, "pidfd_open")
@@ -50,8 +50,8 @@ def host(ps, **keys):
 def test_free_at_is_streamed_at_free_at_and_reported_apart_from_settled(ps):
     ps.server(tp=2)
     seen = []
-    result = call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1"],
-                        on_progress=seen.append)
+    result = run_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1"],
+                       on_progress=seen.append)
     doc = result.doc
     assert result.code == 0, doc["problems"]
     assert doc["free_at_s"] is not None and doc["settled_at_s"] is not None

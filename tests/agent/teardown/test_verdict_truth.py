@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 
 from scripts.reach.bundle import agent_payload
-from scripts.reach.transport import call_agent
+from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, children, cmdline, process_group, state, tmux_pane, wait_for
 from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell
 
@@ -38,11 +38,11 @@ PAUSE = 5  # every restarter here waits this long between turns: longer than the
 
 def teardown(ps, *extra, **keys):
     keys.setdefault("TARGETS", TARGETS)
-    return call_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
 
 
 def plan(ps, *extra):
-    return call_agent(host(ps, TARGETS=TARGETS), "plan", list(extra)).doc["plan"]
+    return run_agent(host(ps, TARGETS=TARGETS), "plan", list(extra)).doc["plan"]
 
 
 def signals_to(doc, pid):

@@ -1,0 +1,85 @@
+"""The agent run in the test's own process: its entry point (agent cli.main) with the argv a
+call sends, its document read as a call reads it (transport.read_document, records.read).
+
+Why: the agent's units test the agent, not the transport; a call through call_agent starts
+an interpreter and ships the bundle each time. The wire end to end is tests/reach's.
+In-process the agent's pid is the test worker's: the test's processes are its children, and
+the worker and its ancestors are protected, as they are for an agent the worker started.
+Each run starts with what a fresh agent process has (no worker pids, no cached user names,
+no sandbox-uid trust), and what it changes in the process is put back: the environment
+(cli.main sets the run dir) and signal handlers (a teardown ignores SIGINT and SIGHUP).
+Its run dir is the test's (conftest _private_state), never the machine's.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+
+from scripts.agent import cli
+from scripts.agent.policy import rules
+from scripts.agent.procs import procfs, procscan
+from scripts.agent.wire import call, frame, records
+from scripts.reach.transport import AgentError, AgentResult, agent_argv, read_document
+
+_SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM)
+
+
+class _Stdout:
+    """The agent's stdout: progress lines to `on_progress` as they come, the rest kept."""
+
+    def __init__(self, on_progress):
+        self.on_progress, self.kept = on_progress, []
+
+    def write(self, text):
+        fields = frame.parse_progress(text) if self.on_progress else None
+        if fields is None:
+            self.kept.append(text)
+        else:
+            self.on_progress(fields)
+        return len(text)
+
+    def flush(self):
+        pass
+
+
+@contextlib.contextmanager
+def _restored():
+    env, handlers = dict(os.environ), {s: signal.getsignal(s) for s in _SIGNALS}
+    per_run = (procfs.OWN_WORKERS, procfs.OWN_PROBES, procscan._USER_NAMES, rules._state)
+    saved = [type(kept)(kept) for kept in per_run]
+    for kept in per_run:
+        kept.clear()
+    rules._state.update(sandbox_uid=None, uid_min=None)
+    try:
+        yield
+    finally:
+        os.environ.clear()
+        os.environ.update(env)
+        for sig, handler in handlers.items():
+            signal.signal(sig, handler)
+        for kept, value in zip(per_run, saved, strict=True):
+            kept.clear()
+            kept.update(value)  # type: ignore[attr-defined]
+
+
+def run_agent(host, subcommand: str, args=(), on_progress=None) -> AgentResult:
+    """One agent subcommand on `host` (a local host config) in this process: what call_agent
+    gives (code, doc, the typed record), and raises as it does for a refused flag (ConfigError)
+    or the agent's own failure (AgentError)."""
+    nonce = frame.new_nonce()
+    argv = agent_argv(host, subcommand, args, nonce, on_progress is not None)
+    out = _Stdout(on_progress)
+    started = time.monotonic()
+    with _restored(), contextlib.redirect_stdout(out):  # type: ignore[type-var]
+        try:
+            code = cli.main(argv[argv.index(call.STDIN) + 1:])
+        except SystemExit as exc:  # argparse refused the argv: exit 2 and its message on stderr
+            code = exc.code if isinstance(exc.code, int) else 2
+    doc = read_document(host.alias, "".join(out.kept), nonce, code)
+    try:
+        result = records.read(subcommand, code, doc)
+    except records.ContractError as exc:
+        raise AgentError(f"{host.alias}: {exc} (exit {code})") from None
+    return AgentResult(host.alias, code, doc, time.monotonic() - started, result)
