@@ -470,3 +470,47 @@ def test_only_the_teardown_operation_sends_a_teardown():
     assert _teardown_calls("call_agent(h, requests.Plan())\ncall_agent(h, req.plan())\ncall_agent(h, requests.Scan())\n"
                            "def f(h, r: requests.Teardown):\n    call_agent(h, r)\n"
                            "def g(h):\n    q = requests.Teardown(grace=1)\n    call_agent(h, q)\n") == [1, 2, 5, 8]
+
+NVML_WRAPPER = "scripts/agent/gpu/nvml.py"  # the agent's one door to NVML
+RAW_NVML = re.compile(r"^(?:c_)?nvml[A-Z]|^NVMLError")  # pynvml's functions, structs, constants, errors
+
+
+def raw_nvml_uses(text: str) -> list:
+    """Where a source imports pynvml or reaches one of its names: an import (`import pynvml`,
+    `__import__("pynvml")`), an attribute or name (`nv.nvmlDeviceGetUUID`, `nv.NVMLError`), or
+    such a name as a string handed to getattr/hasattr (a call made by name)."""
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            found += [f"import {a.name}" for a in node.names if a.name.split(".")[0] == "pynvml"]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "pynvml":
+            found.append(f"from {node.module} import ...")
+        elif isinstance(node, ast.Attribute) and RAW_NVML.match(node.attr):
+            found.append(f"line {node.lineno}: .{node.attr}")
+        elif isinstance(node, ast.Name) and RAW_NVML.match(node.id):
+            found.append(f"line {node.lineno}: {node.id}")
+        elif isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("getattr", "hasattr", "setattr"):
+            found += [f"line {node.lineno}: {node.func.id}(..., {a.value!r})" for a in node.args[1:2]
+                      if isinstance(a, ast.Constant) and isinstance(a.value, str)
+                      and (RAW_NVML.match(a.value) or a.value.startswith("NVML_"))]
+        elif isinstance(node, ast.Constant) and node.value == "pynvml":
+            found.append(f"line {node.lineno}: 'pynvml'")
+    return found
+
+
+def test_raw_nvml_calls_are_made_only_in_the_nvml_wrapper():
+    """Every NVML call of the product goes through scripts/agent/gpu/nvml.py, which gives each
+    field one answer for "no such thing here" (NA) and one error type: a second module calling
+    pynvml would be a second set of guards to get wrong. Tests and benchmarks may call it."""
+    assert (REPO / NVML_WRAPPER).exists()
+    bad = [f"{p.relative_to(REPO)}: {use}" for p, text in _sources().items() if p != REPO / NVML_WRAPPER
+           for use in raw_nvml_uses(text)]
+    assert not bad, "raw NVML outside the wrapper:\n  " + "\n  ".join(bad)
+
+
+def test_the_raw_nvml_checker_sees_each_form():
+    forms = ["import pynvml", "from pynvml import nvmlInit", "nv.nvmlDeviceGetUUID(h)", "nvmlShutdown()",
+             "try:\n    f()\nexcept nv.NVMLError:\n    pass", "getattr(nv, 'nvmlDeviceGetMPSComputeRunningProcesses')",
+             "__import__('pynvml')", "hasattr(nv, 'NVML_CLOCK_MEM')", "nv.c_nvmlGpuFabricInfoV_t()"]
+    assert [f for f in forms if not raw_nvml_uses(f)] == []
+    assert raw_nvml_uses("nv.uuid(h)\n'nvmlDeviceSetComputeMode'\nnvml.NA\n") == []  # the wrapper's calls, a name

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent import cli
-from scripts.agent.gpu import gpuinfo
+from scripts.agent.gpu import gpuinfo, nvml
 from scripts.agent.policy import program
 from scripts.agent.procs import procscan
 from scripts.agent.teardown import verify
@@ -83,8 +83,8 @@ def standin_source(recording: dict):
     spec.loader.exec_module(mod)
     mod.load(recording)
     src = gpuinfo.NvmlSource.__new__(gpuinfo.NvmlSource)
-    src.nvml, src._names, src._v2 = mod, {}, True
-    src.handles = [mod.nvmlDeviceGetHandleByIndex(i) for i in range(mod.nvmlDeviceGetCount())]
+    src.nvml, src._names = nvml.Nvml(mod), {}
+    src.handles = src.nvml.handles()
     return src
 
 
@@ -98,7 +98,7 @@ def test_one_failing_nvml_field_of_one_gpu_is_that_field_unread_and_never_free(c
     assert "unread" not in gpus[0] and gpus[0]["used_mib"] == 0
     assert [u.split(":")[0] for u in gpus[1]["unread"]] == [field]
     assert src.usage()[1] == (None, None) and gpuinfo.reads_free(src, 0) is False
-    assert src._v2  # one GPU's failure does not switch every GPU to the v1 call (reserved counted)
+    assert src.nvml._v2  # one GPU's failure does not switch every GPU to the v1 call (reserved counted)
     doc = {"gpus": gpus, "devices": ["/dev/nvidia0"], "devices_glob": "", "holders": []}
     free, problems = verify.evaluate(doc, 0)
     assert not free and problems == [f"GPU 1: {gpus[1]['unread'][0]} could not be read, so it is not called free"]
@@ -107,7 +107,7 @@ def test_one_failing_nvml_field_of_one_gpu_is_that_field_unread_and_never_free(c
 def test_a_failing_name_or_uuid_is_shown_unknown_and_read_again():
     src = standin_source({"gpus": [dict(H200, fail=["nvmlDeviceGetUUID"])]})
     assert (src.read()[0]["uuid"], src.read()[0]["name"]) == (None, "?")
-    src.nvml._rec["gpus"][0]["fail"] = []
+    src.nvml.lib._rec["gpus"][0]["fail"] = []
     assert src.read()[0]["uuid"] == "GPU-0"
 
 
@@ -120,7 +120,7 @@ def test_the_agent_with_one_bad_nvml_field_answers_not_free(tmp_path):
     doc = json.loads(done.stdout)
     assert done.returncode == codes.EXIT_NOT_FREE, doc
     assert doc["gpu_source"] == "nvml" and "Traceback" not in done.stderr
-    assert any(p.startswith("GPU 1: memory: NVMLError") for p in doc["problems"]), doc["problems"]
+    assert any(p.startswith("GPU 1: memory: NvmlError") for p in doc["problems"]), doc["problems"]
 
 
 # -- what still raises: a result naming it ------------------------------------------------------

@@ -13,31 +13,17 @@ COMPLETED, NOT_SUPPORTED = "completed", "not supported"
 
 def read(nv, handle):
     """{state, status, call} of one GPU (status: None, or NVML's words for a registration that
-    did not succeed); raises what NVML raises, except "not supported"."""
-    from ctypes import byref  # nvidia-ml-py hands the argument to NVML as it is: a pointer, never the struct
-
-    try:
-        try:
-            info, call = nv.c_nvmlGpuFabricInfoV_t(), "nvmlDeviceGetGpuFabricInfoV"
-            nv.nvmlDeviceGetGpuFabricInfoV(handle, byref(info))
-        except AttributeError:  # an older nvidia-ml-py: the first form
-            info, call = nv.c_nvmlGpuFabricInfo_t(), "nvmlDeviceGetGpuFabricInfo"
-            nv.nvmlDeviceGetGpuFabricInfo(handle, byref(info))
-    except nv.NVMLError as exc:
-        if getattr(exc, "value", None) in (3, 13):  # NOT_SUPPORTED, FUNCTION_NOT_FOUND
-            return {"state": NOT_SUPPORTED, "status": None, "call": "nvmlDeviceGetGpuFabricInfoV"}
-        raise
-    status = int(info.status)
-    return {"state": STATES.get(int(info.state), "state %d" % int(info.state)), "call": call,
+    did not succeed) through an nvml.Nvml; raises what it raises, "not supported" is a state."""
+    fab = nv.fabric(handle)
+    if not fab:  # nvml.NA: no fabric on this GPU, or no such call in this driver
+        return {"state": NOT_SUPPORTED, "status": None, "call": "nvmlDeviceGetGpuFabricInfoV"}
+    call, state, status = fab
+    return {"state": STATES.get(state, "state %d" % state), "call": call,
             "status": None if status == 0 else _status_words(nv, status)}
 
 
 def _status_words(nv, status):
-    try:
-        words = nv.nvmlErrorString(status)
-    except Exception:
-        words = None
-    words = words.decode() if isinstance(words, bytes) else words
+    words = nv.error_string(status)
     return "NVML %d%s" % (status, ": %s" % words if words else "")
 
 

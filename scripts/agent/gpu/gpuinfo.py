@@ -14,13 +14,12 @@ import contextlib
 import glob
 import json
 import os
-import sys
 import threading
 import time
 
 from ..procs import procfs
 from ..wire import defaults
-from . import smi_parse
+from . import nvml, smi_parse
 
 MIB = 1024 * 1024
 
@@ -30,74 +29,40 @@ def _mib(nbytes):
     return None if nbytes is None else -(-int(nbytes) // MIB)
 
 
-def import_pynvml():
-    """pynvml, also when the agent runs with -S (the transport's form, call.BOOT). Then
-    the site-packages directories are put on sys.path first, without running their .pth
-    files (on a torch host those cost 50-85 ms, and this runs while a teardown waits for the
-    driver); only if pynvml still cannot be found is site run in full, as a plain start would."""
-    try:
-        import pynvml
-    except ImportError:
-        if not sys.flags.no_site:
-            raise
-        import site
-
-        dirs = site.getsitepackages() + ([site.getusersitepackages()] if site.check_enableusersite() else [])
-        sys.path.extend(d for d in dirs if os.path.isdir(d) and d not in sys.path)
-        try:
-            import pynvml
-        except ImportError:
-            site.main()
-            import pynvml
-    return pynvml
-
-
 class NvmlSource:
     name = "nvml"
 
     def __init__(self):
-        pynvml = import_pynvml()
-        self.nvml = pynvml
-        pynvml.nvmlInit()
-        self.handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
-        self.settings_nv, self.settings_handles = pynvml, self.handles  # what reads and sets GPU settings
+        self.nvml = nvml.open_nvml()  # what reads and sets GPU settings too
+        try:
+            self.handles = self.nvml.handles()
+        except Exception:
+            self.nvml.close()
+            raise
+        self.settings_nv, self.settings_handles = self.nvml, self.handles
         self._names: dict = {}  # index -> (uuid, name): fixed for the life of the handle, read once
-        self._v2 = True         # False once the driver refused the v2 memory call
 
     def _memory(self, h):
-        """(used, reserved, total, call): v2 where the driver has it (used without reserved).
-        Only a driver or binding without the v2 call turns it off, for every GPU: one GPU's
-        failing query says nothing about the others (it raises, and read() notes it)."""
-        nv = self.nvml
-        if self._v2:
-            try:
-                mem = nv.nvmlDeviceGetMemoryInfo(h, version=nv.nvmlMemory_v2)
-                return mem.used, mem.reserved, mem.total, "v2"
-            except (AttributeError, TypeError):
-                self._v2 = False
-            except nv.NVMLError as exc:
-                if getattr(exc, "value", None) not in NO_V2:
-                    raise
-                self._v2 = False
-        mem = nv.nvmlDeviceGetMemoryInfo(h)  # old driver: v1 used includes reserved
-        return mem.used, None, mem.total, "v1"
+        """(used, reserved, total, call) bytes (nvml.Nvml.memory); raises where it is not read."""
+        mem = self.nvml.memory(h)
+        if mem is nvml.NA:
+            raise nvml.NvmlError("nvmlDeviceGetMemoryInfo", nvml.NOT_SUPPORTED, "Not Supported")
+        return mem
 
     def _processes(self, h):
-        out = []
-        for p in self.nvml.nvmlDeviceGetComputeRunningProcesses(h):
-            raw = p.usedGpuMemory
-            out.append({"pid": int(p.pid), "used_mib": None if raw is None or raw >= 2 ** 64 - 1 else _mib(raw)})
-        return out
+        procs = self.nvml.compute_processes(h)
+        if procs is nvml.NA:
+            raise nvml.NvmlError("nvmlDeviceGetComputeRunningProcesses", nvml.NOT_SUPPORTED, "Not Supported")
+        return [{"pid": pid, "used_mib": _mib(used)} for pid, used in procs]
 
     def usage(self):
         """[(used MiB, compute processes)] per GPU: the two calls a teardown polls every few
         ms while the driver frees memory (each about 0.01 ms), without names or UUIDs. A GPU
         whose calls fail reads (None, None): unknown, which reads_free never calls free."""
-        nv = self.nvml
         out: list = []
         for h in self.handles:
             try:
-                out.append((_mib(self._memory(h)[0]), len(nv.nvmlDeviceGetComputeRunningProcesses(h))))
+                out.append((_mib(self._memory(h)[0]), len(self._processes(h))))
             except Exception:
                 out.append((None, None))
         return out
@@ -133,25 +98,14 @@ class NvmlSource:
         """(uuid, name), read once (fixed for the life of the handle); (None, '?') while they fail."""
         if index not in self._names:
             try:
-                self._names[index] = (_text(self.nvml.nvmlDeviceGetUUID(h)), _text(self.nvml.nvmlDeviceGetName(h)))
+                uuid, name = self.nvml.uuid(h), self.nvml.name(h)
             except Exception:
                 return None, "?"
+            self._names[index] = (uuid or None, name or "?")
         return self._names[index]
 
     def close(self):
-        if getattr(self, "hung", False):  # health.py saw a call not return: shutdown would wait on it
-            return
-        try:
-            self.nvml.nvmlShutdown()
-        except Exception:
-            pass
-
-
-def _text(value):
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else value
-
-
-NO_V2 = (3, 13, 25)  # NVML_ERROR_NOT_SUPPORTED, _FUNCTION_NOT_FOUND, _ARGUMENT_VERSION_MISMATCH: no v2 memory call
+        self.nvml.close(hung=getattr(self, "hung", False))  # health.py saw a call not return: no shutdown
 
 
 def _error(exc):

@@ -6,7 +6,7 @@ import subprocess
 import threading
 
 from ..wire import codes
-from . import fabric, gpuinfo, probe as cuda_probe, xid
+from . import fabric, gpuinfo, nvml, probe as cuda_probe, xid
 
 OK, UNKNOWN, DRAIN, RESET, REBOOT = xid.OK, xid.UNKNOWN, xid.DRAIN, xid.RESET, xid.REBOOT
 NOT_READY = "not ready"
@@ -14,7 +14,6 @@ ORDER = (OK, UNKNOWN, NOT_READY, DRAIN, RESET, REBOOT)  # worst last
 UNHEALTHY = (NOT_READY, DRAIN, RESET, REBOOT)
 CALL_TIMEOUT_S = 8.0
 
-RECOVERY_FIELD = 230  # NVML_FI_DEV_GET_GPU_RECOVERY_ACTION
 RECOVERY_ACTIONS = xid.RECOVERY_ACTIONS  # nvmlDeviceGpuRecoveryAction_t -> (verdict, words)
 
 
@@ -62,28 +61,21 @@ def bounded(fn, timeout_s, what):
     return box.get("value")
 
 
-def _field_value(fv):
-    """The value of an nvmlFieldValue_t by its valueType (0 double, 1 uint, 2 ulong, 3 ullong, 4 sll, 5 sint)."""
-    kinds = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal"}
-    return getattr(fv.value, kinds.get(int(fv.valueType), "uiVal"))
-
-
 def nvml_checks(nv, handle):
-    """[(verdict, reason)], [what was read], [what could not be read] for one GPU through NVML."""
+    """[(verdict, reason)], [what was read], [what could not be read] for one GPU through NVML
+    (nv: an nvml.Nvml)."""
     findings, read, unread = [], [], []
-    try:
-        fv = nv.nvmlDeviceGetFieldValues(handle, [RECOVERY_FIELD])[0]
-        if int(fv.nvmlReturn) != 0:
-            raise nv.NVMLError(int(fv.nvmlReturn))
-        action = int(_field_value(fv))
+    action, why = _or_error(nv.recovery_action, handle)
+    if why is None:
         read.append("recovery action %d" % action)
         v, words = RECOVERY_ACTIONS.get(action, (UNKNOWN, "action %d, not in this tool's table" % action))
         if action:
             findings.append((v, "NVML recovery action %d: %s" % (action, words)))
-    except Exception as exc:
-        unread.append("recovery action: %s" % _err(exc))
-    try:
-        corr, unc, pending, failed = nv.nvmlDeviceGetRemappedRows(handle)
+    else:
+        unread.append("recovery action: %s" % why)
+    rows, why = _or_error(nv.remapped_rows, handle)
+    if why is None:
+        corr, unc, pending, failed = rows
         read.append("remapped rows %d correctable, %d uncorrectable, pending %s, failure %s"
                     % (corr, unc, bool(pending), bool(failed)))
         if failed:
@@ -91,15 +83,25 @@ def nvml_checks(nv, handle):
                                     "again the GPU needs service" % unc))
         elif pending:
             findings.append((RESET, "remapped rows pending: they take effect at the next GPU reset"))
-    except Exception as exc:
-        unread.append("remapped rows: %s" % _err(exc))
-        try:  # GPUs without row remapping (before Ampere) retire pages instead
-            if int(nv.nvmlDeviceGetRetiredPagesPendingStatus(handle)):
-                findings.append((RESET, "retired pages pending: they take effect at the next GPU reset"))
-            read.append("retired pages pending status")
-        except Exception as exc2:
-            unread.append("retired pages: %s" % _err(exc2))
+        return findings, read, unread
+    unread.append("remapped rows: %s" % why)
+    pages, why = _or_error(nv.retired_pages_pending, handle)  # GPUs without row remapping (before Ampere) retire
+    if why is None:
+        if pages:
+            findings.append((RESET, "retired pages pending: they take effect at the next GPU reset"))
+        read.append("retired pages pending status")
+    else:
+        unread.append("retired pages: %s" % why)
     return findings, read, unread
+
+
+def _or_error(query, handle):
+    """(query(handle), None), or (None, why it gave nothing: NVML's words; nvml.NA: "Not Supported")."""
+    try:
+        value = query(handle)
+    except Exception as exc:
+        return None, _err(exc)
+    return (None, "Not Supported") if value is nvml.NA else (value, None)
 
 
 def _fabric_of(nv, handle):

@@ -5,36 +5,35 @@ Why: with MIG on, a GPU's memory belongs to its instances, processes reach them 
 holders), and a GPU reset is refused by the driver while instances exist (reset.py checks
 first). Read through NVML only; a GPU or driver without MIG says "not supported".
 """
+from . import nvml
 
 
 def read(nv, handle):
     """{current, pending, instances: [{index, gpu_instance, compute_instance, uuid, used_mib, total_mib}]}
-    with current/pending 'enabled'/'disabled', or {'current': 'not supported', ...}."""
+    with current/pending 'enabled'/'disabled', or {'current': 'not supported', ...} (nv: an nvml.Nvml)."""
     try:
-        current, pending = nv.nvmlDeviceGetMigMode(handle)
-    except Exception as exc:  # NVML_ERROR_NOT_SUPPORTED: no MIG on this GPU
-        return {"current": "not supported", "pending": None, "instances": [], "note": str(exc) or type(exc).__name__}
+        mode = nv.mig_mode(handle)
+    except Exception as exc:
+        mode, why = None, str(exc) or type(exc).__name__
+    if not mode:  # nvml.NA: no MIG on this GPU; None: the call failed
+        return {"current": "not supported", "pending": None, "instances": [],
+                "note": why if mode is None else "Not Supported"}
+    current, pending = mode
     out = {"current": _mode(current), "pending": _mode(pending), "instances": []}
-    if int(current) != 1:
+    if current != 1:
         return out
     try:
-        count = nv.nvmlDeviceGetMaxMigDeviceCount(handle)
+        devices = nv.mig_devices(handle)
     except Exception as exc:
         out["note"] = "instances not read: %s" % exc
         return out
-    for i in range(count):
-        try:
-            mh = nv.nvmlDeviceGetMigDeviceHandleByIndex(handle, i)
-        except Exception:  # NVML_ERROR_NOT_FOUND: this slot holds no instance
-            continue
-        inst = {"index": i, "gpu_instance": _try(nv.nvmlDeviceGetGpuInstanceId, mh),
-                "compute_instance": _try(nv.nvmlDeviceGetComputeInstanceId, mh),
-                "uuid": _text(_try(nv.nvmlDeviceGetUUID, mh)), "used_mib": None, "total_mib": None}
-        try:
-            mem = nv.nvmlDeviceGetMemoryInfo(mh)
-            inst["used_mib"], inst["total_mib"] = -(-int(mem.used) // 2 ** 20), int(mem.total) // 2 ** 20
-        except Exception:
-            pass
+    for i, mh in devices:
+        inst = {"index": i, "gpu_instance": _try(nv.gpu_instance_id, mh),
+                "compute_instance": _try(nv.compute_instance_id, mh),
+                "uuid": _try(nv.uuid, mh), "used_mib": None, "total_mib": None}
+        mem = _try(nv.mig_memory, mh)
+        if mem is not None:
+            inst["used_mib"], inst["total_mib"] = -(-int(mem[0]) // 2 ** 20), int(mem[1]) // 2 ** 20
         out["instances"].append(inst)
     return out
 
@@ -44,14 +43,12 @@ def _mode(value):
 
 
 def _try(fn, *args):
+    """fn(*args), None where it fails or gives nvml.NA."""
     try:
-        return fn(*args)
+        value = fn(*args)
     except Exception:
         return None
-
-
-def _text(value):
-    return value.decode() if isinstance(value, bytes) else value
+    return None if value is nvml.NA else value
 
 
 def read_all(source):

@@ -66,14 +66,13 @@ def mps_clients(source):
     """{gpu index: [pid]} from NVML's MPS process list, or None where it cannot be read."""
     if getattr(source, "name", None) != "nvml":
         return None
-    nv = source.nvml
-    call = getattr(nv, "nvmlDeviceGetMPSComputeRunningProcesses", None)
-    if call is None:
-        return None
     out = {}
     try:
         for index, h in enumerate(source.handles):
-            out[index] = [p.pid for p in call(h)]
+            procs = source.nvml.mps_processes(h)
+            if not isinstance(procs, list):  # nvml.NA: an old driver or binding
+                return None
+            out[index] = [pid for pid, _ in procs]
     except Exception:
         return None
     return out

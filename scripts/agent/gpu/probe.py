@@ -201,10 +201,13 @@ def _released(source, pid):
     t0, end = time.monotonic(), time.monotonic() + RELEASE_S
     while time.monotonic() < end:
         try:
-            if not any(p.pid == pid for h in source.handles for p in nv.nvmlDeviceGetComputeRunningProcesses(h)):
-                return round(time.monotonic() - t0, 4)
+            listed = [nv.compute_processes(h) for h in source.handles]
         except Exception:
             return None
+        if not all(isinstance(procs, list) for procs in listed):  # nvml.NA: not read, so not seen released
+            return None
+        if not any(p == pid for procs in listed for p, _ in procs):
+            return round(time.monotonic() - t0, 4)
         time.sleep(0.005)
     return None
 

@@ -12,12 +12,13 @@ import threading
 
 DEFAULT = {"persistence": 1, "compute_mode": 0, "app_clocks": [1980, 2619], "power_limit_mw": 700000,
            "power_default_mw": 700000, "mig": 0}
-NVML_CLOCK_GRAPHICS, NVML_CLOCK_MEM = 0, 2
+SETS = {"nvmlDeviceSetPersistenceMode": "persistence", "nvmlDeviceSetComputeMode": "compute_mode",
+        "nvmlDeviceSetPowerManagementLimit": "power_limit_mw"}  # the setter -> its key in the file
 
 
 class SandboxSettings:
-    """The NVML calls settings.py and settings_write.py make, on the sandbox's file. A handle
-    is the GPU's index."""
+    """nvml.Nvml's settings methods, which settings.py and settings_write.py call, on the
+    sandbox's file. A handle is the GPU's index."""
 
     def __init__(self, path, count):
         self.path, self.count = path, count
@@ -37,36 +38,31 @@ class SandboxSettings:
             gpus[h][key] = value
             write_whole(self.path, json.dumps({str(i): g for i, g in enumerate(gpus)}))
 
-    def nvmlDeviceGetPersistenceMode(self, h):  # noqa: N802 (NVML's names)
+    def persistence(self, h):
         return self._all()[h]["persistence"]
 
-    def nvmlDeviceGetComputeMode(self, h):  # noqa: N802
+    def compute_mode(self, h):
         return self._all()[h]["compute_mode"]
 
-    def nvmlDeviceGetApplicationsClock(self, h, kind):  # noqa: N802
+    def app_clock(self, h, kind):
         graphics, memory = self._all()[h]["app_clocks"]
-        return graphics if kind == NVML_CLOCK_GRAPHICS else memory
+        return graphics if kind == "graphics" else memory
 
-    def nvmlDeviceGetPowerManagementLimit(self, h):  # noqa: N802
+    def power_limit_mw(self, h):
         return self._all()[h]["power_limit_mw"]
 
-    def nvmlDeviceGetPowerManagementDefaultLimit(self, h):  # noqa: N802
+    def power_default_mw(self, h):
         return self._all()[h]["power_default_mw"]
 
-    def nvmlDeviceGetMigMode(self, h):  # noqa: N802
+    def mig_mode(self, h):
         return self._all()[h]["mig"], self._all()[h]["mig"]
 
-    def nvmlDeviceSetPersistenceMode(self, h, mode):  # noqa: N802
-        self._set(h, "persistence", int(mode))
-
-    def nvmlDeviceSetComputeMode(self, h, mode):  # noqa: N802
-        self._set(h, "compute_mode", int(mode))
-
-    def nvmlDeviceSetApplicationsClocks(self, h, mem_mhz, graphics_mhz):  # noqa: N802
-        self._set(h, "app_clocks", [int(graphics_mhz), int(mem_mhz)])
-
-    def nvmlDeviceSetPowerManagementLimit(self, h, limit_mw):  # noqa: N802
-        self._set(h, "power_limit_mw", int(limit_mw))
+    def write(self, h, call, args):
+        """The NVML setter `call` (nvml.SETTERS) on the file: args as NVML takes them."""
+        if call == "nvmlDeviceSetApplicationsClocks":  # (memory MHz, graphics MHz), kept as [graphics, memory]
+            self._set(h, "app_clocks", [int(args[1]), int(args[0])])
+        else:
+            self._set(h, SETS[call], int(args[0]))
 
 
 def write_whole(path, text):

@@ -6,12 +6,13 @@ application clocks by the last job starts the next one wrong, silently; `status`
 GPU's settings and marks where they differ from the host's baseline (hosts.env
 ALIAS_GPU_BASELINE, compared on the local side: views/status.py).
 
-Each field is asked on its own: one the GPU or driver does not support (NVML_ERROR_NOT_SUPPORTED)
+Each field is asked on its own: one the GPU or driver does not have (nvml.NA)
 is None and named in `not_supported`; one whose call fails otherwise is None and named, with
 the error, in `unread`. None is never a value: it reads "n/a" or "?", never 0.
 """
 
-NOT_SUPPORTED = 3  # NVML_ERROR_NOT_SUPPORTED
+from . import nvml
+
 COMPUTE_MODES = {0: "default", 1: "exclusive_thread", 2: "prohibited", 3: "exclusive_process"}
 FIELDS = ("persistence", "compute_mode", "graphics_clock_mhz", "memory_clock_mhz", "power_limit_w",
           "power_default_w", "mig")
@@ -27,30 +28,31 @@ def _watts(milliwatts):
 
 
 def read(nv, handle):
-    """{field: value or None, not_supported: [field], unread: {field: error}} of one GPU."""
-    graphics = getattr(nv, "NVML_CLOCK_GRAPHICS", 0)
-    memory = getattr(nv, "NVML_CLOCK_MEM", 2)
+    """{field: value or None, not_supported: [field], unread: {field: error}} of one GPU
+    (nv: an nvml.Nvml, or the sandbox's SandboxSettings: the same methods)."""
     calls = (
-        ("persistence", lambda: _on_off(nv.nvmlDeviceGetPersistenceMode(handle))),
-        ("compute_mode", lambda: _compute_mode(nv.nvmlDeviceGetComputeMode(handle))),
-        ("graphics_clock_mhz", lambda: int(nv.nvmlDeviceGetApplicationsClock(handle, graphics))),
-        ("memory_clock_mhz", lambda: int(nv.nvmlDeviceGetApplicationsClock(handle, memory))),
-        ("power_limit_w", lambda: _watts(nv.nvmlDeviceGetPowerManagementLimit(handle))),
-        ("power_default_w", lambda: _watts(nv.nvmlDeviceGetPowerManagementDefaultLimit(handle))),
-        ("mig", lambda: _on_off(nv.nvmlDeviceGetMigMode(handle)[0])),
+        ("persistence", nv.persistence, _on_off),
+        ("compute_mode", nv.compute_mode, _compute_mode),
+        ("graphics_clock_mhz", lambda h: nv.app_clock(h, "graphics"), int),
+        ("memory_clock_mhz", lambda h: nv.app_clock(h, "memory"), int),
+        ("power_limit_w", nv.power_limit_mw, _watts),
+        ("power_default_w", nv.power_default_mw, _watts),
+        ("mig", nv.mig_mode, lambda mode: _on_off(mode[0])),
     )
     out: dict = {}
     not_supported: list = []
     unread: dict = {}
-    for field, call in calls:
+    for field, call, shape in calls:
+        out[field] = None
         try:
-            out[field] = call()
+            value = call(handle)
         except Exception as exc:
-            out[field] = None
-            if getattr(exc, "value", None) == NOT_SUPPORTED:
-                not_supported.append(field)
-            else:
-                unread[field] = str(exc) or type(exc).__name__
+            unread[field] = str(exc) or type(exc).__name__
+            continue
+        if value is nvml.NA:
+            not_supported.append(field)
+        else:
+            out[field] = shape(value)
     out["not_supported"] = not_supported
     out["unread"] = unread
     return out

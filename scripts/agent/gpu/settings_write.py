@@ -43,7 +43,7 @@ def _one_gpu(nv, index, handle, want, out):
     for fields, call, args in _calls(nv, handle, want, now):
         error = None
         try:
-            getattr(nv, call)(handle, *args)
+            nv.write(handle, call, args)
         except Exception as exc:
             error = "%s: %s" % (call, str(exc) or type(exc).__name__)
         after = settings.read(nv, handle)

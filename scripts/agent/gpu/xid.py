@@ -187,7 +187,8 @@ def now_us():
 
 class NvmlWatch:
     """NVML Xid events from the moment it starts (nvmlDeviceRegisterEvents): where the driver
-    offers them, no log parsing and no root needed. Events before start() are not seen."""
+    offers them, no log parsing and no root needed. Events before start() are not seen.
+    nv: an nvml.Nvml."""
 
     def __init__(self, nv, handles):
         self.nv = nv
@@ -201,47 +202,46 @@ class NvmlWatch:
     def start(cls, nv, handles):
         watch = cls(nv, handles)
         try:
-            watch.evset = nv.nvmlEventSetCreate()
-            for index, h in enumerate(watch.handles):
-                watch.bus_of[index] = _bus_id(nv, h)
-                nv.nvmlDeviceRegisterEvents(h, nv.nvmlEventTypeXidCriticalError, watch.evset)
+            watch.bus_of = {index: _bus_id(nv, h) for index, h in enumerate(watch.handles)}
+            watch.evset = nv.xid_events(watch.handles)
         except Exception as exc:  # NVML_ERROR_NOT_SUPPORTED on some GPUs, or an old pynvml
             watch.error = "NVML Xid events: %s" % exc
-            watch.close()
         return watch
 
     def drain(self):
         """Every Xid event waiting now (never blocks)."""
         if self.evset is None:
             return self.events
-        nv = self.nv
         while True:
             try:
-                data = nv.nvmlEventSetWait_v2(self.evset, 0) if hasattr(nv, "nvmlEventSetWait_v2") \
-                    else nv.nvmlEventSetWait(self.evset, 0)
-            except Exception:  # NVML_ERROR_TIMEOUT: nothing waiting
+                event = self.nv.next_event(self.evset)
+            except Exception:
                 break
-            index = next((i for i, h in enumerate(self.handles) if _same(nv, h, data.device)), None)
-            self.events.append({"xid": int(data.eventData), "bus": self.bus_of.get(index), "gpu": index,
+            if not event:  # nvml.NA: nothing waiting
+                break
+            device, xid = event
+            index = next((i for i, h in enumerate(self.handles) if _same(self.nv, h, device)), None)
+            self.events.append({"xid": xid, "bus": self.bus_of.get(index), "gpu": index,
                                 "pid": None, "name": None, "message": "", "at_us": now_us()})
         return self.events
 
     def close(self):
         if self.evset is not None:
-            try:
-                self.nv.nvmlEventSetFree(self.evset)
-            except Exception:
-                pass
+            self.nv.free_events(self.evset)
             self.evset = None
 
 
 def _bus_id(nv, handle):
-    bus = nv.nvmlDeviceGetPciInfo(handle).busId
-    return normalize_bus(bus.decode() if isinstance(bus, bytes) else bus)
+    """The GPU's bus id, normalised (nv: an nvml.Nvml); raises where it is not read."""
+    bus = nv.bus_id(handle)
+    if not bus:
+        raise LookupError("no PCI bus id from NVML")
+    return normalize_bus(bus)
 
 
 def _same(nv, a, b):
     try:
-        return nv.nvmlDeviceGetUUID(a) == nv.nvmlDeviceGetUUID(b)
+        uuid = nv.uuid(a)
+        return bool(uuid) and uuid == nv.uuid(b)
     except Exception:
         return False

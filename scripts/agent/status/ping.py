@@ -13,19 +13,10 @@ def add_arguments(parser):
     pass
 
 
-def nvml_available():
-    """(importable, why-not). Import only: initialising NVML is scan's job, not ping's."""
-    from ..gpu.gpuinfo import import_pynvml
-
-    try:
-        import_pynvml()
-    except Exception as exc:  # ImportError, or a broken install
-        return False, "%s: %s" % (type(exc).__name__, exc)
-    return True, None
-
-
 def run(args):
-    nvml, nvml_why = nvml_available()
+    from ..gpu import nvml as nvml_door  # import only: initialising NVML is scan's job, not ping's
+
+    nvml, nvml_why = nvml_door.available()
     doc = {
         "hostname": socket.gethostname(),
         "pid": os.getpid(),

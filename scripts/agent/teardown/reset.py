@@ -90,8 +90,8 @@ def checks(doc, source, index, stopping=()):
     handle = source.handles[index] if nv else None
     display = mode = None
     if nv:  # display mode says a display COULD be attached (Enabled on an H200); display active, that one is
-        display = _nvml_bool(nv, "nvmlDeviceGetDisplayActive", handle)
-        mode = _nvml_bool(nv, "nvmlDeviceGetDisplayMode", handle)
+        display = _nvml_bool(nv.display_active, handle)
+        mode = _nvml_bool(nv.display_mode, handle)
     out.append(_check("not a display GPU", not x and not display,
                       "an X server holds it: %s" % ", ".join(str(h["pid"]) for h in x) if x else
                       "NVML: a display is active on it" if display else
@@ -115,10 +115,10 @@ def _is_persistenced(h):
     return bool(rules.names_of(h) & {"nvidia-persistenced", "nvidia-persiste"}) and rules.trusted_names(h)
 
 
-def _nvml_bool(nv, name, handle):
-    fn = getattr(nv, name, None)
+def _nvml_bool(query, handle):
+    """query(handle) as True/False: False where it is not read (nvml.NA, an error)."""
     try:
-        return bool(int(fn(handle))) if fn else False
+        return bool(query(handle))
     except Exception:
         return False
 
@@ -134,17 +134,14 @@ def _nvlink_check(nv, handles, index, doc):
     peers, links = set(), 0
     for link in range(NVLINK_MAX_LINKS):
         try:
-            if int(nv.nvmlDeviceGetNvLinkState(handles[index], link)) != 1:
+            if not nv.nvlink_active(handles[index], link):  # nvml.NA: no such link
                 continue
             links += 1
-            info = nv.nvmlDeviceGetNvLinkRemotePciInfo_v2(handles[index], link) \
-                if hasattr(nv, "nvmlDeviceGetNvLinkRemotePciInfo_v2") else \
-                nv.nvmlDeviceGetNvLinkRemotePciInfo(handles[index], link)
-            remote = info.busId.decode() if isinstance(info.busId, bytes) else info.busId
-            peer = bus.get(xid.normalize_bus(remote))
+            remote = nv.nvlink_remote_bus(handles[index], link)
+            peer = bus.get(xid.normalize_bus(remote)) if remote else None
             if peer is not None and peer != index:
                 peers.add(peer)
-        except Exception:  # NVML_ERROR_NOT_SUPPORTED / INVALID_ARGUMENT: no such link
+        except Exception:  # nvml.NvmlError (INVALID_ARGUMENT: past its links), or no bus id
             continue
     busy = [g for g in doc["gpus"] if g["index"] in peers and g["processes"]]
     if not links:

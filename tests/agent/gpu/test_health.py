@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.gpu import checkup, health, mig, mps, xid
+from scripts.agent.gpu.nvml import Nvml
 from scripts.agent.policy import rules
 from scripts.agent.procs import procscan
 from scripts.agent.wire import codes, records
@@ -55,9 +56,9 @@ def nvml(recording):
     spec.loader.exec_module(mod)
     mod.load(recording)
     source = type("Src", (), {})()
-    source.name, source.nvml = "nvml", mod
-    source.handles = [mod.nvmlDeviceGetHandleByIndex(i) for i in range(mod.nvmlDeviceGetCount())]
-    source.settings_nv, source.settings_handles = mod, source.handles  # as NvmlSource reads settings
+    source.name, source.nvml = "nvml", Nvml(mod)  # the agent's NVML wrapper over the stand-in
+    source.handles = source.nvml.handles()
+    source.settings_nv, source.settings_handles = source.nvml, source.handles  # as NvmlSource reads settings
     return mod, source
 
 
@@ -186,14 +187,14 @@ MIG_ON = gpu(mig_mode=[1, 1], mig_devices=[
 
 
 def test_mig_mode_and_per_instance_memory():
-    mod, source = nvml({"gpus": [gpu(), MIG_ON]})
-    assert mig.read(mod, source.handles[0]) == {"current": "disabled", "pending": "disabled", "instances": []}
-    on = mig.read(mod, source.handles[1])
+    _, source = nvml({"gpus": [gpu(), MIG_ON]})
+    assert mig.read(source.nvml, source.handles[0]) == {"current": "disabled", "pending": "disabled", "instances": []}
+    on = mig.read(source.nvml, source.handles[1])
     assert on["current"] == "enabled"
     assert [(i["gpu_instance"], i["uuid"], i["used_mib"], i["total_mib"]) for i in on["instances"]] == [
         (1, "MIG-aaaa", 20, 35840), (2, "MIG-bbbb", 4096, 35840)]
-    mod2, source2 = nvml({"gpus": [gpu(mig_mode="not supported")]})
-    assert mig.read(mod2, source2.handles[0])["current"] == "not supported"
+    _, source2 = nvml({"gpus": [gpu(mig_mode="not supported")]})
+    assert mig.read(source2.nvml, source2.handles[0])["current"] == "not supported"
 
 
 # -- the agent, run as a subprocess, against the stand-in NVML -----------------------------------

@@ -30,6 +30,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.gpu import checkup, health, mps, xid
+from scripts.agent.gpu.nvml import Nvml
 from scripts.agent.holders.scan import Scan
 from scripts.agent.policy import rules
 from scripts.agent.procs import procscan
@@ -320,7 +321,7 @@ def annotate_within(doc, src, seconds):
 def test_a_hung_health_call_is_the_verdict_and_mig_and_mps_are_not_asked(monkeypatch):
     monkeypatch.setattr(health, "CALL_TIMEOUT_S", 0.3)
     nv = StuckNvml()
-    src = types.SimpleNamespace(name="nvml", nvml=nv, handles=["h0"])
+    src = types.SimpleNamespace(name="nvml", nvml=Nvml(nv), handles=["h0"])
     doc = Scan({"gpus": [{"index": 0, "processes": []}]}, {}, set())
     try:
         done, _took = annotate_within(doc, src, 60)  # the stuck call never returns: done is the proof
@@ -334,7 +335,7 @@ def test_a_hung_health_call_is_the_verdict_and_mig_and_mps_are_not_asked(monkeyp
 def test_a_mig_call_that_hangs_is_bounded_too(monkeypatch):
     monkeypatch.setattr(health, "CALL_TIMEOUT_S", 0.3)
     nv = StuckNvml(hang=lambda name: "Mig" in name)
-    src = types.SimpleNamespace(name="nvml", nvml=nv, handles=["h0"])
+    src = types.SimpleNamespace(name="nvml", nvml=Nvml(nv), handles=["h0"])
     doc = Scan({"gpus": [{"index": 0, "processes": []}]}, {}, set())
     try:
         done, _took = annotate_within(doc, src, 60)
