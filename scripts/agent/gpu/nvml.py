@@ -298,11 +298,11 @@ class Nvml:
         """The default power limit in milliwatts; NA."""
         return self.query("nvmlDeviceGetPowerManagementDefaultLimit", h)
 
-    def write(self, h, call, args):
-        """One of SETTERS on the GPU; raises NvmlError for any failure, NA's too: a write not made."""
+    def write(self, h, call, values):
+        """One of SETTERS on the GPU with `values`; raises NvmlError for any failure, NA's too."""
         if call not in SETTERS:
             raise ValueError("not a setting NVML writes here: %s" % call)
-        self.strict(call, h, *args)
+        self.strict(call, h, *values)
 
     # -- Xid events
     def xid_events(self, handles):

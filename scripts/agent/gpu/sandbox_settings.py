@@ -57,12 +57,12 @@ class SandboxSettings:
     def mig_mode(self, h):
         return self._all()[h]["mig"], self._all()[h]["mig"]
 
-    def write(self, h, call, args):
-        """The NVML setter `call` (nvml.SETTERS) on the file: args as NVML takes them."""
+    def write(self, h, call, values):
+        """The NVML setter `call` (nvml.SETTERS) on the file: values as NVML takes them."""
         if call == "nvmlDeviceSetApplicationsClocks":  # (memory MHz, graphics MHz), kept as [graphics, memory]
-            self._set(h, "app_clocks", [int(args[1]), int(args[0])])
+            self._set(h, "app_clocks", [int(values[1]), int(values[0])])
         else:
-            self._set(h, SETS[call], int(args[0]))
+            self._set(h, SETS[call], int(values[0]))
 
 
 def write_whole(path, text):
