@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from scripts.agent.wire import requests
 from tests.support.agent_inproc import run_agent
 from tests.support.paths import REPO
 from tests.support.procs import alive, children, tmux_pane, wait_for
@@ -72,7 +73,7 @@ def test_an_interactive_shell_with_an_rcfile_is_no_wrapper(ps, tmp_path):
     subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
     server = ready_pid(ready)
     ps.adopt(server)
-    plan = run_agent(host(ps, **KEYS), "plan").doc["plan"]
+    plan = run_agent(host(ps, **KEYS), requests.Plan()).doc["plan"]
     result = teardown(ps, "--stop-starters", **KEYS)
     assert alive(pane) and alive(tmux_server), [t["reason"] for t in result.doc["plan"]["targets"]]
     assert [(s["pid"], s["fate"]) for s in plan["starters"]] == [(pane, "watch")], plan["starters"]
@@ -176,7 +177,7 @@ def test_the_hint_for_a_cron_jobs_wrapper_never_says_stop_cron(ps, shared_unit):
     _move(job.pid, dirs)
     server = ready_pid(ready)
     ps.adopt(server)
-    plan = run_agent(host(ps, **KEYS), "plan").doc["plan"]
+    plan = run_agent(host(ps, **KEYS), requests.Plan()).doc["plan"]
     assert plan["units"] == [] and [t["pid"] for t in plan["targets"]] == [server]
     sup = {s["pid"]: s for s in plan["starters"]}
     assert job.pid in sup and sup[job.pid]["unit"] == unit and sup[job.pid]["fate"] == "stop"

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.agent.wire import requests
 from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, children, tmux_pane, wait_for
 from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell, teardown
@@ -36,7 +37,7 @@ def test_a_loop_with_no_pause_is_frozen_first_so_nothing_restarts(ps):
     ps.adopt(first)
     keys = dict(TARGETS=r"xsrv\.launch_server")
     for _ in range(3):  # listed every time, before anything is signalled
-        starters = run_agent(host(ps, **keys), "plan").doc["plan"]["starters"]
+        starters = run_agent(host(ps, **keys), requests.Plan()).doc["plan"]["starters"]
         assert [(s["pid"], s["fate"]) for s in starters] == [(loop, "stop")], starters
     result = teardown(ps, "--settle", "1", **keys)
     ps.pids.extend(children(loop))
