@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from scripts.agent.wire import call, frame
+from scripts.agent.wire import call, frame, requests
 from scripts.reach import bundle
 
 PLANT = "import os\nopen(os.path.join(os.path.dirname(os.path.abspath(__file__)), 'RAN-' + __name__), 'w').close()\n" \
@@ -28,8 +28,8 @@ def test_modules_planted_in_the_working_directory_are_never_imported(second_user
         done = second_user.run(["sh", "-c", 'cat > "$1"', "sh", f"{home}/{name}.py"], input=PLANT.encode())
         assert done.returncode == 0, done.stderr
     nonce = frame.new_nonce()
-    argv = call.agent_argv(sys.executable, "ping", nonce, devices="/nonexistent/nvidia*",
-                               stream=(form == "stream"))
+    argv = call.agent_argv(sys.executable, requests.Ping(), nonce, devices="/nonexistent/nvidia*",
+                           stream=(form == "stream"))
     stdin = bundle.agent_stream() if form == "stream" else bundle.agent_payload()
     out = subprocess.run(argv, input=stdin, cwd=home, capture_output=True, timeout=60)
     ran = sorted(p for p in __import__("os").listdir(home) if p.startswith("RAN-"))

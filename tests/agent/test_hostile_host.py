@@ -25,7 +25,7 @@ from scripts.agent.gpu import gpuinfo, nvml
 from scripts.agent.policy import program
 from scripts.agent.procs import procscan
 from scripts.agent.teardown import verify
-from scripts.agent.wire import codes, frame
+from scripts.agent.wire import codes, frame, requests
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import AgentError, read_document
 from tests.conftest import REPO
@@ -65,11 +65,11 @@ def test_a_blank_argv0_is_named_by_its_comm(argv):
 def test_a_nameless_process_anywhere_does_not_stop_plan_or_teardown(ps, argv0):
     blank = nameless(ps, argv0)
     server = scenario._server(ps, "--tp", "1")
-    planned = run_agent(host(ps), "plan")
+    planned = run_agent(host(ps), requests.Plan())
     assert planned.code == 0, planned.doc
     assert [t["pid"] for t in planned.doc["plan"]["targets"]][:1] == [server]
     assert blank not in [t["pid"] for t in planned.doc["plan"]["targets"]]
-    done = run_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.2"])
+    done = run_agent(host(ps), requests.Teardown(grace=2, timeout=10, settle=0.2))
     assert done.code == 0, done.doc.get("problems")
     assert not alive(server) and alive(blank)
 
@@ -247,7 +247,7 @@ def test_whatever_a_held_lock_file_says_the_teardown_is_locked(ps, content):
     os.write(fd, content.encode("utf-8", "surrogateescape") if content.isascii() else content.encode("latin-1"))
     fcntl.flock(fd, fcntl.LOCK_EX)  # held by this process: the agent's flock on its own open fails
     try:
-        td = run_agent(h, "teardown", ["--grace", "1", "--timeout", "1"])
+        td = run_agent(h, requests.Teardown(grace=1, timeout=1))
     finally:
         os.close(fd)
     assert td.code == codes.EXIT_LOCKED and td.result.locked, td.doc

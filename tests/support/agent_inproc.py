@@ -20,8 +20,8 @@ import time
 from scripts.agent import cli
 from scripts.agent.policy import rules
 from scripts.agent.procs import procfs, procscan
-from scripts.agent.wire import call, frame, records
-from scripts.reach.transport import AgentError, AgentResult, agent_argv, read_document
+from scripts.agent.wire import call, frame, records, requests
+from scripts.reach.transport import AgentError, AgentResult, agent_argv, for_host, read_document
 
 _SIGNALS = (signal.SIGINT, signal.SIGHUP, signal.SIGPIPE, signal.SIGTERM)
 
@@ -64,22 +64,31 @@ def _restored():
             kept.update(value)  # type: ignore[attr-defined]
 
 
-def run_agent(host, subcommand: str, args=(), on_progress=None) -> AgentResult:
-    """One agent subcommand on `host` (a local host config) in this process: what call_agent
-    gives (code, doc, the typed record), and raises as it does for a refused flag (ConfigError)
-    or the agent's own failure (AgentError)."""
+def run_agent(host, request: requests.Request, on_progress=None) -> AgentResult:
+    """One agent request on `host` (a local host config) in this process, as call_agent sends
+    it (for_host): what call_agent gives (code, doc, the typed record), and raises as it does
+    for a refused flag (ConfigError) or the agent's own failure (AgentError)."""
     nonce = frame.new_nonce()
-    argv = agent_argv(host, subcommand, args, nonce, on_progress is not None)
-    out = _Stdout(on_progress)
+    request = for_host(host, request)
+    argv = agent_argv(host, request, nonce, on_progress is not None)
     started = time.monotonic()
-    with _restored(), contextlib.redirect_stdout(out):  # type: ignore[type-var]
-        try:
-            code = cli.main(argv[argv.index(call.STDIN) + 1:])
-        except SystemExit as exc:  # argparse refused the argv: exit 2 and its message on stderr
-            code = exc.code if isinstance(exc.code, int) else 2
-    doc = read_document(host.alias, "".join(out.kept), nonce, code)
+    code, out = run_words(argv[argv.index(call.STDIN) + 1:], on_progress)
+    doc = read_document(host.alias, out, nonce, code)
     try:
-        result = records.read(subcommand, code, doc)
+        result = records.read(request.name, code, doc)
     except records.ContractError as exc:
         raise AgentError(f"{host.alias}: {exc} (exit {code})") from None
     return AgentResult(host.alias, code, doc, time.monotonic() - started, result)
+
+
+def run_words(words: list, on_progress=None) -> tuple:
+    """The agent's cli.main on `words` (its subcommand first) in this process: (exit code, what
+    it printed but progress lines). Only run_agent and the tests of an argv no request can
+    express (tests/test_requests_in_the_wire.py lists them) call it."""
+    out = _Stdout(on_progress)
+    with _restored(), contextlib.redirect_stdout(out):  # type: ignore[type-var]
+        try:
+            code = cli.main(words)
+        except SystemExit as exc:  # argparse refused the argv: exit 2 and its message on stderr
+            code = exc.code if isinstance(exc.code, int) else 2
+    return code, "".join(out.kept)

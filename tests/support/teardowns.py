@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from tests.support import scenario
 from tests.support.agent_inproc import run_agent
@@ -101,5 +102,13 @@ def ready_pid(path: Path) -> int:
     return int(wait_for(lambda: path.exists() and path.read_text().strip(), f"{path.name} written"))
 
 
-def teardown(ps, *extra, **keys):
-    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+TEARDOWN = requests.Teardown(grace=2, timeout=10)
+
+
+def teardown(ps, **given):
+    """A teardown (grace 2 s, timeout 10 s) of the test's host: lowercase keywords are the
+    request's fields (requests.Teardown: settle=1, stop_starters=True), uppercase ones the host's
+    hosts.env keys (TARGETS=...)."""
+    fields = {k: v for k, v in given.items() if k.islower()}
+    keys = {k: v for k, v in given.items() if not k.islower()}
+    return run_agent(host(ps, **keys), TEARDOWN.replace(**fields))

@@ -193,11 +193,11 @@ def test_a_bad_probe_size_in_hosts_env_is_one_line_exit_2(hosts_env, value):
 
 
 def test_the_probe_size_reaches_the_agent(hosts_env):
+    from scripts.agent.wire import requests
     from scripts.config.hosts import load
-    from scripts.reach.transport import VerifyRequest
 
     hosts_env("GPU1_SSH=root@192.0.2.1\nGPU1_PROBE_MIB=256\n")
     host = load()["gpu1"]
     assert host.probe_mib == 256 and load()["local"].probe_mib == 64
-    assert VerifyRequest(probe_mib=host.probe_mib).argv()[-3:] == ["--probe", "--probe-mib", 256]
-    assert "--probe" not in VerifyRequest().argv()
+    assert requests.Verify(probe_mib=host.probe_mib).argv()[-3:] == ["--probe", "--probe-mib", 256]
+    assert "--probe" not in requests.Verify().argv()

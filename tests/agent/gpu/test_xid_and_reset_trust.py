@@ -35,8 +35,7 @@ from scripts.agent.holders.scan import Scan
 from scripts.agent.policy import rules
 from scripts.agent.procs import procscan
 from scripts.agent.teardown import reset
-from scripts.agent.wire import call as wire_call, codes, defaults
-from scripts.reach import transport
+from scripts.agent.wire import call as wire_call, codes, defaults, requests
 from tests.support.gpu_standins import CLIENT, HOLD, agent, mps_program
 from tests.support.procs import alive, wait_for
 
@@ -238,10 +237,8 @@ def test_all_quits_share_one_bounded_wait(tmp_path, ps):
 
 
 def test_the_callers_deadline_counts_the_mps_quit():
-    base = transport.deadline_for("teardown", ["--timeout", "5"])
-    for words in (["--timeout", "5", "--mps", "quit"], ["--timeout", "5", "--mps=quit"]):
-        assert transport.deadline_for("teardown", words) == base + defaults.MPS_QUIT_TIMEOUT_S
-    assert transport.deadline_for("teardown", ["--timeout", "5", "--mps", "protect"]) == base
+    base = requests.Teardown(timeout=5)
+    assert base.replace(mps_quit=True).deadline_s() == base.deadline_s() + defaults.MPS_QUIT_TIMEOUT_S
 
 
 SPAWNING_CONTROL = (  # the daemon starts its server as its child, as MPS does, and kills it on `quit`

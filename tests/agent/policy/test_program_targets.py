@@ -18,6 +18,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from scripts.agent.policy import program
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from tests.support import scenario
 from tests.support.agent_inproc import run_agent
@@ -118,12 +119,12 @@ def test_default_patterns_spare_log_tails_greps_flags_and_multiplexers(ps, tmp_p
     keys = dict(scenario.host_keys(ps))
     del keys["TARGETS"]  # the built-in defaults, as a user gets them
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
-    plan = run_agent(host, "plan").doc["plan"]
+    plan = run_agent(host, requests.Plan()).doc["plan"]
     reasons = {t["pid"]: t["reason"] for t in plan["targets"]}
     assert reasons[server].startswith("runs module sglang.launch_server")
     for name, pid in pids.items():
         assert pid not in reasons, f"{name} (pid {pid}) was planned: {reasons.get(pid)}"
-    result = run_agent(host, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.3"])
+    result = run_agent(host, requests.Teardown(grace=2, timeout=10, settle=0.3))
     assert result.code == 0, result.doc.get("problems")
     assert not alive(server)
     for name, pid in pids.items():

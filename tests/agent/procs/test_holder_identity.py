@@ -22,6 +22,7 @@ import pytest
 from scripts.agent.holders import scan
 from scripts.agent.procs import procfs
 from scripts.agent.procs.devices import DeviceError, DeviceSet
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, state, wait_for
@@ -78,11 +79,11 @@ def host_for(ps):
 
 def assert_seen_then_freed(ps, pid, expect_device):
     host = host_for(ps)
-    doc = run_agent(host, "verify").doc
+    doc = run_agent(host, requests.Verify()).doc
     held = {h["pid"]: h for h in doc["holders"]}
     assert not doc["free"] and pid in held, doc["problems"]
     assert held[pid]["devices"] == [expect_device]
-    result = run_agent(host, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.3"])
+    result = run_agent(host, requests.Teardown(grace=2, timeout=10, settle=0.3))
     assert result.code == 0, result.doc["problems"]
     assert not alive(pid)
 

@@ -32,6 +32,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.procs import devices, fdstat, procfs, procscan
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from scripts.reach import runner
 from scripts.reach.route import HostTimedOut
@@ -103,7 +104,7 @@ def test_a_root_teardown_beside_a_users_fuse_file_frees_and_is_not_exit_6(users_
     parent, workers = ps.server(tp=1)
     keys = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
-    result = run_agent(host, "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0.5"])
+    result = run_agent(host, requests.Teardown(grace=5, timeout=10, settle=0.5))
     assert result.code == 0, (result.code, result.doc.get("problems"))  # not 6: every process was inspected
     assert not [p for p in [parent, *workers] if alive(p)] and alive(users_fuse_holder)
 
@@ -132,7 +133,7 @@ def test_a_teardown_beside_a_hung_mount_frees_its_targets_and_does_not_wait(hung
     parent, workers = ps.server(tp=2)
     keys = dict(scenario.host_keys(ps), TARGETS=r"sandbox_roles\.py|sglang\.launch_server")
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
-    result = call_agent(host, "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0.5"], deadline_s=40)
+    result = call_agent(host, requests.Teardown(grace=5, timeout=10, settle=0.5), deadline_s=40)
     assert result.code == 0, result.doc.get("problems")
     assert not [p for p in [parent, *workers] if alive(p)]
     assert alive(pid)  # the holder of the hung file is not the plan's: left alone
@@ -148,7 +149,7 @@ def test_an_agent_that_outlives_sigkill_is_named_and_the_cli_does_not_wait_for_i
     keys = dict(scenario.host_keys(ps), PYTHON=str(stuck))
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
     with pytest.raises(HostTimedOut) as caught:
-        call_agent(host, "ping", [], deadline_s=2)
+        call_agent(host, requests.Ping(), deadline_s=2)
     text = str(caught.value)
     assert "did not stop on SIGKILL" in text and "state D" in text and "\n" not in text
     pid = int(text.split(" pid ")[1].split()[0])
@@ -172,7 +173,7 @@ def test_a_target_stuck_in_its_exit_is_not_sigkilled_nor_waited_for_nor_called_f
     start = procfs.start_time(target.pid)
     keys = dict(scenario.host_keys(ps), TARGETS=r"stuck_exit_server\.py")
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
-    result = call_agent(host, "teardown", ["--grace", "20", "--timeout", "2", "--settle", "0.5"], deadline_s=60)
+    result = call_agent(host, requests.Teardown(grace=20, timeout=2, settle=0.5), deadline_s=60)
     doc = result.doc
     assert result.code != 0 and doc["verdict"] == "not free", (result.code, doc.get("problems"))
     assert [a["signal"] for a in doc["actions"] if a["pid"] == target.pid] == ["SIGTERM"]  # no SIGKILL

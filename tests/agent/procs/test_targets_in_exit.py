@@ -23,6 +23,7 @@ import sys
 import time
 
 from scripts.agent.procs import devices, procfs, procscan
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from tests.support import scenario
 from tests.support.agent_inproc import run_agent
@@ -75,8 +76,7 @@ def test_a_process_running_on_in_a_relay_of_threads_is_never_in_its_exit(ps):
 
 def test_a_relay_that_ignores_sigterm_gets_sigkill_after_its_grace(ps):
     p = relay(ps)
-    result = run_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "4", "--settle",
-                                                                    "0.3"])
+    result = run_agent(host_for(ps, r"relay_server"), requests.Teardown(grace=1, timeout=4, settle=0.3))
     sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
     assert sent == ["SIGTERM", "SIGKILL"], (sent, result.doc.get("stuck"))
     p.wait(10)
@@ -85,7 +85,7 @@ def test_a_relay_that_ignores_sigterm_gets_sigkill_after_its_grace(ps):
 
 def test_a_gpu_mapped_by_a_live_thread_of_an_exited_leader_is_not_free(ps):
     p = relay(ps, "mapped")
-    doc = run_agent(host_for(ps, "nothing-here"), "verify").doc
+    doc = run_agent(host_for(ps, "nothing-here"), requests.Verify()).doc
     assert not doc["free"], f"verify called the GPUs free while pid {p.pid} maps {ps.devdir / 'nvidia0'}"
     assert p.pid in {h["pid"] for h in doc["holders"]} or p.pid in doc.get("denied", []), doc["holders"]
 
@@ -115,8 +115,7 @@ def test_a_scoped_relay_target_is_never_called_free_while_it_holds_the_gpu(ps):
     for attempt in range(4):
         p = relay(ps)
         start = procfs.start_time(p.pid)
-        result = run_agent(host_for(ps, r"relay_server"), "teardown", ["--grace", "1", "--timeout", "3", "--settle",
-                                                                        "0.3"])
+        result = run_agent(host_for(ps, r"relay_server"), requests.Teardown(grace=1, timeout=3, settle=0.3))
         sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
         alive = procfs.same_process(p.pid, start)
         assert result.code != 0 or (not alive and sent == ["SIGTERM", "SIGKILL"]), (attempt, result.code, sent, alive)

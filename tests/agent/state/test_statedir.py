@@ -23,7 +23,7 @@ from scripts.agent.procs import procfs
 from scripts.agent.state import auditlog, lastrun, statedir
 from scripts.agent.state.statedir import StateDirError
 from scripts.agent.teardown import hostlock
-from scripts.agent.wire import frame
+from scripts.agent.wire import frame, requests
 from scripts.reach.bundle import agent_payload
 from tests.conftest import REPO, invoke
 from tests.support import scenario
@@ -198,7 +198,7 @@ def test_run_dir_squatted_by_second_user_refused_by_root(second_user, ps, monkey
         h = scoped_host(ps)
         import dataclasses
         h = dataclasses.replace(h, run_dir=str(squat))
-        result = run_agent(h, "teardown", ["--grace", "1", "--timeout", "2"])
+        result = run_agent(h, requests.Teardown(grace=1, timeout=2))
         assert result.code == 3, result.doc
         assert str(squat) in one_line(result.doc["error"])
         assert all(alive(pid) for pid in roles.values()), "something was signalled"
@@ -343,7 +343,7 @@ def test_running_record_with_dead_agent_reads_interrupted(run_dir, ps):
     assert lastrun.load()["state"] == "interrupted"
     assert lastrun.load_summary()["state"] == "interrupted"
     # and through the real status path
-    doc = run_agent(scoped_host(ps), "scan").doc
+    doc = run_agent(scoped_host(ps), requests.Scan()).doc
     assert doc["last_teardown"]["state"] == "interrupted"
     # a record without any agent identity cannot be proved alive either
     statedir.write_json_atomic(str(run_dir / "last.json"), {"state": "running"})
@@ -467,7 +467,7 @@ def test_roots_teardown_reports_second_users_running_teardown(second_user, ps):
                         "the user's agent seen by root")
         assert seen[0]["user"] == second_user.name and "--marker" in seen[0]["cmdline"]
         assert all(set(a) == {"pid", "user", "cmdline"} for a in hostlock.concurrent_teardowns())
-        result = run_agent(scoped_host(ps), "teardown", ["--grace", "1", "--timeout", "2"])
+        result = run_agent(scoped_host(ps), requests.Teardown(grace=1, timeout=2))
         assert result.code == 0, result.doc
         reported = result.doc.get("concurrent_teardowns")
         assert reported is not None, "root's teardown result does not report concurrent teardowns"

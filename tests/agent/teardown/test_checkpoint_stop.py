@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.phases import run as agent_phase
-from scripts.agent.wire import frame
+from scripts.agent.wire import requests
 from scripts.config.errors import ConfigError
 from scripts.config.phases import build_phase
 from scripts.ops import phase as phase_ops
@@ -71,8 +71,8 @@ class Job:
             self.ps.adopt(self.child)
         return self
 
-    def teardown(self, *extra, on_progress=None):
-        return run_agent(self.host, "teardown", ["--grace", "1", "--timeout", "10", *extra], on_progress=on_progress)
+    def teardown(self, on_progress=None):
+        return run_agent(self.host, requests.Teardown(grace=1, timeout=10), on_progress=on_progress)
 
     def lines(self):
         return self.log.read_text().splitlines() if self.log.exists() else []
@@ -170,7 +170,7 @@ def test_another_uids_file_and_a_link_do_not_count(ps, second_user):
 
 def test_plan_shows_the_stop_and_phase_stop_runs_it(ps):
     job = Job(ps, "quick").start()
-    plan = run_agent(job.host, "plan").result.plan
+    plan = run_agent(job.host, requests.Plan()).result.plan
     (row,) = plan.checkpoint_stops
     assert row["pids"] == [job.pid] and row["signal"] == "USR1" and row["deadline_s"] == 60
     text = " ".join(teardown_view.plan_tables(plan).split())
@@ -185,9 +185,9 @@ def test_plan_shows_the_stop_and_phase_stop_runs_it(ps):
 
 def test_a_bad_stop_is_refused_before_anything(ps):
     job = Job(ps, "quick").start()
-    bad = frame.encode_spec({"phase": "train", "signal": "KILL", "checkpoint": "/x/*", "deadline_s": 5})
+    bad = {"phase": "train", "signal": "KILL", "checkpoint": "/x/*", "deadline_s": 5}
     with pytest.raises(ConfigError, match="signal 'KILL': not a signal a job can catch"):
-        run_agent(job.host, "teardown", ["--checkpoint-stop=" + bad])
+        run_agent(job.host, requests.Teardown(checkpoint_stops=(bad,)))
     assert job.lines() == [] and alive(job.pid)
 
 

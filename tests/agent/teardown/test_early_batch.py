@@ -20,6 +20,7 @@ from scripts.agent.holders import scan
 from scripts.agent.policy import rules
 from scripts.agent.procs import cgroup, procscan
 from scripts.agent.teardown import early, plan, run as teardown
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from tests.conftest import REPO
 from tests.support import scenario
@@ -29,10 +30,10 @@ from tests.support.procs import alive, children, wait_for
 TARGETS = r"sandbox_roles\.py|sglang\.launch_server"
 
 
-def _teardown(ps, *extra):
+def _teardown(ps, approved=None):
     keys = dict(scenario.host_keys(ps), TARGETS=r"sglang\.launch_server")  # the orphan's sandbox_roles.py: not named
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=str(ps.memdir))
-    return run_agent(host, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.5", *extra])
+    return run_agent(host, requests.Teardown(grace=2, timeout=10, settle=0.5, approved=approved))
 
 
 def test_pattern_targets_go_first_and_the_orphan_holder_with_the_plan(ps):
@@ -58,7 +59,7 @@ def test_the_early_batch_signals_only_what_the_operator_approved(ps):
     server = scenario._server(ps, "--tp", "1", "--memdir", str(ps.memdir))
     orphan = scenario._orphan(ps)
     start = procscan.basic(orphan)["start_time"]
-    res = _teardown(ps, "--approved", f"{orphan}:{start}")
+    res = _teardown(ps, approved=f"{orphan}:{start}")
     assert "early_batch" not in res.doc["timings"], res.doc["timings"]
     assert [a["pid"] for a in res.doc["actions"] if a["signal"].startswith("SIG")] == [orphan]
     assert alive(server)  # in the plan, not approved: never signalled

@@ -22,6 +22,7 @@ import subprocess
 import sys
 
 from scripts.agent.procs import procfs
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from scripts.reach.transport import call_agent
 from tests.support import scenario
@@ -45,7 +46,7 @@ def test_a_target_in_its_exit_that_nvml_lists_nowhere_is_freed_and_named(hung_fu
     monkeypatch.setenv("GPU_PIVOT_NVML_RECORDING", str(recording))
     keys = dict(scenario.host_keys(ps), TARGETS=r"stuck_exit_server\.py")
     host = dataclasses.replace(build_host("local", keys, "test"), fake_gpus=None)
-    result = call_agent(host, "teardown", ["--grace", "20", "--timeout", "30"], deadline_s=90)
+    result = call_agent(host, requests.Teardown(grace=20, timeout=30), deadline_s=90)
     doc = result.doc
     assert doc["gpu_source"] == "nvml"
     assert result.code == 0 and doc["verdict"] == "free", (result.code, doc.get("problems"))

@@ -23,6 +23,7 @@ import pytest
 
 from scripts.agent.procs import procfs
 from scripts.agent.teardown import forkwatch
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from tests.support import scenario
 from tests.support.agent_inproc import run_agent
@@ -162,7 +163,7 @@ def test_the_setsid_escape_on_sigterm_is_caught_20_of_20_with_every_core_busy(ps
                                  start_new_session=True)
             ps.adopt(p.pid)
             wait_for(out.exists, "forker ready")
-            result = run_agent(host, "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0.2"])
+            result = run_agent(host, requests.Teardown(grace=5, timeout=10, settle=0.2))
             if result.doc["fork_watch"] != "connector":
                 pytest.skip("no kernel fork events here (%s): a setsid double fork cannot be tied to its target "
                             "from /proc (README)" % result.doc["fork_watch"])

@@ -25,8 +25,10 @@ import pytest
 from scripts.agent.holders import scan
 from scripts.agent.options import Options
 from scripts.agent.teardown import plan as plan_module, settle
+from scripts.agent.wire import requests
 from scripts.views.teardown import plan_tables
 from tests.conftest import need_tools
+from tests.support import teardowns
 from tests.support.agent_inproc import run_agent
 from tests.support.managers_fixtures import CID, ESCAPED, UID, RayShaped, ServiceScan, Supervisord, holder_argv
 from tests.support.procs import alive, children, wait_for
@@ -38,17 +40,17 @@ GENERIC = "a terminal's shell, a multiplexer, a daemon"
 TARGETS = r"sandbox_roles\.py"
 
 
-def teardown(ps, *extra):
-    return run_agent(host(ps, TARGETS=TARGETS), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+def teardown(ps):
+    return teardowns.teardown(ps, TARGETS=TARGETS)
 
 
 def plan(ps):
-    return run_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]
+    return run_agent(host(ps, TARGETS=TARGETS), requests.Plan()).doc["plan"]
 
 
 def plan_view(ps) -> str:
     """`invoke plan`'s tables of this test's plan, as one line of words."""
-    return " ".join(plan_tables(run_agent(host(ps, TARGETS=TARGETS), "plan").doc).split())
+    return " ".join(plan_tables(run_agent(host(ps, TARGETS=TARGETS), requests.Plan()).doc).split())
 
 
 def signalled(doc) -> set:
@@ -62,7 +64,7 @@ def no_generic_hint(doc) -> None:
 
 
 def holders_now(ps) -> list:
-    doc = run_agent(host(ps, TARGETS=TARGETS), "scan").doc
+    doc = run_agent(host(ps, TARGETS=TARGETS), requests.Scan()).doc
     return [h["pid"] for h in doc["holders"] if not h["protected"]]
 
 

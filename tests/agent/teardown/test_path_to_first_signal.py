@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.procs import devices, procscan
-from scripts.agent.wire import call, codes, frame
+from scripts.agent.wire import call, codes, frame, requests
 from scripts.config.errors import ConfigError
 from scripts.config.hostconfig import build_host
 from scripts.config.nodeset import expand
@@ -73,8 +73,8 @@ def host(ps, **keys):
 
 def test_before_its_first_signal_the_agent_has_loaded_only_what_signalling_needs(ps):
     parent, workers = ps.server(tp=2)
-    argv = transport.agent_argv(host(ps), "teardown", ["--grace", "5", "--timeout", "10", "--settle", "0",
-                                                       "--operator", "test@floor"], frame.new_nonce(), False)
+    argv = transport.agent_argv(host(ps), requests.Teardown(grace=5, timeout=10, settle=0, operator="test@floor"),
+                                frame.new_nonce(), False)
     words = argv[argv.index(call.STDIN) + 1:]
     out = subprocess.run([sys.executable, "-S", "-c", SPY, json.dumps(words)], cwd=REPO, capture_output=True,
                          text=True, timeout=60)
@@ -95,7 +95,7 @@ def test_a_bundle_that_cannot_be_built_stops_the_call_and_nothing_runs(ps, monke
 
     monkeypatch.setattr(transport, "agent_stream", broken)
     with pytest.raises(transport.AgentError) as caught:
-        transport.call_agent(host(ps), "teardown", ["--grace", "1", "--timeout", "5", "--settle", "0"])
+        transport.call_agent(host(ps), requests.Teardown(grace=1, timeout=5, settle=0))
     text = str(caught.value)
     assert text.startswith("local: could not build the agent bundle: ") and "teardown/run.py" in text
     assert "\n" not in text
@@ -199,8 +199,8 @@ def _stream_of(sources):
 
 def _stream_without(ps, sources):
     """The agent's argv for a teardown of ps's server, and a stream carrying `sources`."""
-    argv = transport.agent_argv(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0",
-                                                       "--operator", "test@floor"], frame.new_nonce(), False)
+    argv = transport.agent_argv(host(ps), requests.Teardown(grace=2, timeout=5, settle=0, operator="test@floor"),
+                                frame.new_nonce(), False)
     return argv, _stream_of(sources)
 
 
@@ -266,7 +266,7 @@ def test_the_operator_reads_what_happened_when_the_post_signal_steps_could_not_l
     sources = bundle.agent_sources()
     sources["agent.teardown.settle"] = "def watch(:\n"
     monkeypatch.setattr(transport, "agent_stream", lambda compiled=False, subcommand=None: _stream_of(sources))
-    result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
+    result = transport.call_agent(host(ps), requests.Teardown(grace=2, timeout=5, settle=0))
     assert result.code == codes.EXIT_UNREACHABLE
     text = teardown_view.report("local", result)
     assert "NOT FREE" in text and "SyntaxError" in text and "SIGTERM" in text, text
@@ -280,7 +280,7 @@ def test_the_operator_reads_not_started_when_the_agent_is_incomplete(ps, monkeyp
     sources = bundle.agent_sources()
     del sources["agent.teardown.verify"]
     monkeypatch.setattr(transport, "agent_stream", lambda compiled=False, subcommand=None: _stream_of(sources))
-    result = transport.call_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "5", "--settle", "0"])
+    result = transport.call_agent(host(ps), requests.Teardown(grace=2, timeout=5, settle=0))
     assert result.code == codes.EXIT_UNREACHABLE
     assert teardown_view.report("local", result) == (
         "== local: NOT STARTED: the agent lacks module(s) verify (a broken bundle) (nothing was signalled)")

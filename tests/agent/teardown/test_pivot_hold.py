@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 
@@ -15,10 +16,12 @@ import pytest
 
 from scripts.agent.procs import procscan
 from scripts.agent.teardown import hold, hostlock
+from scripts.agent.wire import call, codes, frame, requests
+from scripts.config.errors import ConfigError
 from scripts.emergency import shell_teardown
-from scripts.reach.transport import TeardownRequest
+from scripts.reach.transport import agent_argv, read_document
 from tests.conftest import invoke
-from tests.support.agent_inproc import run_agent
+from tests.support.agent_inproc import run_agent, run_words
 from tests.support.parsers import oneliner_report
 from tests.support.procs import alive, wait_for
 from tests.support.teardowns import env_file, host
@@ -27,7 +30,7 @@ TOKEN = "00112233aabbccdd"
 
 
 def _teardown(ps, seconds=60.0, token=TOKEN):
-    return run_agent(host(ps), "teardown", TeardownRequest(grace=1, timeout=10, hold=(seconds, "train", token)).argv())
+    return run_agent(host(ps), requests.Teardown(grace=1, timeout=10, hold=(seconds, "train", token)))
 
 
 def _held(ps):
@@ -62,9 +65,9 @@ def test_the_holder_keeps_the_lock_across_calls_and_release_ends_it(ps):
     text = second.result.error or ""
     assert "pivot waiting for ready since" in text and "target phase train" in text and f"pid {holder}" in text
     assert not _lock_free()
-    wrong = run_agent(host(ps), "release", ["--token", "ffffffffffffffff"])
+    wrong = run_agent(host(ps), requests.Release(token='ffffffffffffffff'))
     assert wrong.code == 4 and not wrong.result.released and alive(holder)  # not this pivot's hold
-    done = run_agent(host(ps), "release", ["--token", TOKEN])
+    done = run_agent(host(ps), requests.Release(token=TOKEN))
     assert done.code == 0 and done.result.released, done.doc
     wait_for(lambda: _gone(holder), "the holder's end")
     assert _lock_free()
@@ -72,7 +75,7 @@ def test_the_holder_keeps_the_lock_across_calls_and_release_ends_it(ps):
         assert f.read() == ""  # no stale "pivot waiting" text for `status` or the next teardown
     again = _teardown(ps)
     assert again.code == 0 and not again.result.locked
-    run_agent(host(ps), "release", ["--token", TOKEN])
+    run_agent(host(ps), requests.Release(token=TOKEN))
 
 
 def test_status_shows_the_holds_text_while_it_is_held(ps, hosts_env):
@@ -80,7 +83,7 @@ def test_status_shows_the_holds_text_while_it_is_held(ps, hosts_env):
     _held(ps)
     shown = " ".join(invoke("status", "--host", "local").stdout.decode().split())
     assert "Host lock: held by pivot waiting for ready since" in shown and "target phase train" in shown
-    assert run_agent(host(ps), "release", ["--token", TOKEN]).result.released
+    assert run_agent(host(ps), requests.Release(token=TOKEN)).result.released
     assert "Host lock" not in invoke("status", "--host", "local").stdout.decode()
 
 
@@ -90,7 +93,7 @@ def test_the_holders_own_deadline_ends_it(ps):
     wait_for(lambda: _gone(holder), "the holder's deadline")
     assert _lock_free()
     assert _teardown(ps).code == 0
-    run_agent(host(ps), "release", ["--token", TOKEN])
+    run_agent(host(ps), requests.Release(token=TOKEN))
 
 
 def test_a_sigkilled_holder_frees_the_lock(ps):
@@ -98,10 +101,10 @@ def test_a_sigkilled_holder_frees_the_lock(ps):
     os.kill(holder, signal.SIGKILL)  # the holder this test's teardown started
     wait_for(lambda: _gone(holder), "the holder's end")
     assert _lock_free()
-    r = run_agent(host(ps), "release", ["--token", TOKEN])
+    r = run_agent(host(ps), requests.Release(token=TOKEN))
     assert r.code == 0 and not r.result.released and "not held" in (r.result.note or "")
     assert _teardown(ps).code == 0
-    run_agent(host(ps), "release", ["--token", TOKEN])
+    run_agent(host(ps), requests.Release(token=TOKEN))
 
 
 def test_the_emergency_teardown_runs_while_a_pivot_holds_the_lock(ps):
@@ -113,17 +116,26 @@ def test_the_emergency_teardown_runs_while_a_pivot_holds_the_lock(ps):
     report = oneliner_report.parse_report(ran.stdout)
     assert ran.returncode == 0 and report["verdict"] == "free", ran.stdout + ran.stderr
     assert not alive(job) and alive(holder)  # the emergency path went through; the hold stands
-    assert run_agent(host(ps), "release", ["--token", TOKEN]).result.released
+    assert run_agent(host(ps), requests.Release(token=TOKEN)).result.released
 
 
-def test_hold_flags_come_together_and_are_checked_before_anything_runs(ps):
+def test_hold_values_are_checked_before_anything_runs(ps):
     h = host(ps)
-    for bad, words in ((["--hold-s", "5"], "go together"),
-                       (["--hold-s", "0", "--hold-phase", "x", "--hold-token", TOKEN], "--hold-s 0.0"),
-                       (["--hold-s", "5", "--hold-phase", "x", "--hold-token", "NOT-HEX"], "--hold-token 'NOT-HEX'")):
-        with pytest.raises(Exception) as exc:
-            run_agent(h, "teardown", bad)
-        assert words in str(exc.value)
+    for bad, words in (((0, "x", TOKEN), "--hold-s 0.0"), ((5, "x", "NOT-HEX"), "--hold-token 'NOT-HEX'")):
+        with pytest.raises(ConfigError, match=re.escape(words)):
+            run_agent(h, requests.Teardown(grace=1, timeout=10, hold=bad))
+    assert _lock_free()
+
+
+def test_hold_flags_come_together(ps):
+    """--hold-s alone, as a person may type it on the host: requests.Teardown.hold is all three
+    or none, so this argv is sent to the agent's entry point (cli.main) as it is."""
+    nonce = frame.new_nonce()
+    argv = agent_argv(host(ps), requests.Teardown(grace=1, timeout=10), nonce, False)
+    code, out = run_words(argv[argv.index(call.STDIN) + 1:] + ["--hold-s", "5"])
+    assert code == codes.EXIT_USAGE
+    with pytest.raises(ConfigError, match="go together"):
+        read_document("local", out, nonce, code)
     assert _lock_free()
 
 
@@ -133,6 +145,6 @@ def test_a_lock_file_that_is_a_link_is_refused_by_release(ps, tmp_path):
     run_dir = os.environ["GPU_PIVOT_RUN_DIR"]
     os.makedirs(run_dir, mode=0o700, exist_ok=True)
     os.symlink(victim, os.path.join(run_dir, hostlock.LOCK_NAME))
-    r = run_agent(dataclasses.replace(host(ps)), "release", ["--token", TOKEN])
+    r = run_agent(dataclasses.replace(host(ps)), requests.Release(token=TOKEN))
     assert r.code == 3 and not r.result.released and "symlink" in (r.result.error or "")
     assert victim.read_text().startswith("{")  # neither truncated nor followed

@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from scripts.agent.wire import requests
 from tests.support.agent_inproc import run_agent
 from tests.support.paths import REPO
 from tests.support.procs import alive, children, tmux_pane, wait_for
@@ -72,8 +73,8 @@ def test_an_interactive_shell_with_an_rcfile_is_no_wrapper(ps, tmp_path):
     subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
     server = ready_pid(ready)
     ps.adopt(server)
-    plan = run_agent(host(ps, **KEYS), "plan").doc["plan"]
-    result = teardown(ps, "--stop-starters", **KEYS)
+    plan = run_agent(host(ps, **KEYS), requests.Plan()).doc["plan"]
+    result = teardown(ps, stop_starters=True, **KEYS)
     assert alive(pane) and alive(tmux_server), [t["reason"] for t in result.doc["plan"]["targets"]]
     assert [(s["pid"], s["fate"]) for s in plan["starters"]] == [(pane, "watch")], plan["starters"]
 
@@ -88,12 +89,12 @@ def test_the_hint_for_a_loop_typed_at_a_prompt_never_names_the_flag(ps, tmp_path
                     f"while true; do rm -f {ready}; {server_cmd(ps, ready)}; sleep 0.5; done", "Enter"], check=True)
     first = ready_pid(ready)
     ps.adopt(first)
-    result = teardown(ps, "--settle", "2", **KEYS)
+    result = teardown(ps, settle=2, **KEYS)
     assert result.code == 1 and result.doc["appeared"], result.doc["problems"]
     hint = result.doc["appeared"][0]["include"]
     ps.pids.extend(a["pid"] for a in result.doc["appeared"])
     ps.adopt(ready_pid(ready))  # the restart
-    again = teardown(ps, "--settle", "2", "--stop-starters", **KEYS)  # as the hint says
+    again = teardown(ps, settle=2, stop_starters=True, **KEYS)  # as the hint says
     ps.pids.extend(a["pid"] for a in again.doc["appeared"])
     assert again.code == 0 or not hint.startswith("--stop-starters"), (hint, again.doc["problems"])
 
@@ -118,7 +119,7 @@ def _next_server(ready, old):
     return wait_for(pid, "a (new) server", timeout=15)
 
 
-@pytest.mark.parametrize("settle", ["3"])
+@pytest.mark.parametrize("settle", [3])
 def test_a_detached_watchdog_restart_inside_a_given_window_is_not_free(ps, settle):
     """A watchdog that restarts the server detached (its parent is PID 1): with a window given
     (--settle 3) the restart inside it is NOT FREE. Without --settle nothing the teardown sees
@@ -128,7 +129,7 @@ def test_a_detached_watchdog_restart_inside_a_given_window_is_not_free(ps, settl
     first = _next_server(ready, None)
     ps.adopt(first)
     assert procs_ppid(first) != dog
-    result = teardown(ps, *(["--settle", settle] if settle else []), **KEYS)
+    result = teardown(ps, settle=settle, **KEYS)
     again = _next_server(ready, first)
     ps.adopt(again)
     assert result.code != 0, (result.doc["settle_ended"], result.doc["settle_s"], result.doc["ignored"])
@@ -176,7 +177,7 @@ def test_the_hint_for_a_cron_jobs_wrapper_never_says_stop_cron(ps, shared_unit):
     _move(job.pid, dirs)
     server = ready_pid(ready)
     ps.adopt(server)
-    plan = run_agent(host(ps, **KEYS), "plan").doc["plan"]
+    plan = run_agent(host(ps, **KEYS), requests.Plan()).doc["plan"]
     assert plan["units"] == [] and [t["pid"] for t in plan["targets"]] == [server]
     sup = {s["pid"]: s for s in plan["starters"]}
     assert job.pid in sup and sup[job.pid]["unit"] == unit and sup[job.pid]["fate"] == "stop"

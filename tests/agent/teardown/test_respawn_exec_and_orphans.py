@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from scripts.agent.holders.scan import Scan
+from scripts.agent.wire import requests
+from tests.support import teardowns
 from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, wait_for
 from tests.support.teardowns import host
@@ -79,8 +81,8 @@ def under_bash(ps, ready: Path, script: str, env=None) -> int:
     return shell.pid
 
 
-def teardown(ps, *extra):
-    return run_agent(host(ps, TARGETS=TARGETS), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+def teardown(ps):
+    return teardowns.teardown(ps, TARGETS=TARGETS)
 
 
 def assert_restart_named(result, pid: int):
@@ -284,7 +286,7 @@ def test_a_loop_above_a_setsid_python_launcher_is_ended_and_the_launcher_named(p
     helper = between.replace("LOCK", str(ps.base / "lock")) or "setsid "
     loop = under_bash(ps, ready, f"export PYTHONPATH={pkg}; while :; do {helper}{sys.executable} "
                                  f"{ps.base / 'launch.py'} {ready} {dev}; sleep 0.3; done")
-    launcher = next(s["pid"] for s in run_agent(host(ps, TARGETS=TARGETS), "plan").doc["plan"]["starters"]
+    launcher = next(s["pid"] for s in run_agent(host(ps, TARGETS=TARGETS), requests.Plan()).doc["plan"]["starters"]
                     if s["role"] == "starter")
     result = teardown(ps)
     assert_starter_named(result, launcher)  # the Python launcher: frozen, thawed, named

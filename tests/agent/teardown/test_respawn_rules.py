@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.agent.wire import requests
 from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, children, tmux_pane, wait_for
 from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell, teardown
@@ -36,9 +37,9 @@ def test_a_loop_with_no_pause_is_frozen_first_so_nothing_restarts(ps):
     ps.adopt(first)
     keys = dict(TARGETS=r"xsrv\.launch_server")
     for _ in range(3):  # listed every time, before anything is signalled
-        starters = run_agent(host(ps, **keys), "plan").doc["plan"]["starters"]
+        starters = run_agent(host(ps, **keys), requests.Plan()).doc["plan"]["starters"]
         assert [(s["pid"], s["fate"]) for s in starters] == [(loop, "stop")], starters
-    result = teardown(ps, "--settle", "1", **keys)
+    result = teardown(ps, settle=1, **keys)
     ps.pids.extend(children(loop))
     assert result.code == 0, result.doc["problems"]
     assert not alive(first) and not alive(loop)
@@ -84,7 +85,7 @@ def test_an_unrelated_python_c_loop_never_makes_a_teardown_not_free(ps):
     wait_for(nb_ready.exists, "the notebook holding GPU 0")
     loop = shell(ps, f"while :; do {sys.executable} -c 'import time; time.sleep(0.05)' {token}; sleep 0.2; done")
     wait_for(lambda: children(loop), "the cron-like loop running")
-    result = teardown(ps, "--settle", "1.5", TARGETS="nothing-here")
+    result = teardown(ps, settle=1.5, TARGETS="nothing-here")
     assert result.code == 0, result.doc["problems"]
     assert not alive(notebook) and alive(loop)
     assert result.doc["appeared"] == []
@@ -98,7 +99,7 @@ def test_the_window_ends_at_once_when_nothing_could_restart_a_target(ps):
     assert result.doc["settle_s"] == 0
     assert not alive(server)
     server, workers = ps.server(tp=1)
-    result = teardown(ps, "--settle", "0.7")  # given: the whole window is watched
+    result = teardown(ps, settle=0.7)  # given: the whole window is watched
     assert result.code == 0 and result.doc["settle_ended"] is None and result.doc["settle_s"] == 0.7
 
 
@@ -267,6 +268,6 @@ def test_what_takes_a_gpu_after_the_plan_is_seen_by_the_confirming_scans(ps, wha
         shell(ps, f"exec {sys.executable} {late} {dev} {ready}.term")
         ps.adopt(ready_pid(Path(f"{ready}.term.late")))
         done = Path(f"{ready}.term.opened")
-    result = teardown(ps, "--settle", "1", TARGETS=r"xsrv\.launch_server")
+    result = teardown(ps, settle=1, TARGETS=r"xsrv\.launch_server")
     assert done.exists(), f"{what}: never took the device"
     assert result.code != 0, (what, result.doc.get("problems"))

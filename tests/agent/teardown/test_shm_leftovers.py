@@ -18,9 +18,10 @@ import time
 
 import pytest
 
+from scripts.agent.wire import requests
 from tests.support.agent_inproc import run_agent
 from tests.support.procs import wait_for
-from tests.support.teardowns import host
+from tests.support.teardowns import host, teardown
 
 SERVER = """\
 import ctypes, json, mmap, os, sys, time
@@ -97,10 +98,6 @@ def segment_ids():
         return {int(line.split()[1]) for line in f.read().splitlines()[1:]}
 
 
-def teardown(ps, *extra, **keys):
-    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
-
-
 def left(doc, what):
     return next(r for r in doc["shm_removed"] if what in (r.get("path"), r.get("shmid")))
 
@@ -159,7 +156,7 @@ def test_plan_lists_the_candidates(ps, shm):
     time.sleep(0.1)
     leftover = shm.path("nccl-plan")
     shm.server(create=[leftover], open_=[staged], sysv=1)
-    listed = run_agent(host(ps), "plan", []).doc["plan"]["shm"]
+    listed = run_agent(host(ps), requests.Plan()).doc["plan"]["shm"]
     assert {r.get("path") for r in listed if r["kind"] == "file"} == {leftover}
     assert [r["shmid"] for r in listed if r["kind"] == "sysv"] == shm.shmids
     assert os.path.exists(leftover)
@@ -192,7 +189,7 @@ def test_another_users_file_is_kept(ps, shm, second_user):
 def test_keep_shm_keeps_everything(ps, shm):
     leftover = shm.path("kept")
     shm.server(create=[leftover], sysv=1)
-    result = teardown(ps, "--keep-shm")
+    result = teardown(ps, keep_shm=True)
     assert result.code == 0, result.doc["problems"]
     assert os.path.exists(leftover) and shm.shmids[0] in segment_ids()
     assert result.doc["shm_removed"] == []

@@ -15,6 +15,7 @@ import pytest
 from scripts.agent.procs import procfs
 from scripts.agent.state import lastrun
 from scripts.agent.teardown import hostlock
+from scripts.agent.wire import requests
 from scripts.reach.bundle import agent_stream
 from scripts.reach.route import wrap
 from scripts.reach.transport import agent_argv
@@ -32,7 +33,7 @@ def pattern(ps):
 def test_full_scenario_frees_everything_and_harms_nothing(ps):
     roles = scenario.start(ps)
     started = time.monotonic()
-    result = run_agent(host(ps), "teardown", ["--grace", "1", "--timeout", "10"])
+    result = run_agent(host(ps), requests.Teardown(grace=1, timeout=10))
     wall = time.monotonic() - started
     assert result.code == 0, result.doc.get("problems")
     assert_outcome(roles)
@@ -61,7 +62,7 @@ def test_full_scenario_frees_everything_and_harms_nothing(ps):
 
 def test_only_matching_leaves_other_holders_and_reports_not_free(ps):
     roles = scenario.start(ps, stubborn=False)
-    result = run_agent(host(ps), "teardown", ["--only-matching", "--grace", "1", "--timeout", "0.5"])
+    result = run_agent(host(ps), requests.Teardown(only_matching=True, grace=1, timeout=0.5))
     assert result.code == 1
     left = {p["pid"] for p in result.doc["plan"]["left_alone"]}
     assert left == {roles["orphan"], roles["renamed"]}
@@ -164,7 +165,7 @@ def test_dropped_connection_teardown_finishes_on_host(ps, sshd, tmp_path):
     last = os.path.join(remote_run, "last.json")
     if os.path.exists(last):
         os.unlink(last)
-    argv = wrap(h.route, agent_argv(h, "teardown", ["--grace", "3", "--timeout", "10"], "n0nce", progress=True))
+    argv = wrap(h.route, agent_argv(h, requests.Teardown(grace=3, timeout=10), "n0nce", progress=True))
     client = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     client.stdin.write(agent_stream())  # the transport's argv form (call.BOOT)
     client.stdin.close()

@@ -21,15 +21,16 @@ from pathlib import Path
 
 import pytest
 
+from scripts.agent.wire import requests
 from scripts.reach.bundle import agent_payload
-from tests.support import scenario
+from tests.support import scenario, teardowns
 from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, children, state, wait_for
 from tests.support.teardowns import host
 
 
-def teardown(ps, *extra, **keys):
-    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1", *extra])
+def teardown(ps, **keys):
+    return teardowns.teardown(ps, settle=1, **keys)
 
 
 # -- another user -------------------------------------------------------------------------
@@ -135,7 +136,7 @@ def test_stopped_target_gets_sigcont_and_exits_within_grace(ps):
     server, workers = ps.server(tp=1)
     os.kill(server, signal.SIGSTOP)
     wait_for(lambda: state(server) == "T", "stopped")
-    result = run_agent(host(ps), "teardown", ["--grace", "8", "--timeout", "10", "--settle", "0.2"])
+    result = run_agent(host(ps), requests.Teardown(grace=8, timeout=10, settle=0.2))
     assert result.code == 0, result.doc["problems"]
     sigs = {(a["pid"], a["signal"]) for a in result.doc["actions"] if a["result"] == "sent"}
     assert (server, "SIGCONT") in sigs and (server, "SIGKILL") not in sigs

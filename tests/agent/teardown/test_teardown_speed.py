@@ -30,7 +30,7 @@ import pytest
 
 from scripts.agent.procs import procfs
 from scripts.agent.teardown import targets
-from scripts.agent.wire import call
+from scripts.agent.wire import call, requests
 from scripts.config.hostconfig import build_host
 from scripts.reach import bundle
 from tests.conftest import REPO
@@ -50,8 +50,7 @@ def host(ps, **keys):
 def test_free_at_is_streamed_at_free_at_and_reported_apart_from_settled(ps):
     ps.server(tp=2)
     seen = []
-    result = run_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "1"],
-                       on_progress=seen.append)
+    result = run_agent(host(ps), requests.Teardown(grace=2, timeout=10, settle=1), on_progress=seen.append)
     doc = result.doc
     assert result.code == 0, doc["problems"]
     assert doc["free_at_s"] is not None and doc["settled_at_s"] is not None

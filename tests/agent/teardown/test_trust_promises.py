@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from scripts.agent.wire import requests
 from scripts.config.hostconfig import build_host
 from scripts.reach.bundle import agent_payload
 from tests.conftest import invoke
@@ -65,11 +66,11 @@ def _size(path):
 def test_mapping_without_an_fd_is_a_holder(ps):
     _size(ps.devdir / "nvidia0")
     pid = start_py(ps, MAP_THEN_CLOSE, ps.devdir / "nvidia0")
-    doc = run_agent(host(ps), "verify").doc
+    doc = run_agent(host(ps), requests.Verify()).doc
     held = {h["pid"]: h for h in doc["holders"]}
     assert not doc["free"] and pid in held
     assert held[pid]["mapped_devices"] == [str(ps.devdir / "nvidia0")]
-    result = run_agent(host(ps), "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.3"])
+    result = run_agent(host(ps), requests.Teardown(grace=2, timeout=10, settle=0.3))
     assert result.code == 0, result.doc["problems"]
     assert not alive(pid)
 
@@ -81,7 +82,7 @@ def test_protected_name_with_a_mapping_under_another_name_is_not_free(ps):
     alias = ps.base / "alias0"
     os.link(ps.devdir / "nvidia0", alias)
     pid = start_py(ps, MAP_THEN_CLOSE, alias, ps.devdir / "nvidia0", argv0="gpu_exporter")
-    doc = run_agent(host(ps), "verify").doc
+    doc = run_agent(host(ps), requests.Verify()).doc
     held = {h["pid"]: h for h in doc["holders"]}
     assert held[pid]["protected"] and held[pid]["mapped_devices"] == [str(ps.devdir / "nvidia0")]
     assert not doc["free"]
@@ -100,7 +101,7 @@ def test_device_bind_mounted_over_a_proc_path_is_seen(ps):
                          start_new_session=True)
     ps.adopt(p.pid)
     wait_for(ready.exists, "holder behind /proc/version")
-    doc = run_agent(host(ps), "verify").doc
+    doc = run_agent(host(ps), requests.Verify()).doc
     assert not doc["free"]
     assert {h["pid"]: h["devices"] for h in doc["holders"]}.get(p.pid) == [str(ps.devdir / "nvidia1")]
 
@@ -155,10 +156,10 @@ def test_pipeline_sibling_is_not_a_target_nor_adopted(ps, tmp_path):
     ps.adopt(server)
     ps.pids.extend(process_group(reader))
     h = host(ps, TARGETS=r"sglang\.launch_server")
-    plan = run_agent(h, "plan").doc["plan"]
+    plan = run_agent(h, requests.Plan()).doc["plan"]
     planned = {t["pid"] for t in plan["targets"]}
     assert server in planned and reader not in planned
-    result = run_agent(h, "teardown", ["--grace", "2", "--timeout", "10", "--settle", "0.5"])
+    result = run_agent(h, requests.Teardown(grace=2, timeout=10, settle=0.5))
     later = children(reader)  # what the reader started once the server's output ended
     ps.pids.extend(later)
     assert result.code == 0, result.doc["problems"]
@@ -273,8 +274,7 @@ def test_a_loop_whose_restart_would_load_for_3_s_is_ended_first(ps, tmp_path):
     ps.adopt(supervisor.pid)
     wait_for((tmp_path / "ready.1").exists, "first server holding the device")
     ps.pids.extend(children(supervisor.pid))
-    result = run_agent(host(ps, TARGETS=r"slow_server\.py"), "teardown", ["--grace", "2", "--timeout", "10",
-                                                                           "--settle", "1"])
+    result = run_agent(host(ps, TARGETS=r"slow_server\.py"), requests.Teardown(grace=2, timeout=10, settle=1))
     ps.pids.extend(children(supervisor.pid))
     # the loop is the server's parent, its job's own: frozen before the SIGTERM, ended after, so
     # the slow restart never starts (tests/agent/teardown/test_teardown_speed.py has a restart

@@ -7,6 +7,7 @@ import dataclasses
 import subprocess
 import sys
 
+from scripts.agent.wire import requests
 from scripts.views import teardown as teardown_view
 from tests.support.agent_inproc import run_agent
 from tests.support.teardowns import host, ready_pid, server_pkg
@@ -26,11 +27,11 @@ def test_a_plan_and_a_teardown_without_a_gpu_reader_say_unknown_not_0(ps):
         env={"PYTHONPATH": str(server_pkg(ps)), "PATH": "/usr/bin:/bin"})
     ps.adopt(proc.pid)
     ready_pid(ready)
-    planned = run_agent(_no_reader(ps), "plan", [])
+    planned = run_agent(_no_reader(ps), requests.Plan())
     assert planned.doc["plan"]["targets"], planned.doc
     assert planned.doc["plan"]["will_free_mib"] is None, planned.doc["plan"]["targets"]
     shown = teardown_view.plan_tables(planned.doc)
     assert "will free an unknown amount of GPU memory" in shown and "0 MiB" not in shown, shown
-    done = run_agent(_no_reader(ps), "teardown", ["--grace", "2", "--timeout", "5"])
+    done = run_agent(_no_reader(ps), requests.Teardown(grace=2, timeout=5))
     assert done.doc["freed_mib"] is None, done.doc
     assert "freed 0 MiB" not in "\n".join(teardown_view.verdict_lines("local", done.doc))

@@ -27,7 +27,9 @@ from pathlib import Path
 
 import pytest
 
+from scripts.agent.wire import requests
 from scripts.reach.bundle import agent_payload
+from tests.support import teardowns
 from tests.support.agent_inproc import run_agent
 from tests.support.procs import alive, children, cmdline, process_group, state, tmux_pane, wait_for
 from tests.support.teardowns import host, ready_pid, server_cmd, server_pkg, shell
@@ -36,13 +38,12 @@ TARGETS = r"xsrv\.launch_server"
 PAUSE = 5  # every restarter here waits this long between turns: longer than the 2 s window
 
 
-def teardown(ps, *extra, **keys):
-    keys.setdefault("TARGETS", TARGETS)
-    return run_agent(host(ps, **keys), "teardown", ["--grace", "2", "--timeout", "10", *extra])
+def teardown(ps, **given):
+    return teardowns.teardown(ps, **{"TARGETS": TARGETS, **given})
 
 
-def plan(ps, *extra):
-    return run_agent(host(ps, TARGETS=TARGETS), "plan", list(extra)).doc["plan"]
+def plan(ps, stop_starters=False):
+    return run_agent(host(ps, TARGETS=TARGETS), requests.Plan(stop_starters=stop_starters)).doc["plan"]
 
 
 def signals_to(doc, pid):
@@ -259,9 +260,9 @@ def test_stop_starters_stops_a_watchdog_with_the_server(ps):
                                env=dict(os.environ, PYTHONPATH=str(server_pkg(ps))))
     ps.adopt(starter.pid)
     ps.adopt(ready_pid(ready))
-    listed = {s["pid"]: s["fate"] for s in plan(ps, "--stop-starters")["starters"]}
+    listed = {s["pid"]: s["fate"] for s in plan(ps, stop_starters=True)["starters"]}
     assert listed == {starter.pid: "stop"}
-    result = teardown(ps, "--stop-starters")
+    result = teardown(ps, stop_starters=True)
     assert result.code == 0, result.doc["problems"]
     assert not alive(starter.pid)
 
@@ -293,8 +294,8 @@ def test_an_unrelated_jobs_script_with_a_function_and_a_loop_is_never_named_nor_
     ready = ps.base / "srv.ready"
     shell(ps, server_cmd(ps, ready))
     ps.adopt(ready_pid(ready))
-    assert other not in {s["pid"] for s in plan(ps, "--stop-starters")["starters"]}
-    result = teardown(ps, "--stop-starters")
+    assert other not in {s["pid"] for s in plan(ps, stop_starters=True)["starters"]}
+    result = teardown(ps, stop_starters=True)
     assert result.code == 0, result.doc["problems"]
     assert alive(other) and signals_to(result.doc, other) == []
 
@@ -659,7 +660,7 @@ def test_someone_elses_shell_binary_at_a_prompt_is_a_terminal_never_signalled(ps
     ready = ps.base / "srv.ready"
     subprocess.run(["tmux", "-S", str(sock), "send-keys", server_cmd(ps, ready), "Enter"], check=True)
     ps.adopt(ready_pid(ready))
-    result = teardown(ps, "--stop-starters")
+    result = teardown(ps, stop_starters=True)
     assert result.code == 0, result.doc["problems"]
     assert alive(pane) and signals_to(result.doc, pane) == []
 
