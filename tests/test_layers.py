@@ -32,6 +32,7 @@ AGENT_LAYERS = (
     ("the wire", ("wire",)),
     ("/proc primitives", ("procs",)),
     ("policy: what a process is and may be done to it", ("policy",)),
+    ("the options record: the entry points' alone", ("options",)),
     ("the GPUs and the host's state", ("gpu", "state")),
     ("who holds each GPU: the scan engine", ("holders",)),
     ("subcommands", ("status", "teardown", "phases")),
@@ -339,7 +340,7 @@ def test_scripts_defines_nothing_that_only_tests_or_benchmarks_use():
 
 # Entry points: the command line and the options themselves, and each subcommand's run and
 # add_arguments (a module's, or the class's SUBCOMMAND_MODULES names, with its bases').
-OPTIONS_TAKERS = {"scripts.agent.cli", "scripts.agent.options"}
+OPTIONS_TAKERS = {"scripts.agent.cli", "scripts.agent.options.record"}
 ENTRY_NAMES = {"run", "add_arguments"}
 # Still to be given the few values they read: this list only shrinks (the test fails on a name
 # here that no longer takes the record, as on a new taker).
