@@ -342,20 +342,6 @@ def test_scripts_defines_nothing_that_only_tests_or_benchmarks_use():
 # add_arguments (a module's, or the class's SUBCOMMAND_MODULES names, with its bases').
 OPTIONS_TAKERS = {"scripts.agent.cli", "scripts.agent.options.record"}
 ENTRY_NAMES = {"run", "add_arguments"}
-# Still to be given the few values they read: this list only shrinks (the test fails on a name
-# here that no longer takes the record, as on a new taker).
-NOT_YET = {
-    "scripts.agent.phases.run:SpecCommand.act", "scripts.agent.phases.run:Start.act",
-    "scripts.agent.phases.run:Ready.act", "scripts.agent.phases.run:Stop.act",
-    "scripts.agent.phases.run:Logs.act", "scripts.agent.phases.run:Smoke.act",
-    "scripts.agent.phases.run:_holding", "scripts.agent.phases.run:check",
-    "scripts.agent.teardown.checkpoint:declared", "scripts.agent.teardown.checkpoint:_processes",
-    "scripts.agent.teardown.checkpoint:planned", "scripts.agent.teardown.checkpoint:run",
-    *(f"scripts.agent.teardown.run:{name}" for name in (
-        "wait_gone", "_plan_batch", "_stop_pending", "_early_batch", "_before_early", "execute", "_remove_shm",
-        "_stop_and_watch", "_verdict", "_until_exited", "_watch_window", "unverified", "_declared_stops",
-        "_checkpoint_first")),
-}
 
 
 def _takes_options(fn) -> bool:
@@ -405,8 +391,7 @@ def test_the_options_record_is_taken_only_by_entry_points():
             entry = name in entry_modules and fn.name in ENTRY_NAMES and (qual == fn.name or cls in classes)
             if not entry and _takes_options(fn):
                 found.add(f"{name}:{qual}")
-    assert not found - NOT_YET, "take the values, not the options record:\n  " + "\n  ".join(sorted(found - NOT_YET))
-    assert not NOT_YET - found, f"no longer take the record: strike them from NOT_YET: {sorted(NOT_YET - found)}"
+    assert not found, "take the values, not the options record:\n  " + "\n  ".join(sorted(found))
 
 
 def test_the_options_check_sees_a_taker():

@@ -6,6 +6,7 @@ import shutil
 import socket
 import sys
 
+from ..options.record import Options
 from ..wire import codes, records
 
 
@@ -24,7 +25,7 @@ def nvml_available():
     return True, None
 
 
-def run(args):
+def run(opts: Options):
     nvml, nvml_why = nvml_available()
     doc = {
         "hostname": socket.gethostname(),
@@ -40,7 +41,7 @@ def run(args):
         "nvidia_smi": shutil.which("nvidia-smi"),
         "fuser": shutil.which("fuser"),
         "pidfd": hasattr(os, "pidfd_open"),
-        "devices_glob": args.devices,
-        "devices": sorted(glob.glob(args.devices)),
+        "devices_glob": opts.devices,
+        "devices": sorted(glob.glob(opts.devices)),
     }
     return codes.EXIT_OK, records.written(records.PingResult, doc, code=codes.EXIT_OK)
