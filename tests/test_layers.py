@@ -394,6 +394,21 @@ def test_the_options_record_is_taken_only_by_entry_points():
     assert not found, "take the values, not the options record:\n  " + "\n  ".join(sorted(found))
 
 
+def test_each_entry_point_annotates_the_options_record():
+    """Each subcommand's run takes the record annotated `Options`, so mypy checks every field it
+    reads (a misspelt flag is a type error, not a None at run time)."""
+    from scripts.agent.wire.call import SUBCOMMAND_MODULES
+    unannotated = []
+    for module, cls in sorted(set(SUBCOMMAND_MODULES.values()), key=str):
+        tree = ast.parse((REPO / "scripts" / "agent" / (module.replace(".", "/") + ".py")).read_text())
+        runs = [fn for qual, owner, fn in _functions(tree) if fn.name == "run" and owner == cls
+                and qual == (f"{cls}.run" if cls else "run")]
+        params = [p for fn in runs for p in fn.args.args if p.arg not in ("self", "cls")][:1] if runs else []
+        if not params or params[0].annotation is None or ast.unparse(params[0].annotation) != "Options":
+            unannotated.append(f"{module}:{cls or ''}.run")
+    assert not unannotated, f"annotate the options record as Options: {unannotated}"
+
+
 def test_the_options_check_sees_a_taker():
     """The check itself: a parameter named or annotated as the record counts, *args does not."""
     fns = {q: fn for q, _, fn in _functions(ast.parse(
