@@ -221,8 +221,8 @@ def wait_gone(progress, targets, limit_s, source, started, phase, among=None, on
     signals what targets fork meanwhile (without the connector: a /proc walk every
     PROC_WALK_EVERY_S, and always before saying none is left); `progress` (Options.emit_progress)
     lines every half second; `on_wake(alive)` each time it wakes (manager stops that ended); with
-    `until_gone` it is also asked every 2 ms, backing off to 50 ms, and a true answer ends the wait (exits that
-    no longer matter: _released). Returns those still running."""
+    `until_gone` it is also asked every 2 ms, backing off to 50 ms, and a true answer ends the
+    wait (exits that no longer matter: _released). Returns those still running."""
     t0 = last = time.monotonic()
     watch_fd = targets.watch.fileno() if targets.watch is not None else None
     next_walk = t0 + PROC_WALK_EVERY_S
@@ -240,7 +240,7 @@ def wait_gone(progress, targets, limit_s, source, started, phase, among=None, on
         if now - last >= PROGRESS_EVERY_S:
             last = now
             progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
-                               mib_left=_mib_left(source))
+                     mib_left=_mib_left(source))
         wake = min(t0 + limit_s, last + PROGRESS_EVERY_S,
                    t0 + limit_s if until_gone and on_wake is None else now + look_again,
                    next_walk if watch_fd is None else t0 + limit_s)  # an exit itself wakes the pidfds
@@ -306,10 +306,11 @@ def _plan_batch(settings, source, targets, batch, watch, timings, started, got, 
     """The scan (its early batch sent from inside it), the plan, the fork watch's roots, and the
     plan's batch (_send_plan). Returns (doc, plan, planned, unapproved, {pid: target}, stops);
     `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
-    doc = scan.collect(settings.selection, source if settings.fake_gpus else gpuinfo.NoSource(), early=batch)
-    query = plan.pending_query(settings.selection)  # after the early signals; its commands never hold the plan's batch
-    the_plan = got["plan"] = early.merge(plan.build(doc, settings.selection, with_pending=False, pipes=batch.pipes,
-                                                          keep_shm=settings.keep_shm), batch.rows)
+    sel = settings.selection
+    doc = scan.collect(sel, source if settings.fake_gpus else gpuinfo.NoSource(), early=batch)
+    query = plan.pending_query(sel)  # after the early signals; its commands never hold the plan's batch
+    the_plan = got["plan"] = early.merge(plan.build(doc, sel, with_pending=False, pipes=batch.pipes,
+                                                    keep_shm=settings.keep_shm), batch.rows)
     approved = batch.approved  # the operator's --approved (None: all of the plan)
     planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
     unapproved = [t for t in the_plan["targets"] if t not in planned]
@@ -330,7 +331,7 @@ def _plan_batch(settings, source, targets, batch, watch, timings, started, got, 
     targets.watch = _begin_watch(watch, planned, doc.procs)
     freezer.settle_plan([s for s in the_plan["starters"] if s["fate"] in ("stop", "freeze")])  # before any SIGTERM
     by_pid, stops = _send_plan(targets, the_plan, planned, targets.audit, timings, started)
-    stops += _stop_pending(the_plan, query, settings.selection, approved, targets.audit)
+    stops += _stop_pending(the_plan, query, sel, approved, targets.audit)
     return doc, the_plan, planned, unapproved, by_pid, stops
 
 
@@ -487,7 +488,7 @@ def execute(settings, operator, started, source):
                       concurrent_teardowns=hostlock.concurrent_teardowns(doc.procs))
         recorder.save(record)
         settings.progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
-                           alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
+                          alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
         unended, mps_quit, result = _stop_and_watch(settings, targets, source, started, timings, (stops, audit, by_pid),
                                                     freezer, (doc, the_plan, planned), (settle, checkup))
         after, free, problems = result["doc"], result["free"], result["problems"]
@@ -633,7 +634,7 @@ def _watch_window(settings, source, targets, started, doc, the_plan, planned, se
 
     def on_poll(d, problems):
         settings.progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=problems[:5],
-                           mib_left=gpuinfo.total_used_mib(d["gpus"]))
+                          mib_left=gpuinfo.total_used_mib(d["gpus"]))
 
     # the targets that exited before the plan was made (plan's `gone`) are not signalled, but
     # what started them may start them again: their ancestry is watched as the others'
