@@ -27,7 +27,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from scripts.agent.holders import scan  # noqa: E402
-from scripts.agent.options import Options  # noqa: E402
+from scripts.agent.options.record import Options  # noqa: E402
 from scripts.agent.procs import fanout, procscan  # noqa: E402
 from tests.support.procs import Bystanders  # noqa: E402
 

@@ -32,6 +32,7 @@ AGENT_LAYERS = (
     ("the wire", ("wire",)),
     ("/proc primitives", ("procs",)),
     ("policy: what a process is and may be done to it", ("policy",)),
+    ("the options record: the entry points' alone", ("options",)),
     ("the GPUs and the host's state", ("gpu", "state")),
     ("who holds each GPU: the scan engine", ("holders",)),
     ("subcommands", ("status", "teardown", "phases")),
@@ -339,22 +340,8 @@ def test_scripts_defines_nothing_that_only_tests_or_benchmarks_use():
 
 # Entry points: the command line and the options themselves, and each subcommand's run and
 # add_arguments (a module's, or the class's SUBCOMMAND_MODULES names, with its bases').
-OPTIONS_TAKERS = {"scripts.agent.cli", "scripts.agent.options"}
+OPTIONS_TAKERS = {"scripts.agent.cli", "scripts.agent.options.record"}
 ENTRY_NAMES = {"run", "add_arguments"}
-# Still to be given the few values they read: this list only shrinks (the test fails on a name
-# here that no longer takes the record, as on a new taker).
-NOT_YET = {
-    "scripts.agent.phases.run:SpecCommand.act", "scripts.agent.phases.run:Start.act",
-    "scripts.agent.phases.run:Ready.act", "scripts.agent.phases.run:Stop.act",
-    "scripts.agent.phases.run:Logs.act", "scripts.agent.phases.run:Smoke.act",
-    "scripts.agent.phases.run:_holding", "scripts.agent.phases.run:check",
-    "scripts.agent.teardown.checkpoint:declared", "scripts.agent.teardown.checkpoint:_processes",
-    "scripts.agent.teardown.checkpoint:planned", "scripts.agent.teardown.checkpoint:run",
-    *(f"scripts.agent.teardown.run:{name}" for name in (
-        "wait_gone", "_plan_batch", "_stop_pending", "_early_batch", "_before_early", "execute", "_remove_shm",
-        "_stop_and_watch", "_verdict", "_until_exited", "_watch_window", "unverified", "_declared_stops",
-        "_checkpoint_first")),
-}
 
 
 def _takes_options(fn) -> bool:
@@ -404,8 +391,22 @@ def test_the_options_record_is_taken_only_by_entry_points():
             entry = name in entry_modules and fn.name in ENTRY_NAMES and (qual == fn.name or cls in classes)
             if not entry and _takes_options(fn):
                 found.add(f"{name}:{qual}")
-    assert not found - NOT_YET, "take the values, not the options record:\n  " + "\n  ".join(sorted(found - NOT_YET))
-    assert not NOT_YET - found, f"no longer take the record: strike them from NOT_YET: {sorted(NOT_YET - found)}"
+    assert not found, "take the values, not the options record:\n  " + "\n  ".join(sorted(found))
+
+
+def test_each_entry_point_annotates_the_options_record():
+    """Each subcommand's run takes the record annotated `Options`, so mypy checks every field it
+    reads (a misspelt flag is a type error, not a None at run time)."""
+    from scripts.agent.wire.call import SUBCOMMAND_MODULES
+    unannotated = []
+    for module, cls in sorted(set(SUBCOMMAND_MODULES.values()), key=str):
+        tree = ast.parse((REPO / "scripts" / "agent" / (module.replace(".", "/") + ".py")).read_text())
+        runs = [fn for qual, owner, fn in _functions(tree) if fn.name == "run" and owner == cls
+                and qual == (f"{cls}.run" if cls else "run")]
+        params = [p for fn in runs for p in fn.args.args if p.arg not in ("self", "cls")][:1] if runs else []
+        if not params or params[0].annotation is None or ast.unparse(params[0].annotation) != "Options":
+            unannotated.append(f"{module}:{cls or ''}.run")
+    assert not unannotated, f"annotate the options record as Options: {unannotated}"
 
 
 def test_the_options_check_sees_a_taker():

@@ -1,7 +1,7 @@
 """Agent command line: parse, run one subcommand, print one JSON document.
 
 Each subcommand module exposes `add_arguments(parser)` and `run(opts) -> (exit_code, doc)`,
-`opts` the run's options.Options, made once from argparse's answer (parse).
+`opts` the run's Options (options/record.py), made once from argparse's answer (parse).
 Which subcommands exist, and which take the host's selection flags, is the wire's
 (wire/call.py SUBCOMMANDS, SELECTING): the local side builds the argv from the same table.
 With `--marker NONCE` the document is framed by marker lines (frame.frame); with `--json`
@@ -14,7 +14,8 @@ import json
 import os
 import sys
 
-from . import options
+from .options import flags
+from .options.record import Options, check_patterns, check_values
 from .policy import rules
 from .procs import devices, textsafe
 from .state import frozen, lastrun
@@ -74,12 +75,12 @@ def build_parser(only=None):
             continue
         module = module_for(name)
         p = sub.add_parser(name, help=(module.__doc__ or "").strip().splitlines()[0], formatter_class=HelpFormatter)
-        options.add_shared(p, name)
+        flags.add_shared(p, name)
         module.add_arguments(p)
     return parser
 
 
-def emit(opts, doc):
+def emit(opts: Options, doc):
     text = textsafe.dumps(doc, sort_keys=True)  # valid Unicode: a non-UTF-8 byte is U+EF80+
     if opts.marker:
         out = frame.frame(opts.marker, text)
@@ -137,11 +138,11 @@ def _agent_file(filename):
     return "/".join(parts[at[-1]:]) if at else None
 
 
-def parse(argv=None):
-    """The options of one run (options.Options), from the command line: the one place they are
-    made (tests make theirs here too, or as options.Options(**fields))."""
+def parse(argv=None) -> Options:
+    """The options of one run (options/record.py Options), from the command line: the one place
+    they are made (tests make theirs here too, or as Options(**fields))."""
     words = sys.argv[1:] if argv is None else argv
-    return options.Options.of(build_parser(words[0] if words and words[0] in MODULES else None).parse_args(argv))
+    return Options.of(build_parser(words[0] if words and words[0] in MODULES else None).parse_args(argv))
 
 
 def main(argv=None):
@@ -151,8 +152,8 @@ def main(argv=None):
     rules.trust_own_names(opts.fake_devices)  # the sandbox's stand-ins (rules.py)
     thawed = frozen.recover()  # what a teardown that died left frozen runs again first (state/frozen.py)
     try:
-        options.check_values(opts)
-        options.check_patterns(opts)
+        check_values(opts)
+        check_patterns(opts)
         code, doc = module_for(opts.command).run(opts)
     except (codes.UsageError, devices.DeviceError) as exc:
         code, doc = codes.EXIT_USAGE, {codes.USAGE_ERROR: str(exc)}

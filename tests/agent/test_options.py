@@ -1,7 +1,7 @@
 """The agent's options: one typed record made once from argparse's answer, and nothing parked on it.
 
 Rules protected here:
-- every flag of every subcommand is a field of options.Options (cli.parse makes one for each
+- every flag of every subcommand is a field of record.Options (cli.parse makes one for each
   subcommand), a flag a subcommand lacks reads None (False for a switch), and nothing else can
   be set on it: no module keeps its own state on the options (a Namespace took anything);
 - the settle window not given is the default one, marked as such (settle_auto);
@@ -14,8 +14,9 @@ import io
 
 import pytest
 
-from scripts.agent import cli, options
-from scripts.agent.options import Options
+from scripts.agent import cli
+from scripts.agent.options import record
+from scripts.agent.options.record import Options
 from scripts.agent.wire import call, codes, defaults
 from tests.support.subcommand_args import REQUIRED
 
@@ -68,7 +69,7 @@ def test_progress_lines_only_when_asked_and_not_after_stdout_is_gone(monkeypatch
 
 def test_check_patterns_names_the_bad_one_before_anything_runs():
     with pytest.raises(codes.UsageError, match="--match '.\\*': matches the empty string"):
-        options.check_patterns(cli.parse(["scan", "--match", ".*"]))
+        record.check_patterns(cli.parse(["scan", "--match", ".*"]))
 
 
 @pytest.mark.parametrize("scope", ["", "   "])

@@ -1,6 +1,6 @@
 """The agent's scan, called in-process on a ProcessSet's fake device files and GPU memory: its
 options (nothing protected, nothing targeted unless a test says so) and its holders by pid."""
-from scripts.agent.options import Options
+from scripts.agent.options.record import Options
 
 
 def scan_args(ps, **kw):

@@ -10,6 +10,7 @@ import json
 import socket
 import time
 
+from ..options.record import Options
 from ..state.auditlog import Audit
 from ..wire import codes, defaults, records
 from . import gpuinfo, settings_write
@@ -41,9 +42,9 @@ def wanted(text):
     return want
 
 
-def run(args):
-    want = wanted(args.settings)
-    source, tried = gpuinfo.open_source(getattr(args, "fake_gpus", None), args.devices)
+def run(opts: Options):
+    want = wanted(opts.settings)
+    source, tried = gpuinfo.open_source(opts.fake_gpus, opts.devices)
     try:
         if getattr(source, "settings_nv", None) is None:
             out = {"rows": [], "note": "not set: GPU settings are set through NVML, and this host has none (%s)"
@@ -53,7 +54,7 @@ def run(args):
         rows = settings_write.apply(source, want)
     finally:
         source.close()
-    audit = Audit(args.operator or "gpu-pivot")
+    audit = Audit(opts.operator or "gpu-pivot")
     for row in rows:
         if row["result"] != "already":
             audit.record(dict(row, time=time.strftime(defaults.TIME_FORMAT), host=audit.host,

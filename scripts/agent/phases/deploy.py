@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 
+from ..options.record import Options
 from ..state import lastrun
 from ..wire import codes, frame, records
 
@@ -63,8 +64,8 @@ def rollback(spec):
     return True, restored, "restored"
 
 
-def run(args):
-    spec = frame.decode_spec(args.spec)
-    ok, files, detail = (apply if args.action == "apply" else rollback)(spec)
+def run(opts: Options):
+    spec = frame.decode_spec(opts.spec)
+    ok, files, detail = (apply if opts.action == "apply" else rollback)(spec)
     code = codes.EXIT_OK if ok else codes.EXIT_FAILED
-    return code, records.written(records.DeployResult, code=code, ok=ok, files=files, detail=detail, action=args.action)
+    return code, records.written(records.DeployResult, code=code, ok=ok, files=files, detail=detail, action=opts.action)

@@ -13,6 +13,7 @@ better says `--no-drain`.
 import time
 import urllib.request
 
+from ..options.record import Options
 from ..wire import codes, records
 
 METRICS = ("sglang:num_running_reqs", "vllm:num_requests_running")
@@ -49,8 +50,8 @@ def fetch(url, timeout=FETCH_TIMEOUT_S):
         return resp.read().decode("utf-8", "replace")
 
 
-def run(args):
-    code, doc = _drain(args.url, args.timeout, args.emit_progress)
+def run(opts: Options):
+    code, doc = _drain(opts.url, opts.timeout, opts.emit_progress)
     return code, records.written(records.DrainResult, doc, code=code)
 
 

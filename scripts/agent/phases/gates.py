@@ -9,6 +9,7 @@ import glob
 import json
 import subprocess
 
+from ..options.record import Options
 from ..wire import codes, defaults, frame, records
 
 
@@ -40,8 +41,8 @@ def check_gate(gate, cwd):
     return {"gate": gate, "ok": proc.returncode == 0, "detail": detail}
 
 
-def run(args):
-    spec = frame.decode_spec(args.spec)
+def run(opts: Options):
+    spec = frame.decode_spec(opts.spec)
     results = [check_gate(g, spec.get("dir")) for g in spec.get("gates") or []]
     ok = all(r["ok"] for r in results)
     code = codes.EXIT_OK if ok else codes.EXIT_GATE

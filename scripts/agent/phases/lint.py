@@ -12,6 +12,7 @@ import os
 import socket
 
 from ..holders import scan
+from ..options.record import Options
 from ..teardown import verify
 from ..wire import codes, records
 
@@ -113,11 +114,13 @@ def findings(argv, gpus_visible, gpus_env, free_problems):
     return out
 
 
-def run(args):
-    argv = json.loads(args.argv)
-    doc = scan.collect(args.selection)
-    free, problems = verify.evaluate(doc, args.max_used_mib)
+def run(opts: Options):
+    if opts.argv is None:  # the parser requires it; a record made without it is bad input too
+        raise codes.UsageError("--argv: the launch command is required")
+    argv = json.loads(opts.argv)
+    doc = scan.collect(opts.selection)
+    free, problems = verify.evaluate(doc, opts.max_used_mib)
     visible = len(doc["gpus"]) or len([d for d in doc["devices"] if os.path.basename(d)[6:].isdigit()])
-    found = findings(argv, visible, args.gpus, [] if free else problems)
+    found = findings(argv, visible, opts.gpus, [] if free else problems)
     code = codes.EXIT_OK if not found else codes.EXIT_GATE
     return code, records.written(records.LintResult, {"ok": not found}, code=code, findings=found, gpus_visible=visible)

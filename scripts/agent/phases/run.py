@@ -16,6 +16,7 @@ import subprocess
 import time
 import urllib.request
 
+from ..options.record import Options
 from ..procs import procfs, procscan
 from ..state import lastrun
 from ..state.auditlog import Audit
@@ -96,8 +97,9 @@ def reset_failed(unit):
 
 class SpecCommand:
     """An agent subcommand about one phase: it takes --spec (cli.py adds it, as the wire's
-    SUBCOMMANDS name it), decodes it, and acts on it; its result is written through RESULT,
-    the record the local side reads it as."""
+    SUBCOMMANDS name it), decodes it, and acts on it (`act`, given the spec and the few option
+    values it reads by its run); its result is written through RESULT, the record the local
+    side reads it as."""
 
     RESULT: type = records.Record
 
@@ -105,14 +107,10 @@ class SpecCommand:
     def add_arguments(parser):
         pass
 
-    @staticmethod
-    def act(spec, args):
-        """The subcommand's own work on the decoded spec: returns (exit_code, doc)."""
-        raise NotImplementedError
-
     @classmethod
-    def run(cls, args):
-        code, doc = cls.act(frame.decode_spec(args.spec), args)
+    def answer(cls, code_doc):
+        """(exit_code, the result) of the act's (exit_code, doc)."""
+        code, doc = code_doc
         return code, records.written(cls.RESULT, doc, code=code)
 
 
@@ -121,8 +119,12 @@ class Start(SpecCommand):
 
     RESULT = records.StartResult
 
+    @classmethod
+    def run(cls, opts: Options):
+        return cls.answer(cls.act(frame.decode_spec(opts.spec)))
+
     @staticmethod
-    def act(spec, args):
+    def act(spec):
         name = spec["name"]
         old = load_state(name)
         if _alive_state(old):
@@ -173,9 +175,10 @@ def log_tail(state, lines=LOG_TAIL):
         return []
 
 
-def _holding(state, args):
-    """Does any process of the phase (its unit, or its session) hold a GPU device?"""
-    devset = args.device_set()
+def _holding(state, gpus):
+    """Does any process of the phase (its unit, or its session) hold a GPU device (of `gpus`, the
+    run's GpuSource)?"""
+    devset = gpus.device_set()
     pids, procs = session_pids(state)
     return any(procscan.held_devices(pid, devset, procs[pid]["threads"])[0] for pid in pids)
 
@@ -199,8 +202,8 @@ def prep_report(state):
     return out
 
 
-def check(spec, state, args):
-    """(ready, dead, detail) for one look at the phase."""
+def check(spec, state, gpus):
+    """(ready, dead, detail) for one look at the phase; `gpus`: the run's GpuSource."""
     alive = _alive_state(state)
     if not alive and state.get("unit"):
         return False, True, "unit %s is not running (%s)" % (state["unit"], unit_result(state["unit"]))
@@ -211,7 +214,7 @@ def check(spec, state, args):
         ok, why = http_ok(spec["ready"])
         return ok, False, "%s -> %s" % (spec["ready"], why)
     if spec["ready"] == "holding":
-        ok = _holding(state, args)
+        ok = _holding(state, gpus)
         return ok, False, "holding a GPU" if ok else "alive, not yet holding a GPU"
     return True, False, "alive"
 
@@ -227,35 +230,42 @@ class Ready(SpecCommand):
         parser.add_argument("--intruders", action="store_true",
                             help="name any process outside the phase that holds a GPU meanwhile (a pivot's)")
 
+    @classmethod
+    def run(cls, opts: Options):
+        return cls.answer(cls.act(frame.decode_spec(opts.spec), opts.wait, opts.intruders, opts.selection,
+                                  opts.emit_progress))
+
     @staticmethod
-    def act(spec, args):
+    def act(spec, wait, intruders, sel, progress):
+        """Look until ready, dead or `wait` seconds; with `intruders`, name what of `sel` (the
+        selection: its GPUs too) holds a GPU outside the phase meanwhile."""
         state = load_state(spec["name"])
         if not state:
             return codes.EXIT_FAILED, {"ready": False, "error": "phase %s was never started here" % spec["name"]}
         started = time.monotonic()
         last = -10.0
-        intruders: dict = {}
+        seen: dict = {}
         looked = None
         while True:
-            ready, dead, detail = check(spec, state, args)
+            ready, dead, detail = check(spec, state, sel.gpus)
             waited = time.monotonic() - started
-            if args.intruders and (ready or dead or looked is None or waited - looked >= 1.0):
+            if intruders and (ready or dead or looked is None or waited - looked >= 1.0):
                 looked = waited
                 from .intruders import find  # a pivot's ready only: the scan's modules
 
-                intruders.update(((i["pid"], i["start_time"]), i) for i in find(args.selection, state))
-            if ready or dead or waited >= args.wait:
+                seen.update(((i["pid"], i["start_time"]), i) for i in find(sel, state))
+            if ready or dead or waited >= wait:
                 break
             if waited - last >= 2.0:
                 last = waited
                 tail = log_tail(state, 1)
-                args.emit_progress(phase="ready-wait", elapsed_s=round(waited, 1), detail=detail,
+                progress(phase="ready-wait", elapsed_s=round(waited, 1), detail=detail,
                                    last_log=tail[-1] if tail else "")
             time.sleep(0.25)
         code = codes.EXIT_OK if ready else codes.EXIT_FAILED
         return code, {"ready": ready, "dead": dead, "detail": detail, "waited_s": round(waited, 2),
                                      "log_tail": [] if ready else log_tail(state), "prep": prep_report(state),
-                                     "state": state, "intruders": list(intruders.values())}
+                                     "state": state, "intruders": list(seen.values())}
 
 
 class Stop(SpecCommand):
@@ -267,14 +277,18 @@ class Stop(SpecCommand):
     def add_arguments(parser):
         parser.add_argument("--operator", default=None)
 
+    @classmethod
+    def run(cls, opts: Options):
+        return cls.answer(cls.act(frame.decode_spec(opts.spec), opts.operator, opts.emit_progress))
+
     @staticmethod
-    def act(spec, args):
+    def act(spec, operator, progress):
         stop = checkpoint.of_spec(spec)  # a bad one is bad input: exit 2 before anything
         state = load_state(spec["name"])
         if not state:
             return codes.EXIT_OK, {"stopped": [], "note": "phase %s was never started here" % spec["name"]}
-        audit = Audit(args.operator or "gpu-pivot")
-        stops = checkpoint.run(args, audit, [stop]) if stop else []  # its signal and wait, before TERM
+        audit = Audit(operator or "gpu-pivot")
+        stops = checkpoint.run([stop], audit, progress) if stop else []  # its signal and wait, before TERM
         targets, stopped, failed, notes = [], [], False, []
         leaders = list(state.get("prep", []))
         if state.get("unit"):
@@ -297,10 +311,10 @@ class Stop(SpecCommand):
         tracked = Targets(targets, audit)
         tracked.signal(targets, signal.SIGTERM, "SIGTERM")
         limit = spec.get("stop_timeout", defaults.STOP_TIMEOUT_S)
-        alive = teardown.wait_gone(args, tracked, limit, None, time.monotonic(), "stop")
+        alive = teardown.wait_gone(progress, tracked, limit, None, time.monotonic(), "stop")
         if alive:
             tracked.signal(alive, signal.SIGKILL, "SIGKILL")
-            alive = teardown.wait_gone(args, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
+            alive = teardown.wait_gone(progress, tracked, 5.0, None, time.monotonic(), "stop", among=alive)
         code = codes.EXIT_OK if not alive and not failed else codes.EXIT_FAILED
         return code, {"stopped": stopped + [t["pid"] for t in targets], "left": [t["pid"] for t in alive],
                       "actions": audit.records, "note": "; ".join(notes) or None, "checkpoint_stops": stops}
@@ -316,17 +330,21 @@ class Logs(SpecCommand):
         parser.add_argument("--lines", type=int, default=50)
         parser.add_argument("--follow", action="store_true")
 
+    @classmethod
+    def run(cls, opts: Options):
+        return cls.answer(cls.act(frame.decode_spec(opts.spec), opts.lines, opts.follow))
+
     @staticmethod
-    def act(spec, args):
+    def act(spec, lines, follow):
         state = load_state(spec["name"])
         if not state:
             return codes.EXIT_FAILED, {"error": "phase %s was never started here" % spec["name"]}
-        if not args.follow:
+        if not follow:
             where = state.get("unit") or state.get("log")
-            return codes.EXIT_OK, {"lines": log_tail(state, args.lines), "where": where}
+            return codes.EXIT_OK, {"lines": log_tail(state, lines), "where": where}
         if state.get("unit"):
-            os.execvp("journalctl", ["journalctl", "-u", state["unit"], "-n", str(args.lines), "-f", "-o", "cat"])
-        os.execvp("tail", ["tail", "-n", str(args.lines), "-F", state["log"]])
+            os.execvp("journalctl", ["journalctl", "-u", state["unit"], "-n", str(lines), "-f", "-o", "cat"])
+        os.execvp("tail", ["tail", "-n", str(lines), "-F", state["log"]])
         return codes.EXIT_OK, {}  # not reached
 
 
@@ -335,8 +353,12 @@ class Smoke(SpecCommand):
 
     RESULT = records.SmokeResult
 
+    @classmethod
+    def run(cls, opts: Options):
+        return cls.answer(cls.act(frame.decode_spec(opts.spec)))
+
     @staticmethod
-    def act(spec, args):
+    def act(spec):
         body = (spec.get("smoke_body") or "").encode() or None
         req = urllib.request.Request(spec["smoke_url"], data=body, method="POST" if body else "GET",
                                      headers={"Content-Type": "application/json"})

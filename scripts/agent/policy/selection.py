@@ -2,7 +2,7 @@
 are read and when one counts as free.
 
 Why a record of its own: the scan, the plan, the early batch, the settle window and the MPS
-quit read these fields whichever subcommand runs them. The options record (options.py) stays
+quit read these fields whichever subcommand runs them. The options record (options/record.py) stays
 with the entry points, which make this once (Options.selection) and hand it down; frozen, so
 nothing below can park state on it, and typed, so mypy checks each field read.
 """

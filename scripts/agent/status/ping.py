@@ -6,6 +6,7 @@ import shutil
 import socket
 import sys
 
+from ..options.record import Options
 from ..wire import codes, records
 
 
@@ -13,7 +14,7 @@ def add_arguments(parser):
     pass
 
 
-def run(args):
+def run(opts: Options):
     from ..gpu import nvml as nvml_door  # import only: initialising NVML is scan's job, not ping's
 
     nvml, nvml_why = nvml_door.available()
@@ -31,7 +32,7 @@ def run(args):
         "nvidia_smi": shutil.which("nvidia-smi"),
         "fuser": shutil.which("fuser"),
         "pidfd": hasattr(os, "pidfd_open"),
-        "devices_glob": args.devices,
-        "devices": sorted(glob.glob(args.devices)),
+        "devices_glob": opts.devices,
+        "devices": sorted(glob.glob(opts.devices)),
     }
     return codes.EXIT_OK, records.written(records.PingResult, doc, code=codes.EXIT_OK)

@@ -6,6 +6,7 @@ among them would be unseen, so nothing may be called free.
 """
 from ..gpu import checkup, gpuinfo
 from ..holders.scan import collect
+from ..options.record import Options
 from ..state import lastrun, lockpeek
 from ..wire import codes, records
 
@@ -14,9 +15,9 @@ def add_arguments(parser):
     pass  # the selection flags only (cli.py adds them)
 
 
-def run(args):
-    with gpuinfo.reader(args.gpu_source) as (source, tried):  # kept open for the health pass (checkup.py)
-        full = collect(args.selection, source)
+def run(opts: Options):
+    with gpuinfo.reader(opts.gpu_source) as (source, tried):  # kept open for the health pass (checkup.py)
+        full = collect(opts.selection, source)
         full["gpu_source_tried"] = tried or full["gpu_source_tried"]
         checkup.annotate(full, source, since_us=checkup.last_teardown_since_us())
         checkup.annotate_settings(full, source)

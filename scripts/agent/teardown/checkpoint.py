@@ -29,9 +29,10 @@ IDLE_RUN_S = 30.0  # the longest one run of the idle condition may take
 REALTIME_COARSE = 5  # CLOCK_REALTIME_COARSE: the clock a file's mtime is read from
 
 
-def declared(args):
-    """The stops the call declares, each checked: one line naming a bad value (UsageError)."""
-    return [_checked(text) for text in getattr(args, "checkpoint_stop", None) or []]
+def declared(texts):
+    """The stops the call declares (--checkpoint-stop's texts), each checked: one line naming a
+    bad value (UsageError)."""
+    return [_checked(text) for text in texts or []]
 
 
 def of_spec(spec):
@@ -85,9 +86,10 @@ def waits_for(stop):
     return " or ".join(parts)
 
 
-def _processes(stop, args):
-    """The running phase's own processes that this call may signal: in scope (--scope,
-    --scope-uid narrow them as every target) and, after a plan was approved, in it."""
+def _processes(stop, sel=None, approved=None):
+    """The running phase's own processes that this call may signal: in scope (the selection's
+    --scope, --scope-uid narrow them as every target) and, after a plan was approved (`approved`:
+    its (pid, start time) pairs), in it."""
     state = phasestate.load_state(stop["phase"])
     if not state:
         return None
@@ -95,25 +97,18 @@ def _processes(stop, args):
     if stop.get("to", "top") == "top":  # what the launch command started: a process whose parent is not the job's
         own = {p["pid"] for p in procs}
         procs = [p for p in procs if (procfs.read_stat(p["pid"]) or {}).get("ppid") not in own]
-    scope, scope_uid = getattr(args, "scope", None), getattr(args, "scope_uid", None)
-    approved = _approved(getattr(args, "approved", None))
+    scope, scope_uid = (sel.scope, sel.scope_uid) if sel is not None else (None, None)
     return [p for p in procs if (scope is None or scope in p["cmdline"])
             and (scope_uid is None or (procfs.uids(p["pid"]) or [None])[0] == scope_uid)
             and (approved is None or (p["pid"], p["start_time"]) in approved)]
 
 
-def _approved(text):
-    if text is None:
-        return None
-    return {tuple(int(x) for x in item.split(":")) for item in text.split(",")
-            if ":" in item and item.replace(":", "").isdigit()}
-
-
-def planned(args):
-    """The plan's rows: each declared stop whose phase runs here, with the pids it signals."""
+def planned(texts, sel):
+    """The plan's rows: each stop declared (--checkpoint-stop's texts) whose phase runs here and
+    has processes in the selection's scope, with the pids it signals."""
     out = []
-    for stop in declared(args):
-        procs = _processes(stop, args)
+    for stop in declared(texts):
+        procs = _processes(stop, sel)
         if procs:
             out.append(dict(stop, pids=[p["pid"] for p in procs], waits_for=waits_for(stop)))
     return out
@@ -196,12 +191,13 @@ class Waiter:
         return True
 
 
-def run(args, audit, stops=None):
-    """Each declared stop whose phase runs: its signal, then the waits side by side, each to
-    its own deadline. Returns the outcomes (records: rows.CheckpointStop)."""
+def run(stops, audit, progress, sel=None, approved=None):
+    """Each stop (declared, checked) whose phase runs: its signal, then the waits side by side,
+    each to its own deadline; `progress`: Options.emit_progress; `sel`, `approved`: as
+    _processes. Returns the outcomes (records: rows.CheckpointStop)."""
     waiters = []
-    for stop in declared(args) if stops is None else stops:
-        procs = _processes(stop, args)
+    for stop in stops:
+        procs = _processes(stop, sel, approved)
         if procs:
             waiters.append(Waiter(stop, procs, audit))
     started, last = time.monotonic(), 0.0
@@ -211,9 +207,8 @@ def run(args, audit, stops=None):
         now = time.monotonic()
         if pending and now - last >= 0.5:
             last = now
-            args.emit_progress(phase="checkpoint", elapsed_s=round(now - started, 2),
-                               problems=[w.note for w in pending if w.note],
-                               waiting=[w.stop["phase"] for w in pending])
+            progress(phase="checkpoint", elapsed_s=round(now - started, 2),
+                     problems=[w.note for w in pending if w.note], waiting=[w.stop["phase"] for w in pending])
         if pending:
             time.sleep(POLL_S)
     return [w.result for w in waiters]

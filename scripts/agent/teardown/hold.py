@@ -14,6 +14,7 @@ import signal
 import sys
 import time
 
+from ..options.record import Options
 from ..procs import procfs, procscan
 from ..wire import codes, records
 from . import hostlock
@@ -91,20 +92,20 @@ def _result(code, more=(), **fields):
     return code, records.written(records.ReleaseResult, more, code=code, **fields)
 
 
-def run(args):
-    check_token(args.token, "--token")
+def run(opts: Options):
+    check_token(opts.token, "--token")
     try:
         fd = hostlock.open_lock()
     except OSError as exc:  # StateDirError too: a link, not ours, not private; nothing is signalled
         return _result(codes.EXIT_UNREACHABLE, released=False, error=str(exc))
     try:
         if hostlock.try_flock(fd):  # nobody holds it: the holder ended (deadline, killed) already
-            if (hostlock.read_text(fd) or {}).get("token") == args.token:
+            if (hostlock.read_text(fd) or {}).get("token") == opts.token:
                 hostlock.write_text(fd, None)
             return _result(codes.EXIT_OK, released=False, held=False,
                            note="the lock was not held: its holder had ended")
         holder = hostlock.read_text(fd) or {}
-        if holder.get("token") != args.token:
+        if holder.get("token") != opts.token:
             return _result(codes.EXIT_LOCKED, {"holder": holder}, released=False, held=True,
                            error=str(hostlock.Locked(holder)))
         if _holder_alive(holder):

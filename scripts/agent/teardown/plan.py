@@ -13,6 +13,7 @@ The whole account: docs/design-notes.md (scripts/agent/teardown/plan.py)."""
 import os
 
 from ..holders import scan
+from ..options.record import Options
 from ..policy import managers, program, relation, rules, wrappers
 from ..procs import cgroup, procfs, procscan
 from ..wire import codes, records
@@ -668,11 +669,12 @@ def _name_container(row, names):
             row["via"] = "docker stop %s" % container_label(row["container"])
 
 
-def run(args):
+def run(opts: Options):
     from . import checkpoint  # only here and in a teardown that declares a stop
 
-    stops = checkpoint.planned(args)  # a bad stop is bad input: exit 2 before the scan
-    doc = scan.collect(args.selection)
-    built = build(doc, args.selection)
+    sel = opts.selection
+    stops = checkpoint.planned(opts.checkpoint_stop, sel)  # a bad stop is bad input: exit 2 before the scan
+    doc = scan.collect(sel)
+    built = build(doc, sel)
     built["checkpoint_stops"] = stops
     return codes.EXIT_OK, records.written(records.PlanResult, scan.public(doc), code=codes.EXIT_OK, plan=built)

@@ -16,6 +16,7 @@ import subprocess
 
 from ..gpu import checkup, gpuinfo, health, mig, xid
 from ..holders import scan
+from ..options.record import Options
 from ..policy import rules
 from ..wire import codes, defaults, records
 from . import quiesce
@@ -154,8 +155,8 @@ def _nvlink_check(nv, handles, index, doc):
     return _check("nothing on NVLink peers", not busy, detail)
 
 
-def run(args):
-    code, out = _reset(args.selection, args.gpu, args.quiesce, args.yes)
+def run(opts: Options):
+    code, out = _reset(opts.selection, opts.gpu, opts.quiesce, opts.yes)
     return code, records.written(records.ResetResult, out, code=code)
 
 

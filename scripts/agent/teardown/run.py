@@ -11,6 +11,8 @@ waited out; its exit itself is then waited for on the pidfds (no signal speeds i
 needs it), and the settle window's NVML read and holder scan say when the GPUs are free.
 
 The whole account: docs/design-notes.md (scripts/agent/teardown/run.py)."""
+from __future__ import annotations
+
 import importlib.util
 import os
 import signal
@@ -19,6 +21,7 @@ import time
 
 from ..gpu import gpuinfo
 from ..holders import scan
+from ..options.record import Options
 from ..procs import procfs
 from ..state import lastrun
 from ..state.auditlog import Audit
@@ -26,6 +29,12 @@ from ..wire import codes, defaults, records
 from . import early, forkwatch, hold, hostlock, plan, shm, units
 from .freeze import Freezer
 from .targets import Targets
+
+TYPE_CHECKING = False  # typing costs the agent ~3 ms a start: mypy reads this block by its name
+if TYPE_CHECKING:
+    from typing import Callable
+
+    from ..policy.selection import Selection
 
 SETTLE_S = defaults.SETTLE_S
 PROGRESS_EVERY_S = 0.5
@@ -37,6 +46,36 @@ LATER = ("..gpu.checkup", ".settle", ".verify")
 
 class AgentIncomplete(Exception):
     """A module of the agent is missing (a broken bundle): nothing may be signalled."""
+
+
+class Settings:
+    """What the teardown's steps read of its flags, made once in run(opts): the selection (its
+    GPU source, protect list, scope and threshold with it), the approved plan (parsed), the
+    waits, the MPS and shared-memory choices, the settle window's flags and the progress line.
+    Frozen and typed, so a step's reads show and mypy checks them."""
+
+    __slots__ = ("selection", "fake_gpus", "approved", "grace", "timeout", "mps", "keep_shm", "settle", "settle_auto",
+                 "progress")
+
+    selection: Selection
+    fake_gpus: str | None  # the sandbox's fake GPU memory: read before the signals, it costs nothing
+    approved: set | None  # parse_approved: None when every planned target may be signalled
+    grace: float
+    timeout: float
+    mps: str | None
+    keep_shm: bool
+    settle: float
+    settle_auto: bool
+    progress: Callable[..., None]  # Options.emit_progress: one progress line when asked for
+
+    def __init__(self, **values):
+        for name in self.__slots__:
+            object.__setattr__(self, name, values.pop(name))
+        if values:
+            raise TypeError("Settings has no field %s" % ", ".join(sorted(values)))
+
+    def __setattr__(self, name, value):
+        raise AttributeError("Settings is frozen: %s" % name)
 
 
 def add_arguments(parser):
@@ -172,7 +211,7 @@ def _finish_units(running, audit, targets_by_pid, wait_s=0.0, targets=None):
             targets.signal(left, signal.SIGTERM, "SIGTERM")
 
 
-def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wake=None, until_gone=False):
+def wait_gone(progress, targets, limit_s, source, started, phase, among=None, on_wake=None, until_gone=False):
     """Wait until no target runs its own code any more (each has exited or every thread of it
     is in its exit: procfs.exiting; `until_gone`: until each has exited) or limit_s passes,
     waking on each exit (pidfd), each fork (connector socket), and - unless `until_gone` - to
@@ -180,10 +219,10 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
     first, backing off to 50 ms while they live on (a server's own SIGTERM handling). A
     process in its exit is left to finish: it needs no SIGKILL. Adopts and
     signals what targets fork meanwhile (without the connector: a /proc walk every
-    PROC_WALK_EVERY_S, and always before saying none is left); progress lines every half
-    second; `on_wake(alive)` each time it wakes (manager stops that ended); with `until_gone` it
-    is also asked every 2 ms, backing off to 50 ms, and a true answer ends the wait (exits that
-    no longer matter: _released). Returns those still running."""
+    PROC_WALK_EVERY_S, and always before saying none is left); `progress` (Options.emit_progress)
+    lines every half second; `on_wake(alive)` each time it wakes (manager stops that ended); with
+    `until_gone` it is also asked every 2 ms, backing off to 50 ms, and a true answer ends the
+    wait (exits that no longer matter: _released). Returns those still running."""
     t0 = last = time.monotonic()
     watch_fd = targets.watch.fileno() if targets.watch is not None else None
     next_walk = t0 + PROC_WALK_EVERY_S
@@ -200,8 +239,8 @@ def wait_gone(args, targets, limit_s, source, started, phase, among=None, on_wak
             break
         if now - last >= PROGRESS_EVERY_S:
             last = now
-            args.emit_progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
-                               mib_left=_mib_left(source))
+            progress(phase=phase, elapsed_s=round(now - started, 2), alive=[t["pid"] for t in alive],
+                     mib_left=_mib_left(source))
         wake = min(t0 + limit_s, last + PROGRESS_EVERY_S,
                    t0 + limit_s if until_gone and on_wake is None else now + look_again,
                    next_walk if watch_fd is None else t0 + limit_s)  # an exit itself wakes the pidfds
@@ -263,14 +302,15 @@ def _begin_watch(watch, planned, procs):
     return watch
 
 
-def _plan_batch(args, source, targets, batch, watch, timings, started, got, freezer):
+def _plan_batch(settings, source, targets, batch, watch, timings, started, got, freezer):
     """The scan (its early batch sent from inside it), the plan, the fork watch's roots, and the
     plan's batch (_send_plan). Returns (doc, plan, planned, unapproved, {pid: target}, stops);
     `got["plan"]` is the plan as soon as it is built, for a caller whose later step failed."""
-    doc = scan.collect(args.selection, source if args.fake_gpus else gpuinfo.NoSource(), early=batch)
-    query = plan.pending_query(args.selection)  # after the early signals; its commands never hold the plan's batch
-    the_plan = got["plan"] = early.merge(plan.build(doc, args.selection, with_pending=False, pipes=batch.pipes,
-                                                          keep_shm=args.keep_shm), batch.rows)
+    sel = settings.selection
+    doc = scan.collect(sel, source if settings.fake_gpus else gpuinfo.NoSource(), early=batch)
+    query = plan.pending_query(sel)  # after the early signals; its commands never hold the plan's batch
+    the_plan = got["plan"] = early.merge(plan.build(doc, sel, with_pending=False, pipes=batch.pipes,
+                                                    keep_shm=settings.keep_shm), batch.rows)
     approved = batch.approved  # the operator's --approved (None: all of the plan)
     planned = [t for t in the_plan["targets"] if approved is None or (t["pid"], t["start_time"]) in approved]
     unapproved = [t for t in the_plan["targets"] if t not in planned]
@@ -291,16 +331,16 @@ def _plan_batch(args, source, targets, batch, watch, timings, started, got, free
     targets.watch = _begin_watch(watch, planned, doc.procs)
     freezer.settle_plan([s for s in the_plan["starters"] if s["fate"] in ("stop", "freeze")])  # before any SIGTERM
     by_pid, stops = _send_plan(targets, the_plan, planned, targets.audit, timings, started)
-    stops += _stop_pending(the_plan, query, args, approved, targets.audit)
+    stops += _stop_pending(the_plan, query, sel, approved, targets.audit)
     return doc, the_plan, planned, unapproved, by_pid, stops
 
 
-def _stop_pending(the_plan, query, args, approved, audit):
+def _stop_pending(the_plan, query, sel, approved, audit):
     """The restarts a manager has scheduled with no process yet (pending.py), once the query
     answers (after the plan's batch went out: a hung systemctl delays no signal): each added to
     the plan and stopped through its manager; with --approved named instead (exit 11), as no
     process the operator approved."""
-    added = plan.add_pending(the_plan, query.get(), args.selection)
+    added = plan.add_pending(the_plan, query.get(), sel)
     if approved is not None:  # only those the operator saw in the plan (unit=NAME, container=ID)
         ok = {key: [u for u in added[key] if (key[:-1], u.get("unit") or u.get("id")) in approved]
               for key in ("units", "containers")}
@@ -325,25 +365,26 @@ def _send_plan(targets, the_plan, planned, audit, timings, started):
     return by_pid, stops
 
 
-def _early_batch(args, approved, audit, timings, started, source, freezer):
+def _early_batch(settings, audit, timings, started, source, freezer):
     """(Targets, early.Batch): the targets as yet none, and the scan's callback that adds and
     signals the early batch (agent/teardown/early.py). Only processes started after now are adopted
     (now, not this process's start: a respawn is what starts once the teardown has begun)."""
     since = procfs.ticks_now()
-    targets = Targets([], audit, None, chain=early.own_chain(), protect=args.protect, since_ticks=since,
-                      scope_uid=args.scope_uid)
+    sel = settings.selection
+    targets = Targets([], audit, None, chain=early.own_chain(), protect=sel.protect, since_ticks=since,
+                      scope_uid=sel.scope_uid)
     held: dict = {"shm": ([], [])}  # what the early batch's targets hold in /dev/shm, read before their signal
-    sel = args.selection
-    return targets, early.Batch(sel, approved, lambda rows: _send_early(targets, rows, timings, started, source,
-                                                                         lambda: _before_early(args, held, freezer,
-                                                                                               rows, approved))), held
+    def send(rows):
+        _send_early(targets, rows, timings, started, source, lambda: _before_early(settings, held, freezer, rows))
+
+    return targets, early.Batch(sel, settings.approved, send), held
 
 
-def _before_early(args, held, freezer, rows, approved):
+def _before_early(settings, held, freezer, rows):
     """Before the early batch's signal: freeze what could start them again (freeze.py), and
     read what they hold in /dev/shm (shm.py: nothing says it once they are gone)."""
-    freezer.freeze(early.starters(rows, args.selection, approved))
-    if not args.keep_shm:
+    freezer.freeze(early.starters(rows, settings.selection, settings.approved))
+    if not settings.keep_shm:
         held["shm"] = shm.gather(rows)
 
 
@@ -392,7 +433,7 @@ def _age_s():
         return None
 
 
-def execute(args, operator, started, source):
+def execute(settings, operator, started, source):
     """Lock held. `started`: when this agent began the teardown (monotonic); `source`: a
     gpuinfo.Opening. The plan needs no GPU source: every CUDA process holds and maps the
     device files, which the /proc scan finds by identity; NVML (0.1 s to import and init)
@@ -410,20 +451,21 @@ def execute(args, operator, started, source):
         if missing:  # an incomplete agent must fail here, before any signal, not after them
             raise AgentIncomplete("the agent lacks module(s) %s (a broken bundle)"
                                   % ", ".join(m.lstrip(".").replace(".", "/") for m in missing))
-        approved, audit = parse_approved(args.approved), Audit(operator)
+        audit = Audit(operator)
         # every fork from here on is queued for the watch: the early batch's too
         freezer, watch = Freezer(audit), _subscribe_watch()
-        targets, batch, held = _early_batch(args, approved, audit, timings, started, source, freezer)
+        targets, batch, held = _early_batch(settings, audit, timings, started, source, freezer)
         got: dict = {}  # what _plan_batch has made so far (the plan, once built)
         try:
-            doc, the_plan, planned, unapproved, by_pid, stops = _plan_batch(args, source, targets, batch, watch,
+            doc, the_plan, planned, unapproved, by_pid, stops = _plan_batch(settings, source, targets, batch, watch,
                                                                             timings, started, got, freezer)
         except Exception as exc:
             if not batch.rows and not targets.term_at:
                 raise  # nothing was signalled: the error is the answer, as before any signal
             # signals went out (the early batch, maybe more): see them through and record them
-            record.update(plan=got.get("plan") or early.as_plan(batch.rows, args.selection), before=[], unapproved=[])
-            return unverified(args, targets, started, record, recorder, audit, timings, {}, exc)
+            record.update(plan=got.get("plan") or early.as_plan(batch.rows, settings.selection), before=[],
+                          unapproved=[])
+            return unverified(settings, targets, started, record, recorder, audit, timings, {}, exc)
         watch = targets.watch
         recorder.errors.extend([batch.error] if batch.error else [])
         source.start()  # started already when an early batch went out
@@ -435,9 +477,9 @@ def execute(args, operator, started, source):
             from . import settle, verify
         except Exception as exc:  # present (checked before the signals) but not loadable here: see unverified()
             record.update(plan=the_plan, before=doc["gpus"], unapproved=unapproved)
-            return unverified(args, targets, started, record, recorder, audit, timings, doc, exc)
+            return unverified(settings, targets, started, record, recorder, audit, timings, doc, exc)
 
-        before_gpus = doc["gpus"] if args.fake_gpus else _read_gpus(source)
+        before_gpus = doc["gpus"] if settings.fake_gpus else _read_gpus(source)
         timings["before_read_s"] = _since(started)
         doc["gpu_source_tried"] = source.tried
         health_start = checkup.teardown_start(source)  # Xids from here on count (checkup.py)
@@ -445,14 +487,14 @@ def execute(args, operator, started, source):
         record.update(plan=the_plan, before=before_gpus, unapproved=unapproved,
                       concurrent_teardowns=hostlock.concurrent_teardowns(doc.procs))
         recorder.save(record)
-        args.emit_progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
-                           alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
-        unended, mps_quit, result = _stop_and_watch(args, targets, source, started, timings, (stops, audit, by_pid),
+        settings.progress(phase="sigterm", elapsed_s=round(time.monotonic() - started, 2),
+                          alive=[t["pid"] for t in planned], mib_left=_mib_left(source))
+        unended, mps_quit, result = _stop_and_watch(settings, targets, source, started, timings, (stops, audit, by_pid),
                                                     freezer, (doc, the_plan, planned), (settle, checkup))
         after, free, problems = result["doc"], result["free"], result["problems"]
         aside = {(e["pid"], e["start_time"]) for e in result["exiting_without_gpu"]}  # exiting, no GPU: not stuck
         alive = [t for t in targets.alive() if (t["pid"], t["start_time"]) not in aside]
-        code, starters, problems = _verdict(result, unended, after, args, verify, freezer,
+        code, starters, problems = _verdict(result, unended, after, settings.selection.max_used_mib, verify, freezer,
                                             the_plan.get("pending_left", []))
         if targets.failed:
             code = codes.EXIT_NOT_FREE
@@ -467,7 +509,7 @@ def execute(args, operator, started, source):
                       signal_failures=targets.failed, adopted=targets.added, appeared=result["appeared"],
                       ignored=result["ignored"], settle_ended=result["settle_ended"],
                       free_at_s=result["free_at_s"], settled_at_s=result["settled_at_s"], settle_s=result["window_s"],
-                      shm_removed=_remove_shm(args, code, the_plan, held["shm"], targets, audit),
+                      shm_removed=_remove_shm(settings, code, the_plan, held["shm"], targets, audit),
                       concurrent_teardowns=_merge(record["concurrent_teardowns"],
                                                   hostlock.concurrent_teardowns(after.procs)))
         ended = scan.public(after)  # the scan's document as it ended, before the health pass adds to it
@@ -491,10 +533,10 @@ def execute(args, operator, started, source):
             watch.close()
 
 
-def _remove_shm(args, code, the_plan, early_held, targets, audit):
+def _remove_shm(settings, code, the_plan, early_held, targets, audit):
     """FREED: the shared memory the targets left (shm.py), the early batch's and the plan's,
     removed and logged; [] with --keep-shm or another verdict (a live target may still use it)."""
-    if args.keep_shm or code != codes.EXIT_OK:
+    if settings.keep_shm or code != codes.EXIT_OK:
         return []
     stopped = {(t["pid"], t["start_time"]) for t in targets.items + targets.added}  # signalled: not unapproved ones
     files = [r for r in shm.merge(early_held[0], the_plan.get("shm", []))
@@ -504,29 +546,29 @@ def _remove_shm(args, code, the_plan, early_held, targets, audit):
     return shm.remove(files, owners, audit)  # segments: read again now (their last user is the target's exit)
 
 
-def _stop_and_watch(args, targets, source, started, timings, units_stop, freezer, planned_doc, modules):
+def _stop_and_watch(settings, targets, source, started, timings, units_stop, freezer, planned_doc, modules):
     """From the first SIGTERM to the verdict's window: the grace, SIGKILL, the exits; then the
     job's own starters (frozen since before the first SIGTERM) ended, MPS, and the settle
     window. Returns (starters that outlived their end, MPS quits, the window's result)."""
     stops, audit, by_pid = units_stop
     doc, the_plan, planned = planned_doc
     settle, checkup = modules
-    exit_wait = _until_exited(args, targets, source, started, timings,
+    exit_wait = _until_exited(settings, targets, source, started, timings,
                               on_wake=lambda _alive: _finish_units(stops, audit, by_pid, targets=targets),
                               units_done=lambda alive: _finish_units(stops, audit, by_pid,
                                                                      wait_s=1.0 if not alive else 0.0))
-    unended = freezer.end([s for s in the_plan["starters"] if s["fate"] == "stop"], args.grace)
+    unended = freezer.end([s for s in the_plan["starters"] if s["fate"] == "stop"], settings.grace)
     freezer.interrupt([s for s in the_plan["starters"] if s.get("foreground")], targets.since_ticks)
     # clients gone: the MPS daemon next
-    mps_quit = (checkup.mps_quit(args.selection, audit, source,
-                                 rescan=lambda: scan.collect(args.selection, source))
-                if args.mps == "quit" else [])
-    result = _watch_window(args, source, targets, started, doc, the_plan, planned, settle,
-                           timeout_s=max(0.0, args.timeout - (time.monotonic() - exit_wait)))
+    mps_quit = (checkup.mps_quit(settings.selection, audit, source,
+                                 rescan=lambda: scan.collect(settings.selection, source))
+                if settings.mps == "quit" else [])
+    result = _watch_window(settings, source, targets, started, doc, the_plan, planned, settle,
+                           timeout_s=max(0.0, settings.timeout - (time.monotonic() - exit_wait)))
     return unended, mps_quit, result
 
 
-def _verdict(result, unended, after, args, verify, freezer, pending_left=()):
+def _verdict(result, unended, after, max_used_mib, verify, freezer, pending_left=()):
     """Thaw what is still frozen (it runs again as it was, and is named), then (code, live
     starters, problem lines) of the window's result: FREED (0) only when no
     related starter lives, the middle verdict (11) when the GPUs are free but one does (each
@@ -537,7 +579,7 @@ def _verdict(result, unended, after, args, verify, freezer, pending_left=()):
         dict(u, why="is one of the job's own launchers and outlived SIGKILL", include="look at its state (D: stuck)")
         for u in unended if not any(s["pid"] == u["pid"] for s in result["starters_alive"])]
     if not result["free"]:
-        return verify.exit_code(after, False, args.max_used_mib), starters, problems
+        return verify.exit_code(after, False, max_used_mib), starters, problems
     problems = problems + ["%s %s: %s; not in the approved plan, so not stopped: %s" % (
         "unit" if "unit" in p else "container", p.get("unit") or p.get("name"), p["pending"],
         " ".join(units.stop_argv(p))) for p in pending_left]
@@ -547,25 +589,26 @@ def _verdict(result, unended, after, args, verify, freezer, pending_left=()):
         "pid %d (%s) %s; stop it: %s" % (r["pid"], r["cmdline"][:80], r["why"], r["include"]) for r in starters]
 
 
-def _until_exited(args, targets, source, started, timings, on_wake, units_done):
+def _until_exited(settings, targets, source, started, timings, on_wake, units_done):
     """The grace, SIGKILL for what outlives it, then the exit itself, on the pidfds: no signal
     speeds it, and free needs it (NVML lists a process until its exit has ended; a process
     stuck in its exit may still hold a GPU open with its fds no longer visible). A target that
     runs after all (one procfs.exiting could not see for what it is) gets SIGKILL here once its
     grace is over. Returns when the exit wait began (the window's --timeout counts from it)."""
-    alive = wait_gone(args, targets, args.grace, source, started, "grace", on_wake=on_wake)
+    progress = settings.progress
+    alive = wait_gone(progress, targets, settings.grace, source, started, "grace", on_wake=on_wake)
     units_done(alive)
     if alive:
         targets.signal(alive, signal.SIGKILL, "SIGKILL")
-        alive = wait_gone(args, targets, min(5.0, args.timeout), source, started, "sigkill", among=alive)
+        alive = wait_gone(progress, targets, min(5.0, settings.timeout), source, started, "sigkill", among=alive)
     timings["targets_exiting_s"] = None if alive else _since(started)
     exit_wait = time.monotonic()
     if not alive:
         def exit_wake(left):
-            targets.escalate(args.grace, among=targets.items)
-            return _released(source, left, args.max_used_mib)
+            targets.escalate(settings.grace, among=targets.items)
+            return _released(source, left, settings.selection.max_used_mib)
 
-        wait_gone(args, targets, args.timeout, source, started, "exit", until_gone=True, on_wake=exit_wake)
+        wait_gone(progress, targets, settings.timeout, source, started, "exit", until_gone=True, on_wake=exit_wake)
     timings["targets_gone_s"] = None if targets.alive(targets.items + targets.added) else _since(started)
     return exit_wait
 
@@ -582,16 +625,16 @@ def _released(source, left, max_used_mib):
     return all(procfs.exiting(t["pid"], t["start_time"]) for t in left)
 
 
-def _watch_window(args, source, targets, started, doc, the_plan, planned, settle, timeout_s):
+def _watch_window(settings, source, targets, started, doc, the_plan, planned, settle, timeout_s):
     """The settle window (settle.watch), with the progress lines an operator sees: FREED at the
     moment the GPUs read free, then what is still waited on. `settle`: the module, imported by
     the caller only after the signals."""
     def on_free(free_at_s, window_s):
-        args.emit_progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=window_s, mib_left=0)
+        settings.progress(phase="free", elapsed_s=free_at_s, free_at_s=free_at_s, settle_s=window_s, mib_left=0)
 
     def on_poll(d, problems):
-        args.emit_progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=problems[:5],
-                           mib_left=gpuinfo.total_used_mib(d["gpus"]))
+        settings.progress(phase="verify", elapsed_s=round(time.monotonic() - started, 2), problems=problems[:5],
+                          mib_left=gpuinfo.total_used_mib(d["gpus"]))
 
     # the targets that exited before the plan was made (plan's `gone`) are not signalled, but
     # what started them may start them again: their ancestry is watched as the others'
@@ -600,20 +643,20 @@ def _watch_window(args, source, targets, started, doc, the_plan, planned, settle
                              starters=the_plan["starters"], patterns=the_plan["patterns"],
                              stops=the_plan.get("managers", []), unseen=the_plan.get("unseen", []))
     before = {(h["pid"], h["start_time"]) for h in doc["holders"]}
-    window = settle.Window(args.settle, args.settle_auto, args.grace, timeout_s)
-    return settle.watch(args.selection, window, source, targets, started, before, on_poll=on_poll, on_free=on_free,
+    window = settle.Window(settings.settle, settings.settle_auto, settings.grace, timeout_s)
+    return settle.watch(settings.selection, window, source, targets, started, before, on_poll=on_poll, on_free=on_free,
                         lineage=lineage)
 
 
-def unverified(args, targets, started, record, recorder, audit, timings, doc, exc):
+def unverified(settings, targets, started, record, recorder, audit, timings, doc, exc):
     """The signals went out but what follows them could not be loaded (a syntax this host's
     Python lacks, no memory): still see the targets through (grace, SIGKILL for what outlives
     it), then record and answer "not verified" (exit 3) instead of dying with the targets
     half-signalled and no record."""
-    alive = wait_gone(args, targets, args.grace, None, started, "grace")
+    alive = wait_gone(settings.progress, targets, settings.grace, None, started, "grace")
     if alive:
         targets.signal(alive, signal.SIGKILL, "SIGKILL")
-        alive = wait_gone(args, targets, min(5.0, args.timeout), None, started, "sigkill", among=alive)
+        alive = wait_gone(settings.progress, targets, min(5.0, settings.timeout), None, started, "sigkill", among=alive)
     timings["targets_exiting_s"] = None if alive else _since(started)
     error = "the agent could not load what checks the GPUs after the signals (%s: %s)" % (type(exc).__name__, exc)
     record.update(state="finished", verdict="not verified", still_alive=[t["pid"] for t in alive], timings=timings,
@@ -656,23 +699,23 @@ def _not_started(exc):
                                                    hostname=socket.gethostname())
 
 
-def _declared_stops(args):
-    """The running phases' checkpoint stops the call declares (checkpoint.py), checked; [] and
-    nothing imported without one."""
-    if not args.checkpoint_stop:
+def _declared_stops(texts):
+    """The running phases' checkpoint stops the call declares (--checkpoint-stop: checkpoint.py),
+    checked; [] and nothing imported without one."""
+    if not texts:
         return []
     from . import checkpoint
 
-    return checkpoint.declared(args)
+    return checkpoint.declared(texts)
 
 
-def _checkpoint_first(args, operator, stops):
+def _checkpoint_first(settings, operator, stops):
     """Lock held, before the scan: each running phase's signal and its wait for a checkpoint
     (checkpoint.py). Returns (outcomes, their audit)."""
     from . import checkpoint
 
     audit = Audit(operator)
-    return checkpoint.run(args, audit, stops), audit
+    return checkpoint.run(stops, audit, settings.progress, settings.selection, settings.approved), audit
 
 
 def _with_checkpoint(out, outcomes, audit):
@@ -683,43 +726,46 @@ def _with_checkpoint(out, outcomes, audit):
     return out
 
 
-def run(args):
+def run(opts: Options):
     signal.signal(signal.SIGHUP, signal.SIG_IGN)   # the ssh session may drop: finish anyway
     signal.signal(signal.SIGINT, signal.SIG_IGN)   # a Ctrl-C on the operator's side: finish anyway
     signal.signal(signal.SIGPIPE, signal.SIG_IGN)  # writes to a dead pipe fail quietly instead
-    if args.operator:
-        operator = args.operator
+    if opts.operator:
+        operator = opts.operator
     else:
         import getpass  # the CLI always names the operator; a direct run may not
 
         operator = "%s@%s" % (getpass.getuser(), socket.gethostname())
-    args.device_set()  # a bad device glob is bad input: exit 2 before anything
-    parse_approved(args.approved)
-    hold.check_hold_flags(args.hold_s, args.hold_phase, args.hold_token)
+    opts.device_set()  # a bad device glob is bad input: exit 2 before anything
+    approved = parse_approved(opts.approved)
+    hold.check_hold_flags(opts.hold_s, opts.hold_phase, opts.hold_token)
     for flag in ("grace", "timeout", "settle", "wait_lock"):
-        value = getattr(args, flag)
+        value = getattr(opts, flag)
         if not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
             raise codes.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
                                                                                  defaults.MAX_WAIT_S))
-    stops = _declared_stops(args)  # a bad one is bad input: exit 2 before anything
+    stops = _declared_stops(opts.checkpoint_stop)  # a bad one is bad input: exit 2 before anything
+    settings = Settings(selection=opts.selection, fake_gpus=opts.fake_gpus, approved=approved, grace=opts.grace,
+                        timeout=opts.timeout, mps=opts.mps, keep_shm=opts.keep_shm, settle=opts.settle,
+                        settle_auto=opts.settle_auto, progress=opts.emit_progress)
     started = time.monotonic()
-    source = gpuinfo.Opening(args.fake_gpus, args.devices, start=False)  # started after the signals
+    source = gpuinfo.Opening(opts.fake_gpus, opts.devices, start=False)  # started after the signals
     try:
         try:
             lastrun.preflight()
         except OSError as exc:
             return _not_started(exc)
         try:
-            fd = hostlock.acquire(operator, args.wait_lock)
+            fd = hostlock.acquire(operator, opts.wait_lock)
         except (hostlock.Locked, OSError) as exc:  # the lock file itself refused (a link, not ours): as a state dir
             return _not_started(exc)
         try:
-            first = _checkpoint_first(args, operator, stops) if stops else None
-            code, doc = execute(args, operator, time.monotonic() if stops else started, source)  # after the wait
+            first = _checkpoint_first(settings, operator, stops) if stops else None
+            code, doc = execute(settings, operator, time.monotonic() if stops else started, source)  # after the wait
             if first is not None:
                 doc = _with_checkpoint(doc, *first)
-            if code == codes.EXIT_OK and args.hold_s:  # FREED: the lock stays the pivot's until its phase is ready
-                doc["hold"] = hold.hand_over(fd, args.hold_s, args.hold_phase, args.hold_token, operator)
+            if code == codes.EXIT_OK and opts.hold_s:  # FREED: the lock stays the pivot's until its phase is ready
+                doc["hold"] = hold.hand_over(fd, opts.hold_s, opts.hold_phase, opts.hold_token, operator)
                 fd = None
             return code, doc
         except AgentIncomplete as exc:  # as an unusable state dir: not started, nothing signalled

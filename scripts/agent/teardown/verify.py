@@ -13,6 +13,7 @@ import time
 
 from ..gpu import checkup, gpuinfo, mps, probe
 from ..holders import scan
+from ..options.record import Options
 from ..policy import program
 from ..procs import procfs
 from ..wire import codes, defaults, records
@@ -180,15 +181,15 @@ def _progress(emit, wait_s):
     return on_poll
 
 
-def run(args):
-    with gpuinfo.reader(args.gpu_source) as (source, tried):  # kept open for the health pass (checkup.py)
-        on_poll = _progress(args.emit_progress, args.wait)
-        free, doc, problems, waited = wait_free(args.selection, args.wait, on_poll=on_poll, source=source)
+def run(opts: Options):
+    with gpuinfo.reader(opts.gpu_source) as (source, tried):  # kept open for the health pass (checkup.py)
+        on_poll = _progress(opts.emit_progress, opts.wait)
+        free, doc, problems, waited = wait_free(opts.selection, opts.wait, on_poll=on_poll, source=source)
         doc["gpu_source_tried"] = tried or doc["gpu_source_tried"]
-        tried_probe = _probe(args.probe, args.probe_mib, free, doc, source)
-        code, problems = checkup.verify_result(doc, source, free, problems, exit_code(doc, free, args.max_used_mib),
+        tried_probe = _probe(opts.probe, opts.probe_mib, free, doc, source)
+        code, problems = checkup.verify_result(doc, source, free, problems, exit_code(doc, free, opts.max_used_mib),
                                                probe=tried_probe)
-    return code, records.written(records.VerifyResult, dict(scan.public(doc), max_used_mib=args.max_used_mib,
+    return code, records.written(records.VerifyResult, dict(scan.public(doc), max_used_mib=opts.max_used_mib,
                                                             uninspected=len(doc.get("denied") or [])),
                                  code=code, free=free, problems=problems, waited_s=round(waited, 3),
                                  still_holding=[] if free else still_holding(doc), probe=tried_probe)

@@ -347,7 +347,7 @@ def test_reset_refuses_when_a_process_could_not_be_inspected(second_user, open_d
     """A real scan, with what an unprivileged agent reports about a process whose fds it cannot
     read (the second user's job): the reset's checks fail on it, and on a hidden /proc."""
     from scripts.agent.holders import scan
-    from scripts.agent.options import Options
+    from scripts.agent.options.record import Options
 
     pid = user_holder(second_user, "python3", open_dir / "nvidia0")
     holding(pid, open_dir / "nvidia0")

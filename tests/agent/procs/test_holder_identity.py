@@ -163,6 +163,6 @@ def test_reader_of_an_unrelated_device_is_not_a_holder(ps):
 
 
 def scan_args(ps):
-    from scripts.agent.options import Options
+    from scripts.agent.options.record import Options
     return Options(devices=ps.glob, fake_devices=True, scope=None, scope_uid=None, protect=[], target=[],
                               match=[], fake_gpus=str(ps.memdir), max_used_mib=0)

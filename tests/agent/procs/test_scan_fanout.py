@@ -224,7 +224,7 @@ def test_a_holder_gone_before_the_plan_is_not_a_target_signalled_outside_its_con
     signalled beside `docker stop` (CI). A process that exited before its details were read is
     marked gone and left out of the plan; a live one is kept."""
     from scripts.agent.holders.scan import Scan
-    from scripts.agent.options import Options
+    from scripts.agent.options.record import Options
     from scripts.agent.teardown import plan
 
     live = subprocess.Popen(["sleep", "60"])
@@ -340,7 +340,7 @@ def test_a_target_gone_before_the_plan_still_leaves_what_started_it_watched(tmp_
     the lineage from it too: its parent, which may start it again, is related to it (seen:
     without it nothing 'could restart a target', and the restart came after FREED)."""
     from scripts.agent.holders.scan import Scan
-    from scripts.agent.options import Options
+    from scripts.agent.options.record import Options
     from scripts.agent.teardown import plan, settle
 
     starter = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time\n"

@@ -23,7 +23,7 @@ import time
 import pytest
 
 from scripts.agent.holders import scan
-from scripts.agent.options import Options
+from scripts.agent.options.record import Options
 from scripts.agent.teardown import plan as plan_module, settle
 from scripts.agent.wire import requests
 from scripts.views.teardown import plan_tables

@@ -223,7 +223,7 @@ def test_a_keepalive_that_restarts_through_a_double_fork_is_ended_before_it_can(
 
 CYCLE = """
 import os
-from scripts.agent.options import Options
+from scripts.agent.options.record import Options
 from scripts.agent.holders.scan import Scan
 from scripts.agent.procs import procscan
 from scripts.agent.teardown import plan, settle

@@ -173,7 +173,7 @@ def test_the_confirming_scan_reads_fd_tables_only_where_a_context_could_be(ps):
     scan that confirms FREED reads the process records (what a respawn is told by), not every
     fd table and mapping again. Where a process is listed, or memory is used, it reads them."""
     from scripts.agent.holders import scan
-    from scripts.agent.options import Options
+    from scripts.agent.options.record import Options
 
     holder = ps.role("worker", "--gpu", "0")  # holds a device file (a monitor-like handle, here)
     args = Options(devices=ps.glob, fake_devices=True, protect=[], fake_gpus=None, max_used_mib=0)

@@ -11,7 +11,7 @@ import subprocess
 
 import yaml  # ansible-core's own dependency (requirements-dev.txt)
 
-from scripts.agent import options
+from scripts.agent.options import flags
 from scripts.agent.teardown import run as teardown, verify
 from scripts.agent.wire import defaults as shared, requests
 from scripts.config import defaults
@@ -58,7 +58,7 @@ def _module_options() -> dict:
 
 def test_the_free_threshold_has_one_definition():
     agent = argparse.ArgumentParser()
-    options.add_threshold(agent)
+    flags.add_threshold(agent)
     module_doc = _module_options()
     assert {agent.get_default("max_used_mib"), defaults.MAX_USED_MIB, ansible_task.DEFAULTS["max_used_mib"],
             slurm_job.Settings(host=None).max_used_mib, requests.Teardown().max_used_mib,

@@ -16,7 +16,8 @@ import sys
 
 import pytest
 
-from scripts.agent import cli, options
+from scripts.agent import cli
+from scripts.agent.options import record
 from scripts.agent.policy import rules
 from scripts.agent.teardown import hostlock
 from scripts.agent.wire import call, codes as wire_codes, frame, records, requests
@@ -73,7 +74,7 @@ def test_removed_flags_are_gone():
 
 def test_each_request_is_one_subcommand_and_the_options_have_a_typed_field_per_flag():
     assert [r.name for r in requests.REQUESTS] == list(call.SUBCOMMANDS) == list(FULL)
-    assert set(options.Options.__annotations__) == set(options.FIELDS) | {"settle_auto"}
+    assert set(record.Options.__annotations__) == set(record.FIELDS) | {"settle_auto"}
 
 
 @pytest.mark.parametrize("subcommand", list(call.SUBCOMMANDS))
