@@ -49,6 +49,12 @@ PYTEST_ARGS  ?=
 test: setup system-deps ## run the test suite, the same tests as CI, in parallel (only GPU tests skip without a GPU)
 	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -rfEs $(PYTEST_ARGS)
 
+.PHONY: test-durations
+test-durations: setup system-deps ## make test with --durations=0, then tests/support/durations.json from it (the suite starts its longest tests first)
+	@log=$$(mktemp) && trap 'rm -f "$$log"' EXIT && \
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup --durations=0 $(PYTEST_ARGS) | tee "$$log" && \
+	$(PY) -m tests.support.durations "$$log"
+
 .PHONY: test-stress
 test-stress: setup system-deps ## make test 5 times on a busy machine (bench/stress_tests.sh: CPU hogs, hostile processes); numbers to bench/results/
 	bash bench/stress_tests.sh $(or $(RUNS),5)

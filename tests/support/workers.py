@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from xdist.scheduler import LoadGroupScheduling
 
-from tests.support import pidns
+from tests.support import durations, pidns
 
 HOST_GROUP = "host-pid-ns"
 HOST_WORKER = "gw0"
@@ -157,8 +157,10 @@ class HostPinnedScheduling(LoadGroupScheduling):
         units: dict[str, dict[str, bool]] = {}
         for nodeid in self.collection:
             units.setdefault(self._split_scope(nodeid), {})[nodeid] = False
-        for scope, nodeids in sorted(units.items(), key=lambda item: -len(item[1])):
-            self.workqueue[scope] = nodeids  # the biggest groups first: they set the wall time
+        seconds = durations.known()
+        cost = {scope: sum(seconds.get(n, durations.DEFAULT_S) for n in nodeids) for scope, nodeids in units.items()}
+        for scope, nodeids in sorted(units.items(), key=lambda item: -cost[item[0]]):
+            self.workqueue[scope] = nodeids  # the longest work first (durations.py): it sets the wall time
         for _ in range(2):  # a worker runs a test once it knows the next one (or is told to stop)
             for node in self.nodes:
                 self._reschedule(node)
