@@ -40,6 +40,9 @@ def _params(raw: dict) -> dict:
     for key in ("grace", "timeout", "settle"):
         p[key] = None if p[key] is None else cliargs.seconds(key, p[key])
     p["max_used_mib"] = cliargs.whole("max_used_mib", p["max_used_mib"])
+    if p["scope"] is not None and not str(p["scope"]).strip():  # a variable that expanded to nothing
+        raise ConfigError(f"scope={p['scope']!r}: an empty scope narrows nothing, so the teardown would reach the "
+                          "whole host; give the text the targets' command lines contain, or leave scope out")
     if p["scope_uid"] is not None:
         p["scope_uid"] = cliargs.whole("scope_uid", p["scope_uid"])
     p["fake_devices"] = _bool("fake_devices", p["fake_devices"])

@@ -88,6 +88,9 @@ def test_an_empty_scope_is_a_usage_error_not_the_whole_host(scope, capsys):
     (["verify", "--max-used-mib", "-5"], "--max-used-mib"), (["plan", "--scope-uid", "-1"], "--scope-uid"),
     (["scan", "--run-dir", "relative"], "--run-dir"), (["scan", "--devices", "relative*"], "--devices"),
     (["scan", "--devices", ""], "--devices"),
+    (["drain", "--url", "http://127.0.0.1:9/metrics", "--timeout", "nan"], "--timeout"),  # a drain poll never ends
+    (["teardown", "--grace", "nan"], "--grace"), (["teardown", "--settle", "-1"], "--settle"),
+    (["teardown", "--wait-lock", "inf"], "--wait-lock"),
 ])
 def test_the_agent_run_by_itself_refuses_values_no_subcommand_should_act_on(argv, flag, capsys):
     """Run by itself (an epilog, a pasted command) nothing checked the values first: a wait of nan

@@ -27,7 +27,11 @@ def read(nv, handle):
     except Exception as exc:
         out["note"] = "instances not read: %s" % exc
         return out
+    unread = []
     for i, mh in devices:
+        if isinstance(mh, Exception):  # this slot alone unread: the others are still listed
+            unread.append("slot %d: %s" % (i, mh))
+            continue
         inst = {"index": i, "gpu_instance": _try(nv.gpu_instance_id, mh),
                 "compute_instance": _try(nv.compute_instance_id, mh),
                 "uuid": _try(nv.uuid, mh), "used_mib": None, "total_mib": None}
@@ -35,6 +39,8 @@ def read(nv, handle):
         if mem is not None:
             inst["used_mib"], inst["total_mib"] = -(-int(mem[0]) // 2 ** 20), int(mem[1]) // 2 ** 20
         out["instances"].append(inst)
+    if unread:
+        out["note"] = "instances not read: %s" % "; ".join(unread)
     return out
 
 

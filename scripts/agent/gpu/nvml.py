@@ -233,10 +233,15 @@ class Nvml:
         return mode if mode is NA else (int(mode[0]), int(mode[1]))
 
     def mig_devices(self, h):
-        """[(slot, MIG device handle)] of the instances that exist; raises NvmlError."""
-        out = []
+        """[(slot, MIG device handle, or the NvmlError that slot gave)] of the instances that exist:
+        one slot NVML refuses does not hide the others. Raises NvmlError for the slot count."""
+        out: list = []
         for i in range(int(self.strict("nvmlDeviceGetMaxMigDeviceCount", h))):
-            mh = self.query("nvmlDeviceGetMigDeviceHandleByIndex", h, i)
+            try:
+                mh = self.query("nvmlDeviceGetMigDeviceHandleByIndex", h, i)
+            except NvmlError as exc:
+                out.append((i, exc))
+                continue
             if mh is not NA:  # NA: this slot holds no instance
                 out.append((i, mh))
         return out

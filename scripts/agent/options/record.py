@@ -155,9 +155,10 @@ def check_values(opts):
     (an epilog, a pasted command), where nothing on the local side checked it first. A wait that
     is not a number of seconds up to MAX_WAIT_S (nan compares false everywhere, so a loop on it
     never ends), a negative threshold or uid, a run dir or device glob that is not absolute."""
-    wait = opts.wait
-    if wait is not None and not 0 <= wait <= defaults.MAX_WAIT_S:  # also refuses nan
-        raise UsageError("--wait %r: seconds from 0 to %d" % (wait, defaults.MAX_WAIT_S))
+    for flag in ("wait", "grace", "timeout", "settle", "wait_lock"):  # verify's, a teardown's, a drain's
+        value = getattr(opts, flag)
+        if value is not None and not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
+            raise UsageError("--%s %r: seconds from 0 to %d" % (flag.replace("_", "-"), value, defaults.MAX_WAIT_S))
     for flag, value in (("max-used-mib", opts.max_used_mib), ("scope-uid", opts.scope_uid)):
         if value is not None and value < 0:
             raise UsageError("--%s %r: must be 0 or more" % (flag, value))

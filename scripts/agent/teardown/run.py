@@ -739,11 +739,7 @@ def run(opts: Options):
     opts.device_set()  # a bad device glob is bad input: exit 2 before anything
     approved = parse_approved(opts.approved)
     hold.check_hold_flags(opts.hold_s, opts.hold_phase, opts.hold_token)
-    for flag in ("grace", "timeout", "settle", "wait_lock"):
-        value = getattr(opts, flag)
-        if not 0 <= value <= defaults.MAX_WAIT_S:  # also refuses nan
-            raise codes.UsageError("--%s %r: must be between 0 and %d seconds" % (flag.replace("_", "-"), value,
-                                                                                 defaults.MAX_WAIT_S))
+    # its waits (grace, timeout, settle, wait-lock) are checked with every subcommand's (options.check_values)
     stops = _declared_stops(opts.checkpoint_stop)  # a bad one is bad input: exit 2 before anything
     settings = Settings(selection=opts.selection, fake_gpus=opts.fake_gpus, approved=approved, grace=opts.grace,
                         timeout=opts.timeout, mps=opts.mps, keep_shm=opts.keep_shm, settle=opts.settle,

@@ -76,7 +76,7 @@ def agent_argv(python, request, nonce, devices=DEVICE_GLOB, progress=False, run_
         argv += ["--protect=" + p for p in protect]
         if fake_gpus:
             argv.append("--fake-gpus=" + fake_gpus)
-        if scope:
+        if scope is not None:  # "" too: the agent refuses a scope that narrows nothing, never drops it
             argv.append("--scope=" + scope)
         if scope_uid is not None:
             argv.append("--scope-uid=%d" % scope_uid)

@@ -98,3 +98,29 @@ def test_nvml_is_initialised_once_and_shut_down_after_its_last_user(monkeypatch)
     c = nvml.open_nvml()
     c.close(hung=True)  # a call still stuck in the driver: shutdown would wait on it
     assert calls == ["init", "shutdown", "init"] and nvml._users == [0]
+
+
+def test_one_mig_slot_nvml_refuses_does_not_hide_the_others():
+    """Slot 0 refused (NVML's NO_PERMISSION, not an 'absent' code), slot 1 a 5 GiB instance:
+    the instance is still listed, and the refused slot is named in the note."""
+    from types import SimpleNamespace as NS
+
+    from scripts.agent.gpu import mig
+
+    class NVMLError(Exception):
+        def __init__(self, value):
+            super().__init__("NVML error %d" % value)
+            self.value = value
+
+    def handle_by_index(h, i):
+        if i == 0:
+            raise NVMLError(4)
+        return ("mig", i)
+
+    lib = NS(NVMLError=NVMLError, nvmlDeviceGetMigMode=lambda h: (1, 1), nvmlDeviceGetMaxMigDeviceCount=lambda h: 2,
+             nvmlDeviceGetMigDeviceHandleByIndex=handle_by_index, nvmlDeviceGetGpuInstanceId=lambda mh: 1,
+             nvmlDeviceGetComputeInstanceId=lambda mh: 0, nvmlDeviceGetUUID=lambda mh: b"MIG-x",
+             nvmlDeviceGetMemoryInfo=lambda mh: NS(used=5 << 30, total=10 << 30))
+    read = mig.read(nvml.Nvml(lib), "h")
+    assert [(i["index"], i["used_mib"]) for i in read["instances"]] == [(1, 5120)], read
+    assert "slot 0" in read["note"], read
