@@ -14,6 +14,7 @@ import, it only hides a circle from Python):
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections import Counter
 from pathlib import Path
@@ -110,6 +111,12 @@ def imports_of(name: str, path: Path, known: set) -> set:
 
 
 def graph() -> dict:
+    """The project's import graph, read once per test process (every rule below walks it)."""
+    return {name: set(found) for name, found in _graph().items()}
+
+
+@functools.cache
+def _graph() -> dict:
     files = source_files()
     return {name: imports_of(name, path, set(files)) for name, path in files.items()}
 
