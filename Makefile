@@ -44,10 +44,14 @@ system-deps: ## apt-get the system packages the tests use when missing: .ci/pack
 # pytest-xdist workers: most tests wait on processes, not the CPU, so more workers than cores.
 # Each worker but one runs in namespaces of its own (tests/support/workers.py, tests/support/pidns.py).
 TEST_WORKERS ?= 6
+# With PYTHONDONTWRITEBYTECODE set (some images set it), every worker rewrote every test module's
+# asserts and every CLI call the tests make compiled the project again: measured 4.6 s -> 1.9 s
+# of collection per worker. The tests' own bytecode is theirs to keep; nothing else changes.
+NO_BYTECODE_OFF = env -u PYTHONDONTWRITEBYTECODE
 PYTEST_ARGS  ?=
 .PHONY: test
 test: setup system-deps ## run the test suite, the same tests as CI, in parallel (only GPU tests skip without a GPU)
-	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -rfEs $(PYTEST_ARGS)
+	$(NO_BYTECODE_OFF) $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadgroup -rfEs $(PYTEST_ARGS)
 
 .PHONY: test-durations
 test-durations: setup system-deps ## make test with --durations=0, then tests/support/durations.json from it (the suite starts its longest tests first)
