@@ -75,9 +75,15 @@ def test_a_process_running_on_in_a_relay_of_threads_is_never_in_its_exit(ps):
 
 
 def test_a_relay_that_ignores_sigterm_gets_sigkill_after_its_grace(ps):
+    """Under load the relay can evade every listing of one scan: it is then not inspected, so not
+    signalled, and that teardown must not say FREED; a next one sees it and kills it."""
     p = relay(ps)
-    result = run_agent(host_for(ps, r"relay_server"), requests.Teardown(grace=1, timeout=4, settle=0.3))
-    sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
+    for _attempt in range(4):
+        result = run_agent(host_for(ps, r"relay_server"), requests.Teardown(grace=1, timeout=4, settle=0.3))
+        sent = [a["signal"] for a in result.doc["actions"] if a["pid"] == p.pid]
+        if sent:
+            break
+        assert result.code != 0, "FREED while the relay, not inspected, held the GPU"
     assert sent == ["SIGTERM", "SIGKILL"], (sent, result.doc.get("stuck"))
     p.wait(10)
     assert result.code == 0, result.doc.get("problems")  # and then it was gone and the GPU free
