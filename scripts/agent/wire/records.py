@@ -3,6 +3,7 @@ agent writes it, the local side reads it; a missing required field is a Contract
 from __future__ import annotations
 
 from .codes import EXIT_OK
+from .valuerecord import ValueRecord
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start; mypy and ruff read this block by its name
 if TYPE_CHECKING:  # absolute: the bundle ships what relative imports name, and rows are for mypy only
@@ -37,37 +38,10 @@ def _fields(cls, code, doc, command, skip=()):
     return kw
 
 
-class Record:
-    """A result record: its fields are the class's annotations, in order; one without a default is
-    required. Read-only; a list or dict default is copied. Not dataclasses: ~15 ms an import."""
-
-    def __init__(self, **values):
-        for name in self.field_names():
-            if name in values:
-                value = values.pop(name)
-            elif hasattr(type(self), name):
-                value = getattr(type(self), name)
-                value = type(value)(value) if isinstance(value, (list, dict)) else value
-            else:
-                raise TypeError("%s: %r is required" % (type(self).__name__, name))
-            object.__setattr__(self, name, value)
-        if values:
-            raise TypeError("%s has no field %s" % (type(self).__name__, ", ".join(sorted(values))))
-
-    @classmethod
-    def field_names(cls):
-        return list(cls.__annotations__)
-
-    def __setattr__(self, name, value):
-        raise AttributeError("%s is read-only" % type(self).__name__)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and vars(self) == vars(other)
+class Record(ValueRecord):
+    """A result record (valuerecord.py): read-only, equal by value, its fields the annotations."""
 
     __hash__ = None  # type: ignore[assignment]  # equal by value, and its lists are mutable
-
-    def __repr__(self):
-        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % item for item in vars(self).items()))
 
 
 class PingResult(Record):

@@ -1,11 +1,11 @@
 """One request per agent subcommand: its own flags (the agent's parser and options read them),
 the argv the local side sends (argv) and how long the caller waits (deadline_s), both from the
-fields, never from an argv read back. Frozen, equal by value; `replace` makes a changed copy.
-Not dataclasses: ~15 ms an import on the agent (records.py)."""
+fields, never from an argv read back. Frozen, equal by value (valuerecord.py); `replace` makes a changed copy."""
 from __future__ import annotations
 
 from . import defaults as shared
 from .frame import encode_spec
+from .valuerecord import ValueRecord
 
 TYPE_CHECKING = False  # typing costs the agent ~3 ms a start: mypy reads this block by its name
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ QUIESCE_S = 8 * 60  # reset --quiesce: up to four units stopped and started, eac
 
 
 @dataclass_transform(frozen_default=True, kw_only_default=True)
-class Request:
+class Request(ValueRecord):
     """`name`: the subcommand; `flags`: its own, in the parser's order; `selecting`: it also
     takes the host's selection (call.SELECTION_FLAGS). Fields are the annotations but ClassVars."""
 
@@ -34,36 +34,15 @@ class Request:
     selecting = False
 
     @classmethod
-    def fields(cls) -> list:
+    def field_names(cls) -> list:
         return [f for c in reversed(cls.__mro__) for f, kind in vars(c).get("__annotations__", {}).items()
                 if not str(kind).startswith("ClassVar")]
-
-    def __init__(self, **values):
-        for field in self.fields():
-            if field in values:
-                value = values.pop(field)
-            elif hasattr(type(self), field):
-                value = getattr(type(self), field)
-            else:
-                raise TypeError("%s: %r is required" % (type(self).__name__, field))
-            object.__setattr__(self, field, value)
-        if values:
-            raise TypeError("%s has no field %s" % (type(self).__name__, ", ".join(sorted(values))))
 
     def replace(self, **changes) -> Self:
         return type(self)(**dict(vars(self), **changes))
 
-    def __setattr__(self, name, value):
-        raise AttributeError("%s is read-only" % type(self).__name__)
-
-    def __eq__(self, other):
-        return type(self) is type(other) and vars(self) == vars(other)
-
     def __hash__(self):
         return hash((type(self).__name__, repr(self)))
-
-    def __repr__(self):
-        return "%s(%s)" % (type(self).__name__, ", ".join("%s=%r" % item for item in vars(self).items()))
 
     def argv(self) -> list:
         return []
@@ -140,7 +119,7 @@ class Teardown(Plan):
 
     def plan(self) -> Plan:
         """The plan of the same selection (what a person approves before this teardown)."""
-        return Plan(**{f: getattr(self, f) for f in Plan.fields()})
+        return Plan(**{f: getattr(self, f) for f in Plan.field_names()})
 
     def argv(self) -> list:
         args = self.selection() + ["--grace", self.grace, "--timeout", self.timeout]
